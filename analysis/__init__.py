@@ -1,0 +1,15 @@
+"""emapg.analysis: run records -> tables and figures.
+
+Reads only the run record on disk (docs/run-record.md) or its W&B mirror; never imports torch
+or `ema_pg_core` (tests/analysis/test_analysis_boundary.py enforces it).
+
+    analysis.load      find and read run records into tidy pandas frames (disk, W&B)
+    analysis.stats     mean, IQM, stratified bootstrap CIs, probability of improvement, pass@k
+    analysis.tables    markdown / LaTeX (booktabs) / CSV, paper-format result tables
+    analysis.paper     the paper's verified numbers, each with its source tag
+    analysis.figures   one module per figure, `make(...) -> Figure`; styling in figures/style.py
+    analysis.report    `emapg report` and `emapg figures`: write everything + index.md/index.html
+
+Submodules are imported explicitly (`from analysis import load`) so that `import analysis` stays
+cheap.
+"""

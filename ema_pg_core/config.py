@@ -1,0 +1,111 @@
+"""Every default lives here (style.md #7). YAML under experiments/conf holds only deltas.
+
+Each dataclass validates itself in ``__post_init__`` and raises ``ValueError`` naming the field
+and the allowed values. Paper values (ema-pg.md §4) are noted where a default differs from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ema_pg_core.kl import ALIASES, KL_ESTIMATORS, LOSS_AGG, TAILS
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _choice(name: str, value, allowed) -> None:
+    _check(value in allowed, f"{name}={value!r} is not allowed; allowed values: {', '.join(map(str, allowed))}")
+
+
+@dataclass
+class KLConfig:
+    type: str = "topk_reverse"
+    """Estimator name in ema_pg_core.kl.KL_ESTIMATORS (k1 k2 k3 k3++ k4 k5 k1+ k3+ exact_* topk_*)."""
+    k: int = 32
+    """Top-k head size (Top-k estimators only); 0 = pure sampled tail, |V| = exact. Paper: 32."""
+    tail: str = "unbiased"
+    """Top-k tail: unbiased (corrected gradient), paper (Alg 1/2 as written), none (Truncated KL)."""
+    coef: float = 0.001
+    """beta, the KL coefficient. Paper: 0.001 (both recipes)."""
+    use_iw: bool = False
+    """Importance weight s = sg(pi/pi_old) (tail only for Top-k). Paper: true for search, false for math."""
+    iw_clip_low: float | None = None
+    """Lower clip of s; None = no clip (paper)."""
+    iw_clip_high: float | None = None
+    """Upper clip of s; None = no clip (paper)."""
+    fused: bool = True
+    """Compute Top-k from hidden states + LM head in chunks (never holds (N, V)) when the model allows."""
+
+    def __post_init__(self):
+        allowed = sorted(KL_ESTIMATORS) + sorted(ALIASES)
+        _choice("algo.kl.type", self.type, allowed)
+        _choice("algo.kl.tail", self.tail, TAILS)
+        _check(isinstance(self.k, int) and self.k >= 0, f"algo.kl.k must be an integer >= 0; got {self.k!r}")
+        _check(self.coef >= 0, f"algo.kl.coef (beta) must be >= 0; got {self.coef!r}")
+        lo, hi = self.iw_clip_low, self.iw_clip_high
+        _check(lo is None or lo > 0, f"algo.kl.iw_clip_low must be > 0 or null; got {lo!r}")
+        _check(lo is None or hi is None or lo <= hi, f"algo.kl.iw_clip_low={lo} > iw_clip_high={hi}")
+
+
+@dataclass
+class AnchorConfig:
+    tau: float = 0.9
+    """EMA weight on the old anchor (eta in the paper): anchor <- tau*anchor + (1-tau)*policy. 1.0 = fixed
+    anchor (plain GRPO), 0.0 = copy the policy. Paper: 0.9 search, 0.95 math."""
+    period: int = 10
+    """Update the anchor after iterations period, 2*period, ... (training iterations). Paper: 10."""
+    fp32_shadow: bool = False
+    """Keep an fp32 copy of the anchor and mix in fp32 (for bf16 models; the paper mixes in bf16)."""
+
+    def __post_init__(self):
+        _check(0.0 <= self.tau <= 1.0, f"algo.anchor.tau must be in [0, 1]; got {self.tau!r}")
+        _check(isinstance(self.period, int) and self.period >= 1,
+               f"algo.anchor.period must be an integer >= 1 (iterations); got {self.period!r}")
+
+
+@dataclass
+class LossConfig:
+    clip_low: float = 0.2
+    """PPO epsilon_low: ratio clipped below at 1 - clip_low."""
+    clip_high: float = 0.28
+    """PPO epsilon_high ("clip-higher"): ratio clipped above at 1 + clip_high. Paper: 0.28."""
+    dual_clip_c: float | None = 3.0
+    """Dual clip for A < 0: loss capped at -c*A; None disables (search recipe). Must be > 1."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient. Paper: 0."""
+    agg: str = "token-mean"
+    """Aggregation of PG, KL and entropy (token-mean: search; seq-mean-token-mean: math)."""
+    log_ratio_clamp: float = 20.0
+    """log(pi/pi_old) clamped to [-x, x] before exp (math recipe)."""
+
+    def __post_init__(self):
+        _check(0 <= self.clip_low < 1, f"algo.loss.clip_low must be in [0, 1); got {self.clip_low!r}")
+        _check(self.clip_high >= 0, f"algo.loss.clip_high must be >= 0; got {self.clip_high!r}")
+        _check(self.dual_clip_c is None or self.dual_clip_c > 1,
+               f"algo.loss.dual_clip_c must be > 1 or null; got {self.dual_clip_c!r}")
+        _choice("algo.loss.agg", self.agg, list(LOSS_AGG))
+
+
+ADVANTAGE_MODES = ("grpo", "dr_grpo")
+
+
+@dataclass
+class AdvantageConfig:
+    mode: str = "grpo"
+    """grpo: (R - mean_g) / (std_g + eps); dr_grpo: R - mean_g (mean-only, Dr. GRPO)."""
+    eps: float = 1e-6
+    """Added to the group std."""
+
+    def __post_init__(self):
+        _choice("algo.adv.mode", self.mode, ADVANTAGE_MODES)
+
+
+@dataclass
+class AlgoConfig:
+    kl: KLConfig = field(default_factory=KLConfig)
+    anchor: AnchorConfig = field(default_factory=AnchorConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    adv: AdvantageConfig = field(default_factory=AdvantageConfig)

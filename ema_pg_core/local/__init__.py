@@ -1,0 +1,1 @@
+"""ema_pg_core/local."""
