@@ -109,3 +109,86 @@ class AlgoConfig:
     anchor: AnchorConfig = field(default_factory=AnchorConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     adv: AdvantageConfig = field(default_factory=AdvantageConfig)
+
+
+# --------------------------------------------------------------------------------------
+# The local (embedded) trainer
+# --------------------------------------------------------------------------------------
+@dataclass
+class RolloutConfig:
+    group_size: int = 8
+    """n responses per prompt (the GRPO group). Paper: 8 math, 5 search."""
+    prompts_per_iter: int = 8
+    """Prompts per training iteration (rollout batch = prompts_per_iter * group_size)."""
+    max_new_tokens: int = 48
+    """Cap on generated tokens per turn."""
+    temperature: float = 1.0
+    """Sampling temperature; every log-prob and KL uses logits / temperature. Paper: 1.0."""
+    top_p: float = 1.0
+    """Nucleus sampling. Paper: 1.0 math, 0.95 search (the KL ignores the truncation, as the code does)."""
+    max_turns: int = 3
+    """Tool calls allowed before the final answer turn (tool tasks only). Paper: 4."""
+    max_obs_tokens: int = 160
+    """Cap on injected environment tokens per turn (tool tasks only)."""
+
+    def __post_init__(self):
+        _check(self.group_size >= 2, f"rollout.group_size must be >= 2 for GRPO (group advantages); got {self.group_size!r}")
+        _check(self.prompts_per_iter >= 1, f"rollout.prompts_per_iter must be >= 1; got {self.prompts_per_iter!r}")
+        _check(self.max_new_tokens >= 1, f"rollout.max_new_tokens must be >= 1; got {self.max_new_tokens!r}")
+        _check(self.temperature > 0, f"rollout.temperature must be > 0; got {self.temperature!r}")
+        _check(0 < self.top_p <= 1, f"rollout.top_p must be in (0, 1]; got {self.top_p!r}")
+        _check(self.max_turns >= 0, f"rollout.max_turns must be >= 0; got {self.max_turns!r}")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    """AdamW learning rate (tiny models; the paper's 1e-6 is for 1.5B/3B models)."""
+    beta1: float = 0.9
+    beta2: float = 0.999
+    """AdamW betas. Paper: (0.9, 0.999) math, (0.9, 0.95) search."""
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    warmup_iters: int = 0
+    """Linear warmup (iterations), then constant."""
+
+    def __post_init__(self):
+        _check(self.lr > 0, f"optim.lr must be > 0; got {self.lr!r}")
+        _check(self.grad_clip > 0, f"optim.grad_clip must be > 0; got {self.grad_clip!r}")
+        _check(self.warmup_iters >= 0, f"optim.warmup_iters must be >= 0; got {self.warmup_iters!r}")
+
+
+@dataclass
+class TrainerConfig:
+    iterations: int = 60
+    """Training iterations (rollout batches)."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch. Paper: 1."""
+    mini_batches: int = 2
+    """Optimizer steps per epoch (the batch is split into this many mini-batches). Paper: ~2 math, 10 search."""
+    eval_every: int = 10
+    """Evaluate policy and anchor every this many iterations (and before training)."""
+    eval_size: int = 64
+    """Held-out problems evaluated."""
+    eval_n: int = 4
+    """Samples per problem for pass@1 (mean accuracy over n samples); greedy is separate."""
+    eval_temperature: float = 1.0
+    save_every: int = 10
+    """Checkpoint every this many iterations (and on SIGTERM/SIGINT); 0 = only at the end."""
+    keep_checkpoints: int = 2
+    """How many checkpoints to keep (oldest removed)."""
+    threads: int = 2
+    """torch.set_num_threads."""
+    dtype: str = "float32"
+    """Policy dtype: float32 | bfloat16 | float64."""
+    device: str = "cpu"
+
+    def __post_init__(self):
+        _check(self.iterations >= 0, f"trainer.iterations must be >= 0; got {self.iterations!r}")
+        _check(self.ppo_epochs >= 1, f"trainer.ppo_epochs must be >= 1; got {self.ppo_epochs!r}")
+        _check(self.mini_batches >= 1, f"trainer.mini_batches must be >= 1; got {self.mini_batches!r}")
+        _check(self.eval_every >= 1, f"trainer.eval_every must be >= 1; got {self.eval_every!r}")
+        _check(self.eval_n >= 1, f"trainer.eval_n must be >= 1; got {self.eval_n!r}")
+        _check(self.save_every >= 0, f"trainer.save_every must be >= 0; got {self.save_every!r}")
+        _choice("trainer.dtype", self.dtype, ("float32", "bfloat16", "float64"))

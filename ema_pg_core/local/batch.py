@@ -1,0 +1,88 @@
+"""From trajectories to padded tensors, and the per-token statistics forward pass.
+
+Shapes: B sequences, L = max(prompt + response) length (right-padded), T = max response length,
+H hidden size, V vocabulary, K top-k.
+
+Row b holds prompt_b + response_b right-padded. Response token j of row b sits at position
+P_b + j (P_b = prompt length), and the logits that predict it come from position P_b + j - 1,
+so the response's hidden states are gathered at ``pred_pos = P_b + j - 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ema_pg_core.local.rollout import Trajectory
+from ema_pg_core.topk import TokenStats, token_stats_from_hidden, token_stats_from_logits
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # (B, L) prompt + response, right-padded
+    attention_mask: torch.Tensor  # (B, L)
+    pred_pos: torch.Tensor  # (B, T) position whose output predicts response token j
+    tokens: torch.Tensor  # (B, T) response token ids (pad = 0)
+    mask: torch.Tensor  # (B, T) 1 for model-sampled tokens, 0 for environment tokens and padding
+
+    def select(self, rows: torch.Tensor) -> "Batch":
+        return Batch(*(t[rows] for t in (self.input_ids, self.attention_mask, self.pred_pos, self.tokens, self.mask)))
+
+
+def collate(trajs: list[Trajectory], pad_id: int, dtype: torch.dtype = torch.float32) -> Batch:
+    B = len(trajs)
+    L = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
+    T = max(1, max(len(t.response_ids) for t in trajs))
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, L, dtype=torch.long)
+    pred = torch.zeros(B, T, dtype=torch.long)
+    tok = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=dtype)
+    for b, t in enumerate(trajs):
+        P, R = len(t.prompt_ids), len(t.response_ids)
+        ids[b, : P + R] = torch.tensor(t.prompt_ids + t.response_ids, dtype=torch.long)
+        attn[b, : P + R] = 1
+        pred[b, :R] = torch.arange(P - 1, P + R - 1)
+        tok[b, :R] = torch.tensor(t.response_ids, dtype=torch.long)
+        mask[b, :R] = torch.tensor(t.response_mask, dtype=dtype)
+    return Batch(ids, attn, pred, tok, mask)
+
+
+def check_model(model) -> None:
+    """The statistics are computed as lm_head(final hidden): refuse models that post-process logits."""
+    cfg = model.config
+    for attr in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale"):
+        if getattr(cfg, attr, None) not in (None, 1.0):
+            raise ValueError(f"model config sets {attr}={getattr(cfg, attr)}; emapg computes logits as lm_head(hidden) and does not support it")
+
+
+def response_hidden(model, batch: Batch) -> torch.Tensor:
+    """(B, T, H) final hidden states at the positions predicting each response token."""
+    hidden = model.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # (B, L, H)
+    H = hidden.shape[-1]
+    return hidden.gather(1, batch.pred_pos.unsqueeze(-1).expand(-1, -1, H))
+
+
+def forward_stats(
+    model, batch: Batch, *, k: int = 0, indices: torch.Tensor | None = None, temperature: float = 1.0,
+    fused: bool = True, entropy: bool = False, full_logits: bool = False,
+) -> tuple[TokenStats, torch.Tensor | None]:
+    """Token statistics of ``model`` on the batch's responses, plus (B, T, V) scaled logits if asked.
+
+    fused=True computes them from hidden states and the LM head in chunks (no (B, T, V) tensor);
+    fused=False materialises the logits and uses the chunked logits path. Same numbers either way.
+    Exact-KL estimators need ``full_logits=True`` (O(V) per token by definition).
+    """
+    head = model.get_output_embeddings()
+    h = response_hidden(model, batch)
+    logits = None
+    if full_logits or not fused:
+        logits = head(h)  # (B, T, V)
+    if fused:
+        stats = token_stats_from_hidden(h, head.weight, head.bias, batch.tokens, k=k, indices=indices, temperature=temperature, entropy=entropy)
+    else:
+        stats = token_stats_from_logits(logits, batch.tokens, k=k, indices=indices, temperature=temperature, entropy=entropy)
+    if logits is not None:
+        logits = logits.float() / temperature if logits.dtype in (torch.float16, torch.bfloat16) else logits / temperature
+    return stats, (logits if full_logits else None)
