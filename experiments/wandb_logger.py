@@ -1,0 +1,147 @@
+"""Weights & Biases mirror of the run record's metrics; offline by default.
+
+    logger = WandbLogger(run_dir, project="emapg", group=sweep_or_experiment, tags=[...],
+                         config=resolved_cfg_dict, name=run_id, mode=cfg.logger.mode)
+    logger.log(iteration, record.log(iteration, metrics))   # step=iteration; time_s mirrored too
+    logger.finish(exit_code)
+
+- Mode: a non-empty WANDB_MODE environment variable wins, else `logger.mode`, else "offline".
+  offline needs no account or network: `wandb sync <run_dir>/wandb/offline-run-*` uploads later
+  (a resumed run has one offline-run directory per attempt, all with the same run id).
+  disabled writes nothing at all: wandb is not even imported.
+- Resuming: the W&B run id lives in <run_dir>/wandb_run.json together with the last logged step,
+  so a restarted run continues the same W&B run (`resume="allow"`) and skips every step <= the
+  last one logged. The steps between the checkpoint and the crash therefore keep the values of
+  the crashed attempt in W&B; the run record (rewound and rewritten) is the source of truth.
+- A failing W&B call never kills training: it warns once and the logger turns itself off.
+- No API key is read or written here; `wandb login` / WANDB_API_KEY are W&B's business.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import string
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from experiments.records import WANDB_STATE, atomic_write, read_wandb_state
+
+MODES = ("online", "offline", "disabled")
+_LEGACY = {"dryrun": "offline", "run": "online"}
+
+
+def resolve_mode(configured: str | None) -> str:
+    """WANDB_MODE (if set and non-empty) > the configured mode > "offline"."""
+    env = os.environ.get("WANDB_MODE") or None
+    mode = _LEGACY.get(env or configured or "offline", env or configured or "offline")
+    if mode not in MODES:
+        source = "the WANDB_MODE environment variable" if env else "logger.mode"
+        raise ValueError(f"W&B mode {mode!r} from {source} is not allowed; allowed values: {', '.join(MODES)}")
+    return mode
+
+
+def new_run_id() -> str:
+    """8 random lowercase letters/digits, the shape of the ids W&B generates."""
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+def _scalar(value: Any) -> Any:
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            return value.item()
+        except (ValueError, RuntimeError):
+            return value
+    return value
+
+
+class WandbLogger:
+    """One W&B run per run directory, resumed across restarts. `wandb_run_id` is None when disabled."""
+
+    def __init__(self, run_dir: str | Path, *, project: str, group: str | None = None, tags: Iterable[str] = (),
+                 config: Mapping[str, Any] | None = None, name: str | None = None, mode: str | None = "offline"):
+        self.run_dir, self.project = Path(run_dir), project
+        self.mode = resolve_mode(mode)
+        self.wandb_run_id: str | None = None
+        self.last_step: int | None = None
+        self._run = None
+        if self.mode == "disabled":
+            return
+        import wandb
+
+        saved = read_wandb_state(self.run_dir)
+        self.wandb_run_id = saved.get("id") or new_run_id()
+        self.last_step = saved.get("last_step")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._save()  # before init: a crash inside init still resumes the same W&B run
+        if config is not None and not isinstance(config, dict):
+            from omegaconf import OmegaConf
+
+            config = OmegaConf.to_container(config, resolve=True)
+        self._run = wandb.init(project=project, group=group, tags=list(tags or ()), config=config,
+                               name=name or self.run_dir.name, id=self.wandb_run_id, dir=str(self.run_dir),
+                               mode=self.mode, resume="allow", reinit="create_new")
+        if self._run.resumed and self._run.step > 0:  # online: the server knows the next step
+            self.last_step = max(self.last_step if self.last_step is not None else -1, self._run.step - 1)
+
+    def log(self, iteration: int, metrics: Mapping[str, Any]) -> bool:
+        """Log `metrics` at step=iteration; returns False if skipped (disabled, or already logged)."""
+        iteration = int(iteration)
+        if self._run is None or (self.last_step is not None and iteration <= self.last_step):
+            return False
+        payload = {k: _scalar(v) for k, v in metrics.items() if k != "iteration" and v is not None}
+        try:
+            self._run.log(payload, step=iteration)
+        except Exception as err:  # the mirror must not end a run whose record is intact
+            warnings.warn(f"W&B logging failed at step {iteration} ({err!r}); continuing without W&B. "
+                          f"The run record in {self.run_dir} is complete.", stacklevel=2)
+            self._close(exit_code=1)
+            return False
+        self.last_step = iteration
+        self._save()
+        return True
+
+    def finish(self, exit_code: int = 0) -> None:
+        """Close the W&B run (idempotent); a non-zero exit_code marks it failed in W&B."""
+        self._close(exit_code)
+
+    def __enter__(self) -> "WandbLogger":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.finish(1 if exc is not None else 0)
+        return False
+
+    def _close(self, exit_code: int) -> None:
+        run, self._run = self._run, None
+        if run is not None:
+            try:
+                run.finish(exit_code=exit_code)
+            except Exception as err:
+                warnings.warn(f"W&B finish failed ({err!r})", stacklevel=3)
+
+    def _save(self) -> None:
+        state = {"id": self.wandb_run_id, "last_step": self.last_step, "project": self.project, "mode": self.mode}
+        atomic_write(self.run_dir / WANDB_STATE, json.dumps(state) + "\n")
+
+
+class NullLogger:
+    """logger=none: the WandbLogger interface, doing nothing."""
+
+    mode = "none"
+    wandb_run_id: str | None = None
+    last_step: int | None = None
+
+    def log(self, iteration: int, metrics: Mapping[str, Any]) -> bool:
+        return False
+
+    def finish(self, exit_code: int = 0) -> None:
+        pass
+
+    def __enter__(self) -> "NullLogger":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        return False
