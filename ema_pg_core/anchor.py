@@ -9,7 +9,9 @@ anchor (plain GRPO); tau = 0 copies the policy.
 Mixed: every floating parameter and every floating buffer (integer buffers such as position
 ids are constants and are skipped). The mix is one multi-tensor ``torch._foreach_lerp_`` call,
 no Python loop per parameter. With ``fp32_shadow`` the mix runs on an fp32 copy and the module
-(e.g. bf16) receives the rounded result, so small (1 - tau) steps are not rounded away.
+(e.g. bf16) receives the rounded result, so small (1 - tau) steps are not rounded away; when the
+policy's dtype differs from the shadow's, the cast, the mix and the copy-out run over cache-sized
+slices instead of materialising an fp32 copy of the policy. Throughput: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -27,12 +29,42 @@ def _floating_state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+SLICE = 1 << 20  # elements per slice when dtypes differ: the cast slice (4 MB in fp32) stays in cache
+
+
+def _same(a: torch.Tensor, p: torch.Tensor) -> bool:
+    return p.dtype == a.dtype and p.device == a.device
+
+
+@torch.no_grad()
+def _lerp_cast_(a: torch.Tensor, p: torch.Tensor, w: float, out: torch.Tensor | None = None) -> None:
+    """a <- lerp(a, p cast to a's dtype/device, w) [then out <- a], over flat slices of SLICE elements.
+
+    Casting the whole policy first would allocate a full copy of it (page faults included) and
+    stream it through memory twice more; per slice, the cast stays in cache.
+    """
+    if a.shape != p.shape:
+        raise ValueError(f"anchor tensor shape {tuple(a.shape)} != policy tensor shape {tuple(p.shape)}")
+    if not (a.is_contiguous() and p.is_contiguous() and (out is None or out.is_contiguous())):
+        a.lerp_(p.to(a.device, a.dtype), w)
+        if out is not None:
+            out.copy_(a)
+        return
+    fa, fp, fo = a.view(-1), p.view(-1), None if out is None else out.view(-1)
+    for i in range(0, fa.numel(), SLICE):
+        sl = slice(i, i + SLICE)
+        fa[sl].lerp_(fp[sl].to(a.device, a.dtype), w)
+        if fo is not None:
+            fo[sl].copy_(fa[sl])
+
+
 @torch.no_grad()
 def ema_update_(anchor: list[torch.Tensor], policy: list[torch.Tensor], tau: float) -> None:
-    """In place: anchor[i] <- tau * anchor[i] + (1 - tau) * policy[i], one fused multi-tensor op.
+    """In place: anchor[i] <- tau * anchor[i] + (1 - tau) * policy[i].
 
     ``lerp(start, end, w) = start + w (end - start) = (1 - w) start + w end`` with w = 1 - tau.
-    Policy tensors are cast to each anchor tensor's dtype/device first when they differ.
+    Pairs of equal dtype/device are mixed by one fused multi-tensor op (``torch._foreach_lerp_``);
+    pairs that differ (e.g. an fp32 shadow and a bf16 policy) are cast slice by slice.
     """
     if not 0.0 <= tau <= 1.0:
         raise ValueError(f"tau must be in [0, 1]; got {tau!r}")
@@ -40,8 +72,27 @@ def ema_update_(anchor: list[torch.Tensor], policy: list[torch.Tensor], tau: flo
         raise ValueError(f"anchor has {len(anchor)} tensors, policy {len(policy)}")
     if tau == 1.0 or not anchor:
         return
-    src = [p if (p.dtype == a.dtype and p.device == a.device) else p.to(a.device, a.dtype) for a, p in zip(anchor, policy)]
-    torch._foreach_lerp_(anchor, src, 1.0 - tau)
+    same = [_same(a, p) for a, p in zip(anchor, policy)]
+    if any(same):
+        torch._foreach_lerp_([a for a, s in zip(anchor, same) if s], [p for p, s in zip(policy, same) if s], 1.0 - tau)
+    for a, p, s in zip(anchor, policy, same):
+        if not s:
+            _lerp_cast_(a, p, 1.0 - tau)
+
+
+@torch.no_grad()
+def _shadow_update_(shadow: list[torch.Tensor], targets: list[torch.Tensor], policy: list[torch.Tensor], tau: float) -> None:
+    """shadow <- lerp(shadow, policy, 1 - tau); targets <- shadow (rounded to their dtype).
+
+    Slice by slice when any cast is needed, so the policy cast and the shadow are read once from
+    memory (16 B/param for bf16 policy and module, fp32 shadow); else two foreach ops.
+    """
+    if all(_same(a, p) for a, p in zip(shadow, policy)):
+        torch._foreach_lerp_(shadow, list(policy), 1.0 - tau)
+        torch._foreach_copy_(targets, shadow)
+        return
+    for s, t, p in zip(shadow, targets, policy):
+        _lerp_cast_(s, p, 1.0 - tau, out=t)
 
 
 class EmaAnchor:
@@ -84,8 +135,7 @@ class EmaAnchor:
         if self.shadow is None:
             ema_update_(targets, src, self.tau)
         else:
-            ema_update_(self.shadow, src, self.tau)
-            torch._foreach_copy_(targets, self.shadow)
+            _shadow_update_(self.shadow, targets, src, self.tau)
         self.num_updates += 1
         return True
 

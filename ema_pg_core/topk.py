@@ -11,23 +11,31 @@ position, on temperature-scaled logits z = logits / temperature:
     indices  (B, T, K)  int64                              as given, or top-k of z
     entropy  (B, T)     -sum softmax(z) log softmax(z)     optional
 
-The work runs over chunks of ``chunk_size`` positions, so at most (chunk_size, V) fp32 exists at a
-time. Both paths are custom ``torch.autograd.Function``s whose backward *recomputes* each chunk's
-softmax (and, from hidden states, each chunk's logits), so neither the forward nor the backward
-keeps (N, V) alive: the logits path saves only a reference to its input; the hidden path saves h
-and W. bf16/fp16 inputs are accumulated in fp32. Storing K logits + one logsumexp per token is the
-paper's O(K) memory (ema-pg.md §2), e.g. 388 B/token at K=32 vs 608 KB for fp32 logits at V=151,936.
+The work runs over blocks of ``chunk_size`` positions x ``vocab_chunk_size`` vocabulary columns
+(default: the whole vocabulary), so at most (chunk_size, vocab_chunk_size) fp32 logits exist at a
+time. Across vocabulary blocks the logsumexp is merged online (lse = logaddexp of the blocks'),
+the entropy through the softmax mean of z (weighted by exp(lse_block - lse)), and the own top-k by
+a running top-k merge. Both paths are custom ``torch.autograd.Function``s whose backward
+*recomputes* each block's softmax (and, from hidden states, each block's logits), so neither the
+forward nor the backward keeps (N, V) alive: the logits path saves only a reference to its input;
+the hidden path saves h and W. bf16/fp16 inputs are accumulated in fp32. Storing K logits + one
+logsumexp per token is the paper's O(K) memory (ema-pg.md §2), e.g. 388 B/token at K=32 vs 608 KB
+for fp32 logits at V=151,936. With one vocabulary block the results are the unblocked ones; with
+several they agree to rounding (ties in the own top-k may pick a different index of equal value).
+Measured memory and time: docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from ema_pg_core.kl import KLInputs
 
 DEFAULT_CHUNK = 1024
+ZBlock = Callable[[int, int], torch.Tensor]  # (v0, v1) -> (n, v1 - v0) scaled logits in the acc dtype
 
 
 @dataclass
@@ -44,85 +52,147 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _chunk_stats(z, tok, idx, k, want_entropy):
-    """One chunk. z: (n, V) scaled logits in the accumulation dtype; tok: (n,); idx: (n, K) or None."""
-    lse = torch.logsumexp(z, -1)  # (n,)
+def _vocab_blocks(V: int, vchunk: int | None) -> list[tuple[int, int]]:
+    """[(v0, v1), ...] covering range(V) in blocks of ``vchunk`` columns (None: one block)."""
+    step = V if vchunk is None else max(1, min(vchunk, V))
+    return [(v0, min(v0 + step, V)) for v0 in range(0, V, step)]
+
+
+def _gather_in_block(z: torch.Tensor, cols: torch.Tensor, v0: int) -> torch.Tensor:
+    """(n, m) z[:, cols - v0] for columns inside this block [v0, v0 + vc), 0 elsewhere. z: (n, vc)."""
+    local = cols - v0
+    inside = (local >= 0) & (local < z.shape[-1])
+    return torch.where(inside, z.gather(-1, local.clamp(0, z.shape[-1] - 1)), z.new_zeros(()))
+
+
+def _scatter_in_block_(G: torch.Tensor, cols: torch.Tensor, v0: int, g: torch.Tensor) -> None:
+    """G[:, cols - v0] += g for columns inside this block; G: (n, vc), cols/g: (n, m)."""
+    local = cols - v0
+    inside = (local >= 0) & (local < G.shape[-1])
+    G.scatter_add_(-1, local.clamp(0, G.shape[-1] - 1), torch.where(inside, g, g.new_zeros(())))
+
+
+def _merge_topk(best: tuple | None, z: torch.Tensor, v0: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Running top-k: (values (n, <=k), indices) so far merged with block z (n, vc) starting at v0."""
+    v, i = torch.topk(z, min(k, z.shape[-1]), dim=-1)
+    if best is None:
+        return v, i + v0
+    vals, idx = torch.cat([best[0], v], -1), torch.cat([best[1], i + v0], -1)
+    top = torch.topk(vals, min(k, vals.shape[-1]), dim=-1)
+    return top.values, idx.gather(-1, top.indices)
+
+
+def _rows_stats(zblock: ZBlock, blocks, tok, idx, k, want_entropy):
+    """Stats of one chunk of n positions, vocabulary block by block.
+
+    zblock(v0, v1): (n, vc) scaled logits; tok: (n,); idx: (n, K) stored indices or None (own top-k).
+    Returns lse (n,), logits_k (n, K), logp (n,), entropy (n,) (zeros if not wanted), idx (n, K).
+    """
+    lse = mu = best = None  # mu: E_softmax[z], so that entropy = lse - mu
+    tok_z = lk = 0.0
+    for v0, v1 in blocks:
+        z = zblock(v0, v1)
+        lse_b = torch.logsumexp(z, -1)  # (n,)
+        mu_b = (torch.softmax(z, -1) * z).sum(-1) if want_entropy else None
+        if lse is None:
+            lse, mu = lse_b, mu_b
+        else:
+            new = torch.logaddexp(lse, lse_b)
+            if want_entropy:
+                mu = mu * torch.exp(lse - new) + mu_b * torch.exp(lse_b - new)
+            lse = new
+        tok_z = tok_z + _gather_in_block(z, tok[:, None], v0)[:, 0]
+        if idx is not None:
+            lk = lk + _gather_in_block(z, idx, v0)
+        elif k > 0:
+            best = _merge_topk(best, z, v0, k)
     if idx is None:
-        idx = torch.topk(z, k, dim=-1).indices if k > 0 else torch.zeros(z.shape[0], 0, dtype=torch.long, device=z.device)
-    lk = z.gather(-1, idx)  # (n, K)
-    logp = z.gather(-1, tok[:, None])[:, 0] - lse  # (n,)
-    ent = lse - (torch.softmax(z, -1) * z).sum(-1) if want_entropy else torch.zeros_like(lse)
-    return lse, lk, logp, ent, idx
+        n = tok.shape[0]
+        empty = torch.zeros(n, 0, dtype=lse.dtype, device=lse.device), torch.zeros(n, 0, dtype=torch.long, device=lse.device)
+        lk, idx = best if k > 0 else empty
+    ent = lse - mu if want_entropy else torch.zeros_like(lse)
+    return lse, lk, tok_z - lse, ent, idx
 
 
-def _chunk_grad(z, lse, ent, tok, idx, g_lse, g_k, g_logp, g_ent, temperature, want_entropy):
-    """(n, V) gradient w.r.t. the RAW logits of one chunk, recomputing softmax from z.
+def _block_grad(z, v0, lse, ent, tok, idx, g_lse, g_k, g_logp, g_ent, temperature, want_entropy):
+    """(n, vc) gradient w.r.t. the RAW logits of one block [v0, v0 + vc), recomputing softmax from z.
 
     d lse / dz = p;  d logp / dz = onehot(tok) - p;  d z_k / dz = onehot(idx);
     d H / dz_j = -p_j (log p_j + H).  Raw logits: divide by the temperature.
     """
-    p = torch.exp(z - lse[:, None])  # (n, V)
-    G = p * (g_lse - g_logp)[:, None]
-    G.scatter_add_(-1, tok[:, None], g_logp[:, None])
+    p = (z - lse[:, None]).exp_()  # (n, vc), p of the FULL softmax
+    ent_term = g_ent[:, None] * p * (z - lse[:, None] + ent[:, None]) if want_entropy else None
+    G = p.mul_((g_lse - g_logp)[:, None])  # p is not needed any more: reuse its memory
+    _scatter_in_block_(G, tok[:, None], v0, g_logp[:, None])
     if idx.shape[-1]:
-        G.scatter_add_(-1, idx, g_k)
-    if want_entropy:
-        G -= g_ent[:, None] * p * (z - lse[:, None] + ent[:, None])
-    return G / temperature
+        _scatter_in_block_(G, idx, v0, g_k)
+    if ent_term is not None:
+        G -= ent_term
+    return G if temperature == 1.0 else G.div_(temperature)
+
+
+def _forward_all(N, zrows: Callable[[slice], ZBlock], blocks, tokens, indices, k, chunk, want_entropy):
+    """Concatenated stats over all N positions, ``chunk`` rows at a time."""
+    outs = [[] for _ in range(5)]
+    for s in range(0, N, chunk):
+        sl = slice(s, s + chunk)
+        idx = None if indices is None else indices[sl]
+        for o, v in zip(outs, _rows_stats(zrows(sl), blocks, tokens[sl], idx, k, want_entropy)):
+            o.append(v)
+    return tuple(torch.cat(o) for o in outs)
 
 
 class _FromLogits(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, tokens, indices, k, temperature, chunk, want_entropy):
-        N = logits.shape[0]
+    def forward(ctx, logits, tokens, indices, k, temperature, chunk, vchunk, want_entropy):
         acc = _acc_dtype(logits.dtype)
-        outs = [[] for _ in range(5)]
-        for s in range(0, N, chunk):
-            z = logits[s : s + chunk].to(acc) / temperature
-            idx = None if indices is None else indices[s : s + chunk]
-            for o, v in zip(outs, _chunk_stats(z, tokens[s : s + chunk], idx, k, want_entropy)):
-                o.append(v)
-        lse, lk, logp, ent, idx = (torch.cat(o) for o in outs)
+        blocks = _vocab_blocks(logits.shape[1], vchunk)
+        zrows = lambda sl: lambda v0, v1: logits[sl, v0:v1].to(acc) / temperature  # noqa: E731
+        lse, lk, logp, ent, idx = _forward_all(logits.shape[0], zrows, blocks, tokens, indices, k, chunk, want_entropy)
         ctx.save_for_backward(logits, tokens, idx, lse, ent)
-        ctx.cfg = (temperature, chunk, want_entropy)
+        ctx.cfg = (temperature, chunk, blocks, want_entropy)
         ctx.mark_non_differentiable(idx)
         return lse, lk, logp, ent, idx
 
     @staticmethod
     def backward(ctx, g_lse, g_k, g_logp, g_ent, _g_idx):
         logits, tokens, idx, lse, ent = ctx.saved_tensors
-        temperature, chunk, want_entropy = ctx.cfg
+        temperature, chunk, blocks, want_entropy = ctx.cfg
         acc = lse.dtype
         grad = torch.empty_like(logits)
         for s in range(0, logits.shape[0], chunk):
             sl = slice(s, s + chunk)
-            z = logits[sl].to(acc) / temperature
-            G = _chunk_grad(z, lse[sl], ent[sl], tokens[sl], idx[sl], g_lse[sl], g_k[sl], g_logp[sl], g_ent[sl], temperature, want_entropy)
-            grad[sl] = G.to(logits.dtype)
-        return grad, None, None, None, None, None, None
+            for v0, v1 in blocks:
+                z = logits[sl, v0:v1].to(acc) / temperature
+                G = _block_grad(z, v0, lse[sl], ent[sl], tokens[sl], idx[sl], g_lse[sl], g_k[sl], g_logp[sl], g_ent[sl],
+                                temperature, want_entropy)
+                grad[sl, v0:v1] = G.to(logits.dtype)
+        return grad, None, None, None, None, None, None, None
+
+
+def _head_block(h, weight, bias, v0, v1, acc, temperature):
+    """(n, v1 - v0) scaled logits of one block: (h @ W[v0:v1].T + b[v0:v1]) / temperature, in acc."""
+    b = None if bias is None else bias[v0:v1]
+    z = torch.nn.functional.linear(h, weight[v0:v1], b).to(acc)  # a fresh tensor: divide in place
+    return z if temperature == 1.0 else z.div_(temperature)
 
 
 class _FromHidden(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, indices, k, temperature, chunk, want_entropy):
-        N = hidden.shape[0]
+    def forward(ctx, hidden, weight, bias, tokens, indices, k, temperature, chunk, vchunk, want_entropy):
         acc = _acc_dtype(hidden.dtype)
-        outs = [[] for _ in range(5)]
-        for s in range(0, N, chunk):
-            z = torch.nn.functional.linear(hidden[s : s + chunk], weight, bias).to(acc) / temperature
-            idx = None if indices is None else indices[s : s + chunk]
-            for o, v in zip(outs, _chunk_stats(z, tokens[s : s + chunk], idx, k, want_entropy)):
-                o.append(v)
-        lse, lk, logp, ent, idx = (torch.cat(o) for o in outs)
+        blocks = _vocab_blocks(weight.shape[0], vchunk)
+        zrows = lambda sl: lambda v0, v1: _head_block(hidden[sl], weight, bias, v0, v1, acc, temperature)  # noqa: E731
+        lse, lk, logp, ent, idx = _forward_all(hidden.shape[0], zrows, blocks, tokens, indices, k, chunk, want_entropy)
         ctx.save_for_backward(hidden, weight, bias, tokens, idx, lse, ent)
-        ctx.cfg = (temperature, chunk, want_entropy)
+        ctx.cfg = (temperature, chunk, blocks, want_entropy)
         ctx.mark_non_differentiable(idx)
         return lse, lk, logp, ent, idx
 
     @staticmethod
     def backward(ctx, g_lse, g_k, g_logp, g_ent, _g_idx):
         hidden, weight, bias, tokens, idx, lse, ent = ctx.saved_tensors
-        temperature, chunk, want_entropy = ctx.cfg
+        temperature, chunk, blocks, want_entropy = ctx.cfg
         acc = lse.dtype
         g_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         g_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
@@ -130,25 +200,32 @@ class _FromHidden(torch.autograd.Function):
         for s in range(0, hidden.shape[0], chunk):
             sl = slice(s, s + chunk)
             h = hidden[sl]
-            z = torch.nn.functional.linear(h, weight, bias).to(acc) / temperature
-            G = _chunk_grad(z, lse[sl], ent[sl], tokens[sl], idx[sl], g_lse[sl], g_k[sl], g_logp[sl], g_ent[sl], temperature, want_entropy)
+            gh = None if g_h is None else torch.zeros(h.shape, dtype=acc, device=h.device)  # (n, H)
+            for v0, v1 in blocks:
+                z = _head_block(h, weight, bias, v0, v1, acc, temperature)
+                G = _block_grad(z, v0, lse[sl], ent[sl], tokens[sl], idx[sl], g_lse[sl], g_k[sl], g_logp[sl], g_ent[sl],
+                                temperature, want_entropy)
+                if gh is not None:
+                    gh.addmm_(G, weight[v0:v1].to(acc))  # (n, H)
+                if g_w is not None:
+                    g_w[v0:v1].addmm_(G.T, h.to(acc))  # (vc, H)
+                if g_b is not None:
+                    g_b[v0:v1] += G.sum(0)
             if g_h is not None:
-                g_h[sl] = (G @ weight.to(acc)).to(hidden.dtype)  # (n, H)
-            if g_w is not None:
-                g_w.addmm_(G.T, h.to(acc))  # (V, H)
-            if g_b is not None:
-                g_b += G.sum(0)
+                g_h[sl] = gh.to(hidden.dtype)
         return (g_h, None if g_w is None else g_w.to(weight.dtype), None if g_b is None else g_b.to(bias.dtype),
-                None, None, None, None, None, None)
+                None, None, None, None, None, None, None)
 
 
-def _prepare(lead, tokens, indices, k, temperature, chunk_size):
+def _prepare(lead, V, tokens, indices, k, temperature, chunk_size, vocab_chunk_size):
     """Validate and flatten; returns (tokens (N,), indices (N, K) or None)."""
     B, T = lead
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0; got {temperature!r}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size!r}")
+    if vocab_chunk_size is not None and vocab_chunk_size < 1:
+        raise ValueError(f"vocab_chunk_size must be >= 1 or None (whole vocabulary); got {vocab_chunk_size!r}")
     if k < 0:
         raise ValueError(f"k must be >= 0; got {k!r}")
     if tokens is None:
@@ -157,6 +234,9 @@ def _prepare(lead, tokens, indices, k, temperature, chunk_size):
         raise ValueError(f"tokens has shape {tuple(tokens.shape)}; expected (B, T) = {(B, T)}")
     if indices is not None and tuple(indices.shape[:2]) != (B, T):
         raise ValueError(f"indices has shape {tuple(indices.shape)}; expected (B, T, K) with (B, T) = {(B, T)}")
+    for name, t in (("tokens", tokens), ("indices", indices)):
+        if t is not None and t.numel() and (int(t.min()) < 0 or int(t.max()) >= V):  # blocks would silently skip them
+            raise ValueError(f"{name} must lie in [0, V) = [0, {V}); got values in [{int(t.min())}, {int(t.max())}]")
     flat_idx = None if indices is None else indices.reshape(B * T, -1).long()
     return tokens.reshape(-1).long(), flat_idx
 
@@ -169,38 +249,44 @@ def _unflatten(B, T, lse, lk, logp, ent, idx, want_entropy) -> TokenStats:
 def token_stats_from_logits(
     logits: torch.Tensor, tokens: torch.Tensor | None = None, *, k: int = 0, indices: torch.Tensor | None = None,
     temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK, entropy: bool = False,
+    vocab_chunk_size: int | None = None,
 ) -> TokenStats:
     """Stats from logits (B, T, V). With ``indices`` (B, T, K) gather there (k ignored), else own top-k.
 
-    Differentiable w.r.t. ``logits``; the backward recomputes softmax chunk by chunk.
+    Differentiable w.r.t. ``logits``; the backward recomputes softmax block by block
+    (``chunk_size`` positions x ``vocab_chunk_size`` columns; None = whole vocabulary).
     """
     if logits.ndim != 3:
         raise ValueError(f"logits must be (B, T, V); got shape {tuple(logits.shape)}")
     B, T, V = logits.shape
     if indices is None and k > V:
         raise ValueError(f"k={k} exceeds the vocabulary size V={V}")
-    tok, idx = _prepare((B, T), tokens, indices, k, temperature, chunk_size)
-    out = _FromLogits.apply(logits.reshape(B * T, V), tok, idx, k, float(temperature), int(chunk_size), entropy)
+    tok, idx = _prepare((B, T), V, tokens, indices, k, temperature, chunk_size, vocab_chunk_size)
+    out = _FromLogits.apply(logits.reshape(B * T, V), tok, idx, k, float(temperature), int(chunk_size),
+                            vocab_chunk_size, entropy)
     return _unflatten(B, T, *out, entropy)
 
 
 def token_stats_from_hidden(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, tokens: torch.Tensor | None = None, *,
     k: int = 0, indices: torch.Tensor | None = None, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK,
-    entropy: bool = False,
+    entropy: bool = False, vocab_chunk_size: int | None = None,
 ) -> TokenStats:
     """Stats from hidden states (B, T, H) and the LM head weight (V, H) [+ bias (V,)], fused.
 
-    Never materialises (B, T, V) logits: each chunk's logits are computed, reduced and dropped, and
-    recomputed in the backward. Differentiable w.r.t. hidden, weight and bias.
+    Never materialises (B, T, V) logits: each (chunk_size, vocab_chunk_size) block of logits is
+    computed, reduced and dropped, and recomputed in the backward. ``vocab_chunk_size`` None means
+    the whole vocabulary per block; at V = 151,936 a block of 8192-16384 columns keeps the
+    temporaries to tens of MB (docs/benchmarks.md). Differentiable w.r.t. hidden, weight and bias.
     """
     if hidden.ndim != 3 or weight.ndim != 2 or hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(f"hidden must be (B, T, H) and weight (V, H); got {tuple(hidden.shape)} and {tuple(weight.shape)}")
     B, T, H = hidden.shape
     if indices is None and k > weight.shape[0]:
         raise ValueError(f"k={k} exceeds the vocabulary size V={weight.shape[0]}")
-    tok, idx = _prepare((B, T), tokens, indices, k, temperature, chunk_size)
-    out = _FromHidden.apply(hidden.reshape(B * T, H), weight, bias, tok, idx, k, float(temperature), int(chunk_size), entropy)
+    tok, idx = _prepare((B, T), weight.shape[0], tokens, indices, k, temperature, chunk_size, vocab_chunk_size)
+    out = _FromHidden.apply(hidden.reshape(B * T, H), weight, bias, tok, idx, k, float(temperature), int(chunk_size),
+                            vocab_chunk_size, entropy)
     return _unflatten(B, T, *out, entropy)
 
 

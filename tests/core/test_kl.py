@@ -22,8 +22,17 @@ from ema_pg_core.kl import (
     register_kl,
 )
 
-torch.set_default_dtype(torch.float64)
 V = 16
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    """Exact checks in float64; restored afterwards so other test modules keep float32."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
 SAMPLED = ["k1", "k2", "k3", "k3++", "k4", "k5", "k1+", "k3+"]
 
 

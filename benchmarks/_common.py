@@ -1,0 +1,120 @@
+"""Shared plumbing for the benchmarks: fresh-subprocess workers, peak RSS, machine facts, the doc.
+
+Peak memory on CPU: each variant runs in a fresh interpreter. After its inputs are allocated (and
+a tiny warm-up has loaded the kernels), the worker resets the kernel's peak-RSS counter
+(``echo 5 > /proc/self/clear_refs``, Linux >= 4.0) and reads VmRSS; after the variant it reads
+VmHWM. "peak above inputs" = VmHWM - VmRSS(after inputs). If clear_refs is unavailable it falls
+back to ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, which also counts the input setup.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "benchmarks.md"
+GB, GiB, MiB = 1e9, 2**30, 2**20
+DOC_HEADER = """# Benchmarks
+
+Each section below is written by its script (between the BEGIN/END markers) and lists the command
+line, the machine, the date, and every figure as a ratio to a baseline measured in the same run.
+The machine is shared with other jobs; the load average at the start of each run is recorded, and
+contention can add noise to times (less so to memory).
+"""
+
+
+# ------------------------------------------------------------------ memory (Linux /proc)
+def _status_kib(field: str) -> int:
+    m = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    return int(m.group(1)) if m else 0
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS; False if the kernel does not allow it."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def rss_bytes() -> int:
+    return _status_kib("VmRSS") * 1024
+
+
+def peak_rss_bytes() -> int:
+    """VmHWM (peak RSS since the last reset) in bytes; ru_maxrss if /proc lacks it."""
+    hwm = _status_kib("VmHWM")
+    if hwm:
+        return hwm * 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def mem_available_bytes() -> int:
+    m = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+    return int(m.group(1)) * 1024
+
+
+# ------------------------------------------------------------------ workers
+def run_worker(script: Path, args: list[str], timeout: float = 1800) -> dict:
+    """Run ``python script --worker args...`` in a fresh interpreter; it prints one JSON line last."""
+    cmd = [sys.executable, str(script), "--worker", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if out.returncode != 0:
+        raise RuntimeError(f"worker {args} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ machine and doc
+def machine() -> dict:
+    """CPU model, cores, RAM, torch version, load average, UTC date."""
+    import torch
+
+    cpu = platform.processor() or "?"
+    try:
+        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        cpu = m.group(1).strip() if m else cpu
+    except OSError:
+        pass
+    total = re.search(r"^MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(int(total.group(1)) / 2**20, 1) if total else None,
+        "torch": torch.__version__, "python": platform.python_version(),
+        "loadavg": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def machine_line(m: dict, threads: int) -> str:
+    return (f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, no GPU; torch {m['torch']}, "
+            f"Python {m['python']}, `torch.set_num_threads({threads})`; load average at start {m['loadavg']} "
+            f"(1/5/15 min, shared machine). Date: {m['date']}.")
+
+
+def write_section(name: str, body: str, doc: Path = DOC) -> None:
+    """Replace the text between <!-- BEGIN name --> and <!-- END name --> in docs/benchmarks.md."""
+    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    text = doc.read_text() if doc.exists() else DOC_HEADER
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
+
+
+def md_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
