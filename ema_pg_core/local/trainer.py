@@ -73,6 +73,7 @@ class Hooks:
     metrics: Callable[[int, dict], None] = lambda it, m: None
     evals: Callable[[list[dict]], None] = lambda rows: None
     checkpoint: Callable[[int, Path], None] = lambda it, path: None
+    iteration_end: Callable[[int, dict, "Path | None"], None] = lambda it, m, ckpt: None  # after any checkpoint of it
     state: Callable[[], dict] = dict  # extra state stored in each checkpoint (e.g. the record's clock)
 
 
@@ -305,8 +306,10 @@ class LocalTrainer:
                     self.hooks.evals(rows)
                 self.hooks.metrics(self.iteration, m)
                 last = m
+                ckpt = None
                 if self._stop or (tc.save_every and self.iteration % tc.save_every == 0) or self.iteration == tc.iterations:
-                    self.save()
+                    ckpt = self.save()
+                self.hooks.iteration_end(self.iteration, m, ckpt)
                 if self._stop:
                     raise Interrupted(f"interrupted by {self._stop} after iteration {self.iteration}; checkpoint saved, resume with resume=true")
             return last

@@ -1,0 +1,154 @@
+"""Config -> core objects. The only place Hydra/OmegaConf meets ema_pg_core (style.md #9).
+
+    compose(overrides)   the composed, validated DictConfig (Hydra compose API)
+    validate(cfg)        every section -> its dataclass (raises ValueError before any work)
+    task(cfg)            the task adapter the trainer consumes
+    model(cfg)           (policy, tokenizer): a local HF path, or the cached warm-started tiny model
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from ema_pg_core.local.trainer import LocalConfig
+from experiments.schema import RunConfig, register
+
+CONF_MODULE = "experiments.conf"
+SMOKE = {  # smoke=true: tiny sizes, 2 iterations (style.md #11)
+    "trainer.iterations": 2, "trainer.eval_every": 1, "trainer.eval_size": 4, "trainer.eval_n": 2, "trainer.save_every": 1,
+    "rollout.prompts_per_iter": 2, "rollout.group_size": 2, "rollout.max_new_tokens": 12, "rollout.max_turns": 1,
+    "task.train_size": 40, "task.test_size": 8, "model.pretrain_steps": 2,
+}
+
+
+def presets() -> list[str]:
+    """Names of the experiment presets (experiments/conf/experiment/*.yaml)."""
+    return sorted(p.stem for p in (Path(__file__).parent / "conf" / "experiment").glob("*.yaml"))
+
+
+def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose experiments/conf/config.yaml with Hydra overrides (``key=value``, ``experiment=...``)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    register()
+    overrides = list(overrides)
+    exp = [o.split("=", 1)[1] for o in overrides if o.startswith("experiment=")]
+    if exp and exp[-1] not in presets():
+        raise ValueError(f"unknown experiment preset {exp[-1]!r}; allowed: {', '.join(presets())}")
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module=CONF_MODULE, version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=overrides)
+    if cfg.smoke:
+        for key, value in SMOKE.items():
+            OmegaConf.update(cfg, key, value, merge=False)
+    return cfg
+
+
+def local_config(cfg: DictConfig) -> LocalConfig:
+    """The core trainer config; each dataclass validates itself (field names in the errors)."""
+    return LocalConfig(
+        algo=OmegaConf.to_object(cfg.algo), rollout=OmegaConf.to_object(cfg.rollout),
+        optim=OmegaConf.to_object(cfg.optim), trainer=OmegaConf.to_object(cfg.trainer), seed=int(cfg.seed),
+    )
+
+
+def validate(cfg: DictConfig) -> LocalConfig:
+    """Fail before any work: unknown task, bad model path, invalid algorithm settings, backend."""
+    from experiments.tasks import TASKS
+
+    if cfg.task.name not in TASKS:
+        raise ValueError(f"task.name={cfg.task.name!r} is not a known task; allowed: {', '.join(sorted(TASKS))}")
+    if cfg.model.path is not None and not Path(os.path.expanduser(cfg.model.path)).is_dir():
+        raise ValueError(f"model.path={cfg.model.path!r} does not exist (expected a local HF model directory)")
+    if cfg.backend.name not in ("local", "verl"):
+        raise ValueError(f"backend.name={cfg.backend.name!r} is not allowed; allowed values: local, verl")
+    if cfg.logger.name not in ("wandb", "none"):
+        raise ValueError(f"logger.name={cfg.logger.name!r} is not allowed; allowed values: wandb, none")
+    if cfg.logger.mode not in ("offline", "online", "disabled"):
+        raise ValueError(f"logger.mode={cfg.logger.mode!r} is not allowed; allowed values: offline, online, disabled")
+    return local_config(cfg)
+
+
+# ------------------------------------------------------------------------------ tasks
+@dataclass
+class ToolEnvAdapter:
+    """The trainer's ToolEnv on top of a task module with STOP_STRINGS + tool_response(text, env)."""
+
+    module: Any
+    env: Any
+
+    @property
+    def stop(self) -> str:
+        return self.module.STOP_STRINGS[0]
+
+    def respond(self, response_so_far: str) -> str | None:
+        return self.module.tool_response(response_so_far, self.env)
+
+
+@dataclass
+class TaskAdapter:
+    """The trainer's Task protocol on top of a task module (loader, prompt, reward, evaluate)."""
+
+    name: str
+    module: Any
+    train: list
+    test: list
+    env: ToolEnvAdapter | None = None
+
+    def prompt(self, example) -> str:
+        return self.module.prompt(example)
+
+    def reward(self, example, response: str) -> float:
+        return float(self.module.reward(example, response))
+
+    def evaluate(self, example, response: str) -> int:
+        return int(self.module.evaluate(example, response))
+
+
+def task(cfg: DictConfig) -> TaskAdapter:
+    """Load the seeded train/test splits and the task's environment (by capability: STOP_STRINGS)."""
+    from experiments.tasks import get_task
+
+    mod = get_task(cfg.task.name)
+    knobs = OmegaConf.to_container(cfg.task.knobs, resolve=True)
+    train = mod.load("train", n=int(cfg.task.train_size), seed=int(cfg.task.data_seed), **knobs)
+    test = mod.load("test", n=int(cfg.task.test_size), seed=int(cfg.task.data_seed), **knobs)
+    env = None
+    if mod.STOP_STRINGS:
+        if cfg.task.retriever_url:
+            from experiments.tasks.retriever import HTTPRetriever
+
+            env = ToolEnvAdapter(mod, HTTPRetriever(cfg.task.retriever_url))
+        else:
+            env = ToolEnvAdapter(mod, mod.make_env(**knobs))
+    return TaskAdapter(cfg.task.name, mod, train, test, env)
+
+
+# ------------------------------------------------------------------------------ models
+def model(cfg: DictConfig):
+    """(policy, tokenizer) in cfg.trainer.dtype. The tiny model is warm-started once and cached."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = cfg.model.path
+    if path is None:
+        from experiments.pretrain import pretrain
+
+        model_cfg = {"hidden": int(cfg.model.hidden), "layers": int(cfg.model.layers), "heads": int(cfg.model.heads)}
+        steps = None if cfg.model.pretrain_steps is None else int(cfg.model.pretrain_steps)
+        knobs = OmegaConf.to_container(cfg.task.knobs, resolve=True)
+        path = pretrain(cfg.task.name, model_cfg, steps=steps, cache_dir=os.path.expanduser(cfg.model.cache_dir), knobs=knobs,
+                        progress=os.environ.get("EMAPG_PROGRESS", "1") != "0")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.trainer.dtype]
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return policy, tok

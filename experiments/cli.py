@@ -1,0 +1,102 @@
+"""``emapg`` — the command line. Subcommands import their packages lazily, so `emapg train` never
+imports ray and `emapg report` never imports torch.
+
+    emapg train experiment=math_tiny_ema_pg [hydra overrides ...]
+    emapg pretrain task=math_tiny
+    emapg retriever serve --task search_tiny --port 8000
+    emapg sweep sweeps/quickstart.yaml [--dry-run] [--resume] [--address ...]
+    emapg report <runs-or-sweep-dir> --out <dir>
+    emapg figures --out <dir>
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _train(argv: list[str]) -> int:
+    from experiments import build
+
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.split("\n\n")[0])
+        print("usage: emapg train [experiment=<preset>] [key=value ...]   (Hydra overrides)\n")
+        print("experiment presets:\n  " + "\n  ".join(build.presets()))
+        print("\ncommon overrides: seed=1 smoke=true algo.anchor.tau=0.95 algo.anchor.period=10 algo.kl.type=k3 "
+              "algo.kl.k=32 algo.kl.tail=paper trainer.iterations=100 logger.mode=online run_dir=... resume=true")
+        return 0
+    bad = [a for a in argv if "=" not in a]
+    if bad:
+        raise SystemExit(f"emapg train takes Hydra overrides key=value; got {bad}. See `emapg train --help`.")
+    from experiments.run import run
+
+    cfg = build.compose(argv)
+    summary = run(cfg)
+    keys = sorted(k for k in summary if k.startswith(("eval/", "eval_anchor/")) and not k.startswith("best_"))
+    for k in keys:
+        print(f"{k:40s} {summary[k]:.4f}")
+    return 0
+
+
+def _pretrain(argv: list[str]) -> int:
+    from experiments.pretrain import main
+
+    return main(argv) or 0
+
+
+def _retriever(argv: list[str]) -> int:
+    from experiments.tasks.retriever import main
+
+    return main(argv) or 0
+
+
+def _sweep(argv: list[str]) -> int:
+    from sweeps.cli import main
+
+    return main(argv) or 0
+
+
+def _report(argv: list[str]) -> int:
+    from analysis.report import main_report
+
+    return main_report(argv) or 0
+
+
+def _figures(argv: list[str]) -> int:
+    from analysis.report import main_figures
+    from ema_pg_core import audit
+
+    return main_figures(argv, audit.records) or 0
+
+
+def _cluster(argv: list[str]) -> int:
+    from cluster.submit import main
+
+    return main(argv) or 0
+
+
+COMMANDS = {"train": _train, "pretrain": _pretrain, "retriever": _retriever, "sweep": _sweep, "report": _report,
+            "figures": _figures, "cluster": _cluster}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="emapg", description="EMA-PG: train, sweep, report.",
+                                     epilog="Run `emapg <command> --help` for a command's options.")
+    parser.add_argument("command", choices=sorted(COMMANDS))
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        from experiments.build import presets
+
+        print("\nexperiment presets: " + ", ".join(presets()))
+        return 0
+    args, rest = parser.parse_known_args(argv[:1])
+    try:
+        return COMMANDS[args.command](argv[1:])
+    except ValueError as e:  # configuration errors: one clear line, no traceback
+        print(f"emapg {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

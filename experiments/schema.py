@@ -1,0 +1,99 @@
+"""The run config schema: experiment-level sections + the core's dataclasses (defaults live there).
+
+Registered as Hydra structured configs (``register()``); YAML files under ``experiments/conf``
+hold only deltas. ``build.py`` turns a composed config into these dataclasses, which validate
+themselves in ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ema_pg_core.config import AlgoConfig, OptimConfig, RolloutConfig, TrainerConfig
+from ema_pg_core.verl.config import VerlSettings
+
+
+@dataclass
+class TaskConfig:
+    name: str = "math_tiny"
+    """Task in experiments.tasks.TASKS (math_tiny, search_tiny)."""
+    train_size: int = 4000
+    """Training problems generated (seeded, disjoint from the test split)."""
+    test_size: int = 200
+    """Held-out problems generated; the first trainer.eval_size are evaluated."""
+    data_seed: int = 1234
+    """Seed of the problem generator (fixed across run seeds, so every seed sees the same data)."""
+    knobs: dict[str, Any] = field(default_factory=dict)
+    """Task difficulty knobs passed to the task's loader (e.g. digits, steps, hops)."""
+    retriever_url: str | None = None
+    """Tool tasks: an `emapg retriever serve` URL; null = in-process BM25."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    path: str | None = None
+    """A local HF causal-LM directory; null = the tiny model warm-started on the task (cached)."""
+    hidden: int = 128
+    layers: int = 2
+    heads: int = 4
+    pretrain_steps: int | None = None
+    """Warm-start SFT steps; null = the task's calibrated default."""
+    cache_dir: str = "${oc.env:EMAPG_CACHE,${oc.env:HOME}/.cache/emapg}"
+    """Where warm-started tiny models are cached (keyed by a content hash of their config)."""
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "wandb"
+    """wandb | none."""
+    project: str = "emapg"
+    mode: str = "offline"
+    """offline (default: no account, `wandb sync` later) | online | disabled. WANDB_MODE overrides."""
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BackendConfig:
+    name: str = "local"
+    """local (this process) | verl (the distributed backend)."""
+    verl: VerlSettings = field(default_factory=VerlSettings)
+    """Settings only the verl backend reads (GPUs, data files, lengths, memory)."""
+
+
+@dataclass
+class SweepInfo:
+    name: str | None = None
+    trial_id: str | None = None
+
+
+@dataclass
+class RunConfig:
+    experiment: str = "custom"
+    """Preset name (set by experiment/*.yaml)."""
+    seed: int = 0
+    run_dir: str | None = None
+    """Where the run record goes; null = ${out_root}/<run_id>."""
+    out_root: str = "outputs/runs"
+    resume: bool = False
+    """Continue from run_dir's latest checkpoint (exactly)."""
+    smoke: bool = False
+    """Tiny sizes, 2 iterations: a seconds-long end-to-end check of any preset."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    sweep: SweepInfo = field(default_factory=SweepInfo)
+
+
+def register() -> None:
+    """Register the schema with Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)

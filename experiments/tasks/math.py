@@ -1,0 +1,261 @@
+r"""math: competition math with a boxed final answer (the paper's DeepScaleR recipe, ema-pg.md §4.1).
+
+Training set agentica-org/DeepScaleR-Preview-Dataset; benchmarks AIME 2024, AMC (LiveMathBench
+v202412_AMC_en), MATH-500, Minerva and OlympiadBench (OE_TO_maths_en_COMP), loaded with HF
+`datasets` exactly as the authors' prepare_all_math_data.py does, written to verl parquet by
+`prepare(out_dir)` (needs a network; tests pass a fixture loader). A real example (MATH-500):
+
+    prompt:    "Convert the point $(0,3)$ in rectangular coordinates to polar coordinates. ..."
+    response:  "<think> r = 3, theta = pi/2 ... </think> The answer is $\boxed{\left( 3, \frac{\pi}{2} \right)}$."
+    answer:    ["\left( 3, \frac{\pi}{2} \right)"]      evaluate(example, response) == 1
+
+Reward (the rLLM math reward the paper used): the text after the last `</think>` must contain a
+`\boxed{}`; its content is compared with the gold answer(s) by math-verify. No `</think>` (a
+truncated thought), no box, or a wrong answer: 0. Same function for verl (`compute_score`).
+
+Schedule: three stages of growing response length (`STAGES`: 8k -> 16k -> 24k tokens), each
+resuming from the previous stage's checkpoint (the EMA anchor carries over). Evaluation protocols
+(`PROTOCOLS`) and the unbiased pass@k estimator (`pass_at_k`) are below.
+
+Simplifications: the prompt is the raw problem as the user message (the authors' MathAgent adds
+no instruction; `Knobs.instruction` appends one); math-verify runs without its SIGALRM timeout
+(it fails outside the main thread, e.g. in Ray/verl reward workers), so boxed answers longer than
+`MAX_ANSWER_CHARS` score 0 instead of risking a slow parse.
+"""
+
+from __future__ import annotations
+
+import math as _math
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from experiments.tasks import Example, make_knobs
+
+NAME = "math"
+STOP_STRINGS: tuple[str, ...] = ()
+MAX_TURNS = 0
+MAX_NEW_TOKENS = 8192
+"""Stage 1 response budget; see STAGES."""
+MAX_ANSWER_CHARS = 300
+THINK_END = "</think>"
+
+# name -> (HF dataset, config, split, question field, answer field): the authors' sources
+SOURCES = {
+    "deepscaler": ("agentica-org/DeepScaleR-Preview-Dataset", None, "train", "problem", "answer"),
+    "aime2024": ("HuggingFaceH4/aime_2024", None, "train", "problem", "answer"),
+    "amc": ("opencompass/LiveMathBench", "v202412_AMC_en", "test", "question", "answer"),
+    "math500": ("HuggingFaceH4/MATH-500", None, "test", "problem", "answer"),
+    "minerva": ("math-ai/minervamath", None, "test", "question", "answer"),
+    "olympiad_bench": ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train", "question", "final_answer"),
+}
+TRAIN = ("deepscaler",)
+BENCHMARKS = ("aime2024", "amc", "math500", "minerva", "olympiad_bench")
+VALIDATION = ("aime2024",)
+"""The in-training validation set of the paper's scripts."""
+
+
+@dataclass(frozen=True)
+class Knobs:
+    data_dir: str = "~/data/emapg/math"
+    """Where `prepare` wrote the parquet files."""
+    instruction: str = ""
+    """Appended to every problem (empty: the raw problem, as the authors' MathAgent)."""
+    require_think: bool = True
+    """Score only the text after `</think>` and give 0 without it (R1-style models)."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the paper's schedule (ema-pg.md §4.1); later stages resume the previous one."""
+
+    max_response_length: int
+    mask_truncated: bool
+    """Drop length-capped responses from the update (after advantages). Not available in stock verl 0.9.1."""
+    data_seed: int
+    iterations: tuple[int, int | None]
+    """(start, end) global steps; the 24k stage's end is not published."""
+
+
+STAGES = {
+    "8k": Stage(8192, True, 6725, (0, 480)),
+    "16k": Stage(16384, False, 986, (480, 800)),
+    "24k": Stage(24576, False, 986, (800, None)),
+}
+
+
+def stage_overrides(stage: str, resume_from: str | None = None) -> dict:
+    """Run-config keys (dotted) for one stage; `resume_from` is the previous stage's global_step dir."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown math stage {stage!r}; allowed: {', '.join(STAGES)}")
+    s = STAGES[stage]
+    extra = [f"data.seed={s.data_seed}"]
+    if resume_from:
+        extra += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={resume_from}"]
+    out = {"rollout.max_new_tokens": s.max_response_length, "backend.verl.max_response_length": s.max_response_length,
+           "backend.verl.overrides": extra}
+    if s.iterations[1] is not None:
+        out["trainer.iterations"] = s.iterations[1]
+    return out
+
+
+# ---------------------------------------------------------------- data preparation (verl parquet)
+def hf_loader(name: str) -> Iterable[dict]:
+    """Rows of one source from the HF hub (network)."""
+    from datasets import load_dataset
+
+    path, config, split, _, _ = SOURCES[name]
+    return load_dataset(path, config, split=split) if config else load_dataset(path, split=split)
+
+
+def _gold(value) -> list[str]:
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return [str(v).strip() for v in values]
+
+
+def verl_row(source: str, index: int, question: str, gold: list[str], split: str, instruction: str = "") -> dict:
+    """One verl RL-dataset row (verl-0.9.md §1.10): chat prompt, rule reward with the gold answers."""
+    content = question.strip() + (f" {instruction}" if instruction else "")
+    return {"data_source": source, "prompt": [{"role": "user", "content": content}], "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": gold},
+            "extra_info": {"split": split, "index": index, "source": source}}
+
+
+def rows(name: str, loader: Callable[[str], Iterable[dict]] = hf_loader, instruction: str = "") -> list[dict]:
+    _, _, _, q_key, a_key = SOURCES[name]
+    split = "train" if name in TRAIN else "test"
+    return [verl_row(name, i, ex[q_key], _gold(ex[a_key]), split, instruction) for i, ex in enumerate(loader(name))]
+
+
+def prepare(out_dir: str, loader: Callable[[str], Iterable[dict]] = hf_loader, instruction: str = "") -> dict[str, str]:
+    """Write train.parquet, test.parquet (all benchmarks), val.parquet (AIME24) and <benchmark>.parquet."""
+    import pandas as pd
+
+    out_dir = os.path.expanduser(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    written, tables = {}, {name: rows(name, loader, instruction) for name in TRAIN + BENCHMARKS}
+    groups = {"train": TRAIN, "test": BENCHMARKS, "val": VALIDATION, **{b: (b,) for b in BENCHMARKS}}
+    for file, names in groups.items():
+        path = os.path.join(out_dir, f"{file}.parquet")
+        pd.DataFrame([r for n in names for r in tables[n]]).to_parquet(path, index=False)
+        written[file] = path
+    return written
+
+
+# ---------------------------------------------------------------- the Task interface
+def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
+    """Up to `n` prepared problems of `split` (train, test, val or a benchmark name), shuffled by `seed`."""
+    import random
+
+    import pandas as pd
+
+    k = make_knobs(Knobs, NAME, knobs)
+    path = os.path.join(os.path.expanduser(k.data_dir), f"{split}.parquet")
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} not found: run experiments.tasks.math.prepare({k.data_dir!r}) first (needs a network)")
+    df = pd.read_parquet(path)
+    order = list(range(len(df)))
+    random.Random(seed).shuffle(order)
+    out = []
+    for i in order[:n]:
+        r = df.iloc[i]
+        out.append(Example(id=f"{NAME}/{r['data_source']}/{r['extra_info']['index']}", prompt=r["prompt"][0]["content"],
+                           answer=list(r["reward_model"]["ground_truth"]), meta={"source": r["data_source"]}))
+    return out
+
+
+def prompt(example: Example) -> str:
+    return example.prompt
+
+
+def extract_answer(response: str, require_think: bool = True) -> str | None:
+    r"""Content of the last `\boxed{}` after the last `</think>`; None without either (or if too long)."""
+    if require_think:
+        if THINK_END not in response:
+            return None
+        response = response.rsplit(THINK_END, 1)[1]
+    start = response.rfind("\\boxed{")
+    if start == -1:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    while i < len(response) and depth:
+        depth += {"{": 1, "}": -1}.get(response[i], 0)
+        i += 1
+    answer = response[start + len("\\boxed{"): i - 1].strip() if depth == 0 else None
+    return answer if answer and len(answer) <= MAX_ANSWER_CHARS else None
+
+
+def is_equiv(pred: str, gold: Iterable[str]) -> bool:
+    """math-verify equivalence of a boxed prediction with any gold answer (no SIGALRM timeouts)."""
+    from math_verify import parse, verify
+
+    target = parse(f"\\boxed{{{pred}}}", parsing_timeout=None)
+    for g in gold:
+        if verify(parse(f"\\boxed{{{g}}}", parsing_timeout=None), target, timeout_seconds=None):
+            return True
+    return False
+
+
+def evaluate(example: Example, response: str, require_think: bool = True) -> int:
+    pred = extract_answer(response, require_think)
+    gold = example.answer if isinstance(example.answer, list) else [example.answer]
+    return int(pred is not None and is_equiv(pred, gold))
+
+
+def reward(example: Example, response: str) -> float:
+    return float(evaluate(example, response))
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+    """verl's custom reward function (reward.custom_reward_function.path=experiments.tasks.math)."""
+    gold = _gold(list(ground_truth) if not isinstance(ground_truth, str) else ground_truth)
+    pred = extract_answer(solution_str, kwargs.get("require_think", True))
+    return float(pred is not None and is_equiv(pred, gold))
+
+
+def demonstration(example: Example, rng=None) -> str:
+    raise NotImplementedError("math has no synthetic demonstrations; start from a pretrained model (model.path)")
+
+
+def make_env(**knobs) -> None:
+    make_knobs(Knobs, NAME, knobs)
+    return None
+
+
+def tool_response(response_so_far: str, env=None) -> str | None:
+    return None
+
+
+# ---------------------------------------------------------------- evaluation protocol
+@dataclass(frozen=True)
+class Protocol:
+    n: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int | None = None
+
+
+PROTOCOLS = {  # ema-pg.md §4.3; which one the paper used is unverified
+    "readme": Protocol(n=32, temperature=0.8, top_p=0.9, max_tokens=28000, seed=429),  # pass@1 = mean of 32
+    "benchmark": Protocol(n=16, temperature=0.6, top_p=0.95, max_tokens=32768),
+    "in_training": Protocol(n=8, temperature=1.0, top_p=0.95, max_tokens=8192),
+}
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - _math.comb(n - c, k) / _math.comb(n, k)
+
+
+def summarize(correct: dict[str, list[int]], ks: Iterable[int] = (1,)) -> dict[str, float]:
+    """{pass@k: mean over problems} from per-problem 0/1 lists (all problems need >= max(ks) samples)."""
+    out = {}
+    for k in ks:
+        vals = [pass_at_k(len(v), sum(v), k) for v in correct.values()]
+        out[f"pass@{k}"] = sum(vals) / len(vals) if vals else float("nan")
+    return out

@@ -1,0 +1,183 @@
+r"""math_tiny: multi-step integer arithmetic (chain sums) answered in `\boxed{}`, for tiny CPU models.
+
+Problems come from reasoning-gym's `chain_sum` generator (offline, seeded); a tiny char-level model
+sees only the compact expression and writes one step per operation, then the boxed result.
+A real example (`load("test", n=1, seed=0)[0]` with the default knobs):
+
+    prompt:        "2+3+2="
+    demonstration: "2+3=5,5+2=7 \boxed{7}"
+    answer:        "7"              evaluate(example, demonstration) == 1
+
+Reward: the LAST `\boxed{...}` of the response must hold an integer literal (`-10`, `+07`), which
+math-verify (the field's answer checker) compares with the gold answer. An expression such as
+`\boxed{2+3+2}` scores 0: math-verify would evaluate it, and copying the prompt would be an
+easy reward hack for RL. No `\boxed{}` scores 0.
+
+Simplifications compared with the paper's math task (DAPO/MATH data, Qwen models): synthetic
+problems, single-turn, no chat template, a ~0.5M-parameter char-level model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import asdict, dataclass, fields
+
+from math_verify import parse, verify
+
+from experiments.tasks import Example, make_knobs
+
+NAME = "math_tiny"
+STOP_STRINGS: tuple[str, ...] = ()
+"""Strings at which generation pauses for the environment: none (single turn)."""
+MAX_TURNS = 0
+"""Environment calls per rollout: none."""
+MAX_NEW_TOKENS = 48
+"""Recommended per-turn generation budget in tokens (= characters); demonstrations use <= 36."""
+TEST_BUCKETS = 5
+"""1 in TEST_BUCKETS distinct problems (by a hash of the prompt) is test; the rest are train."""
+
+_INT = re.compile(r"[+-]?\d{1,12}")  # the answer format; the length cap keeps sympy away from huge inputs
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Difficulty knobs (the defaults are the calibrated ones, see experiments/pretrain.py)."""
+
+    digits: int = 1
+    """Maximum digits per number (each problem draws its digit count in [min_digits, digits])."""
+    min_digits: int = 1
+    """Minimum digits per number."""
+    steps: int = 3
+    """Maximum operations (+ or -) per problem; a problem has steps + 1 numbers."""
+    min_steps: int = 1
+    """Minimum operations per problem."""
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"math_tiny knob {f.name} must be an integer >= 1; got {value!r}")
+        if self.min_digits > self.digits or self.min_steps > self.steps:
+            raise ValueError(f"math_tiny knobs need min_digits <= digits and min_steps <= steps; got {self}")
+
+
+# ---------------------------------------------------------------- data
+
+
+def _split_of(prompt_text: str) -> str:
+    """'test' or 'train', by a stable hash of the prompt (disjoint for every seed and n)."""
+    h = int(hashlib.sha256(prompt_text.encode()).hexdigest()[:8], 16)
+    return "test" if h % TEST_BUCKETS == 0 else "train"
+
+
+def _example(entry: dict, split: str) -> Example:
+    """Turn one reasoning-gym chain_sum entry into an Example (prompt = compact expression)."""
+    tokens = entry["metadata"]["expression"].split()  # "57 + 87 - 70" -> ["57", "+", "87", "-", "70"]
+    text = "".join(tokens) + "="
+    meta = {
+        "terms": [int(t) for t in tokens[0::2]],
+        "ops": tokens[1::2],
+        "source": "reasoning_gym/chain_sum",
+        "source_index": entry["metadata"]["source_index"],
+        "split": split,
+    }
+    return Example(id=f"{NAME}/{text}", prompt=text, answer=str(entry["answer"]), meta=meta)
+
+
+def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
+    """`n` distinct problems of `split` ('train' or 'test'), deterministic in (split, n, seed, knobs).
+
+    Walks reasoning-gym's chain_sum stream for `seed` and keeps the problems whose prompt hashes
+    into `split`, so train and test never share a problem whatever the seeds.
+    """
+    import reasoning_gym  # lazy: ~0.6 s import
+
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test'; got {split!r}")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an integer >= 1; got {n!r}")
+    k = make_knobs(Knobs, NAME, knobs)
+    ds = reasoning_gym.create_dataset(
+        "chain_sum", min_terms=k.min_steps + 1, max_terms=k.steps + 1,
+        min_digits=k.min_digits, max_digits=k.digits, seed=seed, size=10**9,
+    )
+    out: dict[str, Example] = {}
+    max_tries = 50 * n + 1000
+    for idx in range(max_tries):
+        ex = _example(ds[idx], split)
+        if ex.prompt not in out and _split_of(ex.prompt) == split:
+            out[ex.prompt] = ex
+            if len(out) == n:
+                return list(out.values())
+    raise ValueError(f"math_tiny: only {len(out)} distinct {split} problems found for n={n}; "
+                     f"raise the difficulty knobs (digits, steps) or lower n (knobs: {asdict(k)})")
+
+
+def prompt(example: Example) -> str:
+    """The text fed to the model: the compact expression, e.g. '12+7-5='."""
+    return example.prompt
+
+
+def demonstration(example: Example, rng=None) -> str:
+    r"""A correct response: one step per operation, then the boxed result.
+
+    '12+7-5=' -> '12+7=19,19-5=14 \boxed{14}'. `rng` is unused (one canonical demonstration).
+    """
+    terms, ops = example.meta["terms"], example.meta["ops"]
+    value, steps = terms[0], []
+    for op, term in zip(ops, terms[1:]):
+        new = value + term if op == "+" else value - term
+        steps.append(f"{value}{op}{term}={new}")
+        value = new
+    return ",".join(steps) + f" \\boxed{{{value}}}"
+
+
+# ---------------------------------------------------------------- scoring
+
+
+def extract_answer(response: str) -> str | None:
+    r"""Content of the LAST `\boxed{...}` (braces balanced), stripped; None when there is none.
+
+    'a \boxed{1} b \boxed{ 14 }' -> '14'; '\boxed{1} \boxed{14' -> None (the last box is
+    unclosed); 'no box' -> None.
+    """
+    start = response.rfind("\\boxed{")
+    if start == -1:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    while i < len(response) and depth:
+        depth += {"{": 1, "}": -1}.get(response[i], 0)
+        i += 1
+    return response[start + len("\\boxed{"): i - 1].strip() if depth == 0 else None
+
+
+def evaluate(example: Example, response: str) -> int:
+    """1 if the last boxed answer is an integer literal equal to the gold answer, else 0."""
+    answer = extract_answer(response)
+    if answer is None or not _INT.fullmatch(answer):
+        return 0
+    # Timeouts off: math-verify's timeout uses SIGALRM, which fails outside the main thread
+    # (Ray/uvicorn workers); inputs are short integer literals, so parsing cannot hang.
+    gold = parse(f"\\boxed{{{example.answer}}}", parsing_timeout=None)
+    pred = parse(f"\\boxed{{{answer}}}", parsing_timeout=None)
+    return int(verify(gold, pred, timeout_seconds=None))
+
+
+def reward(example: Example, response: str) -> float:
+    """The RL reward: 1.0 for a correct final answer, else 0.0 (built on `evaluate`)."""
+    return float(evaluate(example, response))
+
+
+# ---------------------------------------------------------------- environment (none)
+
+
+def make_env(**knobs) -> None:
+    """math_tiny has no environment; returns None (validates the knobs)."""
+    make_knobs(Knobs, NAME, knobs)
+    return None
+
+
+def tool_response(response_so_far: str, env=None) -> str | None:
+    """math_tiny never injects text: always None."""
+    return None

@@ -1,0 +1,201 @@
+"""search: Search-R1 question answering with a retriever (the paper's search recipe, ema-pg.md §4.2).
+
+Training set: NQ + HotpotQA train splits; test sets: NQ, TriviaQA, PopQA, HotpotQA, 2WikiMultiHopQA,
+Musique, Bamboogle (their test split, else dev, else train), all from RUC-NLPIR/FlashRAG_datasets
+via HF `datasets`, in Search-R1's "base" prompt template, written to verl parquet by
+`prepare(out_dir)` (needs a network; tests pass a fixture loader). A real example (NQ):
+
+    prompt:   "Answer the given question. You must conduct reasoning inside <think> and </think> ...
+               Question: who got the first nobel prize in physics?"
+    response: "<think>I need to search.</think><search> first nobel prize in physics </search>
+               <information>Doc 1(Title: "Nobel Prize in Physics") ... Wilhelm Röntgen ...</information>
+               <answer> Wilhelm Conrad Röntgen </answer>"                          (one string)
+    answer:   ["Wilhelm Conrad Röntgen"]          evaluate(example, response) == 1
+
+Reward: exact match (SQuAD normalisation: lower-case, no punctuation/articles, squeezed spaces) of
+the LAST `<answer>...</answer>` span with any gold answer: 1 or 0, no format reward. Evaluation:
+greedy decoding, EM per data source (`PROTOCOL`).
+
+Tool protocol: generation stops at `</search>`; the environment appends
+`\\n\\n<information>Doc 1(Title: ...) ...</information>\\n\\n` (top-3 passages from `emapg retriever
+serve`, or any `experiments.tasks.retriever.Retriever`); those tokens get no loss.
+
+Simplifications compared with Search-R1: verl 0.9.1 passes only the response to the reward, so one
+`<answer>` span suffices (Search-R1 decodes the prompt too and needs two); group ids are unique per
+prompt (the released code's per-dataset indices collide between NQ and HotpotQA, ema-pg.md §6.9).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from experiments.tasks import Example, make_knobs
+from experiments.tasks.search_tiny import extract_answer, normalize_answer  # noqa: F401  same rules
+
+NAME = "search"
+STOP = "</search>"
+STOP_STRINGS: tuple[str, ...] = (STOP,)
+MAX_TURNS = 4
+"""Search calls per rollout; one more generation gives the final answer."""
+MAX_NEW_TOKENS = 500
+"""Per-turn generation budget (max_response_length of the paper's script)."""
+TOPK = 3
+FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
+TRAIN_SOURCES = ("nq", "hotpotqa")
+TEST_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+TEMPLATE = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
+    "new information. After reasoning, if you find you lack some knowledge, you can call a search engine by "
+    "<search> query </search> and it will return the top searched results between <information> and "
+    "</information>. You can search as many times as your want. If you find no further external knowledge needed, "
+    "you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. For example, "
+    "<answer> Beijing </answer>. Question: {question}\n"
+)
+"""Search-R1's "base" template, verbatim (including its "as your want")."""
+
+
+@dataclass(frozen=True)
+class Knobs:
+    data_dir: str = "~/data/emapg/search"
+    """Where `prepare` wrote the parquet files."""
+    retriever_url: str = "http://127.0.0.1:8000"
+    """`emapg retriever serve` endpoint used by `make_env`."""
+
+
+@dataclass(frozen=True)
+class Protocol:
+    temperature: float = 0.0
+    n: int = 1
+    max_turns: int = MAX_TURNS
+    topk: int = TOPK
+    metric: str = "exact_match"
+
+
+PROTOCOL = Protocol()
+"""Greedy decoding, 4 searches of top-3 passages, EM per data source (ema-pg.md §4.3)."""
+
+
+# ---------------------------------------------------------------- data preparation (verl parquet)
+def format_question(question: str) -> str:
+    """Search-R1's cleanup: strip, end with '?'; then the base template."""
+    q = question.strip()
+    return TEMPLATE.format(question=q if q.endswith("?") else q + "?")
+
+
+def verl_row(source: str, index: int, question: str, golden: list[str], split: str) -> dict:
+    """One verl RL-dataset row; `extra_info.uid` is unique across sources (the GRPO group id)."""
+    return {"data_source": source, "prompt": [{"role": "user", "content": format_question(question)}],
+            "ability": "fact-reasoning", "reward_model": {"style": "rule", "ground_truth": [str(g) for g in golden]},
+            "extra_info": {"split": split, "index": index, "uid": f"{source}/{split}/{index}", "question": question.strip()}}
+
+
+def hf_loader(source: str, split: str) -> Iterable[dict] | None:
+    """FlashRAG rows of `source` for `split` ('train', or 'test' = test, else dev, else train); network."""
+    from datasets import load_dataset
+
+    ds = load_dataset(FLASHRAG, source)
+    if split == "train":
+        return ds["train"]
+    for name in ("test", "dev", "train"):
+        if name in ds:
+            return ds[name]
+    return None
+
+
+def rows(split: str, loader: Callable[[str, str], Iterable[dict]] = hf_loader) -> list[dict]:
+    sources = TRAIN_SOURCES if split == "train" else TEST_SOURCES
+    return [verl_row(s, i, ex["question"], list(ex["golden_answers"]), split)
+            for s in sources for i, ex in enumerate(loader(s, split) or [])]
+
+
+def prepare(out_dir: str, loader: Callable[[str, str], Iterable[dict]] = hf_loader) -> dict[str, str]:
+    """Write train.parquet (NQ + HotpotQA) and test.parquet (the 7 test sets)."""
+    import pandas as pd
+
+    out_dir = os.path.expanduser(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    written = {}
+    for split in ("train", "test"):
+        path = os.path.join(out_dir, f"{split}.parquet")
+        pd.DataFrame(rows(split, loader)).to_parquet(path, index=False)
+        written[split] = path
+    return written
+
+
+# ---------------------------------------------------------------- the Task interface
+def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
+    import random
+
+    import pandas as pd
+
+    k = make_knobs(Knobs, NAME, knobs)
+    path = os.path.join(os.path.expanduser(k.data_dir), f"{split}.parquet")
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} not found: run experiments.tasks.search.prepare({k.data_dir!r}) first (needs a network)")
+    df = pd.read_parquet(path)
+    order = list(range(len(df)))
+    random.Random(seed).shuffle(order)
+    return [Example(id=f"{NAME}/{df.iloc[i]['extra_info']['uid']}", prompt=df.iloc[i]["prompt"][0]["content"],
+                    answer=list(df.iloc[i]["reward_model"]["ground_truth"]), meta={"source": df.iloc[i]["data_source"]})
+            for i in order[:n]]
+
+
+def prompt(example: Example) -> str:
+    return example.prompt
+
+
+def format_passages(passages: list[str]) -> str:
+    """Search-R1's passage string: 'Doc i(Title: <first line>) <rest>' per passage, one per line."""
+    out = []
+    for i, p in enumerate(passages):
+        title, _, text = p.partition("\n")
+        out.append(f"Doc {i + 1}(Title: {title.strip()}) {text.strip()}" if text else f"Doc {i + 1} {title.strip()}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def tool_response(response_so_far: str, env, k: int = TOPK) -> str | None:
+    """`\\n\\n<information>...</information>\\n\\n` after a response ending in `<search>q</search>`, else None."""
+    text = response_so_far.rstrip()
+    if not text.endswith(STOP):
+        return None
+    start = text.rfind("<search>")
+    query = text[start + len("<search>"): -len(STOP)].strip() if start != -1 else ""
+    passages = env.search(query, k) if query else []
+    return f"\n\n<information>{format_passages(passages).strip()}</information>\n\n"
+
+
+def make_env(**knobs):
+    """An HTTP client of `emapg retriever serve` (BM25 or dense, over the Wikipedia corpus)."""
+    from experiments.tasks.retriever import HTTPRetriever
+
+    return HTTPRetriever(make_knobs(Knobs, NAME, knobs).retriever_url)
+
+
+def make_retriever(seed: int = 0, **knobs):
+    """`make_env` under the name experiments.build uses (the corpus does not depend on the seed)."""
+    return make_env(**knobs)
+
+
+def em(prediction: str | None, golden: Iterable[str]) -> int:
+    return int(prediction is not None and any(normalize_answer(prediction) == normalize_answer(g) for g in golden))
+
+
+def evaluate(example: Example, response: str) -> int:
+    gold = example.answer if isinstance(example.answer, list) else [example.answer]
+    return em(extract_answer(response), gold)
+
+
+def reward(example: Example, response: str) -> float:
+    return float(evaluate(example, response))
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+    """verl's custom reward function (reward.custom_reward_function.path=experiments.tasks.search)."""
+    gold = [ground_truth] if isinstance(ground_truth, str) else [str(g) for g in ground_truth]
+    return float(em(extract_answer(solution_str), gold))
+
+
+def demonstration(example: Example, rng=None) -> str:
+    raise NotImplementedError("search has no synthetic demonstrations; start from a pretrained model (model.path)")

@@ -1,0 +1,75 @@
+"""Composition, validation before any work, and the CLI's help and error paths."""
+
+import subprocess
+import sys
+
+import pytest
+
+from experiments import build
+from experiments.cli import main
+
+
+def test_every_preset_composes_and_validates():
+    assert {"math_tiny_grpo", "math_tiny_ema_pg", "math_tiny_ema_pg_paper", "search_tiny_grpo", "search_tiny_ema_pg", "search_tiny_ema_pg_paper"} <= set(build.presets())
+    for p in build.presets():
+        cfg = build.compose([f"experiment={p}"])
+        assert cfg.experiment == p
+        build.validate(cfg)
+
+
+def test_presets_encode_the_paper_choices():
+    grpo = build.compose(["experiment=math_tiny_grpo"])
+    ema = build.compose(["experiment=math_tiny_ema_pg"])
+    paper = build.compose(["experiment=search_tiny_ema_pg_paper"])
+    assert (grpo.algo.kl.type, grpo.algo.anchor.tau) == ("k3", 1.0)
+    assert (ema.algo.kl.type, ema.algo.kl.tail, ema.algo.anchor.tau) == ("topk_reverse", "unbiased", 0.9)
+    assert (paper.algo.kl.tail, paper.task.name) == ("paper", "search_tiny")
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["task.name=chess"], "task.name='chess' is not a known task; allowed: "),
+        (["rollout.group_size=1"], "rollout.group_size must be >= 2 for GRPO"),
+        (["algo.anchor.tau=1.5"], r"algo.anchor.tau must be in \[0, 1\]"),
+        (["algo.anchor.period=0"], "algo.anchor.period must be an integer >= 1"),
+        (["algo.kl.type=k7"], "algo.kl.type='k7' is not allowed; allowed values: "),
+        (["algo.kl.k=-2"], "algo.kl.k must be an integer >= 0"),
+        (["model.path=/nonexistent/model"], "model.path='/nonexistent/model' does not exist"),
+        (["backend.name=slurm"], "backend.name='slurm' is not allowed; allowed values: local, verl"),
+        (["trainer.dtype=int8"], "trainer.dtype='int8' is not allowed"),
+    ],
+)
+def test_bad_config_fails_before_training_with_a_clear_message(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        build.validate(build.compose(["experiment=math_tiny_ema_pg", *overrides]))
+
+
+def test_unknown_preset_and_unknown_key():
+    with pytest.raises(ValueError, match="unknown experiment preset 'nope'; allowed: .*math_tiny_ema_pg"):
+        build.compose(["experiment=nope"])
+    with pytest.raises(Exception, match="kk"):
+        build.compose(["algo.kl.kk=3"])
+
+
+def test_smoke_flag_shrinks_the_run():
+    cfg = build.compose(["experiment=math_tiny_ema_pg", "smoke=true"])
+    assert cfg.trainer.iterations == 2 and cfg.rollout.group_size == 2
+
+
+def test_cli_help_lists_presets(capsys):
+    assert main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "math_tiny_ema_pg" in out and "search_tiny_grpo" in out
+    assert main([]) == 0
+
+
+def test_cli_bad_config_is_one_clear_line(capsys):
+    assert main(["train", "experiment=math_tiny_ema_pg", "algo.anchor.tau=2"]) == 2
+    err = capsys.readouterr().err
+    assert "emapg train: error: algo.anchor.tau must be in [0, 1]" in err and "Traceback" not in err
+
+
+def test_console_script_entry_point():
+    out = subprocess.run([sys.executable, "-m", "experiments.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "train" in out.stdout
