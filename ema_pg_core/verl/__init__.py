@@ -1,0 +1,45 @@
+"""The distributed backend: EMA-PG as a plugin for stock verl 0.9.1 (no fork, no vendored copy).
+
+    python -m ema_pg_core.verl.main actor_rollout_ref.model.path=... emapg.anchor.tau=0.9 ...
+    # or, from a run config (algo.* keys shared with the local backend):
+    ema_pg_core.verl.config.to_verl(run_cfg) -> VerlJob(overrides, emapg)   # .command() / .shell()
+    ema_pg_core.verl.main.run_config(run_cfg)                                # launch in this process
+
+What each file adds to verl (design: ../shared/spec/verl-0.9.md §3):
+
+    config.py   pure: our algo.* / rollout.* / optim.* / trainer.* keys -> the top-level `emapg:`
+                section + verl Hydra overrides (one function, `to_verl`; golden-tested)
+    ema.py      pure torch: the EMA update of the anchor from the policy on local FSDP2 shards
+                (`ema_pg_core.anchor.ema_update_` on each rank's shard; no gather) + drift metrics
+    layout.py   verl's packed (nnz, *) full-sequence layout <-> our (B, T, *) response layout
+    engine.py   FSDPEngineWithLMHead subclass: top-k ids / gathered logits / logsumexp in the
+                pi_old and reference passes (`ema_pg_core.topk`); only (nnz, K) leaves the worker
+    loss.py     the actor loss: PPO surrogate + beta * any `ema_pg_core.kl` estimator, installed as
+                verl's loss function (the Top-k KL runs in verl's logits-processor hook)
+    worker.py   ActorRolloutRefWorker subclass: EMA RPC, anchor saved beside each checkpoint and
+                restored on resume (missing anchor = error), engine re-class, loss install
+    trainer.py  V1 sync trainer subclass ("emapg_sync"): Top-k flags per pass, EMA after the actor
+                update every `period` iterations, `anchor/*` metrics
+    main.py     entry point: verl's ppo_trainer config + the `emapg:` section -> run_ppo
+
+Only config.py, ema.py and layout.py's pure helpers import without verl; every other module
+imports verl and is imported lazily. Importing `ema_pg_core.verl` never imports verl.
+"""
+
+VERL_VERSION = "0.9.1"
+"""The verl release this plugin is written and tested against (internal APIs: verl-0.9.md R2)."""
+
+
+def require_verl() -> None:
+    """Raise ImportError with an install hint unless the pinned verl is importable."""
+    try:
+        import verl
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "the verl backend needs the [verl] extra: pip install -c constraints.txt -e '.[verl]' "
+            f"(verl=={VERL_VERSION}; GPU users add vLLM, see README 'Scaling out')"
+        ) from e
+    version = getattr(verl, "__version__", "unknown")
+    if version != VERL_VERSION:
+        raise ImportError(f"ema_pg_core.verl is written for verl=={VERL_VERSION}; found verl {version}. "
+                          "Its engine/worker internals change between releases (verl-0.9.md R2).")

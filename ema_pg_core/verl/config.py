@@ -1,0 +1,317 @@
+"""Run config -> verl: the top-level ``emapg:`` section + verl Hydra overrides. Pure Python, no verl.
+
+One sweep YAML drives either backend, because the verl launch is compiled from the same keys the
+local backend reads (``algo.*``, ``rollout.*``, ``optim.*``, ``trainer.*``, ``model.path``, ``seed``)
+plus ``backend.verl.*`` (``VerlSettings``: GPUs, data files, lengths, memory knobs: things the local
+backend has no use for). ``to_verl(run)`` is the only place the mapping lives; the golden test in
+tests/verl/golden/ pins its output for the paper's math and search runs (ema-pg.md §4).
+
+    emapg.kl.*      = algo.kl.*        (KLConfig: estimator, k, tail, beta, importance weight)
+    emapg.anchor.*  = algo.anchor.*    (AnchorConfig: tau, period)
+    emapg.loss.*    = algo.loss.*      (LossConfig: clip-low/high, dual clip, entropy, aggregation)
+
+The ``emapg:`` section is read by our trainer/worker/loss only; verl's config dataclasses never see
+it (they reject unknown keys, verl-0.9.md §1.11). verl keys that mirror it are set too (clip
+ratios, loss_agg_mode, kl coef) so verl's own logging and validation agree with what runs.
+Fixed requirements of the plugin (FSDP2, a separate fp32 reference, V1 trainer "emapg_sync",
+no fused kernels) are emitted as overrides and re-checked at launch (``check_verl``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping
+
+from ema_pg_core.config import AdvantageConfig, AnchorConfig, KLConfig, LossConfig
+from ema_pg_core.kl import get_estimator
+
+TRAINER_MODE = "emapg_sync"
+"""Name under which ``ema_pg_core.verl.trainer`` registers its V1 trainer."""
+VERL_AGG = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean",
+            "seq-mean-token-sum": "seq-mean-token-sum", "sum": "token-sum"}
+"""Our loss aggregation names -> verl's ``agg_loss`` modes (same formulas; verl's are global-batch normalised)."""
+OLD, REF = "emapg_old_", "emapg_ref_"
+"""Prefixes of the Top-k tensors produced by the pi_old pass and by the anchor (reference) pass."""
+
+
+# --------------------------------------------------------------------------------------
+# The emapg: section
+# --------------------------------------------------------------------------------------
+@dataclass
+class EmaPGSection:
+    """What our verl plugin reads: the core's own dataclasses (defaults and validation live there)."""
+
+    kl: KLConfig = field(default_factory=KLConfig)
+    anchor: AnchorConfig = field(default_factory=AnchorConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    metrics_path: str | None = None
+    """Where verl's "file" logger writes one JSON line per iteration ({"step", "data"}); null = verl's default."""
+
+    def __post_init__(self):
+        est = get_estimator(self.kl.type)
+        if self.kl.coef > 0 and est.needs == "full":
+            raise ValueError(f"algo.kl.type={self.kl.type!r} needs full (B, T, V) anchor logits, which the verl backend "
+                             "does not ship between workers; use topk_reverse/topk_forward (k up to the vocabulary size "
+                             "is exact) or a sampled estimator")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "EmaPGSection":
+        """Build and validate from a plain mapping (unknown keys are errors, naming the allowed ones)."""
+        parts = {}
+        for name, typ in (("kl", KLConfig), ("anchor", AnchorConfig), ("loss", LossConfig)):
+            sub = dict(d.get(name) or {})
+            allowed = {f.name for f in fields(typ)}
+            unknown = sorted(set(sub) - allowed)
+            if unknown:
+                raise ValueError(f"unknown emapg.{name} key(s) {unknown}; allowed: {', '.join(sorted(allowed))}")
+            parts[name] = typ(**sub)
+        unknown = sorted(set(d) - {"kl", "anchor", "loss", "metrics_path"})
+        if unknown:
+            raise ValueError(f"unknown emapg key(s) {unknown}; allowed: kl, anchor, loss, metrics_path")
+        return cls(**parts, metrics_path=d.get("metrics_path"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kl": asdict(self.kl), "anchor": asdict(self.anchor), "loss": asdict(self.loss),
+                "metrics_path": self.metrics_path}
+
+
+def uses_topk(kl: KLConfig) -> bool:
+    """The estimator declares Top-k inputs (capability flag, never the name) and the KL is on."""
+    return kl.coef > 0 and get_estimator(kl.type).needs == "topk"
+
+
+def head_keys(kl: KLConfig) -> dict[str, str]:
+    """Where the Top-k head lives: ids (pi_old's for reverse, the anchor's for forward) and anchor stats."""
+    reverse = get_estimator(kl.type).direction == "reverse"
+    return {"ids": f"{OLD if reverse else REF}topk_ids", "ref_logits_k": f"{REF}logits_k", "ref_lse": f"{REF}lse"}
+
+
+def topk_passes(kl: KLConfig) -> dict[str, dict[str, Any]]:
+    """Per pass ("old", "ref", "train"), the engine instructions (``engine.set_pass`` keyword arguments)."""
+    off = {"mode": "off"}
+    if not uses_topk(kl):
+        return {"old": off, "ref": off, "train": off}
+    train = {"mode": "train"}
+    if get_estimator(kl.type).direction == "reverse":  # q = top-k of pi_old; anchor gathers there
+        return {"old": {"mode": "self", "k": kl.k, "prefix": OLD},
+                "ref": {"mode": "gather", "ids_key": f"{OLD}topk_ids", "prefix": REF}, "train": train}
+    return {"old": off, "ref": {"mode": "self", "k": kl.k, "prefix": REF}, "train": train}  # q = anchor's top-k
+
+
+def anchor_due(iteration: int, anchor: AnchorConfig) -> bool:
+    """``EmaAnchor.due``: update after iterations period, 2*period, ... (1-based), never when tau = 1."""
+    return anchor.tau < 1.0 and iteration > 0 and iteration % anchor.period == 0
+
+
+# --------------------------------------------------------------------------------------
+# verl-only settings (backend.verl.*)
+# --------------------------------------------------------------------------------------
+@dataclass
+class VerlSettings:
+    """Settings only the verl backend has. Paper values: ema-pg.md §4 (8xH100 per run)."""
+
+    nnodes: int = 1
+    n_gpus_per_node: int = 8
+    """GPUs per node given to this run's verl workers (actor, reference and rollout are colocated)."""
+    train_files: str = "~/data/emapg/math/train.parquet"
+    """verl parquet (experiments/tasks/<task>.py prepare writes it)."""
+    val_files: str = "~/data/emapg/math/test.parquet"
+    reward_fn: str = "experiments.tasks.math:compute_score"
+    """module:function with verl's compute_score(data_source, solution_str, ground_truth, extra_info) signature."""
+    max_prompt_length: int = 1024
+    max_response_length: int | None = None
+    """Total response tokens (all turns); null = rollout.max_new_tokens (single-turn tasks)."""
+    rollout_engine: str = "vllm"
+    """vllm | sglang (verl 0.9.1 has no HF/CPU rollout)."""
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.6
+    use_dynamic_bsz: bool = True
+    max_token_len_per_gpu: int = 16384
+    """Token budget per GPU for dynamic micro-batches (training and log-prob passes)."""
+    micro_batch_size_per_gpu: int = 8
+    """Used when use_dynamic_bsz is false."""
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    gradient_checkpointing: bool = True
+    multi_turn: bool = False
+    """Tool-calling agent loop (search); needs tool_config_path."""
+    tool_config_path: str | None = None
+    max_tool_response_length: int = 500
+    agent_loop: str = "tool_agent"
+    """verl agent loop for multi_turn (verl's tool_agent speaks hermes JSON tool calls, not Search-R1 tags)."""
+    val_before_train: bool = False
+    checkpoint_dir: str | None = None
+    """trainer.default_local_dir; null = verl's checkpoints/<project>/<experiment>."""
+    total_epochs: int = 100
+    """Cap only: training stops at trainer.iterations."""
+    overrides: list[str] = field(default_factory=list)
+    """Raw verl Hydra overrides appended last (escape hatch; they win)."""
+
+    def __post_init__(self):
+        if self.rollout_engine not in ("vllm", "sglang"):
+            raise ValueError(f"backend.verl.rollout_engine={self.rollout_engine!r}; allowed: vllm, sglang")
+        if self.multi_turn and not self.tool_config_path:
+            raise ValueError("backend.verl.multi_turn=true needs backend.verl.tool_config_path")
+        if ":" not in self.reward_fn:
+            raise ValueError(f"backend.verl.reward_fn={self.reward_fn!r} must be 'module:function'")
+
+
+@dataclass
+class VerlJob:
+    """A compiled verl launch: verl Hydra overrides and the emapg: section."""
+
+    overrides: list[str]
+    emapg: dict[str, Any]
+
+    def command(self, python: str = "python") -> list[str]:
+        """argv of ``python -m ema_pg_core.verl.main``: verl overrides, then emapg.* (dotted)."""
+        return [python, "-m", "ema_pg_core.verl.main", *self.overrides, *_dotted("emapg", self.emapg)]
+
+    def shell(self, python: str = "python") -> str:
+        """The same command as one shell-quoted line (for scripts, SLURM, the Ray Jobs entrypoint)."""
+        import shlex
+
+        return " \\\n    ".join(shlex.quote(a) for a in self.command(python))
+
+
+# --------------------------------------------------------------------------------------
+# The mapping
+# --------------------------------------------------------------------------------------
+A, R, T, D = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "trainer.", "data."
+
+
+def to_verl(run: Mapping[str, Any]) -> VerlJob:
+    """Compile a resolved run config (plain mapping of the experiments schema) into a verl launch."""
+    from ema_pg_core.config import OptimConfig, RolloutConfig, TrainerConfig
+
+    algo = run.get("algo", {})
+    metrics = os.path.join(run["run_dir"], "verl_metrics.jsonl") if run.get("run_dir") else None
+    section = EmaPGSection.from_dict({"kl": algo.get("kl", {}), "anchor": algo.get("anchor", {}), "loss": algo.get("loss", {}),
+                                      "metrics_path": metrics})
+    adv = AdvantageConfig(**algo.get("adv", {}))
+    ro, opt, tr = RolloutConfig(**run.get("rollout", {})), OptimConfig(**run.get("optim", {})), TrainerConfig(**run.get("trainer", {}))
+    vs = VerlSettings(**(run.get("backend", {}).get("verl") or {}))
+    model_path = (run.get("model") or {}).get("path")
+    if not model_path:
+        raise ValueError("the verl backend needs model.path (an HF model id or directory)")
+    if ro.prompts_per_iter % tr.mini_batches:
+        raise ValueError(f"rollout.prompts_per_iter={ro.prompts_per_iter} must be divisible by trainer.mini_batches={tr.mini_batches} "
+                         "(verl counts ppo_mini_batch_size in prompts)")
+    o = {**_algorithm_keys(section, adv), **_rollout_data_keys(ro, tr, vs),
+         **_training_keys(opt, tr, vs, ro, model_path, int(run.get("seed", 0)))}
+    if section.loss.dual_clip_c is not None:
+        o[f"{A}clip_ratio_c"] = section.loss.dual_clip_c
+    if not vs.use_dynamic_bsz:
+        o[f"{A}ppo_micro_batch_size_per_gpu"] = vs.micro_batch_size_per_gpu
+        o[f"{R}log_prob_micro_batch_size_per_gpu"] = vs.micro_batch_size_per_gpu
+        o["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = vs.micro_batch_size_per_gpu
+    if vs.multi_turn:
+        o.update({f"{R}multi_turn.enable": True, f"{R}multi_turn.tool_config_path": vs.tool_config_path,
+                  f"{R}multi_turn.max_assistant_turns": ro.max_turns + 1,
+                  f"{R}multi_turn.max_tool_response_length": vs.max_tool_response_length,
+                  f"{R}agent.default_agent_loop": vs.agent_loop})
+    if vs.checkpoint_dir:
+        o[f"{T}default_local_dir"] = vs.checkpoint_dir
+    o.update(_logger(run))
+    return VerlJob([f"{k}={fmt(v)}" for k, v in o.items()] + list(vs.overrides), section.to_dict())
+
+
+def _algorithm_keys(section: EmaPGSection, adv: AdvantageConfig) -> dict[str, Any]:
+    """The plugin's requirements, GRPO, and verl's mirror of the loss our function computes."""
+    kl, loss = section.kl, section.loss
+    return {
+        f"{T}use_v1": True, f"{T}v1.trainer_mode": TRAINER_MODE, f"{A}strategy": "fsdp2",
+        "actor_rollout_ref.ref.fsdp_config.model_dtype": "fp32", "actor_rollout_ref.model.use_fused_kernels": False,
+        "algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": adv.mode == "grpo",
+        "algorithm.use_kl_in_reward": False, "algorithm.kl_ctrl.kl_coef": 0.0,
+        f"{A}use_kl_loss": True, f"{A}kl_loss_coef": kl.coef, f"{A}kl_loss_type": "emapg",
+        f"{A}clip_ratio_low": loss.clip_low, f"{A}clip_ratio_high": loss.clip_high,
+        f"{A}loss_agg_mode": VERL_AGG[loss.agg], f"{A}entropy_coeff": loss.entropy_coef,
+    }
+
+
+def _rollout_data_keys(ro, tr, vs: VerlSettings) -> dict[str, Any]:
+    return {
+        f"{R}name": vs.rollout_engine, f"{R}n": ro.group_size, f"{R}temperature": ro.temperature, f"{R}top_p": ro.top_p,
+        f"{R}tensor_model_parallel_size": vs.tensor_parallel_size, f"{R}gpu_memory_utilization": vs.gpu_memory_utilization,
+        f"{R}val_kwargs.n": tr.eval_n, f"{R}val_kwargs.temperature": tr.eval_temperature,
+        f"{R}val_kwargs.do_sample": tr.eval_temperature > 0, f"{R}calculate_log_probs": True,
+        f"{D}train_files": vs.train_files, f"{D}val_files": vs.val_files, f"{D}train_batch_size": ro.prompts_per_iter,
+        f"{D}max_prompt_length": vs.max_prompt_length, f"{D}max_response_length": vs.max_response_length or ro.max_new_tokens,
+        "reward.custom_reward_function.path": "pkg://" + vs.reward_fn.split(":")[0],  # verl's load_module syntax
+        "reward.custom_reward_function.name": vs.reward_fn.split(":")[1],
+    }
+
+
+def _training_keys(opt, tr, vs: VerlSettings, ro, model_path: str, seed: int) -> dict[str, Any]:
+    return {
+        f"{A}optim.lr": opt.lr, f"{A}optim.betas": [opt.beta1, opt.beta2], f"{A}optim.weight_decay": opt.weight_decay,
+        f"{A}optim.clip_grad": opt.grad_clip, f"{A}optim.lr_warmup_steps": opt.warmup_iters or -1,
+        f"{A}ppo_epochs": tr.ppo_epochs, f"{A}ppo_mini_batch_size": ro.prompts_per_iter // tr.mini_batches,
+        f"{A}data_loader_seed": seed, f"{R}seed": seed,
+        "actor_rollout_ref.model.path": model_path, "actor_rollout_ref.model.use_remove_padding": True,
+        "actor_rollout_ref.model.enable_gradient_checkpointing": vs.gradient_checkpointing,
+        f"{A}use_dynamic_bsz": vs.use_dynamic_bsz, f"{A}ppo_max_token_len_per_gpu": vs.max_token_len_per_gpu,
+        f"{A}fsdp_config.param_offload": vs.param_offload, f"{A}fsdp_config.optimizer_offload": vs.optimizer_offload,
+        f"{T}total_training_steps": tr.iterations, f"{T}total_epochs": vs.total_epochs,
+        f"{T}save_freq": tr.save_every if tr.save_every > 0 else -1, f"{T}test_freq": tr.eval_every,
+        f"{T}max_actor_ckpt_to_keep": tr.keep_checkpoints, f"{T}val_before_train": vs.val_before_train,
+        f"{T}nnodes": vs.nnodes, f"{T}n_gpus_per_node": vs.n_gpus_per_node,
+    }
+
+
+def _logger(run: Mapping[str, Any]) -> dict[str, Any]:
+    lg = run.get("logger") or {}
+    loggers = ["console", "file"] + (["wandb"] if lg.get("name", "none") == "wandb" and lg.get("mode") != "disabled" else [])
+    name = f"{(run.get('task') or {}).get('name', 'task')}__{run.get('experiment', 'custom')}__{run.get('seed', 0)}"
+    return {"trainer.logger": loggers, "trainer.project_name": lg.get("project", "emapg"), "trainer.experiment_name": name}
+
+
+def fmt(v: Any) -> str:
+    """A Hydra override value: JSON-like scalars/lists; strings quoted only when Hydra needs it."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(fmt(x) for x in v) + "]"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    s = str(v)
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_./@+-]*", s) and s not in ("null", "true", "false"):
+        return s
+    return json.dumps(s) if "'" in s else f"'{s}'"
+
+
+def _dotted(prefix: str, d: Mapping[str, Any]) -> list[str]:
+    out = []
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out += _dotted(f"{prefix}.{k}", v)
+        else:
+            out.append(f"{prefix}.{k}={fmt(v)}")
+    return out
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], EmaPGSection]:
+    """(verl overrides, validated emapg section) from ``main``'s argv (``emapg.a.b=v`` -> section)."""
+    import yaml
+
+    verl_args, section = [], {}
+    for arg in argv:
+        if arg.startswith(("emapg.", "+emapg.")):
+            key, _, value = arg.lstrip("+").partition("=")
+            parts = key.split(".")[1:]
+            parsed = yaml.safe_load(value) if value != "" else None
+            if parts == ["metrics_path"]:
+                section["metrics_path"] = parsed
+            elif len(parts) == 2:
+                section.setdefault(parts[0], {})[parts[1]] = parsed
+            else:
+                raise ValueError(f"{arg!r}: emapg overrides are emapg.<kl|anchor|loss>.<field>=<value> or emapg.metrics_path=...")
+        else:
+            verl_args.append(arg)
+    return verl_args, EmaPGSection.from_dict(section)

@@ -1,0 +1,108 @@
+"""Top-k statistics inside verl's FSDP engine, from the logits that exist only there.
+
+Shapes: nnz = packed tokens of a micro-batch (verl's remove-padding layout), V vocabulary, K top-k.
+
+``EmaPGFSDPEngineWithLMHead`` wraps ``FSDPEngineWithLMHead.prepare_model_outputs``, the one place
+where verl 0.9.1 materialises logits (verl-0.9.md §1.3). The trainer switches it per pass with
+non-tensor flags on the batch (``set_pass``):
+
+    mode "self"    (pi_old pass for reverse KL; anchor pass for forward KL): this model's own top-k
+                   ids, the logits there and the full-vocabulary logsumexp
+    mode "gather"  (anchor pass for reverse KL): logits at the ids under ``ids_key`` + logsumexp
+    mode "train"   (actor update): turn on verl's logits-processor hook so the loss function sees
+                   the training logits (``ema_pg_core.verl.loss``)
+
+In "self"/"gather" the outputs are added to verl's own (log_probs, entropy) as nested tensors
+keyed ``<prefix>topk_ids`` (nnz, K) int32, ``<prefix>logits_k`` (nnz, K) fp32 and ``<prefix>lse``
+(nnz,) fp32; nothing of size V leaves the worker. The statistics come from
+``ema_pg_core.topk.token_stats_from_logits`` (chunked; no (nnz, V) log-softmax copy), on logits
+divided by the rollout temperature as verl's log-probs are.
+
+Activation: ``EmaPGActorRolloutRefWorker`` re-classes the engines verl built (``__class__``
+assignment, after checking the type) instead of replacing verl's private engine registry.
+Supported: remove-padding or padded inputs, Ulysses SP = 1, no ``pad_to_length`` (validated).
+"""
+
+from __future__ import annotations
+
+import torch
+from verl.utils import tensordict_utils as tu
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+from ema_pg_core.topk import token_stats_from_logits
+
+MODE, K, IDS_KEY, PREFIX = "emapg_topk_mode", "emapg_topk_k", "emapg_topk_ids_key", "emapg_topk_prefix"
+MODES = ("off", "self", "gather", "train")
+
+
+def set_pass(td, mode: str = "off", k: int = 0, ids_key: str = "", prefix: str = "") -> None:
+    """Attach this pass's Top-k instructions to a TensorDict (or dict of extra_info) as non-tensors."""
+    if mode not in MODES:
+        raise ValueError(f"top-k pass mode {mode!r} unknown; allowed: {MODES}")
+    flags = {MODE: mode, K: int(k), IDS_KEY: ids_key, PREFIX: prefix}
+    if isinstance(td, dict):
+        td.update(flags)
+    else:
+        tu.assign_non_tensor(td, **flags)
+
+
+def _flag(td, key, default):
+    return tu.get_non_tensor_data(data=td, key=key, default=default)
+
+
+class EmaPGFSDPEngineWithLMHead(FSDPEngineWithLMHead):
+    """``FSDPEngineWithLMHead`` + Top-k statistics on request (see the module docstring)."""
+
+    def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
+        mode = _flag(micro_batch, MODE, "off")
+        if mode == "train":
+            tu.assign_non_tensor(micro_batch, distillation_use_topk=True)
+        extra = self._topk_outputs(output, output_args, micro_batch, mode) if mode in ("self", "gather") else {}
+        model_output = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
+        model_output.update(extra)
+        return model_output
+
+    def _topk_outputs(self, output, output_args, micro_batch, mode) -> dict[str, torch.Tensor]:
+        if output_args.get("pad_size", 0):
+            raise NotImplementedError("Top-k KL supports Ulysses SP = 1 and pad_to_length = False only")
+        logits = _packed_scaled_logits(output, output_args, micro_batch)  # (nnz, V)
+        tokens = output_args["input_ids_rmpad_rolled"].reshape(-1)  # (nnz,) the token each position predicts
+        if mode == "gather":
+            ids = micro_batch[_flag(micro_batch, IDS_KEY, "")]
+            ids = (ids.values() if ids.is_nested else ids).long()
+            stats = token_stats_from_logits(logits[None], tokens[None], indices=ids[None].to(logits.device))
+        else:
+            stats = token_stats_from_logits(logits[None], tokens[None], k=int(_flag(micro_batch, K, 0)))
+        prefix, cu = _flag(micro_batch, PREFIX, ""), micro_batch["input_ids"].offsets()
+        nest = lambda v: torch.nested.nested_tensor_from_jagged(v, cu)  # noqa: E731
+        out = {f"{prefix}logits_k": nest(stats.logits_k[0].float()), f"{prefix}lse": nest(stats.lse[0].float())}
+        if mode == "self":
+            out[f"{prefix}topk_ids"] = nest(stats.indices[0].to(torch.int32))
+        return out
+
+
+def _packed_scaled_logits(output, output_args, micro_batch) -> torch.Tensor:
+    """(nnz, V) logits / temperature in verl's packed order, for either input layout."""
+    logits = output.logits
+    if type(logits).__name__ == "DTensor":  # tensor parallel: vocab-sharded
+        logits = logits.full_tensor()
+    if "temperature_rmpad" in output_args:  # remove-padding path: (1, nnz, V)
+        logits = logits.squeeze(0)
+        if not output_args.get("temperature_is_one", False):
+            logits = logits / output_args["temperature_rmpad"].unsqueeze(-1).to(logits.dtype)
+        return logits
+    # padded path: (B, S, V) -> valid positions of each sequence, concatenated
+    temperature = output_args["temperature"]  # (B,)
+    if not output_args.get("temperature_is_one", False):
+        logits = logits / temperature[:, None, None].to(logits.dtype)
+    lens = micro_batch["input_ids"].offsets().diff().tolist()
+    return torch.cat([logits[i, :n] for i, n in enumerate(lens)])
+
+
+def reclass(engine) -> None:
+    """Turn verl's FSDPEngineWithLMHead instance into ours (no state changes; type-checked)."""
+    if type(engine) is EmaPGFSDPEngineWithLMHead:
+        return
+    if type(engine) is not FSDPEngineWithLMHead:
+        raise TypeError(f"EMA-PG's Top-k KL needs verl's FSDPEngineWithLMHead (strategy fsdp2); got {type(engine).__name__}")
+    engine.__class__ = EmaPGFSDPEngineWithLMHead

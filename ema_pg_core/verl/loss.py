@@ -1,0 +1,117 @@
+"""The actor loss under verl: PPO surrogate + beta * any ``ema_pg_core.kl`` estimator.
+
+Shapes: B sequences, T response width, nnz packed tokens, V vocabulary, K top-k.
+
+Installed as the actor's loss function (``TrainingWorker.set_loss_fn``), the extension point verl's
+own ``ppo_loss`` and distillation loss use. verl calls it in two roles (verl-0.9.md §1.3):
+
+1. **logits processor** (``student_logits`` (1, nnz, V) given; only when the estimator declares
+   ``needs == "topk"``): the training logits exist only here, so the whole per-token Top-k KL is
+   computed here. ``ema_pg_core.topk`` gathers this step's logits at the stored head ids q and
+   takes the full logsumexp; the estimator sees exactly the local backend's (B, T) / (B, T, K)
+   inputs (response layout); the (B, T) result travels back to verl packed as (1, nnz).
+2. **final loss** (``model_output`` given): per token the core's ``ppo_clip_per_token`` (clip-higher,
+   dual clip, log-ratio clamp), times verl's rollout-correction weights when present, + beta * KL
+   (from the hook, or ``kl_per_token`` on log-probs for ``needs == "sampled"``), - c_ent * entropy;
+   each term aggregated with verl's ``agg_loss`` and its global batch info, so gradient
+   accumulation over micro-batches and data-parallel ranks gives the mini-batch loss.
+
+With one micro-batch on one rank the value equals ``ema_pg_core.loss.policy_loss`` (tested).
+Estimators with ``needs == "full"`` (exact KL: (B, T, V) reference logits) are refused in config.
+"""
+
+from __future__ import annotations
+
+import torch
+from verl.trainer.ppo.core_algos import agg_loss
+from verl.utils.metric import AggregationType, Metric
+
+from ema_pg_core.config import KLConfig, LossConfig
+from ema_pg_core.kl import ImportanceWeight, KLInputs, get_estimator, kl_per_token
+from ema_pg_core.topk import token_stats_from_logits
+from ema_pg_core.verl.config import VERL_AGG, head_keys
+from ema_pg_core.verl.layout import packed_to_response, padded_response, response_to_packed
+
+KL_KEY = "emapg_kl"  # per-token Top-k KL from the logits-processor pass, packed (nnz,)
+
+
+def emapg_actor_loss(config, model_output=None, data=None, dp_group=None, student_logits=None, data_format="thd",
+                     *, kl: KLConfig, loss: LossConfig):
+    """verl loss function (bind ``config``, ``kl``, ``loss`` with functools.partial; module-level, picklable)."""
+    if student_logits is not None:
+        return {KL_KEY: topk_kl_packed(student_logits, data, kl)}
+    return final_loss(config, model_output, data, kl, loss)
+
+
+def _iw(kl: KLConfig) -> ImportanceWeight:
+    return ImportanceWeight(kl.use_iw, kl.iw_clip_low, kl.iw_clip_high)
+
+
+def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> torch.Tensor:
+    """(1, nnz) per-token Top-k KL at the positions predicting response tokens (0 elsewhere)."""
+    if student_logits.ndim != 3 or student_logits.shape[0] != 1:
+        raise ValueError(f"expected (1, nnz, V) training logits; got {tuple(student_logits.shape)}")
+    nnz = student_logits.shape[1]
+    keys = head_keys(kl)
+    ids = data[keys["ids"]].values().long()  # (nnz, K)
+    tokens = torch.roll(data["input_ids"].values(), shifts=-1, dims=0)  # (nnz,) token predicted at each position
+    st = token_stats_from_logits(student_logits, tokens[None], indices=ids[None])  # (1, nnz[, K])
+    logp = packed_to_response(st.logp[0], data)  # (B, T)
+    B, T = logp.shape
+    resp = lambda key: padded_response(data[key], B, T).to(logp.dtype)  # noqa: E731
+    x = KLInputs(
+        logp=logp, ref_logp=resp("ref_log_prob"), old_logp=resp("old_log_probs"),
+        sampled=packed_to_response(tokens, data), topk_idx=packed_to_response(ids, data),
+        logits_k=packed_to_response(st.logits_k[0], data), lse=packed_to_response(st.lse[0], data),
+        ref_logits_k=packed_to_response(data[keys["ref_logits_k"]].values(), data).to(logp.dtype),
+        ref_lse=packed_to_response(data[keys["ref_lse"]].values(), data).to(logp.dtype),
+    )
+    per_token = kl_per_token(kl.type, x, tail=kl.tail, iw=_iw(kl))  # (B, T)
+    return response_to_packed(per_token, data, nnz)[None]
+
+
+def final_loss(config, model_output, data, kl: KLConfig, loss: LossConfig):
+    """(scalar loss, metrics) for one micro-batch; see the module docstring."""
+    from ema_pg_core.loss import ppo_clip_per_token
+
+    logp = packed_to_response(model_output["log_probs"], data)  # (B, T)
+    B, T = logp.shape
+    resp = lambda key: padded_response(data[key], B, T)  # noqa: E731
+    mask = resp("response_mask").to(torch.bool)
+    old, adv = resp("old_log_probs").to(logp.dtype), resp("advantages").to(logp.dtype)
+
+    gbi = config.global_batch_info
+    gbi.update(dp_size=data["dp_size"], batch_num_tokens=data["batch_num_tokens"],
+               global_batch_size=data["global_batch_size"], loss_scale_factor=config.loss_scale_factor)
+    mode = VERL_AGG[loss.agg]
+    agg = lambda x: agg_loss(loss_mat=x, loss_mask=mask, loss_agg_mode=mode, **gbi)  # noqa: E731
+    summed = data["dp_size"] > 1 or data["batch_num_tokens"] is not None or data["global_batch_size"] is not None
+    how = AggregationType.SUM if summed else AggregationType.MEAN
+
+    pg_tok, ind = ppo_clip_per_token(logp, old, adv, loss)
+    if "rollout_is_weights" in data.keys():
+        pg_tok = pg_tok * resp("rollout_is_weights").to(pg_tok.dtype)
+    pg = agg(pg_tok)
+    total = pg
+    m = lambda x: (x * mask).sum() / mask.sum().clamp_min(1)  # noqa: E731  token-mean statistics
+    metrics = {"pg_loss": Metric(value=pg, aggregation=how),
+               "pg_clipfrac": m(ind["clip"]).item(), "pg_clipfrac_lower": m(ind["dual_clip"]).item(),
+               "ppo_kl": m(ind["neg_log_ratio"]).item()}
+    if kl.coef > 0:
+        est = get_estimator(kl.type)
+        if est.needs == "topk":
+            kl_tok = packed_to_response(model_output[KL_KEY], data).to(logp.dtype)
+        elif est.needs == "sampled":
+            x = KLInputs(logp=logp, ref_logp=resp("ref_log_prob").to(logp.dtype), old_logp=old)
+            kl_tok = kl_per_token(kl.type, x, tail=kl.tail, iw=_iw(kl))
+        else:
+            raise ValueError(f"KL estimator {kl.type!r} needs full-vocabulary logits; not supported by the verl backend")
+        kl_value = agg(kl_tok)
+        total = total + kl.coef * kl_value
+        metrics.update({"kl_loss": Metric(value=kl_value, aggregation=how), "kl_coef": kl.coef})
+    if "entropy" in model_output:
+        ent = agg(packed_to_response(model_output["entropy"], data))
+        metrics["entropy_loss"] = Metric(value=ent, aggregation=how)
+        if loss.entropy_coef:
+            total = total - loss.entropy_coef * ent
+    return total, metrics

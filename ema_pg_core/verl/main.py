@@ -1,0 +1,95 @@
+"""Launch EMA-PG on verl 0.9.1 (GPUs + vLLM/SGLang; see README "Scaling out").
+
+    python -m ema_pg_core.verl.main <verl overrides ...> emapg.kl.type=topk_reverse emapg.anchor.tau=0.9 ...
+    python -m ema_pg_core.verl.main --print-config <same args>     # compose + validate, no Ray, no GPUs
+
+Usually generated from a run config: ``ema_pg_core.verl.config.to_verl(run).command()``, or run
+in-process with ``run_config(run)`` (what a sweep trial with ``backend: verl`` calls).
+
+What it does: composes verl's own ``ppo_trainer`` config with the verl overrides (Hydra compose
+API; verl's defaults and struct checks apply), adds the validated top-level ``emapg:`` section,
+checks the plugin's requirements, runs verl's ``validate_config`` and then verl's ``run_ppo``
+with a TaskRunner that imports our trainer (so "emapg_sync" is registered in the TaskRunner
+process) before doing exactly what verl's ``TaskRunnerV1`` does.
+
+Simplifications compared with the authors' fork: V1 sync trainer only (no V0, no async modes),
+Ulysses SP = 1, no evaluation of the EMA anchor through vLLM (verl-0.9.md R12).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import ray
+from omegaconf import OmegaConf, open_dict
+from verl.trainer.main_ppo import TaskRunnerV1
+
+from ema_pg_core.verl import require_verl
+from ema_pg_core.verl.config import split_argv
+
+
+def compose(argv: list[str]):
+    """verl's ppo_trainer config + our section, validated (the config ``run_ppo`` receives)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from ema_pg_core.verl.trainer import check_verl
+
+    verl_args, section = split_argv(argv)
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        cfg = hydra_compose(config_name="ppo_trainer", overrides=verl_args)
+    with open_dict(cfg):
+        cfg.emapg = section.to_dict()
+    check_verl(cfg, section)
+    return cfg
+
+
+class EmaPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
+    """verl's TaskRunnerV1, with our trainer registered in its process first."""
+
+    def run(self, config):
+        import os
+
+        import ema_pg_core.verl.trainer  # noqa: F401  registers trainer_mode "emapg_sync"
+
+        if config.emapg.get("metrics_path"):  # verl's "file" logger (created in this process) writes here
+            os.makedirs(os.path.dirname(os.path.abspath(config.emapg.metrics_path)), exist_ok=True)
+            os.environ["VERL_FILE_LOGGER_PATH"] = config.emapg.metrics_path
+        return super().run(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    require_verl()
+    argv = sys.argv[1:] if argv is None else argv
+    dry = "--print-config" in argv
+    cfg = compose([a for a in argv if a != "--print-config"])
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(cfg)
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    if dry:
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    from verl.trainer.main_ppo import run_ppo
+
+    run_ppo(cfg, task_runner_class=ray.remote(num_cpus=1)(EmaPGTaskRunner))
+    return 0
+
+
+def run_config(run) -> int:
+    """Launch a resolved run config (plain mapping; ``backend.name == "verl"``) in this process.
+
+    Inside a Ray Tune trial Ray is already initialised, so verl's TaskRunner and workers join the
+    running cluster; elsewhere verl starts a local Ray (verl's ``ray_kwargs``).
+    """
+    from ema_pg_core.verl.config import to_verl
+
+    return main(to_verl(run).command()[3:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""verl's V1 synchronous trainer + EMA-PG: Top-k passes and the EMA anchor schedule.
+
+Registered as ``trainer.v1.trainer_mode=emapg_sync``. Per iteration (verl's ``_step_once``):
+
+    rollout -> reward -> pi_old pass  [Top-k "old" flags: reverse KL takes pi_old's top-k here]
+            -> anchor pass            [Top-k "ref" flags: gather at pi_old's ids / own top-k]
+            -> GRPO advantages -> actor update [Top-k "train" flags: the KL runs in the logits hook]
+            -> EMA: after the update of iterations period, 2*period, ... (``anchor_due``)
+    -> checkpoint (verl's; our worker writes the anchor beside the actor) -> weight sync -> eval
+
+The EMA runs inside ``_update_actor`` so that it precedes verl's checkpoint of the same
+iteration (a checkpoint at step N contains the anchor update of step N, verl-0.9.md §1.7), and
+only on the last local update of a parameter-sync cycle. The instructions for each pass go in
+the batch's ``extra_info``, which verl forwards to the workers as non-tensor data; the Top-k
+tensors themselves travel through verl's TransferQueue under producer-prefixed keys.
+"""
+
+from __future__ import annotations
+
+import ray
+from omegaconf import OmegaConf, open_dict
+from verl.trainer.ppo.utils import Role
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from ema_pg_core.verl.config import TRAINER_MODE, EmaPGSection, anchor_due, topk_passes
+from ema_pg_core.verl.engine import set_pass
+from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
+
+
+def check_verl(config, section: EmaPGSection) -> None:
+    """Fail before any GPU work on settings the plugin cannot run with (verl-0.9.md §3.3, R4, R9)."""
+    arr = config.actor_rollout_ref
+    problems = []
+    if arr.actor.strategy != "fsdp2":
+        problems.append(f"actor_rollout_ref.actor.strategy={arr.actor.strategy} (needs fsdp2)")
+    if not arr.actor.use_kl_loss:
+        problems.append("actor_rollout_ref.actor.use_kl_loss=false (it must stay true: verl builds the reference only then)")
+    if arr.model.get("use_fused_kernels", False):
+        problems.append("actor_rollout_ref.model.use_fused_kernels=true (fused kernels never materialise logits)")
+    if arr.model.get("lora_rank", 0) > 0 or (arr.model.get("lora") or {}).get("rank", 0) > 0:
+        problems.append("LoRA is on (the reference would be the adapter-free actor: nothing to average)")
+    if arr.actor.get("ulysses_sequence_parallel_size", 1) != 1:
+        problems.append("actor ulysses_sequence_parallel_size != 1 (Top-k under SP is not supported yet)")
+    if arr.actor.fsdp_config.get("pad_to_length", False):
+        problems.append("actor fsdp_config.pad_to_length=true")
+    if arr.actor.fsdp_config.get("fsdp_size", -1) != arr.ref.fsdp_config.get("fsdp_size", -1):
+        problems.append("actor and ref fsdp_config.fsdp_size differ (their shards must line up)")
+    if config.trainer.v1.trainer_mode != TRAINER_MODE or not config.trainer.use_v1:
+        problems.append(f"trainer.use_v1=true trainer.v1.trainer_mode={TRAINER_MODE} required")
+    if problems:
+        raise ValueError("verl settings incompatible with EMA-PG:\n  " + "\n  ".join(problems))
+
+
+@register_trainer(TRAINER_MODE)
+class EmaPGTrainerSync(PPOTrainerSync):
+    """``PPOTrainerSync`` with the EMA anchor and Top-k KL passes (see the module docstring)."""
+
+    def __init__(self, config):
+        self.emapg = EmaPGSection.from_dict(OmegaConf.to_container(config.emapg, resolve=True))
+        check_verl(config, self.emapg)
+        with open_dict(config):
+            config.actor_rollout_ref.emapg = config.emapg  # workers receive actor_rollout_ref only
+        super().__init__(config)
+        self._passes = topk_passes(self.emapg.kl)
+
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        if Role.ActorRolloutRef not in self.role_worker_mapping:
+            raise ValueError("EMA-PG needs verl's actor_rollout_ref role (use_kl_loss=true, no LoRA, hybrid engine)")
+        self.role_worker_mapping[Role.ActorRolloutRef] = ray.remote(EmaPGActorRolloutRefWorker)
+
+    def _compute_old_log_prob(self, batch, metrics):
+        set_pass(batch.extra_info, **self._passes["old"])
+        return super()._compute_old_log_prob(batch, metrics)
+
+    def _compute_ref_log_prob(self, batch, metrics):
+        set_pass(batch.extra_info, **self._passes["ref"])
+        return super()._compute_ref_log_prob(batch, metrics)
+
+    def _update_actor(self, batch, metrics):
+        set_pass(batch.extra_info, **self._passes["train"])
+        batch = super()._update_actor(batch, metrics)
+        set_pass(batch.extra_info)  # off for whatever reads this batch next
+        last_local = self.local_trigger_step == self.parameter_sync_step - 1
+        if last_local and anchor_due(self.global_steps, self.emapg.anchor):
+            metrics.update(self.actor_rollout_wg.update_ref_ema(self.global_steps)[0])
+        else:
+            metrics["anchor/updated"] = 0.0
+        return batch

@@ -1,0 +1,150 @@
+"""verl's ActorRolloutRefWorker + the EMA anchor: update on local shards, checkpoint, resume.
+
+In verl 0.9.1 one Ray worker process holds the actor and the reference (``self.actor``,
+``self.ref``, both ``TrainingWorker``s with FSDP2 engines) when the role is ``actor_rollout_ref``
+(verl-0.9.md §0.2). The reference *is* the EMA anchor; this subclass:
+
+- ``init_model``: verl's, then ``emapg_setup``: our engine class on both engines (Top-k
+  statistics), our loss function on the actor, a model-only checkpoint manager for the anchor,
+  and the checks that make local-shard EMA valid (FSDP2, a separate fp32 reference).
+- ``update_ref_ema`` (RPC, every rank): anchor <- tau*anchor + (1-tau)*actor on this rank's
+  shards (``ema_pg_core.verl.ema``), then the ``anchor/*`` metrics (global norms).
+- ``save_checkpoint``: verl saves the actor to ``.../global_step_N/actor``; the anchor goes
+  beside it to ``.../global_step_N/anchor`` with ``emapg_anchor.json`` (tau, period, updates).
+- ``load_checkpoint``: verl restores the actor; with tau < 1 the anchor must be beside it. A
+  missing anchor is an error (never a silent restart from the initial model, which is what the
+  released code and stock verl do, ema-pg.md §1.1 / verl-0.9.md R7).
+
+The trainer passes the ``emapg:`` section as ``actor_rollout_ref.emapg`` (the worker only gets
+``actor_rollout_ref``). Methods other than the RPC wrappers take no Ray state, so tests call them
+on an object carrying ``.actor``/``.ref`` ``TrainingWorker``s built outside Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import partial
+
+import torch
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.workers.engine_workers import ActorRolloutRefWorker
+
+from ema_pg_core.verl.config import EmaPGSection, uses_topk
+from ema_pg_core.verl.ema import drift, ema_update_sharded_
+
+ANCHOR_DIR = "anchor"
+ANCHOR_META = "emapg_anchor.json"
+
+
+def anchor_dir(actor_path: str) -> str:
+    """``.../global_step_N/actor`` -> ``.../global_step_N/anchor``."""
+    return os.path.join(os.path.dirname(os.path.normpath(actor_path)), ANCHOR_DIR)
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
+    """``ActorRolloutRefWorker`` whose reference is the EMA anchor (see the module docstring)."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        from omegaconf import OmegaConf
+
+        if "emapg" not in self.config:
+            raise ValueError("actor_rollout_ref.emapg is missing: launch through ema_pg_core.verl.main (trainer emapg_sync)")
+        section = EmaPGSection.from_dict(OmegaConf.to_container(self.config.emapg, resolve=True))
+        if self.role != "actor_rollout_ref":
+            raise ValueError(f"EMA-PG needs the actor and a separate reference in one worker (role actor_rollout_ref); "
+                             f"got role {self.role!r}. LoRA (ref_in_actor) has no separate reference to average.")
+        super().init_model()
+        self.emapg_setup(section)
+
+    # ------------------------------------------------------------------ setup (no Ray state)
+    def emapg_setup(self, section: EmaPGSection) -> None:
+        """Engines, loss, anchor checkpoint manager; validates what local-shard EMA needs."""
+        from verl.trainer.config import CheckpointConfig
+        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+        from ema_pg_core.verl.engine import reclass
+        from ema_pg_core.verl.loss import emapg_actor_loss
+
+        if self.ref is None or self.actor is None:
+            raise ValueError("EMA-PG needs both an actor and a separate reference model")
+        for name, w in (("actor", self.actor), ("ref", self.ref)):
+            if w.engine_config.strategy != "fsdp2":
+                raise ValueError(f"{name} strategy is {w.engine_config.strategy!r}; EMA on local shards needs "
+                                 "actor_rollout_ref.actor.strategy=fsdp2 (FSDP1 flat parameters do not line up)")
+        if section.anchor.tau < 1.0 and self.ref.engine_config.model_dtype not in ("fp32", "float32"):
+            raise ValueError(f"actor_rollout_ref.ref.fsdp_config.model_dtype={self.ref.engine_config.model_dtype!r}: with "
+                             f"tau={section.anchor.tau} a low-precision anchor rounds (1 - tau) steps away; use fp32")
+        if getattr(self, "distillation_enabled", False):
+            raise ValueError("EMA-PG's loss replaces verl's; distillation must be off")
+        reclass(self.actor.engine)
+        reclass(self.ref.engine)
+        actor_config = self.loss_fn.keywords["config"]  # verl's partial(ppo_loss, config=ActorConfig)
+        self.loss_fn = partial(emapg_actor_loss, config=actor_config, kl=section.kl, loss=section.loss)
+        self.actor.set_loss_fn(self.loss_fn)
+        if uses_topk(section.kl):
+            # R3: flash-attn's in-place cross-entropy backward overwrites the logits the Top-k
+            # backward recomputes from; the pure-torch log-prob path leaves them intact.
+            os.environ["VERL_DISABLE_FLASH_ATTN_CE"] = "1"
+        self.ref.engine.checkpoint_manager = FSDPCheckpointManager(
+            model=self.ref.engine.module, optimizer=None, lr_scheduler=None,
+            processing_class=self.ref.engine.model_config.get_processor(),
+            checkpoint_config=CheckpointConfig(save_contents=["model"], load_contents=["model"]),
+        )
+        self._emapg = section
+        self._anchor_updates = 0
+
+    # ------------------------------------------------------------------ the EMA
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def update_ref_ema(self, iteration: int) -> dict[str, float]:
+        """anchor <- tau*anchor + (1-tau)*actor on every rank's shards; returns anchor/* metrics."""
+        ema_update_sharded_(self.ref.engine.module, self.actor.engine.module, self._emapg.anchor.tau)
+        self._anchor_updates += 1
+        _barrier()
+        metrics = drift(self.ref.engine.module, self.actor.engine.module)
+        metrics.update({"anchor/num_updates": float(self._anchor_updates), "anchor/updated": 1.0,
+                        "anchor/tau": self._emapg.anchor.tau, "anchor/last_iteration": float(iteration)})
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+        if self._emapg.anchor.tau >= 1.0:
+            return  # a fixed anchor is the initial model, which the run config names
+        path = anchor_dir(local_path)
+        self.ref.save_checkpoint(path, None, global_step, max_ckpt_to_keep)
+        if _rank() == 0:
+            meta = {"tau": self._emapg.anchor.tau, "period": self._emapg.anchor.period,
+                    "num_updates": self._anchor_updates, "global_step": int(global_step)}
+            tmp = os.path.join(path, ANCHOR_META + ".tmp")
+            with open(tmp, "w") as f:
+                json.dump(meta, f)
+            os.replace(tmp, os.path.join(path, ANCHOR_META))  # written last: its presence marks a complete anchor
+        _barrier()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        path = anchor_dir(local_path)
+        meta_path = os.path.join(path, ANCHOR_META)
+        if self._emapg.anchor.tau < 1.0 and not os.path.isfile(meta_path):
+            raise FileNotFoundError(
+                f"resuming EMA-PG (tau={self._emapg.anchor.tau}) from {local_path}, but the EMA anchor is not beside "
+                f"it ({meta_path} missing). Refusing to restart the anchor from the initial model. Resume from a "
+                "checkpoint written by emapg, or start a new run (trainer.resume_mode=disable).")
+        super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
+        if self._emapg.anchor.tau < 1.0:
+            self.ref.load_checkpoint(path, None, False)
+            with open(meta_path) as f:
+                self._anchor_updates = int(json.load(f)["num_updates"])
+        _barrier()

@@ -1,0 +1,178 @@
+"""`emapg cluster` against a real Ray head started on 127.0.0.1 (dashboard / Jobs API on 127.0.0.1,
+auth disabled, usage stats off): submit a command, poll its status to SUCCEEDED, read its logs,
+upload a working dir, stop a running job, and (slow) run a two-trial smoke sweep as a job.
+
+The head is started by this module with `ray start --head --block` in its own process group and
+a private temp dir, and torn down by killing that process group only (never `ray stop`, which
+would stop every Ray on the machine).
+"""
+
+import contextlib
+import io
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.submit import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _ports(n):
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _env():
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               WANDB_MODE="disabled", HF_HUB_OFFLINE="1")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def head():
+    """(dashboard URL) of a private Ray head on 127.0.0.1; torn down by process group."""
+    pytest.importorskip("ray.job_submission")
+    gcs, dash, client, agent, agent_grpc, renv, metrics, nm, om = _ports(9)
+    wmin = 20000 + (os.getpid() % 200) * 100
+    tmp = tempfile.mkdtemp(prefix="emapg_ray_", dir="/tmp")  # short: Ray's unix sockets live here
+    ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    cmd = [ray, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
+           "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
+           f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
+           f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={renv}",
+           f"--metrics-export-port={metrics}", f"--node-manager-port={nm}", f"--object-manager-port={om}",
+           f"--min-worker-port={wmin}", f"--max-worker-port={wmin + 99}",
+           "--num-cpus=2", "--num-gpus=0", f"--temp-dir={tmp}", "--disable-usage-stats"]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{dash}"
+    try:
+        import httpx
+
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/api/version", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"Ray head did not come up (exit {proc.poll()})")
+            time.sleep(1)
+        yield url
+    finally:
+        # Every process `ray start` spawned is in its process group (checked: none escape), so one
+        # SIGKILL to the group ends exactly this head; a SIGTERM shutdown takes ~30 s on 2 cores.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(*argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(list(argv))
+    return rc, out.getvalue()
+
+
+def _wait_status(url, job_id, want, timeout=180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rc, out = _run("status", job_id, "--address", url)
+        assert rc == 0
+        status = out.split("\t")[1]
+        if status == want:
+            return status
+        if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            break
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} ended {status}, wanted {want}; logs:\n{_run('logs', job_id, '--address', url)[1]}")
+
+
+def test_submit_status_logs(head):
+    rc, out = _run("submit", "--address", head, "--working-dir", "", "--", "python", "-c", "print('ok from emapg')")
+    assert rc == 0
+    job_id = out.strip()
+    _wait_status(head, job_id, "SUCCEEDED")
+    rc, logs = _run("logs", job_id, "--address", head)
+    assert rc == 0 and "ok from emapg" in logs
+    rc, listing = _run("list", "--address", head)
+    assert job_id in listing
+
+
+def test_working_dir_is_uploaded(head, tmp_path):
+    (tmp_path / "hello.py").write_text("import os; print('cwd has', sorted(os.listdir('.')))\n")
+    rc, out = _run("submit", "--address", head, "--working-dir", str(tmp_path), "--env", "EMAPG_X=1",
+                   "--", "python", "hello.py")
+    job_id = out.strip()
+    _wait_status(head, job_id, "SUCCEEDED")
+    assert "cwd has ['hello.py']" in _run("logs", job_id, "--address", head)[1]
+
+
+def test_stop(head):
+    rc, out = _run("submit", "--address", head, "--working-dir", "", "--", "python", "-c", "import time; time.sleep(120)")
+    job_id = out.strip()
+    time.sleep(3)
+    rc, msg = _run("stop", job_id, "--address", head)
+    assert rc == 0 and job_id in msg
+    _wait_status(head, job_id, "STOPPED")
+
+
+def test_sweep_entrypoint_dry_run():
+    rc, out = _run("submit", "sweeps/quickstart.yaml", "--out", "/shared/sw", "--dry-run", "--working-dir", str(REPO))
+    assert rc == 0
+    assert "entrypoint: python -m experiments.cli sweep sweeps/quickstart.yaml --address auto --out /shared/sw" in out
+    assert "'working_dir'" in out and ".venv" in out  # the checkout is uploaded, the venv excluded
+    assert _run("submit", "--address", "http://x", "sweeps/q.yaml", "--", "echo")[0] == 2  # not both
+
+
+def test_slurm_render(tmp_path):
+    rc, out = _run("slurm", "--site", str(REPO / "cluster/sites/example.yaml"), "--nodes", "3", "--",
+                   "emapg", "sweep", "sweeps/math_deepscaler_ema_pg.yaml", "--address", "auto")
+    assert rc == 0
+    assert "#SBATCH --nodes=3" in out and "#SBATCH --partition=gpu" in out and "#SBATCH --gpus-per-node=8" in out
+    assert "ray start --head" in out and 'ray start --address="$head_ip:6379"' in out
+    assert out.rstrip().endswith("emapg sweep sweeps/math_deepscaler_ema_pg.yaml --address auto")
+    assert "{" not in out.replace("${", "").replace("{print", "")  # every placeholder filled
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("partition: gpu\n")
+    assert _run("slurm", "--site", str(bad))[0] == 2
+
+
+@pytest.mark.slow
+def test_small_local_sweep_as_a_job(head, tmp_path):
+    """A two-trial smoke sweep of the local backend, submitted with the checkout as working dir."""
+    if not (REPO / "sweeps" / "cli.py").exists():
+        pytest.skip("sweeps/cli.py not present")
+    spec = tmp_path / "cluster_smoke.yaml"
+    spec.write_text(
+        "name: cluster_smoke\n"
+        "base:\n  experiment: math_tiny_ema_pg\n  overrides: {smoke: true, logger: none}\n"
+        "space:\n  algo.anchor.tau: {grid: [1.0, 0.9]}\n"
+        "seeds: [0]\nmetric: eval/math_tiny/acc\nmode: max\nresources: {cpu: 1, gpu: 0}\nmax_concurrent: 1\n"
+    )
+    out_dir = tmp_path / "sweep_out"
+    rc, out = _run("submit", str(spec), "--address", head, "--out", str(out_dir), "--working-dir", str(REPO),
+                   "--env", "WANDB_MODE=disabled", "--env", "EMAPG_PROGRESS=0")
+    assert rc == 0, out
+    job_id = out.strip()
+    _wait_status(head, job_id, "SUCCEEDED", timeout=900)
+    assert (out_dir / "sweep.csv").exists()

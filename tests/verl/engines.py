@@ -1,0 +1,102 @@
+"""Test helpers: verl's real FSDP2 engines on CPU around a tiny Qwen2, and verl-shaped batches.
+
+The tiny model is ``ema_pg_core.local.tiny.build_model(build_tokenizer())`` saved with
+``save_pretrained`` (no download). Engines run in fp32 (mixed_precision fp32; verl's default
+autocasts to bf16) with eager attention, so verl's outputs can be compared with a plain forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+P, R = 6, 7  # padded prompt / response widths of the test batch
+
+
+def save_tiny(path, seed: int = 0) -> str:
+    from ema_pg_core.local.tiny import build_model, build_tokenizer
+
+    tok = build_tokenizer()
+    model = build_model(tok, hidden=64, layers=2, heads=4, seed=seed)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def training_worker(model_path: str, forward_only: bool, remove_padding: bool = True, micro: int = 4,
+                    dynamic_tokens: int | None = None):
+    """A verl TrainingWorker (outside Ray) with an FSDP2 engine; the shim must be installed.
+
+    ``dynamic_tokens``: verl's dynamic micro-batches (token budget per micro-batch; they are
+    re-ordered by length and restored afterwards), else fixed micro-batches of ``micro`` sequences.
+    """
+    from verl.trainer.config import CheckpointConfig
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
+    from verl.workers.engine_workers import TrainingWorker
+
+    mc = HFModelConfig(path=model_path, override_config={"attn_implementation": "eager"},
+                       use_remove_padding=remove_padding, enable_gradient_checkpointing=False)
+    fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    ec = FSDPEngineConfig(strategy="fsdp2", forward_only=forward_only, use_torch_compile=False, model_dtype="fp32",
+                          mixed_precision=fp32, use_dynamic_bsz=dynamic_tokens is not None, micro_batch_size_per_gpu=micro,
+                          infer_micro_batch_size_per_gpu=micro, max_token_len_per_gpu=dynamic_tokens,
+                          infer_max_token_len_per_gpu=dynamic_tokens)
+    contents = ["model"] if forward_only else ["model", "optimizer", "extra"]
+    oc = None if forward_only else FSDPOptimizerConfig(lr=1e-2, clip_grad=1e9)
+    w = TrainingWorker(TrainingWorkerConfig(model_type="language_model", model_config=mc, engine_config=ec,
+                                            optimizer_config=oc,
+                                            checkpoint_config=CheckpointConfig(save_contents=contents, load_contents=contents)))
+    w.reset()
+    return w
+
+
+def batch(seed: int = 0, vocab: int = 100, temperature: float = 1.0):
+    """(TensorDict in verl's no-padding layout, dict of the padded tensors) for 4 sequences."""
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    g = torch.Generator().manual_seed(seed)
+    plens, rlens = [6, 3, 4, 2], [7, 4, 1, 5]
+    B = len(plens)
+    prompts, responses = torch.zeros(B, P, dtype=torch.long), torch.zeros(B, R, dtype=torch.long)
+    am = torch.zeros(B, P + R, dtype=torch.long)
+    for i in range(B):
+        prompts[i, P - plens[i]:] = torch.randint(4, vocab, (plens[i],), generator=g)
+        responses[i, : rlens[i]] = torch.randint(4, vocab, (rlens[i],), generator=g)
+        am[i, P - plens[i]: P + rlens[i]] = 1
+    input_ids = torch.cat([prompts, responses], 1)
+    pos = (am.cumsum(1) - 1).clamp_min(0)
+    mask = am[:, P:].clone()
+    extra = {  # response-layout inputs of the loss
+        "old_log_probs": -torch.rand(B, R, generator=g) * 3 * mask,
+        "ref_log_prob": -torch.rand(B, R, generator=g) * 3 * mask,
+        "advantages": torch.randn(B, 1, generator=g).expand(B, R) * mask,
+    }
+    padded = {"prompts": prompts, "responses": responses, "input_ids": input_ids, "attention_mask": am,
+              "position_ids": pos, "response_mask": mask, **extra}
+    td = TensorDict({k: v.clone() for k, v in padded.items()}, batch_size=B)
+    td = left_right_2_no_padding(td)
+    tu.assign_non_tensor(td, temperature=temperature, calculate_entropy=False, compute_loss=False,
+                         global_token_num=[int(x) for x in am.sum(1)], global_batch_size=B)
+    return td, padded
+
+
+def naive_logits(module, padded, temperature: float = 1.0) -> torch.Tensor:
+    """(B, R, V) logits / T predicting each response token, one unpadded forward per sequence."""
+    am, ids = padded["attention_mask"], padded["input_ids"]
+    B = ids.shape[0]
+    out = torch.zeros(B, R, module.config.vocab_size)
+    for i in range(B):
+        keep = am[i].bool()
+        p_len = int(am[i, :P].sum())
+        r_len = int(am[i, P:].sum())
+        logits = module(input_ids=ids[i, keep][None], use_cache=False).logits[0].float() / temperature
+        out[i, :r_len] = logits[p_len - 1: p_len - 1 + r_len]
+    return out
+
+
+def plain_model(path: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)

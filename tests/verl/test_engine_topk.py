@@ -1,0 +1,97 @@
+"""The engine's Top-k outputs (pi_old's own top-k; the anchor's gather at those ids) equal the naive
+computation from a plain forward of the same tiny Qwen2, for both of verl's input layouts and a
+non-unit temperature; verl's own log-probs are unchanged by our engine class."""
+
+import pytest
+import torch
+
+import engines
+
+pytestmark = pytest.mark.verl
+K = 5
+
+
+LAYOUTS = {  # (remove_padding, micro-batch size, dynamic token budget)
+    "remove_padding": (True, 4, None), "padded": (False, 4, None),
+    "dynamic_micro_batches": (True, 1, 16),  # several micro-batches, re-ordered by verl and restored
+}
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS), ids=list(LAYOUTS))
+def workers(request, tiny_path):
+    from ema_pg_core.verl.engine import reclass
+
+    rmpad, micro, tokens = LAYOUTS[request.param]
+    actor = engines.training_worker(tiny_path, forward_only=False, remove_padding=rmpad, micro=micro, dynamic_tokens=tokens)
+    ref = engines.training_worker(tiny_path, forward_only=True, remove_padding=rmpad, micro=micro, dynamic_tokens=tokens)
+    with torch.no_grad():  # make the anchor differ from the policy
+        for p in ref.engine.module.parameters():
+            p.to_local().mul_(0.9)
+    base_lp = actor.infer_batch(engines.batch(temperature=0.7)[0])["log_probs"]
+    reclass(actor.engine)
+    reclass(ref.engine)
+    return actor, ref, base_lp
+
+
+def _full(module):
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in module.state_dict().items()}
+
+
+def _plain_copy(tiny_path, worker):
+    m = engines.plain_model(tiny_path)
+    m.load_state_dict(_full(worker.engine.module), strict=False)
+    return m.eval()
+
+
+def test_topk_outputs_equal_naive(workers, tiny_path):
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    from ema_pg_core.verl.engine import set_pass
+
+    actor, ref, base_lp = workers
+    T = 0.7
+    td, padded = engines.batch(temperature=T)
+    mask = padded["response_mask"].bool()
+    set_pass(td, "self", k=K, prefix="emapg_old_")
+    out = actor.infer_batch(td)
+    # verl's own outputs are untouched by the subclass
+    assert torch.equal(out["log_probs"].values(), base_lp.values())
+    R = lambda key: no_padding_2_padding(out[key], td)  # noqa: E731
+
+    with torch.no_grad():
+        z = engines.naive_logits(_plain_copy(tiny_path, actor), padded, T)  # (B, R, V)
+    top = torch.topk(z, K, dim=-1)
+    ids = R("emapg_old_topk_ids")
+    assert ids.dtype == torch.int32 and ids.shape == (4, engines.R, K)
+    assert torch.equal(ids.long()[mask], top.indices[mask])
+    torch.testing.assert_close(R("emapg_old_logits_k")[mask], top.values[mask], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(R("emapg_old_lse")[mask], torch.logsumexp(z, -1)[mask], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(R("log_probs")[mask], torch.log_softmax(z, -1).gather(-1, padded["responses"][..., None])[..., 0][mask],
+                               atol=2e-5, rtol=1e-5)
+
+    # the anchor gathers at pi_old's ids (carried as a nested (nnz, K) field, as TransferQueue does)
+    td2, _ = engines.batch(temperature=T)
+    td2["emapg_old_topk_ids"] = out["emapg_old_topk_ids"]
+    set_pass(td2, "gather", ids_key="emapg_old_topk_ids", prefix="emapg_ref_")
+    out2 = ref.infer_batch(td2)
+    with torch.no_grad():
+        zr = engines.naive_logits(_plain_copy(tiny_path, ref), padded, T)
+    assert "emapg_ref_topk_ids" not in out2.keys()
+    got_k = no_padding_2_padding(out2["emapg_ref_logits_k"], td2)
+    torch.testing.assert_close(got_k[mask], zr.gather(-1, top.indices)[mask], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(no_padding_2_padding(out2["emapg_ref_lse"], td2)[mask], torch.logsumexp(zr, -1)[mask],
+                               atol=2e-5, rtol=1e-5)
+
+
+def test_pass_off_is_plain_verl(workers):
+    actor, _, base_lp = workers
+    out = actor.infer_batch(engines.batch(temperature=0.7)[0])
+    assert sorted(k for k in out.keys() if k != "metrics") == ["log_probs"]
+    assert torch.equal(out["log_probs"].values(), base_lp.values())
+
+
+def test_reclass_refuses_other_engines():
+    from ema_pg_core.verl.engine import reclass
+
+    with pytest.raises(TypeError, match="FSDPEngineWithLMHead"):
+        reclass(object())

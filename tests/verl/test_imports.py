@@ -1,0 +1,37 @@
+"""Importing ema_pg_core.verl (and its pure modules) never imports verl; the rest is lazy."""
+
+import subprocess
+import sys
+
+PURE = ["ema_pg_core.verl", "ema_pg_core.verl.config", "ema_pg_core.verl.ema", "ema_pg_core.verl.layout"]
+
+
+def test_pure_modules_import_without_verl():
+    code = (
+        "import importlib, sys\n"
+        f"for m in {PURE!r}: importlib.import_module(m)\n"
+        "bad = sorted({n.split('.')[0] for n in sys.modules} & {'verl', 'ray', 'hydra', 'tensordict', 'pandas'})\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"pure verl-backend modules import: {out.stdout.strip()}"
+
+
+def test_require_verl_message(monkeypatch):
+    import builtins
+
+    import pytest
+
+    from ema_pg_core.verl import require_verl
+
+    real = builtins.__import__
+
+    def fake(name, *a, **k):
+        if name == "verl":
+            raise ImportError("no verl")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    with pytest.raises(ImportError, match=r"\[verl\] extra"):
+        require_verl()

@@ -1,0 +1,49 @@
+"""Layout helpers: our response_to_packed inverts verl's no_padding_2_padding on response positions
+(values and gradients), for verl's padded (V0-style) and nested (V1 TransferQueue) batches."""
+
+import pytest
+import torch
+
+import engines
+
+pytestmark = pytest.mark.verl
+
+
+def _nested_batch(td):
+    """The same batch with prompts/responses as nested tensors, as verl's V1 agent loop stores them."""
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    am, P = td["attention_mask"], td["prompts"].shape[1]
+    prompts = [td["prompts"][i][am[i, :P].bool()] for i in range(am.shape[0])]
+    responses = [td["responses"][i][am[i, P:].bool()] for i in range(am.shape[0])]
+    nested = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
+    out = TensorDict({"prompts": nested(prompts), "responses": nested(responses), "input_ids": td["input_ids"]},
+                     batch_size=am.shape[0])
+    tu.assign_non_tensor(out, max_response_len=-1)
+    return out
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["padded", "nested"])
+def test_response_to_packed_inverts_no_padding_2_padding(verl_cpu, nested):
+    from ema_pg_core.verl.layout import packed_to_response, padded_response, response_to_packed
+
+    td, padded = engines.batch()
+    if nested:
+        td = _nested_batch(td)
+    nnz = td["input_ids"].values().shape[0]
+    packed = torch.randn(nnz, 3, requires_grad=True)
+    resp = packed_to_response(packed, td)  # (B, T, 3)
+    mask = padded["response_mask"].bool()[:, : resp.shape[1]]
+    back = response_to_packed(resp, td, nnz)
+    # positions that predict a response token round-trip; all others are zero
+    resp_pos = back.abs().sum(-1) > 0
+    assert torch.equal(back[resp_pos], packed[resp_pos]) and int(resp_pos.sum()) == int(mask.sum())
+    (back * torch.arange(nnz)[:, None]).sum().backward()
+    assert torch.equal(packed.grad[resp_pos], torch.arange(nnz)[resp_pos][:, None].expand(-1, 3).float())
+    assert packed.grad[~resp_pos].abs().sum() == 0
+    # response-layout inputs of either kind come out at the same width
+    old = padded["old_log_probs"]
+    src = torch.nested.as_nested_tensor([old[i][mask[i]] for i in range(4)], layout=torch.jagged) if nested else old
+    got = padded_response(src, 4, resp.shape[1])
+    assert got.shape == resp.shape[:2] and torch.equal(got[mask], old[:, : resp.shape[1]][mask])
