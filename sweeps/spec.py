@@ -1,0 +1,531 @@
+"""Sweep specs: load and validate a sweep YAML before any trial starts. Pure: never imports ray.
+
+    spec = load("sweeps/quickstart.yaml")   # SpecError (a ValueError) naming the key and the allowed values
+    rows = trials(spec)                     # one dict per trial, in launch order: seeds x grid points
+    print(table(spec))                      # what `emapg sweep X.yaml --dry-run` prints
+    spec.overrides_for(point, seed)         # the Hydra overrides of one trial (experiments.build.compose)
+
+A sweep YAML (only `name`, `base` and `metric` are required; defaults shown):
+
+    name: quickstart                  # directory name (outputs/sweeps/<name>) and W&B group
+    base:
+      experiment: math_tiny_grpo      # a preset of experiments/conf/experiment/
+      overrides: {trainer.iterations: 20, logger: none}  # fixed config keys (and config groups)
+    space:                            # config key -> exactly one of:
+      experiment: {grid: [math_tiny_grpo, math_tiny_ema_pg]}  # grid: every value is run
+      algo.kl.type: {choice: [k3, topk_reverse]}              # choice: sampled (random, optuna)
+      algo.anchor.tau: {uniform: [0.8, 1.0]}                  # uniform / loguniform: [low, high]
+      algo.anchor.period: {int: [1, 20]}                      # int: [low, high], both inclusive
+      algo.kl.type,algo.kl.tail: {grid: [[k3, none], [topk_reverse, paper]]}  # keys varied together
+    seeds: [0]                        # every point runs once per seed (or put `seed` in space)
+    search: grid                      # grid | random | optuna, or {type: optuna, seed: 0}
+    scheduler: none                   # none | {type: asha, grace_period: 1, reduction_factor: 2,
+                                      #         time_attr: training_iteration, max_t: null (= iterations)}
+    metric: eval/math_tiny/acc        # a key the runs log (docs/run-record.md), or best_<key>
+    mode: max                         # max | min
+    budget: {num_samples: 1, time_budget_s: null}   # samples per seed (random/optuna); wall-clock cap
+    resources: {cpu: 1, gpu: 0}       # per trial; a local trial sets trainer.threads to its CPUs
+    max_concurrent: null              # trials at once (null: as many as the resources allow)
+    backend: local                    # local | verl (a verl trial reserves only its CPUs; verl claims GPUs)
+    max_failures: 1                   # retries of a failing trial, each from its last checkpoint
+
+Config keys are checked against the composed Hydra config (``experiments.build.compose``); a
+config group (task, experiment, algo, ...) takes the group's option names. Every grid point /
+choice, and both ends of every range, is composed and validated (``experiments.build.validate``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+import re
+import shlex
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+KINDS = ("grid", "choice", "uniform", "loguniform", "int")
+SEARCHES = ("grid", "random", "optuna")
+SCHEDULERS = ("none", "asha")
+BACKENDS = ("local", "verl")
+SET_BY_SWEEP = ("run_dir", "out_root", "resume", "sweep.name", "sweep.trial_id", "logger.group", "logger.tags")
+# Keys every run logs (docs/run-record.md + ema_pg_core.local.trainer); eval keys are per task below.
+RUN_METRICS = (
+    "train/reward", "train/reward_std", "train/response_len", "train/turns", "train/entropy", "train/lr",
+    "train/grad_norm", "loss/pg", "loss/total", "loss/clip_frac", "loss/dual_clip_frac", "loss/approx_kl",
+    "loss/ratio_mean", "kl/value", "anchor/drift", "anchor/dist", "anchor/num_updates", "anchor/updated",
+    "perf/tokens_per_s", "perf/iter_s", "perf/rollout_s", "perf/logprob_s", "perf/update_s", "perf/anchor_s",
+)
+EVAL_METRICS = ("acc", "pass@1")
+MAX_FULL_PRODUCT = 64  # compose every combination up to this many; beyond it, one knob at a time
+_ABSENT = object()
+
+
+class SpecError(ValueError):
+    """An invalid sweep spec; the message names the offending key and the allowed values."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One space entry: `keys` (several when varied together) and their values or range."""
+
+    keys: tuple[str, ...]
+    kind: str
+    values: tuple  # grid/choice: the values (tuples for joint keys); uniform/loguniform/int: (low, high)
+
+    @property
+    def name(self) -> str:
+        return ",".join(self.keys)
+
+    def assign(self, value) -> dict[str, Any]:
+        """{config key: value} for one value of this entry."""
+        return dict(zip(self.keys, value)) if len(self.keys) > 1 else {self.keys[0]: value}
+
+    def describe(self) -> str:
+        if self.kind == "grid":
+            return f"grid{list(self.values)}"
+        return f"~choice{list(self.values)}" if self.kind == "choice" else f"~{self.kind}({self.values[0]}, {self.values[1]})"
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    type: str = "none"
+    grace_period: int = 1
+    reduction_factor: float = 2.0
+    time_attr: str = "training_iteration"
+    max_t: int | None = None
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    metric: str
+    experiment: str | None = None
+    overrides: dict = field(default_factory=dict)
+    space: tuple[Param, ...] = ()
+    seeds: tuple[int, ...] = (0,)
+    search: str = "grid"
+    search_seed: int | None = 0
+    scheduler: Scheduler = Scheduler()
+    mode: str = "max"
+    num_samples: int = 1
+    time_budget_s: float | None = None
+    cpu: float = 1.0
+    gpu: float = 0.0
+    max_concurrent: int | None = None
+    backend: str = "local"
+    max_failures: int = 1
+    raw: dict = field(default_factory=dict, compare=False)
+    """The YAML as loaded (written to <sweep_dir>/sweep.yaml; compared on --resume)."""
+
+    def overrides_for(self, point: dict[str, Any], seed: int | None) -> list[str]:
+        """Hydra overrides of one trial: base, the point, seed, and the sweep's bookkeeping keys."""
+        exp = point.get("experiment", self.experiment)
+        fixed = {k: v for k, v in {**self.overrides, **point}.items() if k != "experiment"}
+        if self.backend == "local" and "trainer.threads" not in fixed:
+            fixed["trainer.threads"] = max(1, int(self.cpu))
+        if seed is not None:
+            fixed["seed"] = seed
+        tags = [f"sweep:{self.name}"] + [f"{k.rsplit('.', 1)[-1]}={v}"[:64] for k, v in point.items()]
+        fixed.update({"backend": self.backend, "sweep.name": self.name, "logger.group": self.name, "logger.tags": tags})
+        # a dict value (e.g. task.knobs) is merged into the config's dict: Hydra's `++` adds keys in struct mode
+        return ([f"experiment={exp}"] if exp else []) + [f"{'++' if isinstance(v, dict) else ''}{k}={hydra_value(v)}"
+                                                         for k, v in fixed.items()]
+
+    @property
+    def seed_axis(self) -> tuple:
+        """Seeds every point is repeated over; (None,) when `seed` itself is in the space."""
+        return (None,) if any("seed" in p.keys for p in self.space) else self.seeds
+
+
+# ---------------------------------------------------------------------------- loading
+def load(path: str | Path, check_config: bool = True) -> Spec:
+    """Read and validate a sweep YAML; errors are prefixed with the file name."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such sweep spec")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML: {e}") from None
+    try:
+        return parse(data, check_config=check_config)
+    except SpecError as e:
+        raise SpecError(f"{path}: {e}") from None
+
+
+def parse(data: Any, check_config: bool = True) -> Spec:
+    """Validate a loaded YAML mapping into a Spec (and against the config tree unless told not to)."""
+    data = _mapping(data, "the spec")
+    allowed = ("name", "base", "space", "seeds", "search", "scheduler", "metric", "mode", "budget", "resources",
+               "max_concurrent", "backend", "max_failures")
+    _known(data, allowed, "")
+    for key in ("name", "base", "metric"):
+        if key not in data:
+            raise SpecError(f"`{key}` is required")
+    name = data["name"]
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise SpecError(f"name={name!r} must be a non-empty string of letters, digits, '_', '.', '-' (it names a directory)")
+    base = _mapping(data["base"], "base")
+    _known(base, ("experiment", "overrides"), "base.")
+    overrides = _mapping(base.get("overrides") or {}, "base.overrides")
+    for key in overrides:
+        if key == "backend":
+            raise SpecError("base.overrides.backend: use the spec's top-level `backend:` key")
+        if key in SET_BY_SWEEP or key == "seed":
+            raise SpecError(f"base.overrides.{key}: set by the sweep itself" + (" (use `seeds: [...]`)" if key == "seed" else ""))
+    budget = _mapping(data.get("budget") or {}, "budget")
+    _known(budget, ("num_samples", "time_budget_s"), "budget.")
+    resources = _mapping(data.get("resources") or {}, "resources")
+    _known(resources, ("cpu", "gpu"), "resources.")
+    search, search_seed = _search(data.get("search", "grid"))
+    spec = Spec(
+        name=name, metric=_metric_syntax(data["metric"]), experiment=base.get("experiment"), overrides=dict(overrides),
+        space=_space(data.get("space"), overrides), seeds=_seeds(data.get("seeds", [0])), search=search,
+        search_seed=search_seed, scheduler=_scheduler(data.get("scheduler", "none")),
+        mode=_one_of("mode", data.get("mode", "max"), ("max", "min")),
+        num_samples=_int("budget.num_samples", budget.get("num_samples", 1), 1),
+        time_budget_s=_number("budget.time_budget_s", budget.get("time_budget_s"), 0, none_ok=True),
+        cpu=_number("resources.cpu", resources.get("cpu", 1), 0), gpu=_number("resources.gpu", resources.get("gpu", 0), 0, zero_ok=True),
+        max_concurrent=None if data.get("max_concurrent") is None else _int("max_concurrent", data["max_concurrent"], 1),
+        backend=_one_of("backend", data.get("backend", "local"), BACKENDS),
+        max_failures=_int("max_failures", data.get("max_failures", 1), 0), raw=data,
+    )
+    _check_search(spec)
+    return check(spec) if check_config else spec
+
+
+def _search(value) -> tuple[str, int | None]:
+    if isinstance(value, str):
+        return _one_of("search", value, SEARCHES), 0
+    value = _mapping(value, "search")
+    _known(value, ("type", "seed"), "search.")
+    seed = value.get("seed", 0)
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise SpecError(f"search.seed={seed!r} must be an integer (the sampler seed) or null")
+    return _one_of("search.type", value.get("type"), SEARCHES), seed
+
+
+def _scheduler(value) -> Scheduler:
+    if isinstance(value, str) or value is None:
+        return Scheduler(type=_one_of("scheduler", value, SCHEDULERS))
+    value = _mapping(value, "scheduler")
+    _known(value, [f.name for f in fields(Scheduler)], "scheduler.")
+    s = Scheduler(type=_one_of("scheduler.type", value.get("type"), SCHEDULERS))
+    s = replace(s, grace_period=_int("scheduler.grace_period", value.get("grace_period", s.grace_period), 1),
+                reduction_factor=_number("scheduler.reduction_factor", value.get("reduction_factor", s.reduction_factor), 1),
+                time_attr=_one_of("scheduler.time_attr", value.get("time_attr", s.time_attr), ("training_iteration",)))
+    if value.get("max_t") is not None:
+        s = replace(s, max_t=_int("scheduler.max_t", value["max_t"], s.grace_period))
+    return s
+
+
+def _space(value, overrides: dict) -> tuple[Param, ...]:
+    if not value:
+        raise SpecError("space is empty: give at least one config key to vary "
+                        "(e.g. `algo.anchor.tau: {grid: [1.0, 0.9]}`, or `seed: {grid: [0, 1, 2]}` for seeds only)")
+    params = tuple(_param(str(name), entry, overrides) for name, entry in _mapping(value, "space").items())
+    keys = [k for p in params for k in p.keys]
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise SpecError(f"space: {dup[0]} appears in more than one entry")
+    return params
+
+
+def _param(name: str, entry, overrides: dict) -> Param:
+    """One space entry; a comma-joined name varies several keys together (grid/choice of lists)."""
+    where = f"space.{name}"
+    keys = tuple(k.strip() for k in name.split(","))
+    if any(not k for k in keys) or len(set(keys)) != len(keys):
+        raise SpecError(f"{where}: joint keys must be distinct, comma-separated config keys")
+    for k in keys:
+        if k == "backend":
+            raise SpecError(f"{where}: use the spec's top-level `backend:` key (one backend per sweep)")
+        if k in SET_BY_SWEEP:
+            raise SpecError(f"{where}: {k} is set by the sweep itself and cannot be swept")
+        if k in overrides:
+            raise SpecError(f"{where}: {k} is also fixed in base.overrides; keep it in one place")
+    entry = _mapping(entry, where)
+    if len(entry) != 1 or next(iter(entry)) not in KINDS:
+        raise SpecError(f"{where} must have exactly one of: {', '.join(KINDS)}; got {sorted(entry) or 'nothing'}")
+    kind, vals = next(iter(entry.items()))
+    if not isinstance(vals, list) or not vals:
+        raise SpecError(f"{where}.{kind} must be a non-empty list")
+    if kind in ("grid", "choice"):
+        if len(keys) > 1:
+            bad = [v for v in vals if not isinstance(v, list) or len(v) != len(keys)]
+            if bad:
+                raise SpecError(f"{where}.{kind}: every value must be a list of {len(keys)} (one per key); got {bad[0]!r}")
+            vals = [tuple(v) for v in vals]
+        if len({repr(v) for v in vals}) != len(vals):
+            raise SpecError(f"{where}.{kind} lists a value twice: {vals}")
+        return Param(keys, kind, tuple(vals))
+    if len(keys) > 1:
+        raise SpecError(f"{where}: keys varied together take grid or choice, not {kind}")
+    if len(vals) != 2 or not all(_is_num(v) for v in vals) or not vals[0] < vals[1]:
+        raise SpecError(f"{where}.{kind} must be [low, high] numbers with low < high; got {vals}")
+    if kind == "int" and not all(isinstance(v, int) for v in vals):
+        raise SpecError(f"{where}.int bounds must be integers; got {vals}")
+    if kind == "loguniform" and vals[0] <= 0:
+        raise SpecError(f"{where}.loguniform needs low > 0; got {vals}")
+    return Param(keys, kind, tuple(vals))
+
+
+def _seeds(value) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(s, int) and not isinstance(s, bool) for s in value):
+        raise SpecError(f"seeds must be a non-empty list of integers; got {value!r}")
+    if len(set(value)) != len(value):
+        raise SpecError(f"seeds lists a seed twice: {value}")
+    return tuple(value)
+
+
+def _check_search(spec: Spec) -> None:
+    if "seeds" in spec.raw and spec.seed_axis == (None,):
+        raise SpecError("`seed` is in space and `seeds` is given; use one of them")
+    if spec.search == "grid":
+        bad = [p for p in spec.space if p.kind != "grid"]
+        if bad:
+            raise SpecError(f"space.{bad[0].name}: {bad[0].kind} needs search: random or optuna; search: grid takes only grid entries")
+        if spec.num_samples != 1:
+            raise SpecError("budget.num_samples must be 1 with search: grid (repeat points with `seeds`)")
+    if spec.search == "optuna":
+        bad = [p for p in spec.space if p.kind == "grid"]
+        if bad:
+            raise SpecError(f"space.{bad[0].name}: grid is not supported by search: optuna; use choice (or search: grid/random)")
+
+
+# ---------------------------------------------------------------------------- against the config tree
+def check(spec: Spec) -> Spec:
+    """Validate a spec against the composed config; fills scheduler.max_t. Imports experiments (not ray)."""
+    from experiments import build
+
+    groups = _groups()
+    if spec.experiment is None and not any("experiment" in p.keys for p in spec.space):
+        raise SpecError(f"base.experiment is required (allowed: {', '.join(build.presets())})")
+    if spec.experiment is not None and spec.experiment not in build.presets():
+        raise SpecError(f"base.experiment={spec.experiment!r} is not a preset; allowed: {', '.join(build.presets())}")
+    plain = build.compose([f"experiment={spec.experiment}"] if spec.experiment else [])
+    for key, value in spec.overrides.items():
+        _check_key(f"base.overrides.{key}", key, groups, [value], plain)
+    base = _compose(build, spec, {}, None, "base")
+    for p in spec.space:
+        for i, key in enumerate(p.keys):
+            vals = [v[i] for v in p.values] if len(p.keys) > 1 else list(p.values)
+            node = _check_key(f"space.{p.name}", key, groups, vals if p.kind in ("grid", "choice") else [], base)
+            if p.kind in ("uniform", "loguniform") and isinstance(node, int) and not isinstance(node, bool):
+                raise SpecError(f"space.{p.name}: {key} is an integer; use int: [low, high]")
+            if p.kind in ("uniform", "loguniform", "int") and not _is_num(node):
+                raise SpecError(f"space.{p.name}: {key}={node!r} is not numeric; use grid or choice")
+    iterations, tasks = set(), set()
+    for point in _check_points(spec.space):
+        where = "space point " + ", ".join(f"{k}={v}" for k, v in point.items())
+        cfg = _compose(build, spec, point, spec.seed_axis[0], where)
+        iterations.add(int(cfg.trainer.iterations))
+        tasks.add(str(cfg.task.name))
+    _check_metric(spec.metric, tasks)
+    s = spec.scheduler
+    if s.type == "asha":
+        max_t = s.max_t or max(iterations)
+        if s.grace_period > max_t:
+            raise SpecError(f"scheduler.grace_period={s.grace_period} exceeds max_t={max_t} (trainer.iterations)")
+        spec = replace(spec, scheduler=replace(s, max_t=max_t))
+    return spec
+
+
+def _groups() -> dict[str, list[str]]:
+    """Config groups of experiments/conf and their options."""
+    from experiments import build
+
+    conf = Path(build.__file__).parent / "conf"
+    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in conf.iterdir() if d.is_dir() and any(d.glob("*.yaml"))}
+
+
+def _check_key(where: str, key: str, groups: dict, values: list, base):
+    """Raise unless `key` is a config group (values among its options) or a leaf of the base config."""
+    if key in groups:
+        bad = [v for v in values if v not in groups[key]]
+        if bad:
+            raise SpecError(f"{where}: {bad[0]!r} is not a {key} option; allowed: {', '.join(groups[key])}")
+        return None
+    from omegaconf import DictConfig, OmegaConf
+
+    node = OmegaConf.select(base, key, default=_ABSENT, throw_on_missing=False)
+    if node is _ABSENT:
+        near = difflib.get_close_matches(key, _leaves(OmegaConf.to_container(base)) + list(groups), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(near)}?" if near else f"; config groups: {', '.join(groups)}"
+        raise SpecError(f"{where}: unknown config key {key!r}{hint}")
+    if isinstance(node, DictConfig) and is_dataclass(OmegaConf.get_type(node)):  # a section, not a dict value
+        raise SpecError(f"{where}: {key} is a config section; vary one of its keys: {', '.join(f'{key}.{k}' for k in node)}")
+    return node
+
+
+def _leaves(cfg, prefix: str = "") -> list[str]:
+    """Every leaf key of a config, dotted (for "did you mean")."""
+    out = []
+    for k, v in cfg.items() if isinstance(cfg, dict) else ():
+        out += _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [f"{prefix}{k}"]
+    return out
+
+
+def _check_points(space: tuple[Param, ...]):
+    """Points whose composition validates every listed value and range end (the full product if small)."""
+    axes = [[p.assign(v) for v in p.values] for p in space]  # every listed value, or both ends of a range
+    if math.prod(len(a) for a in axes) <= MAX_FULL_PRODUCT:
+        for combo in itertools.product(*axes):
+            yield {k: v for part in combo for k, v in part.items()}
+        return
+    first = {k: v for a in axes for k, v in a[0].items()}
+    for a in axes:
+        for part in a:
+            yield {**first, **part}
+
+
+def _compose(build, spec: Spec, point: dict, seed, where: str):
+    try:
+        cfg = build.compose(spec.overrides_for(point, seed))
+        build.validate(cfg)
+    except SpecError:
+        raise
+    except Exception as e:  # Hydra wraps the reason in __cause__
+        cause = f": {e.__cause__}" if e.__cause__ and str(e.__cause__) not in str(e) else ""
+        raise SpecError(re.sub(r"\s+", " ", f"{where}: {e}{cause}")) from None
+    return cfg
+
+
+def _check_metric(metric: str, tasks: set[str]) -> None:
+    from experiments.tasks import TASKS
+
+    key = metric[len("best_"):] if metric.startswith("best_") else metric
+    per_task = {t: {f"{ns}/{b}/{m}" for ns in ("eval", "eval_anchor") for b in getattr(TASKS.get(t), "BENCHMARKS", (t,))
+                    for m in EVAL_METRICS} for t in tasks}
+    allowed = set(RUN_METRICS) | set.intersection(*per_task.values())
+    if key in allowed:
+        return
+    missing = [t for t, keys in per_task.items() if key not in keys]
+    if key.startswith(("eval/", "eval_anchor/")) and missing and len(missing) < len(tasks):
+        raise SpecError(f"metric={metric!r} is not logged by trials with task {', '.join(sorted(missing))}; a sweep over "
+                        "several tasks must optimise a metric every task logs (e.g. train/reward), or be split per task")
+    near = difflib.get_close_matches(key, sorted(allowed), n=3, cutoff=0.5)
+    raise SpecError(f"metric={metric!r} is not a metric the runs log (docs/run-record.md)"
+                    + (f"; did you mean {', '.join(near)}?" if near else "")
+                    + f" Allowed: {', '.join(sorted(allowed))}, each also as best_<key>")
+
+
+def _metric_syntax(value) -> str:
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"metric must be a metric key such as eval/math_tiny/acc; got {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------- trials and the table
+def grid_points(spec: Spec) -> list[dict[str, Any]]:
+    """Every combination of the grid entries ({config key: value}; the last key varies fastest)."""
+    grid = [[p.assign(v) for v in p.values] for p in spec.space if p.kind == "grid"]
+    return [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*grid)]
+
+
+def trials(spec: Spec) -> list[dict[str, Any]]:
+    """One row per trial, in launch order: for each seed every grid point. Sampled entries (random,
+    optuna) show their distribution."""
+    sampled = {p.name: p.describe() for p in spec.space if p.kind != "grid"}
+    points = grid_points(spec)
+    rows = []
+    for sample in range(spec.num_samples):
+        for seed in spec.seed_axis:
+            for point in points:
+                row = {**point, **sampled}
+                if seed is not None:
+                    row["seed"] = seed
+                if spec.search != "grid":
+                    row["sample"] = sample
+                rows.append(row)
+    return rows
+
+
+def table(spec: Spec) -> str:
+    """The dry-run view: the settings, every trial, and the exact overrides of the first one."""
+    rows = trials(spec)
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[str(i)] + [_fmt(r.get(c, "")) for c in cols] for i, r in enumerate(rows)]
+    widths = [max(len(x) for x in col) for col in zip(["#"] + cols, *cells)]
+    line = lambda xs: "  ".join(x.ljust(w) for x, w in zip(xs, widths)).rstrip()  # noqa: E731
+    s = spec.scheduler
+    sched = "none" if s.type == "none" else f"asha (grace_period={s.grace_period}, reduction_factor={s.reduction_factor:g}, max_t={s.max_t})"
+    first = {k: v for k, v in rows[0].items() if k not in ("seed", "sample") and not str(v).startswith("~")}
+    head = [
+        f"sweep {spec.name}: {len(rows)} trials, search={spec.search}" + (f" (seed {spec.search_seed})" if spec.search != "grid" else ""),
+        f"  metric {spec.metric} ({spec.mode}); scheduler {sched}",
+        f"  per trial {spec.cpu:g} CPU {spec.gpu:g} GPU; max_concurrent {spec.max_concurrent or 'unlimited'}; "
+        f"max_failures {spec.max_failures}; backend {spec.backend}"
+        + (f"; time budget {spec.time_budget_s:g}s" if spec.time_budget_s else ""),
+        "",
+        line(["#"] + cols), line(["-" * w for w in widths]), *map(line, cells), "",
+        "trial 0 runs: emapg train " + " ".join(map(shlex.quote, spec.overrides_for(first, rows[0].get("seed")))),
+    ]
+    return "\n".join(head)
+
+
+# ---------------------------------------------------------------------------- helpers
+def hydra_value(v) -> str:
+    """A Python value as a Hydra override value (strings quoted unless plain identifiers)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(hydra_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(x)}" for k, x in v.items()) + "}"
+    s = str(v)
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-./+]*", s) and s.lower() not in ("true", "false", "null", "nan", "inf"):
+        return s
+    # Hydra's quoted strings: only backslashes before a quote (or at the end) are escapes
+    s = re.sub(r'(\\*)"', lambda m: m.group(1) * 2 + '\\"', s)
+    return '"' + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, s) + '"'
+
+
+def _fmt(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(list(v) if isinstance(v, tuple) else v)
+
+
+def _mapping(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise SpecError(f"{where} must be a mapping; got {type(value).__name__}: {value!r}")
+    return value
+
+
+def _known(data: dict, allowed, prefix: str) -> None:
+    unknown = [k for k in data if k not in allowed]
+    if unknown:
+        near = difflib.get_close_matches(str(unknown[0]), list(allowed), n=1)
+        raise SpecError(f"unknown key {prefix}{unknown[0]}" + (f" (did you mean {prefix}{near[0]}?)" if near else "")
+                        + f"; allowed: {', '.join(allowed)}")
+
+
+def _one_of(where: str, value, allowed) -> str:
+    if value not in allowed:
+        raise SpecError(f"{where}={value!r} is not allowed; allowed values: {', '.join(allowed)}")
+    return value
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int(where: str, value, low: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise SpecError(f"{where} must be an integer >= {low}; got {value!r}")
+    return value
+
+
+def _number(where: str, value, low: float, none_ok: bool = False, zero_ok: bool = False):
+    if value is None and none_ok:
+        return None
+    if not _is_num(value) or value < low or (value == low and not zero_ok):
+        raise SpecError(f"{where} must be a number {'>=' if zero_ok else '>'} {low:g}{' or null' if none_ok else ''}; got {value!r}")
+    return float(value)

@@ -1,0 +1,144 @@
+"""A stand-in for experiments.run.run with the same contract, fast enough for scheduling tests.
+
+`fake_run(cfg, callback)` writes a minimal run record (config.yaml, metrics.jsonl, status,
+summary.json, checkpoints/iter_<N>/ + latest), calls `callback` the way experiments.run does
+(the checkpoint written at iteration N is passed with the metrics of iteration N+1), resumes from
+`<run_dir>/checkpoints/latest` when cfg.resume, and appends every executed iteration to
+`<sweep_dir>/calls.jsonl` (kept outside the run directory, so retries and resumes are visible).
+
+Behaviour knobs ride in `task.knobs` (free-form for the config; the fake never loads a task):
+    sleep: seconds per iteration    fail_at: raise at this iteration (before its metrics), fail_times times
+    same_call_ckpt: pass each checkpoint with its own iteration's metrics instead (the other ordering)
+The score grows with the iteration and is set by algo.anchor.tau (+ a small seed effect), so a
+sweep's ranking is known in advance: higher tau is better.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+
+def score(cfg, iteration: int) -> float:
+    its = int(cfg.trainer.iterations)
+    return float(cfg.algo.anchor.tau) * iteration / its + 0.001 * int(cfg.seed)
+
+
+def fake_run(cfg, callback=None) -> dict:
+    run_dir, knobs = Path(cfg.run_dir), dict(cfg.task.knobs)
+    sweep_dir = run_dir.parent.parent
+    ckpts = run_dir / "checkpoints"
+    start = 0
+    if cfg.resume and (ckpts / "latest").is_file():
+        start = json.loads((ckpts / (ckpts / "latest").read_text().strip() / "state.json").read_text())["iteration"]
+        lines = [ln for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(ln)["iteration"] <= start]
+        (run_dir / "metrics.jsonl").write_text("".join(ln + "\n" for ln in lines))  # rewind, as RunRecord does
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        OmegaConf.save(cfg, run_dir / "config.yaml")
+    (run_dir / "status").write_text("running\n")
+    acc = f"eval/{cfg.task.name}/acc"
+    last_ckpt = None
+    if start == 0:
+        _log(run_dir, sweep_dir, cfg, 0, {acc: 0.0})
+        if callback:
+            callback(0, {acc: 0.0}, None)
+    for it in range(start + 1, int(cfg.trainer.iterations) + 1):
+        time.sleep(float(knobs.get("sleep", 0.0)))
+        marker = sweep_dir / "failures" / f"{cfg.sweep.trial_id}"
+        failures = len(marker.read_text()) if marker.exists() else 0
+        if knobs.get("fail_at") == it and failures < int(knobs.get("fail_times", 1)):
+            marker.parent.mkdir(exist_ok=True)
+            marker.write_text("x" * (failures + 1))
+            (run_dir / "status").write_text("failed\nRuntimeError: injected failure\n")
+            raise RuntimeError(f"injected failure at iteration {it}")
+        m = {"train/reward": score(cfg, it)}
+        if it % int(cfg.trainer.eval_every) == 0 or it == int(cfg.trainer.iterations):
+            m[acc] = score(cfg, it)
+        _log(run_dir, sweep_dir, cfg, it, m)
+        saving = it % int(cfg.trainer.save_every) == 0 or it == int(cfg.trainer.iterations)
+        path = _save(ckpts, it) if saving and knobs.get("same_call_ckpt") else None
+        if callback:
+            callback(it, m, path if knobs.get("same_call_ckpt") else last_ckpt)
+        last_ckpt = _save(ckpts, it) if saving and not knobs.get("same_call_ckpt") else None
+    final = {acc: score(cfg, int(cfg.trainer.iterations))}
+    (run_dir / "summary.json").write_text(json.dumps({"status": "finished", "final": final, "best": final,
+                                                      "train_wall_time_s": 0.01}))
+    (run_dir / "status").write_text("finished\n")
+    return final
+
+
+def _save(ckpts: Path, it: int) -> Path:
+    path = ckpts / f"iter_{it:06d}"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "state.json").write_text(json.dumps({"iteration": it}))
+    (ckpts / "latest").write_text(path.name)
+    return path
+
+
+def _log(run_dir: Path, sweep_dir: Path, cfg, it: int, m: dict) -> None:
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"iteration": it, **m}) + "\n")
+    with open(sweep_dir / "calls.jsonl", "a") as f:
+        f.write(json.dumps({"trial": cfg.sweep.trial_id, "iteration": it, "pid": os.getpid(),
+                            "tau": float(cfg.algo.anchor.tau), "period": int(cfg.algo.anchor.period),
+                            "seed": int(cfg.seed)}) + "\n")
+
+
+def calls(sweep_dir: Path) -> list[dict]:
+    path = Path(sweep_dir) / "calls.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def pause_once_scheduler(at: int):
+    """A FIFO scheduler that pauses every trial once, when it reports iteration `at` (Tune then
+    saves it, runs other trials, and later restores it from its last reported checkpoint)."""
+    from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+    class PauseOnce(FIFOScheduler):
+        def __init__(self):
+            super().__init__()
+            self.paused: set[str] = set()
+
+        def on_trial_result(self, tune_controller, trial, result):
+            if result["training_iteration"] == at and trial.trial_id not in self.paused:
+                self.paused.add(trial.trial_id)
+                return TrialScheduler.PAUSE
+            return TrialScheduler.CONTINUE
+
+    return PauseOnce()
+
+
+def drive(spec_path: str, out: str, address: str, resume: bool = False) -> None:
+    """A sweep driver with the fake trainable (run in a subprocess by the kill-and-resume test)."""
+    from sweeps.spec import load
+    from sweeps.tune import run_sweep
+
+    run_sweep(load(spec_path), out, resume=resume, address=address, trainable=fake_run, report=False)
+
+
+def real_run_failing_once(cfg, callback=None) -> dict:
+    """experiments.run.run, killed by an exception right after iteration 2's metrics on its first attempt.
+    Every attempt is logged to <sweep_dir>/attempts.jsonl (resume flag, iterations seen)."""
+    from experiments.run import run
+
+    log = Path(cfg.run_dir).parent.parent / "attempts.jsonl"
+    first, seen = not log.exists(), []
+
+    def on_iteration(it, metrics, checkpoint):
+        seen.append(it)
+        callback(it, metrics, checkpoint)
+        if first and it == 2:
+            raise RuntimeError("injected failure after iteration 2")
+
+    try:
+        return run(cfg, callback=on_iteration)
+    finally:
+        with open(log, "a") as f:
+            f.write(json.dumps({"resume": bool(cfg.resume), "iterations": seen}) + "\n")

@@ -1,0 +1,271 @@
+"""Sweep specs: every shipped YAML validates (--dry-run), every bad spec is rejected with a message
+naming the key and the allowed values. Fast: composes configs, never starts Ray."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sweeps import cli
+from sweeps.spec import SpecError, hydra_value, load, parse, table, trials
+
+SWEEPS = sorted((Path(__file__).resolve().parents[2] / "sweeps").glob("*.yaml"))
+GOOD = {
+    "name": "t",
+    "base": {"experiment": "math_tiny_ema_pg", "overrides": {"trainer.iterations": 4}},
+    "space": {"algo.anchor.tau": {"grid": [1.0, 0.9]}},
+    "seeds": [0, 1],
+    "metric": "eval/math_tiny/acc",
+}
+
+
+def spec_with(**changes) -> dict:
+    """GOOD with top-level keys replaced (None deletes the key)."""
+    d = copy.deepcopy(GOOD)
+    for k, v in changes.items():
+        if v is None:
+            d.pop(k, None)
+        else:
+            d[k] = v
+    return d
+
+
+def rejects(data, *fragments: str) -> str:
+    with pytest.raises(SpecError) as e:
+        parse(data)
+    for f in fragments:
+        assert f in str(e.value), f"{f!r} not in: {e.value}"
+    return str(e.value)
+
+
+# ------------------------------------------------------------------ shipped specs
+def test_every_sweep_is_shipped():
+    names = {p.stem for p in SWEEPS}
+    assert {"quickstart", "ablate_tau", "ablate_period", "ablate_k", "ablate_kl_type", "tune_optuna",
+            "math_deepscaler_ema_pg", "search_r1_ema_pg"} <= names
+
+
+@functools.lru_cache(maxsize=None)
+def shipped(name: str):
+    return load(SWEEPS[0].parent / f"{name}.yaml")
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_shipped_spec_passes_dry_run(path, capsys):
+    assert cli.main([str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    spec = shipped(path.stem)
+    assert f"sweep {spec.name}: {len(trials(spec))} trials" in out
+    assert spec.name == path.stem  # the default output directory is named after the file
+
+
+def test_dry_run_table_lists_every_trial():
+    spec = shipped("quickstart")
+    rows = trials(spec)
+    assert [(r["experiment"], r["seed"]) for r in rows] == [
+        (e, s) for s in spec.seeds for e in ("math_tiny_grpo", "math_tiny_ema_pg")]
+    assert "trial 0 runs: emapg train experiment=math_tiny_grpo" in table(spec)
+
+
+def test_ablate_k_ends_at_the_tiny_vocabulary():
+    from ema_pg_core.local.tiny import build_tokenizer
+
+    spec = shipped("ablate_k")
+    (k,) = [p for p in spec.space if p.keys == ("algo.kl.k",)]
+    assert max(k.values) == len(build_tokenizer()) and 0 in k.values
+
+
+def test_paper_ablation_values():
+    by_name = {p.stem: shipped(p.stem) for p in SWEEPS}
+    assert by_name["ablate_tau"].space[0].values == (1.0, 0.99, 0.95, 0.9, 0.8, 0.5)
+    assert by_name["ablate_period"].space[0].values == (1, 5, 10, 20, 50)
+    kl = {v[0] for v in by_name["ablate_kl_type"].space[0].values}
+    assert {"k3", "k3++", "k4", "k5", "exact_forward", "exact_reverse", "topk_forward", "topk_reverse"} <= kl
+    opt = by_name["tune_optuna"]
+    assert opt.search == "optuna" and opt.scheduler.type == "asha"
+    assert {k for p in opt.space for k in p.keys} == {"algo.anchor.tau", "algo.anchor.period", "algo.kl.k", "algo.kl.coef"}
+    assert by_name["math_deepscaler_ema_pg"].backend == by_name["search_r1_ema_pg"].backend == "verl"
+
+
+# ------------------------------------------------------------------ bad specs
+def test_unknown_top_level_key():
+    rejects(spec_with(metrc="x"), "unknown key metrc", "did you mean metric", "allowed: name, base, space")
+
+
+def test_unknown_nested_key():
+    rejects(spec_with(scheduler={"type": "asha", "grace": 2}), "unknown key scheduler.grace", "grace_period")
+    rejects(spec_with(base={"experiment": "math_tiny_grpo", "override": {}}), "unknown key base.override", "overrides")
+
+
+def test_unknown_config_path():
+    rejects(spec_with(space={"algo.anchor.tua": {"grid": [1.0]}}), "space.algo.anchor.tua", "unknown config key",
+            "did you mean algo.anchor.tau")
+    rejects(spec_with(base={"experiment": "math_tiny_grpo", "overrides": {"trainer.iteratons": 3}}),
+            "base.overrides.trainer.iteratons", "trainer.iterations")
+
+
+def test_unknown_group_option():
+    rejects(spec_with(space={"task": {"grid": ["math_tiny", "nope"]}}), "space.task", "'nope' is not a task option",
+            "allowed: math_tiny, search_tiny")
+    rejects(spec_with(base={"experiment": "nope"}), "base.experiment='nope'", "math_tiny_ema_pg")
+
+
+def test_section_is_not_a_value():
+    rejects(spec_with(space={"algo.anchor": {"grid": [1]}}), "config section", "algo.anchor.tau")
+
+
+def test_tau_out_of_range_in_a_grid():
+    rejects(spec_with(space={"algo.anchor.tau": {"grid": [1.0, 1.5]}}), "algo.anchor.tau=1.5",
+            "algo.anchor.tau must be in [0, 1]")
+
+
+def test_out_of_range_in_a_joint_grid_and_a_range_end():
+    rejects(spec_with(space={"algo.kl.type,algo.kl.tail": {"grid": [["k3", "unbiased"], ["topk_reverse", "bogus"]]}}),
+            "algo.kl.tail='bogus'", "allowed values: paper, unbiased, none")
+    rejects(spec_with(search="random", space={"algo.anchor.tau": {"uniform": [0.5, 1.2]}}),
+            "algo.anchor.tau must be in [0, 1]")
+
+
+def test_wrong_type_value():
+    rejects(spec_with(space={"algo.kl.k": {"grid": [1.5]}}), "algo.kl.k=1.5", "Integer")
+    rejects(spec_with(search="random", space={"algo.anchor.period": {"uniform": [1, 5]}}),
+            "algo.anchor.period is an integer; use int")
+    rejects(spec_with(search="random", space={"algo.kl.type": {"uniform": [0, 1]}}), "not numeric")
+
+
+def test_empty_space():
+    rejects(spec_with(space={}), "space is empty")
+    rejects(spec_with(space=None), "space is empty")
+
+
+def test_unknown_metric():
+    msg = rejects(spec_with(metric="eval/math/acc"), "metric='eval/math/acc'", "did you mean eval/math_tiny/acc")
+    assert "train/reward" in msg  # the allowed list
+    rejects(spec_with(metric="best_eval/math_tiny/acx"), "best_eval/math_tiny/acx")
+
+
+def test_metric_must_be_logged_by_every_task():
+    rejects(spec_with(space={"task": {"grid": ["math_tiny", "search_tiny"]}}),
+            "not logged by trials with task search_tiny")
+    parse(spec_with(space={"task": {"grid": ["math_tiny", "search_tiny"]}}, metric="train/reward"))
+    parse(spec_with(metric="best_eval_anchor/math_tiny/pass@1"))
+
+
+@pytest.mark.parametrize("changes, fragments", [
+    ({"search": "bayes"}, ["search='bayes'", "allowed values: grid, random, optuna"]),
+    ({"search": {"type": "optuna", "seed": "x"}}, ["search.seed"]),
+    ({"scheduler": "hyperband"}, ["scheduler='hyperband'", "none, asha"]),
+    ({"scheduler": {"type": "asha", "reduction_factor": 1}}, ["scheduler.reduction_factor", "> 1"]),
+    ({"scheduler": {"type": "asha", "grace_period": 10}}, ["grace_period=10 exceeds max_t=4"]),
+    ({"scheduler": {"type": "asha", "time_attr": "time_total_s"}}, ["scheduler.time_attr", "training_iteration"]),
+    ({"mode": "maximize"}, ["mode='maximize'", "max, min"]),
+    ({"backend": "slurm"}, ["backend='slurm'", "local, verl"]),
+    ({"budget": {"num_samples": 0}}, ["budget.num_samples", ">= 1"]),
+    ({"budget": {"num_samples": 2}}, ["num_samples must be 1 with search: grid"]),
+    ({"resources": {"cpu": 0}}, ["resources.cpu", "> 0"]),
+    ({"resources": {"gpus": 1}}, ["unknown key resources.gpus", "did you mean resources.gpu"]),
+    ({"max_concurrent": 0}, ["max_concurrent", ">= 1"]),
+    ({"max_failures": -1}, ["max_failures", ">= 0"]),
+    ({"seeds": []}, ["seeds must be a non-empty list"]),
+    ({"seeds": [0, 0]}, ["seeds lists a seed twice"]),
+    ({"name": "a b"}, ["name='a b'"]),
+    ({"name": None}, ["`name` is required"]),
+    ({"metric": None}, ["`metric` is required"]),
+    ({"base": {"overrides": {}}}, ["base.experiment is required", "math_tiny_grpo"]),
+    ({"base": {"experiment": "math_tiny_grpo", "overrides": {"seed": 3}}}, ["base.overrides.seed", "seeds"]),
+    ({"base": {"experiment": "math_tiny_grpo", "overrides": {"run_dir": "x"}}}, ["base.overrides.run_dir", "set by the sweep"]),
+    ({"base": {"experiment": "math_tiny_grpo", "overrides": {"backend": "verl"}}}, ["top-level `backend:`"]),
+    ({"base": {"experiment": "math_tiny_grpo", "overrides": {"algo.kl.coef": -1.0}}}, ["base:", "algo.kl.coef (beta) must be >= 0"]),
+    ({"space": {"algo.anchor.tau": {"grid": [1.0], "choice": [1.0]}}}, ["exactly one of: grid, choice, uniform"]),
+    ({"space": {"algo.anchor.tau": {"range": [0, 1]}}}, ["exactly one of"]),
+    ({"space": {"algo.anchor.tau": {"grid": []}}}, ["space.algo.anchor.tau.grid must be a non-empty list"]),
+    ({"space": {"algo.anchor.tau": {"grid": [0.9, 0.9]}}}, ["lists a value twice"]),
+    ({"space": {"algo.anchor.tau": {"choice": [0.9, 1.0]}}}, ["choice needs search: random or optuna"]),
+    ({"search": "random", "space": {"algo.anchor.tau": {"uniform": [1.0, 0.5]}}}, ["low < high"]),
+    ({"search": "random", "space": {"algo.kl.coef": {"loguniform": [0, 0.1]}}}, ["loguniform needs low > 0"]),
+    ({"search": "random", "space": {"algo.anchor.period": {"int": [1, 2.5]}}}, ["bounds must be integers"]),
+    ({"search": "optuna", "space": {"algo.anchor.tau": {"grid": [1.0]}}}, ["grid is not supported by search: optuna"]),
+    ({"space": {"algo.kl.type,algo.kl.tail": {"grid": [["k3"]]}}}, ["list of 2 (one per key)"]),
+    ({"space": {"algo.kl.type,algo.kl.type": {"grid": [["k3", "k3"]]}}}, ["joint keys must be distinct"]),
+    ({"space": {"algo.kl.type": {"grid": ["k3"]}, "algo.kl.type,algo.kl.tail": {"grid": [["k3", "paper"]]}}},
+     ["algo.kl.type appears in more than one entry"]),
+    ({"space": {"trainer.iterations": {"grid": [3]}}, "base": {"experiment": "math_tiny_grpo", "overrides": {"trainer.iterations": 4}}},
+     ["also fixed in base.overrides"]),
+    ({"space": {"seed": {"grid": [0, 1]}}}, ["`seed` is in space and `seeds` is given"]),
+    ({"space": {"sweep.name": {"grid": ["x"]}}}, ["set by the sweep itself"]),
+])
+def test_bad_spec_is_rejected(changes, fragments):
+    rejects(spec_with(**changes), *fragments)
+
+
+def test_load_names_the_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(spec_with(metric="nope")))
+    with pytest.raises(SpecError, match=r"bad\.yaml: metric='nope'"):
+        load(p)
+    p.write_text("name: [unclosed")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load(p)
+    with pytest.raises(SpecError, match="no such sweep spec"):
+        load(tmp_path / "missing.yaml")
+
+
+def test_cli_reports_a_bad_spec_in_one_line(tmp_path, capsys):
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(spec_with(space={"algo.anchor.tau": {"grid": [1.5]}})))
+    assert cli.main([str(p), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("emapg sweep: error:") and "algo.anchor.tau must be in [0, 1]" in err and "\n" not in err
+
+
+# ------------------------------------------------------------------ what a trial runs
+def test_trial_overrides_compose_to_the_point():
+    from experiments import build
+
+    spec = parse(spec_with(space={"algo.kl.type,algo.kl.tail": {"grid": [["k3++", "none"]]}, "task": {"grid": ["search_tiny"]}},
+                           metric="train/reward", resources={"cpu": 2}))
+    cfg = build.compose(spec.overrides_for({"algo.kl.type": "k3++", "algo.kl.tail": "none", "task": "search_tiny"}, 7))
+    assert (cfg.algo.kl.type, cfg.algo.kl.tail, cfg.task.name, cfg.seed) == ("k3++", "none", "search_tiny", 7)
+    assert (cfg.sweep.name, cfg.logger.group, cfg.trainer.threads, cfg.trainer.iterations) == ("t", "t", 2, 4)
+    assert list(cfg.logger.tags) == ["sweep:t", "type=k3++", "tail=none", "task=search_tiny"]
+
+
+def test_dict_overrides_merge_into_the_config():
+    from experiments import build
+
+    spec = parse(spec_with(base={"experiment": "math_tiny_grpo", "overrides": {"task.knobs": {"digits": 2}}}))
+    cfg = build.compose(spec.overrides_for({"algo.anchor.tau": 1.0}, 0))
+    assert dict(cfg.task.knobs) == {"digits": 2}
+
+
+@pytest.mark.parametrize("value", ["plain", "k3++", "with space", 'quo"te', "back\\slash", "end\\", "0.9", "true", "a:b"])
+def test_hydra_value_round_trips_strings(value):
+    from experiments import build
+
+    assert build.compose([f"run_dir={hydra_value(value)}"]).run_dir == value
+
+
+def test_sampled_spaces_list_one_row_per_sample_and_seed():
+    spec = parse(spec_with(search={"type": "optuna", "seed": 3}, budget={"num_samples": 3},
+                           space={"algo.anchor.tau": {"uniform": [0.5, 1.0]}, "algo.kl.k": {"choice": [4, 32]}}))
+    rows = trials(spec)
+    assert len(rows) == 6 and rows[0]["algo.anchor.tau"] == "~uniform(0.5, 1.0)" and rows[0]["algo.kl.k"] == "~choice[4, 32]"
+    assert "search=optuna (seed 3)" in table(spec)
+
+
+def test_spec_and_cli_import_no_ray():
+    """sweeps.tune is the only module importing ray; a --dry-run never starts (or imports) it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sweeps.spec, sweeps.cli\n"
+            "sweeps.cli.main([sys.argv[1], '--dry-run'])\n"
+            "print('RAY' if 'ray' in sys.modules else 'NO_RAY')")
+    out = subprocess.run([sys.executable, "-c", code, str(SWEEPS[0].parent / "quickstart.yaml")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("NO_RAY")

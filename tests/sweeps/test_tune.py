@@ -1,0 +1,279 @@
+"""Sweeps on a 2-CPU local Ray bound to 127.0.0.1: scheduling, restore and resume semantics with a
+fast stand-in trainable (sweep_fakes.fake_run, same contract as experiments.run.run), and the real
+trainer end to end with smoke-sized runs."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import sweep_fakes
+from sweeps import tune as T
+from sweeps.spec import load, parse
+
+HERE = Path(__file__).resolve().parent
+ACC = "eval/math_tiny/acc"
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    """One Ray for the module: 2 CPUs, loopback only, no token auth, no dashboard, no usage stats."""
+    import ray
+
+    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),  # workers import sweep_fakes
+           "WANDB_MODE": "disabled", "EMAPG_CACHE": str(tmp_path_factory.mktemp("emapg_cache"))}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+    for k, v in saved.items():
+        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def fake_spec(name: str, iterations: int = 6, sleep: float = 0.1, **top) -> dict:
+    """A spec for sweep_fakes.fake_run: `sleep` s per iteration, eval every 2, a checkpoint every iteration."""
+    overrides = {"trainer.iterations": iterations, "trainer.eval_every": 2, "trainer.save_every": 1, "logger": "none"}
+    if "task.knobs" not in top.get("space", {}):
+        overrides["task.knobs"] = {"sleep": sleep}
+    return {"name": name, "base": {"experiment": "math_tiny_grpo", "overrides": overrides},
+            "space": {"algo.anchor.tau": {"grid": [1.0, 0.5]}}, "metric": ACC, "max_concurrent": 2, **top}
+
+
+def rows(sweep_dir: Path) -> list[dict]:
+    with open(sweep_dir / "sweep.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def executed(sweep_dir: Path) -> dict[str, list[int]]:
+    """trial id -> the iterations the trainable executed, in order (across attempts)."""
+    out = collections.defaultdict(list)
+    for c in sweep_fakes.calls(sweep_dir):
+        out[c["trial"]].append(c["iteration"])
+    return out
+
+
+def record_iterations(sweep_dir: Path, trial_id: str) -> list[int]:
+    (run_dir,) = (sweep_dir / "runs").glob(f"*__{trial_id}")
+    return [json.loads(line)["iteration"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_grid_runs_every_point_and_seed_once(local_ray, tmp_path):
+    spec = parse(fake_spec("grid", iterations=4, sleep=0.0, seeds=[0, 1],
+                           space={"algo.anchor.tau": {"grid": [1.0, 0.5]}, "algo.anchor.period": {"grid": [2, 3]}}))
+    out = T.run_sweep(spec, tmp_path / "grid", trainable=sweep_fakes.fake_run, report=False)
+    got = rows(out)
+    assert len(got) == 8 and {r["status"] for r in got} == {"finished"}
+    assert sorted((float(r["algo.anchor.tau"]), int(r["algo.anchor.period"]), int(r["seed"])) for r in got) == sorted(
+        (t, p, s) for t in (1.0, 0.5) for p in (2, 3) for s in (0, 1))
+    runs = executed(out)
+    assert len(runs) == 8 and all(its == [0, 1, 2, 3, 4] for its in runs.values())  # each exactly once
+    # the configs the trials ran with: point, seed and the sweep's bookkeeping keys
+    configs = [yaml.safe_load((out / "runs" / r["run_id"] / "config.yaml").read_text()) for r in got]
+    for r, c in zip(got, configs):
+        assert (c["algo"]["anchor"]["tau"], c["algo"]["anchor"]["period"], c["seed"]) == (
+            float(r["algo.anchor.tau"]), int(r["algo.anchor.period"]), int(r["seed"]))
+        assert (c["sweep"]["name"], c["sweep"]["trial_id"], c["logger"]["group"]) == ("grid", r["trial_id"], "grid")
+        assert c["trainer"]["threads"] == 1 and "sweep:grid" in c["logger"]["tags"]
+    # trials launch in the dry-run table's order
+    from sweeps.spec import trials
+
+    launched = got  # sweep.csv lists trials in launch order
+    assert [(float(r["algo.anchor.tau"]), int(r["algo.anchor.period"]), int(r["seed"])) for r in launched] == [
+        (t["algo.anchor.tau"], t["algo.anchor.period"], t["seed"]) for t in trials(spec)]
+    assert [float(r[f"final/{ACC}"]) for r in launched[:2]] == [1.0, 1.0]
+    # the sweep directory is not reused by accident, and --resume insists on the same spec
+    with pytest.raises(ValueError, match="already holds sweep 'grid'; finish it with --resume"):
+        T.run_sweep(spec, out, trainable=sweep_fakes.fake_run)
+    changed = parse(fake_spec("grid", iterations=5, sleep=0.0, seeds=[0, 1],
+                              space={"algo.anchor.tau": {"grid": [1.0, 0.5]}, "algo.anchor.period": {"grid": [2, 3]}}))
+    with pytest.raises(ValueError, match=r"spec differs .* \(keys: base\)"):
+        T.run_sweep(changed, out, resume=True, trainable=sweep_fakes.fake_run)
+    with pytest.raises(ValueError, match="holds no sweep"):
+        T.run_sweep(spec, tmp_path / "nothing_here", resume=True, trainable=sweep_fakes.fake_run)
+
+
+OPTUNA_SPACE = {"algo.anchor.tau": {"uniform": [0.5, 1.0]}, "algo.anchor.period": {"int": [1, 20]}}
+
+
+def test_optuna_honours_its_sampler_seed(local_ray, tmp_path):
+    def suggestions(seed: int, out: str) -> list[tuple]:
+        spec = parse(fake_spec("opt", iterations=1, sleep=0.0, search={"type": "optuna", "seed": seed},
+                               budget={"num_samples": 2}, seeds=[0, 1], space=OPTUNA_SPACE))
+        d = T.run_sweep(spec, tmp_path / out, trainable=sweep_fakes.fake_run, report=False, progress=False)
+        got = rows(d)  # in launch order
+        assert len(got) == 4 and {r["status"] for r in got} == {"finished"}
+        # each suggestion runs once per seed (Repeater)
+        assert [int(r["seed"]) for r in got] == [0, 1] * 2 and got[0]["algo.anchor.tau"] == got[1]["algo.anchor.tau"]
+        return [(float(r["algo.anchor.tau"]), int(r["algo.anchor.period"])) for r in got]
+
+    first, again = suggestions(7, "a"), suggestions(7, "b")
+    assert first == again
+    assert all(0.5 <= t <= 1.0 and 1 <= p <= 20 for t, p in first)
+
+
+def test_optuna_sampler_seed_changes_the_suggestions():
+    """The searcher alone (no Ray cluster needed): same seed, same proposals; another seed, others."""
+    def proposals(seed: int) -> list[dict]:
+        spec = parse(fake_spec("opt", search={"type": "optuna", "seed": seed}, budget={"num_samples": 4},
+                               space=OPTUNA_SPACE), check_config=False)
+        searcher = T._search_alg(spec)
+        searcher.set_search_properties(ACC, "max", T.param_space(spec))
+        return [searcher.suggest(f"t{i}") for i in range(4)]
+
+    assert proposals(1) == proposals(1) != proposals(2)
+
+
+def test_asha_stops_weak_trials(local_ray, tmp_path):
+    spec = parse(fake_spec("asha", iterations=8, sleep=0.15, space={"algo.anchor.tau": {"grid": [1.0, 0.9, 0.3, 0.2]}},
+                           scheduler={"type": "asha", "grace_period": 2, "reduction_factor": 2}))
+    assert spec.scheduler.max_t == 8  # trainer.iterations
+    out = T.run_sweep(spec, tmp_path / "asha", trainable=sweep_fakes.fake_run, report=False)
+    by_tau = {float(r["algo.anchor.tau"]): r for r in rows(out)}
+    assert by_tau[1.0]["status"] == "finished" and int(by_tau[1.0]["iterations"]) == 8
+    for weak in (0.3, 0.2):
+        assert by_tau[weak]["status"] == "stopped" and int(by_tau[weak]["iterations"]) < 8
+        assert max(executed(out)[by_tau[weak]["trial_id"]]) < 8
+
+
+def test_paused_trial_resumes_from_its_checkpoint(local_ray, tmp_path):
+    """A scheduler pauses the trial at iteration 3; it resumes from checkpoint 3 (iteration 4 next), not from 0."""
+    spec = parse(fake_spec("pause", iterations=6, sleep=0.2, space={"algo.anchor.tau": {"grid": [1.0]}}))
+    out = T.run_sweep(spec, tmp_path / "pause", trainable=sweep_fakes.fake_run, report=False,
+                      scheduler=sweep_fakes.pause_once_scheduler(3))
+    (row,) = rows(out)
+    assert row["status"] == "finished" and int(row["iterations"]) == 6
+    its = executed(out)[row["trial_id"]]
+    restart = next(i for i in range(1, len(its)) if its[i] <= its[i - 1])
+    assert its[:restart][:4] == [0, 1, 2, 3] and its[restart] == 4 and its[-1] == 6  # continued after checkpoint 3
+    assert record_iterations(out, row["trial_id"]) == list(range(7))  # the record was rewound, not duplicated
+
+
+def test_failing_trial_is_retried_from_its_last_checkpoint(local_ray, tmp_path):
+    """One trial fails once (retried from its checkpoint, finishes); one fails every time (failed); the sweep ends."""
+    spec = parse(fake_spec("fail", iterations=5, max_failures=1,
+                           space={"task.knobs": {"grid": [{"sleep": 0.1, "fail_at": 3, "fail_times": 1},
+                                                          {"sleep": 0.1, "fail_at": 3, "fail_times": 9}]}}))
+    out = T.run_sweep(spec, tmp_path / "fail", trainable=sweep_fakes.fake_run, report=False)
+    ok, bad = rows(out)
+    assert ok["status"] == "finished" and int(ok["iterations"]) == 5
+    # attempt 1 ran 0..2 and reported checkpoint 1 (checkpoint 2 was still held for iteration 2's report);
+    # attempt 2 continued at iteration 2
+    assert executed(out)[ok["trial_id"]] == [0, 1, 2, 2, 3, 4, 5]
+    assert record_iterations(out, ok["trial_id"]) == [0, 1, 2, 3, 4, 5]
+    assert bad["status"] == "failed" and "injected failure at iteration 3" in bad["error"]
+
+
+def test_killed_driver_resumes_without_rerunning_finished_trials(local_ray, tmp_path):
+    """SIGKILL the sweep driver while trial 3 of 4 runs; `--resume` finishes the sweep."""
+    spec_path = tmp_path / "kill.yaml"
+    spec_path.write_text(yaml.safe_dump(fake_spec("kill", iterations=6, sleep=0.3, max_concurrent=1,
+                                                  space={"algo.anchor.tau": {"grid": [1.0, 0.9, 0.8, 0.7]}})))
+    out = tmp_path / "kill"
+    code = f"import sweep_fakes; sweep_fakes.drive({str(spec_path)!r}, {str(out)!r}, {local_ray!r})"
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            runs = executed(out)
+            if len(runs) >= 3 and max(runs[list(runs)[2]]) >= 3:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the sweep did not reach its third trial")
+    finally:
+        driver.kill()
+        driver.wait()
+    done_before = {t: its for t, its in executed(out).items() if its and its[-1] == 6}
+    assert len(done_before) == 2
+    _wait_for_free_cpus(2)  # Ray ends the dead driver's trial actors
+    T.run_sweep(load(spec_path), out, resume=True, trainable=sweep_fakes.fake_run, report=False)
+    got = rows(out)
+    assert len(got) == 4 and {r["status"] for r in got} == {"finished"}
+    after = executed(out)
+    for t, its in done_before.items():
+        assert after[t] == its == [0, 1, 2, 3, 4, 5, 6]  # not re-run
+    interrupted = list(after)[2]  # first-seen order = launch order (one trial at a time)
+    its = after[interrupted]
+    restart = next(i for i in range(1, len(its)) if its[i] <= its[i - 1])
+    assert its[restart] > 1  # continued from a checkpoint, not from scratch
+    assert record_iterations(out, interrupted) == list(range(7))
+
+
+def _wait_for_free_cpus(n: int, timeout: float = 60) -> None:
+    import ray
+
+    deadline = time.time() + timeout
+    while ray.available_resources().get("CPU", 0) < n and time.time() < deadline:
+        time.sleep(0.5)
+
+
+# ------------------------------------------------------------------ the real trainer
+def test_real_runs_end_to_end(local_ray, tmp_path):
+    """Two smoke-sized trials through experiments.run.run: run records under the sweep, sweep.csv, report."""
+    spec = parse({"name": "e2e", "base": {"overrides": {"smoke": True, "logger": "none"}},
+                  "space": {"experiment": {"grid": ["math_tiny_grpo", "math_tiny_ema_pg"]}}, "metric": ACC,
+                  "max_concurrent": 2})
+    out = T.run_sweep(spec, tmp_path / "e2e")
+    got = rows(out)
+    assert {r["experiment"] for r in got} == {"math_tiny_grpo", "math_tiny_ema_pg"}
+    assert {r["status"] for r in got} == {"finished"} and {r["iterations"] for r in got} == {"2"}
+    for r in got:
+        run_dir = out / "runs" / r["run_id"]
+        assert (run_dir / "status").read_text().startswith("finished")
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert (cfg["sweep"]["name"], cfg["sweep"]["trial_id"], cfg["experiment"]) == ("e2e", r["trial_id"], r["experiment"])
+        assert r[f"final/{ACC}"] != "" and r[f"best/{ACC}"] != ""
+    assert (out / "sweep.yaml").is_file() and json.loads((out / "timing.json").read_text())["trials"] == 2
+    assert (out / "report" / "index.md").is_file()
+
+
+@pytest.mark.slow
+def test_real_trial_retried_from_its_checkpoint(local_ray, tmp_path):
+    """A real run that dies after iteration 2's metrics is retried from its reported checkpoint (iteration 1):
+    the trainer resumes exactly (iteration 2 next) and the run record holds every iteration once."""
+    spec = parse({"name": "e2e_retry", "base": {"experiment": "math_tiny_ema_pg", "overrides": {"smoke": True, "logger": "none"}},
+                  "space": {"seed": {"grid": [3]}}, "metric": ACC, "max_failures": 1})
+    out = T.run_sweep(spec, tmp_path / "retry", trainable=sweep_fakes.real_run_failing_once)
+    (row,) = rows(out)
+    assert row["status"] == "finished" and row["iterations"] == "2"
+    assert record_iterations(out, row["trial_id"]) == [0, 1, 2]
+    attempts = [json.loads(x) for x in (out / "attempts.jsonl").read_text().splitlines()]
+    assert attempts == [{"resume": False, "iterations": [0, 1, 2]}, {"resume": True, "iterations": [2]}]
+
+
+def smoke_variant(raw: dict) -> dict:
+    """A shipped spec cut to 2 smoke-sized trials: the first two values of its first entry (or 2 samples)."""
+    d = copy.deepcopy(raw)
+    d["base"].setdefault("overrides", {}).update({"smoke": True, "logger": "none"})
+    d["seeds"] = d.get("seeds", [0])[:1]
+    d["max_concurrent"], d["budget"] = 2, {"num_samples": 2 if d.get("search", "grid") != "grid" else 1}
+    for i, (key, entry) in enumerate(d["space"].items()):
+        kind, values = next(iter(entry.items()))
+        if kind in ("grid", "choice"):
+            d["space"][key] = {kind: values[:2] if i == 0 else values[:1]}
+    if isinstance(d.get("scheduler"), dict):
+        d["scheduler"]["grace_period"] = 1
+    return d
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["quickstart", "ablate_tau", "ablate_period", "ablate_k", "ablate_kl_type", "tune_optuna"])
+def test_shipped_spec_smoke_runs(local_ray, tmp_path, name):
+    """Every local-backend spec in sweeps/ runs end to end with 2 smoke-sized trials (style.md #11)."""
+    raw = yaml.safe_load((HERE.parents[1] / "sweeps" / f"{name}.yaml").read_text())
+    out = T.run_sweep(parse(smoke_variant(raw)), tmp_path / name, report=False)
+    got = rows(out)
+    assert len(got) == 2 and {r["status"] for r in got} <= {"finished", "stopped"}, got
