@@ -1,0 +1,53 @@
+"""Shared plotting helpers for the figure modules (no I/O)."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+
+from analysis import stats
+from analysis.figures import style
+
+
+def as_frame(rows: Any, required: Iterable[str]) -> pd.DataFrame:
+    """A DataFrame from a list of dicts or a DataFrame; raises if it is empty or lacks columns."""
+    df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    missing = [c for c in required if c not in df]
+    if df.empty or missing:
+        raise ValueError(f"need a non-empty table with columns {list(required)}; missing {missing}")
+    return df
+
+
+def band(ax: Axes, metrics: pd.DataFrame, metric: str, group: str, reps: int, seed: int,
+         scale: float = 1.0, linestyle: str = "-", label_suffix: str = "",
+         colors: dict[str, str] | None = None) -> int:
+    """Plot mean ± bootstrap-CI band over runs of `metric` vs iteration, one line per group.
+
+    Returns the number of lines drawn (0 when the metric was never logged)."""
+    if metric not in metrics or metrics[metric].notna().sum() == 0:
+        return 0
+    curves = stats.curve_bands(metrics, metric, group=group, reps=reps, seed=seed)
+    for i, (name, c) in enumerate(curves.groupby(group, sort=True)):
+        col = (colors or {}).get(name, style.color(i))
+        n = int(c["n"].max())
+        ax.plot(c["iteration"], c["mean"] * scale, linestyle=linestyle, color=col,
+                marker="o" if len(c) < 15 else None, ms=3,
+                label=f"{name}{label_suffix} (n={n})")
+        ok = c["ci_low"].notna()
+        ax.fill_between(c.loc[ok, "iteration"], c.loc[ok, "ci_low"] * scale,
+                        c.loc[ok, "ci_high"] * scale, color=col, alpha=style.CI_ALPHA, lw=0)
+    return curves[group].nunique()
+
+
+def group_colors(names: Iterable[str]) -> dict[str, str]:
+    """A stable colour per group name (sorted), shared across panels."""
+    return {n: style.color(i) for i, n in enumerate(sorted(set(names)))}
+
+
+def positive(values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(|values| floored at style.FLOOR for a log axis, mask of values at or below the floor)."""
+    v = np.abs(np.asarray(values, dtype=float))
+    at_floor = ~(v > style.FLOOR)
+    return np.where(at_floor, style.FLOOR, v), at_floor

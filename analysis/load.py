@@ -1,0 +1,357 @@
+"""Run records (disk or W&B) -> tidy pandas frames.
+
+    runs, metrics = load_runs("outputs/sweeps/quickstart")   # every record below the directory
+    evals = load_evals("outputs/sweeps/quickstart")          # per-problem outcomes (pass@k)
+    runs, metrics = load_wandb("emapg", group="quickstart")  # the same frames from W&B
+
+`runs` has one row per run: ids, `status` and the flags `complete` / `failed` / `truncated`,
+the knobs (experiment, task, seed, kl_*, anchor_*, sweep_name, ...), a derived `method`
+("GRPO" for a fixed anchor, "EMA-PG" for tau < 1) and `variant` (method + knobs), every scalar
+config entry as `cfg.<dotted.key>`, and `final/<metric>` / `best/<metric>` columns.
+`metrics` has one row per run x iteration with the knobs repeated, so figures can group by them.
+
+The format is docs/run-record.md. Nothing is dropped: failed, running and truncated runs are
+rows with flags, and callers decide what to include. A trailing partial JSON line (a crash while
+appending) is ignored and flags the run `truncated`; a corrupt line elsewhere is an error.
+If a resumed run re-logged iterations, the last line for each iteration wins (`n_relogged`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+import yaml
+
+# column -> dotted config paths tried in order (docs/run-record.md, "Keys used by analysis")
+KNOBS: dict[str, tuple[str, ...]] = {
+    "experiment": ("experiment", "experiment.name"),
+    "task": ("task.name", "task"),
+    "seed": ("seed",),
+    "backend": ("backend.name", "backend"),
+    "kl_type": ("algo.kl.type",),
+    "kl_k": ("algo.kl.k",),
+    "kl_tail": ("algo.kl.tail",),
+    "kl_coef": ("algo.kl.coef",),
+    "anchor_tau": ("algo.anchor.tau",),
+    "anchor_period": ("algo.anchor.period",),
+    "iterations": ("trainer.iterations",),
+    "sweep_name": ("sweep.name",),
+    "trial_id": ("sweep.trial_id",),
+}
+# knobs copied onto every metrics row so curves can be grouped without a join
+CURVE_KEYS = ("task", "experiment", "seed", "method", "variant", "kl_type", "kl_k", "kl_tail",
+              "anchor_tau", "anchor_period", "sweep_name", "status", "complete")
+RUN_ID_RE = re.compile(
+    r"^(?P<task>.+?)__(?P<experiment>.+?)__s(?P<seed>-?\d+)__(?P<timestamp>\d{8}-\d{6})$")
+WANDB_STATES = {"finished": "finished", "running": "running", "failed": "failed",
+                "crashed": "failed", "killed": "failed", "preempted": "failed"}
+
+
+@dataclass
+class RawRun:
+    """One run as read from its source, before it becomes frame rows (disk and W&B share it)."""
+
+    run_id: str
+    status: str
+    config: dict[str, Any]              # flattened, dotted keys
+    rows: list[dict[str, Any]]          # one dict per logged iteration, as read
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+    truncated: bool = False
+    location: str = ""                  # run directory or W&B path
+    source: str = "disk"                # "disk" | "wandb"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- reading one record on disk
+
+def find_run_dirs(root: str | Path) -> list[Path]:
+    """Every directory below `root` (or `root` itself) holding `config.yaml` + `status`."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"not a directory: {root}")
+    found = [p.parent for p in root.rglob("config.yaml") if (p.parent / "status").is_file()]
+    return sorted(d for d in found if "checkpoints" not in d.relative_to(root).parts)
+
+
+def read_jsonl(path: str | Path) -> tuple[list[dict[str, Any]], bool]:
+    """Rows of a JSONL file and whether a trailing partial line was ignored.
+
+    Raises ValueError for an unparsable line that is not the last one: that is corruption,
+    not an interrupted append.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return [], False
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    rows: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        try:
+            obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as err:
+            if i == len(lines) - 1:
+                return rows, True
+            raise ValueError(f"{path}:{i + 1}: corrupt JSON line ({err}); only the last line "
+                             "of a run record may be partial") from err
+        rows.append(obj)
+    return rows, False
+
+
+def read_status(path: str | Path) -> tuple[str, str | None]:
+    """(status, error) from a `status` file: first line is the status, the rest the error."""
+    text = Path(path).read_text(encoding="utf-8").strip()
+    if not text:
+        return "unknown", None
+    first, _, rest = text.partition("\n")
+    return first.strip(), (rest.strip() or None)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> {"a.b.c": value}; "/" in keys (W&B style) also becomes "."."""
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        name = f"{prefix}{str(key).replace('/', '.')}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def parse_run_id(run_id: str) -> dict[str, Any]:
+    """`{task}__{experiment}__s{seed}__{YYYYmmdd-HHMMSS}` -> its parts ({} if it does not parse)."""
+    m = RUN_ID_RE.match(run_id)
+    if not m:
+        return {}
+    parts: dict[str, Any] = m.groupdict()
+    parts["seed"] = int(parts["seed"])
+    return parts
+
+
+def read_run(run_dir: str | Path) -> RawRun:
+    """Read one run directory (docs/run-record.md) into a RawRun."""
+    run_dir = Path(run_dir)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+    if not isinstance(config, dict):
+        raise ValueError(f"{run_dir / 'config.yaml'}: expected a mapping, got {type(config)}")
+    summary = None
+    if (run_dir / "summary.json").is_file():
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    status, error = read_status(run_dir / "status")
+    rows, truncated = read_jsonl(run_dir / "metrics.jsonl")
+    run_id = (summary or {}).get("run_id") or run_dir.name
+    return RawRun(run_id=run_id, status=status, config=flatten(config), rows=rows,
+                  summary=summary, error=error, truncated=truncated, location=str(run_dir))
+
+
+# ---------------------------------------------------------------- RawRun -> frame rows
+
+def method_of(anchor_tau: Any) -> str:
+    """"EMA-PG" when the anchor moves (tau < 1), else "GRPO" (fixed reference)."""
+    return "EMA-PG" if _is_num(anchor_tau) and anchor_tau < 1 else "GRPO"
+
+
+def variant_of(knobs: dict[str, Any]) -> str:
+    """A readable label for one configuration, e.g. "EMA-PG (τ=0.9, P=10; topk k=32, unbiased)"."""
+    method = method_of(knobs.get("anchor_tau"))
+    kl = str(knobs.get("kl_type") or "?")
+    if "topk" in kl.lower():
+        kl += f" k={_fmt(knobs.get('kl_k'))}" + (f", {knobs['kl_tail']}" if knobs.get("kl_tail") else "")
+    if _is_num(knobs.get("kl_coef")) and knobs["kl_coef"] == 0:
+        kl = "no KL"
+    if method == "EMA-PG":
+        return f"EMA-PG (τ={_fmt(knobs.get('anchor_tau'))}, P={_fmt(knobs.get('anchor_period'))}; {kl})"
+    return f"GRPO ({kl})"
+
+
+def clean_rows(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Numeric metric rows sorted by iteration, the last line per iteration kept.
+
+    Returns (rows, n_relogged). Non-numeric values (W&B media, strings) and keys starting
+    with "_" are dropped; a row without "iteration" is skipped.
+    """
+    by_iter: dict[int, dict[str, Any]] = {}
+    n_seen = 0
+    for row in rows:
+        if row.get("iteration") is None:
+            continue
+        n_seen += 1
+        clean = {k: (float("nan") if v is None else v) for k, v in row.items()
+                 if not k.startswith("_") and (v is None or _is_num(v))}
+        clean["iteration"] = int(row["iteration"])
+        by_iter[clean["iteration"]] = clean
+    return [by_iter[i] for i in sorted(by_iter)], n_seen - len(by_iter)
+
+
+def final_and_best(rows: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Recompute summary.json's "final" (last logged value) and "best" (max) from metric rows."""
+    final: dict[str, float] = {}
+    best: dict[str, float] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key in ("iteration", "time_s") or not _is_num(value) or math.isnan(value):
+                continue
+            final[key] = float(value)
+            best[key] = max(best.get(key, -math.inf), float(value))
+    return final, best
+
+
+def run_row(raw: RawRun, rows: list[dict[str, Any]], n_relogged: int) -> dict[str, Any]:
+    """The `runs` frame row of one run."""
+    summary = raw.summary or {}
+    from_id = parse_run_id(raw.run_id)
+    knobs = {col: _lookup(raw.config, paths) for col, paths in KNOBS.items()}
+    for col in ("experiment", "task", "seed"):
+        if knobs[col] is None:
+            knobs[col] = summary.get(col, from_id.get(col))
+    final, best = final_and_best(rows)
+    final.update(summary.get("final") or {})
+    best.update(summary.get("best") or {})
+    row: dict[str, Any] = {
+        "run_id": raw.run_id, "status": raw.status, "complete": raw.status == "finished",
+        "failed": raw.status == "failed", "truncated": raw.truncated, "error": _error_line(raw.error),
+        **knobs, "method": method_of(knobs["anchor_tau"]), "variant": variant_of(knobs),
+        "config_hash": summary.get("config_hash"), "git_sha": summary.get("git_sha"),
+        "wandb_run_id": summary.get("wandb_run_id", raw.extra.get("wandb_run_id")),
+        "iterations_done": summary.get("iterations_done", rows[-1]["iteration"] if rows else None),
+        "wall_time_s": summary.get("wall_time_s", _last(rows, "time_s")),
+        "n_iterations_logged": len(rows), "n_relogged": n_relogged,
+        "metrics_source": "summary.json" if raw.summary else raw.extra.get("metrics_source", "metrics.jsonl"),
+        "source": raw.source, "location": raw.location,
+        **{k: v for k, v in raw.extra.items() if k not in ("wandb_run_id", "metrics_source")},
+    }
+    row.update({f"cfg.{k}": (v if _is_scalar(v) else repr(v)) for k, v in raw.config.items()})
+    row.update({f"final/{k}": v for k, v in sorted(final.items())})
+    row.update({f"best/{k}": v for k, v in sorted(best.items())})
+    return row
+
+
+def frames(raw_runs: Iterable[RawRun]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs_df, metrics_df) from RawRuns; see the module docstring for the columns."""
+    run_rows, metric_rows = [], []
+    for raw in raw_runs:
+        rows, n_relogged = clean_rows(raw.rows)
+        rr = run_row(raw, rows, n_relogged)
+        run_rows.append(rr)
+        ids = {"run_id": raw.run_id, **{k: rr[k] for k in CURVE_KEYS}}
+        metric_rows.extend({**ids, **r} for r in rows)
+    runs = pd.DataFrame.from_records(run_rows) if run_rows else pd.DataFrame(
+        columns=["run_id", "status", "complete", "failed", "truncated", *KNOBS, "method", "variant"])
+    metrics = pd.DataFrame.from_records(metric_rows) if metric_rows else pd.DataFrame(
+        columns=["run_id", *CURVE_KEYS, "iteration", "time_s"])
+    lead = ["run_id", *CURVE_KEYS, "iteration", "time_s"]
+    metrics = metrics[[c for c in lead if c in metrics] + sorted(c for c in metrics if c not in lead)]
+    return runs, metrics
+
+
+# ---------------------------------------------------------------- public loaders
+
+def load_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs_df, metrics_df) for every run record below `root` (a run, a sweep or a tree)."""
+    return frames(read_run(d) for d in find_run_dirs(root))
+
+
+def load_evals(root: str | Path) -> pd.DataFrame:
+    """Per-problem eval outcomes (evals.jsonl) of every run below `root`, one row per
+    (run, iteration, model, benchmark, problem); with task/variant/seed for grouping."""
+    parts = []
+    for run_dir in find_run_dirs(root):
+        rows, _ = read_jsonl(run_dir / "evals.jsonl")
+        if not rows:
+            continue
+        rr = run_row(read_run(run_dir), [], 0)
+        df = pd.DataFrame.from_records(rows)
+        ids = {c: rr[c] for c in ("run_id", "task", "variant", "method", "seed", "complete")}
+        parts.append(df.assign(**{c: v for c, v in ids.items() if c not in df}))
+    cols = ["run_id", "task", "variant", "method", "seed", "complete", "iteration", "model",
+            "benchmark", "problem_id", "n", "n_correct", "greedy_correct"]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+
+def load_wandb(project: str, entity: str | None = None, group: str | None = None,
+               tags: Iterable[str] | None = None, api: Any = None,
+               page_size: int = 1000) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs_df, metrics_df) from W&B, in the same shape as `load_runs`.
+
+    Full-resolution history through `run.scan_history()` (never the sampled `run.history()`);
+    "final"/"best" are recomputed from it (a W&B summary holds only the last value).
+    `tags`: keep runs carrying all of them. `api`: a `wandb.Api`-like object (tests pass a
+    stand-in); by default `wandb.Api()`, which needs network access to the W&B server.
+    """
+    if api is None:
+        import wandb  # lazy: only this loader needs it
+        api = wandb.Api()
+    tags = list(tags or [])
+    filters: dict[str, Any] = {}
+    if group:
+        filters["group"] = group
+    if tags:
+        filters["tags"] = {"$in": tags}
+    path = f"{entity}/{project}" if entity else project
+    raws = []
+    for run in api.runs(path, filters=filters or None):
+        if group and getattr(run, "group", None) != group:
+            continue
+        if tags and not set(tags) <= set(getattr(run, "tags", None) or []):
+            continue
+        raws.append(wandb_raw_run(run, path, page_size))
+    return frames(raws)
+
+
+def wandb_raw_run(run: Any, path: str, page_size: int = 1000) -> RawRun:
+    """One `wandb.apis.public.Run` -> RawRun (history through scan_history)."""
+    config = {k: v for k, v in flatten(dict(run.config or {})).items() if not k.startswith("_")}
+    rows = []
+    for rec in run.scan_history(page_size=page_size):
+        rec = dict(rec)
+        rec.setdefault("iteration", rec.get("_step"))
+        rec.setdefault("time_s", rec.get("_runtime"))
+        rows.append(rec)
+    state = str(getattr(run, "state", "unknown"))
+    return RawRun(
+        run_id=str(config.get("run_id") or getattr(run, "name", None) or run.id), status=WANDB_STATES.get(state, state),
+        config=config, rows=rows, source="wandb", location=f"{path}/{run.id}",
+        extra={"wandb_run_id": run.id, "wandb_state": state, "wandb_group": getattr(run, "group", None),
+               "wandb_tags": ",".join(getattr(run, "tags", None) or []),
+               "wandb_url": getattr(run, "url", None), "metrics_source": "wandb.scan_history"})
+
+
+# ---------------------------------------------------------------- small helpers
+
+def _lookup(flat: dict[str, Any], paths: tuple[str, ...]) -> Any:
+    for p in paths:
+        if p in flat and _is_scalar(flat[p]):
+            return flat[p]
+    return None
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float))  # bool included: JSON true/false logs as 1/0
+
+
+def _is_scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _last(rows: list[dict[str, Any]], key: str) -> Any:
+    vals = [r[key] for r in rows if _is_num(r.get(key)) and not math.isnan(r[key])]
+    return vals[-1] if vals else None
+
+
+def _error_line(text: str | None) -> str | None:
+    """The line that names the error: the last line of a traceback, else the first line."""
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    if not lines:
+        return None
+    return lines[-1] if lines[0].startswith("Traceback") else lines[0]

@@ -1,0 +1,73 @@
+"""The paper's reported numbers that could be verified, each with its source tag.
+
+Paper: Zhang & Ba, "EMA Policy Gradient", arXiv 2602.04417 v1. Only the numbers of
+/work/shared/spec/ema-pg.md §5.1 are here: the abstract's. The body's tables (every other
+benchmark, the averages, the ablations) were not readable, so a table cell that the paper's
+body would hold is shown as unavailable ("—"); nothing is filled in or guessed.
+
+Source tags (ema-pg.md, "Source tags"):
+    [ABS]  the paper abstract (api.emergentmind.com/papers/2602.04417, sciencestack.ai/paper/2602.04417)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SOURCES = {"[ABS]": "abstract of arXiv 2602.04417 v1 (ema-pg.md §5.1)"}
+SETTINGS = {
+    "math": "R1-distilled Qwen-1.5B (DeepScaleR recipe); math pass@1 protocol UNVERIFIED (ema-pg.md §4.3)",
+    "search": "Qwen2.5-3B base, Search-R1 style; greedy exact match (ema-pg.md §4.3)",
+}
+
+
+@dataclass(frozen=True)
+class PaperNumber:
+    """One reported accuracy, in percent."""
+
+    setting: str      # "math" | "search"
+    benchmark: str    # display name, as in analysis.tables
+    method: str       # "GRPO" | "EMA-PG"
+    value: float      # percent
+    source: str       # a key of SOURCES
+
+
+@dataclass(frozen=True)
+class PaperGain:
+    """A reported relative gain of EMA-PG over GRPO, in percent."""
+
+    setting: str
+    benchmark: str
+    gain: float       # percent, e.g. 33.3 for "+33.3%"
+    source: str
+    note: str
+
+
+NUMBERS: tuple[PaperNumber, ...] = (
+    PaperNumber("math", "OlympiadBench", "GRPO", 50.8, "[ABS]"),
+    PaperNumber("math", "OlympiadBench", "EMA-PG", 53.9, "[ABS]"),
+    PaperNumber("search", "HotpotQA", "GRPO", 29.7, "[ABS]"),
+    PaperNumber("search", "HotpotQA", "EMA-PG", 44.1, "[ABS]"),
+    PaperNumber("search", "2WikiMultiHopQA", "GRPO", 27.4, "[ABS]"),
+    PaperNumber("search", "2WikiMultiHopQA", "EMA-PG", 40.1, "[ABS]"),
+)
+
+GAINS: tuple[PaperGain, ...] = (
+    PaperGain("search", "Average", 33.3, "[ABS]",
+              "'+33.3% on average' over 7 QA datasets; whether it is the mean of per-dataset "
+              "gains or the gain of the means is UNVERIFIED"),
+)
+
+
+def number(setting: str, benchmark: str, method: str) -> PaperNumber | None:
+    """The reported number for one cell, or None when the paper's value is unavailable."""
+    for p in NUMBERS:
+        if (p.setting, p.benchmark, p.method) == (setting, benchmark, method):
+            return p
+    return None
+
+
+def gain(setting: str, benchmark: str) -> PaperGain | None:
+    """A relative gain the paper reports directly (not derived from two numbers), or None."""
+    for g in GAINS:
+        if (g.setting, g.benchmark) == (setting, benchmark):
+            return g
+    return None

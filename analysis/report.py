@@ -1,0 +1,280 @@
+"""`emapg report` and `emapg figures`: write every table and figure the data supports.
+
+    emapg report outputs/sweeps/quickstart --out outputs/report      # from run records
+    emapg figures --out outputs/figures                              # no training: audit records
+
+    paths = report("outputs/sweeps/quickstart", "outputs/report")    # -> list[Path]
+    paths = figures(ema_pg_core.audit.<fn>(), "outputs/figures")     # records are plain data
+
+What `report` writes (per task; whatever the logged metrics support, the rest is listed under
+"Skipped" in the index with the reason):
+    runs.{md,tex,csv}                    every run found, with status (failed / partial included)
+    <math|search>_main.{md,tex,csv}      paper-format table, the paper's verified numbers beside ours
+    <task>_main.{md,tex,csv}             the same layout for other tasks (math_tiny, search_tiny, ...)
+    <task>_passk.{md,tex,csv}            unbiased pass@k from evals.jsonl
+    <task>_curve_<benchmark>.{png,pdf}   policy and EMA-anchor eval vs iteration
+    <task>_dynamics.{png,pdf}            KL value and anchor drift vs iteration
+    <task>_ablation_<knob>.{png,pdf}     final metric vs τ / period / k / KL type
+    index.md, index.html, provenance.json
+
+Numbers use finished runs only unless `include_incomplete`; the excluded runs are listed.
+This module never imports the core: `main_figures` receives the audit records from its caller.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import pandas as pd
+import yaml
+
+from analysis import audit_schema, load, tables
+from analysis.figures import (ablation, anchor_horizon, estimator_bias, learning_curves,
+                              stability_region, style, topk_variance, training_dynamics)
+from analysis.index import Output, run_provenance, write_index
+
+ABLATION_KNOBS = ("anchor_tau", "anchor_period", "kl_k", "kl_type", "kl_tail", "kl_coef")
+
+
+# ---------------------------------------------------------------- emapg report
+
+def report(runs_dir: str | Path, out_dir: str | Path, *, reps: int = 1000, seed: int = 0,
+           include_incomplete: bool = False) -> list[Path]:
+    """Load every run record below `runs_dir` and write the report into `out_dir`."""
+    runs, metrics = load.load_runs(runs_dir)
+    if runs.empty:
+        raise ValueError(f"no run records (config.yaml + status) found below {runs_dir}")
+    return report_frames(runs, metrics, out_dir, evals=load.load_evals(runs_dir),
+                         source=str(runs_dir), sweep_metric=_sweep_metric(Path(runs_dir)),
+                         reps=reps, seed=seed, include_incomplete=include_incomplete)
+
+
+def report_frames(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path, *,
+                  evals: pd.DataFrame | None = None, source: str = "", sweep_metric: str | None = None,
+                  reps: int = 1000, seed: int = 0, include_incomplete: bool = False) -> list[Path]:
+    """The report from already loaded frames (analysis.load.load_runs or load_wandb)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    outputs: list[Output] = []
+    skipped: list[str] = []
+    rt = tables.runs_table(runs)
+    outputs.append(Output("table", "All runs with status", tables.write_table(rt, out),
+                          run_provenance(runs), rt.cells))
+    keep = runs if include_incomplete else runs[runs["complete"].astype(bool)]
+    excluded = runs[~runs["run_id"].isin(keep["run_id"])]
+    if len(excluded):
+        skipped.append(f"{len(excluded)} run(s) not finished, left out of every number: " + ", ".join(
+            f"{r.run_id} ({r.status}{', truncated' if r.truncated else ''})" for r in excluded.itertuples()))
+    for task in sorted(keep["task"].dropna().unique()):
+        # columns logged only by other tasks are all-NaN here: drop them
+        t_runs = keep[keep["task"] == task].dropna(axis=1, how="all")
+        t_metrics = metrics[metrics["run_id"].isin(t_runs["run_id"])].dropna(axis=1, how="all")
+        t_evals = evals[evals["run_id"].isin(t_runs["run_id"])] if evals is not None and not evals.empty else None
+        for build in (_task_tables, _task_curves, _task_ablations):
+            o, s = build(task, t_runs, t_metrics, t_evals, out, reps=reps, seed=seed,
+                         sweep_metric=sweep_metric)
+            outputs += o
+            skipped += s
+    n = runs["status"].value_counts().to_dict()
+    header = [f"Source: {source or 'frames'}; {len(runs)} runs found ("
+              + ", ".join(f"{v} {k}" for k, v in sorted(n.items())) + ").",
+              "Numbers use " + ("all runs, including unfinished ones." if include_incomplete
+                                else "finished runs only.") + f" Bootstrap: {reps} resamples, seed {seed}."]
+    index = write_index(out, "emapg report", header, outputs, skipped)
+    return [p for o in outputs for p in o.paths] + index
+
+
+def _task_tables(task, runs, metrics, evals, out, *, reps, seed, sweep_metric):
+    outputs, skipped = [], []
+    setting = task if task in tables.SETTINGS else None
+    prefix = "final/eval/"
+    has = tables.find_benchmarks(runs.columns, prefix, "acc") or tables.find_benchmarks(runs.columns, prefix, "pass@1")
+    if not has:
+        return [], [f"{task}: no eval metric logged; no result table"]
+    if setting:
+        weights = _problem_counts(evals, tables.SETTINGS[setting][0]) if evals is not None else None
+        t = tables.paper_table(runs, setting, weights=weights, reps=reps, seed=seed)
+        title = f"{task}: paper-format table, reproduced vs reported"
+    else:
+        t = tables.tiny_table(runs, task, reps=reps, seed=seed)
+        title = f"{task}: policy acc, pass@1 and anchor acc per method"
+    outputs.append(Output("table", title, tables.write_table(t, out), run_provenance(runs), t.cells))
+    if evals is not None and not evals.empty:
+        pk = tables.passk_table(evals, task, reps=reps, seed=seed)
+        outputs.append(Output("table", f"{task}: unbiased pass@k (policy and anchor)",
+                              tables.write_table(pk, out), run_provenance(runs), pk.cells))
+    else:
+        skipped.append(f"{task}: no evals.jsonl; no pass@k table")
+    return outputs, skipped
+
+
+def _task_curves(task, runs, metrics, evals, out, *, reps, seed, sweep_metric):
+    outputs, skipped = [], []
+    for bench, metric in _curve_metrics(task, metrics.columns).items():
+        anchor = metric.replace("eval/", "eval_anchor/", 1)
+        fig = learning_curves.make(metrics, metric, anchor, reps=reps, seed=seed,
+                                   title=f"{task} · {bench}: learning curves")
+        paths = style.save(fig, out / _stem(f"{task}_curve_{bench}"))
+        outputs.append(Output("figure", f"{task} · {bench}: {metric} (and the anchor's) vs iteration",
+                              paths, run_provenance(runs)))
+    if not outputs:
+        skipped.append(f"{task}: no eval metric logged; no learning curves")
+    try:
+        fig = training_dynamics.make(metrics, reps=reps, seed=seed, title=f"{task}: training dynamics")
+        outputs.append(Output("figure", f"{task}: KL value and anchor drift vs iteration",
+                              style.save(fig, out / _stem(f"{task}_dynamics")), run_provenance(runs)))
+    except ValueError as err:
+        skipped.append(f"{task}: dynamics figure: {err}")
+    return outputs, skipped
+
+
+def _task_ablations(task, runs, metrics, evals, out, *, reps, seed, sweep_metric):
+    outputs, skipped = [], []
+    runs, score = _with_score(task, runs, sweep_metric)
+    if score is None:
+        return [], [f"{task}: no final eval metric; no ablation figures"]
+    varying = [k for k in ABLATION_KNOBS if k in runs and runs[k].dropna().nunique() > 1]
+    for knob in varying:
+        others = [k for k in varying if k != knob]
+        hue = runs[others].apply(lambda r: ", ".join(f"{k}={_fmt(v)}" for k, v in r.items()), axis=1) \
+            if others else None
+        if hue is not None and runs.assign(_h=hue).groupby("_h")[knob].nunique().max() < 2:
+            skipped.append(f"{task}: {knob} never varies with the other knobs held fixed "
+                           f"({', '.join(others)} change with it); no ablation figure")
+            continue
+        sub = runs.assign(**({"other knobs": hue} if hue is not None else {}))
+        fig = ablation.make(sub, knob, score, hue="other knobs" if hue is not None else None,
+                            reps=reps, seed=seed, title=f"{task}: ablation over {style.knob_label(knob)}")
+        outputs.append(Output("figure", f"{task}: {score} vs {knob}",
+                              style.save(fig, out / _stem(f"{task}_ablation_{knob}")), run_provenance(runs)))
+    if not varying:
+        skipped.append(f"{task}: no knob varies across runs; no ablation figures")
+    return outputs, skipped
+
+
+# ---------------------------------------------------------------- emapg figures
+
+def figures(records: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
+    """Render the no-training outputs from audit records (analysis.audit_schema) into `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    frames = audit_schema.check_records(records)
+    meta = dict(records.get("meta") or {})
+    prov = {"computed by": "ema_pg_core.audit", **{k: v for k, v in meta.items()}}
+    outputs, skipped = [], []
+    if "estimator_table" in frames:
+        t = tables.estimator_table(frames["estimator_table"], meta)
+        outputs.append(Output("table", "KL estimators: bias, variance, memory", tables.write_table(t, out),
+                              prov, t.cells))
+    renderers = (("estimator_table", estimator_bias, "kl_estimators_bias", "KL estimators: |bias| and variance (log scale)"),
+                 ("topk_sweep", topk_variance, "topk_variance", "Top-k KL: variance vs k (sampled k=0 to exact k=|V|)"),
+                 ("anchor_horizon", anchor_horizon, "anchor_horizon", "EMA anchor half-life and time constant vs τ, period [ours]"),
+                 ("stability_grid", stability_region, "stability_region", f"EMA-PG stability region {style.OURS_TOY}"))
+    for key, module, stem, title in renderers:
+        if key not in frames:
+            skipped.append(f"{key}: not in the audit records")
+            continue
+        outputs.append(Output("figure", title, style.save(module.make(frames[key]), out / stem), prov))
+    index = write_index(out, "emapg figures (no training)",
+                        ["Computed by ema_pg_core.audit (exact enumeration / Monte Carlo); rendered by analysis."],
+                        outputs, skipped)
+    return [p for o in outputs for p in o.paths] + index
+
+
+# ---------------------------------------------------------------- CLI entry points
+
+def main_report(argv: Sequence[str] | None = None) -> int:
+    """`emapg report <runs-or-sweep-dir> --out <dir>`, or `emapg report --wandb-project P ...`."""
+    p = argparse.ArgumentParser(prog="emapg report", description=main_report.__doc__)
+    p.add_argument("runs_dir", nargs="?", help="a run, sweep or tree of run records")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--include-incomplete", action="store_true", help="use unfinished runs in numbers")
+    p.add_argument("--wandb-project", help="read runs from W&B instead of a directory (needs network)")
+    p.add_argument("--wandb-entity")
+    p.add_argument("--wandb-group")
+    p.add_argument("--wandb-tag", action="append", default=[])
+    a = p.parse_args(argv)
+    if bool(a.runs_dir) == bool(a.wandb_project):
+        p.error("give exactly one of RUNS_DIR or --wandb-project")
+    kw = dict(reps=a.reps, seed=a.seed, include_incomplete=a.include_incomplete)
+    if a.runs_dir:
+        paths = report(a.runs_dir, a.out, **kw)
+    else:
+        runs, metrics = load.load_wandb(a.wandb_project, a.wandb_entity, a.wandb_group, a.wandb_tag)
+        if runs.empty:
+            p.error(f"no W&B runs matched project={a.wandb_project} group={a.wandb_group} tags={a.wandb_tag}")
+        paths = report_frames(runs, metrics, a.out, source=f"W&B {a.wandb_project}", **kw)
+    print(f"wrote {len(paths)} files; open {Path(a.out) / 'index.html'}")
+    return 0
+
+
+def main_figures(argv: Sequence[str] | None,
+                 audit_fn: Callable[[], Mapping[str, Any]] | Mapping[str, Any]) -> int:
+    """`emapg figures --out <dir>`. `audit_fn`: the core's audit function, called with no
+    arguments (bind options with functools.partial), or the records themselves."""
+    p = argparse.ArgumentParser(prog="emapg figures", description="Figures that need no training.")
+    p.add_argument("--out", required=True, help="output directory")
+    a = p.parse_args(argv)
+    records = audit_fn() if callable(audit_fn) else audit_fn
+    paths = figures(records, a.out)
+    print(f"wrote {len(paths)} files; open {Path(a.out) / 'index.html'}")
+    return 0
+
+
+# ---------------------------------------------------------------- helpers
+
+def _curve_metrics(task: str, columns: Sequence[str]) -> dict[str, str]:
+    """benchmark -> the eval metric to plot (pass@1 first for the math setting, else acc)."""
+    prefer = ("pass@1", "acc") if task == "math" else ("acc", "pass@1")
+    found: dict[str, str] = {}
+    for metric in reversed(prefer):
+        for col in columns:
+            m = re.match(r"^eval/(?P<b>[^/]+)/" + re.escape(metric) + "$", col)
+            if m:
+                found[m["b"]] = col
+    return dict(sorted(found.items()))
+
+
+def _with_score(task: str, runs: pd.DataFrame, sweep_metric: str | None) -> tuple[pd.DataFrame, str | None]:
+    """The per-run score for ablations: the sweep's metric when logged, else the final eval
+    metric (mean over benchmarks when there are several)."""
+    if sweep_metric and f"final/{sweep_metric}" in runs:
+        return runs, f"final/{sweep_metric}"
+    cols = [c for c in runs.columns if c.startswith("final/")]
+    bench = {b: f"final/{c}" for b, c in _curve_metrics(task, [c[6:] for c in cols]).items()}
+    if not bench:
+        return runs, None
+    if len(bench) == 1:
+        return runs, next(iter(bench.values()))
+    metric = next(iter(bench.values())).rsplit("/", 1)[1]
+    name = f"final/eval/mean of {len(bench)} benchmarks/{metric}"
+    return runs.assign(**{name: runs[list(bench.values())].mean(axis=1, skipna=False)}), name
+
+
+def _problem_counts(evals: pd.DataFrame, benchmarks: Sequence[str]) -> dict[str, float] | None:
+    """Problems per benchmark (display names), when evals cover every benchmark; else None."""
+    counts = {tables.ALIASES.get(tables.normalise(b), b): n
+              for b, n in evals.groupby("benchmark")["problem_id"].nunique().items()}
+    return {b: float(counts[b]) for b in benchmarks} if all(b in counts for b in benchmarks) else None
+
+
+def _sweep_metric(root: Path) -> str | None:
+    """The `metric` of a sweep directory's sweep.yaml, if any."""
+    spec = root / "sweep.yaml"
+    if not spec.is_file():
+        return None
+    data = yaml.safe_load(spec.read_text(encoding="utf-8")) or {}
+    metric = data.get("metric") if isinstance(data, dict) else None
+    return metric if isinstance(metric, str) else None
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _stem(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", name)
