@@ -17,8 +17,9 @@ def row_label(r: Any) -> str:
     extra = [r["direction"]]
     if r.get("k") is not None and r["k"] == r["k"]:
         extra.append(f"k={int(r['k'])}")
-    if r.get("tail"):
-        extra.append(str(r["tail"]))
+    tail = r.get("tail")
+    if isinstance(tail, str) and tail:  # None / NaN (from a frame) = no tail
+        extra.append(tail)
     return f"{r['estimator']} ({', '.join(extra)})"
 
 

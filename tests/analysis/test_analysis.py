@@ -129,3 +129,27 @@ def test_analysis_never_imports_torch_or_the_core():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+# ------------------------------------------------------------------ tables (golden)
+def test_tables_against_a_small_golden_frame(tmp_path):
+    import pandas as pd
+
+    from analysis import tables
+
+    df = pd.DataFrame({"method": ["GRPO", "EMA-PG"], "acc": ["41.0 ± 2.0", "47.5 ± 1.5"]})
+    assert tables.to_markdown(df) == "| method | acc |\n|---|---|\n| GRPO | 41.0 ± 2.0 |\n| EMA-PG | 47.5 ± 1.5 |\n"
+    tex = tables.to_latex(df, caption="c", label="t")
+    assert tex.splitlines()[5:13] == ["\\begin{tabular}{lr}", "\\toprule", "method & acc \\\\", "\\midrule",
+                                      "GRPO & 41.0 $\\pm$ 2.0 \\\\", "EMA-PG & 47.5 $\\pm$ 1.5 \\\\", "\\bottomrule",
+                                      "\\end{tabular}"]
+    path = tables.to_csv(df, tmp_path / "t.csv")
+    assert pd.read_csv(path).equals(df)
+
+
+def test_paper_numbers_are_only_the_verified_ones():
+    from analysis import paper
+
+    text = repr(vars(paper))
+    for number in ("50.8", "53.9", "29.7", "44.1", "27.4", "40.1"):
+        assert number in text
