@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from experiments.tasks import Example, make_knobs
+from experiments.tasks.math_tiny import extract_answer as last_boxed
 
 NAME = "math"
 STOP_STRINGS: tuple[str, ...] = ()
@@ -174,14 +175,7 @@ def extract_answer(response: str, require_think: bool = True) -> str | None:
         if THINK_END not in response:
             return None
         response = response.rsplit(THINK_END, 1)[1]
-    start = response.rfind("\\boxed{")
-    if start == -1:
-        return None
-    depth, i = 1, start + len("\\boxed{")
-    while i < len(response) and depth:
-        depth += {"{": 1, "}": -1}.get(response[i], 0)
-        i += 1
-    answer = response[start + len("\\boxed{"): i - 1].strip() if depth == 0 else None
+    answer = last_boxed(response)
     return answer if answer and len(answer) <= MAX_ANSWER_CHARS else None
 
 
