@@ -5,7 +5,8 @@
     runs, metrics = load_wandb("emapg", group="quickstart")  # the same frames from W&B
 
 `runs` has one row per run: ids, `status` and the flags `complete` / `failed` / `truncated`,
-the knobs (experiment, task, seed, kl_*, anchor_*, sweep_name, ...), a derived `method`
+the knobs (experiment, task, seed, kl_*, anchor_*, sweep_name, ...; None where a knob has no
+effect, see `mask_inert_knobs`), a derived `method`
 ("GRPO" for a fixed anchor, "EMA-PG" for tau < 1) and `variant` (method + knobs), every scalar
 config entry as `cfg.<dotted.key>`, and `final/<metric>` / `best/<metric>` columns.
 `metrics` has one row per run x iteration with the knobs repeated, so figures can group by them.
@@ -171,6 +172,18 @@ def variant_of(knobs: dict[str, Any]) -> str:
     return f"GRPO ({kl})"
 
 
+def mask_inert_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
+    """Knobs that cannot affect the run become None, so they neither split nor pool groups:
+    kl_k / kl_tail unless the KL type is a Top-k one, anchor_period when the anchor is fixed.
+    The configured values stay in the `cfg.*` columns."""
+    out = dict(knobs)
+    if out.get("kl_type") is not None and "topk" not in str(out["kl_type"]).lower():
+        out["kl_k"] = out["kl_tail"] = None
+    if method_of(out.get("anchor_tau")) == "GRPO" and out.get("anchor_tau") is not None:
+        out["anchor_period"] = None
+    return out
+
+
 def clean_rows(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
     """Numeric metric rows sorted by iteration, the last line per iteration kept.
 
@@ -211,6 +224,7 @@ def run_row(raw: RawRun, rows: list[dict[str, Any]], n_relogged: int) -> dict[st
     for col in ("experiment", "task", "seed"):
         if knobs[col] is None:
             knobs[col] = summary.get(col, from_id.get(col))
+    knobs = mask_inert_knobs(knobs)
     final, best = final_and_best(rows)
     final.update(summary.get("final") or {})
     best.update(summary.get("best") or {})
@@ -269,7 +283,8 @@ def load_evals(root: str | Path) -> pd.DataFrame:
         rr = run_row(read_run(run_dir), [], 0)
         df = pd.DataFrame.from_records(rows)
         ids = {c: rr[c] for c in ("run_id", "task", "variant", "method", "seed", "complete")}
-        parts.append(df.assign(**{c: v for c, v in ids.items() if c not in df}))
+        df = df.assign(**{c: v for c, v in ids.items() if c not in df})
+        parts.append(df[[*ids, *(c for c in df if c not in ids)]])
     cols = ["run_id", "task", "variant", "method", "seed", "complete", "iteration", "model",
             "benchmark", "problem_id", "n", "n_correct", "greedy_correct"]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
@@ -316,7 +331,8 @@ def wandb_raw_run(run: Any, path: str, page_size: int = 1000) -> RawRun:
         rows.append(rec)
     state = str(getattr(run, "state", "unknown"))
     return RawRun(
-        run_id=str(config.get("run_id") or getattr(run, "name", None) or run.id), status=WANDB_STATES.get(state, state),
+        run_id=str(config.get("run_id") or getattr(run, "name", None) or run.id),
+        status=WANDB_STATES.get(state, state),
         config=config, rows=rows, source="wandb", location=f"{path}/{run.id}",
         extra={"wandb_run_id": run.id, "wandb_state": state, "wandb_group": getattr(run, "group", None),
                "wandb_tags": ",".join(getattr(run, "tags", None) or []),

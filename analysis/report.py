@@ -35,7 +35,15 @@ from analysis.figures import (ablation, anchor_horizon, estimator_bias, learning
                               stability_region, style, topk_variance, training_dynamics)
 from analysis.index import Output, run_provenance, write_index
 
+Built = tuple[list[Output], list[str]]   # (outputs written, notes on what was skipped and why)
 ABLATION_KNOBS = ("anchor_tau", "anchor_period", "kl_k", "kl_type", "kl_tail", "kl_coef")
+# audit record key -> (figure module, file stem, index title)
+FIGURE_RENDERERS = (
+    ("estimator_table", estimator_bias, "kl_estimators_bias", "KL estimators: |bias| and variance (log scale)"),
+    ("topk_sweep", topk_variance, "topk_variance", "Top-k KL: variance and bias vs k (k=0 sampled to k=|V| exact)"),
+    ("anchor_horizon", anchor_horizon, "anchor_horizon", "EMA anchor half-life and time constant vs τ, period [ours]"),
+    ("stability_grid", stability_region, "stability_region", f"EMA-PG stability region {style.OURS_TOY}"),
+)
 
 
 # ---------------------------------------------------------------- emapg report
@@ -67,6 +75,10 @@ def report_frames(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path
     if len(excluded):
         skipped.append(f"{len(excluded)} run(s) not finished, left out of every number: " + ", ".join(
             f"{r.run_id} ({r.status}{', truncated' if r.truncated else ''})" for r in excluded.itertuples()))
+    no_task = keep[keep["task"].isna()]
+    if len(no_task):
+        skipped.append(f"{len(no_task)} run(s) without task.name in config.yaml or summary.json, in no "
+                       "per-task output: " + ", ".join(no_task["run_id"]))
     for task in sorted(keep["task"].dropna().unique()):
         # columns logged only by other tasks are all-NaN here: drop them
         t_runs = keep[keep["task"] == task].dropna(axis=1, how="all")
@@ -86,11 +98,13 @@ def report_frames(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path
     return [p for o in outputs for p in o.paths] + index
 
 
-def _task_tables(task, runs, metrics, evals, out, *, reps, seed, sweep_metric):
+def _task_tables(task: str, runs: pd.DataFrame, metrics: pd.DataFrame, evals: pd.DataFrame | None,
+                 out: Path, *, reps: int, seed: int, sweep_metric: str | None) -> Built:
     outputs, skipped = [], []
     setting = task if task in tables.SETTINGS else None
     prefix = "final/eval/"
-    has = tables.find_benchmarks(runs.columns, prefix, "acc") or tables.find_benchmarks(runs.columns, prefix, "pass@1")
+    has = (tables.find_benchmarks(runs.columns, prefix, "acc")
+           or tables.find_benchmarks(runs.columns, prefix, "pass@1"))
     if not has:
         return [], [f"{task}: no eval metric logged; no result table"]
     if setting:
@@ -110,7 +124,8 @@ def _task_tables(task, runs, metrics, evals, out, *, reps, seed, sweep_metric):
     return outputs, skipped
 
 
-def _task_curves(task, runs, metrics, evals, out, *, reps, seed, sweep_metric):
+def _task_curves(task: str, runs: pd.DataFrame, metrics: pd.DataFrame, evals: pd.DataFrame | None,
+                 out: Path, *, reps: int, seed: int, sweep_metric: str | None) -> Built:
     outputs, skipped = [], []
     for bench, metric in _curve_metrics(task, metrics.columns).items():
         anchor = metric.replace("eval/", "eval_anchor/", 1)
@@ -130,7 +145,8 @@ def _task_curves(task, runs, metrics, evals, out, *, reps, seed, sweep_metric):
     return outputs, skipped
 
 
-def _task_ablations(task, runs, metrics, evals, out, *, reps, seed, sweep_metric):
+def _task_ablations(task: str, runs: pd.DataFrame, metrics: pd.DataFrame, evals: pd.DataFrame | None,
+                    out: Path, *, reps: int, seed: int, sweep_metric: str | None) -> Built:
     outputs, skipped = [], []
     runs, score = _with_score(task, runs, sweep_metric)
     if score is None:
@@ -146,7 +162,7 @@ def _task_ablations(task, runs, metrics, evals, out, *, reps, seed, sweep_metric
             continue
         sub = runs.assign(**({"other knobs": hue} if hue is not None else {}))
         fig = ablation.make(sub, knob, score, hue="other knobs" if hue is not None else None,
-                            reps=reps, seed=seed, title=f"{task}: ablation over {style.knob_label(knob)}")
+                            reps=reps, seed=seed, title=f"{task}: ablation over the {style.knob_name(knob)}")
         outputs.append(Output("figure", f"{task}: {score} vs {knob}",
                               style.save(fig, out / _stem(f"{task}_ablation_{knob}")), run_provenance(runs)))
     if not varying:
@@ -168,11 +184,7 @@ def figures(records: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
         t = tables.estimator_table(frames["estimator_table"], meta)
         outputs.append(Output("table", "KL estimators: bias, variance, memory", tables.write_table(t, out),
                               prov, t.cells))
-    renderers = (("estimator_table", estimator_bias, "kl_estimators_bias", "KL estimators: |bias| and variance (log scale)"),
-                 ("topk_sweep", topk_variance, "topk_variance", "Top-k KL: variance vs k (sampled k=0 to exact k=|V|)"),
-                 ("anchor_horizon", anchor_horizon, "anchor_horizon", "EMA anchor half-life and time constant vs τ, period [ours]"),
-                 ("stability_grid", stability_region, "stability_region", f"EMA-PG stability region {style.OURS_TOY}"))
-    for key, module, stem, title in renderers:
+    for key, module, stem, title in FIGURE_RENDERERS:
         if key not in frames:
             skipped.append(f"{key}: not in the audit records")
             continue
@@ -201,13 +213,17 @@ def main_report(argv: Sequence[str] | None = None) -> int:
     if bool(a.runs_dir) == bool(a.wandb_project):
         p.error("give exactly one of RUNS_DIR or --wandb-project")
     kw = dict(reps=a.reps, seed=a.seed, include_incomplete=a.include_incomplete)
-    if a.runs_dir:
-        paths = report(a.runs_dir, a.out, **kw)
-    else:
-        runs, metrics = load.load_wandb(a.wandb_project, a.wandb_entity, a.wandb_group, a.wandb_tag)
-        if runs.empty:
-            p.error(f"no W&B runs matched project={a.wandb_project} group={a.wandb_group} tags={a.wandb_tag}")
-        paths = report_frames(runs, metrics, a.out, source=f"W&B {a.wandb_project}", **kw)
+    try:
+        if a.runs_dir:
+            paths = report(a.runs_dir, a.out, **kw)
+        else:
+            runs, metrics = load.load_wandb(a.wandb_project, a.wandb_entity, a.wandb_group, a.wandb_tag)
+            if runs.empty:
+                raise ValueError(f"no W&B runs matched project={a.wandb_project} group={a.wandb_group} "
+                                 f"tags={a.wandb_tag}")
+            paths = report_frames(runs, metrics, a.out, source=f"W&B {a.wandb_project}", **kw)
+    except (FileNotFoundError, ValueError) as err:   # no records, corrupt record: a clear message
+        p.error(str(err))
     print(f"wrote {len(paths)} files; open {Path(a.out) / 'index.html'}")
     return 0
 

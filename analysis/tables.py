@@ -102,7 +102,7 @@ _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"
           "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
           "±": r"$\pm$", "—": "---", "τ": r"$\tau$", "η": r"$\eta$", "α": r"$\alpha$",
           "β": r"$\beta$", "≤": r"$\le$", "≥": r"$\ge$", "✓": r"$\checkmark$", "✗": r"$\times$",
-          "×": r"$\times$", "|": r"$|$", "‖": r"$\|$", "θ": r"$\theta$"}
+          "×": r"$\times$", "|": r"$|$", "<": r"$<$", ">": r"$>$", "‖": r"$\|$", "θ": r"$\theta$"}
 
 
 def latex_escape(text: Any) -> str:
@@ -151,7 +151,8 @@ def ours_rows(runs: pd.DataFrame, columns: dict[str, str], group: str, reps: int
               scale: float = 100.0) -> tuple[list[tuple[str, dict[str, str]]], list[dict]]:
     """One display row per group (mean ± CI over its runs) for each (label -> runs column)."""
     rows, numbers = [], []
-    for name, sub in runs.groupby(group, sort=True):
+    groups = sorted(runs.groupby(group), key=lambda t: (not str(t[0]).startswith("GRPO"), str(t[0])))
+    for name, sub in groups:  # the GRPO baseline first
         label = f"{name} — ours, {len(sub)} seed{'s' if len(sub) != 1 else ''}"
         cells = {}
         for col_label, col in columns.items():
@@ -228,7 +229,8 @@ def paper_rows(setting: str, columns: Sequence[str]) -> tuple[list[tuple[str, di
         rows.append((f"{method} — paper", cells))
     cells = {}
     for c in columns:
-        reported, a, b = paper.gain(setting, c), paper.number(setting, c, "EMA-PG"), paper.number(setting, c, "GRPO")
+        reported = paper.gain(setting, c)
+        a, b = paper.number(setting, c, "EMA-PG"), paper.number(setting, c, "GRPO")
         if reported:
             cells[c], value, src = f"{reported.gain:+.1f}% {reported.source}", reported.gain, reported.source
         elif a and b:  # derived from two reported numbers: our arithmetic on the paper's values
@@ -354,7 +356,8 @@ def estimator_table(rows: pd.DataFrame, meta: dict[str, Any] | None = None) -> T
     cells = pd.DataFrame({label: [show(c, v) for v in rows[c]] if c in rows else [NA] * len(rows)
                           for c, label in ESTIMATOR_COLUMNS.items()})
     cells = cells.set_index("estimator")
-    ctx = ", ".join(f"{k}={v}" for k, v in (meta or {}).items() if not isinstance(v, (dict, list)))
+    ctx = ", ".join(f"{k}={v}" for k, v in (meta or {}).items()
+                    if not isinstance(v, (dict, list)) and not k.startswith("stability"))
     caption = ("Token-level KL estimators: bias of the value and of the gradient, variance of each, "
                "and memory per token, as computed by ema_pg_core.audit" + (f" ({ctx})" if ctx else "")
                + ". ✓/✗: the audit's unbiasedness verdict; — = not reported.")

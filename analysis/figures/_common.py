@@ -32,9 +32,10 @@ def band(ax: Axes, metrics: pd.DataFrame, metric: str, group: str, reps: int, se
     for i, (name, c) in enumerate(curves.groupby(group, sort=True)):
         col = (colors or {}).get(name, style.color(i))
         n = int(c["n"].max())
+        # later lines thinner, with their own marker, so identical curves stay visible
         ax.plot(c["iteration"], c["mean"] * scale, linestyle=linestyle, color=col,
-                marker="o" if len(c) < 15 else None, ms=3,
-                label=f"{name}{label_suffix} (n={n})")
+                lw=max(1.0, 2.6 - 0.6 * i), marker=style.MARKERS[i % len(style.MARKERS)],
+                ms=4 if len(c) < 30 else 0, zorder=3 + i, label=f"{name}{label_suffix} (n={n})")
         ok = c["ci_low"].notna()
         ax.fill_between(c.loc[ok, "iteration"], c.loc[ok, "ci_low"] * scale,
                         c.loc[ok, "ci_high"] * scale, color=col, alpha=style.CI_ALPHA, lw=0)

@@ -35,8 +35,7 @@ def make(runs: pd.DataFrame, knob: str, metric: str, *, hue: str | None = None,
     fig, (ax,) = style.new_figure(6.4, 4.2)
     (_bars if categorical else _lines)(ax, summary, knob, scale)
     ax.set(xlabel=style.knob_label(knob), ylabel=label)
-    if hue or categorical:
-        ax.legend(loc="best", frameon=False, title=hue)
+    ax.legend(loc="best", frameon=False, title=hue)
     return style.finish(fig, title, "error bars: 95% bootstrap CI over seeds; n = runs per point")
 
 
@@ -46,12 +45,17 @@ def _yerr(s: pd.DataFrame, scale: float) -> np.ndarray:
     return np.vstack([lo, hi]) * scale
 
 
+def _n_range(n: pd.Series) -> str:
+    lo, hi = int(n.min()), int(n.max())
+    return f"n={lo}" if lo == hi else f"n={lo}–{hi}"
+
+
 def _lines(ax: Axes, summary: pd.DataFrame, knob: str, scale: float) -> None:
     colors = _common.group_colors(summary["_hue"])
     for name, s in summary.groupby("_hue", sort=True):
         s = s.sort_values(knob)
         ax.errorbar(s[knob], s["mean"] * scale, yerr=_yerr(s, scale), color=colors[name],
-                    marker="o", capsize=3, label=f"{name} (n={int(s['n'].min())}–{int(s['n'].max())})")
+                    marker="o", capsize=3, label=f"{name} ({_n_range(s['n'])})")
     values = summary[knob].astype(float)
     if values.min() >= 0 and values.max() / max(values[values > 0].min(), 1e-12) > 50:
         ax.set_xscale("symlog", linthresh=max(values[values > 0].min(), 1e-12))
@@ -71,4 +75,5 @@ def _bars(ax: Axes, summary: pd.DataFrame, knob: str, scale: float) -> None:
                       color=colors[name], label=str(name))
         ax.bar_label(bars, labels=[f"n={int(n)}" for n in s["n"]], fontsize=7, padding=2)
     ax.set_xticks(range(len(cats)))
-    ax.set_xticklabels(cats, rotation=20 if max(map(len, cats)) > 8 else 0, ha="right" if max(map(len, cats)) > 8 else "center")
+    long = max(map(len, cats)) > 8
+    ax.set_xticklabels(cats, rotation=20 if long else 0, ha="right" if long else "center")

@@ -6,10 +6,12 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from analysis.figures import _common, style
 
 REQUIRED = ("estimator", "direction", "tail", "k", "value_bias", "grad_bias", "variance", "grad_variance")
+MARK = {True: "✓", False: "✗"}
 
 
 def row_label(r: Any) -> str:
@@ -20,7 +22,10 @@ def row_label(r: Any) -> str:
     tail = r.get("tail")
     if isinstance(tail, str) and tail:  # None / NaN (from a frame) = no tail
         extra.append(tail)
-    return f"{r['estimator']} ({', '.join(extra)})"
+    label = f"{r['estimator']} ({', '.join(extra)})"
+    if "value_unbiased" in r and "grad_unbiased" in r:  # the audit's verdicts
+        label += f"  value {MARK[bool(r['value_unbiased'])]} grad {MARK[bool(r['grad_unbiased'])]}"
+    return label
 
 
 @style.styled
@@ -29,21 +34,26 @@ def make(rows: Any, *, title: str | None = None, note: str | None = None) -> Fig
     df = _common.as_frame(rows, REQUIRED)
     labels = [row_label(r) for r in df.to_dict("records")]
     fig, axs = style.new_figure(11.0, 0.32 * len(df) + 1.9, 1, 2, sharey=True)
-    _pair(axs[0], labels, df["value_bias"], df["grad_bias"], "|bias| (nats; log scale)", "bias")
-    _pair(axs[1], labels, df["variance"], df["grad_variance"],
-          "variance per token (nats²; log scale)", "variance")
+    _pair(axs[0], labels, df["value_bias"], df["grad_bias"], "|bias| (nats; log scale)")
+    _pair(axs[1], labels, df["variance"], df["grad_variance"], "variance per token (nats²; log scale)")
     axs[0].invert_yaxis()
-    foot = f"hatched: exactly 0 or below {style.FLOOR:.0e} (drawn at the floor)"
-    return style.finish(fig, title or "KL estimators: bias and variance of the value and the gradient",
-                        foot + (f"; {note}" if note else ""))
+    axs[0].set_ylabel("estimator (direction, k, tail)  audit verdicts")
+    style.finish(fig, title or "KL estimators: bias and variance of the value and of the gradient")
+    fig.legend(handles=[Patch(color=style.color(0), label="value"),
+                        Patch(color=style.color(1), label="gradient"),
+                        Patch(facecolor="white", edgecolor="0.3", hatch="///",
+                              label=f"exactly 0 or < {style.FLOOR:.0e} (drawn at the floor)")],
+               loc="outside lower center", ncols=3, frameon=False, title_fontsize=8,
+               title="bias: |E[estimate] − exact| as reported by the audit; ✓ / ✗: the audit's "
+                     "unbiasedness verdict" + (f"; {note}" if note else ""))
+    return fig
 
 
-def _pair(ax: Axes, labels: list[str], value: Any, grad: Any, xlabel: str, what: str) -> None:
+def _pair(ax: Axes, labels: list[str], value: Any, grad: Any, xlabel: str) -> None:
     y = np.arange(len(labels))
-    for off, vals, name, col in ((-0.2, value, f"value {what}", style.color(0)),
-                                 (0.2, grad, f"gradient {what}", style.color(1))):
+    for off, vals, col in ((-0.2, value, style.color(0)), (0.2, grad, style.color(1))):
         v, floor = _common.positive(vals)
-        bars = ax.barh(y + off, v, 0.4, color=col, label=name)
+        bars = ax.barh(y + off, v, 0.4, color=col)
         for b, f in zip(bars, floor):
             if f:
                 b.set_hatch("///")
@@ -52,4 +62,3 @@ def _pair(ax: Axes, labels: list[str], value: Any, grad: Any, xlabel: str, what:
     ax.set_yticks(y)
     ax.set_yticklabels(labels)
     ax.set_xlabel(xlabel)
-    ax.legend(loc="lower right", frameon=False)

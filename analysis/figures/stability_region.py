@@ -42,8 +42,12 @@ def make(rows: Any, *, title: str | None = None, note: str | None = None) -> Fig
         ax.set_visible(False)
     for ax in axs[:len(etas)]:
         ax.set(xlabel="step size α (unitless)", ylabel="β·c: KL coef × curvature (unitless)")
-    axs[0].legend(handles=[Patch(color=style.color(2), label="stable (spectral radius < 1)"),
-                           Patch(color="#d9d9d9", label="unstable")], loc="upper right", fontsize=8)
-    return style.finish(fig, title or f"EMA-PG stability region {style.OURS_TOY}",
-                        "θ' = θ + α[a(θ*−θ) − βc(θ−θ_ema)],  θ_ema' = ηθ_ema + (1−η)θ'"
-                        + (f"; {note}" if note else ""))
+        ax.tick_params(labelbottom=True, labelleft=True)   # shared axes hide inner labels
+    model = "θ' = θ + α[a(θ*−θ) − βc(θ−θ_ema)],  θ_ema' = ηθ_ema + (1−η)θ'"
+    if "a" in df and df["a"].nunique() == 1:
+        model += f",  a = {df['a'].iloc[0]:g}"
+    style.finish(fig, title or f"EMA-PG stability region {style.OURS_TOY}")
+    fig.legend(handles=[Patch(color=style.color(2), label="stable (spectral radius < 1)"),
+                        Patch(color="#d9d9d9", label="unstable")], loc="outside lower center", ncols=2,
+               frameon=False, title=model + (f"; {note}" if note else ""), title_fontsize=8)
+    return fig

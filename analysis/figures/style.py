@@ -22,11 +22,12 @@ RC = {
 }
 # colour-blind-safe (Okabe-Ito); GRPO variants get greys/blues, EMA-PG variants warm colours
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 CI_ALPHA = 0.2
-CI_NOTE = "shaded / bars: 95% bootstrap CI over seeds"
+CI_NOTE = "shaded: 95% percentile-bootstrap CI over seeds"
 OURS_TOY = "[ours: toy quadratic model, not the paper's theorem]"
 OURS_ARITHMETIC = "[ours: arithmetic on the EMA rule, not a result of the paper]"
-FLOOR = 1e-16   # log-scale stand-in for an exact zero (drawn hatched and labelled)
+FLOOR = 1e-15   # log-scale stand-in for 0 or float64 rounding (drawn hatched / marked, labelled)
 
 KNOB_LABELS = {
     "anchor_tau": "EMA weight τ on the old anchor (unitless)",
@@ -85,8 +86,19 @@ def metric_label(metric: str) -> tuple[str, float]:
     return metric, 1.0
 
 
+KNOB_NAMES = {"anchor_tau": "EMA weight τ", "anchor_period": "anchor update period",
+              "kl_k": "top-k size k", "kl_type": "KL estimator", "kl_tail": "Top-k tail mode",
+              "kl_coef": "KL coefficient β"}
+
+
 def knob_label(knob: str) -> str:
+    """Axis label with unit, e.g. "anchor update period P (iterations)"."""
     return KNOB_LABELS.get(knob, knob)
+
+
+def knob_name(knob: str) -> str:
+    """Short name for titles, e.g. "EMA weight τ"."""
+    return KNOB_NAMES.get(knob, knob)
 
 
 def finish(fig: Figure, title: str | None = None, note: str | None = None) -> Figure:

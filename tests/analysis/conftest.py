@@ -5,18 +5,12 @@ from __future__ import annotations
 import json
 import math
 import zlib
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
-
-# The repo root on sys.path, so `import analysis` works without an editable install.
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 
 def config(task: str, seed: int, tau: float, kl_type: str = "topk", k: int | None = 4,
            tail: str | None = "unbiased", period: int = 2, sweep: str | None = "quickstart",
@@ -34,7 +28,7 @@ def config(task: str, seed: int, tau: float, kl_type: str = "topk", k: int | Non
 
 def metric_rows(task: str, seed: int, tau: float, iterations: int = 6) -> list[dict[str, Any]]:
     """Iteration 0 holds only eval keys; evals every 2 iterations. EMA-PG learns faster."""
-    lift = 0.05 if tau < 1 else 0.0
+    lift = {1.0: 0.0, 0.9: 0.05}.get(tau, 0.035)
     rows = []
     for it in range(iterations + 1):
         row: dict[str, Any] = {"iteration": it, "time_s": 0.5 * it}
@@ -95,6 +89,13 @@ def write_run(root: Path, run_id: str, cfg: dict[str, Any], rows: list[dict[str,
 
 def rid(task: str, exp: str, seed: int, n: int = 0) -> str:
     return f"{task}__{exp}__s{seed}__20260101-0000{n:02d}"
+
+
+@pytest.fixture
+def synth() -> SimpleNamespace:
+    """The record-writing helpers of this file, for tests that build their own runs."""
+    return SimpleNamespace(config=config, metric_rows=metric_rows, eval_rows=eval_rows,
+                           write_run=write_run, rid=rid)
 
 
 @pytest.fixture

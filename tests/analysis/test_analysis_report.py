@@ -1,0 +1,100 @@
+"""analysis.report on a synthetic sweep directory and on synthetic audit records."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from analysis import report
+
+
+def test_report_on_sweep(sweep_dir, tmp_path):
+    out = tmp_path / "report"
+    paths = report.report(sweep_dir, out, reps=100)
+    names = {p.name for p in paths}
+    for stem in ("runs", "math_tiny_main", "math_tiny_passk"):
+        assert {f"{stem}.md", f"{stem}.tex", f"{stem}.csv"} <= names
+    for stem in ("math_tiny_curve_math_tiny", "math_tiny_dynamics", "math_tiny_ablation_anchor_tau"):
+        assert {f"{stem}.png", f"{stem}.pdf"} <= names
+    assert {"index.md", "index.html", "provenance.json"} <= names
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
+
+    index = (out / "index.md").read_text()
+    assert "11 runs found (1 failed, 9 finished, 1 running)" in index
+    assert "(running, truncated)" in index and "(failed)" in index            # listed, not dropped
+    assert "kl_type never varies with the other knobs held fixed" in index     # skipped, with reason
+    assert "[png](math_tiny_curve_math_tiny.png)" in index
+    html = (out / "index.html").read_text()
+    assert '<img src="math_tiny_dynamics.png"' in html and "<table" in html
+
+    prov = {o["title"]: o for o in json.loads((out / "provenance.json").read_text())["outputs"]}
+    main = prov["math_tiny: policy acc, pass@1 and anchor acc per method"]
+    assert len(main["run_ids"]) == 9 and len(main["config_hashes"]) == 9 and len(main["wandb_run_ids"]) == 9
+    assert not any("s7__" in r or "s8__" in r for r in main["run_ids"])       # unfinished excluded
+    assert len(prov["All runs with status"]["run_ids"]) == 11
+
+
+def test_report_include_incomplete(sweep_dir, tmp_path):
+    report.report(sweep_dir, tmp_path, reps=50, include_incomplete=True)
+    main = (tmp_path / "math_tiny_main.md").read_text()
+    assert "— ours, 5 seeds" in main                                           # 3 + failed + partial
+
+
+def test_report_errors(tmp_path):
+    with pytest.raises(ValueError, match="no run records"):
+        report.report(tmp_path, tmp_path / "out")
+
+
+def test_figures(audit_records, tmp_path):
+    paths = report.figures(audit_records, tmp_path)
+    names = {p.name for p in paths}
+    assert {"kl_estimators.md", "kl_estimators.tex", "kl_estimators.csv", "kl_estimators_bias.png",
+            "topk_variance.pdf", "anchor_horizon.png", "stability_region.png", "index.html"} <= names
+    assert "vocab_size: 12" in (tmp_path / "index.md").read_text()
+
+
+def test_figures_skips_missing_and_rejects_bad_records(audit_records, tmp_path):
+    partial = {"anchor_horizon": audit_records["anchor_horizon"]}
+    report.figures(partial, tmp_path)
+    assert "stability_grid: not in the audit records" in (tmp_path / "index.md").read_text()
+    bad = {"topk_sweep": [{"direction": "reverse", "k": 3}]}
+    with pytest.raises(ValueError, match=r"'topk_sweep'\[0\]: missing fields \['tail'"):
+        report.figures(bad, tmp_path)
+    with pytest.raises(ValueError, match="direction"):
+        report.figures({"topk_sweep": [dict(audit_records["topk_sweep"][0], direction="sideways")]}, tmp_path)
+
+
+def test_cli_entry_points(sweep_dir, audit_records, tmp_path, capsys):
+    assert report.main_report([str(sweep_dir), "--out", str(tmp_path / "r"), "--reps", "50"]) == 0
+    assert (tmp_path / "r" / "index.html").is_file() and "index.html" in capsys.readouterr().out
+    horizon = {"anchor_horizon": audit_records["anchor_horizon"]}
+    calls = []
+    assert report.main_figures(["--out", str(tmp_path / "f")], lambda: calls.append(1) or horizon) == 0
+    assert calls == [1] and (tmp_path / "f" / "anchor_horizon.pdf").is_file()   # a callable ...
+    assert report.main_figures(["--out", str(tmp_path / "g")], horizon) == 0   # ... or the records
+    with pytest.raises(SystemExit):
+        report.main_report(["--out", str(tmp_path)])                           # neither dir nor W&B
+
+
+def test_figures_from_the_core_audit(tmp_path):
+    """Integration with ema_pg_core.audit (the test may import the core; analysis may not): the
+    rendered estimator table states the verdicts of ema-pg.md §1.4-1.5 and the core's tests."""
+    from ema_pg_core import audit
+
+    paths = report.figures(audit.records(V=8, k=3, seeds=range(3)), tmp_path)
+    assert {"kl_estimators_bias.png", "topk_variance.png", "anchor_horizon.png", "stability_region.png",
+            "index.md"} <= {p.name for p in paths}
+    import pandas as pd
+    cells = pd.read_csv(tmp_path / "kl_estimators.csv")
+    verdict = {(r.estimator, r.tail if isinstance(r.tail, str) else None): (r.value_unbiased, r.grad_unbiased)
+               for r in cells.itertuples()}
+    assert verdict[("k1", None)] == (True, False) and verdict[("k2", None)] == (False, True)
+    assert verdict[("k3", None)] == (True, False)
+    for name in ("k3++", "k4", "k5"):
+        assert verdict[(name, None)] == (True, True)
+    for direction in ("reverse", "forward"):
+        assert verdict[(f"topk_{direction}", "paper")] == (True, False)        # §1.5 [OWN] caution
+        assert verdict[(f"topk_{direction}", "unbiased")] == (True, True)
+        assert verdict[(f"topk_{direction}", "none")][0] is False              # truncated: value biased
+    table = (tmp_path / "kl_estimators.md").read_text()
+    assert "| topk_reverse | reverse | paper | 3 |" in table
