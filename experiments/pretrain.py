@@ -32,7 +32,7 @@ import shutil
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -98,8 +98,8 @@ class PretrainConfig:
 # test problems, greedy / sampled (temperature 1, mean of 4 samples), pretrain seeds 0, 1, 2:
 #   math_tiny:   stops at 780/520/540 steps; greedy .31/.37/.32, sampled .245/.30/.23;
 #                seed 0 takes 38 s on 2 idle CPU threads.
-#   search_tiny: stops at 360/380/320 steps; greedy .30/.41/.47, sampled .195/.305/.26;
-#                seed 0 takes 81 s on 2 idle CPU threads.
+#   search_tiny: stops at 320/360/320 steps; greedy .36/.43/.37, sampled .19/.26/.20;
+#                seed 0 takes ~80 s on 2 idle CPU threads (170 s on a loaded machine).
 CALIBRATED: dict[str, dict[str, Any]] = {
     "math_tiny": dict(steps=2000, target_acc=0.35, eval_every=20, batch_size=32, lr=3e-3),
     "search_tiny": dict(steps=800, target_acc=0.35, eval_every=20, batch_size=16, lr=3e-3),

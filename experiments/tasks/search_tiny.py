@@ -30,7 +30,7 @@ import hashlib
 import random
 import re
 import string
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 from experiments.tasks import Example, make_knobs
