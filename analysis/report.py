@@ -129,10 +129,11 @@ def _task_curves(task: str, runs: pd.DataFrame, metrics: pd.DataFrame, evals: pd
     outputs, skipped = [], []
     for bench, metric in _curve_metrics(task, metrics.columns).items():
         anchor = metric.replace("eval/", "eval_anchor/", 1)
+        label = task if bench == task else f"{task} · {bench}"  # a tiny task is its own benchmark
         fig = learning_curves.make(metrics, metric, anchor, reps=reps, seed=seed,
-                                   title=f"{task} · {bench}: learning curves")
+                                   title=f"{label}: learning curves")
         paths = style.save(fig, out / _stem(f"{task}_curve_{bench}"))
-        outputs.append(Output("figure", f"{task} · {bench}: {metric} (and the anchor's) vs iteration",
+        outputs.append(Output("figure", f"{label}: {metric} (and the anchor's) vs iteration",
                               paths, run_provenance(runs)))
     if not outputs:
         skipped.append(f"{task}: no eval metric logged; no learning curves")

@@ -24,6 +24,8 @@ def test_report_on_sweep(sweep_dir, tmp_path):
     assert "(running, truncated)" in index and "(failed)" in index            # listed, not dropped
     assert "kl_type never varies with the other knobs held fixed" in index     # skipped, with reason
     assert "[png](math_tiny_curve_math_tiny.png)" in index
+    assert "math_tiny: eval/math_tiny/acc (and the anchor's) vs iteration" in index   # task == benchmark:
+    assert "math_tiny · math_tiny" not in index                                    # named once
     html = (out / "index.html").read_text()
     assert '<img src="math_tiny_dynamics.png"' in html and "<table" in html
 
