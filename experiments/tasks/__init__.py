@@ -43,6 +43,23 @@ def make_knobs(cls: type, task: str, knobs: dict[str, Any]):
     return cls(**knobs)
 
 
+def read_prepared(task: str, data_dir: str, split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    """Up to `n` rows of `<data_dir>/<split>.parquet` (verl's schema, written by the task's
+    `prepare`) in a `seed`-shuffled order; ValueError naming the missing file otherwise."""
+    import os
+    import random
+
+    import pandas as pd
+
+    path = os.path.join(os.path.expanduser(data_dir), f"{split}.parquet")
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} not found: run experiments.tasks.{task}.prepare({data_dir!r}) first (needs a network)")
+    df = pd.read_parquet(path)
+    order = list(range(len(df)))
+    random.Random(seed).shuffle(order)
+    return [df.iloc[i].to_dict() for i in order[:n]]
+
+
 class Task(Protocol):
     """The module interface every task implements (documentation; modules satisfy it)."""
 

@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from experiments.tasks import Example, make_knobs
+from experiments.tasks import Example, make_knobs, read_prepared
 from experiments.tasks.math_tiny import extract_answer as last_boxed
 
 NAME = "math"
@@ -146,23 +146,10 @@ def prepare(out_dir: str, loader: Callable[[str], Iterable[dict]] = hf_loader, i
 # ---------------------------------------------------------------- the Task interface
 def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
     """Up to `n` prepared problems of `split` (train, test, val or a benchmark name), shuffled by `seed`."""
-    import random
-
-    import pandas as pd
-
     k = make_knobs(Knobs, NAME, knobs)
-    path = os.path.join(os.path.expanduser(k.data_dir), f"{split}.parquet")
-    if not os.path.isfile(path):
-        raise ValueError(f"{path} not found: run experiments.tasks.math.prepare({k.data_dir!r}) first (needs a network)")
-    df = pd.read_parquet(path)
-    order = list(range(len(df)))
-    random.Random(seed).shuffle(order)
-    out = []
-    for i in order[:n]:
-        r = df.iloc[i]
-        out.append(Example(id=f"{NAME}/{r['data_source']}/{r['extra_info']['index']}", prompt=r["prompt"][0]["content"],
-                           answer=list(r["reward_model"]["ground_truth"]), meta={"source": r["data_source"]}))
-    return out
+    return [Example(id=f"{NAME}/{r['data_source']}/{r['extra_info']['index']}", prompt=r["prompt"][0]["content"],
+                    answer=list(r["reward_model"]["ground_truth"]), meta={"source": r["data_source"]})
+            for r in read_prepared(NAME, k.data_dir, split, n, seed)]
 
 
 def prompt(example: Example) -> str:

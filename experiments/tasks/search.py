@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from experiments.tasks import Example, make_knobs
+from experiments.tasks import Example, make_knobs, read_prepared
 from experiments.tasks.search_tiny import extract_answer, normalize_answer  # noqa: F401  same rules
 
 NAME = "search"
@@ -126,20 +126,11 @@ def prepare(out_dir: str, loader: Callable[[str, str], Iterable[dict]] = hf_load
 
 # ---------------------------------------------------------------- the Task interface
 def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
-    import random
-
-    import pandas as pd
-
+    """Up to `n` prepared questions of `split` (train, test or a test-set name), shuffled by `seed`."""
     k = make_knobs(Knobs, NAME, knobs)
-    path = os.path.join(os.path.expanduser(k.data_dir), f"{split}.parquet")
-    if not os.path.isfile(path):
-        raise ValueError(f"{path} not found: run experiments.tasks.search.prepare({k.data_dir!r}) first (needs a network)")
-    df = pd.read_parquet(path)
-    order = list(range(len(df)))
-    random.Random(seed).shuffle(order)
-    return [Example(id=f"{NAME}/{df.iloc[i]['extra_info']['uid']}", prompt=df.iloc[i]["prompt"][0]["content"],
-                    answer=list(df.iloc[i]["reward_model"]["ground_truth"]), meta={"source": df.iloc[i]["data_source"]})
-            for i in order[:n]]
+    return [Example(id=f"{NAME}/{r['extra_info']['uid']}", prompt=r["prompt"][0]["content"],
+                    answer=list(r["reward_model"]["ground_truth"]), meta={"source": r["data_source"]})
+            for r in read_prepared(NAME, k.data_dir, split, n, seed)]
 
 
 def prompt(example: Example) -> str:

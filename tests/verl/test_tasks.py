@@ -123,6 +123,12 @@ def test_search_prepare(tmp_path):
     assert s.evaluate(ex, "<answer>A. Smith</answer>") == 1
 
 
+@pytest.mark.parametrize("task", [m, s])
+def test_load_before_prepare_names_the_file_and_the_fix(task, tmp_path):
+    with pytest.raises(ValueError, match=rf"train.parquet not found: run experiments.tasks.{task.NAME}.prepare"):
+        task.load("train", n=1, data_dir=str(tmp_path))
+
+
 @pytest.mark.verl
 def test_verl_dataset_reads_prepared_parquet(tmp_path, tiny_path):
     from omegaconf import OmegaConf
