@@ -221,6 +221,7 @@ def _wait_for_free_cpus(n: int, timeout: float = 60) -> None:
 
 
 # ------------------------------------------------------------------ the real trainer
+@pytest.mark.filterwarnings("ignore:pretrain .* did not reach target_acc")  # smoke: 2 warm-start steps
 def test_real_runs_end_to_end(local_ray, tmp_path):
     """Two smoke-sized trials through experiments.run.run: run records under the sweep, sweep.csv, report."""
     spec = parse({"name": "e2e", "base": {"overrides": {"smoke": True, "logger": "none"}},
