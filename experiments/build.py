@@ -65,15 +65,20 @@ def validate(cfg: DictConfig) -> LocalConfig:
 
     if cfg.task.name not in TASKS:
         raise ValueError(f"task.name={cfg.task.name!r} is not a known task; allowed: {', '.join(sorted(TASKS))}")
-    if cfg.model.path is not None and not Path(os.path.expanduser(cfg.model.path)).is_dir():
-        raise ValueError(f"model.path={cfg.model.path!r} does not exist (expected a local HF model directory)")
     if cfg.backend.name not in ("local", "verl"):
         raise ValueError(f"backend.name={cfg.backend.name!r} is not allowed; allowed values: local, verl")
+    if cfg.backend.name == "local" and cfg.model.path is not None and not Path(os.path.expanduser(cfg.model.path)).is_dir():
+        raise ValueError(f"model.path={cfg.model.path!r} does not exist (expected a local HF model directory)")
     if cfg.logger.name not in ("wandb", "none"):
         raise ValueError(f"logger.name={cfg.logger.name!r} is not allowed; allowed values: wandb, none")
     if cfg.logger.mode not in ("offline", "online", "disabled"):
         raise ValueError(f"logger.mode={cfg.logger.mode!r} is not allowed; allowed values: offline, online, disabled")
-    return local_config(cfg)
+    local = local_config(cfg)
+    if cfg.backend.name == "verl":  # verl reads model.path as an HF id or a directory on its workers
+        from ema_pg_core.verl.config import to_verl  # the mapping only; imports no verl
+
+        to_verl(OmegaConf.to_container(cfg, resolve=True))  # e.g. batch sizes verl cannot split
+    return local
 
 
 # ------------------------------------------------------------------------------ tasks

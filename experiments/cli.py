@@ -96,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # configuration errors: one clear line, no traceback
         print(f"emapg {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except ImportError as e:  # an optional extra that is not installed (e.g. [verl]): the install hint
+        if e.name is not None:  # a real missing module from a broken install: keep the traceback
+            raise
+        print(f"emapg {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

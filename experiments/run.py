@@ -117,6 +117,9 @@ def _run_verl(cfg: DictConfig) -> dict[str, float]:
     verl writes its own metrics (``<run_dir>/verl_metrics.jsonl``); converting them into this
     run record is not built yet (README, Scaling out: known gaps), so the summary is empty.
     """
+    from ema_pg_core.verl import require_verl
+
+    require_verl()  # an install hint, not a traceback, on a machine without the [verl] extra
     from ema_pg_core.verl.main import run_config
 
     code = run_config(OmegaConf.to_container(cfg, resolve=True))

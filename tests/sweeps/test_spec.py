@@ -110,7 +110,7 @@ def test_unknown_config_path():
 
 def test_unknown_group_option():
     rejects(spec_with(space={"task": {"grid": ["math_tiny", "nope"]}}), "space.task", "'nope' is not a task option",
-            "allowed: math_tiny, search_tiny")
+            "allowed: math, math_tiny, search, search_tiny")
     rejects(spec_with(base={"experiment": "nope"}), "base.experiment='nope'", "math_tiny_ema_pg")
 
 

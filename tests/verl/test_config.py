@@ -2,6 +2,9 @@
 
 - golden: the paper's math (8k stage) and search runs (ema-pg.md §4) compile to the committed
   command lines in golden/*.cmd.txt (regenerate with EMAPG_UPDATE_GOLDEN=1 and review the diff);
+- the shipped presets (experiments/conf/experiment/*deepscaler*, *search_r1*) and the shipped GPU
+  sweeps compile to exactly those launches: the golden run configs are hand transcriptions of
+  ema-pg.md §4, written independently of the presets;
 - the hyperparameters of ema-pg.md §4 appear in the compiled launch (spot checks, by hand);
 - [verl] the compiled overrides compose against verl 0.9.1's ppo_trainer, every section verl turns
   into a dataclass instantiates without unknown-key errors, and verl's validate_config accepts it.
@@ -33,6 +36,48 @@ def test_golden_command(name):
         path.write_text(cmd)
     assert path.exists(), f"{path} missing: run with EMAPG_UPDATE_GOLDEN=1 and review it"
     assert cmd == path.read_text(), f"compiled launch for {name} changed; if intended, EMAPG_UPDATE_GOLDEN=1 and review the diff"
+
+
+PRESET_GOLDEN = {  # preset -> (golden run, extra overrides that golden run carries)
+    "math_deepscaler_ema_pg": ("math_deepscaler_8k", ["run_dir=/shared/emapg/runs/math_deepscaler_8k_ema_pg"]),
+    "search_r1_ema_pg": ("search_r1_ema_pg", []),
+}
+
+
+def _composed_job(overrides):
+    from omegaconf import OmegaConf
+
+    from experiments import build
+
+    cfg = build.compose(overrides)
+    build.validate(cfg)
+    return to_verl(OmegaConf.to_container(cfg, resolve=True))
+
+
+@pytest.mark.parametrize("preset", sorted(PRESET_GOLDEN))
+def test_preset_compiles_to_the_golden_launch(preset):
+    golden, extra = PRESET_GOLDEN[preset]
+    assert _composed_job([f"experiment={preset}", *extra]).command() == _job(golden).command()
+
+
+@pytest.mark.parametrize("sweep,grpo_delta", [
+    ("math_deepscaler_ema_pg", {"emapg.anchor.tau": ("0.95", "1.0")}),
+    ("search_r1_ema_pg", {"emapg.anchor.tau": ("0.9", "1.0"), "emapg.kl.type": ("topk_reverse", "k3"),
+                          "emapg.kl.use_iw": ("true", "false")}),
+])
+def test_shipped_gpu_sweeps_compile_to_the_paper_launch_and_its_baseline(sweep, grpo_delta):
+    from sweeps.spec import load, trials
+
+    spec = load(Path(__file__).parents[2] / "sweeps" / f"{sweep}.yaml")
+    argv = {t["experiment"]: dict(a.split("=", 1) for a in _composed_job(
+        spec.overrides_for({"experiment": t["experiment"]}, t["seed"])).command()[3:]) for t in trials(spec)}
+    ema, grpo = argv[sweep], argv[sweep.replace("ema_pg", "grpo")]
+    # the EMA-PG trial is its preset's launch exactly (the sweep's group/tags are W&B-only, not verl's)
+    assert ema == dict(a.split("=", 1) for a in _composed_job([f"experiment={sweep}"]).command()[3:])
+    changed = {k: (ema.get(k), grpo.get(k)) for k in ema.keys() | grpo.keys() if ema.get(k) != grpo.get(k)}
+    name = "trainer.experiment_name"
+    assert changed.pop(name) == (ema[name], ema[name].replace("ema_pg", "grpo"))
+    assert changed == grpo_delta  # the baseline differs in the anchor / estimator only
 
 
 def _overrides(job):
