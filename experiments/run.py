@@ -17,7 +17,7 @@ from typing import Callable
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import build
-from experiments.records import RunRecord, make_run_id
+from experiments.records import RunRecord, make_run_id, read_metrics
 
 # (iteration, metrics row as recorded, checkpoint dir written at this iteration or None) -> None.
 # Called once per training iteration, after that iteration's checkpoint (if any) is on disk;
@@ -51,7 +51,7 @@ def run(cfg: DictConfig, callback: Callback | None = None) -> dict[str, float]:
     """Train one run as configured; return {metric: final value} (+ best_<metric>)."""
     local_cfg = build.validate(cfg)  # raises before any work
     if cfg.backend.name == "verl":
-        return _run_verl(cfg)
+        return _run_verl(cfg, callback)
     import torch
 
     from ema_pg_core.local.trainer import LocalTrainer, seed_everything
@@ -111,21 +111,43 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, resume_from: Path | N
     return record.finish({"wandb_run_id": logger.wandb_run_id, "train_wall_time_s": time.time() - t0})
 
 
-def _run_verl(cfg: DictConfig) -> dict[str, float]:
+def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, float]:
     """The distributed backend: stock verl 0.9.x + our plugin (needs the [verl] extra and GPUs).
 
-    verl writes its own metrics (``<run_dir>/verl_metrics.jsonl``); converting them into this
-    run record is not built yet (README, Scaling out: known gaps), so the summary is empty.
+    verl logs to ``<run_dir>/verl_metrics.jsonl`` (one file per attempt, see
+    ``experiments.verl_metrics``); when verl returns or fails, those lines are converted into this
+    run's metrics.jsonl, so a verl run reads like a local one. Its time_s is the conversion time;
+    per-step wall time is perf/iter_s (verl's timing_s/step). `callback` (a sweep's reporter) gets
+    every iteration once verl has returned, without checkpoints: verl keeps its own.
     """
     from ema_pg_core.verl import require_verl
 
     require_verl()  # an install hint, not a traceback, on a machine without the [verl] extra
     from ema_pg_core.verl.main import run_config
 
-    code = run_config(OmegaConf.to_container(cfg, resolve=True))
-    if code:
-        raise RuntimeError(f"verl exited with status {code}")
-    return {}
+    run_dir = resolve_run_dir(cfg)
+    cfg = OmegaConf.merge(cfg, {"run_dir": str(run_dir)})
+    with RunRecord.create(run_dir, cfg, resume=bool(cfg.resume)) as record:
+        try:
+            code = run_config(OmegaConf.to_container(cfg, resolve=True))
+        finally:  # what verl logged before a crash is kept too
+            _record_verl_metrics(record, cfg)
+        if code:
+            raise RuntimeError(f"verl exited with status {code}")
+        for row in read_metrics(run_dir) if callback else ():
+            callback(row["iteration"], {k: v for k, v in row.items() if k not in ("iteration", "time_s")}, None)
+        summary = record.finish()
+    return _flat_summary(summary)
+
+
+def _record_verl_metrics(record: RunRecord, cfg: DictConfig) -> None:
+    """Rebuild metrics.jsonl from every verl attempt's lines (they hold the whole history)."""
+    from experiments.verl_metrics import to_rows
+
+    record.rewind(-1)
+    for step, metrics in to_rows(record.run_dir, cfg.task.name, greedy=float(cfg.trainer.eval_temperature) == 0.0):
+        if metrics:
+            record.log(step, metrics)
 
 
 def _flat_summary(summary: dict) -> dict[str, float]:

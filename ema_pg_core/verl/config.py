@@ -23,6 +23,7 @@ import json
 import os
 import re
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any, Mapping
 
 from ema_pg_core.config import AdvantageConfig, AnchorConfig, KLConfig, LossConfig
@@ -315,3 +316,16 @@ def split_argv(argv: list[str]) -> tuple[list[str], EmaPGSection]:
         else:
             verl_args.append(arg)
     return verl_args, EmaPGSection.from_dict(section)
+
+
+def rotate(path: str | Path) -> Path:
+    """verl's file logger opens its file with mode "wb" (a resumed run would truncate it). Move a
+    non-empty `path` aside to `<stem>.<n><suffix>` (the next free n >= 1) so that
+    the new attempt can open `path` for writing; returns `path`. A missing or empty file is left alone."""
+    path = Path(path)
+    if path.is_file() and path.stat().st_size > 0:
+        n = 1
+        while (aside := path.with_name(f"{path.stem}.{n}{path.suffix}")).exists():
+            n += 1
+        path.rename(aside)
+    return path

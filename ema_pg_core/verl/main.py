@@ -55,7 +55,10 @@ class EmaPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
         import ema_pg_core.verl.trainer  # noqa: F401  registers trainer_mode "emapg_sync"
 
         if config.emapg.get("metrics_path"):  # verl's "file" logger (created in this process) writes here
+            from ema_pg_core.verl.config import rotate
+
             os.makedirs(os.path.dirname(os.path.abspath(config.emapg.metrics_path)), exist_ok=True)
+            rotate(config.emapg.metrics_path)  # keep an earlier attempt's lines: verl opens the file "wb"
             os.environ["VERL_FILE_LOGGER_PATH"] = config.emapg.metrics_path
         return super().run(config)
 

@@ -1,0 +1,98 @@
+"""verl's metrics -> the run record (docs/run-record.md), so analysis, sweeps and W&B grouping read a
+verl run exactly like a local one.
+
+verl's "file" logger writes one JSON line per training step, ``{"step": N, "data": {key: value}}``,
+to ``VERL_FILE_LOGGER_PATH``; our TaskRunner points it at ``<run_dir>/verl_metrics.jsonl``. verl opens
+that file with mode "wb", so a resumed run would truncate it: ``rotate`` (in
+``ema_pg_core.verl.config``, called by the TaskRunner) moves a non-empty file aside
+to ``verl_metrics.<n>.jsonl`` first, and ``read_attempts`` reads every attempt in order, later
+attempts overriding the steps they replay (a resume restarts after its checkpoint).
+
+Key mapping (verl 0.9.1 names on the left):
+
+    critic/score/mean                    -> train/reward
+    response_length/mean                 -> train/response_len
+    actor/pg_loss, actor/kl_loss         -> loss/pg, kl/value
+    actor/pg_clipfrac(_lower)            -> loss/clip_frac, loss/dual_clip_frac
+    actor/ppo_kl, actor/entropy          -> loss/approx_kl, train/entropy
+    actor/grad_norm, timing_s/step       -> train/grad_norm, perf/iter_s
+    anchor/*                             -> anchor/* (logged by our trainer)
+    val-core/<source>/<var>/mean@N       -> eval/<source>/acc    (greedy validation: T = 0)
+                                            eval/<source>/pass@1 (sampled: mean over N samples)
+    and eval/<task>/<acc|pass@1>         =  the unweighted mean over the sources of that step,
+                                            as the paper's "average" column
+
+Everything else stays in the raw file only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from ema_pg_core.verl.config import rotate  # noqa: F401  (re-exported: the TaskRunner calls it)
+
+FILE = "verl_metrics.jsonl"
+TRAIN_KEYS = {
+    "critic/score/mean": "train/reward", "response_length/mean": "train/response_len",
+    "actor/pg_loss": "loss/pg", "actor/kl_loss": "kl/value", "actor/pg_clipfrac": "loss/clip_frac",
+    "actor/pg_clipfrac_lower": "loss/dual_clip_frac", "actor/ppo_kl": "loss/approx_kl",
+    "actor/entropy": "train/entropy", "actor/grad_norm": "train/grad_norm", "timing_s/step": "perf/iter_s",
+}
+_VAL = re.compile(r"^val-core/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
+
+
+def attempt_files(run_dir: str | Path) -> list[Path]:
+    """The verl metrics files of `run_dir`, oldest attempt first (rotated ones by n, then the live one)."""
+    run_dir = Path(run_dir)
+    stem, suffix = Path(FILE).stem, Path(FILE).suffix
+    rotated = [(int(m.group(1)), p) for p in run_dir.glob(f"{stem}.*{suffix}")
+               if (m := re.fullmatch(rf"{re.escape(stem)}\.(\d+){re.escape(suffix)}", p.name))]
+    live = run_dir / FILE
+    return [p for _, p in sorted(rotated)] + ([live] if live.is_file() else [])
+
+
+def read_attempts(files: Iterable[str | Path]) -> dict[int, dict[str, Any]]:
+    """{step: verl's metrics of that step}; a step logged again by a later attempt replaces the
+    earlier line, and within one file later lines of a step update earlier ones. A trailing partial
+    line (a crash mid-write) is dropped; any other unreadable line is an error naming file and line."""
+    steps: dict[int, dict[str, Any]] = {}
+    for f in files:
+        lines = Path(f).read_text().splitlines()
+        this: dict[int, dict[str, Any]] = {}
+        for i, line in enumerate(lines, 1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines):
+                    break
+                raise ValueError(f"{f}:{i}: not a JSON line of verl's file logger") from None
+            if not isinstance(row, dict) or "step" not in row or not isinstance(row.get("data"), dict):
+                raise ValueError(f"{f}:{i}: expected {{'step': int, 'data': {{...}}}}; got {line[:80]!r}")
+            this.setdefault(int(row["step"]), {}).update(row["data"])
+        steps.update(this)
+    return steps
+
+
+def convert(data: Mapping[str, Any], task: str, greedy: bool) -> dict[str, float]:
+    """One step of verl metrics -> run-record metrics (see the module docstring)."""
+    out = {ours: data[theirs] for theirs, ours in TRAIN_KEYS.items() if theirs in data}
+    out.update({k: v for k, v in data.items() if k.startswith("anchor/")})
+    name = "acc" if greedy else "pass@1"
+    per_source = {}
+    for key, value in data.items():
+        if (m := _VAL.match(key)) and m["var"] in ("acc", "reward"):
+            per_source[m["source"]] = float(value)
+    for source, value in sorted(per_source.items()):
+        out[f"eval/{source}/{name}"] = value
+    if per_source and task not in per_source:
+        out[f"eval/{task}/{name}"] = sum(per_source.values()) / len(per_source)
+    return out
+
+
+def to_rows(run_dir: str | Path, task: str, greedy: bool) -> list[tuple[int, dict[str, float]]]:
+    """(iteration, metrics) of every step in `run_dir`'s verl metrics files, in step order."""
+    steps = read_attempts(attempt_files(run_dir))
+    return [(step, convert(steps[step], task, greedy)) for step in sorted(steps)]

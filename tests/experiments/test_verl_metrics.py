@@ -1,0 +1,109 @@
+"""verl's file-logger lines -> the run record: key mapping (hand-written lines in verl 0.9.1's
+format), attempts across resumes, and `experiments.run.run` with the verl backend end to end
+through a stand-in for verl's launcher (no verl, no GPU)."""
+
+import json
+import sys
+import types
+
+import pytest
+
+from ema_pg_core.verl.config import rotate
+from experiments import build
+from experiments.records import read_metrics, read_status, read_summary
+from experiments.run import run
+from experiments.verl_metrics import FILE, attempt_files, convert, read_attempts, to_rows
+
+STEP = {  # one training step as verl 0.9.1 logs it, with a validation
+    "critic/score/mean": 0.25, "response_length/mean": 812.5, "actor/pg_loss": -0.01, "actor/kl_loss": 0.003,
+    "actor/pg_clipfrac": 0.02, "actor/pg_clipfrac_lower": 0.0, "actor/ppo_kl": 1e-4, "actor/entropy": 0.6,
+    "actor/grad_norm": 0.4, "timing_s/step": 95.0, "anchor/drift": 0.01, "anchor/updated": 1.0,
+    "val-core/aime2024/reward/mean@8": 0.30, "val-core/amc/reward/mean@8": 0.50,
+    "val-aux/aime2024/reward/std@8": 0.1, "val-core/aime2024/reward/best@8/mean": 0.6, "perf/mfu/actor": 0.3,
+}
+
+
+def test_convert_maps_verl_keys_and_averages_the_sources():
+    out = convert(STEP, task="math", greedy=False)
+    assert out == {
+        "train/reward": 0.25, "train/response_len": 812.5, "loss/pg": -0.01, "kl/value": 0.003,
+        "loss/clip_frac": 0.02, "loss/dual_clip_frac": 0.0, "loss/approx_kl": 1e-4, "train/entropy": 0.6,
+        "train/grad_norm": 0.4, "perf/iter_s": 95.0, "anchor/drift": 0.01, "anchor/updated": 1.0,
+        "eval/aime2024/pass@1": 0.30, "eval/amc/pass@1": 0.50,
+        "eval/math/pass@1": pytest.approx(0.40),  # (0.30 + 0.50) / 2, unweighted like the paper's average
+    }
+    greedy = convert({"val-core/nq/acc/mean@1": 1.0, "val-core/hotpotqa/acc/mean@1": 0.0}, task="search", greedy=True)
+    assert greedy == {"eval/nq/acc": 1.0, "eval/hotpotqa/acc": 0.0, "eval/search/acc": 0.5}
+    assert convert({"critic/score/mean": 0.1}, task="math", greedy=False) == {"train/reward": 0.1}  # no eval step
+
+
+def _write(path, rows, tail=""):
+    path.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in rows) + tail)
+
+
+def test_attempts_rotate_and_a_resume_replaces_the_steps_it_replays(tmp_path):
+    live = tmp_path / FILE
+    rotate(live)  # nothing to move yet
+    assert attempt_files(tmp_path) == []
+    _write(live, [(1, {"a": 1}), (2, {"a": 2}), (3, {"a": 3})], tail='{"step": 4, "da')  # crashed mid-line
+    rotate(live)
+    _write(live, [(3, {"a": 30}), (4, {"a": 40})])  # resumed from the step-2 checkpoint
+    rotate(live)
+    _write(live, [(5, {"a": 50}), (5, {"b": 5})])
+    assert [p.name for p in attempt_files(tmp_path)] == ["verl_metrics.1.jsonl", "verl_metrics.2.jsonl", FILE]
+    assert read_attempts(attempt_files(tmp_path)) == {1: {"a": 1}, 2: {"a": 2}, 3: {"a": 30}, 4: {"a": 40},
+                                                      5: {"a": 50, "b": 5}}
+    (tmp_path / "verl_metrics.1.jsonl").write_text('{"step": 1, "data": {}}\nnot json\n{"step": 2, "data": {}}\n')
+    with pytest.raises(ValueError, match=r"verl_metrics.1.jsonl:2: not a JSON line"):
+        read_attempts(attempt_files(tmp_path))
+
+
+class FakeVerl:
+    """`ema_pg_core.verl.main.run_config` stand-in: writes verl's file-logger lines like verl would
+    (to the path our TaskRunner rotates), then returns 0 or crashes. Set `steps`/`crash` per call."""
+
+    def __init__(self):
+        self.steps, self.crash, self.calls = (1, 2), False, []
+
+    def run_config(self, run):
+        self.calls.append(run)
+        with open(rotate(f"{run['run_dir']}/{FILE}"), "w") as f:
+            for s in self.steps:
+                f.write(json.dumps({"step": s, "data": {**STEP, "val-core/aime2024/reward/mean@8": 0.1 * s}}) + "\n")
+        if self.crash:
+            raise RuntimeError("NCCL timeout")
+        return 0
+
+
+@pytest.fixture
+def fake_verl(monkeypatch):
+    fake = FakeVerl()
+    module = types.ModuleType("ema_pg_core.verl.main")
+    module.run_config = fake.run_config
+    monkeypatch.setitem(sys.modules, "ema_pg_core.verl.main", module)
+    monkeypatch.setattr("ema_pg_core.verl.require_verl", lambda: None)
+    return fake
+
+
+def test_verl_run_writes_a_run_record_and_keeps_lines_of_a_crash(fake_verl, tmp_path):
+    cfg = build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}/run", "logger=none"])
+    fake_verl.crash = True
+    with pytest.raises(RuntimeError, match="NCCL timeout"):
+        run(cfg)
+    assert read_status(tmp_path / "run")[0] == "failed"
+    assert [r["iteration"] for r in read_metrics(tmp_path / "run")] == [1, 2]  # kept
+
+    fake_verl.crash, fake_verl.steps = False, (2, 3)  # verl resumes from its step-1 checkpoint
+    reported = []
+    final = run(build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}/run", "logger=none", "resume=true"]),
+                callback=lambda it, metrics, ckpt: reported.append((it, metrics["eval/aime2024/pass@1"], ckpt)))
+    assert reported == [(1, 0.1, None), (2, 0.2, None), (3, pytest.approx(0.3), None)]  # a sweep's reporter
+    rows = read_metrics(tmp_path / "run")
+    assert [r["iteration"] for r in rows] == [1, 2, 3]
+    assert [r["eval/aime2024/pass@1"] for r in rows] == pytest.approx([0.1, 0.2, 0.3])
+    assert [c["run_dir"] for c in fake_verl.calls] == [f"{tmp_path}/run"] * 2  # -> emapg.metrics_path
+    summary = read_summary(tmp_path / "run")
+    assert summary["status"] == "finished" and summary["iterations_done"] == 3
+    # the GPU sweep's metric (sweeps/math_deepscaler_ema_pg.yaml) is produced
+    assert final["eval/aime2024/pass@1"] == pytest.approx(0.3) and final["best_eval/aime2024/pass@1"] == pytest.approx(0.3)
+    assert to_rows(tmp_path / "run", "math", greedy=False)[0][1]["eval/math/pass@1"] == pytest.approx((0.1 + 0.5) / 2)
