@@ -182,8 +182,10 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(local_ray, tmp_
                                                   space={"algo.anchor.tau": {"grid": [1.0, 0.9, 0.8, 0.7]}})))
     out = tmp_path / "kill"
     code = f"import sweep_fakes; sweep_fakes.drive({str(spec_path)!r}, {str(out)!r}, {local_ray!r})"
+    # Tune saves its experiment state at most every 10 s by default ("auto"), so a driver killed 2 s into
+    # a trial may not have recorded that trial's checkpoints yet; save it at every step here.
     driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+                              start_new_session=True, env={**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0"})
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
