@@ -402,7 +402,9 @@ def _check_metric(metric: str, tasks: set[str]) -> None:
     from experiments.tasks import TASKS
 
     key = metric[len("best_"):] if metric.startswith("best_") else metric
-    per_task = {t: {f"{ns}/{b}/{m}" for ns in ("eval", "eval_anchor") for b in getattr(TASKS.get(t), "BENCHMARKS", (t,))
+    # a task logs eval/<task>/<m> (on the verl backend: the mean over its benchmarks) and, when it has
+    # several evaluation sets, eval/<benchmark>/<m> for each (experiments.verl_metrics)
+    per_task = {t: {f"{ns}/{b}/{m}" for ns in ("eval", "eval_anchor") for b in (*getattr(TASKS.get(t), "BENCHMARKS", ()), t)
                     for m in EVAL_METRICS} for t in tasks}
     allowed = set(RUN_METRICS) | set.intersection(*per_task.values())
     if key in allowed:

@@ -45,6 +45,8 @@ TOPK = 3
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
 TRAIN_SOURCES = ("nq", "hotpotqa")
 TEST_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+BENCHMARKS = TEST_SOURCES
+"""The evaluation sets, named as their `data_source` (metric keys eval/<name>/acc on the verl backend)."""
 TEMPLATE = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
     "new information. After reasoning, if you find you lack some knowledge, you can call a search engine by "

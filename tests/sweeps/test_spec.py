@@ -148,6 +148,14 @@ def test_unknown_metric():
     rejects(spec_with(metric="best_eval/math_tiny/acx"), "best_eval/math_tiny/acx")
 
 
+def test_real_tasks_offer_per_benchmark_and_task_average_metrics():
+    for task, metric in [("math", "eval/aime2024/pass@1"), ("math", "eval/math/pass@1"), ("search", "eval/nq/acc"),
+                         ("search", "eval/search/acc"), ("search", "best_eval_anchor/bamboogle/acc")]:
+        parse(spec_with(base={"experiment": "math_tiny_ema_pg", "overrides": {"task": task}}, metric=metric))
+    rejects(spec_with(base={"experiment": "math_tiny_ema_pg", "overrides": {"task": "search"}}, metric="eval/aime2024/acc"),
+            "is not a metric the runs log")
+
+
 def test_metric_must_be_logged_by_every_task():
     rejects(spec_with(space={"task": {"grid": ["math_tiny", "search_tiny"]}}),
             "not logged by trials with task search_tiny")
