@@ -17,7 +17,9 @@ def _core_modules():
 
     import ema_pg_core
 
-    return ["ema_pg_core"] + [f"ema_pg_core.{m.name}" for m in pkgutil.walk_packages(ema_pg_core.__path__) if not m.name.startswith("verl")]
+    # a prefix, so that walking recurses into ema_pg_core.local (unprefixed, it would import a top-level "verl")
+    return ["ema_pg_core"] + [m.name for m in pkgutil.walk_packages(ema_pg_core.__path__, "ema_pg_core.")
+                              if not m.name.startswith("ema_pg_core.verl")]
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
