@@ -126,7 +126,7 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
     from ema_pg_core.verl.main import run_config
 
     run_dir = resolve_run_dir(cfg)
-    cfg = OmegaConf.merge(cfg, {"run_dir": str(run_dir)})
+    cfg = OmegaConf.merge(cfg, {"run_dir": str(run_dir)}, agent_loops_path(cfg))
     with RunRecord.create(run_dir, cfg, resume=bool(cfg.resume)) as record:
         try:
             code = run_config(OmegaConf.to_container(cfg, resolve=True))
@@ -138,6 +138,24 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
             callback(row["iteration"], {k: v for k, v in row.items() if k not in ("iteration", "time_s")}, None)
         summary = record.finish()
     return _flat_summary(summary)
+
+
+PACKAGE_PARENT = Path(__file__).resolve().parents[1]
+"""The directory holding the ``experiments`` package (the checkout, or site-packages)."""
+
+
+def agent_loops_path(cfg: DictConfig) -> dict:
+    """backend.verl.agent_loop_config_path made absolute (``~`` expanded, relative paths against
+    PACKAGE_PARENT), as a merge delta ({} when unset).
+
+    verl resolves a relative path against the working directory of its agent loop workers, which
+    need not be the checkout (a Tune trial runs in its trial directory); the shipped file is
+    experiments/conf/verl/agent_loops.yaml, packaged with ``experiments``.
+    """
+    path = cfg.backend.verl.get("agent_loop_config_path")
+    if not path:
+        return {}
+    return {"backend": {"verl": {"agent_loop_config_path": str(PACKAGE_PARENT / os.path.expanduser(path))}}}
 
 
 def _record_verl_metrics(record: RunRecord, cfg: DictConfig) -> None:

@@ -138,11 +138,18 @@ class VerlSettings:
     optimizer_offload: bool = False
     gradient_checkpointing: bool = True
     multi_turn: bool = False
-    """Tool-calling agent loop (search); needs tool_config_path."""
+    """A multi-turn agent loop (search): rollout.max_turns tool calls, then one answer turn."""
     tool_config_path: str | None = None
+    """verl's tool list (multi_turn.tool_config_path); needed by verl's tool_agent, unused by other loops."""
     max_tool_response_length: int = 500
     agent_loop: str = "tool_agent"
-    """verl agent loop for multi_turn (verl's tool_agent speaks hermes JSON tool calls, not Search-R1 tags)."""
+    """verl agent loop for multi_turn: tool_agent (verl's, hermes JSON tool calls) or a loop named in
+    agent_loop_config_path (experiments' search_r1 speaks Search-R1's <search> tags)."""
+    agent_loop_config_path: str | None = None
+    """YAML list of {name, _target_} agent loops verl registers (agent.agent_loop_config_path). verl
+    resolves a relative path against its working directory; `emapg train` makes it absolute first."""
+    retriever_url: str | None = None
+    """`emapg retriever serve` URL for a search agent loop (verl's rollout.custom.retriever_url)."""
     val_before_train: bool = False
     checkpoint_dir: str | None = None
     """trainer.default_local_dir; null = verl's checkpoints/<project>/<experiment>."""
@@ -154,8 +161,8 @@ class VerlSettings:
     def __post_init__(self):
         if self.rollout_engine not in ("vllm", "sglang"):
             raise ValueError(f"backend.verl.rollout_engine={self.rollout_engine!r}; allowed: vllm, sglang")
-        if self.multi_turn and not self.tool_config_path:
-            raise ValueError("backend.verl.multi_turn=true needs backend.verl.tool_config_path")
+        if self.multi_turn and self.agent_loop == "tool_agent" and not self.tool_config_path:
+            raise ValueError("backend.verl.multi_turn=true with agent_loop=tool_agent needs backend.verl.tool_config_path")
         if ":" not in self.reward_fn:
             raise ValueError(f"backend.verl.reward_fn={self.reward_fn!r} must be 'module:function'")
 
@@ -210,10 +217,7 @@ def to_verl(run: Mapping[str, Any]) -> VerlJob:
         o[f"{R}log_prob_micro_batch_size_per_gpu"] = vs.micro_batch_size_per_gpu
         o["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = vs.micro_batch_size_per_gpu
     if vs.multi_turn:
-        o.update({f"{R}multi_turn.enable": True, f"{R}multi_turn.tool_config_path": vs.tool_config_path,
-                  f"{R}multi_turn.max_assistant_turns": ro.max_turns + 1,
-                  f"{R}multi_turn.max_tool_response_length": vs.max_tool_response_length,
-                  f"{R}agent.default_agent_loop": vs.agent_loop})
+        o.update(_multi_turn_keys(ro, vs))
     if vs.checkpoint_dir:
         o[f"{T}default_local_dir"] = vs.checkpoint_dir
     o.update(_logger(run))
@@ -262,6 +266,21 @@ def _training_keys(opt, tr, vs: VerlSettings, ro, model_path: str, seed: int) ->
         f"{T}max_actor_ckpt_to_keep": tr.keep_checkpoints, f"{T}val_before_train": vs.val_before_train,
         f"{T}nnodes": vs.nnodes, f"{T}n_gpus_per_node": vs.n_gpus_per_node,
     }
+
+
+def _multi_turn_keys(ro, vs: VerlSettings) -> dict[str, Any]:
+    """The agent loop and its limits; ``rollout.custom`` (verl's free-form dict) carries the retriever URL."""
+    o = {f"{R}multi_turn.enable": True}
+    if vs.tool_config_path:
+        o[f"{R}multi_turn.tool_config_path"] = vs.tool_config_path
+    o.update({f"{R}multi_turn.max_assistant_turns": ro.max_turns + 1,
+              f"{R}multi_turn.max_tool_response_length": vs.max_tool_response_length,
+              f"{R}agent.default_agent_loop": vs.agent_loop})
+    if vs.agent_loop_config_path:
+        o[f"{R}agent.agent_loop_config_path"] = vs.agent_loop_config_path
+    if vs.retriever_url:  # rollout.custom is absent from verl's YAML (RolloutConfig.custom: Optional[dict])
+        o[f"+{R}custom.retriever_url"] = vs.retriever_url
+    return o
 
 
 def _logger(run: Mapping[str, Any]) -> dict[str, Any]:
