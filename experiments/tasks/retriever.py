@@ -5,11 +5,14 @@ retriever on another machine) needs a service, so the same retriever is served o
 request/response shape of Search-R1's retrieval server:
 
     emapg retriever serve --task search_tiny --port 8000        # host defaults to 127.0.0.1
+    emapg retriever serve --corpus wiki-18.jsonl --port 8000    # BM25 over a local corpus file
     POST /retrieve  {"queries": ["Bara Kovin"], "topk": 3}  ->  {"result": [["passage", ...]]}
     GET  /health    -> {"status": "ok", "num_docs": 1234}
 
-Simplifications compared with Search-R1: BM25 (`bm25s`) over a small generated corpus instead of an
-e5 dense index over Wikipedia; results are plain passage strings (no titles, no scores).
+Simplifications compared with Search-R1: BM25 (`bm25s`) only, no e5 dense index; results are plain
+passage strings (no scores). A corpus file is Search-R1's / FlashRAG's JSONL (one {"id", "contents"}
+object per line, contents = '"Title"\ntext', e.g. wiki-18.jsonl) or plain text, one passage per line;
+BM25 holds its index in memory (the 21M-passage wiki-18 needs tens of GB).
 """
 
 from __future__ import annotations
@@ -170,14 +173,41 @@ def running_server(retriever: Retriever, host: str = DEFAULT_HOST, port: int = 0
         thread.join(timeout=startup_timeout)
 
 
+def load_corpus(path: str) -> list[str]:
+    """Passages of a corpus file: JSONL objects with a "contents" field, or one passage per text line."""
+    import json
+    import os
+
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"--corpus {path!r}: no such file")
+    passages = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            if path.endswith((".jsonl", ".json")):
+                try:
+                    passages.append(str(json.loads(line)["contents"]))
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise ValueError(f"{path}:{i}: expected a JSON object with a 'contents' field") from None
+            else:
+                passages.append(line)
+    if not passages:
+        raise ValueError(f"--corpus {path!r} holds no passages")
+    return passages
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """`emapg retriever serve --task search_tiny [--port 8000] [--host 127.0.0.1] [knob=value ...]`."""
+    """`emapg retriever serve (--task search_tiny [knob=value ...] | --corpus FILE) [--port 8000] [--host 127.0.0.1]`."""
     from experiments.tasks import get_task
 
     parser = argparse.ArgumentParser(prog="emapg retriever", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="serve a task's corpus over HTTP (POST /retrieve, GET /health)")
     p.add_argument("--task", default="search_tiny", help="task whose corpus is served")
+    p.add_argument("--corpus", help="serve BM25 over this file instead (JSONL with 'contents', or one passage per line)")
     p.add_argument("--host", default=DEFAULT_HOST, help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("knobs", nargs="*", metavar="knob=value", help="task knobs, e.g. n_people=300")
@@ -188,10 +218,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not sep:
             parser.error(f"knob {item!r} must look like key=value")
         knobs[key] = yaml.safe_load(value)  # "300" -> 300, "0.5" -> 0.5, "abc" -> "abc"
-    env = get_task(args.task).make_env(**knobs)
-    if env is None:
-        raise ValueError(f"task {args.task!r} has no retriever; use a search task such as search_tiny")
-    print(f"serving {args.task} ({len(env.docs)} passages) on http://{args.host}:{args.port}", flush=True)
+    if args.corpus:
+        if knobs:
+            parser.error("task knobs do not apply to --corpus")
+        env, what = BM25Retriever(load_corpus(args.corpus)), args.corpus
+    else:
+        env, what = get_task(args.task).make_env(**knobs), args.task
+        if env is None or not hasattr(env, "docs"):
+            raise ValueError(f"task {args.task!r} has no local corpus to serve; use --task search_tiny or --corpus FILE")
+    print(f"serving {what} ({len(env.docs)} passages) on http://{args.host}:{args.port}", flush=True)
     serve(env, args.host, args.port)
 
 

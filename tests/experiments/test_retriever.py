@@ -56,5 +56,34 @@ def test_http_server_on_loopback_matches_in_process():
 
 
 def test_cli_rejects_tasks_without_a_retriever():
-    with pytest.raises(ValueError, match="has no retriever"):
+    with pytest.raises(ValueError, match="has no local corpus to serve"):
         main(["serve", "--task", "math_tiny", "--port", "0"])
+    with pytest.raises(ValueError, match="has no local corpus to serve"):  # the real task's env is a client
+        main(["serve", "--task", "search", "--port", "0"])
+
+
+def test_cli_serves_bm25_over_a_corpus_file(tmp_path, monkeypatch):
+    import json
+
+    from experiments.tasks import retriever
+
+    wiki = tmp_path / "wiki-18.jsonl"  # Search-R1 / FlashRAG corpus format
+    wiki.write_text("".join(json.dumps({"id": str(i), "contents": c}) + "\n" for i, c in enumerate(
+        ['"Eiffel Tower"\nThe Eiffel Tower is in Paris.', '"Big Ben"\nBig Ben is a bell in London.'])) + "\n")
+    served = []
+    monkeypatch.setattr(retriever, "serve", lambda env, host, port: served.append((env, host, port)))
+    main(["serve", "--corpus", str(wiki), "--port", "0"])
+    (env, host, _), = served
+    assert host == "127.0.0.1" and len(env.docs) == 2
+    assert env.search("where is the eiffel tower", k=1) == ['"Eiffel Tower"\nThe Eiffel Tower is in Paris.']
+    lines = tmp_path / "passages.txt"
+    lines.write_text("alpha beta\n\ngamma delta\n")
+    assert retriever.load_corpus(str(lines)) == ["alpha beta", "gamma delta"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"contents": "ok"}\n{"text": "no contents"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: expected a JSON object with a 'contents' field"):
+        main(["serve", "--corpus", str(bad), "--port", "0"])
+    with pytest.raises(ValueError, match="no such file"):
+        main(["serve", "--corpus", str(tmp_path / "missing.jsonl")])
+    with pytest.raises(SystemExit):  # knobs belong to --task
+        main(["serve", "--corpus", str(wiki), "n_people=3"])
