@@ -4,7 +4,7 @@ verl's stock ``tool_agent`` speaks hermes JSON tool calls; the paper's search ta
 tags instead (experiments/tasks/search.py). Per trajectory:
 
     prompt (chat template, as verl's single-turn loop builds it)
-    turn 1..max_turns:  generate with stop string "</search>"
+    turn 1..max_turns:  generate at most max_turn_tokens with stop string "</search>"
                         response ends in <search> q </search> ->  append
                         "\\n\\n<information>Doc 1(Title: ...) ...</information>\\n\\n" (mask 0, logprob 0.0)
                         otherwise (EOS, an <answer>, no search call)     ->  done
@@ -20,6 +20,8 @@ Settings come from verl's rollout config:
     multi_turn.max_assistant_turns   = rollout.max_turns + 1  (searches + the final answer turn)
     multi_turn.max_tool_response_length                       (information tokens kept per search)
     custom.retriever_url             = backend.verl.retriever_url  (an `emapg retriever serve` URL)
+    custom.max_turn_tokens           = rollout.max_new_tokens  (tokens per generation turn; Search-R1's
+                                       max_response_length, 500; unset = no per-turn cap)
     response_length                  (all turns and information tokens together)
 
 Stop string and returned tokens (the decision this loop rests on): verl hands ``sampling_params``
@@ -63,6 +65,8 @@ NAME = "search_r1"
 """Agent loop name in experiments/conf/verl/agent_loops.yaml (``agent.default_agent_loop``)."""
 RETRIEVER_KEY = "retriever_url"
 """Key under ``actor_rollout_ref.rollout.custom`` (verl's RolloutConfig extension dict)."""
+TURN_TOKENS_KEY = "max_turn_tokens"
+"""Key under ``actor_rollout_ref.rollout.custom``: the per-turn generation cap."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -96,7 +100,11 @@ class SearchR1AgentLoop(AgentLoopBase):
         self.response_length: int = self.rollout_config.response_length
         self.max_turns: int = mt.max_assistant_turns - 1 if mt.max_assistant_turns else search.MAX_TURNS
         self.max_info_tokens: int = mt.max_tool_response_length
-        url = (self.rollout_config.get("custom") or {}).get(RETRIEVER_KEY)
+        custom = self.rollout_config.get("custom") or {}
+        self.max_turn_tokens: int = int(custom.get(TURN_TOKENS_KEY) or self.response_length)
+        if self.max_turn_tokens < 1:
+            raise ValueError(f"actor_rollout_ref.rollout.custom.{TURN_TOKENS_KEY} must be >= 1; got {self.max_turn_tokens}")
+        url = custom.get(RETRIEVER_KEY)
         if not url:
             raise ValueError(f"the {NAME} agent loop needs a retriever: set backend.verl.retriever_url (an "
                              f"`emapg retriever serve` URL; verl key actor_rollout_ref.rollout.custom.{RETRIEVER_KEY})")
@@ -135,8 +143,8 @@ class SearchR1AgentLoop(AgentLoopBase):
 
     async def _generate(self, request_id: str, ids: list[int], sampling_params: dict[str, Any], final: bool,
                         used: int, metrics: dict) -> TokenOutput:
-        """One turn: at most the remaining response budget, stopping at `</search>` unless `final`."""
-        params = {**sampling_params, "max_tokens": self.response_length - used}
+        """One turn: at most max_turn_tokens and the remaining response budget, stopping at `</search>` unless `final`."""
+        params = {**sampling_params, "max_tokens": min(self.max_turn_tokens, self.response_length - used)}
         if not final:
             params["stop"] = sorted(set(params.get("stop") or []) | set(search.STOP_STRINGS))
         with simple_timer("generate_sequences", metrics):

@@ -278,6 +278,8 @@ def _multi_turn_keys(ro, vs: VerlSettings) -> dict[str, Any]:
               f"{R}agent.default_agent_loop": vs.agent_loop})
     if vs.agent_loop_config_path:
         o[f"{R}agent.agent_loop_config_path"] = vs.agent_loop_config_path
+    if vs.agent_loop != "tool_agent":  # our loops cap each generation turn like the local backend
+        o[f"+{R}custom.max_turn_tokens"] = ro.max_new_tokens
     if vs.retriever_url:  # rollout.custom is absent from verl's YAML (RolloutConfig.custom: Optional[dict])
         o[f"+{R}custom.retriever_url"] = vs.retriever_url
     return o

@@ -60,13 +60,14 @@ class FakeServer:
         return TokenOutput(token_ids=ids, log_probs=[LOGPROB] * len(ids), stop_reason="completed")
 
 
-def _config(response_length=512, max_turns=4, max_info=500, url=URL):
+def _config(response_length=512, max_turns=4, max_info=500, url=URL, turn_tokens=None):
     from omegaconf import OmegaConf
 
     rollout = {"prompt_length": 256, "response_length": response_length, "full_determinism": False,
                "multi_turn": {"max_assistant_turns": max_turns + 1, "max_tool_response_length": max_info}}
-    if url is not None:
-        rollout["custom"] = {"retriever_url": url}
+    custom = {"retriever_url": url, "max_turn_tokens": turn_tokens}
+    if any(v is not None for v in custom.values()):
+        rollout["custom"] = {k: v for k, v in custom.items() if v is not None}
     return OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}})
 
 
@@ -160,6 +161,27 @@ def test_response_length_budget_truncates_information(tok, monkeypatch):
     assert out.response_mask == [1] * len(t) + [0] * 5 and len(out.response_logprobs) == len(t) + 5
 
 
+def test_each_turn_is_capped_at_max_turn_tokens(tok, monkeypatch):
+    t1, t2 = _ids(tok, SEARCH), _ids(tok, ANSWER) + [tok.eos_token_id]
+    cap = max(len(t1), len(t2))
+    out, server, _ = _run(tok, [(SEARCH, False), (ANSWER, True)], monkeypatch=monkeypatch, turn_tokens=cap)
+    assert [c["sampling_params"]["max_tokens"] for c in server.calls] == [cap, cap]  # not the 512 left
+    assert out.response_ids == t1 + _info(tok, SEARCH, FakeEnv()) + t2
+
+
+def test_a_turn_cut_by_the_cap_before_a_search_ends_the_rollout(tok, monkeypatch):
+    """As in the local backend: a turn with no complete `<search>` call gets no information and ends it."""
+    out, server, env = _run(tok, [(SEARCH, False), (ANSWER, True)], monkeypatch=monkeypatch, turn_tokens=3)
+    assert len(server.calls) == 1 and env.queries == []
+    assert out.response_ids == _ids(tok, SEARCH)[:3] and out.response_mask == [1] * 3
+
+
+def test_the_cap_never_exceeds_the_remaining_budget(tok, monkeypatch):
+    t = _ids(tok, SEARCH)
+    _, server, _ = _run(tok, [(SEARCH, False)], monkeypatch=monkeypatch, response_length=len(t) + 5, turn_tokens=1000)
+    assert server.calls[0]["sampling_params"]["max_tokens"] == len(t) + 5
+
+
 def test_information_is_capped_at_max_tool_response_length(tok, monkeypatch):
     out, _, _ = _run(tok, [(SEARCH, False), (ANSWER, True)], monkeypatch=monkeypatch, max_info=7)
     t1 = _ids(tok, SEARCH)
@@ -219,5 +241,5 @@ def test_search_preset_launch_reaches_the_loop(tmp_path, tiny_path):
     verl_cfg = compose(job.command()[3:] + [f"actor_rollout_ref.model.path={tiny_path}"])
     rollout = omega_conf_to_dataclass(verl_cfg.actor_rollout_ref.rollout)
     assert rollout.agent.default_agent_loop == "search_r1" and rollout.agent.agent_loop_config_path == str(AGENT_LOOPS)
-    assert rollout.custom == {"retriever_url": "http://127.0.0.1:8000"}
+    assert rollout.custom == {"retriever_url": "http://127.0.0.1:8000", "max_turn_tokens": 500}  # per turn
     assert rollout.multi_turn.max_assistant_turns == 5 and rollout.multi_turn.tool_config_path is None
