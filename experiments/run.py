@@ -17,7 +17,7 @@ from typing import Callable
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import build
-from experiments.records import RunRecord, make_run_id, read_metrics
+from experiments.records import RunRecord, make_run_id
 
 # (iteration, metrics row as recorded, checkpoint dir written at this iteration or None) -> None.
 # Called once per training iteration, after that iteration's checkpoint (if any) is on disk;
@@ -111,14 +111,21 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, resume_from: Path | N
     return record.finish({"wandb_run_id": logger.wandb_run_id, "train_wall_time_s": time.time() - t0})
 
 
+VERL_POLL_S = 10.0
+"""How often a verl run's metrics files are read into the run record while verl runs (seconds)."""
+
+
 def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, float]:
     """The distributed backend: stock verl 0.9.x + our plugin (needs the [verl] extra and GPUs).
 
     verl logs to ``<run_dir>/verl_metrics.jsonl`` (one file per attempt, see
-    ``experiments.verl_metrics``); when verl returns or fails, those lines are converted into this
-    run's metrics.jsonl, so a verl run reads like a local one. Its time_s is the conversion time;
-    per-step wall time is perf/iter_s (verl's timing_s/step). `callback` (a sweep's reporter) gets
-    every iteration once verl has returned, without checkpoints: verl keeps its own.
+    ``experiments.verl_metrics``). verl runs in a worker thread; this thread follows those files
+    every VERL_POLL_S seconds and turns each new step into a line of this run's metrics.jsonl
+    (``_VerlFollower``), so a verl run reads like a local one while it runs, and `callback` (a
+    sweep's reporter) gets each iteration as soon as verl has logged it, without checkpoints
+    (verl keeps its own). When verl returns or fails, one last poll records what is left. time_s
+    is when the follower saw a step (up to VERL_POLL_S late); per-step wall time is perf/iter_s
+    (verl's timing_s/step).
     """
     from ema_pg_core.verl import require_verl
 
@@ -128,16 +135,74 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
     run_dir = resolve_run_dir(cfg)
     cfg = OmegaConf.merge(cfg, {"run_dir": str(run_dir)}, agent_loops_path(cfg))
     with RunRecord.create(run_dir, cfg, resume=bool(cfg.resume)) as record:
+        follower = _VerlFollower(record, cfg, callback)
         try:
-            code = run_config(OmegaConf.to_container(cfg, resolve=True))
-        finally:  # what verl logged before a crash is kept too
-            _record_verl_metrics(record, cfg)
+            code = _in_thread(lambda: run_config(OmegaConf.to_container(cfg, resolve=True)), follower.poll, VERL_POLL_S)
+        except BaseException:
+            follower.poll(report=False)  # what verl logged before a crash is kept too
+            raise
+        follower.poll()  # the steps logged after the last tick
         if code:
             raise RuntimeError(f"verl exited with status {code}")
-        for row in read_metrics(run_dir) if callback else ():
-            callback(row["iteration"], {k: v for k, v in row.items() if k not in ("iteration", "time_s")}, None)
         summary = record.finish()
     return _flat_summary(summary)
+
+
+def _in_thread(work: Callable[[], int], tick: Callable[[], None], every_s: float) -> int:
+    """``work()`` in a daemon thread, ``tick()`` here every `every_s` seconds until it ends; its
+    result, or its exception re-raised here. (Tune's reporting stays in the caller's thread.)"""
+    import threading
+
+    out: dict = {}
+
+    def target() -> None:
+        try:
+            out["value"] = work()
+        except BaseException as e:  # noqa: BLE001  handed to the caller's thread
+            out["error"] = e
+
+    thread = threading.Thread(target=target, name="verl", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(every_s)
+        tick()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+class _VerlFollower:
+    """verl's metrics files -> metrics.jsonl lines and `callback` calls, step by step, while verl runs.
+
+    Each poll reads every attempt (``experiments.verl_metrics.to_rows``; a half-written last line
+    waits for the next poll). Steps past the last one recorded are appended; a step whose
+    metrics changed (a resumed attempt replaying steps after its checkpoint) rewinds the record
+    to just before it and appends again. `callback` gets each iteration once, in increasing order.
+    """
+
+    def __init__(self, record: RunRecord, cfg: DictConfig, callback: Callback | None):
+        self.record, self.callback = record, callback
+        self.task, self.greedy = cfg.task.name, float(cfg.trainer.eval_temperature) == 0.0
+        self.logged: dict[int, dict] = {}
+        self.reported = -1
+        record.rewind(-1)
+
+    def poll(self, report: bool = True) -> None:
+        from experiments.verl_metrics import to_rows
+
+        rows = [(step, m) for step, m in to_rows(self.record.run_dir, self.task, self.greedy) if m]
+        changed = next((step for step, m in rows if step in self.logged and self.logged[step] != m), None)
+        if changed is not None:
+            self.record.rewind(changed - 1)
+            self.logged = {s: m for s, m in self.logged.items() if s < changed}
+        for step, metrics in rows:
+            if step in self.logged:
+                continue
+            self.logged[step] = metrics
+            row = self.record.log(step, metrics)
+            if report and self.callback is not None and step > self.reported:
+                self.callback(step, {k: v for k, v in row.items() if k not in ("iteration", "time_s")}, None)
+                self.reported = step
 
 
 PACKAGE_PARENT = Path(__file__).resolve().parents[1]
@@ -156,16 +221,6 @@ def agent_loops_path(cfg: DictConfig) -> dict:
     if not path:
         return {}
     return {"backend": {"verl": {"agent_loop_config_path": str(PACKAGE_PARENT / os.path.expanduser(path))}}}
-
-
-def _record_verl_metrics(record: RunRecord, cfg: DictConfig) -> None:
-    """Rebuild metrics.jsonl from every verl attempt's lines (they hold the whole history)."""
-    from experiments.verl_metrics import to_rows
-
-    record.rewind(-1)
-    for step, metrics in to_rows(record.run_dir, cfg.task.name, greedy=float(cfg.trainer.eval_temperature) == 0.0):
-        if metrics:
-            record.log(step, metrics)
 
 
 def _flat_summary(summary: dict) -> dict[str, float]:

@@ -284,8 +284,9 @@ def _seeds(value) -> tuple[int, ...]:
 
 def _check_search(spec: Spec) -> None:
     if spec.backend == "verl" and spec.scheduler.type != "none":
-        raise SpecError(f"scheduler: {spec.scheduler.type} needs results every iteration, and a verl trial reports its "
-                        "metrics only when its verl job returns (README, Scaling out); use scheduler: none with backend: verl")
+        raise SpecError(f"scheduler: {spec.scheduler.type} stops trials mid-run, and stopping a verl trial's job early "
+                        "(its Ray workers and GPUs released) is untested (README, Scaling out); use scheduler: none "
+                        "with backend: verl")
     if "seeds" in spec.raw and spec.seed_axis == (None,):
         raise SpecError("`seed` is in space and `seeds` is given; use one of them")
     if spec.search == "grid":

@@ -107,3 +107,70 @@ def test_verl_run_writes_a_run_record_and_keeps_lines_of_a_crash(fake_verl, tmp_
     # the GPU sweep's metric (sweeps/math_deepscaler_ema_pg.yaml) is produced
     assert final["eval/aime2024/pass@1"] == pytest.approx(0.3) and final["best_eval/aime2024/pass@1"] == pytest.approx(0.3)
     assert to_rows(tmp_path / "run", "math", greedy=False)[0][1]["eval/math/pass@1"] == pytest.approx((0.1 + 0.5) / 2)
+
+
+def test_a_verl_run_is_recorded_and_reported_while_it_runs(monkeypatch, tmp_path):
+    """verl runs in a worker thread; the caller's thread turns each logged step into a metrics line
+    and a callback while verl is still running (a sweep's trial sees every iteration live)."""
+    import threading
+
+    monkeypatch.setattr("experiments.run.VERL_POLL_S", 0.01)
+    monkeypatch.setattr("ema_pg_core.verl.require_verl", lambda: None)
+    seen_live = threading.Event()
+    callers = set()
+
+    def run_config(run):  # logs step 1, then waits until step 1 was recorded and reported
+        with open(rotate(f"{run['run_dir']}/{FILE}"), "w") as f:
+            f.write(json.dumps({"step": 1, "data": STEP}) + "\n")
+            f.flush()
+            if not seen_live.wait(timeout=30):
+                raise AssertionError("step 1 was not reported while verl was running")
+            assert [r["iteration"] for r in read_metrics(run["run_dir"])] == [1]
+            f.write(json.dumps({"step": 2, "data": STEP}) + "\n")
+        return 0
+
+    module = types.ModuleType("ema_pg_core.verl.main")
+    module.run_config = run_config
+    monkeypatch.setitem(sys.modules, "ema_pg_core.verl.main", module)
+
+    def callback(it, metrics, ckpt):
+        callers.add(threading.current_thread().name)
+        if it == 1:
+            seen_live.set()
+
+    reported = []
+    run(build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}/run", "logger=none"]),
+        callback=lambda it, m, ckpt: (reported.append((it, m["train/reward"], ckpt)), callback(it, m, ckpt)))
+    assert reported == [(1, 0.25, None), (2, 0.25, None)]
+    assert callers == {threading.current_thread().name}  # Tune's report stays in the trial's thread
+    assert [r["iteration"] for r in read_metrics(tmp_path / "run")] == [1, 2]
+
+
+def test_follower_rewinds_a_step_a_resumed_attempt_replays(tmp_path):
+    from experiments.records import RunRecord
+    from experiments.run import _VerlFollower
+
+    cfg = build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}", "logger=none"])
+    reported = []
+    with RunRecord.create(tmp_path, cfg) as record:
+        follower = _VerlFollower(record, cfg, lambda it, m, ckpt: reported.append((it, m["train/reward"])))
+        _write(tmp_path / FILE, [(1, {"critic/score/mean": 0.1}), (2, {"critic/score/mean": 0.2})],
+               tail='{"step": 3, "da')  # half-written: waits for the next poll
+        follower.poll()
+        assert [(r["iteration"], r["train/reward"]) for r in read_metrics(tmp_path)] == [(1, 0.1), (2, 0.2)]
+        rotate(tmp_path / FILE)  # a new attempt, resumed from the step-1 checkpoint, replays step 2
+        _write(tmp_path / FILE, [(2, {"critic/score/mean": 0.25}), (3, {"critic/score/mean": 0.3})])
+        follower.poll()
+        follower.poll()  # nothing new: nothing changes
+    assert [(r["iteration"], r["train/reward"]) for r in read_metrics(tmp_path)] == [(1, 0.1), (2, 0.25), (3, 0.3)]
+    assert reported == [(1, 0.1), (2, 0.2), (3, 0.3)]  # each iteration once, in order
+
+
+def test_a_crash_after_some_steps_keeps_and_reports_them_then_raises(fake_verl, tmp_path):
+    fake_verl.crash, fake_verl.steps = True, (1, 2, 3)
+    reported = []
+    with pytest.raises(RuntimeError, match="NCCL timeout"):
+        run(build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}/run", "logger=none"]),
+            callback=lambda it, m, ckpt: reported.append(it))
+    assert [r["iteration"] for r in read_metrics(tmp_path / "run")] == [1, 2, 3]
+    assert reported == [1, 2, 3] and read_status(tmp_path / "run")[0] == "failed"
