@@ -16,6 +16,7 @@ Key mapping (verl 0.9.1 names on the left):
     actor/pg_clipfrac(_lower)            -> loss/clip_frac, loss/dual_clip_frac
     actor/ppo_kl, actor/entropy          -> loss/approx_kl, train/entropy
     actor/grad_norm, timing_s/step       -> train/grad_norm, perf/iter_s
+    train/dropped_truncated              -> train/dropped_truncated (logged by our trainer)
     anchor/*                             -> anchor/* (logged by our trainer)
     val-core/<source>/<var>/mean@N       -> eval/<source>/acc    (greedy validation: T = 0)
                                             eval/<source>/pass@1 (sampled: mean over N samples)
@@ -40,6 +41,7 @@ TRAIN_KEYS = {
     "actor/pg_loss": "loss/pg", "actor/kl_loss": "kl/value", "actor/pg_clipfrac": "loss/clip_frac",
     "actor/pg_clipfrac_lower": "loss/dual_clip_frac", "actor/ppo_kl": "loss/approx_kl",
     "actor/entropy": "train/entropy", "actor/grad_norm": "train/grad_norm", "timing_s/step": "perf/iter_s",
+    "train/dropped_truncated": "train/dropped_truncated",
 }
 _VAL = re.compile(r"^val-core/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
 

@@ -41,6 +41,10 @@ OLD, REF = "emapg_old_", "emapg_ref_"
 # --------------------------------------------------------------------------------------
 # The emapg: section
 # --------------------------------------------------------------------------------------
+SECTION_SCALARS = ("metrics_path", "mask_truncated")
+"""The emapg section's top-level keys that are values, not groups."""
+
+
 @dataclass
 class EmaPGSection:
     """What our verl plugin reads: the core's own dataclasses (defaults and validation live there)."""
@@ -50,8 +54,13 @@ class EmaPGSection:
     loss: LossConfig = field(default_factory=LossConfig)
     metrics_path: str | None = None
     """Where verl's "file" logger writes one JSON line per iteration ({"step", "data"}); null = verl's default."""
+    mask_truncated: bool = False
+    """Drop responses that reached data.max_response_length from the actor update, after the advantages
+    (rLLM's mask_truncated_samples, the paper's 8k math stage; ``trainer.drop_truncated``)."""
 
     def __post_init__(self):
+        if not isinstance(self.mask_truncated, bool):
+            raise ValueError(f"emapg.mask_truncated must be true or false; got {self.mask_truncated!r}")
         est = get_estimator(self.kl.type)
         if self.kl.coef > 0 and est.needs == "full":
             raise ValueError(f"algo.kl.type={self.kl.type!r} needs full (B, T, V) anchor logits, which the verl backend "
@@ -69,14 +78,15 @@ class EmaPGSection:
             if unknown:
                 raise ValueError(f"unknown emapg.{name} key(s) {unknown}; allowed: {', '.join(sorted(allowed))}")
             parts[name] = typ(**sub)
-        unknown = sorted(set(d) - {"kl", "anchor", "loss", "metrics_path"})
+        unknown = sorted(set(d) - {"kl", "anchor", "loss", *SECTION_SCALARS})
         if unknown:
-            raise ValueError(f"unknown emapg key(s) {unknown}; allowed: kl, anchor, loss, metrics_path")
-        return cls(**parts, metrics_path=d.get("metrics_path"))
+            raise ValueError(f"unknown emapg key(s) {unknown}; allowed: kl, anchor, loss, {', '.join(SECTION_SCALARS)}")
+        return cls(**parts, **{k: d[k] for k in SECTION_SCALARS if d.get(k) is not None})
 
     def to_dict(self) -> dict[str, Any]:
         return {"kl": asdict(self.kl), "anchor": asdict(self.anchor), "loss": asdict(self.loss),
-                "metrics_path": self.metrics_path}
+                **{k: getattr(self, k) for k in SECTION_SCALARS}}
+
 
 
 def uses_topk(kl: KLConfig) -> bool:
@@ -150,6 +160,9 @@ class VerlSettings:
     resolves a relative path against its working directory; `emapg train` makes it absolute first."""
     retriever_url: str | None = None
     """`emapg retriever serve` URL for a search agent loop (verl's rollout.custom.retriever_url)."""
+    mask_truncated: bool = False
+    """Drop responses that hit max_response_length from the actor update, after the advantages (the
+    paper's 8k math stage, rLLM's mask_truncated_samples; emapg.mask_truncated)."""
     val_before_train: bool = False
     checkpoint_dir: str | None = None
     """trainer.default_local_dir; null = verl's checkpoints/<project>/<experiment>."""
@@ -196,12 +209,12 @@ def to_verl(run: Mapping[str, Any]) -> VerlJob:
     from ema_pg_core.config import OptimConfig, RolloutConfig, TrainerConfig
 
     algo = run.get("algo", {})
+    vs = VerlSettings(**(run.get("backend", {}).get("verl") or {}))
     metrics = os.path.join(run["run_dir"], "verl_metrics.jsonl") if run.get("run_dir") else None
     section = EmaPGSection.from_dict({"kl": algo.get("kl", {}), "anchor": algo.get("anchor", {}), "loss": algo.get("loss", {}),
-                                      "metrics_path": metrics})
+                                      "metrics_path": metrics, "mask_truncated": vs.mask_truncated})
     adv = AdvantageConfig(**algo.get("adv", {}))
     ro, opt, tr = RolloutConfig(**run.get("rollout", {})), OptimConfig(**run.get("optim", {})), TrainerConfig(**run.get("trainer", {}))
-    vs = VerlSettings(**(run.get("backend", {}).get("verl") or {}))
     model_path = (run.get("model") or {}).get("path")
     if not model_path:
         raise ValueError("the verl backend needs model.path (an HF model id or directory)")
@@ -328,12 +341,13 @@ def split_argv(argv: list[str]) -> tuple[list[str], EmaPGSection]:
             key, _, value = arg.lstrip("+").partition("=")
             parts = key.split(".")[1:]
             parsed = yaml.safe_load(value) if value != "" else None
-            if parts == ["metrics_path"]:
-                section["metrics_path"] = parsed
+            if len(parts) == 1 and parts[0] in SECTION_SCALARS:
+                section[parts[0]] = parsed
             elif len(parts) == 2:
                 section.setdefault(parts[0], {})[parts[1]] = parsed
             else:
-                raise ValueError(f"{arg!r}: emapg overrides are emapg.<kl|anchor|loss>.<field>=<value> or emapg.metrics_path=...")
+                raise ValueError(f"{arg!r}: emapg overrides are emapg.<kl|anchor|loss>.<field>=<value> or "
+                                 f"emapg.<{'|'.join(SECTION_SCALARS)}>=<value>")
         else:
             verl_args.append(arg)
     return verl_args, EmaPGSection.from_dict(section)

@@ -4,7 +4,9 @@ Registered as ``trainer.v1.trainer_mode=emapg_sync``. Per iteration (verl's ``_s
 
     rollout -> reward -> pi_old pass  [Top-k "old" flags: reverse KL takes pi_old's top-k here]
             -> anchor pass            [Top-k "ref" flags: gather at pi_old's ids / own top-k]
-            -> GRPO advantages -> actor update [Top-k "train" flags: the KL runs in the logits hook]
+            -> GRPO advantages -> actor update [Top-k "train" flags: the KL runs in the logits hook;
+                                                with emapg.mask_truncated, length-capped responses
+                                                masked out for the update only: ``drop_truncated``]
             -> EMA: after the update of iterations period, 2*period, ... (``anchor_due``)
     -> checkpoint (verl's; our worker writes the anchor beside the actor) -> weight sync -> eval
 
@@ -18,6 +20,7 @@ tensors themselves travel through verl's TransferQueue under producer-prefixed k
 from __future__ import annotations
 
 import ray
+import torch
 from omegaconf import OmegaConf, open_dict
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
@@ -52,6 +55,21 @@ def check_verl(config, section: EmaPGSection) -> None:
         raise ValueError("verl settings incompatible with EMA-PG:\n  " + "\n  ".join(problems))
 
 
+def drop_truncated(response_mask: torch.Tensor, lengths: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(response_mask with the rows of responses that reached `cap` tokens zeroed, which rows).
+
+    response_mask: jagged nested (B, *), lengths: (B,) response tokens per row -> (B, *) jagged, (B,) bool.
+    A zero mask removes a response from the update as rLLM's mask_truncated_samples drops it: no
+    policy-gradient and no KL term, and token-mean aggregation normalises over the kept tokens only.
+    One difference: seq-mean-token-mean divides by verl's fixed mini-batch size in sequences, so the
+    kept sequences' loss is scaled by kept/B compared with dropping them (tests/verl/test_trainer.py).
+    """
+    truncated = lengths >= cap  # (B,)
+    rows = torch.repeat_interleave(torch.arange(len(lengths)), response_mask.offsets().diff())  # (nnz,) row of each token
+    values = response_mask.values() * (~truncated)[rows].to(response_mask.dtype)  # (nnz,)
+    return torch.nested.nested_tensor_from_jagged(values, offsets=response_mask.offsets()), truncated
+
+
 @register_trainer(TRAINER_MODE)
 class EmaPGTrainerSync(PPOTrainerSync):
     """``PPOTrainerSync`` with the EMA anchor and Top-k KL passes (see the module docstring)."""
@@ -80,7 +98,12 @@ class EmaPGTrainerSync(PPOTrainerSync):
 
     def _update_actor(self, batch, metrics):
         set_pass(batch.extra_info, **self._passes["train"])
-        batch = super()._update_actor(batch, metrics)
+        original = self._mask_truncated(batch, metrics) if self.emapg.mask_truncated else None
+        try:
+            batch = super()._update_actor(batch, metrics)
+        finally:  # the update alone drops them: metrics and logs after it see every response
+            if original is not None:
+                self._put(batch, {"response_mask": original})
         set_pass(batch.extra_info)  # off for whatever reads this batch next
         last_local = self.local_trigger_step == self.parameter_sync_step - 1
         if last_local and anchor_due(self.global_steps, self.emapg.anchor):
@@ -88,3 +111,24 @@ class EmaPGTrainerSync(PPOTrainerSync):
         else:
             metrics["anchor/updated"] = 0.0
         return batch
+
+    def _mask_truncated(self, batch, metrics) -> torch.Tensor:
+        """Zero the response_mask of length-capped responses in TransferQueue; return the original.
+
+        Runs after ``_compute_advantage``, so those responses still count in their group's statistics.
+        """
+        import transfer_queue as tq
+
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses", "response_mask"])
+        original = data["response_mask"]
+        masked, truncated = drop_truncated(original, data["responses"].offsets().diff(), int(self.config.data.max_response_length))
+        self._put(batch, {"response_mask": masked})
+        metrics["train/dropped_truncated"] = truncated.float().mean().item()
+        return original
+
+    @staticmethod
+    def _put(batch, fields: dict) -> None:
+        import transfer_queue as tq
+        from tensordict import TensorDict
+
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(fields, batch_size=len(batch.keys)))

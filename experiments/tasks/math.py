@@ -72,7 +72,7 @@ class Stage:
 
     max_response_length: int
     mask_truncated: bool
-    """Drop length-capped responses from the update (after advantages). Not available in stock verl 0.9.1."""
+    """Drop length-capped responses from the update, after advantages (backend.verl.mask_truncated)."""
     data_seed: int
     iterations: tuple[int, int | None]
     """(start, end) global steps; the 24k stage's end is not published."""
@@ -94,7 +94,7 @@ def stage_overrides(stage: str, resume_from: str | None = None) -> dict:
     if resume_from:
         extra += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={resume_from}"]
     out = {"rollout.max_new_tokens": s.max_response_length, "backend.verl.max_response_length": s.max_response_length,
-           "backend.verl.overrides": extra}
+           "backend.verl.mask_truncated": s.mask_truncated, "backend.verl.overrides": extra}
     if s.iterations[1] is not None:
         out["trainer.iterations"] = s.iterations[1]
     return out

@@ -96,6 +96,7 @@ def test_math_hyperparameters():
     assert o["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "30000" and o["data.seed"] == "6725"
     assert o["actor_rollout_ref.actor.strategy"] == "fsdp2" and o["trainer.v1.trainer_mode"] == "emapg_sync"
     assert o["trainer.total_training_steps"] == "480" and o["trainer.save_freq"] == "20"
+    assert e["mask_truncated"] is True and _job("search_r1_ema_pg").emapg["mask_truncated"] is False  # 8k stage only
 
 
 def test_search_hyperparameters():
@@ -142,6 +143,7 @@ def test_anchor_schedule_matches_core():
     ({"rollout": {"prompts_per_iter": 10}, "trainer": {"mini_batches": 3}}, "divisible"),
     ({"backend": {"verl": {"rollout_engine": "hf"}}}, "rollout_engine"),
     ({"backend": {"verl": {"bogus": 1}}}, "bogus"),
+    ({"backend": {"verl": {"mask_truncated": "yes"}}}, r"emapg.mask_truncated must be true or false"),
 ])
 def test_invalid_run_configs_fail_clearly(bad, match):
     run = {"model": {"path": "m"}, **bad}
@@ -154,6 +156,9 @@ def test_split_argv_and_formatting():
                                 "emapg.kl.iw_clip_high=null"])
     assert args == ["trainer.nnodes=2"]
     assert section.kl.type == "topk_forward" and section.anchor.tau == 0.95 and section.kl.iw_clip_high is None
+    assert split_argv(["emapg.mask_truncated=true"])[1].mask_truncated is True
+    with pytest.raises(ValueError, match=r"emapg.<metrics_path\|mask_truncated>"):
+        split_argv(["emapg.bogus=1"])
     with pytest.raises(ValueError, match="unknown emapg.kl"):
         EmaPGSection.from_dict({"kl": {"kk": 1}})
     assert [fmt(v) for v in (None, True, 1e-6, [0.9, 0.95], "a b", "x")] == ["null", "true", "1e-06", "[0.9,0.95]", "'a b'", "x"]

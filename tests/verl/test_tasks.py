@@ -74,6 +74,7 @@ def test_math_stages_and_protocols():
     o = m.stage_overrides("16k", resume_from="/ckpt/global_step_480")
     assert o["rollout.max_new_tokens"] == 16384 and o["trainer.iterations"] == 800
     assert "trainer.resume_from_path=/ckpt/global_step_480" in o["backend.verl.overrides"]
+    assert o["backend.verl.mask_truncated"] is False and m.stage_overrides("8k")["backend.verl.mask_truncated"] is True
     assert "trainer.iterations" not in m.stage_overrides("24k")  # its end is unpublished
     p = m.PROTOCOLS["readme"]
     assert (p.n, p.temperature, p.top_p, p.max_tokens, p.seed) == (32, 0.8, 0.9, 28000, 429)

@@ -97,3 +97,84 @@ def test_check_verl_refuses_incompatible_settings(override, match, verl_cpu):
             "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.name=vllm"]
     with pytest.raises(ValueError, match=match):
         compose(base + [override])
+
+
+# ---------------------------------------------------------------- mask_truncated (the 8k math stage)
+def _jagged(rows):
+    import torch
+
+    return torch.nested.nested_tensor_from_jagged(torch.cat(rows), offsets=torch.tensor([0, *map(len, rows)]).cumsum(0))
+
+
+def test_drop_truncated_zeroes_the_rows_that_hit_the_cap(verl_cpu):
+    import torch
+
+    from ema_pg_core.verl.trainer import drop_truncated
+
+    rows = [torch.tensor([1, 1, 1]), torch.tensor([1, 1, 0, 0, 1]), torch.tensor([1, 1, 1, 1, 1]), torch.tensor([1, 0])]
+    mask = _jagged(rows)  # row 1: a multi-turn response with 2 information tokens
+    masked, truncated = drop_truncated(mask, torch.tensor([3, 5, 5, 2]), cap=5)
+    assert truncated.tolist() == [False, True, True, False]
+    assert torch.equal(masked.offsets(), mask.offsets())
+    assert [r.tolist() for r in masked.unbind()] == [[1, 1, 1], [0] * 5, [0] * 5, [1, 0]]
+    assert torch.equal(drop_truncated(mask, torch.tensor([3, 5, 5, 2]), cap=6)[0].values(), mask.values())
+
+
+def test_a_zero_mask_drops_a_response_from_verls_loss_aggregation(verl_cpu):
+    """token-mean: identical to leaving the response out of the batch. seq-mean-token-mean: verl divides by
+    the fixed mini-batch size, so the kept sequences weigh kept/B of what dropping them would give."""
+    import torch
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    gen = torch.Generator().manual_seed(0)
+    loss = torch.randn(6, 7, generator=gen, dtype=torch.float64)  # (B, T)
+    lengths = torch.tensor([7, 3, 7, 5, 1, 7])
+    mask = (torch.arange(7) < lengths[:, None]).double()  # (B, T)
+    keep = lengths < 7  # rows 0, 2, 5 hit the cap of 7
+    zeroed = mask * keep[:, None]
+    kept = agg_loss(loss[keep], mask[keep], "token-mean")
+    assert torch.allclose(agg_loss(loss, zeroed, "token-mean"), kept, rtol=1e-12)
+    kept = agg_loss(loss[keep], mask[keep], "seq-mean-token-mean", global_batch_size=int(keep.sum()))
+    masked = agg_loss(loss, zeroed, "seq-mean-token-mean", global_batch_size=6)
+    assert torch.allclose(masked, kept * keep.sum() / 6, rtol=1e-12)
+
+
+def test_update_actor_sees_truncated_responses_masked_and_restores_them(monkeypatch, verl_cpu, tq_local):
+    """Through a real TransferQueue: only the actor update sees the zeroed rows (the advantages were
+    computed before it from the full mask, and the metrics after it read the full mask again)."""
+    import torch
+    from omegaconf import OmegaConf
+    from tensordict import TensorDict
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    tq, keys = tq_local, ["a", "b", "c", "d"]
+    lengths = [3, 5, 2, 5]
+    responses = _jagged([torch.arange(n) for n in lengths])
+    mask = _jagged([torch.ones(n, dtype=torch.int64) for n in lengths])
+    tq.kv_batch_put(keys=keys, partition_id="train",
+                    fields=TensorDict({"responses": responses, "response_mask": mask}, batch_size=4))
+    seen = {}
+
+    def update(self, batch, metrics):
+        got = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"])
+        seen["mask"] = [r.tolist() for r in got["response_mask"].unbind()]
+        return batch
+
+    t, _ = _trainer(monkeypatch)
+    monkeypatch.setattr(PPOTrainerSync, "_update_actor", update)
+    t.emapg.mask_truncated, t.global_steps = True, 1
+    t.config = OmegaConf.create({"data": {"max_response_length": 5}})
+    batch, metrics = _Meta(), {}
+    batch.keys, batch.partition_id = keys, "train"
+    t._update_actor(batch, metrics)
+    assert seen["mask"] == [[1, 1, 1], [0] * 5, [1, 1], [0] * 5]
+    assert metrics["train/dropped_truncated"] == 0.5
+    after = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["response_mask"])["response_mask"]
+    assert [r.tolist() for r in after.unbind()] == [[1] * n for n in lengths]
+
+
+def test_mask_truncated_off_leaves_the_batch_alone(monkeypatch, verl_cpu):
+    t, seen = _trainer(monkeypatch)
+    t.global_steps, m = 1, {}
+    t._update_actor(_Meta(), m)  # no keys, no TransferQueue: it is never touched
+    assert "train/dropped_truncated" not in m and "_update_actor" in seen

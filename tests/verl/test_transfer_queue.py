@@ -4,32 +4,10 @@ a later put adds a nested (nnz, K) int32 field to existing keys, an unselected g
 fetch does when the trainer passes no field list) returns it intact, and a selected get re-ordered
 by key keeps each sequence's rows."""
 
-import os
-
 import pytest
 import torch
 
 pytestmark = pytest.mark.verl
-
-
-@pytest.fixture()
-def tq_local(tmp_path):
-    os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-    import ray
-    from omegaconf import OmegaConf
-
-    tq = pytest.importorskip("transfer_queue")
-    temp = f"/tmp/emapg_tq_{os.getpid()}"  # short: Ray's unix sockets live here
-    ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=temp, namespace="emapg_tq_test")
-    try:
-        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 64}}}))
-        yield tq
-    finally:
-        tq.close()
-        ray.shutdown()
-        import shutil
-
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_topk_fields_travel_through_transfer_queue(tq_local):
