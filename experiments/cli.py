@@ -4,6 +4,8 @@ imports ray and `emapg report` never imports torch.
     emapg train experiment=math_tiny_ema_pg [hydra overrides ...]
     emapg pretrain task=math_tiny
     emapg retriever serve --task search_tiny --port 8000
+    emapg retriever serve --corpus wiki-18.jsonl --retriever e5 [--index e5_Flat.index]
+    emapg retriever index --corpus wiki-18.jsonl --out e5_Flat.index
     emapg sweep sweeps/quickstart.yaml [--dry-run] [--resume] [--address ...]
     emapg report <runs-or-sweep-dir> --out <dir>
     emapg figures --out <dir>

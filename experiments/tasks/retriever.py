@@ -1,4 +1,4 @@
-"""Retrieval for search tasks: one interface, an in-process BM25 and an HTTP server/client pair.
+"""Retrieval for search tasks: one interface, BM25 and e5 dense retrievers, an HTTP server/client pair.
 
 The local trainer can call `BM25Retriever` in process; the verl backend (and anyone running the
 retriever on another machine) needs a service, so the same retriever is served over HTTP with the
@@ -6,13 +6,20 @@ request/response shape of Search-R1's retrieval server:
 
     emapg retriever serve --task search_tiny --port 8000        # host defaults to 127.0.0.1
     emapg retriever serve --corpus wiki-18.jsonl --port 8000    # BM25 over a local corpus file
+    emapg retriever serve --corpus wiki-18.jsonl --retriever e5 --index e5_Flat.index   # Search-R1's setup
+    emapg retriever index --corpus wiki-18.jsonl --out e5_Flat.index    # encode once, serve with --index
     POST /retrieve  {"queries": ["Bara Kovin"], "topk": 3}  ->  {"result": [["passage", ...]]}
     GET  /health    -> {"status": "ok", "num_docs": 1234}
 
-Simplifications compared with Search-R1: BM25 (`bm25s`) only, no e5 dense index; results are plain
-passage strings (no scores). A corpus file is Search-R1's / FlashRAG's JSONL (one {"id", "contents"}
-object per line, contents = '"Title"\ntext', e.g. wiki-18.jsonl) or plain text, one passage per line;
-BM25 holds its index in memory (the 21M-passage wiki-18 needs tens of GB).
+Two retrievers: BM25 (`bm25s`, the default) and `DenseRetriever` (experiments/tasks/dense_retriever.py:
+intfloat/e5-base-v2 embeddings, exact inner-product search with a FAISS IndexFlatIP where `faiss` is
+installed, a torch matmul otherwise), which is the paper's (Search-R1's) retriever. `--index` reads a
+prebuilt FAISS index such as Search-R1's `e5_Flat.index` instead of encoding the corpus (encoding
+wiki-18's 21M passages takes GPU hours); it must list the passages in the corpus file's order.
+Simplifications compared with Search-R1: results are plain passage strings (no scores); the e5
+encoder runs in float32. A corpus file is Search-R1's / FlashRAG's JSONL (one {"id", "contents"}
+object per line, contents = '"Title"\ntext', e.g. wiki-18.jsonl) or plain text, one passage per line.
+Both retrievers hold their index in memory (wiki-18: tens of GB for BM25, about 65 GB for e5).
 """
 
 from __future__ import annotations
@@ -80,6 +87,15 @@ class BM25Retriever:
             top = np.argsort(-scores, kind="stable")[:k]  # stable: ties keep document order
             out.append([self.docs[i] for i in top if scores[i] > 0])
         return out
+
+
+def __getattr__(name: str):
+    """`DenseRetriever` is imported on first use: it needs torch, which BM25 and the HTTP client do not."""
+    if name == "DenseRetriever":
+        from experiments.tasks.dense_retriever import DenseRetriever
+
+        return DenseRetriever
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class HTTPRetriever:
@@ -199,28 +215,107 @@ def load_corpus(path: str) -> list[str]:
     return passages
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """`emapg retriever serve (--task search_tiny [knob=value ...] | --corpus FILE) [--port 8000] [--host 127.0.0.1]`."""
-    from experiments.tasks import get_task
+RETRIEVERS = ("bm25", "e5")
+E5_FLAGS = ("model", "index", "batch_size")  # argparse dests that apply to --retriever e5 only
 
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="emapg retriever", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("serve", help="serve a task's corpus over HTTP (POST /retrieve, GET /health)")
-    p.add_argument("--task", default="search_tiny", help="task whose corpus is served")
-    p.add_argument("--corpus", help="serve BM25 over this file instead (JSONL with 'contents', or one passage per line)")
+    p = sub.add_parser("serve", help="serve a task's corpus or a corpus file over HTTP (POST /retrieve, GET /health)")
+    p.add_argument("--task", default="search_tiny", help="task whose corpus is served (BM25)")
+    p.add_argument("--corpus", help="serve this file instead (JSONL with 'contents', or one passage per line)")
+    p.add_argument("--retriever", default="bm25", choices=RETRIEVERS, help="bm25 (default) or e5 (dense; needs --corpus)")
+    p.add_argument("--model", help="e5 only: encoder name or local dir (default: intfloat/e5-base-v2)")
+    p.add_argument("--index", help="e5 only: prebuilt FAISS index of --corpus (e.g. Search-R1's e5_Flat.index)")
+    p.add_argument("--batch-size", type=_positive_int, help="e5 only: texts per encoder batch (default: 64)")
     p.add_argument("--host", default=DEFAULT_HOST, help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("knobs", nargs="*", metavar="knob=value", help="task knobs, e.g. n_people=300")
+    p = sub.add_parser("index", help="encode a corpus file with e5 and write a FAISS IndexFlatIP (needs faiss)")
+    p.add_argument("--corpus", required=True, help="JSONL with 'contents', or one passage per line")
+    p.add_argument("--out", required=True, help="the index file to write, e.g. e5_Flat.index")
+    p.add_argument("--model", help="encoder name or local dir (default: intfloat/e5-base-v2)")
+    p.add_argument("--batch-size", type=_positive_int, help="texts per encoder batch (default: 64)")
+    return parser
+
+
+def _check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Flag errors of `serve`, before any corpus or model is loaded."""
+    if args.corpus and args.knobs:
+        parser.error("task knobs do not apply to --corpus")
+    given = [f"--{d.replace('_', '-')}" for d in E5_FLAGS if getattr(args, d) is not None]
+    if args.retriever == "bm25" and given:
+        parser.error(f"{', '.join(given)}: only for --retriever e5 "
+                     f"(--retriever is one of: {', '.join(RETRIEVERS)}; default bm25)")
+    if args.retriever == "e5" and not args.corpus:
+        parser.error("--retriever e5 needs --corpus FILE (JSONL with 'contents', or one passage per line)")
+    if args.index is not None:
+        _check_file("--index", args.index)
+        _require_faiss()
+
+
+def _check_index_args(args: argparse.Namespace) -> None:
+    """Flag errors of `index`, before the corpus is read or anything is encoded."""
+    import os
+
+    out_dir = os.path.dirname(os.path.abspath(os.path.expanduser(args.out)))
+    if not os.path.isdir(out_dir):
+        raise ValueError(f"--out {args.out!r}: directory {out_dir} does not exist")
+    _require_faiss()
+
+
+def _positive_int(text: str) -> int:
+    if not text.lstrip("-").isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {text!r}")
+    return int(text)
+
+
+def _check_file(flag: str, path: str) -> None:
+    import os
+
+    if not os.path.isfile(os.path.expanduser(path)):
+        raise ValueError(f"{flag} {path!r}: no such file")
+
+
+def _require_faiss() -> None:
+    from experiments.tasks.dense_retriever import import_faiss
+
+    import_faiss()  # ImportError naming the install command
+
+
+def _dense_kwargs(args: argparse.Namespace) -> dict:
+    """DenseRetriever / write_faiss_index keyword arguments from --model and --batch-size."""
+    return {k: v for k, v in (("model", args.model), ("batch_size", args.batch_size)) if v is not None}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`emapg retriever serve ...` or `emapg retriever index ...` (see the module docstring)."""
+    from experiments.tasks import get_task
+
+    parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "index":
+        from experiments.tasks.dense_retriever import write_faiss_index
+
+        _check_index_args(args)
+        docs = load_corpus(args.corpus)
+        write_faiss_index(docs, args.out, **_dense_kwargs(args))
+        print(f"wrote {args.out} ({len(docs)} passages)", flush=True)
+        return
+    _check_serve_args(parser, args)
     knobs = {}
     for item in args.knobs:
         key, sep, value = item.partition("=")
         if not sep:
             parser.error(f"knob {item!r} must look like key=value")
         knobs[key] = yaml.safe_load(value)  # "300" -> 300, "0.5" -> 0.5, "abc" -> "abc"
-    if args.corpus:
-        if knobs:
-            parser.error("task knobs do not apply to --corpus")
+    if args.retriever == "e5":
+        from experiments.tasks.dense_retriever import DenseRetriever
+
+        env = DenseRetriever(load_corpus(args.corpus), index_path=args.index, **_dense_kwargs(args))
+        what = f"{args.corpus} with e5 ({env.backend} search)"
+    elif args.corpus:
         env, what = BM25Retriever(load_corpus(args.corpus)), args.corpus
     else:
         env, what = get_task(args.task).make_env(**knobs), args.task
