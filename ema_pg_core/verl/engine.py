@@ -18,6 +18,12 @@ keyed ``<prefix>topk_ids`` (nnz, K) int32, ``<prefix>logits_k`` (nnz, K) fp32 an
 ``ema_pg_core.topk.token_stats_from_logits`` (chunked; no (nnz, V) log-softmax copy), on logits
 divided by the rollout temperature as verl's log-probs are.
 
+With ``DROP_KEY`` set (the trainer sets it when emapg.mask_truncated is on), a training mini-batch's
+``global_batch_size`` (verl's seq-mean denominator, normally the fixed mini-batch size) becomes the
+number of sequences whose loss mask is not all zero, summed over the data-parallel group: a
+response masked out by ``trainer.drop_truncated`` is then dropped from the seq-mean aggregations
+exactly, as it already is from token-mean.
+
 Activation: ``EmaPGActorRolloutRefWorker`` re-classes the engines verl built (``__class__``
 assignment, after checking the type) instead of replacing verl's private engine registry.
 Supported: remove-padding or padded inputs, Ulysses SP = 1, no ``pad_to_length`` (validated).
@@ -33,6 +39,8 @@ from ema_pg_core.topk import token_stats_from_logits
 
 MODE, K, IDS_KEY, PREFIX = "emapg_topk_mode", "emapg_topk_k", "emapg_topk_ids_key", "emapg_topk_prefix"
 MODES = ("off", "self", "gather", "train")
+DROP_KEY = "emapg_drop_masked_seqs"
+"""Non-tensor flag: sequences with an all-zero loss mask leave verl's seq-mean denominator too."""
 
 
 def set_pass(td, mode: str = "off", k: int = 0, ids_key: str = "", prefix: str = "") -> None:
@@ -50,8 +58,27 @@ def _flag(td, key, default):
     return tu.get_non_tensor_data(data=td, key=key, default=default)
 
 
+def kept_sequences(loss_mask: torch.Tensor) -> int:
+    """Number of rows of `loss_mask` (jagged nested (B, *) or dense (B, S)) with any nonzero entry."""
+    if not loss_mask.is_nested:
+        return int((loss_mask.sum(-1) > 0).sum())
+    lengths = loss_mask.offsets().diff()  # (B,)
+    rows = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)  # (nnz,)
+    per_row = torch.zeros(len(lengths), device=lengths.device).index_add_(0, rows, loss_mask.values().float())  # (B,)
+    return int((per_row > 0).sum())
+
+
 class EmaPGFSDPEngineWithLMHead(FSDPEngineWithLMHead):
     """``FSDPEngineWithLMHead`` + Top-k statistics on request (see the module docstring)."""
+
+    def forward_backward_batch(self, data, loss_function, forward_only=False):
+        if _flag(data, DROP_KEY, False):
+            from verl.utils.device import get_device_id
+
+            kept = torch.tensor(kept_sequences(data["loss_mask"]), dtype=torch.int64, device=get_device_id())
+            torch.distributed.all_reduce(kept, op=torch.distributed.ReduceOp.SUM, group=self.get_data_parallel_group())
+            tu.assign_non_tensor(data, global_batch_size=max(int(kept.item()), 1))  # all dropped: the loss is 0 anyway
+        return super().forward_backward_batch(data, loss_function, forward_only)
 
     def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
         mode = _flag(micro_batch, MODE, "off")

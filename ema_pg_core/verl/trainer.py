@@ -27,7 +27,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from ema_pg_core.verl.config import TRAINER_MODE, EmaPGSection, anchor_due, topk_passes
-from ema_pg_core.verl.engine import set_pass
+from ema_pg_core.verl.engine import DROP_KEY, set_pass
 from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
 
 
@@ -60,9 +60,9 @@ def drop_truncated(response_mask: torch.Tensor, lengths: torch.Tensor, cap: int)
 
     response_mask: jagged nested (B, *), lengths: (B,) response tokens per row -> (B, *) jagged, (B,) bool.
     A zero mask removes a response from the update as rLLM's mask_truncated_samples drops it: no
-    policy-gradient and no KL term, and token-mean aggregation normalises over the kept tokens only.
-    One difference: seq-mean-token-mean divides by verl's fixed mini-batch size in sequences, so the
-    kept sequences' loss is scaled by kept/B compared with dropping them (tests/verl/test_trainer.py).
+    policy-gradient and no KL term; token-mean normalises over the kept tokens, and the seq-mean
+    modes over the kept sequences (the engine's ``DROP_KEY``; verl alone would divide by its fixed
+    mini-batch size). The mini-batches keep their size and number (rLLM's smaller batch had fewer).
     """
     truncated = lengths >= cap  # (B,)
     rows = torch.repeat_interleave(torch.arange(len(lengths)), response_mask.offsets().diff())  # (nnz,) row of each token
@@ -99,9 +99,11 @@ class EmaPGTrainerSync(PPOTrainerSync):
     def _update_actor(self, batch, metrics):
         set_pass(batch.extra_info, **self._passes["train"])
         original = self._mask_truncated(batch, metrics) if self.emapg.mask_truncated else None
+        batch.extra_info[DROP_KEY] = original is not None
         try:
             batch = super()._update_actor(batch, metrics)
         finally:  # the update alone drops them: metrics and logs after it see every response
+            batch.extra_info[DROP_KEY] = False
             if original is not None:
                 self._put(batch, {"response_mask": original})
         set_pass(batch.extra_info)  # off for whatever reads this batch next

@@ -50,8 +50,9 @@ def training_worker(model_path: str, forward_only: bool, remove_padding: bool = 
     return w
 
 
-def batch(seed: int = 0, vocab: int = 100, temperature: float = 1.0):
-    """(TensorDict in verl's no-padding layout, dict of the padded tensors) for 4 sequences."""
+def batch(seed: int = 0, vocab: int = 100, temperature: float = 1.0, drop: tuple[int, ...] = ()):
+    """(TensorDict in verl's no-padding layout, dict of the padded tensors) for 4 sequences; the
+    rows in `drop` get an all-zero response_mask (a response left out of the update)."""
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
@@ -68,6 +69,7 @@ def batch(seed: int = 0, vocab: int = 100, temperature: float = 1.0):
     input_ids = torch.cat([prompts, responses], 1)
     pos = (am.cumsum(1) - 1).clamp_min(0)
     mask = am[:, P:].clone()
+    mask[list(drop)] = 0
     extra = {  # response-layout inputs of the loss
         "old_log_probs": -torch.rand(B, R, generator=g) * 3 * mask,
         "ref_log_prob": -torch.rand(B, R, generator=g) * 3 * mask,

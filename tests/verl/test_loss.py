@@ -58,7 +58,7 @@ def _plain(tiny_path, worker):
     return m
 
 
-def _train_batch(actor, ref, kl_cfg, T):
+def _train_batch(actor, ref, kl_cfg, T, drop=()):
     """The update-pass TensorDict with the Top-k fields produced by the engines' own passes."""
     from ema_pg_core.verl.config import topk_passes
     from ema_pg_core.verl.engine import set_pass
@@ -73,7 +73,7 @@ def _train_batch(actor, ref, kl_cfg, T):
         set_pass(td, **passes[who])
         out = worker.infer_batch(td)
         fields.update({k: out[k] for k in out.keys() if k.startswith("emapg_")})
-    td, padded = engines.batch(temperature=T)
+    td, padded = engines.batch(temperature=T, drop=drop)
     td.update(fields)
     set_pass(td, **passes["train"])
     return td, padded, fields
@@ -90,7 +90,20 @@ def test_micro_batched_loss_equals_core(engines_dynamic, tiny_path, kl_type, tai
     _check(engines_dynamic, tiny_path, kl_type, tail, use_iw, agg, dynamic=True)
 
 
-def _check(pair, tiny_path, kl_type, tail, use_iw, agg, dynamic):
+@pytest.mark.parametrize("kl_type,tail,use_iw,agg", [CASES[1], CASES[0]])
+def test_masked_out_response_is_dropped_from_the_loss(engines_pair, tiny_path, kl_type, tail, use_iw, agg):
+    """mask_truncated: a response with an all-zero mask (trainer.drop_truncated) and the engine's DROP_KEY
+    give the loss and gradients of the core over the other three (its seq-mean skips empty rows)."""
+    _check(engines_pair, tiny_path, kl_type, tail, use_iw, agg, dynamic=False, drop=(1,))
+
+
+def test_without_drop_key_verl_counts_the_masked_response(engines_pair, tiny_path):
+    """The control: verl alone divides seq-mean-token-mean by the mini-batch size (4), not by the 3 kept."""
+    with pytest.raises(AssertionError):
+        _check(engines_pair, tiny_path, *CASES[1], dynamic=False, drop=(1,), drop_key=False)
+
+
+def _check(pair, tiny_path, kl_type, tail, use_iw, agg, dynamic, drop=(), drop_key=True):
     from verl.utils import tensordict_utils as tu
     from verl.workers.config import FSDPActorConfig
 
@@ -98,6 +111,7 @@ def _check(pair, tiny_path, kl_type, tail, use_iw, agg, dynamic):
     from ema_pg_core.kl import KLInputs, get_estimator
     from ema_pg_core.loss import policy_loss
     from ema_pg_core.topk import kl_inputs, token_stats_from_logits
+    from ema_pg_core.verl.engine import DROP_KEY
     from ema_pg_core.verl.loss import emapg_actor_loss
 
     actor, ref = pair
@@ -110,10 +124,11 @@ def _check(pair, tiny_path, kl_type, tail, use_iw, agg, dynamic):
     actor.set_loss_fn(loss_fn)
 
     # verl: value through infer_batch(compute_loss=True), gradients through forward_backward_batch
-    td, padded, fields = _train_batch(actor, ref, kl_cfg, T)
-    tu.assign_non_tensor(td, compute_loss=True)
+    td, padded, fields = _train_batch(actor, ref, kl_cfg, T, drop)
+    tu.assign_non_tensor(td, compute_loss=True, **{DROP_KEY: bool(drop) and drop_key})
     verl_loss = actor.infer_batch(td)["metrics"]["loss"]
-    td, _, _ = _train_batch(actor, ref, kl_cfg, T)
+    td, _, _ = _train_batch(actor, ref, kl_cfg, T, drop)
+    tu.assign_non_tensor(td, **{DROP_KEY: bool(drop) and drop_key})
     tu.assign_non_tensor(td, use_remove_padding=True, use_dynamic_bsz=dynamic, micro_batch_size_per_gpu=1 if dynamic else 4,
                          max_token_len_per_gpu=16, use_fused_kernels=False)  # what TrainingWorker.train_batch injects
     actor.engine.optimizer_zero_grad()

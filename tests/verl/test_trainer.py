@@ -121,8 +121,9 @@ def test_drop_truncated_zeroes_the_rows_that_hit_the_cap(verl_cpu):
 
 
 def test_a_zero_mask_drops_a_response_from_verls_loss_aggregation(verl_cpu):
-    """token-mean: identical to leaving the response out of the batch. seq-mean-token-mean: verl divides by
-    the fixed mini-batch size, so the kept sequences weigh kept/B of what dropping them would give."""
+    """verl's agg_loss alone: token-mean is identical to leaving the response out of the batch;
+    seq-mean-token-mean divides by global_batch_size, so it drops the response only when that is the
+    kept count (what the engine's DROP_KEY sets; tests/verl/test_loss.py), not the mini-batch size."""
     import torch
     from verl.trainer.ppo.core_algos import agg_loss
 
@@ -147,6 +148,8 @@ def test_update_actor_sees_truncated_responses_masked_and_restores_them(monkeypa
     from tensordict import TensorDict
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
+    from ema_pg_core.verl.engine import DROP_KEY
+
     tq, keys = tq_local, ["a", "b", "c", "d"]
     lengths = [3, 5, 2, 5]
     responses = _jagged([torch.arange(n) for n in lengths])
@@ -158,6 +161,7 @@ def test_update_actor_sees_truncated_responses_masked_and_restores_them(monkeypa
     def update(self, batch, metrics):
         got = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"])
         seen["mask"] = [r.tolist() for r in got["response_mask"].unbind()]
+        seen["drop"] = batch.extra_info[DROP_KEY]  # the engine's seq-mean denominator follows the mask
         return batch
 
     t, _ = _trainer(monkeypatch)
@@ -167,8 +171,8 @@ def test_update_actor_sees_truncated_responses_masked_and_restores_them(monkeypa
     batch, metrics = _Meta(), {}
     batch.keys, batch.partition_id = keys, "train"
     t._update_actor(batch, metrics)
-    assert seen["mask"] == [[1, 1, 1], [0] * 5, [1, 1], [0] * 5]
-    assert metrics["train/dropped_truncated"] == 0.5
+    assert seen["mask"] == [[1, 1, 1], [0] * 5, [1, 1], [0] * 5] and seen["drop"] is True
+    assert metrics["train/dropped_truncated"] == 0.5 and batch.extra_info[DROP_KEY] is False
     after = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["response_mask"])["response_mask"]
     assert [r.tolist() for r in after.unbind()] == [[1] * n for n in lengths]
 
@@ -177,4 +181,6 @@ def test_mask_truncated_off_leaves_the_batch_alone(monkeypatch, verl_cpu):
     t, seen = _trainer(monkeypatch)
     t.global_steps, m = 1, {}
     t._update_actor(_Meta(), m)  # no keys, no TransferQueue: it is never touched
-    assert "train/dropped_truncated" not in m and "_update_actor" in seen
+    from ema_pg_core.verl.engine import DROP_KEY
+
+    assert "train/dropped_truncated" not in m and seen["_update_actor"][DROP_KEY] is False
