@@ -122,8 +122,12 @@ class E5Encoder:
             raise ValueError(f"max_length and batch_size must be >= 1; got {max_length}, {batch_size}")
         self.max_length, self.batch_size = max_length, batch_size
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.tokenizer = AutoTokenizer.from_pretrained(model)
-        self.model = AutoModel.from_pretrained(model, dtype=torch.float32).to(self.device).eval()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model)
+            self.model = AutoModel.from_pretrained(model, dtype=torch.float32).to(self.device).eval()
+        except OSError as e:  # no network and not in the HF cache, or not a model directory
+            raise ValueError(f"--model {model!r}: cannot load the encoder ({str(e).splitlines()[0]}); pass a local "
+                             "directory with the model and tokenizer, or run once with network access") from e
         self.dim = self.model.config.hidden_size
 
     @torch.inference_mode()
@@ -207,7 +211,11 @@ class DenseRetriever:
         if index_path is not None:  # checked before the model's weights are loaded
             from transformers import AutoConfig
 
-            dim = AutoConfig.from_pretrained(model).hidden_size
+            try:
+                dim = AutoConfig.from_pretrained(model).hidden_size
+            except OSError as e:
+                raise ValueError(f"--model {model!r}: cannot load the encoder's config ({str(e).splitlines()[0]}); "
+                                 "pass a local directory with the model and tokenizer") from e
             index = read_faiss_index(index_path, len(self.docs), dim, model)
         self.encoder = E5Encoder(model, max_length=max_length, batch_size=batch_size, device=device)
         if use_faiss:

@@ -254,3 +254,5 @@ def test_cli_rejects_bad_flags_before_loading_anything(tmp_path, capsys):
         DenseRetriever(DOCS, model=missing_model, backend="gpu")
     with pytest.raises(ValueError, match="index_path is a FAISS index: it needs backend 'faiss' or 'auto'"):
         DenseRetriever(DOCS, model=missing_model, index_path="x.index", backend="torch")
+    with pytest.raises(ValueError, match=r"--model '.*no-such-model': cannot load the encoder"):  # offline, or a typo
+        main(["serve", "--corpus", corpus, "--retriever", "e5", "--model", missing_model])

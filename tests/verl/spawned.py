@@ -86,3 +86,34 @@ def verl_engines_ema_worker(rank, world, port, model_path, out_dir):
                    os.path.join(out_dir, "result.pt"))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+
+
+def drop_count_worker(rank, world, port, model_path, out_dir):
+    """DROP_KEY across data parallel: each rank masks out different rows; every rank's loss function
+    must see global_batch_size = the kept sequences of all ranks (rank 0 keeps 3 of 4, rank 1 keeps 2)."""
+    import cpu_shim
+    import engines
+
+    cpu_shim.install()
+    cpu_shim.init_gloo(rank, world, port)
+    from verl.utils import tensordict_utils as tu
+
+    from ema_pg_core.verl.engine import DROP_KEY, reclass
+
+    actor = engines.training_worker(model_path, forward_only=False)
+    reclass(actor.engine)
+    seen = []
+
+    def loss_fn(config=None, model_output=None, data=None, dp_group=None, **kw):
+        seen.append(int(data["global_batch_size"]))
+        return model_output["log_probs"].values().sum() * 0.0, {}
+
+    actor.set_loss_fn(loss_fn)
+    td, _ = engines.batch(seed=rank, drop=(1,) if rank == 0 else (0, 2))
+    tu.assign_non_tensor(td, use_remove_padding=True, use_dynamic_bsz=False, micro_batch_size_per_gpu=4,
+                         max_token_len_per_gpu=16, use_fused_kernels=False, **{DROP_KEY: True})
+    with actor.engine.train_mode():
+        actor.engine.forward_backward_batch(td, loss_function=loss_fn, forward_only=False)
+    torch.save(seen, os.path.join(out_dir, f"seen{rank}.pt"))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()

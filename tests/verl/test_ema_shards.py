@@ -59,3 +59,17 @@ def test_ema_on_verl_engines(world, tmp_path, tiny_path):
     assert r["placements"] == {"(Shard(dim=0),)"}
     assert r["err"] < 1e-6, r["err"]
     assert r["dist"] == pytest.approx(r["want"], rel=1e-5)
+
+
+def test_drop_key_counts_kept_sequences_over_data_parallel(tmp_path, tiny_path):
+    """mask_truncated at world size 2: the seq-mean denominator is the kept count of both ranks."""
+    import socket
+
+    from spawned import drop_count_worker
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(drop_count_worker, args=(2, port, tiny_path, str(tmp_path)), nprocs=2, join=True)
+    seen = [torch.load(tmp_path / f"seen{r}.pt") for r in range(2)]
+    assert seen[0] and seen[1] and set(seen[0]) == set(seen[1]) == {3 + 2}
