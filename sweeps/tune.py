@@ -376,6 +376,7 @@ def run_sweep(spec: Spec, sweep_dir: str | Path | None = None, *, resume: bool =
         resources = {"cpu": spec.cpu, "gpu": spec.gpu if spec.backend == "local" else 0}  # verl claims its own GPUs
         fn = tune.with_resources(tune.with_parameters(_trial, job=_Job(spec, str(sweep_dir), trainable)), resources)
         if resume:
+            _repair_state(exp_path)
             tuner = tune.Tuner.restore(str(exp_path), trainable=fn, resume_errored=True)
         else:
             tuner = tune.Tuner(fn, param_space=param_space(spec), tune_config=_tune_config(spec, scheduler),
@@ -383,7 +384,7 @@ def run_sweep(spec: Spec, sweep_dir: str | Path | None = None, *, resume: bool =
                                    name=spec.name, storage_path=str(sweep_dir / "tune"), verbose=0, log_to_file=True,
                                    failure_config=tune.FailureConfig(max_failures=spec.max_failures),
                                    checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-                                   callbacks=[_Progress(spec)] if progress else []))
+                                   callbacks=[_StateBackup(str(exp_path))] + ([_Progress(spec)] if progress else [])))
         slots = max(1, min(spec.max_concurrent or 10**6, int(ray.cluster_resources().get("CPU", 1) // spec.cpu)))
         t0 = time.time()
         with _quiet():
@@ -402,6 +403,73 @@ def run_sweep(spec: Spec, sweep_dir: str | Path | None = None, *, resume: bool =
     elif report:
         _report(sweep_dir, progress)
     return sweep_dir
+
+
+# ---------------------------------------------------------------------------- Tune's state files
+COMPLETE = ".complete"
+"""Suffix of the last complete copy of a Tune state file (``_StateBackup``)."""
+
+
+def _state_files(exp_path: Path) -> list[Path]:
+    """Tune's per-session state files: experiment_state-*.json (JSON), the searcher's and callbacks' (pickles)."""
+    return sorted(p for p in exp_path.glob("*state*") if p.is_file() and not p.name.endswith((COMPLETE, ".tmp")))
+
+
+def _is_complete(data: bytes) -> bool:
+    """A whole JSON document or a whole pickle (checked without building its objects)."""
+    import io
+    import pickletools
+
+    try:
+        if data.lstrip().startswith(b"{"):
+            json.loads(data)
+        else:
+            pickletools.dis(data, out=io.StringIO())
+        return bool(data)
+    except Exception:  # noqa: BLE001  truncated or garbled in any way
+        return False
+
+
+class _StateBackup(tune.Callback):
+    """Keep the last complete copy of each Tune state file beside it (``<name>.complete``).
+
+    Tune rewrites its state files in place (open "w", then dump): a driver killed mid-write (SIGKILL, OOM,
+    preemption) leaves a truncated experiment_state-*.json, and ``Tuner.restore`` then starts over with
+    trials that have no config. After every controller step, each state file that changed and reads
+    whole is copied (write + rename, so the copy itself is never partial); ``_repair_state`` puts the
+    copy back before a resume. Pickled into tuner.pkl with the run config, so a resumed sweep keeps it.
+    """
+
+    def __init__(self, exp_path: str):
+        self.exp_path = exp_path
+        self._seen: dict[str, int] = {}
+
+    def on_step_end(self, iteration: int, trials: list, **info) -> None:
+        for path in _state_files(Path(self.exp_path)):
+            stamp = path.stat().st_mtime_ns
+            if self._seen.get(path.name) == stamp:
+                continue
+            data = path.read_bytes()
+            if _is_complete(data):
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, path.with_name(path.name + COMPLETE))
+                self._seen[path.name] = stamp
+
+
+def _repair_state(exp_path: Path) -> list[str]:
+    """Before a resume: replace each state file that does not read whole by its last complete copy.
+    Returns the names replaced (each also printed)."""
+    replaced = []
+    for copy in sorted(exp_path.glob(f"*{COMPLETE}")):
+        path = copy.with_name(copy.name[: -len(COMPLETE)])
+        if path.is_file() and _is_complete(path.read_bytes()):
+            continue
+        shutil.copyfile(copy, path)
+        replaced.append(path.name)
+        print(f"{path.name} was cut short (the driver was killed while Tune wrote it); resuming from its last "
+              "complete copy: a trial may continue from a checkpoint one step older", flush=True)
+    return replaced
 
 
 @contextlib.contextmanager

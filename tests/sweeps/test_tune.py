@@ -200,6 +200,11 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(local_ray, tmp_
         driver.wait()
     done_before = {t: its for t, its in executed(out).items() if its and its[-1] == 6}
     assert len(done_before) == 2
+    # the worst moment to be killed: while Tune rewrote its experiment state in place (seen in CI: a
+    # truncated file made Tune start over with a trial that had no config)
+    (state,) = sorted((out / "tune" / "kill").glob("experiment_state-*.json"))
+    assert (state.parent / (state.name + T.COMPLETE)).is_file()
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
     _wait_for_free_cpus(2)  # Ray ends the dead driver's trial actors
     T.run_sweep(load(spec_path), out, resume=True, trainable=sweep_fakes.fake_run, report=False)
     got = rows(out)
@@ -212,6 +217,29 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(local_ray, tmp_
     restart = next(i for i in range(1, len(its)) if its[i] <= its[i - 1])
     assert its[restart] > 1  # continued from a checkpoint, not from scratch
     assert record_iterations(out, interrupted) == list(range(7))
+
+
+def test_state_backup_keeps_the_last_complete_copy_and_repair_restores_it(tmp_path, capsys):
+    import pickle
+
+    exp = tmp_path / "tune" / "s"
+    exp.mkdir(parents=True)
+    state, searcher = exp / "experiment_state-1.json", exp / "basic-variant-state-1.json"
+    state.write_text(json.dumps({"trial_data": [1, 2]}))
+    searcher.write_bytes(pickle.dumps({"_iterators": [1, 2, 3]}))
+    backup = T._StateBackup(str(exp))
+    backup.on_step_end(iteration=1, trials=[])
+    good_state, good_searcher = state.read_bytes(), searcher.read_bytes()
+    state.write_text(json.dumps({"trial_data": [1, 2, 3]})[:-5])  # a later write, cut short by a kill
+    os.utime(state, ns=(time.time_ns(), time.time_ns() + 10**9))
+    backup.on_step_end(iteration=2, trials=[])
+    assert (exp / ("experiment_state-1.json" + T.COMPLETE)).read_bytes() == good_state  # not overwritten by a partial
+    searcher.write_bytes(good_searcher[:-3])
+    assert T._repair_state(exp) == ["basic-variant-state-1.json", "experiment_state-1.json"]
+    assert state.read_bytes() == good_state and searcher.read_bytes() == good_searcher
+    assert "was cut short" in capsys.readouterr().out
+    assert T._repair_state(exp) == []  # whole files are left alone
+    assert not T._is_complete(b"") and T._is_complete(b" {}")
 
 
 def _wait_for_free_cpus(n: int, timeout: float = 60) -> None:
