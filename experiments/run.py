@@ -149,8 +149,9 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
 
 
 def _in_thread(work: Callable[[], int], tick: Callable[[], None], every_s: float) -> int:
-    """``work()`` in a daemon thread, ``tick()`` here every `every_s` seconds until it ends; its
-    result, or its exception re-raised here. (Tune's reporting stays in the caller's thread.)"""
+    """``work()`` in a daemon thread, ``tick()`` here every `every_s` seconds and once more after it
+    ended (so the last tick sees all it did, whatever the timing); its result, or its exception
+    re-raised here. (Tune's reporting stays in the caller's thread.)"""
     import threading
 
     out: dict = {}
@@ -163,9 +164,11 @@ def _in_thread(work: Callable[[], int], tick: Callable[[], None], every_s: float
 
     thread = threading.Thread(target=target, name="verl", daemon=True)
     thread.start()
-    while thread.is_alive():
+    while True:
         thread.join(every_s)
         tick()
+        if not thread.is_alive():
+            break
     if "error" in out:
         raise out["error"]
     return out["value"]

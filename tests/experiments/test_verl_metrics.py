@@ -166,7 +166,9 @@ def test_follower_rewinds_a_step_a_resumed_attempt_replays(tmp_path):
     assert reported == [(1, 0.1), (2, 0.2), (3, 0.3)]  # each iteration once, in order
 
 
-def test_a_crash_after_some_steps_keeps_and_reports_them_then_raises(fake_verl, tmp_path):
+@pytest.mark.parametrize("poll_s", [0.0, 30.0])  # verl ends before the first tick, or before any timed one
+def test_a_crash_after_some_steps_keeps_and_reports_them_then_raises(fake_verl, tmp_path, monkeypatch, poll_s):
+    monkeypatch.setattr("experiments.run.VERL_POLL_S", poll_s)
     fake_verl.crash, fake_verl.steps = True, (1, 2, 3)
     reported = []
     with pytest.raises(RuntimeError, match="NCCL timeout"):
