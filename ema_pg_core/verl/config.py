@@ -176,6 +176,9 @@ class VerlSettings:
             raise ValueError(f"backend.verl.rollout_engine={self.rollout_engine!r}; allowed: vllm, sglang")
         if self.multi_turn and self.agent_loop == "tool_agent" and not self.tool_config_path:
             raise ValueError("backend.verl.multi_turn=true with agent_loop=tool_agent needs backend.verl.tool_config_path")
+        if self.multi_turn and self.agent_loop == "search_r1" and not self.retriever_url:
+            raise ValueError("backend.verl.agent_loop=search_r1 needs backend.verl.retriever_url (an `emapg retriever "
+                             "serve` URL reachable from every rollout node, e.g. http://127.0.0.1:8000)")
         if ":" not in self.reward_fn:
             raise ValueError(f"backend.verl.reward_fn={self.reward_fn!r} must be 'module:function'")
 

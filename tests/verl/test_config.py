@@ -144,6 +144,7 @@ def test_anchor_schedule_matches_core():
     ({"backend": {"verl": {"rollout_engine": "hf"}}}, "rollout_engine"),
     ({"backend": {"verl": {"bogus": 1}}}, "bogus"),
     ({"backend": {"verl": {"mask_truncated": "yes"}}}, r"emapg.mask_truncated must be true or false"),
+    ({"backend": {"verl": {"multi_turn": True, "agent_loop": "search_r1"}}}, r"needs backend\.verl\.retriever_url"),
 ])
 def test_invalid_run_configs_fail_clearly(bad, match):
     run = {"model": {"path": "m"}, **bad}
