@@ -177,8 +177,8 @@ def _in_thread(work: Callable[[], int], tick: Callable[[], None], every_s: float
 class _VerlFollower:
     """verl's metrics files -> metrics.jsonl lines and `callback` calls, step by step, while verl runs.
 
-    Each poll reads every attempt (``experiments.verl_metrics.to_rows``; a half-written last line
-    waits for the next poll). Steps past the last one recorded are appended; a step whose
+    A poll reads every attempt (``experiments.verl_metrics.to_rows``; a half-written last line
+    waits for the next poll) unless no file changed size or mtime since the last one. Steps past the last one recorded are appended; a step whose
     metrics changed (a resumed attempt replaying steps after its checkpoint) rewinds the record
     to just before it and appends again. `callback` gets each iteration once, in increasing order.
     """
@@ -188,11 +188,16 @@ class _VerlFollower:
         self.task, self.greedy = cfg.task.name, float(cfg.trainer.eval_temperature) == 0.0
         self.logged: dict[int, dict] = {}
         self.reported = -1
+        self._stamp: list[tuple] | None = None  # (name, size, mtime) of the files the last poll read
         record.rewind(-1)
 
     def poll(self, report: bool = True) -> None:
-        from experiments.verl_metrics import to_rows
+        from experiments.verl_metrics import attempt_files, to_rows
 
+        stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in attempt_files(self.record.run_dir)]
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
         rows = [(step, m) for step, m in to_rows(self.record.run_dir, self.task, self.greedy) if m]
         changed = next((step for step, m in rows if step in self.logged and self.logged[step] != m), None)
         if changed is not None:

@@ -88,7 +88,6 @@ class EmaPGSection:
                 **{k: getattr(self, k) for k in SECTION_SCALARS}}
 
 
-
 def uses_topk(kl: KLConfig) -> bool:
     """The estimator declares Top-k inputs (capability flag, never the name) and the KL is on."""
     return kl.coef > 0 and get_estimator(kl.type).needs == "topk"

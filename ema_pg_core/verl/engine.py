@@ -36,6 +36,7 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
 from ema_pg_core.topk import token_stats_from_logits
+from ema_pg_core.verl.layout import token_rows
 
 MODE, K, IDS_KEY, PREFIX = "emapg_topk_mode", "emapg_topk_k", "emapg_topk_ids_key", "emapg_topk_prefix"
 MODES = ("off", "self", "gather", "train")
@@ -62,9 +63,9 @@ def kept_sequences(loss_mask: torch.Tensor) -> int:
     """Number of rows of `loss_mask` (jagged nested (B, *) or dense (B, S)) with any nonzero entry."""
     if not loss_mask.is_nested:
         return int((loss_mask.sum(-1) > 0).sum())
-    lengths = loss_mask.offsets().diff()  # (B,)
-    rows = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)  # (nnz,)
-    per_row = torch.zeros(len(lengths), device=lengths.device).index_add_(0, rows, loss_mask.values().float())  # (B,)
+    offsets = loss_mask.offsets()  # (B + 1,)
+    per_row = torch.zeros(len(offsets) - 1, device=offsets.device).index_add_(
+        0, token_rows(offsets), loss_mask.values().float())  # (B,)
     return int((per_row > 0).sum())
 
 

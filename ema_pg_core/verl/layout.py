@@ -33,6 +33,12 @@ def lengths(data) -> tuple[torch.Tensor, torch.Tensor, int]:
     return p_len, r_len, int(width)
 
 
+def token_rows(offsets: torch.Tensor) -> torch.Tensor:
+    """(nnz,) row of each token of a jagged nested tensor with these offsets (B + 1,)."""
+    lengths = offsets.diff()  # (B,)
+    return torch.repeat_interleave(torch.arange(len(lengths), device=offsets.device), lengths)
+
+
 def response_index(prompt_lens: torch.Tensor, response_lens: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(idx (B, T) int64 packed position predicting response token t, valid (B, T) bool)."""
     if (prompt_lens <= 0).any():

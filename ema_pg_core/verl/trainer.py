@@ -28,6 +28,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from ema_pg_core.verl.config import TRAINER_MODE, EmaPGSection, anchor_due, topk_passes
 from ema_pg_core.verl.engine import DROP_KEY, set_pass
+from ema_pg_core.verl.layout import token_rows
 from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
 
 
@@ -65,8 +66,8 @@ def drop_truncated(response_mask: torch.Tensor, lengths: torch.Tensor, cap: int)
     mini-batch size). The mini-batches keep their size and number (rLLM's smaller batch had fewer).
     """
     truncated = lengths >= cap  # (B,)
-    rows = torch.repeat_interleave(torch.arange(len(lengths)), response_mask.offsets().diff())  # (nnz,) row of each token
-    values = response_mask.values() * (~truncated)[rows].to(response_mask.dtype)  # (nnz,)
+    keep = (~truncated)[token_rows(response_mask.offsets())].to(response_mask.dtype)  # (nnz,)
+    values = response_mask.values() * keep  # (nnz,)
     return torch.nested.nested_tensor_from_jagged(values, offsets=response_mask.offsets()), truncated
 
 

@@ -21,6 +21,7 @@ Memory: the index holds num_docs x D float32 (wiki-18: 21M x 768, about 65 GB).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from functools import partial
@@ -29,7 +30,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from experiments.tasks.retriever import _check_k
+from experiments.tasks.retriever import _check_k, check_file
 
 DEFAULT_MODEL = "intfloat/e5-base-v2"
 QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "
@@ -111,6 +112,17 @@ def faiss_available() -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _loading(model: str) -> Iterator[None]:
+    """An OSError from transformers (no network and not in the HF cache, or not a model directory) as
+    one ValueError naming --model."""
+    try:
+        yield
+    except OSError as e:
+        raise ValueError(f"--model {model!r}: cannot load the encoder ({str(e).splitlines()[0]}); pass a local "
+                         "directory with the model and tokenizer, or run once with network access") from e
+
+
 class E5Encoder:
     """Texts -> L2-normalised mean-pooled embeddings (N, D) float32, with an e5 model from the hub or a local dir."""
 
@@ -122,12 +134,9 @@ class E5Encoder:
             raise ValueError(f"max_length and batch_size must be >= 1; got {max_length}, {batch_size}")
         self.max_length, self.batch_size = max_length, batch_size
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        try:
+        with _loading(model):
             self.tokenizer = AutoTokenizer.from_pretrained(model)
             self.model = AutoModel.from_pretrained(model, dtype=torch.float32).to(self.device).eval()
-        except OSError as e:  # no network and not in the HF cache, or not a model directory
-            raise ValueError(f"--model {model!r}: cannot load the encoder ({str(e).splitlines()[0]}); pass a local "
-                             "directory with the model and tokenizer, or run once with network access") from e
         self.dim = self.model.config.hidden_size
 
     @torch.inference_mode()
@@ -172,9 +181,7 @@ def write_faiss_index(docs: Sequence[str], out: str, **encoder_kwargs) -> None:
 def read_faiss_index(path: str, num_docs: int, dim: int, model: str):
     """The FAISS index at `path`, checked against the corpus size and the encoder's dimension."""
     faiss = import_faiss()
-    if not os.path.isfile(os.path.expanduser(path)):
-        raise ValueError(f"--index {path!r}: no such file")
-    index = faiss.read_index(os.path.expanduser(path))
+    index = faiss.read_index(check_file("--index", path))
     if index.ntotal != num_docs:
         raise ValueError(f"--index {path!r} holds {index.ntotal} vectors but the corpus has {num_docs} passages; "
                          "build it from this corpus with `emapg retriever index --corpus FILE --out FILE.index`")
@@ -211,11 +218,8 @@ class DenseRetriever:
         if index_path is not None:  # checked before the model's weights are loaded
             from transformers import AutoConfig
 
-            try:
+            with _loading(model):
                 dim = AutoConfig.from_pretrained(model).hidden_size
-            except OSError as e:
-                raise ValueError(f"--model {model!r}: cannot load the encoder's config ({str(e).splitlines()[0]}); "
-                                 "pass a local directory with the model and tokenizer") from e
             index = read_faiss_index(index_path, len(self.docs), dim, model)
         self.encoder = E5Encoder(model, max_length=max_length, batch_size=batch_size, device=device)
         if use_faiss:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import threading
 import time
 from typing import Iterator, Protocol, Sequence
@@ -191,12 +193,7 @@ def running_server(retriever: Retriever, host: str = DEFAULT_HOST, port: int = 0
 
 def load_corpus(path: str) -> list[str]:
     """Passages of a corpus file: JSONL objects with a "contents" field, or one passage per text line."""
-    import json
-    import os
-
-    path = os.path.expanduser(path)
-    if not os.path.isfile(path):
-        raise ValueError(f"--corpus {path!r}: no such file")
+    path = check_file("--corpus", path)
     passages = []
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
@@ -251,14 +248,12 @@ def _check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
     if args.retriever == "e5" and not args.corpus:
         parser.error("--retriever e5 needs --corpus FILE (JSONL with 'contents', or one passage per line)")
     if args.index is not None:
-        _check_file("--index", args.index)
+        check_file("--index", args.index)
         _require_faiss()
 
 
 def _check_index_args(args: argparse.Namespace) -> None:
     """Flag errors of `index`, before the corpus is read or anything is encoded."""
-    import os
-
     out_dir = os.path.dirname(os.path.abspath(os.path.expanduser(args.out)))
     if not os.path.isdir(out_dir):
         raise ValueError(f"--out {args.out!r}: directory {out_dir} does not exist")
@@ -271,11 +266,12 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
-def _check_file(flag: str, path: str) -> None:
-    import os
-
-    if not os.path.isfile(os.path.expanduser(path)):
+def check_file(flag: str, path: str) -> str:
+    """`path` with ``~`` expanded; ValueError naming `flag` when it is not a file."""
+    expanded = os.path.expanduser(path)
+    if not os.path.isfile(expanded):
         raise ValueError(f"{flag} {path!r}: no such file")
+    return expanded
 
 
 def _require_faiss() -> None:
