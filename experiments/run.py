@@ -166,8 +166,9 @@ def _in_thread(work: Callable[[], int], tick: Callable[[], None], every_s: float
     thread.start()
     while True:
         thread.join(every_s)
+        ended = not thread.is_alive()  # before the tick: work that ends during a tick gets one more
         tick()
-        if not thread.is_alive():
+        if ended:
             break
     if "error" in out:
         raise out["error"]

@@ -176,3 +176,30 @@ def test_a_crash_after_some_steps_keeps_and_reports_them_then_raises(fake_verl, 
             callback=lambda it, m, ckpt: reported.append(it))
     assert [r["iteration"] for r in read_metrics(tmp_path / "run")] == [1, 2, 3]
     assert reported == [1, 2, 3] and read_status(tmp_path / "run")[0] == "failed"
+
+
+def test_the_last_tick_comes_after_the_work_ended_even_when_it_ends_during_a_tick():
+    """The interleaving CI hit: verl finishes while a tick is running. That tick saw the work
+    unfinished, so one more must follow (before the fix the loop saw the thread gone and stopped)."""
+    import threading
+    import time
+
+    from experiments.run import _in_thread
+
+    go, done, seen = threading.Event(), [], []
+
+    def work():
+        go.wait(timeout=30)
+        done.append(True)
+        return 7
+
+    def tick():
+        seen.append(bool(done))
+        if not go.is_set():  # the first tick: let the work run to its end and its thread go away
+            go.set()
+            deadline = time.monotonic() + 30
+            while any(t.name == "verl" for t in threading.enumerate()) and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+    assert _in_thread(work, tick, every_s=0.0) == 7
+    assert seen[0] is False and seen[-1] is True  # the last tick saw everything the work did
