@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ema_pg_core.local.trainer import LocalConfig
+from experiments import progress
 from experiments.schema import RunConfig, register
 
 CONF_MODULE = "experiments.conf"
@@ -150,7 +151,7 @@ def model(cfg: DictConfig):
         steps = None if cfg.model.pretrain_steps is None else int(cfg.model.pretrain_steps)
         knobs = OmegaConf.to_container(cfg.task.knobs, resolve=True)
         path = pretrain(cfg.task.name, model_cfg, steps=steps, cache_dir=os.path.expanduser(cfg.model.cache_dir), knobs=knobs,
-                        progress=os.environ.get("EMAPG_PROGRESS", "1") != "0")
+                        progress=progress.enabled())
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.trainer.dtype]
     tok = AutoTokenizer.from_pretrained(path)
     if tok.pad_token_id is None:

@@ -38,9 +38,9 @@ from typing import Any, Sequence
 
 import torch
 import yaml
-from tqdm import tqdm
 
 from ema_pg_core.local.tiny import CHARSET, build_model, build_tokenizer
+from experiments.progress import bar as progress_bar
 from experiments.tasks import Example, get_task, make_knobs
 
 FORMAT_VERSION = 1
@@ -222,7 +222,7 @@ def train(cfg: PretrainConfig, out_dir: Path, progress: bool = True) -> dict[str
     model = build_model(tokenizer, seed=cfg.seed, **cfg.model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     losses, val_acc, step = [], 0.0, 0
-    bar = tqdm(total=cfg.steps, desc=f"pretrain {cfg.task}", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(cfg.steps, f"pretrain {cfg.task}", show=progress)
     for step in range(1, cfg.steps + 1):
         model.train()
         batch = collate([data[rng.randrange(len(data))] for _ in range(cfg.batch_size)], tokenizer.pad_token_id)
@@ -237,7 +237,7 @@ def train(cfg: PretrainConfig, out_dir: Path, progress: bool = True) -> dict[str
         bar.update(1)
         if cfg.target_acc is not None and step % cfg.eval_every == 0:
             val_acc = validation_accuracy(model, tokenizer, task, env, val)
-            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", val_acc=f"{val_acc:.2f}")
+            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", val_acc=f"{val_acc:.2f}", refresh=False)
             if val_acc >= cfg.target_acc:
                 break
     bar.close()

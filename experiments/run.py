@@ -16,7 +16,7 @@ from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import build
+from experiments import build, progress
 from experiments.records import RunRecord, make_run_id
 
 # (iteration, metrics row as recorded, checkpoint dir written at this iteration or None) -> None.
@@ -39,12 +39,6 @@ def _make_logger(cfg: DictConfig, run_dir: Path):
     group = cfg.logger.group or cfg.sweep.name or cfg.experiment
     return WandbLogger(run_dir=run_dir, project=cfg.logger.project, group=group, tags=list(cfg.logger.tags),
                        config=OmegaConf.to_container(cfg, resolve=True), name=run_dir.name, mode=cfg.logger.mode)
-
-
-def _progress(total: int, start: int, desc: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=start, desc=desc, unit="it", dynamic_ncols=True, disable=os.environ.get("EMAPG_PROGRESS", "1") == "0")
 
 
 def run(cfg: DictConfig, callback: Callback | None = None) -> dict[str, float]:
@@ -98,7 +92,7 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, resume_from: Path | N
     if resume_from is not None:
         trainer.resume(resume_from)
         record.rewind(trainer.iteration)
-    bar = _progress(local_cfg.trainer.iterations, trainer.iteration, f"{cfg.experiment} s{cfg.seed}")
+    bar = progress.bar(local_cfg.trainer.iterations, f"{cfg.experiment} s{cfg.seed}", initial=trainer.iteration)
     t0 = time.time()
     try:
         trainer.train()

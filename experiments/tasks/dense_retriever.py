@@ -149,10 +149,9 @@ class E5Encoder:
 
     def batches(self, texts: Sequence[str], prefix: str, progress: bool = False) -> Iterator[torch.Tensor]:
         """(B, D) embeddings of `prefix + text`, `batch_size` texts at a time (a tqdm bar if `progress`)."""
-        from tqdm.auto import tqdm
+        from experiments.progress import bar as progress_bar
 
-        quiet = not progress or len(texts) <= self.batch_size  # else None: tqdm shows a bar on a tty only
-        with tqdm(total=len(texts), desc="encoding", unit="passage", disable=True if quiet else None) as bar:
+        with progress_bar(len(texts), "encoding", unit="passage", show=progress and len(texts) > self.batch_size) as bar:
             for start in range(0, len(texts), self.batch_size):
                 chunk = [prefix + t for t in texts[start:start + self.batch_size]]
                 yield self.encode_batch(chunk)
