@@ -117,7 +117,8 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
     every VERL_POLL_S seconds and turns each new step into a line of this run's metrics.jsonl
     (``_VerlFollower``), so a verl run reads like a local one while it runs, and `callback` (a
     sweep's reporter) gets each iteration as soon as verl has logged it, without checkpoints
-    (verl keeps its own). When verl returns or fails, one last poll records what is left. time_s
+    (verl keeps its own). The last poll starts after verl returned or failed, so every step verl
+    logged is recorded and reported (``_in_thread``). time_s
     is when the follower saw a step (up to VERL_POLL_S late); per-step wall time is perf/iter_s
     (verl's timing_s/step).
     """
@@ -133,9 +134,8 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
         try:
             code = _in_thread(lambda: run_config(OmegaConf.to_container(cfg, resolve=True)), follower.poll, VERL_POLL_S)
         except BaseException:
-            follower.poll(report=False)  # what verl logged before a crash is kept too
+            follower.poll(report=False)  # a poll that failed, or Ctrl-C here: keep what verl logged
             raise
-        follower.poll()  # the steps logged after the last tick
         if code:
             raise RuntimeError(f"verl exited with status {code}")
         summary = record.finish()

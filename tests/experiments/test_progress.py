@@ -37,15 +37,14 @@ def test_bars_are_off_with_emapg_progress_0_or_show_false(monkeypatch):
 def test_a_stderr_without_isatty_counts_as_a_log_file(monkeypatch):
     """Ray's workers replace sys.stderr with a Tee that has no isatty (seen in the real-Ray tests)."""
 
-    class Tee:
-        def write(self, s):
-            return len(s)
-
-        def flush(self):
-            pass
+    class Tee:  # write and flush only
+        def __init__(self):
+            self.buf = io.StringIO()
+            self.write, self.flush = self.buf.write, self.buf.flush
 
     monkeypatch.delenv("EMAPG_PROGRESS", raising=False)
-    monkeypatch.setattr("sys.stderr", Tee())
+    monkeypatch.setattr("sys.stderr", tee := Tee())
     with progress.bar(3, "x") as bar:
         assert bar.mininterval == progress.LOG_INTERVAL_S
         bar.update(3)
+    assert "3/3" in tee.buf.getvalue()
