@@ -11,6 +11,9 @@ In verl 0.9.1 one Ray worker process holds the actor and the reference (``self.a
   shards (``ema_pg_core.verl.ema``), then the ``anchor/*`` metrics (global norms).
 - ``save_checkpoint``: verl saves the actor to ``.../global_step_N/actor``; the anchor goes
   beside it to ``.../global_step_N/anchor`` with ``emapg_anchor.json`` (tau, period, updates).
+  Then the worker applies ``max_ckpt_to_keep`` to whole ``global_step_N`` directories, judged
+  from what is on disk (verl's own pruning only remembers the saves of the current process, so
+  checkpoints written before a resume would never go; it is switched off in favour of ours).
 - ``load_checkpoint``: verl restores the actor; with tau < 1 the anchor must be beside it. A
   missing anchor is an error (never a silent restart from the initial model, which is what the
   released code and stock verl do, ema-pg.md §1.1 / verl-0.9.md R7).
@@ -23,7 +26,11 @@ on an object carrying ``.actor``/``.ref`` ``TrainingWorker``s built outside Ray.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
+import shutil
+from collections.abc import Iterable
 from functools import partial
 
 import torch
@@ -35,11 +42,77 @@ from ema_pg_core.verl.ema import drift, ema_update_sharded_
 
 ANCHOR_DIR = "anchor"
 ANCHOR_META = "emapg_anchor.json"
+TRACKER = "latest_checkpointed_iteration.txt"  # verl's trainer writes it after each complete save
+_STEP_DIR = re.compile(r"global_step_(0|[1-9][0-9]*)")  # the names verl's trainer gives (no zero padding)
+
+logger = logging.getLogger(__name__)
 
 
 def anchor_dir(actor_path: str) -> str:
     """``.../global_step_N/actor`` -> ``.../global_step_N/anchor``."""
     return os.path.join(os.path.dirname(os.path.normpath(actor_path)), ANCHOR_DIR)
+
+
+def step_of(name: str) -> int | None:
+    """``"global_step_12"`` -> 12; None for any other name."""
+    m = _STEP_DIR.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def keeps_all(keep) -> bool:
+    """True when ``keep`` puts no limit on checkpoints: None, 0, negatives or a non-int, as in verl."""
+    return not (keep and isinstance(keep, int) and keep > 0)
+
+
+def step_dirs_to_remove(names: Iterable[str], current: int, keep: int | None,
+                        protected: int | None = None) -> list[str]:
+    """The ``global_step_N`` names to delete so that the newest ``keep`` steps up to ``current`` remain.
+
+    ``names`` are the entries of the checkpoint root; anything that is not ``global_step_N`` is
+    ignored. ``current`` (just written) and ``protected`` (the step the tracker file names, i.e. the
+    last complete save) are never removed; with ``keep`` = 1 both stay until the next save, because
+    the trainer moves the tracker only after the worker returns. Steps above ``current`` are left
+    alone: they belong to a run resumed from an earlier step and will be overwritten when it gets
+    there. Returns the names oldest first; empty when ``keep`` sets no limit.
+    """
+    if keeps_all(keep):
+        return []
+    steps = {s: n for n in names if (s := step_of(n)) is not None and s <= current}
+    newest = sorted(set(steps) | {current}, reverse=True)[:keep]
+    spared = set(newest) | {current, protected}
+    return [steps[s] for s in sorted(steps) if s not in spared]
+
+
+def checkpoint_root(actor_path: str) -> tuple[str, int] | None:
+    """``<root>/global_step_N/actor`` -> (root, N); None when the path has another layout."""
+    step_dir = os.path.dirname(os.path.normpath(actor_path))
+    step = step_of(os.path.basename(step_dir))
+    return None if step is None else (os.path.dirname(step_dir), step)
+
+
+def _tracked_step(root: str) -> int | None:
+    """The step in ``<root>/latest_checkpointed_iteration.txt``; None if missing or unreadable."""
+    try:
+        with open(os.path.join(root, TRACKER)) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def remove_old_step_dirs(root: str, current: int, keep: int | None) -> list[str]:
+    """Deletes what ``step_dirs_to_remove`` picks among the directories under ``root``; returns the names.
+
+    Safe to repeat: a directory that vanished meanwhile (deleted by someone else) is skipped, and a
+    half-deleted one is picked again next time.
+    """
+    if keeps_all(keep):
+        return []
+    names = [n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n))]
+    doomed = step_dirs_to_remove(names, current, keep, _tracked_step(root))
+    for name in doomed:
+        logger.info("checkpoint retention (keep %s): removing %s", keep, os.path.join(root, name))
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return doomed
 
 
 def _rank() -> int:
@@ -119,19 +192,31 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-        if self._emapg.anchor.tau >= 1.0:
-            return  # a fixed anchor is the initial model, which the run config names
-        path = anchor_dir(local_path)
-        self.ref.save_checkpoint(path, None, global_step, max_ckpt_to_keep)
+        """Actor (verl), then the anchor beside it, then retention over whole ``global_step_N`` dirs.
+
+        With the trainer's layout the retention is ours and verl's managers get no limit: theirs
+        forgets everything saved before a restart, and with a limit of 1 it would delete the actor
+        the tracker file still names. Any other layout keeps verl's behaviour.
+        """
+        layout = checkpoint_root(local_path)
+        verl_keep = max_ckpt_to_keep if layout is None else None
+        super().save_checkpoint(local_path, hdfs_path, global_step, verl_keep)
+        if self._emapg.anchor.tau < 1.0:  # a fixed anchor is the initial model, which the run config names
+            self._save_anchor(anchor_dir(local_path), global_step, verl_keep)
+        if layout is not None and _rank() == 0:
+            remove_old_step_dirs(layout[0], layout[1], max_ckpt_to_keep)
+        _barrier()
+
+    def _save_anchor(self, path: str, global_step: int, keep: int | None) -> None:
+        """The anchor's shards, then (rank 0) ``emapg_anchor.json``, whose presence marks it complete."""
+        self.ref.save_checkpoint(path, None, global_step, keep)
         if _rank() == 0:
             meta = {"tau": self._emapg.anchor.tau, "period": self._emapg.anchor.period,
                     "num_updates": self._anchor_updates, "global_step": int(global_step)}
             tmp = os.path.join(path, ANCHOR_META + ".tmp")
             with open(tmp, "w") as f:
                 json.dump(meta, f)
-            os.replace(tmp, os.path.join(path, ANCHOR_META))  # written last: its presence marks a complete anchor
-        _barrier()
+            os.replace(tmp, os.path.join(path, ANCHOR_META))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):

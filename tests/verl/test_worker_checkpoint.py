@@ -4,7 +4,10 @@ verl-0.9.md §3.6 suggests; ``init_model`` itself builds a vLLM rollout and need
 - ``update_ref_ema`` mixes the reference (anchor) towards the actor exactly like ``ema_update_``;
 - ``save_checkpoint`` -> ``load_checkpoint`` round-trips the policy and the anchor (and the
   update count), with the anchor beside the actor in ``global_step_N/anchor``;
-- a missing anchor on resume is an error; with tau = 1 no anchor is saved or required.
+- a missing anchor on resume is an error; with tau = 1 no anchor is saved or required;
+- ``max_ckpt_to_keep`` prunes whole ``global_step_N`` directories (actor, anchor, data.pt) from
+  what is on disk, so checkpoints written before a resume go too: the pure decision over a table
+  of cases, checked against verl's own in-process pruning, and through the worker's methods.
 """
 
 import os
@@ -124,3 +127,132 @@ def test_low_precision_anchor_is_refused(tiny_path):
 
     with pytest.raises(ValueError, match="fp32"):
         w.emapg_setup(EmaPGSection(anchor=AnchorConfig(tau=0.9)))
+
+
+def _trainer_save(w, root, step, keep):
+    """What verl's trainer does per save: the worker writes ``actor`` (+ ``anchor``), then the trainer
+    adds the dataloader state and, last, points the tracker file at this step."""
+    step_dir = root / f"global_step_{step}"
+    w.save_checkpoint(str(step_dir / "actor"), None, step, max_ckpt_to_keep=keep)
+    torch.save({"step": step}, step_dir / "data.pt")
+    (root / "latest_checkpointed_iteration.txt").write_text(str(step))
+
+
+def _steps_on_disk(root):
+    return sorted(int(p.name.split("_")[-1]) for p in root.iterdir() if p.name.startswith("global_step_"))
+
+
+def _assert_complete(root, steps):
+    from ema_pg_core.verl.worker import ANCHOR_META
+
+    for s in steps:
+        d = root / f"global_step_{s}"
+        assert (d / "actor").is_dir() and (d / "anchor" / ANCHOR_META).is_file() and (d / "data.pt").is_file(), d
+
+
+def test_retention_keeps_newest_steps_across_a_resume(tiny_path, tmp_path):
+    w = _worker(tiny_path, tau=0.9)
+    for step in (1, 2, 3, 4):
+        w.update_ref_ema(step)
+        _trainer_save(w, tmp_path, step, keep=2)
+    assert _steps_on_disk(tmp_path) == [3, 4]
+    _assert_complete(tmp_path, [3, 4])
+
+    w2 = _worker(tiny_path, tau=0.9)  # a restarted process: verl's in-memory list of saved paths is empty
+    w2.load_checkpoint(str(tmp_path / "global_step_4" / "actor"), None, False)
+    for step in (5, 6):
+        w2.update_ref_ema(step)
+        _trainer_save(w2, tmp_path, step, keep=2)
+    assert _steps_on_disk(tmp_path) == [5, 6]
+    _assert_complete(tmp_path, [5, 6])
+    w3 = _worker(tiny_path, tau=0.9)
+    w3.load_checkpoint(str(tmp_path / "global_step_6" / "actor"), None, False)
+    assert w3._anchor_updates == 6
+
+
+def _names(*steps):
+    return [f"global_step_{s}" for s in steps]
+
+
+RETENTION_CASES = [
+    # (steps on disk, current, keep, tracker step, steps to remove)
+    ((1, 2, 3, 4), 4, 2, 3, (1, 2)),
+    ((1, 2, 3, 4), 4, None, 3, ()),  # no limit
+    ((1, 2, 3, 4), 4, 0, 3, ()),  # verl: 0 and negatives mean no limit too
+    ((1, 2, 3, 4), 4, -1, 3, ()),
+    ((1, 2, 3, 4), 4, 9, 3, ()),  # fewer on disk than allowed
+    ((1, 2, 3, 4), 4, 1, 3, (1, 2)),  # the tracker's step survives until the next save
+    ((1, 2, 3, 4), 4, 1, None, (1, 2, 3)),  # no tracker yet (or unreadable)
+    ((1, 2, 3, 4), 4, 2, 1, (2,)),  # a tracker left behind (crash before it moved) is spared
+    ((1, 2, 3, 4), 4, 1, 4, (1, 2, 3)),
+    ((1, 2, 3), 4, 2, 3, (1, 2)),  # the current step counts even if not listed
+    ((1, 2, 3, 5, 6, 8), 3, 2, 8, (1,)),  # steps after the current one are left alone
+    ((9, 10, 11), 11, 2, 10, (9,)),  # numeric order, not string order
+    ((11, 9, 10, 2), 11, 2, None, (2, 9)),  # input order does not matter
+]
+
+
+@pytest.mark.parametrize("on_disk, current, keep, tracked, removed", RETENTION_CASES)
+def test_step_dirs_to_remove(on_disk, current, keep, tracked, removed):
+    from ema_pg_core.verl.worker import step_dirs_to_remove
+
+    assert step_dirs_to_remove(_names(*on_disk), current, keep, tracked) == _names(*removed)
+
+
+def test_step_dirs_to_remove_ignores_other_names():
+    from ema_pg_core.verl.worker import step_dirs_to_remove
+
+    others = ["latest_checkpointed_iteration.txt", "global_step_03", "global_step_x", "global_step_2.tmp",
+              "global_step_", "notes", "global_step_-1"]
+    assert step_dirs_to_remove(others + _names(1, 2, 3), 3, 1, 2) == _names(1)
+
+
+def test_checkpoint_root_parses_the_trainer_layout():
+    from ema_pg_core.verl.worker import checkpoint_root
+
+    assert checkpoint_root("/r/ckpt/global_step_7/actor") == ("/r/ckpt", 7)
+    assert checkpoint_root("/r/ckpt/global_step_7/actor/") == ("/r/ckpt", 7)
+    assert checkpoint_root("/r/ckpt/step_7/actor") is None
+    assert checkpoint_root("/r/ckpt/global_step_7") is None  # the step dir itself is not an actor path
+
+
+@pytest.mark.parametrize("keep", [None, 0, -2, 2, 3, 5])
+def test_retention_matches_verl_within_one_process(keep):
+    """Without a restart, verl's in-memory pruning and ours end with the same steps (keep != 1)."""
+    from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+    from ema_pg_core.verl.worker import step_dirs_to_remove
+
+    mgr = object.__new__(BaseCheckpointManager)  # only the retention bookkeeping is used
+    mgr.previous_saved_paths, removed_by_verl = [], []
+    mgr.remove_previous_save_local_path = removed_by_verl.extend
+    on_disk = set()
+    for step in range(1, 8):
+        mgr.ensure_checkpoint_capacity(keep)
+        mgr.register_checkpoint(f"global_step_{step}", keep)
+        on_disk.add(f"global_step_{step}")
+        on_disk -= set(step_dirs_to_remove(on_disk, step, keep, step - 1 if step > 1 else None))
+    assert on_disk == {f"global_step_{s}" for s in range(1, 8)} - set(removed_by_verl)
+
+
+def test_remove_old_step_dirs_is_safe_to_repeat(tmp_path):
+    from ema_pg_core.verl.worker import remove_old_step_dirs
+
+    for s in (1, 2, 3, 4):
+        (tmp_path / f"global_step_{s}" / "actor").mkdir(parents=True)
+    (tmp_path / "global_step_5").write_text("a file, not a checkpoint")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3\n")
+    assert remove_old_step_dirs(str(tmp_path), 4, 2) == _names(1, 2)
+    assert remove_old_step_dirs(str(tmp_path), 4, 2) == []  # nothing left to do, and no error
+    assert remove_old_step_dirs(str(tmp_path), 4, 1) == []  # 3 is the tracker's
+    assert sorted(p.name for p in tmp_path.iterdir()) == _names(3, 4, 5) + ["latest_checkpointed_iteration.txt"]
+
+
+def test_retention_with_a_fixed_anchor_and_keep_one(tiny_path, tmp_path):
+    """tau = 1 saves no anchor but the step directories are still pruned; keep = 1 spares the tracker's."""
+    w = _worker(tiny_path, tau=1.0)
+    for step in (1, 2, 3):
+        _trainer_save(w, tmp_path, step, keep=1)
+    assert _steps_on_disk(tmp_path) == [2, 3]
+    assert (tmp_path / "global_step_2" / "actor").is_dir() and (tmp_path / "global_step_3" / "actor").is_dir()
+    assert not (tmp_path / "global_step_3" / "anchor").exists()
