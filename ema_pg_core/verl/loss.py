@@ -9,7 +9,9 @@ own ``ppo_loss`` and distillation loss use. verl calls it in two roles (verl-0.9
    ``needs == "topk"``): the training logits exist only here, so the whole per-token Top-k KL is
    computed here. ``ema_pg_core.topk`` gathers this step's logits at the stored head ids q and
    takes the full logsumexp; the estimator sees exactly the local backend's (B, T) / (B, T, K)
-   inputs (response layout); the (B, T) result travels back to verl packed as (1, nnz).
+   inputs (response layout); the (B, T) result travels back to verl packed as (1, nnz). The
+   sampled token's log-prob takes the value of verl's own log-prob function (``_as_verl_logp``),
+   so that it is comparable with ``old_log_probs`` and ``ref_log_prob``.
 2. **final loss** (``model_output`` given): per token the core's ``ppo_clip_per_token`` (clip-higher,
    dual clip, log-ratio clamp), times verl's rollout-correction weights when present, + beta * KL
    (from the hook, or ``kl_per_token`` on log-probs for ``needs == "sampled"``), - c_ent * entropy;
@@ -25,6 +27,7 @@ from __future__ import annotations
 import torch
 from verl.trainer.ppo.core_algos import agg_loss
 from verl.utils.metric import AggregationType, Metric
+from verl.utils.torch_functional import logprobs_from_logits
 
 from ema_pg_core.config import KLConfig, LossConfig
 from ema_pg_core.kl import ImportanceWeight, KLInputs, get_estimator, kl_per_token
@@ -56,7 +59,7 @@ def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> torch.Te
     ids = data[keys["ids"]].values().long()  # (nnz, K)
     tokens = torch.roll(data["input_ids"].values(), shifts=-1, dims=0)  # (nnz,) token predicted at each position
     st = token_stats_from_logits(student_logits, tokens[None], indices=ids[None])  # (1, nnz[, K])
-    logp = packed_to_response(st.logp[0], data)  # (B, T)
+    logp = packed_to_response(_as_verl_logp(st.logp[0], student_logits[0], tokens), data)  # (B, T)
     B, T = logp.shape
     resp = lambda key: padded_response(data[key], B, T).to(logp.dtype)  # noqa: E731
     x = KLInputs(
@@ -68,6 +71,22 @@ def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> torch.Te
     )
     per_token = kl_per_token(kl.type, x, tail=kl.tail, iw=_iw(kl))  # (B, T)
     return response_to_packed(per_token, data, nnz)[None]
+
+
+def _as_verl_logp(logp: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """(nnz,) ``logp`` with the value verl's ``logprobs_from_logits`` gives on these logits; gradient of ``logp``.
+
+    The Top-k tail and the importance weight compare this log-prob with ``ref_log_prob`` and
+    ``old_log_probs``, which verl computes with that function on logits of the same dtype. Under
+    verl's default mixed precision the logits are bf16, and verl's function may round its result
+    to bf16 (CPU autocast keeps log_softmax in bf16) while ``token_stats_from_logits`` accumulates
+    in fp32: the two differ by up to ~3e-2 per token, which showed up as a Top-k KL of ~1e-3 between
+    identical policy and anchor (k3, on verl's log-probs only, stayed 0). With verl's value the three
+    log-probs are one function of the logits; the gradient stays the fp32 one of ``logp``.
+    """
+    with torch.no_grad():  # same logits, labels and function as verl's log_probs right after this hook
+        verl_logp = logprobs_from_logits(logits, tokens, inplace_backward=False).to(logp.dtype)  # (nnz,)
+    return verl_logp + (logp - logp.detach())  # value: verl's exactly; gradient: d logp
 
 
 def final_loss(config, model_output, data, kl: KLConfig, loss: LossConfig):
@@ -101,6 +120,7 @@ def final_loss(config, model_output, data, kl: KLConfig, loss: LossConfig):
         est = get_estimator(kl.type)
         if est.needs == "topk":
             kl_tok = packed_to_response(model_output[KL_KEY], data).to(logp.dtype)
+            metrics["emapg/topk_k"] = float(data[head_keys(kl)["ids"]].values().shape[-1])  # the head the KL used
         elif est.needs == "sampled":
             x = KLInputs(logp=logp, ref_logp=resp("ref_log_prob").to(logp.dtype), old_logp=old)
             kl_tok = kl_per_token(kl.type, x, tail=kl.tail, iw=_iw(kl))

@@ -2,7 +2,8 @@
 
 The tiny model is ``ema_pg_core.local.tiny.build_model(build_tokenizer())`` saved with
 ``save_pretrained`` (no download). Engines run in fp32 (mixed_precision fp32; verl's default
-autocasts to bf16) with eager attention, so verl's outputs can be compared with a plain forward.
+autocasts to bf16, ``verl_precision=True``) with eager attention, so verl's outputs can be compared
+with a plain forward.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ def save_tiny(path, seed: int = 0) -> str:
 
 
 def training_worker(model_path: str, forward_only: bool, remove_padding: bool = True, micro: int = 4,
-                    dynamic_tokens: int | None = None):
+                    dynamic_tokens: int | None = None, verl_precision: bool = False):
     """A verl TrainingWorker (outside Ray) with an FSDP2 engine; the shim must be installed.
 
     ``dynamic_tokens``: verl's dynamic micro-batches (token budget per micro-batch; they are
     re-ordered by length and restored afterwards), else fixed micro-batches of ``micro`` sequences.
+    ``verl_precision``: verl's default mixed precision (no ``mixed_precision`` given: bf16 compute
+    under autocast, fp32 master weights) instead of fp32 throughout.
     """
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
@@ -38,7 +41,8 @@ def training_worker(model_path: str, forward_only: bool, remove_padding: bool = 
                        use_remove_padding=remove_padding, enable_gradient_checkpointing=False)
     fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
     ec = FSDPEngineConfig(strategy="fsdp2", forward_only=forward_only, use_torch_compile=False, model_dtype="fp32",
-                          mixed_precision=fp32, use_dynamic_bsz=dynamic_tokens is not None, micro_batch_size_per_gpu=micro,
+                          mixed_precision=None if verl_precision else fp32, use_dynamic_bsz=dynamic_tokens is not None,
+                          micro_batch_size_per_gpu=micro,
                           infer_micro_batch_size_per_gpu=micro, max_token_len_per_gpu=dynamic_tokens,
                           infer_max_token_len_per_gpu=dynamic_tokens)
     contents = ["model"] if forward_only else ["model", "optimizer", "extra"]
