@@ -1,0 +1,210 @@
+"""The Ray CPUs and GPUs a verl run reserves, checked against the cluster before launch.
+
+Ray never reports a request it cannot satisfy: an actor or placement group that does not fit waits
+forever, and a verl run on a small machine hangs silently. ``ray_demand`` lists, from the composed
+config (``ema_pg_core.verl.main.compose``), what verl 0.9.1's V1 synchronous trainer will reserve,
+each item with the settings that size it; ``check_fits`` refuses a demand the cluster cannot hold;
+``cluster_size`` says how big that cluster is, before or after Ray starts.
+
+What reserves CPUs or GPUs (an actor holds its ``num_cpus``/``num_gpus`` for its whole life):
+
+- our TaskRunner (1 CPU);
+- TransferQueue, which verl's V1 TaskRunner always starts: a controller and, with the
+  ``SimpleStorage`` backend, ``num_data_storage_units`` storage units, 1 CPU each;
+- one placement group per node for the actor/rollout/ref workers, ``n_gpus_per_node`` bundles of
+  3 CPUs + 1 GPU (verl's ``ResourcePoolManager.max_colocate_count``), and the same for the
+  optional separate reward-model and teacher pools;
+- with ``reward.reward_manager.name=remote``: every reward-loop worker starts
+  ``reward.num_workers`` reward processes of 1 CPU each.
+
+Actors created without any resource request (agent-loop workers, reward-loop workers, the rollout
+server actors, the request load balancer) reserve nothing: Ray's default actor holds 0 CPUs for
+its life (https://docs.ray.io/en/latest/ray-core/patterns/limit-running-tasks.html), and starts even
+when every CPU is reserved. They are listed with 0 CPUs, because they are processes all the same.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from omegaconf import OmegaConf
+
+TASK_RUNNER_CPUS = 1
+"""``num_cpus`` of the TaskRunner actor ``ema_pg_core.verl.main`` launches."""
+BUNDLE_CPUS = 3
+"""CPUs of each one-GPU placement-group bundle (verl's ``ResourcePoolManager.max_colocate_count``)."""
+TQ_ACTOR_CPUS = 1
+"""``num_cpus`` of TransferQueue's controller and of each of its SimpleStorage units."""
+REMOTE_REWARD_CPUS = 1
+"""``num_cpus`` of each reward process of verl's ``remote`` reward manager."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One kind of Ray actor (or placement-group bundle) a run starts, and what it reserves in total."""
+
+    what: str
+    settings: tuple[tuple[str, object], ...]
+    """The config keys that size the item, with their values (empty: fixed in code)."""
+    count: int
+    cpus: float
+    gpus: float = 0.0
+    note: str = ""
+
+    @property
+    def sizes(self) -> str:
+        return " x ".join(f"{k}={v}" for k, v in self.settings) or "fixed"
+
+    def describe(self) -> str:
+        held = _amount(self.cpus, "CPU") + (f", {_amount(self.gpus, 'GPU')}" if self.gpus else "")
+        return f"{self.what} [{self.sizes}]: {held}" + (f" ({self.note})" if self.note else "")
+
+
+def _amount(n: float, unit: str) -> str:
+    return f"{n:g} {unit}" + ("" if n == 1 else "s")
+
+
+def _get(config, key: str, default=None):
+    return OmegaConf.select(config, key, default=default)
+
+
+def _bundles(what: str, config, nnodes_key: str, gpus_key: str) -> Item:
+    """A worker pool: one STRICT_PACK placement group per node of ``gpus_key`` bundles {CPU: 3, GPU: 1}."""
+    nnodes, per_node = int(_get(config, nnodes_key)), int(_get(config, gpus_key))
+    n = nnodes * per_node
+    return Item(what, ((nnodes_key, nnodes), (gpus_key, per_node)), n, BUNDLE_CPUS * n, n,
+                f"{BUNDLE_CPUS} CPUs + 1 GPU per bundle; one node holds each node's {per_node} bundles")
+
+
+def _transfer_queue(config) -> list[Item]:
+    items = [Item("TransferQueue controller", (), 1, TQ_ACTOR_CPUS, note="always on with verl's V1 trainer")]
+    backend = _get(config, "transfer_queue.backend.storage_backend", "SimpleStorage")
+    if backend == "SimpleStorage":
+        key = "transfer_queue.backend.SimpleStorage.num_data_storage_units"
+        n = int(_get(config, key))
+        items.append(Item("TransferQueue storage units", ((key, n),), n, TQ_ACTOR_CPUS * n))
+    return items
+
+
+def _rollout_servers(config) -> Item:
+    """One server actor per node of each rollout replica (replicas: trainer GPUs / rollout TP x DP x PP)."""
+    r = "actor_rollout_ref.rollout."
+    tp, dp, pp = (int(_get(config, r + k, 1)) for k in
+                  ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"))
+    per_replica = tp * dp * pp
+    world = int(_get(config, "trainer.nnodes")) * int(_get(config, "trainer.n_gpus_per_node"))
+    per_node = min(int(_get(config, r + "n_gpus_per_node", per_replica)), per_replica)
+    count = (world // per_replica) * (per_replica // per_node)
+    return Item(f"rollout server actors ({_get(config, r + 'name')})", ((r + "tensor_model_parallel_size", tp),),
+                count, 0, note="no Ray resources; they use the workers' GPUs")
+
+
+def _reward(config) -> list[Item]:
+    key = "reward.num_workers"
+    n = int(_get(config, key))
+    items = [Item("reward-loop workers", ((key, n),), n, 0, note="no Ray resources")]
+    manager = _get(config, "reward.reward_manager.name")
+    if manager == "remote" and _get(config, "reward.reward_manager.source", "register") == "register":
+        items.append(Item("remote reward processes", ((key, n), ("reward.reward_manager.name", manager)), n * n,
+                          REMOTE_REWARD_CPUS * n * n, note=f"{n} per reward-loop worker"))
+    return items
+
+
+def ray_demand(config) -> list[Item]:
+    """What a launch of ``config`` (a composed verl config) reserves in Ray, item by item.
+
+    Models verl 0.9.1's V1 synchronous trainer with hybrid (colocated) rollout, the trainer
+    ``ema_pg_core.verl.trainer`` registers. Transient tasks are left out; so are a custom
+    ``agent_loop_manager_class``/router and the TransferQueue backends other than SimpleStorage.
+    """
+    agents = int(_get(config, "actor_rollout_ref.rollout.agent.num_workers"))
+    items = [Item("TaskRunner", (), 1, TASK_RUNNER_CPUS, note="ray.remote(num_cpus=1) in ema_pg_core.verl.main"),
+             *_transfer_queue(config),
+             _bundles("actor/rollout/ref placement groups", config, "trainer.nnodes", "trainer.n_gpus_per_node")]
+    if _get(config, "reward.reward_model.enable_resource_pool", False):
+        items.append(_bundles("reward-model placement groups", config, "reward.reward_model.nnodes",
+                              "reward.reward_model.n_gpus_per_node"))
+    if _get(config, "distillation.enabled", False):
+        items.append(_bundles("teacher placement groups", config, "distillation.nnodes",
+                              "distillation.n_gpus_per_node"))
+    return [*items, *_reward(config),
+            Item("agent-loop workers", (("actor_rollout_ref.rollout.agent.num_workers", agents),), agents, 0,
+                 note="no Ray resources"),
+            _rollout_servers(config),
+            Item("request load balancer", (), 1, 0, note="no Ray resources")]
+
+
+def check_fits(need: Sequence[Item], cluster_cpus: float, cluster_gpus: float) -> None:
+    """Raise ValueError naming the settings behind the demand when ``need`` exceeds the cluster.
+
+    Compares totals, which is exact for a one-node cluster. On several nodes it is necessary but not
+    sufficient: each placement group needs its node's bundles (CPUs and GPUs) on one node, and the
+    TransferQueue storage units are pinned round-robin to the nodes.
+    """
+    cpus, gpus = sum(i.cpus for i in need), sum(i.gpus for i in need)
+    if cpus <= cluster_cpus and gpus <= cluster_gpus:
+        return
+    held = "".join(f"\n  {i.describe()}" for i in need if i.cpus or i.gpus)
+    free = "; ".join(f"{i.count} {i.what} [{i.sizes}]" for i in need if not (i.cpus or i.gpus))
+    raise ValueError(
+        f"this verl run reserves {_amount(cpus, 'Ray CPU')} and {_amount(gpus, 'GPU')}, but the Ray cluster has "
+        f"{_amount(cluster_cpus, 'CPU')} and {_amount(cluster_gpus, 'GPU')} (Ray would wait for them forever):{held}"
+        + (f"\n  started as well, reserving nothing: {free}" if free else "")
+        + "\nLower these settings, or give Ray more (ray_kwargs.ray_init.num_cpus / num_gpus for the local Ray "
+          "verl starts, or a bigger cluster).")
+
+
+def _accelerator(config) -> str:
+    """The Ray resource verl's placement groups ask for: "NPU" on Ascend, else "GPU" (cuda, and cpu rehearsals)."""
+    return "NPU" if _get(config, "trainer.device") == "npu" else "GPU"
+
+
+def _detected(resource: str) -> float:
+    """What a new local Ray finds on this machine, as ``ray.init`` does it (CPUs: cgroup-aware count)."""
+    import ray._private.accelerators as accelerators
+    import ray._private.utils as ray_utils
+
+    if resource == "CPU":
+        return float(ray_utils.get_num_cpus())
+    manager = accelerators.get_accelerator_manager_for_resource(resource)
+    if manager is None:
+        return 0.0
+    n = manager.get_current_node_num_accelerators()
+    visible = manager.get_current_process_visible_accelerator_ids()
+    return float(n if visible is None else min(n, len(visible)))
+
+
+def _existing_address(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The cluster a bare ``ray.init()`` joins instead of starting one: $RAY_ADDRESS, else the last ``ray start``."""
+    if environ.get("RAY_ADDRESS"):
+        return environ["RAY_ADDRESS"]
+    from ray._private.services import find_bootstrap_address
+
+    return find_bootstrap_address(None)
+
+
+def cluster_size(config, cluster_resources: Callable[[], Mapping[str, float]] | None = None, *,
+                 detect: Callable[[str], float] = _detected,
+                 existing_address: Callable[[], str | None] = _existing_address) -> tuple[float, float] | None:
+    """(CPUs, GPUs) of the Ray cluster the run will use; None when that is unknown before Ray starts.
+
+    With Ray running, pass ``ray.cluster_resources``: the cluster's totals (other jobs or Tune trials
+    may hold part of them). Otherwise verl's ``run_ppo`` calls ``ray.init(**ray_kwargs.ray_init)``:
+    it starts a local Ray of ``ray_init.num_cpus`` CPUs and ``ray_init.num_gpus`` GPUs, each
+    detected on this machine (``detect``) when unset. It joins an existing cluster instead when
+    ``ray_init.address`` is set (other than "local") or, with no address, when ``existing_address``
+    finds one; its size is then known only after connecting (None).
+    """
+    accelerator = _accelerator(config)
+    if cluster_resources is not None:
+        have = cluster_resources()
+        return float(have.get("CPU", 0)), float(have.get(accelerator, 0))
+    address = _get(config, "ray_kwargs.ray_init.address")
+    if (address is not None and address != "local") or (address is None and existing_address()):
+        return None
+    cpus = _get(config, "ray_kwargs.ray_init.num_cpus")
+    gpus = _get(config, "ray_kwargs.ray_init." + ("num_gpus" if accelerator == "GPU" else f"resources.{accelerator}"))
+    return (float(detect("CPU") if cpus is None else cpus),
+            float(detect(accelerator) if gpus is None else gpus))
