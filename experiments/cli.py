@@ -7,6 +7,7 @@ imports ray and `emapg report` never imports torch.
     emapg retriever serve --corpus wiki-18.jsonl --retriever e5 [--index e5_Flat.index]
     emapg retriever index --corpus wiki-18.jsonl --out e5_Flat.index
     emapg sweep sweeps/quickstart.yaml [--dry-run] [--resume] [--address ...]
+    emapg rehearse experiment=math_deepscaler_ema_pg | sweeps/search_r1_ema_pg.yaml   (verl's loop on CPU)
     emapg report <runs-or-sweep-dir> --out <dir>
     emapg figures --out <dir>
 """
@@ -52,6 +53,12 @@ def _retriever(argv: list[str]) -> int:
     return main(argv) or 0
 
 
+def _rehearse(argv: list[str]) -> int:
+    from experiments.rehearse import main
+
+    return main(argv)
+
+
 def _sweep(argv: list[str]) -> int:
     from sweeps.cli import main
 
@@ -78,7 +85,7 @@ def _cluster(argv: list[str]) -> int:
 
 
 COMMANDS = {"train": _train, "pretrain": _pretrain, "retriever": _retriever, "sweep": _sweep, "report": _report,
-            "figures": _figures, "cluster": _cluster}
+            "figures": _figures, "cluster": _cluster, "rehearse": _rehearse}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # configuration errors: one clear line, no traceback
         print(f"emapg {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        from experiments.run import RunFailed
+
+        if not isinstance(e, RunFailed):
+            raise
+        print(f"emapg {args.command}: run failed: {e}", file=sys.stderr)  # recorded in the run's status too
+        return 1
     except ImportError as e:  # an optional extra that is not installed (e.g. [verl]): the install hint
         if e.name is not None:  # a real missing module from a broken install: keep the traceback
             raise

@@ -133,13 +133,30 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
         follower = _VerlFollower(record, cfg, callback)
         try:
             code = _in_thread(lambda: run_config(OmegaConf.to_container(cfg, resolve=True)), follower.poll, VERL_POLL_S)
-        except BaseException:
-            follower.poll(report=False)  # a poll that failed, or Ctrl-C here: keep what verl logged
+        except BaseException as e:
+            follower.poll(report=False, watch=False)  # keep what verl logged (a failed poll, Ctrl-C, a verl error)
+            from ema_pg_core.verl.failures import stop_run
+
+            stop_run()  # verl may still be running (a failed rollout, a timeout): stop its workers
+            from ray.exceptions import RayError
+
+            if isinstance(e, RayError):  # verl raised in a Ray actor, or its actor died
+                where = f"the full traceback is in {record.run_dir}/status"
+                raise RunFailed(f"verl failed: {_last_line(str(e))} ({where})") from e
             raise
         if code:
-            raise RuntimeError(f"verl exited with status {code}")
+            raise RunFailed(f"verl exited with status {code}")
         summary = record.finish()
     return _flat_summary(summary)
+
+
+class RunFailed(RuntimeError):
+    """A run that started and then failed for a reason other than a bug here (its message says why)."""
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else text
 
 
 def _in_thread(work: Callable[[], int], tick: Callable[[], None], every_s: float) -> int:
@@ -180,15 +197,21 @@ class _VerlFollower:
 
     def __init__(self, record: RunRecord, cfg: DictConfig, callback: Callback | None):
         self.record, self.callback = record, callback
+        self.timeout_s = float(cfg.backend.verl.step_timeout_s)
+        self.progress_t = time.time()  # when the last new step was seen (or the run started)
         self.task, self.greedy = cfg.task.name, float(cfg.trainer.eval_temperature) == 0.0
         self.logged: dict[int, dict] = {}
         self.reported = -1
         self._stamp: list[tuple] | None = None  # (name, size, mtime) of the files the last poll read
         record.rewind(-1)
 
-    def poll(self, report: bool = True) -> None:
+    def poll(self, report: bool = True, watch: bool = True) -> None:
+        """Record (and report) new steps; with `watch`, raise RunFailed when a worker reported a failed
+        rollout or no step came for ``backend.verl.step_timeout_s``."""
         from experiments.verl_metrics import attempt_files, to_rows
 
+        if watch:
+            self._watch()
         stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in attempt_files(self.record.run_dir)]
         if stamp == self._stamp:
             return
@@ -201,11 +224,25 @@ class _VerlFollower:
         for step, metrics in rows:
             if step in self.logged:
                 continue
+            self.progress_t = time.time()
             self.logged[step] = metrics
             row = self.record.log(step, metrics)
             if report and self.callback is not None and step > self.reported:
                 self.callback(step, {k: v for k, v in row.items() if k not in ("iteration", "time_s")}, None)
                 self.reported = step
+
+
+    def _watch(self) -> None:
+        from ema_pg_core.verl.failures import first_failure
+
+        failure = first_failure()
+        if failure is not None:
+            raise RunFailed(failure)
+        idle = time.time() - self.progress_t
+        if idle > self.timeout_s:
+            raise RunFailed(f"no training step completed for {idle:.0f} s (backend.verl.step_timeout_s="
+                            f"{self.timeout_s:g}); stopping the run. verl's own log (stdout/stderr, or the Ray "
+                            "worker logs) says where it waits.")
 
 
 PACKAGE_PARENT = Path(__file__).resolve().parents[1]

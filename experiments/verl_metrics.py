@@ -57,9 +57,12 @@ def attempt_files(run_dir: str | Path) -> list[Path]:
 
 
 def read_attempts(files: Iterable[str | Path]) -> dict[int, dict[str, Any]]:
-    """{step: verl's metrics of that step}; a step logged again by a later attempt replaces the
-    earlier line, and within one file later lines of a step update earlier ones. A trailing partial
-    line (a crash mid-write) is dropped; any other unreadable line is an error naming file and line."""
+    """{step: verl's metrics of that step}; a step trained again by a later attempt replaces the
+    earlier line, and within one file later lines of a step update earlier ones. A later attempt's
+    line without training metrics (the validation a resumed run does first, logged at its
+    checkpoint's step) is added to that step instead: the step's training is in the checkpoint.
+    A trailing partial line (a crash mid-write) is dropped; any other unreadable line is an error
+    naming file and line."""
     steps: dict[int, dict[str, Any]] = {}
     for f in files:
         lines = Path(f).read_text().splitlines()
@@ -74,8 +77,17 @@ def read_attempts(files: Iterable[str | Path]) -> dict[int, dict[str, Any]]:
             if not isinstance(row, dict) or "step" not in row or not isinstance(row.get("data"), dict):
                 raise ValueError(f"{f}:{i}: expected {{'step': int, 'data': {{...}}}}; got {line[:80]!r}")
             this.setdefault(int(row["step"]), {}).update(row["data"])
-        steps.update(this)
+        for step, data in this.items():
+            if trained_step(data) or step not in steps:
+                steps[step] = data
+            else:
+                steps[step].update(data)
     return steps
+
+
+def trained_step(data: Mapping[str, Any]) -> bool:
+    """verl logged a training iteration in this line (not only validation)."""
+    return any(k.startswith(("training/", "actor/", "timing_s/")) for k in data)
 
 
 def convert(data: Mapping[str, Any], task: str, greedy: bool) -> dict[str, float]:

@@ -34,6 +34,10 @@ TRAINER_MODE = "emapg_sync"
 VERL_AGG = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean",
             "seq-mean-token-sum": "seq-mean-token-sum", "sum": "token-sum"}
 """Our loss aggregation names -> verl's ``agg_loss`` modes (same formulas; verl's are global-batch normalised)."""
+DEVICES = ("cuda", "cpu")
+"""``trainer.device`` values of the verl backend: GPUs, or verl's loop on CPU (``ema_pg_core.verl.cpu``)."""
+ROLLOUT_ENGINES = ("vllm", "sglang", "hf")
+"""``backend.verl.rollout_engine``: verl's GPU engines, or ``ema_pg_core.verl.hf_rollout`` (any device)."""
 OLD, REF = "emapg_old_", "emapg_ref_"
 """Prefixes of the Top-k tensors produced by the pi_old pass and by the anchor (reference) pass."""
 
@@ -41,7 +45,7 @@ OLD, REF = "emapg_old_", "emapg_ref_"
 # --------------------------------------------------------------------------------------
 # The emapg: section
 # --------------------------------------------------------------------------------------
-SECTION_SCALARS = ("metrics_path", "mask_truncated")
+SECTION_SCALARS = ("metrics_path", "mask_truncated", "device")
 """The emapg section's top-level keys that are values, not groups."""
 
 
@@ -57,8 +61,13 @@ class EmaPGSection:
     mask_truncated: bool = False
     """Drop responses that reached data.max_response_length from the actor update, after the advantages
     (rLLM's mask_truncated_samples, the paper's 8k math stage; ``trainer.drop_truncated``)."""
+    device: str = "cuda"
+    """cuda (GPUs, verl's own platform detection) | cpu (``ema_pg_core.verl.cpu``: development, rehearsals)."""
 
     def __post_init__(self):
+        if self.device not in DEVICES:
+            raise ValueError(f"trainer.device={self.device!r} is not allowed with the verl backend; "
+                             f"allowed: {', '.join(DEVICES)}")
         if not isinstance(self.mask_truncated, bool):
             raise ValueError(f"emapg.mask_truncated must be true or false; got {self.mask_truncated!r}")
         est = get_estimator(self.kl.type)
@@ -135,7 +144,7 @@ class VerlSettings:
     max_response_length: int | None = None
     """Total response tokens (all turns); null = rollout.max_new_tokens (single-turn tasks)."""
     rollout_engine: str = "vllm"
-    """vllm | sglang (verl 0.9.1 has no HF/CPU rollout)."""
+    """vllm | sglang (GPUs) | hf (``ema_pg_core.verl.hf_rollout``: HF generate, the engine of trainer.device=cpu)."""
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.6
     use_dynamic_bsz: bool = True
@@ -159,6 +168,9 @@ class VerlSettings:
     resolves a relative path against its working directory; `emapg train` makes it absolute first."""
     retriever_url: str | None = None
     """`emapg retriever serve` URL for a search agent loop (verl's rollout.custom.retriever_url)."""
+    step_timeout_s: float = 7200.0
+    """`emapg train` stops a verl run (status failed) when no training step completes for this long
+    (start-up included): the last line of defence against a hang."""
     mask_truncated: bool = False
     """Drop responses that hit max_response_length from the actor update, after the advantages (the
     paper's 8k math stage, rLLM's mask_truncated_samples; emapg.mask_truncated)."""
@@ -171,13 +183,16 @@ class VerlSettings:
     """Raw verl Hydra overrides appended last (escape hatch; they win)."""
 
     def __post_init__(self):
-        if self.rollout_engine not in ("vllm", "sglang"):
-            raise ValueError(f"backend.verl.rollout_engine={self.rollout_engine!r}; allowed: vllm, sglang")
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise ValueError(f"backend.verl.rollout_engine={self.rollout_engine!r}; "
+                             f"allowed: {', '.join(ROLLOUT_ENGINES)}")
         if self.multi_turn and self.agent_loop == "tool_agent" and not self.tool_config_path:
             raise ValueError("backend.verl.multi_turn=true with agent_loop=tool_agent needs backend.verl.tool_config_path")
         if self.multi_turn and self.agent_loop == "search_r1" and not self.retriever_url:
             raise ValueError("backend.verl.agent_loop=search_r1 needs backend.verl.retriever_url (an `emapg retriever "
                              "serve` URL reachable from every rollout node, e.g. http://127.0.0.1:8000)")
+        if not self.step_timeout_s > 0:
+            raise ValueError(f"backend.verl.step_timeout_s must be > 0 (seconds); got {self.step_timeout_s!r}")
         if ":" not in self.reward_fn:
             raise ValueError(f"backend.verl.reward_fn={self.reward_fn!r} must be 'module:function'")
 
@@ -214,7 +229,8 @@ def to_verl(run: Mapping[str, Any]) -> VerlJob:
     vs = VerlSettings(**(run.get("backend", {}).get("verl") or {}))
     metrics = os.path.join(run["run_dir"], "verl_metrics.jsonl") if run.get("run_dir") else None
     section = EmaPGSection.from_dict({"kl": algo.get("kl", {}), "anchor": algo.get("anchor", {}), "loss": algo.get("loss", {}),
-                                      "metrics_path": metrics, "mask_truncated": vs.mask_truncated})
+                                      "metrics_path": metrics, "mask_truncated": vs.mask_truncated,
+                                      "device": TrainerConfig(**run.get("trainer", {})).device})
     adv = AdvantageConfig(**algo.get("adv", {}))
     ro, opt, tr = RolloutConfig(**run.get("rollout", {})), OptimConfig(**run.get("optim", {})), TrainerConfig(**run.get("trainer", {}))
     model_path = (run.get("model") or {}).get("path")
@@ -235,6 +251,7 @@ def to_verl(run: Mapping[str, Any]) -> VerlJob:
         o.update(_multi_turn_keys(ro, vs))
     if vs.checkpoint_dir:
         o[f"{T}default_local_dir"] = vs.checkpoint_dir
+    o.update(_device_keys(section.device, vs))
     o.update(_logger(run))
     return VerlJob([f"{k}={fmt(v)}" for k, v in o.items()] + list(vs.overrides), section.to_dict())
 
@@ -280,6 +297,31 @@ def _training_keys(opt, tr, vs: VerlSettings, ro, model_path: str, seed: int) ->
         f"{T}save_freq": tr.save_every if tr.save_every > 0 else -1, f"{T}test_freq": tr.eval_every,
         f"{T}max_actor_ckpt_to_keep": tr.keep_checkpoints, f"{T}val_before_train": vs.val_before_train,
         f"{T}nnodes": vs.nnodes, f"{T}n_gpus_per_node": vs.n_gpus_per_node,
+    }
+
+
+def _device_keys(device: str, vs: VerlSettings) -> dict[str, Any]:
+    """Every worker process of the Ray cluster verl starts runs our setup hook (failed rollouts become
+    fatal: ``ema_pg_core.verl.failures``). trainer.device=cpu: verl's loop on the CPU platform
+    (``ema_pg_core.verl.cpu``) with the hf rollout engine.
+
+    The local Ray cluster verl starts advertises one virtual GPU per rank, every Ray worker process
+    installs the CPU platform (a ``worker_process_setup_hook``), and the model runs with eager
+    attention and without torch.compile. Ray binds to 127.0.0.1.
+    """
+    from ema_pg_core.verl import cpu, failures
+
+    hook = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
+    if device == "cuda":
+        return {hook: failures.SETUP_HOOK}
+    if vs.rollout_engine != "hf":
+        raise ValueError(f"trainer.device=cpu needs backend.verl.rollout_engine=hf (got {vs.rollout_engine!r}: "
+                         "vLLM and SGLang need GPUs)")
+    return {
+        "trainer.device": "cpu", "+ray_kwargs.ray_init.num_gpus": vs.nnodes * vs.n_gpus_per_node, hook: cpu.SETUP_HOOK,
+        "+ray_kwargs.ray_init._node_ip_address": "127.0.0.1", "+ray_kwargs.ray_init.include_dashboard": False,
+        "+actor_rollout_ref.model.override_config.attn_implementation": "eager",
+        f"{A}use_torch_compile": False,
     }
 
 

@@ -26,6 +26,7 @@ from verl.trainer.main_ppo import TaskRunnerV1
 
 from ema_pg_core.verl import require_verl
 from ema_pg_core.verl.config import split_argv
+from ema_pg_core.verl.resources import TASK_RUNNER_CPUS
 
 
 def compose(argv: list[str]):
@@ -68,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     dry = "--print-config" in argv
     cfg = compose([a for a in argv if a != "--print-config"])
+    if cfg.emapg.device == "cpu":  # before verl's device detection (which would report cuda)
+        from ema_pg_core.verl import cpu, hf_rollout
+
+        cpu.install()
+        hf_rollout.register()
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
@@ -77,10 +83,44 @@ def main(argv: list[str] | None = None) -> int:
     if dry:
         print(OmegaConf.to_yaml(cfg))
         return 0
+    check_resources(cfg)
     from verl.trainer.main_ppo import run_ppo
 
-    run_ppo(cfg, task_runner_class=ray.remote(num_cpus=1)(EmaPGTaskRunner))
+    run_ppo(cfg, task_runner_class=_Launch(ray.remote(num_cpus=TASK_RUNNER_CPUS)(EmaPGTaskRunner)))
     return 0
+
+
+class _Launch:
+    """What verl's ``run_ppo`` calls ``.remote()`` on: starts the TaskRunner and keeps its handle, so that
+    ``failures.stop_run`` can kill it (its workers, servers and TransferQueue share its fate)."""
+
+    def __init__(self, actor_class):
+        self._cls = actor_class
+
+    def options(self, **kwargs):
+        return _Launch(self._cls.options(**kwargs))
+
+    def remote(self, *args, **kwargs):
+        from ema_pg_core.verl.failures import RUNNING, create_actor
+
+        create_actor()  # before any worker exists: their failed rollouts are reported there
+        RUNNING["runner"] = handle = self._cls.remote(*args, **kwargs)
+        return handle
+
+
+def check_resources(cfg) -> None:
+    """Refuse, before Ray starts anything, a run whose actors and placement groups cannot all be placed
+    (Ray would wait for them forever). On the CPU platform the local cluster is sized to the demand:
+    Ray's CPUs are a count of reservations there, not of cores."""
+    from ema_pg_core.verl.resources import check_fits, cluster_size, ray_demand
+
+    need = ray_demand(cfg)
+    if cfg.emapg.device == "cpu" and not ray.is_initialized() and cfg.ray_kwargs.ray_init.get("num_cpus") is None:
+        with open_dict(cfg):
+            cfg.ray_kwargs.ray_init.num_cpus = int(sum(item.cpus for item in need))
+    have = cluster_size(cfg, ray.cluster_resources if ray.is_initialized() else None)
+    if have is not None:  # None: ray.init joins an existing cluster, whose size is known only once connected
+        check_fits(need, *have)
 
 
 def run_config(run) -> int:

@@ -58,6 +58,21 @@ def test_attempts_rotate_and_a_resume_replaces_the_steps_it_replays(tmp_path):
         read_attempts(attempt_files(tmp_path))
 
 
+def test_a_resumed_attempts_first_validation_joins_the_checkpoint_step(tmp_path):
+    """verl validates first after a resume and logs it at the checkpoint's step: that step's training
+    metrics (in the checkpoint) stay, the validation is added; a step trained again is replaced."""
+    live = tmp_path / FILE
+    train = {"actor/pg_loss": 0.1, "training/global_step": 2, "anchor/updated": 1.0}
+    _write(live, [(1, {"actor/pg_loss": 0.0}), (2, train)])
+    rotate(live)
+    _write(live, [(2, {"val-core/aime2024/reward/mean@1": 0.5}), (3, {"actor/pg_loss": 0.3})])
+    steps = read_attempts(attempt_files(tmp_path))
+    assert steps[2] == {**train, "val-core/aime2024/reward/mean@1": 0.5}
+    assert steps[3] == {"actor/pg_loss": 0.3}
+    _write(live, [(2, {"actor/pg_loss": 0.9})])  # an attempt that trained step 2 again replaces it
+    assert read_attempts(attempt_files(tmp_path))[2] == {"actor/pg_loss": 0.9}
+
+
 class FakeVerl:
     """`ema_pg_core.verl.main.run_config` stand-in: writes verl's file-logger lines like verl would
     (to the path our TaskRunner rotates), then returns 0 or crashes. Set `steps`/`crash` per call."""

@@ -1,105 +1,15 @@
-"""Test-only: run verl 0.9.1's real FSDP2 engine on CPU (verl-0.9.md §3.6).
+"""verl's real FSDP2 engine on CPU in a test process: the product's CPU platform
+(``ema_pg_core.verl.cpu.install``) and a gloo process group of the caller's (``init_gloo``).
 
-verl has no CPU platform; on a machine without GPUs it reports device "cuda" and backend "nccl".
-`install()` registers a "cpu" platform (device "cpu", backend gloo), selects it with
-VERL_PLATFORM=cpu, makes the engine registry look up the cuda entry (VERL_ENGINE_DEVICE=cuda: the
-FSDP engine is registered for cuda/npu only), and turns off pinned memory for the forward-only
-reference's CPUOffloadPolicy (pinning needs an accelerator). The process group must be initialised
-by the caller with gloo before an engine is built (`init_gloo`).
-
-Never import this outside tests: it changes process-wide verl state.
+verl's engine needs a process group even at world size 1; outside Ray, nothing creates it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
-import types
 
-import torch
-
-
-def _noop(*args, **kwargs):
-    return None
-
-
-_DEVICE_MODULE = types.SimpleNamespace(
-    empty_cache=_noop, synchronize=_noop, max_memory_allocated=lambda *a, **k: 0, max_memory_reserved=lambda *a, **k: 0,
-    memory_allocated=lambda *a, **k: 0, memory_reserved=lambda *a, **k: 0, reset_peak_memory_stats=_noop,
-    is_available=lambda: False, device_count=lambda: 0, current_device=lambda: "cpu", set_device=_noop,
-    manual_seed=torch.manual_seed, manual_seed_all=torch.manual_seed, mem_get_info=lambda *a, **k: (0, 0),
-    get_device_name=lambda *a, **k: "cpu", get_device_properties=lambda *a, **k: types.SimpleNamespace(total_memory=0, name="cpu"),
-    get_rng_state=torch.get_rng_state, set_rng_state=torch.set_rng_state, Stream=None,
-    current_stream=lambda *a, **k: types.SimpleNamespace(synchronize=_noop, wait_stream=_noop),
-)
-
-
-def install() -> None:
-    """Register and select the CPU platform; idempotent. Call before verl builds anything."""
-    os.environ["VERL_PLATFORM"] = "cpu"
-    os.environ["VERL_ENGINE_DEVICE"] = "cuda"
-    os.environ.setdefault("VERL_DISABLE_FLASH_ATTN_CE", "1")
-    from verl.plugin.platform import platform_manager as pm
-    from verl.plugin.platform.platform_base import PlatformBase
-
-    if pm.PlatformRegistry.get("cpu") is None:
-
-        @pm.PlatformRegistry.register(platform="cpu")
-        class PlatformCPU(PlatformBase):
-            device_name = "cpu"
-            vendor_name = "cpu"
-            device_module = _DEVICE_MODULE
-
-            def is_available(self):
-                return True
-
-            def is_platform_available(self, use_smi_check=False):
-                return False  # never auto-detected; only selected through VERL_PLATFORM
-
-            def current_device(self):
-                return "cpu"
-
-            def device_count(self):
-                return 0
-
-            set_device = synchronize = manual_seed = manual_seed_all = set_allocator_settings = empty_cache = _noop
-            profiler_start = profiler_stop = _noop
-
-            def get_device_capability(self, device_index=0):
-                return None, None
-
-            def communication_backend_name(self):
-                return "gloo"
-
-            def visible_devices_envvar(self):
-                return "CUDA_VISIBLE_DEVICES"
-
-            @contextlib.contextmanager
-            def nvtx_range(self, msg):
-                yield
-
-            def ray_resource_name(self):
-                return "CPU"
-
-            def ray_noset_envvars(self):
-                return []
-
-            def is_ipc_supported(self):
-                return False
-
-            def cudart(self):
-                return None
-
-    if pm._current_platform is None or pm._current_platform.device_name != "cpu":
-        pm._current_platform = pm._create_platform("cpu")
-
-    # forward-only engines force CPUOffloadPolicy(pin_memory=True); pinning needs an accelerator
-    from torch.distributed.fsdp import CPUOffloadPolicy
-
-    from verl.workers.engine.fsdp import transformer_impl
-
-    transformer_impl.CPUOffloadPolicy = lambda pin_memory=True, **kw: CPUOffloadPolicy(pin_memory=False, **kw)
+from ema_pg_core.verl.cpu import install  # noqa: F401  (the tests' entry point)
 
 
 def free_port() -> int:

@@ -141,7 +141,10 @@ def test_anchor_schedule_matches_core():
     ({"algo": {"kl": {"type": "nope"}}}, "not allowed"),
     ({"algo": {"anchor": {"tau": 1.5}}}, "tau"),
     ({"rollout": {"prompts_per_iter": 10}, "trainer": {"mini_batches": 3}}, "divisible"),
-    ({"backend": {"verl": {"rollout_engine": "hf"}}}, "rollout_engine"),
+    ({"backend": {"verl": {"rollout_engine": "trtllm"}}}, "rollout_engine"),
+    ({"trainer": {"device": "tpu9"}}, r"trainer.device='tpu9' is not allowed with the verl backend; allowed: cuda, cpu"),
+    ({"trainer": {"device": "cpu"}}, r"trainer.device=cpu needs backend.verl.rollout_engine=hf"),
+    ({"trainer": {"device": "cuda"}, "backend": {"verl": {"step_timeout_s": 0}}}, r"step_timeout_s must be > 0"),
     ({"backend": {"verl": {"bogus": 1}}}, "bogus"),
     ({"backend": {"verl": {"mask_truncated": "yes"}}}, r"emapg.mask_truncated must be true or false"),
     ({"backend": {"verl": {"multi_turn": True, "agent_loop": "search_r1"}}}, r"needs backend\.verl\.retriever_url"),
@@ -158,7 +161,7 @@ def test_split_argv_and_formatting():
     assert args == ["trainer.nnodes=2"]
     assert section.kl.type == "topk_forward" and section.anchor.tau == 0.95 and section.kl.iw_clip_high is None
     assert split_argv(["emapg.mask_truncated=true"])[1].mask_truncated is True
-    with pytest.raises(ValueError, match=r"emapg.<metrics_path\|mask_truncated>"):
+    with pytest.raises(ValueError, match=r"emapg.<metrics_path\|mask_truncated\|device>"):
         split_argv(["emapg.bogus=1"])
     with pytest.raises(ValueError, match="unknown emapg.kl"):
         EmaPGSection.from_dict({"kl": {"kk": 1}})
@@ -201,3 +204,21 @@ def test_compiled_config_instantiates_verl_dataclasses(name, tiny_path):
     assert score(data_source="t", solution_str=good, ground_truth=["4" if "math" in name else "paris"]) == 1.0
     validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     assert need_reference_policy(cfg) and not need_critic(cfg)
+
+
+def test_cpu_device_compiles_to_verls_cpu_mode_and_every_run_gets_the_failure_hook():
+    from ema_pg_core.verl import cpu, failures
+
+    run = yaml.safe_load((GOLDEN / "math_deepscaler_8k.run.yaml").read_text())
+    gpu = _overrides(to_verl(run))
+    hook = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
+    assert gpu[hook] == failures.SETUP_HOOK and "+ray_kwargs.ray_init.num_gpus" not in gpu
+    run["trainer"]["device"] = "cpu"
+    run["backend"]["verl"]["rollout_engine"] = "hf"
+    job = to_verl(run)
+    o = _overrides(job)
+    assert o[hook] == cpu.SETUP_HOOK and o["trainer.device"] == "cpu" and o["actor_rollout_ref.rollout.name"] == "hf"
+    assert o["+ray_kwargs.ray_init.num_gpus"] == "8"  # one virtual GPU per rank: verl's placement groups unchanged
+    assert o["+ray_kwargs.ray_init._node_ip_address"] == "'127.0.0.1'"
+    assert o["+actor_rollout_ref.model.override_config.attn_implementation"] == "eager"
+    assert job.emapg["device"] == "cpu"

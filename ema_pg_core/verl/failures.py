@@ -1,0 +1,124 @@
+"""Errors verl only logs, made fatal: a failed rollout ends the run with its cause instead of a hang.
+
+verl 0.9.1's V1 agent loop catches an exception raised while a prompt is rolled out (in the rollout
+server, the agent loop, a tool or retriever client, or the reward function, which runs inside the
+agent loop), logs "Error in _run_prompt ..." in the worker process, marks the prompt as failed and
+goes on. On a run where every rollout fails the trainer then waits forever for data that never comes.
+
+Here every Ray worker process of the run gets a logging handler (``install_handler``, from the
+``worker_process_setup_hook`` the run's Ray cluster is started with, ``setup_worker``) that sends
+such records to one named actor (``FailureLog``, created by the process that launches the run). The driver asks that
+actor for the first failure every time it polls verl's metrics (``first_failure``) and ends the run
+with it: the exception text and the worker's traceback, in the error message and in the run record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+
+ACTOR = "emapg_failure_log"
+"""Name of the ``FailureLog`` actor (in the run's Ray namespace)."""
+PATTERNS = ("Error in _run_prompt",)
+"""Starts of the log messages that mean a rollout failed (verl 0.9.1's V1 agent loop)."""
+SETUP_HOOK = "ema_pg_core.verl.failures.setup_worker"
+"""Ray ``worker_process_setup_hook`` for runs on GPUs (on CPU: ``ema_pg_core.verl.cpu.SETUP_HOOK``)."""
+MAX_KEPT = 5
+RUNNING: dict = {}
+"""In the process that launched a run: its TaskRunner ("runner") and ``FailureLog`` ("failure_log") handles."""
+
+
+class FailureLog:
+    """Ray actor: the first failures reported by the run's workers."""
+
+    def __init__(self):
+        self.failures: list[dict] = []
+        self.count = 0
+
+    def report(self, failure: dict) -> None:
+        self.count += 1
+        if len(self.failures) < MAX_KEPT:
+            self.failures.append(failure)
+
+    def first(self) -> tuple[dict | None, int]:
+        return (self.failures[0] if self.failures else None), self.count
+
+
+def create_actor():
+    """The run's ``FailureLog`` (created by the launching process, before the TaskRunner and its workers)."""
+    import ray
+
+    RUNNING["failure_log"] = actor = ray.remote(num_cpus=0)(FailureLog).options(name=ACTOR, get_if_exists=True).remote()
+    return actor
+
+
+class _Forward(logging.Handler):
+    """Sends records that mean a failed rollout to the ``FailureLog`` actor (never raises)."""
+
+    def __init__(self):
+        super().__init__(level=logging.ERROR)
+        self._actor = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            if not message.startswith(PATTERNS):
+                return
+            exc = "".join(traceback.format_exception(*record.exc_info)) if record.exc_info else ""
+            if self._actor is None:
+                import ray
+
+                self._actor = ray.get_actor(ACTOR)
+            self._actor.report.remote({"message": message, "traceback": exc, "pid": os.getpid(),
+                                       "cause": _last_line(exc) or message})
+        except Exception:  # noqa: BLE001  a log handler must not fail the code that logs
+            pass
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def install_handler() -> None:
+    """Forward failed-rollout records of this process to the run's ``FailureLog``; idempotent."""
+    root = logging.getLogger()
+    if not any(isinstance(h, _Forward) for h in root.handlers):
+        root.addHandler(_Forward())
+
+
+def setup_worker() -> None:
+    """Ray ``worker_process_setup_hook`` of a run on GPUs."""
+    install_handler()
+
+
+def first_failure() -> str | None:
+    """The first failure the run's workers reported, as one message (None: none, or no run to ask)."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    actor = RUNNING.get("failure_log")
+    if actor is None:
+        return None
+    try:
+        failure, count = ray.get(actor.first.remote(), timeout=10)
+    except Exception:  # noqa: BLE001  no actor yet (verl still starting), or the cluster is gone
+        return None
+    if failure is None:
+        return None
+    more = f" (and {count - 1} more)" if count > 1 else ""
+    return (f"a rollout failed in verl's agent loop{more}: {failure['cause']}\n"
+            f"--- worker traceback (pid {failure['pid']}) ---\n{failure['traceback'] or failure['message']}")
+
+
+def stop_run() -> None:
+    """Kill the TaskRunner this process launched, if any (``emapg train`` does when a rollout failed or a
+    step timed out). By handle: looking the actor up by name from the driver can block on its class."""
+    import ray
+
+    handle = RUNNING.pop("runner", None)
+    RUNNING.pop("failure_log", None)
+    if handle is not None and ray.is_initialized():
+        ray.kill(handle)
