@@ -511,8 +511,7 @@ def targets(argv: list[str]) -> list[tuple[str, list[str]]]:
     if not specs:
         exp = next((a.split("=", 1)[1] for a in argv if a.startswith("experiment=")), "custom")
         rest = [a.split("=", 1) for a in argv if not a.startswith("experiment=") and "=" in a]
-        name = "__".join([exp] + [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in rest])
-        return [(re.sub(r"[^A-Za-z0-9_.=+-]", "_", name)[:120], list(argv))]
+        return [(_slug([exp] + [f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in rest]), list(argv))]
     if len(specs) > 1 or len(argv) > 1:
         raise ValueError(f"emapg rehearse takes one sweep spec, or Hydra overrides; got {argv}")
     from sweeps import spec as sweep_spec
@@ -524,9 +523,14 @@ def targets(argv: list[str]) -> list[tuple[str, list[str]]]:
     out = []
     for point in sweep_spec.grid_points(s):
         keep = [o for o in s.overrides_for(point, s.seeds[0]) if not o.startswith(("sweep.", "logger.", "backend="))]
-        name = "__".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point.items()) or s.name
-        out.append((re.sub(r"[^A-Za-z0-9_.=+-]", "_", name)[:120], keep))
+        parts = [str(v) if k == "experiment" else f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in point.items()]
+        out.append((_slug(parts or [s.name]), keep))
     return out
+
+
+def _slug(parts: list[str]) -> str:
+    """A run-directory name (no '=', which Hydra would read in run_dir=...)."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", "__".join(parts))[:120]
 
 
 def main(argv: list[str] | None = None) -> int:
