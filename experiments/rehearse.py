@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -225,10 +226,27 @@ class Attempt:
     started: float
     """time.time() when the process was started."""
     returncode: int | None
+    """The exit status; None when it was killed (at its kill point, or on timeout)."""
     killed_at: int | None
     """The last complete checkpoint when the attempt was killed (None: it was not killed)."""
     seconds: float
     log: Path
+    timed_out: bool = False
+
+
+def logged_step(run_dir: Path) -> int:
+    """The last step this attempt's verl metrics file has training metrics for (0: none)."""
+    from experiments.verl_metrics import FILE, trained_step
+
+    steps = [0]
+    for line in (run_dir / FILE).read_text().splitlines() if (run_dir / FILE).is_file() else []:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # being written
+        if trained_step(row.get("data", {})):
+            steps.append(int(row["step"]))
+    return max(steps)
 
 
 def latest_checkpoint(run_dir: Path) -> int:
@@ -243,28 +261,32 @@ def latest_checkpoint(run_dir: Path) -> int:
 def run_attempt(overrides: list[str], run_dir: Path, log: Path, kill_after: int | None,
                 timeout_s: float = ATTEMPT_TIMEOUT_S, on_wait: Callable[[float], None] | None = None) -> Attempt:
     """``emapg train <overrides>`` in its own process group; with `kill_after`, SIGKILL the whole group
-    (driver, Ray, workers) once the checkpoint of that step is complete."""
-    env = {**os.environ, "EMAPG_PROGRESS": "0", "PYTHONUNBUFFERED": "1",
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray's node address is 127.0.0.1: nothing leaves the machine
+    (driver, Ray, workers) once the checkpoint of that step is complete and its metrics are logged
+    (verl writes them after the checkpoint)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, sized for the rehearsal
+    env.update({"EMAPG_PROGRESS": "0", "PYTHONUNBUFFERED": "1",
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})  # Ray binds 127.0.0.1: nothing leaves the machine
     cmd = [sys.executable, "-m", "experiments.cli", "train", *overrides]
     t0 = time.time()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        killed = None
+        killed, timed_out = None, False
         try:
             while proc.poll() is None:
                 elapsed = time.time() - t0
-                if kill_after is not None and latest_checkpoint(run_dir) >= kill_after:
+                if kill_after is not None and min(latest_checkpoint(run_dir), logged_step(run_dir)) >= kill_after:
                     killed = latest_checkpoint(run_dir)
                     break
                 if elapsed > timeout_s:
+                    timed_out = True
                     break
                 if on_wait is not None:
                     on_wait(elapsed)
                 time.sleep(1.0)
         finally:
             _kill_group(proc)  # also what outlives the driver in its group (Ray's processes after a crash)
-    return Attempt(t0, proc.returncode if killed is None else None, killed, time.time() - t0, log)
+    code = None if killed is not None or timed_out else proc.returncode
+    return Attempt(t0, code, killed, time.time() - t0, log, timed_out)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -418,10 +440,10 @@ class Shared:
         """`emapg retriever serve --corpus` on 127.0.0.1 (started once); its URL."""
         if self._retriever is None:
             port = _free_port()
-            log = open(self.root / "retriever.log", "w")
             cmd = [sys.executable, "-m", "experiments.cli", "retriever", "serve", "--corpus", corpus,
                    "--host", "127.0.0.1", "--port", str(port)]
-            self._retriever = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            with open(self.root / "retriever.log", "w") as log:  # the child keeps its own copy of the descriptor
+                self._retriever = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self.retriever_url = f"http://127.0.0.1:{port}"
             _wait_healthy(self.retriever_url, self._retriever)
         return self.retriever_url
@@ -476,7 +498,7 @@ def rehearse_config(name: str, target: list[str], out: Path, shared: Shared, ste
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     overrides = target + rehearsal_overrides(cfg, shared.model(task), data, run_dir, steps, url)
-    (run_dir.parent / f"{name}.command.txt").write_text("emapg train " + " ".join(overrides) + "\n")
+    (run_dir.parent / f"{name}.command.txt").write_text(shlex.join(["emapg", "train", *overrides]) + "\n")
     kill_after = min(KILL_AFTER, steps - 1)
     say(f"{name}: attempt 1, killed after the checkpoint of step {kill_after} ...")
     first = run_attempt(overrides, run_dir, run_dir.parent / f"{name}.attempt1.log", kill_after)
@@ -497,11 +519,16 @@ def rehearse_config(name: str, target: list[str], out: Path, shared: Shared, ste
 
 
 def _failure(a: Attempt) -> str:
-    why = (f"exited with status {a.returncode}" if a.returncode is not None
-           else f"made no checkpoint within {ATTEMPT_TIMEOUT_S:.0f} s")
+    if a.timed_out:
+        why = f"still running after {a.seconds:.0f} s (stopped)"
+    elif a.returncode == 0:
+        why = "finished before reaching its kill point"
+    else:
+        why = f"exited with status {a.returncode} after {a.seconds:.0f} s"
     lines = [ln for ln in a.log.read_text(errors="replace").splitlines() if ln.strip()] if a.log.exists() else []
-    errors = [ln for ln in lines if "Error" in ln or "error:" in ln]
-    return f"{why} after {a.seconds:.0f} s; {(errors or lines or ['no output'])[-1][:300]} (log: {a.log})"
+    ours = [ln for ln in lines if ln.startswith("emapg ")]  # the CLI's own one-line error
+    errors = ours or [ln for ln in lines if "Error" in ln or "error:" in ln]
+    return f"{why}; {(errors or lines or ['no output'])[-1][:300]} (log: {a.log})"
 
 
 def targets(argv: list[str]) -> list[tuple[str, list[str]]]:

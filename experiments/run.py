@@ -131,8 +131,15 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
     cfg = OmegaConf.merge(cfg, {"run_dir": str(run_dir)}, agent_loops_path(cfg))
     with RunRecord.create(run_dir, cfg, resume=bool(cfg.resume)) as record:
         follower = _VerlFollower(record, cfg, callback)
+
+        def work() -> int:
+            try:
+                return run_config(OmegaConf.to_container(cfg, resolve=True))
+            finally:
+                follower.done = True  # the last polls record what verl logged; nothing is left to watch
+
         try:
-            code = _in_thread(lambda: run_config(OmegaConf.to_container(cfg, resolve=True)), follower.poll, VERL_POLL_S)
+            code = _in_thread(work, follower.poll, VERL_POLL_S)
         except BaseException as e:
             follower.poll(report=False, watch=False)  # keep what verl logged (a failed poll, Ctrl-C, a verl error)
             from ema_pg_core.verl.failures import stop_run
@@ -198,7 +205,9 @@ class _VerlFollower:
     def __init__(self, record: RunRecord, cfg: DictConfig, callback: Callback | None):
         self.record, self.callback = record, callback
         self.timeout_s = float(cfg.backend.verl.step_timeout_s)
+        self.tolerated = int(cfg.backend.verl.max_failed_rollouts)
         self.progress_t = time.time()  # when the last new step was seen (or the run started)
+        self.done = False
         self.task, self.greedy = cfg.task.name, float(cfg.trainer.eval_temperature) == 0.0
         self.logged: dict[int, dict] = {}
         self.reported = -1
@@ -206,12 +215,16 @@ class _VerlFollower:
         record.rewind(-1)
 
     def poll(self, report: bool = True, watch: bool = True) -> None:
-        """Record (and report) new steps; with `watch`, raise RunFailed when a worker reported a failed
-        rollout or no step came for ``backend.verl.step_timeout_s``."""
+        """Record (and report) new steps; then, with `watch` and verl still running, raise RunFailed when
+        the workers reported more failed rollouts than ``backend.verl.max_failed_rollouts`` or no step
+        came for ``backend.verl.step_timeout_s``."""
+        self._record(report)
+        if watch and not self.done:
+            self._watch()
+
+    def _record(self, report: bool) -> None:
         from experiments.verl_metrics import attempt_files, to_rows
 
-        if watch:
-            self._watch()
         stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in attempt_files(self.record.run_dir)]
         if stamp == self._stamp:
             return
@@ -235,7 +248,7 @@ class _VerlFollower:
     def _watch(self) -> None:
         from ema_pg_core.verl.failures import first_failure
 
-        failure = first_failure()
+        failure = first_failure(self.tolerated)
         if failure is not None:
             raise RunFailed(failure)
         idle = time.time() - self.progress_t

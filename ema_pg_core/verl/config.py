@@ -168,6 +168,9 @@ class VerlSettings:
     resolves a relative path against its working directory; `emapg train` makes it absolute first."""
     retriever_url: str | None = None
     """`emapg retriever serve` URL for a search agent loop (verl's rollout.custom.retriever_url)."""
+    max_failed_rollouts: int = 0
+    """Failed rollouts (an exception in the rollout server, agent loop, tool/retriever or reward) a run
+    tolerates; one more ends it with that exception (verl alone logs them and may wait forever)."""
     step_timeout_s: float = 7200.0
     """`emapg train` stops a verl run (status failed) when no training step completes for this long
     (start-up included): the last line of defence against a hang."""
@@ -191,6 +194,8 @@ class VerlSettings:
         if self.multi_turn and self.agent_loop == "search_r1" and not self.retriever_url:
             raise ValueError("backend.verl.agent_loop=search_r1 needs backend.verl.retriever_url (an `emapg retriever "
                              "serve` URL reachable from every rollout node, e.g. http://127.0.0.1:8000)")
+        if not (isinstance(self.max_failed_rollouts, int) and self.max_failed_rollouts >= 0):
+            raise ValueError(f"backend.verl.max_failed_rollouts must be an integer >= 0; got {self.max_failed_rollouts!r}")
         if not self.step_timeout_s > 0:
             raise ValueError(f"backend.verl.step_timeout_s must be > 0 (seconds); got {self.step_timeout_s!r}")
         if ":" not in self.reward_fn:
@@ -313,6 +318,8 @@ def _device_keys(device: str, vs: VerlSettings) -> dict[str, Any]:
 
     hook = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
     if device == "cuda":
+        if vs.rollout_engine == "hf":
+            raise ValueError("backend.verl.rollout_engine=hf runs with trainer.device=cpu (on GPUs use vllm or sglang)")
         return {hook: failures.SETUP_HOOK}
     if vs.rollout_engine != "hf":
         raise ValueError(f"trainer.device=cpu needs backend.verl.rollout_engine=hf (got {vs.rollout_engine!r}: "

@@ -93,8 +93,9 @@ def setup_worker() -> None:
     install_handler()
 
 
-def first_failure() -> str | None:
-    """The first failure the run's workers reported, as one message (None: none, or no run to ask)."""
+def first_failure(tolerated: int = 0) -> str | None:
+    """The first failure the run's workers reported, as one message, once there are more than
+    `tolerated` (None: not yet, or no run to ask)."""
     import ray
 
     if not ray.is_initialized():
@@ -106,10 +107,11 @@ def first_failure() -> str | None:
         failure, count = ray.get(actor.first.remote(), timeout=10)
     except Exception:  # noqa: BLE001  no actor yet (verl still starting), or the cluster is gone
         return None
-    if failure is None:
+    if failure is None or count <= tolerated:
         return None
     more = f" (and {count - 1} more)" if count > 1 else ""
-    return (f"a rollout failed in verl's agent loop{more}: {failure['cause']}\n"
+    return (f"a rollout failed in verl's agent loop{more}; backend.verl.max_failed_rollouts={tolerated}: "
+            f"{failure['cause']}\n"
             f"--- worker traceback (pid {failure['pid']}) ---\n{failure['traceback'] or failure['message']}")
 
 

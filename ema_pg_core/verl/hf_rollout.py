@@ -16,8 +16,8 @@ GPU run (``emapg rehearse``). It follows the interfaces verl's own engines imple
 Concurrent requests are batched: whatever requests are waiting when the model is free run as one
 left-padded ``generate`` per group of identical sampling settings.
 
-Log-probabilities are those of the sampled token under softmax(logits / temperature) (raw
-logits when greedy), the distribution verl's trainer scores the same tokens with.
+Log-probabilities are those of the sampled token after the request's logits processors (repetition
+penalty, temperature, top-k / top-p masking), as vLLM returns them by default ("processed").
 
 Speed is not a goal (no paged attention, no continuous batching); the weight sync goes through
 Ray's object store. Use vLLM or SGLang for real training on GPUs.
@@ -135,6 +135,11 @@ class HFGenerationServer:
             self.eos_ids.add(int(self.tokenizer.eos_token_id))
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids, default=0))
+        from transformers import GenerationConfig
+
+        # generate() fills every unset option from the model's generation config (e.g. top_k=20, its eos):
+        # an empty one makes each request's settings the only ones that apply
+        self.model.generation_config = GenerationConfig(pad_token_id=self.pad_id, eos_token_id=None)
         torch.manual_seed(int(self.config.seed) + replica_rank)  # this actor's process samples with the global RNG
         self.global_steps: int | None = None
         self._pending: list[_Request] = []
@@ -202,18 +207,20 @@ class HFGenerationServer:
         greedy = s.temperature <= 0
         gen = GenerationConfig(
             max_new_tokens=s.max_tokens, do_sample=not greedy, temperature=None if greedy else s.temperature,
-            top_p=None if greedy else s.top_p, top_k=None if greedy or s.top_k <= 0 else s.top_k,
+            top_p=1.0 if greedy else s.top_p, top_k=0 if greedy or s.top_k <= 0 else s.top_k,  # 0: no top-k
             repetition_penalty=s.repetition_penalty, pad_token_id=self.pad_id,
             eos_token_id=None if s.ignore_eos else sorted(self.eos_ids), use_cache=True,
-            return_dict_in_generate=True, output_logits=True,
+            return_dict_in_generate=True, output_scores=True,
         )
         criteria = StoppingCriteriaList([_StopStrings(self.tokenizer, s.stop, width)] if s.stop else [])
         res = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                   generation_config=gen, stopping_criteria=criteria)
         new = res.sequences[:, width:].cpu()  # (B, L)
-        logits = torch.stack(res.logits, dim=1).float().cpu()  # (B, L, V) raw
-        logp = torch.log_softmax(logits if greedy else logits / s.temperature, dim=-1)
-        chosen = logp.gather(-1, new[..., None]).squeeze(-1)  # (B, L)
+        # scores: the logits after the request's processors (penalty, temperature, top-k/top-p masking), so
+        # these are vLLM's default "processed" log-probs; one step at a time, never (B, L, V) at once
+        steps = [torch.log_softmax(x.float(), -1).gather(-1, new[:, t, None].to(x.device))[:, 0].cpu()  # (B,)
+                 for t, x in enumerate(res.scores)]
+        chosen = torch.stack(steps, dim=1)  # (B, L)
         results = []
         for i in range(len(prompts)):
             row = new[i].tolist()

@@ -181,6 +181,36 @@ def test_follower_rewinds_a_step_a_resumed_attempt_replays(tmp_path):
     assert reported == [(1, 0.1), (2, 0.2), (3, 0.3)]  # each iteration once, in order
 
 
+def test_follower_stops_a_run_on_failed_rollouts_or_no_progress_but_not_a_finished_one(tmp_path, monkeypatch):
+    from ema_pg_core.verl import failures
+    from experiments.records import RunRecord
+    from experiments.run import RunFailed, _VerlFollower
+
+    reported = {"count": 0}
+    monkeypatch.setattr(failures, "first_failure",
+                        lambda tolerated=0: "boom" if reported["count"] > tolerated else None)
+    cfg = build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}", "logger=none",
+                         "backend.verl.max_failed_rollouts=1", "backend.verl.step_timeout_s=100"])
+    with pytest.raises(RunFailed, match="boom"), RunRecord.create(tmp_path, cfg) as record:
+        follower = _VerlFollower(record, cfg, None)
+        reported["count"] = 1
+        follower.poll()  # one failed rollout is tolerated
+        follower.progress_t -= 150  # no step for 150 s ...
+        _write(tmp_path / FILE, [(1, {"critic/score/mean": 0.1})])
+        follower.poll()  # ... but this poll sees step 1: the timer restarts instead of stopping the run
+        follower.done = True
+        reported["count"] = 2
+        follower.poll()  # verl has returned: nothing to watch
+        follower.done, reported["count"] = False, 1
+        follower.progress_t -= 150
+        stalled = r"no training step completed for 1\d\d s \(backend.verl.step_timeout_s=100\)"
+        with pytest.raises(RunFailed, match=stalled):
+            follower.poll()
+        follower.progress_t += 150
+        reported["count"] = 2
+        follower.poll()  # the second failed rollout is one too many
+
+
 @pytest.mark.parametrize("poll_s", [0.0, 30.0])  # verl ends before the first tick, or before any timed one
 def test_a_crash_after_some_steps_keeps_and_reports_them_then_raises(fake_verl, tmp_path, monkeypatch, poll_s):
     monkeypatch.setattr("experiments.run.VERL_POLL_S", poll_s)

@@ -144,6 +144,8 @@ def test_anchor_schedule_matches_core():
     ({"backend": {"verl": {"rollout_engine": "trtllm"}}}, "rollout_engine"),
     ({"trainer": {"device": "tpu9"}}, r"trainer.device='tpu9' is not allowed with the verl backend; allowed: cuda, cpu"),
     ({"trainer": {"device": "cpu"}}, r"trainer.device=cpu needs backend.verl.rollout_engine=hf"),
+    ({"trainer": {"device": "cuda"}, "backend": {"verl": {"rollout_engine": "hf"}}}, r"hf runs with trainer.device=cpu"),
+    ({"trainer": {"device": "cuda"}, "backend": {"verl": {"max_failed_rollouts": -1}}}, r"max_failed_rollouts must be"),
     ({"trainer": {"device": "cuda"}, "backend": {"verl": {"step_timeout_s": 0}}}, r"step_timeout_s must be > 0"),
     ({"backend": {"verl": {"bogus": 1}}}, "bogus"),
     ({"backend": {"verl": {"mask_truncated": "yes"}}}, r"emapg.mask_truncated must be true or false"),
