@@ -263,7 +263,8 @@ def run_attempt(overrides: list[str], run_dir: Path, log: Path, kill_after: int 
     """``emapg train <overrides>`` in its own process group; with `kill_after`, SIGKILL the whole group
     (driver, Ray, workers) once the checkpoint of that step is complete and its metrics are logged
     (verl writes them after the checkpoint)."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, sized for the rehearsal
+    inherited = ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")  # its own Ray; trainer.device decides
+    env = {k: v for k, v in os.environ.items() if k not in inherited}
     env.update({"EMAPG_PROGRESS": "0", "PYTHONUNBUFFERED": "1",
                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})  # Ray binds 127.0.0.1: nothing leaves the machine
     cmd = [sys.executable, "-m", "experiments.cli", "train", *overrides]

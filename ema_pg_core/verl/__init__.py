@@ -43,3 +43,9 @@ def require_verl() -> None:
     if version != VERL_VERSION:
         raise ImportError(f"ema_pg_core.verl is written for verl=={VERL_VERSION}; found verl {version}. "
                           "Its engine/worker internals change between releases (verl-0.9.md R2).")
+    import os
+
+    if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":  # ours: known before verl detects it
+        from ema_pg_core.verl.cpu import register_platform
+
+        register_platform()

@@ -99,6 +99,15 @@ def _platform_class():
     return PlatformCPU
 
 
+def register_platform() -> None:
+    """Make "cpu" a platform name verl knows (idempotent); selecting it is ``install``'s job. Needed before
+    verl detects its platform whenever ``VERL_PLATFORM=cpu`` is already in the environment."""
+    from verl.plugin.platform import platform_manager as pm
+
+    if pm.PlatformRegistry.get("cpu") is None:
+        pm.PlatformRegistry.register(platform="cpu")(_platform_class())
+
+
 def install() -> None:
     """Register and select the CPU platform in this process; idempotent. Call before verl builds anything."""
     os.environ["VERL_PLATFORM"] = "cpu"
@@ -106,8 +115,7 @@ def install() -> None:
     os.environ.setdefault("VERL_DISABLE_FLASH_ATTN_CE", "1")
     from verl.plugin.platform import platform_manager as pm
 
-    if pm.PlatformRegistry.get("cpu") is None:
-        pm.PlatformRegistry.register(platform="cpu")(_platform_class())
+    register_platform()
     if pm._current_platform is None or pm._current_platform.device_name != "cpu":
         pm._current_platform = pm._create_platform("cpu")
     _patch_offload_policy()

@@ -22,11 +22,14 @@ import sys
 
 import ray
 from omegaconf import OmegaConf, open_dict
-from verl.trainer.main_ppo import TaskRunnerV1
 
 from ema_pg_core.verl import require_verl
-from ema_pg_core.verl.config import split_argv
-from ema_pg_core.verl.resources import TASK_RUNNER_CPUS
+
+require_verl()  # before verl's trainer modules detect the platform (VERL_PLATFORM=cpu must be known then)
+from verl.trainer.main_ppo import TaskRunnerV1  # noqa: E402
+
+from ema_pg_core.verl.config import split_argv  # noqa: E402
+from ema_pg_core.verl.resources import TASK_RUNNER_CPUS  # noqa: E402
 
 
 def compose(argv: list[str]):

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 PURE = ["ema_pg_core.verl", "ema_pg_core.verl.config", "ema_pg_core.verl.ema", "ema_pg_core.verl.layout"]
 
 
@@ -35,3 +37,15 @@ def test_require_verl_message(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", fake)
     with pytest.raises(ImportError, match=r"\[verl\] extra"):
         require_verl()
+
+
+@pytest.mark.verl
+def test_verl_platform_cpu_in_the_environment_is_a_known_platform():
+    """A process that inherits VERL_PLATFORM=cpu (a rehearsal's children, a shell where it was exported)
+    imports the launcher: our "cpu" platform is registered before verl's modules detect the platform."""
+    import os
+
+    env = {**os.environ, "VERL_PLATFORM": "cpu"}
+    out = subprocess.run([sys.executable, "-c", "import ema_pg_core.verl.main"], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
