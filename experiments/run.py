@@ -142,14 +142,16 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
             code = _in_thread(work, follower.poll, VERL_POLL_S)
         except BaseException as e:
             follower.poll(report=False, watch=False)  # keep what verl logged (a failed poll, Ctrl-C, a verl error)
-            from ema_pg_core.verl.failures import stop_run
-
-            stop_run()  # verl may still be running (a failed rollout, a timeout): stop its workers
             from ray.exceptions import RayError
 
+            from ema_pg_core.verl.failures import first_failure, stop_run
+
+            # verl may fail on its own after failed rollouts (e.g. a batch left empty): their cause comes first
+            failure = first_failure(follower.tolerated) if isinstance(e, RayError) else None
+            stop_run()  # verl may still be running (a failed rollout, a timeout): stop its workers
             if isinstance(e, RayError):  # verl raised in a Ray actor, or its actor died
-                where = f"the full traceback is in {record.run_dir}/status"
-                raise RunFailed(f"verl failed: {_last_line(str(e))} ({where})") from e
+                then = f"verl failed: {_last_line(str(e))} (its traceback is in {record.run_dir}/status)"
+                raise RunFailed(f"{failure}\nThen {then}" if failure else then) from e
             raise
         if code:
             raise RunFailed(f"verl exited with status {code}")
