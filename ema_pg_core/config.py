@@ -1,7 +1,7 @@
-"""Every default lives here (style.md #7). YAML under experiments/conf holds only deltas.
+"""Every default lives here. YAML under experiments/conf holds only deltas.
 
 Each dataclass validates itself in ``__post_init__`` and raises ``ValueError`` naming the field
-and the allowed values. Paper values (ema-pg.md §4) are noted where a default differs from them.
+and the allowed values. Paper values are noted where a default differs from them.
 """
 
 from __future__ import annotations

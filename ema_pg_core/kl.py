@@ -9,13 +9,13 @@ Every estimator is a pure function ``fn(x: KLInputs, *, tail, iw) -> (B, T)`` re
     needs="topk"     + top-k logits of both models and their full logsumexp (O(K) per token)
     needs="full"     full (B, T, V) logits of both models (O(V) per token)
 
-The trainer checks ``needs``, never the name (style.md #2). Notation follows ema-pg.md §1.3:
+The trainer checks ``needs``, never the name. Notation (the paper's):
 p ~ pi_sampling is the sampled token, r = pi(p)/sg(pi(p)) (value 1, gradient grad log pi(p)),
 w = pi_ref(p)/pi(p), s = sg(pi(p)/pi_old(p)) the importance weight (optionally clipped).
 "Reverse" is KL(pi || pi_ref), "forward" KL(pi_ref || pi); pi_ref is the (EMA) anchor.
 
 What each estimator's expectation is (exact enumeration in tests/core/test_kl.py; the paper's
-Table 1, ema-pg.md §1.4, plus §1.5 for Top-k):
+Table 1, plus the Top-k estimators):
 
     name           direction  E[value]          E[grad]
     k1             reverse    KL                0                     (gradient biased)

@@ -19,7 +19,7 @@ a running top-k merge. Both paths are custom ``torch.autograd.Function``s whose 
 *recomputes* each block's softmax (and, from hidden states, each block's logits), so neither the
 forward nor the backward keeps (N, V) alive: the logits path saves only a reference to its input;
 the hidden path saves h and W. bf16/fp16 inputs are accumulated in fp32. Storing K logits + one
-logsumexp per token is the paper's O(K) memory (ema-pg.md §2), e.g. 388 B/token at K=32 vs 608 KB
+logsumexp per token is the paper's O(K) memory, e.g. 388 B/token at K=32 vs 608 KB
 for fp32 logits at V=151,936. With one vocabulary block the results are the unblocked ones; with
 several they agree to rounding (ties in the own top-k may pick a different index of equal value).
 Measured memory and time: docs/benchmarks.md.

@@ -5,7 +5,7 @@
     ema_pg_core.verl.config.to_verl(run_cfg) -> VerlJob(overrides, emapg)   # .command() / .shell()
     ema_pg_core.verl.main.run_config(run_cfg)                                # launch in this process
 
-What each file adds to verl (design: ../shared/spec/verl-0.9.md §3):
+What each file adds to verl:
 
     config.py   pure: our algo.* / rollout.* / optim.* / trainer.* keys -> the top-level `emapg:`
                 section + verl Hydra overrides (one function, `to_verl`; golden-tested)
@@ -27,7 +27,7 @@ imports verl and is imported lazily. Importing `ema_pg_core.verl` never imports 
 """
 
 VERL_VERSION = "0.9.1"
-"""The verl release this plugin is written and tested against (internal APIs: verl-0.9.md R2)."""
+"""The verl release this plugin is written and tested against (its internal APIs change between releases)."""
 
 
 def require_verl() -> None:
@@ -42,7 +42,7 @@ def require_verl() -> None:
     version = getattr(verl, "__version__", "unknown")
     if version != VERL_VERSION:
         raise ImportError(f"ema_pg_core.verl is written for verl=={VERL_VERSION}; found verl {version}. "
-                          "Its engine/worker internals change between releases (verl-0.9.md R2).")
+                          "Its engine/worker internals change between releases.")
     import os
 
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":  # ours: known before verl detects it

@@ -4,14 +4,14 @@ One sweep YAML drives either backend, because the verl launch is compiled from t
 local backend reads (``algo.*``, ``rollout.*``, ``optim.*``, ``trainer.*``, ``model.path``, ``seed``)
 plus ``backend.verl.*`` (``VerlSettings``: GPUs, data files, lengths, memory knobs: things the local
 backend has no use for). ``to_verl(run)`` is the only place the mapping lives; the golden test in
-tests/verl/golden/ pins its output for the paper's math and search runs (ema-pg.md §4).
+tests/verl/golden/ pins its output for the paper's math and search runs.
 
     emapg.kl.*      = algo.kl.*        (KLConfig: estimator, k, tail, beta, importance weight)
     emapg.anchor.*  = algo.anchor.*    (AnchorConfig: tau, period)
     emapg.loss.*    = algo.loss.*      (LossConfig: clip-low/high, dual clip, entropy, aggregation)
 
 The ``emapg:`` section is read by our trainer/worker/loss only; verl's config dataclasses never see
-it (they reject unknown keys, verl-0.9.md §1.11). verl keys that mirror it are set too (clip
+it (they reject unknown keys). verl keys that mirror it are set too (clip
 ratios, loss_agg_mode, kl coef) so verl's own logging and validation agree with what runs.
 Fixed requirements of the plugin (FSDP2, a separate fp32 reference, V1 trainer "emapg_sync",
 no fused kernels) are emitted as overrides and re-checked at launch (``check_verl``).
@@ -130,7 +130,7 @@ def anchor_due(iteration: int, anchor: AnchorConfig) -> bool:
 # --------------------------------------------------------------------------------------
 @dataclass
 class VerlSettings:
-    """Settings only the verl backend has. Paper values: ema-pg.md §4 (8xH100 per run)."""
+    """Settings only the verl backend has. Paper values: 8xH100 per run."""
 
     nnodes: int = 1
     n_gpus_per_node: int = 8

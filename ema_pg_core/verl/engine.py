@@ -3,7 +3,7 @@
 Shapes: nnz = packed tokens of a micro-batch (verl's remove-padding layout), V vocabulary, K top-k.
 
 ``EmaPGFSDPEngineWithLMHead`` wraps ``FSDPEngineWithLMHead.prepare_model_outputs``, the one place
-where verl 0.9.1 materialises logits (verl-0.9.md §1.3). The trainer switches it per pass with
+where verl 0.9.1 materialises logits. The trainer switches it per pass with
 non-tensor flags on the batch (``set_pass``):
 
     mode "self"    (pi_old pass for reverse KL; anchor pass for forward KL): this model's own top-k

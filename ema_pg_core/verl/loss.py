@@ -3,7 +3,7 @@
 Shapes: B sequences, T response width, nnz packed tokens, V vocabulary, K top-k.
 
 Installed as the actor's loss function (``TrainingWorker.set_loss_fn``), the extension point verl's
-own ``ppo_loss`` and distillation loss use. verl calls it in two roles (verl-0.9.md §1.3):
+own ``ppo_loss`` and distillation loss use. verl calls it in two roles:
 
 1. **logits processor** (``student_logits`` (1, nnz, V) given; only when the estimator declares
    ``needs == "topk"``): the training logits exist only here, so the whole per-token Top-k KL is

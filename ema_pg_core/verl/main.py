@@ -13,7 +13,7 @@ with a TaskRunner that imports our trainer (so "emapg_sync" is registered in the
 process) before doing exactly what verl's ``TaskRunnerV1`` does.
 
 Simplifications compared with the authors' fork: V1 sync trainer only (no V0, no async modes),
-Ulysses SP = 1, no evaluation of the EMA anchor through vLLM (verl-0.9.md R12).
+Ulysses SP = 1, no evaluation of the EMA anchor through vLLM.
 """
 
 from __future__ import annotations

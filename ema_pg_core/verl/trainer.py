@@ -11,7 +11,7 @@ Registered as ``trainer.v1.trainer_mode=emapg_sync``. Per iteration (verl's ``_s
     -> checkpoint (verl's; our worker writes the anchor beside the actor) -> weight sync -> eval
 
 The EMA runs inside ``_update_actor`` so that it precedes verl's checkpoint of the same
-iteration (a checkpoint at step N contains the anchor update of step N, verl-0.9.md §1.7), and
+iteration (a checkpoint at step N contains the anchor update of step N), and
 only on the last local update of a parameter-sync cycle. The instructions for each pass go in
 the batch's ``extra_info``, which verl forwards to the workers as non-tensor data; the Top-k
 tensors themselves travel through verl's TransferQueue under producer-prefixed keys.
@@ -33,7 +33,7 @@ from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
 
 
 def check_verl(config, section: EmaPGSection) -> None:
-    """Fail before any GPU work on settings the plugin cannot run with (verl-0.9.md §3.3, R4, R9)."""
+    """Fail before any GPU work on settings the plugin cannot run with."""
     arr = config.actor_rollout_ref
     problems = []
     if arr.actor.strategy != "fsdp2":

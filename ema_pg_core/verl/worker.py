@@ -1,8 +1,8 @@
 """verl's ActorRolloutRefWorker + the EMA anchor: update on local shards, checkpoint, resume.
 
 In verl 0.9.1 one Ray worker process holds the actor and the reference (``self.actor``,
-``self.ref``, both ``TrainingWorker``s with FSDP2 engines) when the role is ``actor_rollout_ref``
-(verl-0.9.md §0.2). The reference *is* the EMA anchor; this subclass:
+``self.ref``, both ``TrainingWorker``s with FSDP2 engines) when the role is
+``actor_rollout_ref``. The reference *is* the EMA anchor; this subclass:
 
 - ``init_model``: verl's, then ``emapg_setup``: our engine class on both engines (Top-k
   statistics), our loss function on the actor, a model-only checkpoint manager for the anchor,
@@ -16,7 +16,7 @@ In verl 0.9.1 one Ray worker process holds the actor and the reference (``self.a
   checkpoints written before a resume would never go; it is switched off in favour of ours).
 - ``load_checkpoint``: verl restores the actor; with tau < 1 the anchor must be beside it. A
   missing anchor is an error (never a silent restart from the initial model, which is what the
-  released code and stock verl do, ema-pg.md §1.1 / verl-0.9.md R7).
+  released code and stock verl do).
 
 The trainer passes the ``emapg:`` section as ``actor_rollout_ref.emapg`` (the worker only gets
 ``actor_rollout_ref``). Methods other than the RPC wrappers take no Ray state, so tests call them
