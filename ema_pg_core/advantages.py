@@ -29,9 +29,9 @@ def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.
     """Per-response (B,) group mean, unbiased group std and group size."""
     _, inv, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     G = counts.numel()
-    sums = torch.zeros(G, dtype=rewards.dtype).index_add_(0, inv, rewards)
+    sums = torch.zeros(G, dtype=rewards.dtype, device=rewards.device).index_add_(0, inv, rewards)
     mean = sums / counts
-    sq = torch.zeros(G, dtype=rewards.dtype).index_add_(0, inv, (rewards - mean[inv]) ** 2)
+    sq = torch.zeros(G, dtype=rewards.dtype, device=rewards.device).index_add_(0, inv, (rewards - mean[inv]) ** 2)
     std = torch.sqrt(sq / (counts - 1).clamp_min(1))
     single = counts == 1
     mean, std = torch.where(single, 0.0, mean), torch.where(single, 1.0, std)

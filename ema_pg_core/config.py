@@ -6,6 +6,7 @@ and the allowed values. Paper values are noted where a default differs from them
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ema_pg_core.kl import ALIASES, KL_ESTIMATORS, LOSS_AGG, TAILS
@@ -159,6 +160,11 @@ class OptimConfig:
         _check(self.warmup_iters >= 0, f"optim.warmup_iters must be >= 0; got {self.warmup_iters!r}")
 
 
+LOCAL_DEVICES = ("cpu", "cuda", "cuda:N", "auto")
+"""``trainer.device`` values of the local trainer (N = a CUDA device index)."""
+DEVICE_PATTERN = r"cpu|cuda|cuda:[0-9]+|auto"
+
+
 @dataclass
 class TrainerConfig:
     iterations: int = 60
@@ -183,6 +189,11 @@ class TrainerConfig:
     dtype: str = "float32"
     """Policy dtype: float32 | bfloat16 | float64."""
     device: str = "cpu"
+    """Where the local trainer runs: cpu | cuda | cuda:N | auto (cuda if available, else cpu). Model, batches,
+    sampling generators, anchor and optimizer state all live there. Only the syntax is checked here (configs
+    are validated on CPU head nodes); ``ema_pg_core.local.device.resolve_device`` checks that CUDA (and the
+    index) exists when the run starts. The cuda path is covered by a gpu-marked test that has NOT been run
+    on a GPU (none was available). The verl backend accepts cuda | cpu."""
 
     def __post_init__(self):
         _check(self.iterations >= 0, f"trainer.iterations must be >= 0; got {self.iterations!r}")
@@ -192,3 +203,5 @@ class TrainerConfig:
         _check(self.eval_n >= 1, f"trainer.eval_n must be >= 1; got {self.eval_n!r}")
         _check(self.save_every >= 0, f"trainer.save_every must be >= 0; got {self.save_every!r}")
         _choice("trainer.dtype", self.dtype, ("float32", "bfloat16", "float64"))
+        _check(isinstance(self.device, str) and re.fullmatch(DEVICE_PATTERN, self.device) is not None,
+               f"trainer.device={self.device!r} is not allowed; allowed values: {', '.join(LOCAL_DEVICES)}")

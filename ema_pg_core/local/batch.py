@@ -30,23 +30,27 @@ class Batch:
         return Batch(*(t[rows] for t in (self.input_ids, self.attention_mask, self.pred_pos, self.tokens, self.mask)))
 
 
-def collate(trajs: list[Trajectory], pad_id: int, dtype: torch.dtype = torch.float32) -> Batch:
-    B = len(trajs)
+def _pad(rows: list[list], width: int, value) -> list[list]:
+    """Right-pad each row to ``width``."""
+    return [r + [value] * (width - len(r)) for r in rows]
+
+
+def collate(
+    trajs: list[Trajectory], pad_id: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+) -> Batch:
+    """Padded (B, L) / (B, T) tensors built directly on ``device`` (one copy per tensor, none per row)."""
     L = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
     T = max(1, max(len(t.response_ids) for t in trajs))
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attn = torch.zeros(B, L, dtype=torch.long)
-    pred = torch.zeros(B, T, dtype=torch.long)
-    tok = torch.zeros(B, T, dtype=torch.long)
-    mask = torch.zeros(B, T, dtype=dtype)
-    for b, t in enumerate(trajs):
-        P, R = len(t.prompt_ids), len(t.response_ids)
-        ids[b, : P + R] = torch.tensor(t.prompt_ids + t.response_ids, dtype=torch.long)
-        attn[b, : P + R] = 1
-        pred[b, :R] = torch.arange(P - 1, P + R - 1)
-        tok[b, :R] = torch.tensor(t.response_ids, dtype=torch.long)
-        mask[b, :R] = torch.tensor(t.response_mask, dtype=dtype)
-    return Batch(ids, attn, pred, tok, mask)
+    seqs = [t.prompt_ids + t.response_ids for t in trajs]
+    pred = [list(range(len(t.prompt_ids) - 1, len(t.prompt_ids) + len(t.response_ids) - 1)) for t in trajs]
+    ints = dict(dtype=torch.long, device=device)
+    return Batch(
+        input_ids=torch.tensor(_pad(seqs, L, pad_id), **ints),  # (B, L)
+        attention_mask=torch.tensor(_pad([[1] * len(s) for s in seqs], L, 0), **ints),  # (B, L)
+        pred_pos=torch.tensor(_pad(pred, T, 0), **ints),  # (B, T)
+        tokens=torch.tensor(_pad([t.response_ids for t in trajs], T, 0), **ints),  # (B, T)
+        mask=torch.tensor(_pad([t.response_mask for t in trajs], T, 0), dtype=dtype, device=device),  # (B, T)
+    )
 
 
 def check_model(model) -> None:

@@ -6,7 +6,8 @@ Shapes: B sequences, L context length. Environment tokens are part of the contex
 mask 0, so the PG and KL losses never see them (ema-pg.md §3 "state_masking").
 
 Determinism: all randomness comes from the ``generator`` argument (its state is checkpointed by
-the trainer), so a resumed run samples exactly what an uninterrupted run samples.
+the trainer), so a resumed run samples exactly what an uninterrupted run samples. Inputs, KV cache
+and sampling live on the model's device; the generator must be on that device too.
 """
 
 from __future__ import annotations
@@ -68,25 +69,23 @@ def generate(
     """
     B = len(contexts)
     L = max(len(c) for c in contexts)
-    device = next(model.parameters()).device
-    ids = torch.full((B, L), pad_id, dtype=torch.long, device=device)
-    attn = torch.zeros(B, L, dtype=torch.long, device=device)
-    for i, c in enumerate(contexts):
-        ids[i, L - len(c):] = torch.tensor(c, dtype=torch.long)
-        attn[i, L - len(c):] = 1
+    device = next(model.parameters()).device  # everything below (inputs, KV cache, sampling) lives here
+    left = [L - len(c) for c in contexts]  # left padding per row; ids and attn are (B, L)
+    ids = torch.tensor([[pad_id] * n + list(c) for n, c in zip(left, contexts)], dtype=torch.long, device=device)
+    attn = torch.tensor([[0] * n + [1] * len(c) for n, c in zip(left, contexts)], dtype=torch.long, device=device)
     pos = (attn.cumsum(-1) - 1).clamp_min(0)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
     gen: list[list[int]] = [[] for _ in range(B)]
-    done = torch.zeros(B, dtype=torch.bool, device=device)
+    done = [False] * B
     tail = len(stop) if stop else 0
     for _ in range(max_new_tokens):
-        nxt = _pick(out.logits[:, -1], temperature, top_p, greedy, generator)
-        for i in torch.nonzero(~done).flatten().tolist():
-            t = int(nxt[i])
-            gen[i].append(t)
-            if t == eos_id or (stop and decode(gen[i][-tail:]).endswith(stop)):
+        nxt = _pick(out.logits[:, -1], temperature, top_p, greedy, generator)  # (B,)
+        picked = nxt.tolist()  # one device -> host copy per step
+        for i in [i for i in range(B) if not done[i]]:
+            gen[i].append(picked[i])
+            if picked[i] == eos_id or (stop and decode(gen[i][-tail:]).endswith(stop)):
                 done[i] = True
-        if bool(done.all()):
+        if all(done):
             break
         step_attn = torch.ones(B, 1, dtype=torch.long, device=device)
         attn = torch.cat([attn, step_attn], 1)

@@ -11,6 +11,11 @@ One training iteration (ema-pg.md §1-§3), read top to bottom in ``LocalTrainer
 Evaluation (policy and anchor: greedy accuracy and pass@1 over n samples) runs before training
 and every eval_every iterations; checkpoints every save_every iterations and on SIGTERM/SIGINT.
 
+Device: ``trainer.device`` (resolved by ``ema_pg_core.local.device.resolve_device``). The trainer moves
+the policy there; the anchor copy, optimizer state, batches, rewards, advantages and the sampling
+generators follow. Only the data order (a per-epoch permutation of example indices) is drawn on
+the CPU, so it does not depend on the device. Checkpoints load onto the configured device.
+
 Simplifications vs the paper's verl runs: one process, no sequence packing, no dynamic batch
 size, pi_old is the policy before this iteration's update (as in the released code), the KL's
 importance weight uses pi_old as pi_sampling (top-p truncation ignored, as in the code).
@@ -35,7 +40,9 @@ from ema_pg_core.advantages import compute_advantages
 from ema_pg_core.anchor import EmaAnchor
 from ema_pg_core.config import AlgoConfig, OptimConfig, RolloutConfig, TrainerConfig
 from ema_pg_core.kl import KLInputs, get_estimator
+from ema_pg_core.local import checkpoints
 from ema_pg_core.local.batch import Batch, check_model, collate, forward_stats
+from ema_pg_core.local.device import resolve_device
 from ema_pg_core.local.rollout import ToolEnv, Trajectory, rollout
 from ema_pg_core.loss import policy_loss
 
@@ -63,7 +70,11 @@ class LocalConfig:
 
 
 class Interrupted(RuntimeError):
-    """Raised after a checkpoint was written in response to SIGTERM/SIGINT."""
+    """Raised after a checkpoint was written in response to SIGTERM/SIGINT (``signame``)."""
+
+    def __init__(self, message: str, signame: str):
+        super().__init__(message)
+        self.signame = signame
 
 
 @dataclass
@@ -86,6 +97,8 @@ def seed_everything(seed: int) -> None:
 class LocalTrainer:
     def __init__(self, policy, tokenizer, task: Task, cfg: LocalConfig, ckpt_dir: str | Path, hooks: Hooks | None = None):
         check_model(policy)
+        self.device = resolve_device(cfg.trainer.device)
+        policy.to(self.device)  # before the anchor copy and the optimizer: both follow the policy's device
         self.policy, self.tok, self.task, self.cfg = policy, tokenizer, task, cfg
         self.ckpt_dir, self.hooks = Path(ckpt_dir), hooks or Hooks()
         a, o = cfg.algo, cfg.optim
@@ -97,7 +110,7 @@ class LocalTrainer:
         self.opt = torch.optim.AdamW(policy.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
         warm = max(1, o.warmup_iters * cfg.trainer.ppo_epochs * cfg.trainer.mini_batches)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
-        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)  # sampling and mini-batch order
         self.iteration, self.data_pos = 0, (0, 0)  # (epoch, cursor) into the train split
         self._stop: str | None = None
 
@@ -134,10 +147,12 @@ class LocalTrainer:
         G = cfg.rollout.group_size
         self.policy.eval()
         trajs = self._rollout(self.policy, [self.task.prompt(e) for e in examples for _ in range(G)], generator=self.gen)
-        rewards = torch.tensor([self.task.reward(e, tr.text) for e, tr in zip((e for e in examples for _ in range(G)), trajs)], dtype=torch.float32)
-        group = torch.arange(len(examples)).repeat_interleave(G)
+        per_sample = (e for e in examples for _ in range(G))
+        rewards = torch.tensor([self.task.reward(e, tr.text) for e, tr in zip(per_sample, trajs)],
+                               dtype=torch.float32, device=self.device)  # (B,)
+        group = torch.arange(len(examples), device=self.device).repeat_interleave(G)  # (B,)
         adv = compute_advantages(rewards, group, cfg.algo.adv.mode, cfg.algo.adv.eps)
-        batch = collate(trajs, self.tok.pad_token_id, dtype=torch.float32)
+        batch = collate(trajs, self.tok.pad_token_id, dtype=torch.float32, device=self.device)
         t1 = time.perf_counter()
         # --- algorithm: pi_old and anchor statistics (no grad)
         old, anc, anc_logits = self._reference_stats(batch)
@@ -186,7 +201,7 @@ class LocalTrainer:
         if self.est.needs == "topk" and anc is not None:
             head_idx = old.indices if self.est.direction == "reverse" else anc.indices
         for _ in range(cfg.trainer.ppo_epochs):
-            perm = torch.randperm(B, generator=self.gen)
+            perm = torch.randperm(B, generator=self.gen, device=self.device)
             for rows in perm.chunk(cfg.trainer.mini_batches):
                 mb = batch.select(rows)
                 cur, cur_logits = forward_stats(
@@ -218,7 +233,7 @@ class LocalTrainer:
                 res = cache  # identical weights before any update
             else:
                 model.eval()
-                g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.iteration)
+                g = torch.Generator(device=self.device).manual_seed(self.cfg.seed * 1_000_003 + self.iteration)
                 greedy = self._rollout(model, [self.task.prompt(e) for e in exs], greedy=True)
                 sampled = self._rollout(model, [self.task.prompt(e) for e in exs for _ in range(tc.eval_n)], generator=g,
                                         temperature=tc.eval_temperature)
@@ -240,32 +255,43 @@ class LocalTrainer:
         return {
             "iteration": self.iteration, "data_pos": self.data_pos, "policy": self.policy.state_dict(),
             "anchor": self.anchor.state_dict(), "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-            "rng": {"gen": self.gen.get_state(), "torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+            "rng": {"device": self.device.type, "gen": self.gen.get_state(), "torch": torch.get_rng_state(),
+                    **self._cuda_rng(), "python": random.getstate(), "numpy": np.random.get_state()},
             "hooks": self.hooks.state(),
         }
 
     def load_state_dict(self, s: dict) -> None:
+        rng = s["rng"]
+        saved = rng.get("device", "cpu")  # checkpoints without the key were written on cpu
+        if saved != self.device.type:
+            raise ValueError(f"checkpoint was written with trainer.device={saved}; its sampling state cannot "
+                             f"continue on {self.device.type}: resume with trainer.device={saved}")
         self.policy.load_state_dict(s["policy"])
         self.anchor.load_state_dict(s["anchor"])
         self.opt.load_state_dict(s["optimizer"])
         self.sched.load_state_dict(s["scheduler"])
-        self.gen.set_state(s["rng"]["gen"])
-        torch.set_rng_state(s["rng"]["torch"])
-        random.setstate(s["rng"]["python"])
-        np.random.set_state(s["rng"]["numpy"])
+        self.gen.set_state(rng["gen"])
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
         self.iteration, self.data_pos = int(s["iteration"]), tuple(s["data_pos"])
+
+    def _cuda_rng(self) -> dict:
+        """The global CUDA RNG state of the trainer's device (dropout etc.), when it is a CUDA device."""
+        return {"cuda": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {}
 
     def save(self) -> Path:
         """Atomically write checkpoints/iter_<N>/state.pt and the ``latest`` pointer; prune old ones."""
-        final = self.ckpt_dir / f"iter_{self.iteration:06d}"
-        tmp = self.ckpt_dir / f".tmp_iter_{self.iteration:06d}"
+        final = checkpoints.step_dir(self.ckpt_dir, self.iteration)
+        tmp = self.ckpt_dir / f".tmp_{final.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         torch.save(self.state_dict(), tmp / "state.pt")
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        (self.ckpt_dir / ".latest.tmp").write_text(final.name)
-        os.replace(self.ckpt_dir / ".latest.tmp", self.ckpt_dir / "latest")
+        checkpoints.point_latest(self.ckpt_dir, final)
         keep = max(1, self.cfg.trainer.keep_checkpoints)
         for old in sorted(self.ckpt_dir.glob("iter_*"))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -274,11 +300,19 @@ class LocalTrainer:
 
     @staticmethod
     def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
-        p = Path(ckpt_dir) / "latest"
-        return Path(ckpt_dir) / p.read_text().strip() if p.exists() else None
+        """The checkpoint to resume from first (see ``checkpoints.load_newest`` for one that loads), or None."""
+        found = checkpoints.candidates(ckpt_dir)
+        return found[0] if found else None
 
     def resume(self, path: str | Path) -> int:
-        state = torch.load(Path(path) / "state.pt", weights_only=False)
+        """Load a checkpoint onto the configured device; returns its iteration.
+
+        Loaded to host memory (map_location=cpu: works whichever device wrote it, RNG states stay the CPU
+        byte tensors they must be, no second copy of the model in device memory), then copied into the
+        trainer's tensors on ``self.device`` by the load_state_dict calls (the optimizer casts its state
+        to each parameter's device).
+        """
+        state = torch.load(Path(path) / "state.pt", weights_only=False, map_location="cpu")
         self.load_state_dict(state)
         return self.iteration
 
@@ -311,7 +345,8 @@ class LocalTrainer:
                     ckpt = self.save()
                 self.hooks.iteration_end(self.iteration, m, ckpt)
                 if self._stop:
-                    raise Interrupted(f"interrupted by {self._stop} after iteration {self.iteration}; checkpoint saved, resume with resume=true")
+                    raise Interrupted(f"interrupted by {self._stop} after iteration {self.iteration}; "
+                                      f"checkpoint saved in {ckpt}", self._stop)
             return last
         finally:
             for s, h in handlers.items():

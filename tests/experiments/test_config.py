@@ -38,6 +38,7 @@ def test_presets_encode_the_paper_choices():
         (["model.path=/nonexistent/model"], "model.path='/nonexistent/model' does not exist"),
         (["backend.name=slurm"], "backend.name='slurm' is not allowed; allowed values: local, verl"),
         (["trainer.dtype=int8"], "trainer.dtype='int8' is not allowed"),
+        (["trainer.device=tpu9"], "trainer.device='tpu9' is not allowed; allowed values: cpu, cuda, cuda:N, auto"),
     ],
 )
 def test_bad_config_fails_before_training_with_a_clear_message(overrides, message):
