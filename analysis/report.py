@@ -75,6 +75,11 @@ def report_frames(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path
     if len(excluded):
         skipped.append(f"{len(excluded)} run(s) not finished, left out of every number: " + ", ".join(
             f"{r.run_id} ({r.status}{', truncated' if r.truncated else ''})" for r in excluded.itertuples()))
+    forced = keep[keep["forced_resume"].fillna(False).astype(bool)] if "forced_resume" in keep else keep[:0]
+    if len(forced):
+        skipped.append(f"{len(forced)} run(s) resumed with resume=force: their settings changed mid-run (each "
+                       "change is in the run's resumes.jsonl); their numbers are in the tables: "
+                       + ", ".join(forced["run_id"]))
     no_task = keep[keep["task"].isna()]
     if len(no_task):
         skipped.append(f"{len(no_task)} run(s) without task.name in config.yaml or summary.json, in no "
@@ -198,12 +203,19 @@ def figures(records: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
 
 # ---------------------------------------------------------------- CLI entry points
 
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def main_report(argv: Sequence[str] | None = None) -> int:
     """`emapg report <runs-or-sweep-dir> --out <dir>`, or `emapg report --wandb-project P ...`."""
     p = argparse.ArgumentParser(prog="emapg report", description=main_report.__doc__)
     p.add_argument("runs_dir", nargs="?", help="a run, sweep or tree of run records")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    p.add_argument("--reps", type=_positive, default=2000, help="bootstrap resamples (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--include-incomplete", action="store_true", help="use unfinished runs in numbers")
     p.add_argument("--wandb-project", help="read runs from W&B instead of a directory (needs network)")

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     args.command = command
     try:
         return args.fn(args)
-    except ValueError as e:
+    except (ValueError, ConnectionError) as e:  # a bad spec or address, an unreachable cluster: one line
         print(f"emapg cluster: error: {e}", file=sys.stderr)
         return 2
 

@@ -20,11 +20,14 @@ from experiments import progress
 from experiments.schema import RunConfig, register
 
 CONF_MODULE = "experiments.conf"
-SMOKE = {  # smoke=true: tiny sizes, 2 iterations (style.md #11)
+SMOKE = {  # smoke=true: tiny sizes, 2 iterations; a key given on the command line keeps its value
     "trainer.iterations": 2, "trainer.eval_every": 1, "trainer.eval_size": 4, "trainer.eval_n": 2, "trainer.save_every": 1,
     "rollout.prompts_per_iter": 2, "rollout.group_size": 2, "rollout.max_new_tokens": 12, "rollout.max_turns": 1,
     "task.train_size": 40, "task.test_size": 8, "model.pretrain_steps": 2,
 }
+
+
+RESUME_VALUES = (False, True, "force")
 
 
 def presets() -> list[str]:
@@ -44,12 +47,44 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     if exp and exp[-1] not in presets():
         raise ValueError(f"unknown experiment preset {exp[-1]!r}; allowed: {', '.join(presets())}")
     GlobalHydra.instance().clear()
-    with initialize_config_module(config_module=CONF_MODULE, version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=overrides)
-    if cfg.smoke:
+    try:
+        with initialize_config_module(config_module=CONF_MODULE, version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=overrides)
+        OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.to_container(cfg))  # +key=... the schema lacks
+    except Exception as e:  # noqa: BLE001  Hydra/OmegaConf errors -> one line naming the key
+        from experiments.errors import UserError, _is_hydra, hydra_message
+
+        if not _is_hydra(e):
+            raise
+        raise UserError(hydra_message(e)) from e
+    if cfg.smoke:  # smoke sizes, except where the command line sets the key itself
+        given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
         for key, value in SMOKE.items():
-            OmegaConf.update(cfg, key, value, merge=False)
+            if key not in given:
+                OmegaConf.update(cfg, key, value, merge=False)
     return cfg
+
+
+def schema_keys() -> list[str]:
+    """Every dotted key of the run schema (e.g. ``trainer.iterations``): what an override may set."""
+    def leaves(node, prefix: str) -> list[str]:
+        out = []
+        for key in node:
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and child._metadata.object_type not in (dict, None):
+                out += leaves(child, f"{prefix}{key}.")
+            else:
+                out.append(f"{prefix}{key}")
+        return out
+
+    return leaves(OmegaConf.structured(RunConfig), "")
+
+
+def group_options() -> dict[str, list[str]]:
+    """Config groups and their options (experiments/conf/<group>/*.yaml), e.g. {"task": ["math", ...]}."""
+    root = Path(__file__).parent / "conf"
+    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(root.iterdir())
+            if d.is_dir() and not d.name.startswith(("_", "verl"))}
 
 
 def local_config(cfg: DictConfig) -> LocalConfig:
@@ -70,6 +105,10 @@ def validate(cfg: DictConfig) -> LocalConfig:
         raise ValueError(f"backend.name={cfg.backend.name!r} is not allowed; allowed values: local, verl")
     if cfg.backend.name == "local" and cfg.model.path is not None and not Path(os.path.expanduser(cfg.model.path)).is_dir():
         raise ValueError(f"model.path={cfg.model.path!r} does not exist (expected a local HF model directory)")
+    if cfg.resume not in RESUME_VALUES:
+        raise ValueError(f"resume={cfg.resume!r} is not allowed; allowed values: false, true, force")
+    if cfg.model.name == "hf" and cfg.model.path is None:
+        raise ValueError("model=hf needs model.path (a local Hugging Face model directory), e.g. model.path=~/models/x")
     if cfg.logger.name not in ("wandb", "none"):
         raise ValueError(f"logger.name={cfg.logger.name!r} is not allowed; allowed values: wandb, none")
     if cfg.logger.mode not in ("offline", "online", "disabled"):
@@ -158,3 +197,41 @@ def model(cfg: DictConfig):
         tok.pad_token = tok.eos_token
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return policy, tok
+
+
+def check_k(cfg: DictConfig) -> None:
+    """A Top-k head larger than the model's vocabulary is refused before any work (read without weights).
+    Not part of `validate`: a sweep's base may set a k that only its non-Top-k trials use."""
+    from ema_pg_core.kl import get_estimator
+
+    if get_estimator(cfg.algo.kl.type).needs != "topk":
+        return
+    vocab = vocab_size(cfg)
+    if vocab is not None and int(cfg.algo.kl.k) > vocab:
+        model = "the tiny model" if cfg.model.path is None else f"model.path={cfg.model.path}"
+        raise ValueError(f"algo.kl.k={cfg.algo.kl.k} exceeds the vocabulary of {model} ({vocab} tokens); "
+                         f"algo.kl.type={cfg.algo.kl.type} needs 0 <= algo.kl.k <= {vocab}")
+
+
+def vocab_size(cfg: DictConfig) -> int | None:
+    """Rows of the output embedding of cfg's model, read without loading weights or training.
+
+    The tiny model (model.path null) is built on ema_pg_core.local.tiny's character tokenizer
+    (experiments.pretrain, the same for every task); an HF model's size is model.path's config.json.
+    None when model.path is an HF id with no local copy (verl downloads it on its workers).
+    """
+    path = cfg.model.path
+    if path is None:
+        from ema_pg_core.local.tiny import build_tokenizer
+
+        return len(build_tokenizer())
+    from transformers import AutoConfig
+
+    local = os.path.expanduser(str(path))
+    try:
+        config = AutoConfig.from_pretrained(local, local_files_only=True)
+    except (OSError, ValueError) as e:
+        if Path(local).is_dir():
+            raise ValueError(" ".join(f"model.path={path!r} has no readable config.json: {e}".split())) from None
+        return None
+    return int(config.get_text_config().vocab_size)

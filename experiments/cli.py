@@ -15,7 +15,13 @@ imports ray and `emapg report` never imports torch.
 from __future__ import annotations
 
 import argparse
+import shlex
+import signal
 import sys
+import threading
+
+from experiments import errors
+from experiments.errors import RunInterrupted, UserError, raise_terminated
 
 
 def _train(argv: list[str]) -> int:
@@ -30,15 +36,27 @@ def _train(argv: list[str]) -> int:
         return 0
     bad = [a for a in argv if "=" not in a]
     if bad:
-        raise SystemExit(f"emapg train takes Hydra overrides key=value; got {bad}. See `emapg train --help`.")
+        raise UserError(f"emapg train takes Hydra overrides key=value; got {' '.join(bad)} (see emapg train --help)")
     from experiments.run import run
 
     cfg = build.compose(argv)
-    summary = run(cfg)
+    if threading.current_thread() is threading.main_thread():  # SIGTERM unwinds like Ctrl-C (records: interrupted)
+        signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        summary = run(cfg)
+    except RunInterrupted as e:  # one line + how to continue
+        raise RunInterrupted(f"{e}\nresume with: {resume_command(argv, e)}", e.signame, e.run_dir) from None
     keys = sorted(k for k in summary if k.startswith(("eval/", "eval_anchor/")) and not k.startswith("best_"))
     for k in keys:
         print(f"{k:40s} {summary[k]:.4f}")
     return 0
+
+
+def resume_command(argv: list[str], stop: RunInterrupted) -> str:
+    """The same `emapg train` command with resume=true and the run directory the stopped run used."""
+    keep = [a for a in argv if not a.startswith(("resume=", "run_dir="))]
+    run_dir = getattr(stop, "run_dir", None)
+    return shlex.join(["emapg", "train", *keep, *([f"run_dir={run_dir}"] if run_dir else []), "resume=true"])
 
 
 def _pretrain(argv: list[str]) -> int:
@@ -102,21 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv[:1])
     try:
         return COMMANDS[args.command](argv[1:])
-    except ValueError as e:  # configuration errors: one clear line, no traceback
-        print(f"emapg {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        from experiments.run import RunFailed
-
-        if not isinstance(e, RunFailed):
+    except BaseException as e:  # noqa: BLE001  the one error path: experiments.errors
+        if isinstance(e, SystemExit):  # argparse's usage errors (exit 2) and --help
             raise
-        print(f"emapg {args.command}: run failed: {e}", file=sys.stderr)  # recorded in the run's status too
-        return 1
-    except ImportError as e:  # an optional extra that is not installed (e.g. [verl]): the install hint
-        if e.name is not None:  # a real missing module from a broken install: keep the traceback
-            raise
-        print(f"emapg {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return errors.handle(f"emapg {args.command}", e)
 
 
 if __name__ == "__main__":

@@ -77,8 +77,10 @@ class RunConfig:
     run_dir: str | None = None
     """Where the run record goes; null = ${out_root}/<run_id>."""
     out_root: str = "outputs/runs"
-    resume: bool = False
-    """Continue from run_dir's latest checkpoint (exactly)."""
+    resume: Any = False
+    """false | true: continue from run_dir's newest intact checkpoint (exactly), refusing any change of the
+    config other than experiments.records.RESUME_MAY_CHANGE | force: continue with the changes (recorded
+    in resumes.jsonl, flagged by `emapg report`)."""
     smoke: bool = False
     """Tiny sizes, 2 iterations: a seconds-long end-to-end check of any preset."""
     task: TaskConfig = field(default_factory=TaskConfig)

@@ -28,10 +28,15 @@ A sweep YAML (only `name`, `base` and `metric` are required; defaults shown):
     max_concurrent: null              # trials at once (null: as many as the resources allow)
     backend: local                    # local | verl (a verl trial reserves only its CPUs; verl claims GPUs)
     max_failures: 1                   # retries of a failing trial, each from its last checkpoint
+    max_trials: 10000                 # refuse a sweep of more trials (grid points x seeds x num_samples)
 
+A key given twice in one mapping is an error (plain YAML would keep the last). The trial count is
+computed from the axis sizes before anything is enumerated; over `max_trials` the spec is refused.
 Config keys are checked against the composed Hydra config (``experiments.build.compose``); a
 config group (task, experiment, algo, ...) takes the group's option names. Every grid point /
 choice, and both ends of every range, is composed and validated (``experiments.build.validate``).
+A Top-k KL's largest ``algo.kl.k`` is checked against the vocabulary of every model and estimator
+the space can pick (``experiments.build.vocab_size``: the model's config, no weights loaded).
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ RUN_METRICS = (
 )
 EVAL_METRICS = ("acc", "pass@1")
 MAX_FULL_PRODUCT = 64  # compose every combination up to this many; beyond it, one knob at a time
+MAX_TRIALS = 10_000  # default `max_trials`: a larger sweep is refused before its trials are enumerated
+VOCAB_KEYS = ("experiment", "algo", "model", "algo.kl.type", "algo.kl.k")  # (+ model.*) decide k vs the vocabulary
 _ABSENT = object()
 
 
@@ -118,6 +125,7 @@ class Spec:
     max_concurrent: int | None = None
     backend: str = "local"
     max_failures: int = 1
+    max_trials: int = MAX_TRIALS
     raw: dict = field(default_factory=dict, compare=False)
     """The YAML as loaded (written to <sweep_dir>/sweep.yaml; compared on --resume)."""
 
@@ -140,19 +148,42 @@ class Spec:
         """Seeds every point is repeated over; (None,) when `seed` itself is in the space."""
         return (None,) if any("seed" in p.keys for p in self.space) else self.seeds
 
+    @property
+    def num_trials(self) -> int:
+        """len(trials(self)), from the axis sizes alone (nothing enumerated)."""
+        return math.prod(len(p.values) for p in self.space if p.kind == "grid") * len(self.seed_axis) * self.num_samples
+
 
 # ---------------------------------------------------------------------------- loading
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (at any depth)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may be overridden, as YAML intends
+                continue
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader's own error follows
+                continue
+            if first is not None:
+                raise SpecError(f"duplicate key {key} at lines {first} and {line}; YAML would keep only the last, "
+                                "so give it once")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load(path: str | Path, check_config: bool = True) -> Spec:
     """Read and validate a sweep YAML; errors are prefixed with the file name."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: no such sweep spec")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return parse(yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader), check_config=check_config)
     except yaml.YAMLError as e:
         raise SpecError(f"{path}: not valid YAML: {e}") from None
-    try:
-        return parse(data, check_config=check_config)
     except SpecError as e:
         raise SpecError(f"{path}: {e}") from None
 
@@ -161,7 +192,7 @@ def parse(data: Any, check_config: bool = True) -> Spec:
     """Validate a loaded YAML mapping into a Spec (and against the config tree unless told not to)."""
     data = _mapping(data, "the spec")
     allowed = ("name", "base", "space", "seeds", "search", "scheduler", "metric", "mode", "budget", "resources",
-               "max_concurrent", "backend", "max_failures")
+               "max_concurrent", "backend", "max_failures", "max_trials")
     _known(data, allowed, "")
     for key in ("name", "base", "metric"):
         if key not in data:
@@ -192,9 +223,11 @@ def parse(data: Any, check_config: bool = True) -> Spec:
         cpu=_number("resources.cpu", resources.get("cpu", 1), 0), gpu=_number("resources.gpu", resources.get("gpu", 0), 0, zero_ok=True),
         max_concurrent=None if data.get("max_concurrent") is None else _int("max_concurrent", data["max_concurrent"], 1),
         backend=_one_of("backend", data.get("backend", "local"), BACKENDS),
-        max_failures=_int("max_failures", data.get("max_failures", 1), 0), raw=data,
+        max_failures=_int("max_failures", data.get("max_failures", 1), 0),
+        max_trials=_int("max_trials", data.get("max_trials", MAX_TRIALS), 1), raw=data,
     )
     _check_search(spec)
+    _check_size(spec)
     return check(spec) if check_config else spec
 
 
@@ -301,6 +334,21 @@ def _check_search(spec: Spec) -> None:
             raise SpecError(f"space.{bad[0].name}: grid is not supported by search: optuna; use choice (or search: grid/random)")
 
 
+def _check_size(spec: Spec) -> None:
+    """Refuse more than max_trials trials, counted from the axis sizes (before any enumeration)."""
+    n = spec.num_trials
+    if n <= spec.max_trials:
+        return
+    factors = [str(len(p.values)) for p in spec.space if p.kind == "grid"]
+    if spec.seed_axis != (None,):
+        factors.append(f"{len(spec.seeds)} seed{'s' * (len(spec.seeds) > 1)}")
+    if spec.search != "grid":
+        factors.append(f"{spec.num_samples} sample{'s' * (spec.num_samples > 1)}")
+    what, narrow = ("grid", "the grid") if spec.search == "grid" else ("sweep", "the space or budget.num_samples")
+    raise SpecError(f"the {what} has {n:,} trials ({' x '.join(factors)}), over max_trials={spec.max_trials}; "
+                    f"narrow {narrow} or raise max_trials")
+
+
 # ---------------------------------------------------------------------------- against the config tree
 def check(spec: Spec) -> Spec:
     """Validate a spec against the composed config; fills scheduler.max_t. Imports experiments (not ray)."""
@@ -330,6 +378,7 @@ def check(spec: Spec) -> Spec:
         iterations.add(int(cfg.trainer.iterations))
         tasks.add(str(cfg.task.name))
     _check_metric(spec.metric, tasks)
+    _check_vocab(build, spec)
     s = spec.scheduler
     if s.type == "asha":
         max_t = s.max_t or max(iterations)
@@ -387,15 +436,38 @@ def _check_points(space: tuple[Param, ...]):
             yield {**first, **part}
 
 
+def _check_vocab(build, spec: Spec) -> None:
+    """Refuse a Top-k KL whose algo.kl.k exceeds its model's vocabulary: the largest k is composed with
+    every estimator and model the space can pick (``build.validate`` reads the vocabulary from the
+    model's config, no weights loaded)."""
+    for point in _check_points(_vocab_space(spec.space)):
+        where = "trials with " + ", ".join(f"{k}={v}" for k, v in point.items()) if point else "every trial"
+        cfg = _compose(build, spec, point, spec.seed_axis[0], where)
+        try:
+            build.check_k(cfg)
+        except ValueError as e:
+            raise SpecError(f"{where}: {e}") from None
+
+
+def _vocab_space(space: tuple[Param, ...]) -> tuple[Param, ...]:
+    """The entries deciding a trial's k, KL estimator and model; algo.kl.k alone only at its largest value."""
+    out = []
+    for p in space:
+        if p.keys == ("algo.kl.k",):
+            out.append(Param(p.keys, "grid", (max(p.values),)))
+        elif any(k in VOCAB_KEYS or k.startswith("model.") for k in p.keys):
+            out.append(p)
+    return tuple(out)
+
+
 def _compose(build, spec: Spec, point: dict, seed, where: str):
     try:
         cfg = build.compose(spec.overrides_for(point, seed))
         build.validate(cfg)
     except SpecError:
         raise
-    except Exception as e:  # Hydra wraps the reason in __cause__
-        cause = f": {e.__cause__}" if e.__cause__ and str(e.__cause__) not in str(e) else ""
-        raise SpecError(re.sub(r"\s+", " ", f"{where}: {e}{cause}")) from None
+    except ValueError as e:  # a bad value or key (build.compose words Hydra's errors as UserError)
+        raise SpecError(re.sub(r"\s+", " ", f"{where}: {e}")) from None
     return cfg
 
 
@@ -501,7 +573,8 @@ def _fmt(v) -> str:
 
 def _mapping(value, where: str) -> dict:
     if not isinstance(value, dict):
-        raise SpecError(f"{where} must be a mapping; got {type(value).__name__}: {value!r}")
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise SpecError(f"{where} must be a mapping; got {type(value).__name__}: {shown}")
     return value
 
 

@@ -227,7 +227,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--index", help="e5 only: prebuilt FAISS index of --corpus (e.g. Search-R1's e5_Flat.index)")
     p.add_argument("--batch-size", type=_positive_int, help="e5 only: texts per encoder batch (default: 64)")
     p.add_argument("--host", default=DEFAULT_HOST, help="bind address (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000, help="TCP port, 0-65535 (0: any free port; default 8000)")
     p.add_argument("knobs", nargs="*", metavar="knob=value", help="task knobs, e.g. n_people=300")
     p = sub.add_parser("index", help="encode a corpus file with e5 and write a FAISS IndexFlatIP (needs faiss)")
     p.add_argument("--corpus", required=True, help="JSONL with 'contents', or one passage per line")
@@ -263,6 +263,12 @@ def _check_index_args(args: argparse.Namespace) -> None:
 def _positive_int(text: str) -> int:
     if not text.lstrip("-").isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {text!r}")
+    return int(text)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port 0-65535; got {text!r}")
     return int(text)
 
 

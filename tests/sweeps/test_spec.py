@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from sweeps import cli
+from sweeps import spec as spec_mod
 from sweeps.spec import SpecError, hydra_value, load, parse, table, trials
 
 SWEEPS = sorted((Path(__file__).resolve().parents[2] / "sweeps").glob("*.yaml"))
@@ -131,7 +132,7 @@ def test_out_of_range_in_a_joint_grid_and_a_range_end():
 
 
 def test_wrong_type_value():
-    rejects(spec_with(space={"algo.kl.k": {"grid": [1.5]}}), "algo.kl.k=1.5", "Integer")
+    rejects(spec_with(space={"algo.kl.k": {"grid": [1.5]}}), "algo.kl.k=1.5", "is not an integer")
     rejects(spec_with(search="random", space={"algo.anchor.period": {"uniform": [1, 5]}}),
             "algo.anchor.period is an integer; use int")
     rejects(spec_with(search="random", space={"algo.kl.type": {"uniform": [0, 1]}}), "not numeric")
@@ -278,3 +279,114 @@ def test_spec_and_cli_import_no_ray():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("NO_RAY")
+
+
+# ------------------------------------------------------------------ refused at --dry-run, not in a trial
+TOPK = {"experiment": "math_tiny_ema_pg", "overrides": {"algo.kl.type": "topk_reverse"}}
+TINY = "the tiny model (100 tokens)"
+
+
+def hf_dir(tmp_path, vocab: int | None = 50) -> str:
+    """A local 'HF model' holding only config.json (vocab_size); None: an empty directory."""
+    d = tmp_path / f"hf_model_{vocab}"
+    d.mkdir(exist_ok=True)
+    if vocab is not None:
+        (d / "config.json").write_text(f'{{"model_type": "qwen2", "vocab_size": {vocab}}}')
+    return str(d)
+
+
+def dry_run(tmp_path, capsys, text: str, main=cli.main, prefix=()) -> tuple[int, str, str]:
+    """(exit code, stderr, path) of `emapg sweep <a YAML of text> --dry-run`."""
+    path = tmp_path / "s.yaml"
+    path.write_text(text.replace("HF_DIR", hf_dir(tmp_path)).replace("EMPTY_DIR", hf_dir(tmp_path, None)))
+    code = main([*prefix, str(path), "--dry-run"])
+    return code, capsys.readouterr().err, str(path)
+
+
+def spec_yaml(**changes) -> str:
+    return yaml.safe_dump(spec_with(**changes), sort_keys=False)
+
+
+GRID_1E6 = {k: {"grid": list(range(1, 11))} for k in (
+    "algo.anchor.period", "algo.kl.k", "algo.kl.coef", "trainer.eval_every", "rollout.group_size",
+    "rollout.prompts_per_iter")}
+
+
+@pytest.mark.parametrize("text, fragments", [
+    (spec_yaml(base=TOPK, space={"algo.kl.k": {"grid": [4, 99999]}}),
+     ["algo.kl.k=99999 exceeds the vocabulary of " + TINY, "trials with algo.kl.k=99999", "needs 0 <= algo.kl.k <= 100"]),
+    (spec_yaml(base={"experiment": "math_tiny_ema_pg", "overrides": {"algo.kl.k": 101}},
+               space={"algo.kl.type": {"grid": ["k3", "topk_forward"]}}),
+     ["algo.kl.k=101 exceeds", TINY, "trials with algo.kl.type=topk_forward"]),
+    (spec_yaml(base=TOPK, space={"algo.kl.k": {"grid": [101]}, "algo.anchor.tau": {"grid": [1.0, 0.9]}}),
+     ["algo.kl.k=101 exceeds", TINY]),
+    (spec_yaml(base=TOPK, search="random", space={"algo.kl.k": {"int": [1, 200]}}), ["algo.kl.k=200 exceeds", TINY]),
+    (spec_yaml(base={"experiment": "math_tiny_ema_pg"},
+               space={"algo.kl.type,algo.kl.k": {"grid": [["k3", 500], ["topk_reverse", 32], ["topk_forward", 500]]}}),
+     ["algo.kl.k=500 exceeds", "algo.kl.type=topk_forward"]),
+    (spec_yaml(base={"experiment": "math_tiny_ema_pg", "overrides": {"model.path": "HF_DIR"}},
+               space={"algo.kl.k": {"grid": [32, 64]}}),
+     ["algo.kl.k=64 exceeds the vocabulary of model.path=", "(50 tokens)"]),
+    (spec_yaml(base={"experiment": "math_tiny_ema_pg", "overrides": {"model.path": "EMPTY_DIR"}}),
+     ["model.path=", "has no readable config.json"]),
+    ("name: t\nbase: {experiment: math_tiny_ema_pg}\nseeds: [0]\nspace: {seed: {grid: [0]}}\nseeds: [1]\n"
+     "metric: train/reward\n", ["duplicate key seeds at lines 3 and 5"]),
+    ("name: t\nbase:\n  experiment: math_tiny_ema_pg\n  overrides:\n    algo.kl.k: 4\n    algo.kl.k: 8\n"
+     "space: {algo.anchor.tau: {grid: [1.0]}}\nmetric: train/reward\n", ["duplicate key algo.kl.k at lines 5 and 6"]),
+    ("name: t\nbase: {experiment: math_tiny_ema_pg}\nspace: {algo.anchor.tau: {grid: [1.0], grid: [0.9]}}\n"
+     "metric: train/reward\n", ["duplicate key grid at lines 3 and 3"]),
+    (spec_yaml(space={"algo.anchor.tau": {"grid": [1.0, 0.9]}, "algo.kl.k": {"grid": [1, 2]}}, max_trials=7),
+     ["the grid has 8 trials (2 x 2 x 2 seeds), over max_trials=7; narrow the grid or raise max_trials"]),
+    (spec_yaml(space=GRID_1E6, seeds=[0]),
+     ["the grid has 1,000,000 trials (10 x 10 x 10 x 10 x 10 x 10 x 1 seed), over max_trials=10000"]),
+    (spec_yaml(search="random", seeds=[0], budget={"num_samples": 10001},
+               space={"algo.anchor.tau": {"uniform": [0.5, 1.0]}}),
+     ["the sweep has 10,001 trials (1 seed x 10001 samples), over max_trials=10000", "budget.num_samples"]),
+    (spec_yaml(max_trials=0), ["max_trials must be an integer >= 1"]),
+], ids=["k-grid", "k-base-type-grid", "k-product", "k-int-range", "k-joint", "k-hf-config", "hf-no-config",
+        "dup-top-level", "dup-nested", "dup-flow", "over-max-trials", "grid-1e6", "num-samples", "max-trials-0"])
+def test_dry_run_refuses_what_a_trial_would_fail_on(tmp_path, capsys, monkeypatch, text, fragments):
+    def never(*args, **kwargs):
+        raise AssertionError("the sweep's trials were enumerated")
+
+    if "max_trials" in " ".join(fragments):  # counted from the axis sizes: nothing enumerated or composed
+        for name in ("grid_points", "trials", "_check_points", "check"):
+            monkeypatch.setattr(spec_mod, name, never)
+    code, err, path = dry_run(tmp_path, capsys, text)
+    assert code == 2, err
+    assert err.startswith(f"emapg sweep: error: {path}: ") and err.count("\n") == 1 and "Traceback" not in err
+    for f in fragments:
+        assert f in err, f"{f!r} not in: {err}"
+
+
+@pytest.mark.parametrize("text", [
+    spec_yaml(base=TOPK, space={"algo.kl.k": {"grid": [0, 32, 100]}}),  # k = |V| is the exact KL
+    spec_yaml(base={"experiment": "math_tiny_ema_pg", "overrides": {"algo.kl.k": 10**6}},
+              space={"algo.kl.type": {"grid": ["k3", "exact_reverse"]}}),  # k unused by these estimators
+    spec_yaml(base={"experiment": "math_tiny_ema_pg", "overrides": {"model.path": "HF_DIR"}},
+              space={"algo.kl.k": {"grid": [1, 50]}}),
+    spec_yaml(space={"algo.anchor.tau": {"grid": [1.0, 0.9]}, "algo.kl.k": {"grid": [1, 2]}}, max_trials=8),
+    "name: t\nbase: {<<: {experiment: math_tiny_ema_pg}, experiment: math_tiny_grpo}\n"
+    "space: {algo.anchor.tau: {grid: [1.0]}}\nmetric: train/reward\n",  # a merged key may be overridden
+], ids=["k-up-to-vocab", "k-unused", "k-within-hf-config", "at-max-trials", "merge-key"])
+def test_dry_run_accepts(tmp_path, capsys, text):
+    code, err, _ = dry_run(tmp_path, capsys, text)
+    assert code == 0, err
+
+
+def test_emapg_sweep_refuses_k_above_the_vocabulary(tmp_path, capsys):
+    from experiments import cli as emapg
+
+    code, err, _ = dry_run(tmp_path, capsys, spec_yaml(base=TOPK, space={"algo.kl.k": {"grid": [101]}}),
+                           main=emapg.main, prefix=("sweep",))
+    assert code == 2 and err.startswith("emapg sweep: error:") and "algo.kl.k=101 exceeds" in err
+
+
+def test_vocab_size_reads_configs_only(tmp_path):
+    from ema_pg_core.local.tiny import build_tokenizer
+    from experiments import build
+
+    assert build.vocab_size(build.compose(["experiment=search_tiny_ema_pg"])) == len(build_tokenizer())
+    assert build.vocab_size(build.compose([f"model.path={hf_dir(tmp_path, 77)}"])) == 77
+    hub_id = build.compose(["experiment=search_r1_ema_pg", "model.path=no-such-org/no-such-model"])
+    assert build.vocab_size(hub_id) is None  # not on this machine: verl downloads it, nothing to check here

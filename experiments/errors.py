@@ -1,0 +1,177 @@
+"""The CLI's one error path: what each kind of exception means to the user, and its exit code.
+
+    user error   bad config field, file, path or port     one line, exit 2
+    run failed   a run that started, then failed           one line, exit 1 (the run record has the rest)
+    interrupted  SIGINT / SIGTERM, after a checkpoint      one line + the resume command, exit 130 / 143
+    bug          anything else                              Python's traceback, exit 1
+
+``EMAPG_DEBUG=1`` prints the traceback of every error too. Hydra's composition errors are turned
+into user errors here (``hydra_message``), with a "did you mean" for near-misses.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import signal
+import sys
+import traceback
+
+
+class UserError(ValueError):
+    """Bad input, refused before any work: the message names the field or file and what is allowed."""
+
+
+class RunFailed(RuntimeError):
+    """A run that started and then failed for a reason other than a bug here (its message says why)."""
+
+
+class RecordWriteError(RunFailed):
+    """The run record could not be written (a full disk, a read-only directory): the path and the OS error."""
+
+
+class RunInterrupted(Exception):
+    """A run stopped by SIGINT or SIGTERM; its record says ``interrupted`` and a checkpoint may be on disk."""
+
+    def __init__(self, message: str, signame: str, run_dir=None):
+        super().__init__(message)
+        self.signame, self.run_dir = signame, run_dir
+
+
+class Terminated(BaseException):
+    """SIGTERM outside the trainer's own handler (e.g. while the model loads): like KeyboardInterrupt."""
+
+
+def exit_code_of_signal(signame: str) -> int:
+    """128 + the signal number (the shell convention): SIGINT -> 130, SIGTERM -> 143."""
+    return 128 + int(getattr(signal, signame, signal.SIGTERM))
+
+
+def raise_terminated(signum, frame) -> None:
+    """A SIGTERM handler: unwind like Ctrl-C does (records are closed as ``interrupted``)."""
+    raise Terminated(signal.Signals(signum).name)
+
+
+USER_OS_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def classify(exc: BaseException) -> tuple[str, int] | None:
+    """(one-line message, exit code) for an exception the user can act on; None for a bug."""
+    if isinstance(exc, RunInterrupted):
+        return str(exc), exit_code_of_signal(exc.signame)
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (SIGINT)", 130
+    if isinstance(exc, Terminated):
+        return "interrupted (SIGTERM)", 143
+    if isinstance(exc, RunFailed):
+        return f"run failed: {exc}", 1
+    if _is_hydra(exc):
+        return f"error: {hydra_message(exc)}", 2
+    if isinstance(exc, (ValueError, KeyError)) and not isinstance(exc, UnicodeError):
+        return f"error: {_text(exc)}", 2
+    if isinstance(exc, USER_OS_ERRORS):
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        return f"error: {where}{exc.strerror or exc}", 2
+    if isinstance(exc, ImportError) and exc.name is None:  # an optional extra that is not installed: the hint
+        return f"error: {exc}", 2
+    return None
+
+
+def handle(prog: str, exc: BaseException) -> int:
+    """Print `exc` the way its kind asks for (see the module docstring); return the exit code."""
+    kind = classify(exc)
+    if kind is None or os.environ.get("EMAPG_DEBUG"):
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    if kind is None:
+        return 1
+    message, code = kind
+    print(f"{prog}: {message}", file=sys.stderr)
+    return code
+
+
+def _text(exc: BaseException) -> str:
+    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+
+
+# ---------------------------------------------------------------- Hydra's errors in the user's words
+
+def _is_hydra(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith(("hydra", "omegaconf"))
+
+
+def hydra_message(exc: BaseException, keys=None, groups=None) -> str:
+    """One line for a Hydra/OmegaConf composition error: the field, what was wrong, what is allowed.
+
+    `keys` lists the schema's dotted keys and `groups` maps each config group to its options (both
+    for the "did you mean"); by default they are read from the run schema and experiments/conf."""
+    from experiments import build
+
+    keys = build.schema_keys() if keys is None else keys
+    groups = build.group_options() if groups is None else groups
+    cause = exc.__cause__ or exc
+    text = str(cause)
+    full_key = _field(text, "full_key")
+    name = type(exc).__name__
+    if name == "MissingConfigException" or "Could not find" in text:
+        group, option = _missing_option(text)
+        allowed = groups.get(group, [])
+        return f"{group}={option!r} is not an option; allowed: {', '.join(allowed)}{_near(option, allowed)}"
+    if name == "OverrideParseException":
+        return (f"cannot parse the override ({text.splitlines()[0]}); overrides are key=value, "
+                "see https://hydra.cc/docs/advanced/override_grammar/basic/")
+    if type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError") and full_key:
+        return _unknown_key(full_key, keys, groups)
+    if type(cause).__name__ == "ValidationError":
+        what = text.splitlines()[0]
+        return f"{full_key or 'a config value'}: {_plain(what)}"
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _unknown_key(full_key: str, keys: list[str], groups) -> str:
+    """"trainer.iteratons is not a config key; did you mean trainer.iterations?" (+ the section's keys)."""
+    parent, _, leaf = full_key.rpartition(".")
+    if parent in keys:  # a mapping field (e.g. task.knobs): its keys are added, not overridden
+        return f"{parent} holds free-form keys: add one with +{full_key}=<value>"
+    if parent:
+        siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
+    else:  # top level: plain keys and sections
+        siblings = list(dict.fromkeys([k.split(".")[0] for k in keys] + sorted(groups)))
+    if not siblings:  # an unknown section: compare whole keys
+        return f"{full_key} is not a config key{_near(full_key, keys, 0.8)}"
+    near = _near(leaf, siblings)
+    where = f"keys of {parent}" if parent else "top-level keys"
+    return (f"{full_key} is not a config key{near.replace('mean ', f'mean {parent}.' if parent else 'mean ')}; "
+            f"{where}: {', '.join(siblings)}")
+
+
+def _field(text: str, name: str) -> str | None:
+    m = re.search(rf"{name}: ([^\s]+)", text)
+    return m.group(1) if m else None
+
+
+def _missing_option(text: str) -> tuple[str, str]:
+    m = re.search(r"Could not find '([^']+)'", text)
+    path = m.group(1) if m else "?/?"
+    group, _, option = path.rpartition("/")
+    return group or path, option
+
+
+def _plain(what: str) -> str:
+    """OmegaConf's "Value 'abc' of type 'str' could not be converted to Integer" -> "'abc' is not an integer"."""
+    m = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", what)
+    if m:
+        kind = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}.get(m.group(2), m.group(2))
+        return f"{m.group(1)!r} is not {kind}"
+    m = re.match(r"Value '(.*)' is not a valid bool", what)
+    if m:
+        return f"{m.group(1)!r} is not true or false"
+    m = re.match(r"Invalid type assigned: (\w+) is not a subclass of (\w+)", what)
+    if m:
+        return f"a {m.group(1)} was given where a section ({m.group(2)}) belongs; set its keys instead (e.g. key.field=value)"
+    return what
+
+
+def _near(word: str, choices, cutoff: float = 0.6) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return f"; did you mean {close[0]}?" if close else ""
