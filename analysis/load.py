@@ -4,7 +4,8 @@
     evals = load_evals("outputs/sweeps/quickstart")          # per-problem outcomes (pass@k)
     runs, metrics = load_wandb("emapg", group="quickstart")  # the same frames from W&B
 
-`runs` has one row per run: ids, `status` and the flags `complete` / `failed` / `truncated`,
+`runs` has one row per run: ids, `status` (finished, running, interrupted, failed, or crashed: left
+`running` by a process that is gone), the flags `complete` / `failed` / `truncated` / `forced_resume`,
 the knobs (experiment, task, seed, kl_*, anchor_*, sweep_name, ...; None where a knob has no
 effect, see `mask_inert_knobs`), a derived `method`
 ("GRPO" for a fixed anchor, "EMA-PG" for tau < 1) and `variant` (method + knobs), every scalar
@@ -28,6 +29,8 @@ from typing import Any, Iterable
 import pandas as pd
 import yaml
 
+from experiments import records
+
 # column -> dotted config paths tried in order (docs/run-record.md, "Keys used by analysis")
 KNOBS: dict[str, tuple[str, ...]] = {
     "experiment": ("experiment", "experiment.name"),
@@ -49,8 +52,8 @@ CURVE_KEYS = ("task", "experiment", "seed", "method", "variant", "kl_type", "kl_
               "anchor_tau", "anchor_period", "sweep_name", "status", "complete")
 RUN_ID_RE = re.compile(
     r"^(?P<task>.+?)__(?P<experiment>.+?)__s(?P<seed>-?\d+)__(?P<timestamp>\d{8}-\d{6})$")
-WANDB_STATES = {"finished": "finished", "running": "running", "failed": "failed",
-                "crashed": "failed", "killed": "failed", "preempted": "failed"}
+WANDB_STATES = {"finished": "finished", "running": "running", "failed": "failed",  # -> run-record states
+                "crashed": "crashed", "killed": "interrupted", "preempted": "interrupted"}
 
 
 @dataclass
@@ -105,15 +108,6 @@ def read_jsonl(path: str | Path) -> tuple[list[dict[str, Any]], bool]:
     return rows, False
 
 
-def read_status(path: str | Path) -> tuple[str, str | None]:
-    """(status, error) from a `status` file: first line is the status, the rest the error."""
-    text = Path(path).read_text(encoding="utf-8").strip()
-    if not text:
-        return "unknown", None
-    first, _, rest = text.partition("\n")
-    return first.strip(), (rest.strip() or None)
-
-
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested dict -> {"a.b.c": value}; "/" in keys (W&B style) also becomes "."."""
     out: dict[str, Any] = {}
@@ -145,11 +139,14 @@ def read_run(run_dir: str | Path) -> RawRun:
     summary = None
     if (run_dir / "summary.json").is_file():
         summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    status, error = read_status(run_dir / "status")
+    status, detail = records.read_status(run_dir)
+    state = records.read_state(run_dir)  # `crashed`: left running by a process that is gone
     rows, truncated = read_jsonl(run_dir / "metrics.jsonl")
     run_id = (summary or {}).get("run_id") or run_dir.name
-    return RawRun(run_id=run_id, status=status, config=flatten(config), rows=rows,
-                  summary=summary, error=error, truncated=truncated, location=str(run_dir))
+    forced = bool((summary or {}).get("forced_resume")) or any(r.get("forced") for r in records.read_resumes(run_dir))
+    return RawRun(run_id=run_id, status=state, config=flatten(config), rows=rows, summary=summary,
+                  error=detail if status in ("failed", "interrupted") else None, truncated=truncated,
+                  location=str(run_dir), extra={"forced_resume": forced})
 
 
 # ---------------------------------------------------------------- RawRun -> frame rows

@@ -366,8 +366,8 @@ def estimator_table(rows: pd.DataFrame, meta: dict[str, Any] | None = None) -> T
 
 def runs_table(runs: pd.DataFrame) -> Table:
     """Every run found, with status and knobs (failed and partial runs included, flagged)."""
-    cols = [c for c in ("run_id", "status", "truncated", "task", "variant", "seed", "iterations_done",
-                        "config_hash", "wandb_run_id", "error") if c in runs]
+    cols = [c for c in ("run_id", "status", "truncated", "forced_resume", "task", "variant", "seed",
+                        "iterations_done", "config_hash", "wandb_run_id", "error") if c in runs]
     cells = runs[cols].astype(object).where(runs[cols].notna(), NA).set_index("run_id")
     return Table("runs", f"All {len(runs)} runs found (status as recorded).", cells,
                  runs[cols], [], runs["run_id"].tolist())

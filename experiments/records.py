@@ -5,7 +5,13 @@
         rec.log_evals(rows)                 # per-problem lines of evals.jsonl
         row = rec.log(iteration, metrics)   # one line of metrics.jsonl (+ iteration, time_s)
         rec.finish({"extra": 1.0})          # summary.json, then status=finished
-    # an exception inside the block -> summary.json + status=failed with the traceback; re-raised
+    # Ctrl-C / SIGTERM inside the block -> status=interrupted; any other exception -> status=failed
+    # with the traceback; either is re-raised. read_state(run_dir) also tells `crashed`: a record left
+    # `running` by a process that is gone (its pid, or a heartbeat older than STALE_S).
+
+A resume may change only RESUME_MAY_CHANGE (length, evaluation and checkpoint cadence, threads);
+any other change of the config is refused unless forced, and every resume is a line of resumes.jsonl.
+Every write error is a RecordWriteError naming the file.
 
 Whole files (config.yaml, summary.json, status) are replaced atomically: a temp file in the same
 directory, fsynced, then `os.replace`. JSONL lines are appended, flushed and fsynced, so a crash
@@ -23,21 +29,35 @@ import json
 import math
 import os
 import re
+import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import traceback
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.errors import RecordWriteError
+
 CONFIG, METRICS, EVALS, SUMMARY, STATUS = "config.yaml", "metrics.jsonl", "evals.jsonl", "summary.json", "status"
+RESUMES = "resumes.jsonl"  # one line per resume: config changes, forced or not, the checkpoint used, those skipped
+STATES = ("running", "finished", "interrupted", "failed")  # what the status file's first line says
+CRASHED = "crashed"  # never written: read_state's name for a `running` record whose process is gone
+HEARTBEAT_S = 30.0  # a running record touches its status file this often
+STALE_S = 600.0  # a `running` status untouched this long (another host, or no pid) reads as crashed
 WANDB_STATE = "wandb_run.json"  # written by experiments.wandb_logger: {"id", "last_step", ...}
 RESERVED = ("iteration", "time_s")  # set by the record, never by the caller
 # Run-local keys that do not change what is trained: left out of config_hash.
 HASH_EXCLUDE = ("run_dir", "out_root", "resume", "logger", "sweep", "model.cache_dir")
+# Keys a resume may change (besides HASH_EXCLUDE): how long, how often to evaluate/save, how to run.
+# Any other change is refused unless resume=force (recorded in resumes.jsonl, flagged by the report).
+RESUME_MAY_CHANGE = ("trainer.iterations", "trainer.eval_every", "trainer.eval_size", "trainer.eval_n",
+                     "trainer.save_every", "trainer.keep_checkpoints", "trainer.threads",
+                     "backend.verl.step_timeout_s", "backend.verl.max_failed_rollouts")
 _clock = time.monotonic  # wall seconds for time_s (a module attribute so tests can drive it)
 
 
@@ -165,9 +185,44 @@ def read_evals(run_dir: str | Path) -> list[dict]:
 
 
 def read_status(run_dir: str | Path) -> tuple[str, str | None]:
-    """(running | finished | failed, the error and traceback of a failed run or None)."""
+    """(running | finished | interrupted | failed, the rest of the file: the error of a failed run, the
+    message of an interrupted one, the process of a running one), as written."""
     first, _, rest = (Path(run_dir) / STATUS).read_text(encoding="utf-8").strip().partition("\n")
     return first.strip() or "unknown", rest.strip() or None
+
+
+def read_state(run_dir: str | Path, now: float | None = None) -> str:
+    """The run's state as a reader should show it: the status file's, except that a `running` record
+    whose process is gone reads as `crashed` (SIGKILL, OOM, a lost node): its pid is not alive on this
+    host, or the status file's heartbeat is older than STALE_S."""
+    path = Path(run_dir) / STATUS
+    state, rest = read_status(run_dir)
+    if state != "running":
+        return state
+    proc = dict(re.findall(r"(\w+)=(\S+)", rest or ""))
+    if proc.get("host") == socket.gethostname() and proc.get("pid", "").isdigit() and not _alive(int(proc["pid"])):
+        return CRASHED
+    age = (time.time() if now is None else now) - path.stat().st_mtime
+    return CRASHED if age > STALE_S else state
+
+
+def _alive(pid: int) -> bool:
+    """Is process `pid` alive (a zombie is not)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def read_resumes(run_dir: str | Path) -> list[dict]:
+    """The run's resume history (resumes.jsonl), oldest first; [] for a run never resumed."""
+    return read_jsonl(Path(run_dir) / RESUMES)
 
 
 def read_summary(run_dir: str | Path) -> dict | None:
@@ -215,31 +270,45 @@ class RunRecord:
         self.config_hash, self.git_sha = config_hash(config), git_sha()
         self.status = "running"
         self.last_iteration: int | None = None
+        self.forced = False  # resumed with resume=force at some point (summary.json: forced_resume)
         self._offset_s, self._t0 = 0.0, _clock()
+        self._beat: threading.Event | None = None
 
     @classmethod
-    def create(cls, run_dir: str | Path, cfg: DictConfig | Mapping[str, Any], resume: bool = False) -> "RunRecord":
+    def create(cls, run_dir: str | Path, cfg: DictConfig | Mapping[str, Any], resume: bool = False, force: bool = False,
+               checkpoint: str | None = None, skipped: list[dict] | tuple = ()) -> "RunRecord":
         """Write config.yaml (resolved) and status=running; drop a stale summary.json.
 
         resume=False refuses a directory that already holds metrics, a checkpoint or a finished run
         (nothing is overwritten by accident). resume=True keeps metrics.jsonl/evals.jsonl (minus a
         trailing partial line) and continues time_s from the last line; call `rewind(iteration)`
-        with the checkpoint's iteration next.
+        with the checkpoint's iteration next. A resume may change only RESUME_MAY_CHANGE (and
+        HASH_EXCLUDE): any other difference from the recorded config.yaml raises ValueError listing
+        each key with both values, unless `force`. Each resume appends a line to resumes.jsonl: the
+        changes, `force`, the `checkpoint` resumed from and the `skipped` ones ({"checkpoint", "error"}).
         """
         run_dir = Path(run_dir)
         config = resolved(cfg)
-        if resume:
-            _warn_if_changed(run_dir / CONFIG, config)
-        else:
+        changes = config_changes(run_dir / CONFIG, config) if resume else {}
+        refused = {k: v for k, v in changes.items() if not _may_change(k)}
+        if refused and not force:
+            raise ValueError(_refusal(run_dir, refused))
+        if not resume:
             _check_fresh(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for name in (SUMMARY,) if resume else (SUMMARY, METRICS, EVALS, WANDB_STATE):
+        _writable(run_dir)
+        for name in (SUMMARY,) if resume else (SUMMARY, METRICS, EVALS, WANDB_STATE, RESUMES):
             (run_dir / name).unlink(missing_ok=True)
         rec = cls(run_dir, config)
-        atomic_write(run_dir / CONFIG, OmegaConf.to_yaml(config))
+        rec._write(run_dir / CONFIG, OmegaConf.to_yaml(config))
         if resume:
             rec.rewind(None)
-        rec._write_status("running")
+            entry = {"time": dt.datetime.now().isoformat(timespec="seconds"), "after_iteration": rec.last_iteration,
+                     "checkpoint": checkpoint, "skipped": list(skipped), "forced": bool(refused),
+                     "changes": {k: list(v) for k, v in changes.items()}}
+            rec._append(RESUMES, [jsonable(entry)])
+            rec.forced = any(r.get("forced") for r in read_resumes(run_dir))
+        rec._write_status("running", f"pid={os.getpid()} host={socket.gethostname()}")
+        rec._start_heartbeat()
         return rec
 
     # ------------------------------------------------------------ writing
@@ -258,7 +327,7 @@ class RunRecord:
             raise ValueError(f"metric keys {reserved} are set by the run record; do not pass them")
         row = {"iteration": iteration, "time_s": round(self.elapsed(), 3)}
         row.update({str(k): jsonable(v, str(k)) for k, v in metrics.items()})
-        _append(self.run_dir / METRICS, [row])
+        self._append(METRICS, [row])
         self.last_iteration = iteration
         return row
 
@@ -268,7 +337,7 @@ class RunRecord:
         out = [jsonable(dict(r)) for r in rows]
         if bad := [r for r in out if not isinstance(r.get("iteration"), int)]:
             raise ValueError(f"eval rows need an integer 'iteration'; got {bad[0]!r}")
-        _append(self.run_dir / EVALS, out)
+        self._append(EVALS, out)
 
     def rewind(self, iteration: int | None, time_s: float | None = None) -> None:
         """Keep only lines with iteration <= `iteration` (None: all complete lines), so a run resumed
@@ -279,8 +348,8 @@ class RunRecord:
         def keep(r: dict) -> bool:
             return iteration is None or r["iteration"] <= iteration
 
-        rows = _rewrite_jsonl(self.run_dir / METRICS, keep)
-        _rewrite_jsonl(self.run_dir / EVALS, keep)
+        rows = self._guard(self.run_dir / METRICS, _rewrite_jsonl, self.run_dir / METRICS, keep)
+        self._guard(self.run_dir / EVALS, _rewrite_jsonl, self.run_dir / EVALS, keep)
         last = max(rows, key=lambda r: r["iteration"]) if rows else None
         self.last_iteration = last["iteration"] if last else None
         # this attempt's clock keeps running from create(): its start-up time counts, the downtime does not
@@ -292,9 +361,11 @@ class RunRecord:
 
     def finish(self, extra_summary: Mapping[str, Any] | None = None) -> dict:
         """Write summary.json, then status=finished; return the summary."""
-        summary = self._write_summary("finished", extra_summary)
-        self._write_status("finished")
-        return summary
+        return self._close("finished", None, extra_summary)
+
+    def interrupt(self, message: str, extra_summary: Mapping[str, Any] | None = None) -> dict:
+        """Write summary.json, then status=interrupted followed by `message` (what stopped it, where to resume)."""
+        return self._close("interrupted", message, extra_summary)
 
     def fail(self, exc: BaseException | str, extra_summary: Mapping[str, Any] | None = None) -> dict:
         """Write summary.json, then status=failed followed by the error and its traceback."""
@@ -302,21 +373,26 @@ class RunRecord:
             error = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         else:
             error = str(exc)
-        summary = self._write_summary("failed", extra_summary)
-        self._write_status("failed", error)
-        return summary
+        return self._close("failed", error, extra_summary)
 
     def __enter__(self) -> "RunRecord":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc is not None and self.status != "failed":
+        """A clean exit finishes the record, Ctrl-C / SIGTERM interrupts it, any other exception fails it;
+        a record already closed is left as it is. The exception, if any, propagates."""
+        if self.status == "running":
             try:
-                self.fail(exc)
+                if exc is None:
+                    self.finish()
+                elif isinstance(exc, KeyboardInterrupt) or type(exc).__name__ in ("Terminated", "RunInterrupted"):
+                    self.interrupt(str(exc) or type(exc).__name__)
+                else:
+                    self.fail(exc)
             except Exception as err:  # keep the original exception; it is re-raised below
-                warnings.warn(f"could not record the failure in {self.run_dir}: {err!r}", stacklevel=2)
-        elif exc is None and self.status == "running":
-            self.finish()
+                if not isinstance(exc, RecordWriteError):  # that one already names the path
+                    print(f"warning: could not record how the run ended in {self.run_dir}: {err}", file=sys.stderr)
+        self._stop_heartbeat()
         return False
 
     # ------------------------------------------------------------ internals
@@ -339,16 +415,52 @@ class RunRecord:
             "final": final, "best": best,
         }
 
-    def _write_summary(self, status: str, extra: Mapping[str, Any] | None) -> dict:
-        summary = self.summary(status)
+    def _close(self, state: str, detail: str | None, extra: Mapping[str, Any] | None) -> dict:
+        self._stop_heartbeat()
+        summary = self.summary(state)
         summary.update(jsonable(dict(extra or {})))
-        summary["status"] = status
-        atomic_write(self.run_dir / SUMMARY, json.dumps(summary, indent=1, allow_nan=False) + "\n")
+        summary["status"] = state
+        if self.forced:
+            summary["forced_resume"] = True
+        self._write(self.run_dir / SUMMARY, json.dumps(summary, indent=1, allow_nan=False) + "\n")
+        self._write_status(state, detail)
         return summary
 
-    def _write_status(self, state: str, error: str | None = None) -> None:
-        atomic_write(self.run_dir / STATUS, state + "\n" + (error.rstrip() + "\n" if error else ""))
+    def _write_status(self, state: str, detail: str | None = None) -> None:
+        self._write(self.run_dir / STATUS, state + "\n" + (detail.rstrip() + "\n" if detail else ""))
         self.status = state
+
+    def _write(self, path: Path, text: str) -> None:
+        self._guard(path, atomic_write, path, text)
+
+    def _append(self, name: str, rows: list[dict]) -> None:
+        self._guard(self.run_dir / name, _append, self.run_dir / name, rows)
+
+    @staticmethod
+    def _guard(path: Path, fn: Callable, *args):
+        """fn(*args); an OSError becomes RecordWriteError naming `path` (one line for the user)."""
+        try:
+            return fn(*args)
+        except OSError as e:
+            raise RecordWriteError(f"cannot write the run record {path}: {e.strerror or e}") from e
+
+    def _start_heartbeat(self) -> None:
+        """Touch the status file every HEARTBEAT_S while running, so readers can tell a live run from a dead one."""
+        self._beat = stop = threading.Event()
+        path = self.run_dir / STATUS
+
+        def beat() -> None:
+            while not stop.wait(HEARTBEAT_S):
+                try:
+                    os.utime(path)
+                except OSError:
+                    pass  # a later write reports it; a stale heartbeat then reads as crashed
+
+        threading.Thread(target=beat, name=f"heartbeat {self.run_id}", daemon=True).start()
+
+    def _stop_heartbeat(self) -> None:
+        if self._beat is not None:
+            self._beat.set()
 
     def _check_running(self) -> None:
         if self.status != "running":
@@ -364,13 +476,33 @@ def _check_fresh(run_dir: Path) -> None:
                               f"checkpoint: {has_ckpt}); continue it with resume=true or choose another run_dir")
 
 
-def _warn_if_changed(old_path: Path, new: dict) -> None:
+def config_changes(old_path: Path, new: dict) -> dict[str, tuple]:
+    """{dotted key: (recorded value, new value)} for every key that differs from config.yaml, except
+    HASH_EXCLUDE ({} when there is no config.yaml yet)."""
     if not old_path.is_file():
-        return
+        return {}
     old, cur = _flat(OmegaConf.to_container(OmegaConf.load(old_path))), _flat(new)
-    skip = tuple(HASH_EXCLUDE)
-    changed = [f"{k}: {old.get(k)!r} -> {cur.get(k)!r}" for k in sorted(set(old) | set(cur))
-               if old.get(k) != cur.get(k) and not k.startswith(skip)]
-    if changed:
-        more = f" (+{len(changed) - 8} more)" if len(changed) > 8 else ""
-        warnings.warn(f"resuming {old_path.parent} with a changed config: {'; '.join(changed[:8])}{more}", stacklevel=3)
+    return {k: (old.get(k), cur.get(k)) for k in sorted(set(old) | set(cur))
+            if old.get(k) != cur.get(k) and not _under(k, HASH_EXCLUDE)}
+
+
+def _under(key: str, prefixes) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def _may_change(key: str) -> bool:
+    return _under(key, RESUME_MAY_CHANGE)
+
+
+def _refusal(run_dir: Path, refused: dict[str, tuple]) -> str:
+    listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in refused.items()))
+    return (f"resume=true would continue {run_dir} with different settings ({listed}); resume with the recorded "
+            f"settings, start a new run_dir, or override deliberately with resume=force (recorded, and flagged "
+            f"in reports). A resume may change: {', '.join(RESUME_MAY_CHANGE)}")
+
+
+def _writable(run_dir: Path) -> None:
+    """Refuse a run_dir that is a file, or that cannot be created, before any work."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise NotADirectoryError(20, "run_dir is a file, not a directory", str(run_dir))
+    run_dir.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ metrics to W&B (offline by default), trains with the local backend, and returns 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -17,6 +18,7 @@ from typing import Callable
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import build, progress
+from experiments.errors import RunFailed, RunInterrupted, Terminated
 from experiments.records import RunRecord, make_run_id
 
 # (iteration, metrics row as recorded, checkpoint dir written at this iteration or None) -> None.
@@ -44,29 +46,41 @@ def _make_logger(cfg: DictConfig, run_dir: Path):
 def run(cfg: DictConfig, callback: Callback | None = None) -> dict[str, float]:
     """Train one run as configured; return {metric: final value} (+ best_<metric>)."""
     local_cfg = build.validate(cfg)  # raises before any work
+    build.check_k(cfg)
     if cfg.backend.name == "verl":
         return _run_verl(cfg, callback)
     import torch
 
-    from ema_pg_core.local.trainer import LocalTrainer, seed_everything
+    from ema_pg_core.local import checkpoints
+    from ema_pg_core.local.device import resolve_device
+    from ema_pg_core.local.trainer import Interrupted, seed_everything
 
+    resolve_device(local_cfg.trainer.device)  # cuda without CUDA: refused before any work
     run_dir = resolve_run_dir(cfg)
     cfg = OmegaConf.merge(cfg, {"run_dir": str(run_dir)})
     ckpt_dir = run_dir / "checkpoints"
-    resume_from = LocalTrainer.latest_checkpoint(ckpt_dir) if cfg.resume else None
-    if cfg.resume and resume_from is None and (run_dir / "metrics.jsonl").exists():
-        raise ValueError(f"resume=true but {ckpt_dir} holds no checkpoint to continue from")
+    found = checkpoints.load_newest(ckpt_dir) if cfg.resume else None  # (dir, state, skipped) or None
+    if cfg.resume and found is None and (run_dir / "metrics.jsonl").exists():
+        raise ValueError(f"resume={cfg.resume} but {ckpt_dir} holds no checkpoint to continue from")
+    for s in found[2] if found else ():
+        print(f"warning: skipping checkpoint {ckpt_dir / s['checkpoint']} ({s['error']}); resuming from "
+              f"{found[0].name}", file=sys.stderr)
     torch.set_num_threads(int(cfg.trainer.threads))
     seed_everything(int(cfg.seed))
-    record = RunRecord.create(run_dir, cfg, resume=resume_from is not None)
+    record = RunRecord.create(run_dir, cfg, resume=found is not None, force=cfg.resume == "force",
+                              checkpoint=found[0].name if found else None, skipped=found[2] if found else ())
     with record:
         logger = _make_logger(cfg, run_dir)
         with logger:
-            summary = _train(cfg, local_cfg, record, logger, ckpt_dir, resume_from, callback)
+            try:
+                summary = _train(cfg, local_cfg, record, logger, ckpt_dir, found[1] if found else None, callback)
+            except Interrupted as e:  # a checkpoint is on disk: recorded as interrupted, not failed
+                record.interrupt(str(e))
+                raise RunInterrupted(str(e), e.signame, run_dir) from None
     return _flat_summary(summary)
 
 
-def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, resume_from: Path | None, callback: Callback | None) -> dict:
+def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, callback: Callback | None) -> dict:
     from ema_pg_core.local.trainer import Hooks, LocalTrainer
 
     task = build.task(cfg)
@@ -89,8 +103,8 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, resume_from: Path | N
 
     hooks = Hooks(metrics=on_metrics, evals=record.log_evals, iteration_end=on_iteration_end, state=record.state)
     trainer = LocalTrainer(policy, tok, task, local_cfg, ckpt_dir, hooks)
-    if resume_from is not None:
-        trainer.resume(resume_from)
+    if state is not None:
+        trainer.load_state_dict(state)
         record.rewind(trainer.iteration)
     bar = progress.bar(local_cfg.trainer.iterations, f"{cfg.experiment} s{cfg.seed}", initial=trainer.iteration)
     t0 = time.time()
@@ -129,7 +143,7 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
 
     run_dir = resolve_run_dir(cfg)
     cfg = OmegaConf.merge(cfg, {"run_dir": str(run_dir)}, agent_loops_path(cfg))
-    with RunRecord.create(run_dir, cfg, resume=bool(cfg.resume)) as record:
+    with RunRecord.create(run_dir, cfg, resume=bool(cfg.resume), force=cfg.resume == "force") as record:
         follower = _VerlFollower(record, cfg, callback)
 
         def work() -> int:
@@ -152,15 +166,15 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
             if isinstance(e, RayError):  # verl raised in a Ray actor, or its actor died
                 then = f"verl failed: {_last_line(str(e))} (its traceback is in {record.run_dir}/status)"
                 raise RunFailed(f"{failure}\nThen {then}" if failure else then) from e
+            if isinstance(e, (KeyboardInterrupt, Terminated)):  # verl resumes from its own last checkpoint
+                name = "SIGINT" if isinstance(e, KeyboardInterrupt) else str(e)
+                raise RunInterrupted(f"interrupted by {name}; a resume continues from verl's last checkpoint "
+                                     f"(every trainer.save_every steps) in {run_dir}", name, run_dir) from None
             raise
         if code:
             raise RunFailed(f"verl exited with status {code}")
         summary = record.finish()
     return _flat_summary(summary)
-
-
-class RunFailed(RuntimeError):
-    """A run that started and then failed for a reason other than a bug here (its message says why)."""
 
 
 def _last_line(text: str) -> str:

@@ -539,6 +539,8 @@ def write_csv(spec: Spec, sweep_dir: Path, trials) -> list[dict]:
         run_status = _run_status(run_dir)
         if status == "finished" and run_status not in (None, "finished"):
             status = "stopped"  # ended early by the scheduler or the time budget
+        elif status == "failed" and run_status in ("interrupted", "crashed"):
+            status = run_status  # SIGTERM/SIGINT or a killed trial process: --resume continues it
         row = {"trial_id": t.trial_id, "run_id": run_dir.name if run_dir else "", "status": status, **point,
                **({"seed": seed} if seed is not None else {}),
                "iterations": (t.last_result or {}).get("training_iteration", 0),
@@ -565,9 +567,12 @@ def _launch_index(trial) -> float:
 
 
 def _run_status(run_dir: Path | None) -> str | None:
+    """The run record's state (experiments.records.read_state: `crashed` for a record left running), or None."""
+    from experiments.records import read_state
+
     if run_dir is None or not (run_dir / "status").is_file():
         return None
-    return (run_dir / "status").read_text().split("\n", 1)[0].strip()
+    return read_state(run_dir)
 
 
 def _record_metrics(run_dir: Path | None) -> tuple[dict, dict, dict]:

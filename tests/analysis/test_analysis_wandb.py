@@ -89,7 +89,7 @@ def test_full_history_and_recomputed_best(api):
 def test_states_knobs_and_ids(api):
     runs, _ = load.load_wandb("emapg", group="quickstart", api=api)
     crashed = runs.set_index("wandb_run_id").loc["idcrash"]
-    assert crashed["status"] == "failed" and crashed["wandb_state"] == "crashed" and not crashed["complete"]
+    assert crashed["status"] == "crashed" and crashed["wandb_state"] == "crashed" and not crashed["complete"]
     assert crashed["run_id"] == "crashy-run-1" and crashed["seed"] == 5
     ema = runs[(runs["anchor_tau"] == 0.9) & runs["complete"]].iloc[0]
     assert ema["variant"] == "EMA-PG (τ=0.9, P=2; topk k=4, unbiased)"

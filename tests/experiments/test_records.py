@@ -79,7 +79,7 @@ def test_config_hash_ignores_run_local_keys_only():
 def test_round_trip(tmp_path, clock):
     run_dir = tmp_path / "math_tiny__math_tiny_ema_pg__s1__20260101-000000"
     with RunRecord.create(run_dir, cfg()) as rec:
-        assert read_status(run_dir) == ("running", None)
+        assert read_status(run_dir)[0] == "running"
         rec.log_evals([{"iteration": 0, "model": "policy", "benchmark": "math_tiny", "problem_id": "p0", "n": 4,
                         "n_correct": Scalar(3), "greedy_correct": 1}])
         rec.log(0, {"eval/math_tiny/acc": 0.25})
@@ -140,7 +140,7 @@ def test_writes_are_atomic_a_crash_before_replace_leaves_the_old_file(tmp_path, 
     assert seen["summary.json"][0] == run_dir  # temp file in the same directory
     assert json.loads(seen["summary.json"][1])["status"] == "finished"  # it was written in full
     monkeypatch.undo()
-    assert read_status(run_dir) == ("running", None)  # status untouched, not half-written
+    assert read_status(run_dir)[0] == "running"  # status untouched, not half-written
     assert read_summary(run_dir) is None
     assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "metrics.jsonl", "status"]  # temp removed
 
@@ -172,7 +172,7 @@ def test_resume_rewinds_to_the_checkpoint_and_continues_time(tmp_path, clock):
     clock.t += 1000.0  # downtime is not run time
 
     rec = RunRecord.create(run_dir, cfg(resume=True), resume=True)
-    assert read_status(run_dir) == ("running", None)
+    assert read_status(run_dir)[0] == "running"
     rec.rewind(3)
     assert [r["iteration"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]
     assert [r["iteration"] for r in read_evals(run_dir)] == [0, 1, 2, 3]

@@ -1,0 +1,165 @@
+"""Every bad input gets one clear message and exit code 2, before any work, with no traceback.
+
+Each row: an `emapg` command line (``{tmp}`` is a fresh directory; files it needs are made by
+`_setup`), and the words the message must contain (the field, file or option at fault). Commands
+run in-process through the CLI's one error path (``experiments.cli.main``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from experiments.cli import main
+
+TRAIN = ["logger.name=none", "smoke=true"]  # were a case to pass by mistake, it would train seconds, not minutes
+
+CASES = [
+    # ---- emapg train: Hydra composition
+    (["train", "trainer.iteratons=5"], ["trainer.iteratons", "did you mean trainer.iterations"]),
+    (["train", "seed=abc"], ["seed", "'abc' is not an integer"]),
+    (["train", "task=nope"], ["task='nope'", "allowed: math, math_tiny, search, search_tiny"]),
+    (["train", "task=math_tin"], ["did you mean math_tiny"]),
+    (["train", "algo.kl.name=nope"], ["algo.kl.name is not a config key", "keys of algo.kl"]),
+    (["train", "+foo=1"], ["foo is not a config key"]),
+    (["train", "+algo.kl.foo=1"], ["algo.kl.foo is not a config key"]),
+    (["train", "trainr.iterations=3"], ["did you mean trainer"]),
+    (["train", "trainer=5"], ["trainer:", "set its keys"]),
+    (["train", "algo.kl.k=[1,2]"], ["algo.kl.k", "not an integer"]),
+    (["train", "trainer.iterations="], ["trainer.iterations"]),
+    (["train", "algo.kl.coef=abc"], ["algo.kl.coef", "not a number"]),
+    (["train", "smoke=maybe"], ["smoke", "true or false"]),
+    (["train", "a=b=c"], ["cannot parse the override"]),
+    (["train", "task.knobs.digits=3"], ["+task.knobs.digits"]),
+    (["train", "oops"], ["key=value", "oops"]),
+    (["train", "experiment=nope"], ["experiment preset 'nope'"]),
+    # ---- emapg train: validation of values
+    (["train", "trainer.device=tpu9"], ["trainer.device='tpu9'", "cpu, cuda, cuda:N, auto"]),
+    (["train", "trainer.device=cuda"], ["trainer.device='cuda'", "CUDA is not available"]),
+    (["train", "model=hf"], ["model=hf needs model.path"]),
+    (["train", "model.path={tmp}/nope"], ["model.path="]),
+    (["train", "resume=yes"], ["resume='yes'", "false, true, force"]),
+    (["train", "algo.kl.type=k9"], ["algo.kl.type='k9'"]),
+    (["train", "algo.kl.k=1000"], ["algo.kl.k=1000", "vocabulary", "100"]),
+    (["train", "algo.kl.tail=maybe"], ["algo.kl.tail"]),
+    (["train", "algo.anchor.tau=1.5"], ["algo.anchor.tau"]),
+    (["train", "algo.anchor.period=0"], ["algo.anchor.period"]),
+    (["train", "rollout.group_size=1"], ["rollout.group_size"]),
+    (["train", "trainer.dtype=float8"], ["trainer.dtype"]),
+    (["train", "logger.mode=loud"], ["logger.mode"]),
+    (["train", "backend.name=tpu"], ["backend.name"]),
+    (["train", "run_dir={tmp}/a_file"], ["a_file", "not a directory"]),
+    (["train", "run_dir={tmp}/finished"], ["finished", "resume=true"]),
+    (["train", "run_dir={tmp}/bad_ckpt", "resume=true"], ["no intact checkpoint", "latest is empty"]),
+    # ---- emapg sweep --dry-run
+    (["sweep", "{tmp}/missing.yaml", "--dry-run"], ["missing.yaml", "no such sweep spec"]),
+    (["sweep", "{tmp}/dup.yaml", "--dry-run"], ["dup.yaml", "duplicate key", "lines"]),
+    (["sweep", "{tmp}/huge.yaml", "--dry-run"], ["1,000,000 trials", "max_trials"]),
+    (["sweep", "{tmp}/big_k.yaml", "--dry-run"], ["algo.kl.k=5000", "vocabulary"]),
+    (["sweep", "{tmp}/typo.yaml", "--dry-run"], ["typo.yaml", "trainer.iteratons"]),
+    (["sweep", "{tmp}/a_file", "--dry-run"], ["a_file", "must be a mapping"]),
+    # ---- emapg report
+    (["report", "{tmp}/nope", "--out", "{tmp}/out"], ["not a directory", "nope"]),
+    (["report", "{tmp}/a_file", "--out", "{tmp}/out"], ["a_file"]),
+    (["report", "{tmp}/empty", "--out", "{tmp}/out"], ["no run records"]),
+    (["report", "{tmp}/corrupt", "--out", "{tmp}/out"], ["metrics.jsonl:2", "corrupt"]),
+    (["report", "{tmp}/empty", "--out", "{tmp}/out", "--reps", "0"], ["--reps", "integer >= 1"]),
+    # ---- emapg retriever
+    (["retriever", "serve", "--port", "99999"], ["--port", "0-65535"]),
+    (["retriever", "serve", "--task", "nope"], ["unknown task 'nope'"]),
+    (["retriever", "serve", "--corpus", "{tmp}/nope.jsonl"], ["--corpus", "nope.jsonl"]),
+    (["retriever", "index", "--corpus", "{tmp}/nope.jsonl", "--out", "{tmp}/i"], ["--corpus", "nope.jsonl"]),
+    # ---- emapg cluster
+    (["cluster", "submit"], ["give a sweep spec"]),
+    (["cluster", "slurm", "--site", "{tmp}/site.yaml", "--nodes", "0"], ["--nodes must be >= 1"]),
+    (["cluster", "slurm", "--site", "{tmp}/nope.yaml"], ["nope.yaml"]),
+    (["cluster", "list", "--address", "not-a-url"], ["not-a-url"]),
+]
+
+
+def _setup(tmp) -> None:
+    """The files the cases point at."""
+    (tmp / "a_file").write_text("not a directory\n")
+    (tmp / "empty").mkdir()
+    corrupt = tmp / "corrupt" / "r"
+    corrupt.mkdir(parents=True)
+    (corrupt / "config.yaml").write_text("task: {name: math_tiny}\nseed: 0\n")
+    (corrupt / "status").write_text("finished\n")
+    (corrupt / "metrics.jsonl").write_text('{"iteration": 0}\n{"iter\n{"iteration": 2}\n')
+    finished = tmp / "finished"
+    finished.mkdir()
+    (finished / "status").write_text("finished\n")
+    bad = tmp / "bad_ckpt"
+    (bad / "checkpoints").mkdir(parents=True)
+    (bad / "checkpoints" / "latest").write_text("")
+    (bad / "metrics.jsonl").write_text('{"iteration": 0, "time_s": 0.0}\n')
+    (tmp / "dup.yaml").write_text("name: dup\nmetric: eval/math_tiny/acc\nbase:\n  experiment: math_tiny_ema_pg\n"
+                                  "  trainer.iterations: 2\n  trainer.iterations: 3\n")
+    axes = {f"rollout.{k}": list(range(1, 11)) for k in ("max_new_tokens", "max_obs_tokens", "max_turns")}
+    axes.update({f"trainer.{k}": list(range(1, 11)) for k in ("eval_every", "eval_size", "save_every")})
+    _spec(tmp / "huge.yaml", "huge", {k: {"grid": v} for k, v in axes.items()})
+    _spec(tmp / "big_k.yaml", "big_k", {"algo.kl.k": {"grid": [32, 5000]}})
+    (tmp / "typo.yaml").write_text(yaml.safe_dump({"name": "typo", "metric": "eval/math_tiny/acc",
+                                                   "base": {"experiment": "math_tiny_ema_pg",
+                                                            "trainer.iteratons": 2}}))
+    (tmp / "site.yaml").write_text(yaml.safe_dump({"gpus_per_node": 8, "cpus_per_node": 64}))
+
+
+def _spec(path, name: str, space: dict) -> None:
+    path.write_text(yaml.safe_dump({"name": name, "metric": "eval/math_tiny/acc",
+                                    "base": {"experiment": "math_tiny_ema_pg"}, "space": space}))
+
+
+def test_there_are_at_least_40_cases_over_every_command():
+    assert len(CASES) >= 40
+    assert {c[0][0] for c in CASES} == {"train", "sweep", "report", "retriever", "cluster"}
+
+
+@pytest.mark.parametrize("argv,words", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_input_is_one_clear_error(argv, words, tmp_path, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same answer on a GPU machine
+    monkeypatch.setenv("EMAPG_PROGRESS", "0")
+    monkeypatch.chdir(tmp_path)  # nothing is written into the checkout, whatever happens
+    _setup(tmp_path)
+    argv = [argv[0], *(TRAIN if argv[0] == "train" else []), *(a.replace("{tmp}", str(tmp_path)) for a in argv[1:])]
+    with pytest.raises(SystemExit) as exit_:  # argparse exits itself; the CLI returns its code
+        raise SystemExit(main(argv))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert "Traceback" not in err and err.strip(), err
+    message = err.strip().splitlines()[-1]  # argparse prints its usage first
+    assert message.startswith(f"emapg {argv[0]}"), err
+    for word in words:
+        assert word in message, f"{word!r} not in {message!r}"
+    assert not (tmp_path / "outputs").exists()  # refused before any work
+
+
+def test_emapg_debug_shows_the_traceback(monkeypatch, capsys):
+    monkeypatch.setenv("EMAPG_DEBUG", "1")
+    assert main(["train", "seed=abc"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1] == "emapg train: error: seed: 'abc' is not an integer"
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch, capsys):
+    import experiments.cli as cli
+
+    def broken(argv):
+        raise AttributeError("'NoneType' object has no attribute 'x'")
+
+    monkeypatch.setitem(cli.COMMANDS, "report", broken)
+    assert main(["report"]) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_the_message_is_json_safe_for_a_bad_corpus_line(tmp_path, capsys):
+    """A retriever corpus that is not JSONL names the file and line (a file the user gave)."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"contents": "a"}) + "\n{broken\n")
+    code = main(["retriever", "index", "--corpus", str(corpus), "--out", str(tmp_path / "i")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "c.jsonl" in err, err

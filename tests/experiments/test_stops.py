@@ -1,0 +1,250 @@
+"""How runs stop and continue, through `emapg train` as a user runs it: a resume never mixes two
+configs, SIGTERM/SIGINT are `interrupted` (exit 143/130) and resume exactly, a SIGKILLed run reads
+as `crashed`, a corrupt checkpoint falls back to the previous one, and a write error names the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments import records
+from experiments.cli import main
+
+SMALL = ["experiment=math_tiny_ema_pg", "logger.name=none", "trainer.threads=1", "rollout.prompts_per_iter=2",
+         "rollout.group_size=2", "rollout.max_new_tokens=12", "trainer.eval_every=2", "trainer.eval_size=4",
+         "trainer.eval_n=1", "task.train_size=40", "task.test_size=8", "model.pretrain_steps=2",
+         "trainer.save_every=1", "trainer.keep_checkpoints=2"]
+VOLATILE = ("time_s",)  # wall-clock; perf/* too
+pytestmark = pytest.mark.filterwarnings("ignore:pretrain .* did not reach target_acc")  # 2 warm-start steps, on purpose
+
+
+@pytest.fixture(autouse=True)
+def env(tmp_path_factory, monkeypatch):
+    cache = tmp_path_factory.getbasetemp() / "stops_cache"  # one warm start for the module's runs
+    monkeypatch.setenv("EMAPG_CACHE", str(cache))
+    monkeypatch.setenv("EMAPG_PROGRESS", "0")
+    return cache
+
+
+def train(run_dir: Path, *extra: str) -> int:
+    return main(["train", *SMALL, f"run_dir={run_dir}", *extra])
+
+
+def comparable(run_dir: Path) -> dict[int, dict]:
+    """metrics.jsonl by iteration, without wall-clock keys."""
+    return {r["iteration"]: {k: v for k, v in r.items() if k not in VOLATILE and not k.startswith("perf/")}
+            for r in records.read_metrics(run_dir)}
+
+
+def assert_same_from(a: Path, b: Path, start: int) -> None:
+    """Iterations >= start of `a` equal `b`'s, on every key both logged (a run's last iteration adds an eval)."""
+    ra, rb = comparable(a), comparable(b)
+    its = [i for i in ra if i >= start]
+    assert its and set(its) <= set(rb)
+    for i in its:
+        both = set(ra[i]) & set(rb[i])
+        assert {k: ra[i][k] for k in both} == {k: rb[i][k] for k in both}, f"iteration {i} differs"
+        assert any(k.startswith("train/") for k in both) or i == 0
+
+
+# ---------------------------------------------------------------- resume integrity
+
+def test_resume_with_a_changed_algorithm_key_is_refused(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert train(run_dir, "trainer.iterations=2") == 0
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    assert train(run_dir, "trainer.iterations=2", "resume=true", "algo.anchor.tau=0.5", "algo.kl.type=k3") == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "algo.anchor.tau: 0.9 -> 0.5" in err and "algo.kl.type: 'topk_reverse' -> 'k3'" in err
+    assert "resume=force" in err
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before  # nothing touched
+
+
+def test_resume_extending_iterations_is_allowed_recorded_and_exact(tmp_path):
+    assert train(tmp_path / "run", "trainer.iterations=2") == 0
+    assert train(tmp_path / "run", "trainer.iterations=4", "resume=true") == 0
+    (entry,) = records.read_resumes(tmp_path / "run")
+    assert entry["changes"] == {"trainer.iterations": [2, 4]} and entry["forced"] is False
+    assert (entry["checkpoint"], entry["after_iteration"], entry["skipped"]) == ("iter_000002", 2, [])
+    assert records.read_summary(tmp_path / "run")["status"] == "finished"
+    assert train(tmp_path / "straight", "trainer.iterations=4") == 0
+    assert_same_from(tmp_path / "run", tmp_path / "straight", 0)
+
+
+def test_resume_force_is_recorded_and_flagged_in_the_report(tmp_path):
+    run_dir = tmp_path / "runs" / "run"
+    assert train(run_dir, "trainer.iterations=2") == 0
+    assert train(run_dir, "trainer.iterations=3", "resume=force", "algo.anchor.tau=0.5") == 0
+    (entry,) = records.read_resumes(run_dir)
+    assert entry["forced"] is True and entry["changes"]["algo.anchor.tau"] == [0.9, 0.5]
+    assert records.read_summary(run_dir)["forced_resume"] is True
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "report"), "--reps", "50"]) == 0
+    import pandas as pd
+
+    runs = pd.read_csv(tmp_path / "report" / "runs.csv")
+    assert runs["forced_resume"].tolist() == [True]
+    assert "resumed with resume=force" in (tmp_path / "report" / "index.md").read_text()
+
+
+# ---------------------------------------------------------------- stops
+
+def _spawn(run_dir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "experiments.cli", "train", *SMALL, f"run_dir={run_dir}", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+
+
+def _wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, iteration: int, timeout_s: float = 240) -> None:
+    latest = run_dir / "checkpoints" / "latest"
+    deadline = time.monotonic() + timeout_s
+    while not (latest.is_file() and latest.read_text().strip() >= f"iter_{iteration:06d}"):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_ends_the_run_interrupted_and_it_resumes_exactly(tmp_path, sig, code):
+    assert train(tmp_path / "warm", "trainer.iterations=0") == 0  # the warm start, outside the timed child
+    run_dir = tmp_path / "run"
+    proc = _spawn(run_dir, "trainer.iterations=500")
+    _wait_for_checkpoint(proc, run_dir, 1)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
+    state, message = records.read_status(run_dir)
+    assert state == "interrupted" and message.startswith(f"interrupted by {sig.name} after iteration")
+    stopped = records.read_summary(run_dir)["iterations_done"]
+    assert f"emapg train: interrupted by {sig.name} after iteration {stopped}" in err
+    assert f"run_dir={run_dir} resume=true" in err.strip().splitlines()[-1]  # the resume command
+    total = stopped + 2
+    assert train(run_dir, f"trainer.iterations={total}", "resume=true") == 0
+    assert train(tmp_path / "straight", f"trainer.iterations={total}") == 0
+    assert_same_from(run_dir, tmp_path / "straight", 0)
+    assert max(comparable(run_dir)) == total
+
+
+def test_a_sigkilled_run_reads_as_crashed(tmp_path):
+    assert train(tmp_path / "warm", "trainer.iterations=0") == 0
+    run_dir = tmp_path / "runs" / "run"
+    proc = _spawn(run_dir, "trainer.iterations=500")
+    _wait_for_checkpoint(proc, run_dir, 1)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert records.read_status(run_dir)[0] == "running"  # as the process left it
+    assert records.read_state(run_dir) == "crashed"
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "report"), "--reps", "50"]) == 0
+    import pandas as pd
+
+    assert pd.read_csv(tmp_path / "report" / "runs.csv")["status"].tolist() == ["crashed"]
+
+
+def test_read_state_tells_a_live_run_from_a_dead_one(tmp_path):
+    import socket
+
+    (tmp_path / "status").write_text(f"running\npid={os.getpid()} host={socket.gethostname()}\n")
+    assert records.read_state(tmp_path) == "running"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "status").write_text(f"running\npid={dead.stdout.strip()} host={socket.gethostname()}\n")
+    assert records.read_state(tmp_path) == "crashed"  # its pid is gone on this host
+    (tmp_path / "status").write_text("running\npid=1 host=another-node\n")  # elsewhere: only the heartbeat tells
+    assert records.read_state(tmp_path) == "running"
+    assert records.read_state(tmp_path, now=time.time() + records.STALE_S + 1) == "crashed"
+    (tmp_path / "status").write_text("interrupted\ninterrupted by SIGTERM\n")
+    assert records.read_state(tmp_path, now=time.time() + 10 * records.STALE_S) == "interrupted"
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert train(run_dir, "trainer.iterations=4") == 0
+    state = run_dir / "checkpoints" / "iter_000004" / "state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    assert train(run_dir, "trainer.iterations=6", "resume=true") == 0
+    err = capsys.readouterr().err
+    assert f"warning: skipping checkpoint {state.parent}" in err and "resuming from iter_000003" in err
+    (entry,) = records.read_resumes(run_dir)
+    assert entry["checkpoint"] == "iter_000003" and [s["checkpoint"] for s in entry["skipped"]] == ["iter_000004"]
+    assert train(tmp_path / "straight", "trainer.iterations=6") == 0
+    assert_same_from(run_dir, tmp_path / "straight", 4)  # re-trained from the checkpoint on
+    assert sorted(comparable(run_dir)) == list(range(7))
+
+
+def test_no_intact_checkpoint_is_a_clear_error(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert train(run_dir, "trainer.iterations=2") == 0
+    for state in (run_dir / "checkpoints").glob("iter_*/state.pt"):
+        state.write_bytes(b"")
+    capsys.readouterr()
+    assert train(run_dir, "trainer.iterations=3", "resume=true") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"emapg train: error: no intact checkpoint in {run_dir / 'checkpoints'}")
+    assert "iter_000002:" in err and "iter_000001:" in err and "\n" not in err
+
+
+# ---------------------------------------------------------------- write failures
+
+def test_a_write_error_names_the_file_and_is_recorded(tmp_path, monkeypatch, capsys):
+    real = records._append
+
+    def full_disk(path, rows):
+        if Path(path).name == records.METRICS and any(r.get("iteration", 0) >= 2 for r in rows):
+            raise OSError(28, "No space left on device")
+        return real(path, rows)
+
+    monkeypatch.setattr(records, "_append", full_disk)
+    run_dir = tmp_path / "run"
+    assert train(run_dir, "trainer.iterations=3") == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"emapg train: run failed: cannot write the run record {run_dir / 'metrics.jsonl'}: "
+                   "No space left on device")
+    state, error = records.read_status(run_dir)
+    assert state == "failed" and "No space left on device" in error
+    assert [r["iteration"] for r in records.read_metrics(run_dir)] == [0, 1]
+
+
+def test_when_even_the_status_cannot_be_written_the_run_reads_as_crashed(tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "run"
+    real_append, real_write = records._append, records.atomic_write
+
+    def gone(*args):
+        raise OSError(30, "Read-only file system")
+
+    def append(path, rows):
+        if any(r.get("iteration", 0) >= 1 for r in rows):  # the disk goes read-only after iteration 0
+            monkeypatch.setattr(records, "atomic_write", gone)
+            gone()
+        return real_append(path, rows)
+
+    monkeypatch.setattr(records, "_append", append)
+    assert train(run_dir, "trainer.iterations=2") == 1
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines()[-1].endswith("Read-only file system") and "Traceback" not in err
+    monkeypatch.setattr(records, "atomic_write", real_write)
+    assert records.read_status(run_dir)[0] == "running"  # nothing more could be written
+    assert records.read_state(run_dir, now=time.time() + records.STALE_S + 1) == "crashed"
+
+
+def test_the_record_keeps_its_heartbeat_while_running(tmp_path, monkeypatch):
+    monkeypatch.setattr(records, "HEARTBEAT_S", 0.05)
+    rec = records.RunRecord.create(tmp_path / "run", {"seed": 0})
+    status = tmp_path / "run" / "status"
+    os.utime(status, (0, 0))
+    deadline = time.monotonic() + 10
+    while status.stat().st_mtime == 0:
+        assert time.monotonic() < deadline, "no heartbeat"
+        time.sleep(0.01)
+    rec.finish()
+    os.utime(status, (0, 0))
+    time.sleep(0.3)
+    assert status.stat().st_mtime == 0  # stopped with the run
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "finished"
