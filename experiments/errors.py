@@ -38,6 +38,9 @@ class RunInterrupted(Exception):
         super().__init__(message)
         self.signame, self.run_dir = signame, run_dir
 
+    def __reduce__(self):  # crosses process boundaries intact (a sweep trial's Ray worker -> Tune)
+        return type(self), (str(self), self.signame, self.run_dir)
+
 
 class Terminated(BaseException):
     """SIGTERM outside the trainer's own handler (e.g. while the model loads): like KeyboardInterrupt."""

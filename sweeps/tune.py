@@ -604,8 +604,9 @@ def _timing(spec: Spec, sweep_dir: Path, rows: list[dict], wall: float, slots: i
          "overhead_fraction": round(1 - train / (wall * slots), 4) if wall > 0 else None}
     (sweep_dir / "timing.json").write_text(json.dumps(t, indent=1) + "\n")
     if progress:
-        n = {s: sum(r["status"] == s for r in rows) for s in ("finished", "stopped", "failed")}
-        print(f"{spec.name}: {n['finished']} finished, {n['stopped']} stopped early, {n['failed']} failed of {len(rows)} "
+        n = {s: sum(r["status"] == s for r in rows) for s in ("finished", "stopped", "failed", "interrupted", "crashed")}
+        others = "".join(f", {n[s]} {s}" for s in ("interrupted", "crashed") if n[s])
+        print(f"{spec.name}: {n['finished']} finished, {n['stopped']} stopped early, {n['failed']} failed{others} of {len(rows)} "
               f"trials in {wall:.0f}s (training {train:.0f}s over {slots} slot(s); orchestration overhead "
               f"{t['overhead_fraction']:.0%})\n  {sweep_dir / 'sweep.csv'}", flush=True)
 

@@ -8,6 +8,7 @@ summary.json, checkpoints/iter_<N>/ + latest), calls `callback` the way experime
 
 Behaviour knobs ride in `task.knobs` (free-form for the config; the fake never loads a task):
     sleep: seconds per iteration    fail_at: raise at this iteration (before its metrics), fail_times times
+    interrupt_at: end as `interrupted` (RunInterrupted) at this iteration, once
     same_call_ckpt: pass each checkpoint with its own iteration's metrics instead (the other ordering)
 The score grows with the iteration and is set by algo.anchor.tau (+ a small seed effect), so a
 sweep's ranking is known in advance: higher tau is better.
@@ -53,6 +54,13 @@ def fake_run(cfg, callback=None) -> dict:
         time.sleep(float(knobs.get("sleep", 0.0)))
         marker = sweep_dir / "failures" / f"{cfg.sweep.trial_id}"
         failures = len(marker.read_text()) if marker.exists() else 0
+        if knobs.get("interrupt_at") == it and failures < 1:  # SIGTERM'd after the previous checkpoint
+            from experiments.errors import RunInterrupted
+
+            marker.parent.mkdir(exist_ok=True)
+            marker.write_text("x")
+            (run_dir / "status").write_text("interrupted\ninterrupted by SIGTERM\n")
+            raise RunInterrupted(f"interrupted by SIGTERM after iteration {it - 1}", "SIGTERM", str(run_dir))
         if knobs.get("fail_at") == it and failures < int(knobs.get("fail_times", 1)):
             marker.parent.mkdir(exist_ok=True)
             marker.write_text("x" * (failures + 1))

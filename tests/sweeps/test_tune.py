@@ -175,6 +175,21 @@ def test_failing_trial_is_retried_from_its_last_checkpoint(local_ray, tmp_path):
     assert bad["status"] == "failed" and "injected failure at iteration 3" in bad["error"]
 
 
+def test_an_interrupted_trial_is_listed_as_such_and_resume_continues_it(local_ray, tmp_path):
+    """A trial whose run was SIGTERM'd (status interrupted, no retries left) is `interrupted` in sweep.csv,
+    not `failed`; --resume continues it from its checkpoint."""
+    spec = parse(fake_spec("stop", iterations=5, max_failures=0,
+                           space={"task.knobs": {"grid": [{"sleep": 0.05, "interrupt_at": 3}]}}))
+    out = T.run_sweep(spec, tmp_path / "stop", trainable=sweep_fakes.fake_run, report=False)
+    (row,) = rows(out)
+    assert row["status"] == "interrupted" and "interrupted by SIGTERM after iteration 2" in row["error"]
+    T.run_sweep(spec, out, resume=True, trainable=sweep_fakes.fake_run, report=False)
+    (row,) = rows(out)
+    assert row["status"] == "finished" and record_iterations(out, row["trial_id"]) == list(range(6))
+    its = executed(out)[row["trial_id"]]
+    assert its[:3] == [0, 1, 2] and its[3] >= 2 and its[-1] == 5  # continued from a checkpoint
+
+
 def test_killed_driver_resumes_without_rerunning_finished_trials(local_ray, tmp_path):
     """SIGKILL the sweep driver while trial 3 of 4 runs; `--resume` finishes the sweep."""
     spec_path = tmp_path / "kill.yaml"
