@@ -40,12 +40,15 @@ def _train(argv: list[str]) -> int:
     from experiments.run import run
 
     cfg = build.compose(argv)
-    if threading.current_thread() is threading.main_thread():  # SIGTERM unwinds like Ctrl-C (records: interrupted)
-        signal.signal(signal.SIGTERM, raise_terminated)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, raise_terminated) if main_thread else None  # unwinds like Ctrl-C
     try:
         summary = run(cfg)
     except RunInterrupted as e:  # one line + how to continue
         raise RunInterrupted(f"{e}\nresume with: {resume_command(argv, e)}", e.signame, e.run_dir) from None
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     keys = sorted(k for k in summary if k.startswith(("eval/", "eval_anchor/")) and not k.startswith("best_"))
     for k in keys:
         print(f"{k:40s} {summary[k]:.4f}")

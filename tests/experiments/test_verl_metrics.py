@@ -248,3 +248,28 @@ def test_the_last_tick_comes_after_the_work_ended_even_when_it_ends_during_a_tic
 
     assert _in_thread(work, tick, every_s=0.0) == 7
     assert seen[0] is False and seen[-1] is True  # the last tick saw everything the work did
+
+
+@pytest.mark.parametrize("stop, code", [(KeyboardInterrupt(), 130), ("SIGTERM", 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_verl_run_is_interrupted_not_failed(fake_verl, tmp_path, monkeypatch, capsys, stop, code):
+    """Ctrl-C or SIGTERM (experiments.errors.Terminated, raised by the CLI's handler) while verl runs:
+    verl's workers are stopped, the steps it logged are kept, the record says interrupted."""
+    from experiments.cli import main
+    from experiments.errors import Terminated
+
+    stopped = []
+    monkeypatch.setattr("ema_pg_core.verl.failures.stop_run", lambda: stopped.append(True))
+    real = fake_verl.run_config
+
+    def run_config(run):
+        real(run)
+        raise Terminated(stop) if isinstance(stop, str) else stop
+
+    fake_verl.run_config = run_config
+    sys.modules["ema_pg_core.verl.main"].run_config = run_config
+    assert main(["train", "experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}/run", "logger=none"]) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"run_dir={tmp_path}/run resume=true" in err
+    state, message = read_status(tmp_path / "run")
+    assert state == "interrupted" and "verl's last checkpoint" in message
+    assert [r["iteration"] for r in read_metrics(tmp_path / "run")] == [1, 2] and stopped == [True]
