@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ema_pg_core.advantages import ADVANTAGES
 from ema_pg_core.kl import ALIASES, KL_ESTIMATORS, LOSS_AGG, TAILS
 
 
@@ -90,7 +91,8 @@ class LossConfig:
         _choice("algo.loss.agg", self.agg, list(LOSS_AGG))
 
 
-ADVANTAGE_MODES = ("grpo", "dr_grpo")
+ADVANTAGE_MODES = tuple(ADVANTAGES)
+"""``algo.adv.mode`` values: the estimators registered in ``ema_pg_core.advantages.ADVANTAGES``."""
 
 
 @dataclass

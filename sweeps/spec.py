@@ -5,7 +5,9 @@
     print(table(spec))                      # what `emapg sweep X.yaml --dry-run` prints
     spec.overrides_for(point, seed)         # the Hydra overrides of one trial (experiments.build.compose)
 
-A sweep YAML (only `name`, `base` and `metric` are required; defaults shown):
+A sweep YAML (only `name`, `base` and `metric` are required). The values below are examples; every
+default is a field default of `Spec` (and `Scheduler`) below, the one place `parse` reads them from
+(``SPEC_DEFAULTS``):
 
     name: quickstart                  # directory name (outputs/sweeps/<name>) and W&B group
     base:
@@ -17,18 +19,18 @@ A sweep YAML (only `name`, `base` and `metric` are required; defaults shown):
       algo.anchor.tau: {uniform: [0.8, 1.0]}                  # uniform / loguniform: [low, high]
       algo.anchor.period: {int: [1, 20]}                      # int: [low, high], both inclusive
       algo.kl.type,algo.kl.tail: {grid: [[k3, none], [topk_reverse, paper]]}  # keys varied together
-    seeds: [0]                        # every point runs once per seed (or put `seed` in space)
-    search: grid                      # grid | random | optuna, or {type: optuna, seed: 0}
-    scheduler: none                   # none | {type: asha, grace_period: 1, reduction_factor: 2,
-                                      #         time_attr: training_iteration, max_t: null (= iterations)}
+    seeds: [0, 1, 2]                  # every point runs once per seed (or put `seed` in space)
+    search: {type: optuna, seed: 7}   # grid | random | optuna, or {type: ..., seed: the sampler's seed}
+    scheduler: {type: asha, grace_period: 2}  # none | asha, or {type: asha, ...the Scheduler fields}
+                                      # (max_t: null = trainer.iterations)
     metric: eval/math_tiny/acc        # a key the runs log (docs/run-record.md), or best_<key>
     mode: max                         # max | min
-    budget: {num_samples: 1, time_budget_s: null}   # samples per seed (random/optuna); wall-clock cap
-    resources: {cpu: 1, gpu: 0}       # per trial; a local trial sets trainer.threads to its CPUs
-    max_concurrent: null              # trials at once (null: as many as the resources allow)
+    budget: {num_samples: 4, time_budget_s: 3600}   # samples per seed (random/optuna); wall-clock cap
+    resources: {cpu: 2, gpu: 0}       # per trial; a local trial sets trainer.threads to its CPUs
+    max_concurrent: 4                 # trials at once (null: as many as the resources allow)
     backend: local                    # local | verl (a verl trial reserves only its CPUs; verl claims GPUs)
-    max_failures: 1                   # retries of a failing trial, each from its last checkpoint
-    max_trials: 10000                 # refuse a sweep of more trials (grid points x seeds x num_samples)
+    max_failures: 2                   # retries of a failing trial, each from its last checkpoint
+    max_trials: 500                   # refuse a sweep of more trials (grid points x seeds x num_samples)
 
 A key given twice in one mapping is an error (plain YAML would keep the last). The trial count is
 computed from the axis sizes before anything is enumerated; over `max_trials` the spec is refused.
@@ -46,18 +48,21 @@ import itertools
 import math
 import re
 import shlex
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ema_pg_core.overrides import hydra_value
 
 KINDS = ("grid", "choice", "uniform", "loguniform", "int")
 SEARCHES = ("grid", "random", "optuna")
 SCHEDULERS = ("none", "asha")
 BACKENDS = ("local", "verl")
 SET_BY_SWEEP = ("run_dir", "out_root", "resume", "sweep.name", "sweep.trial_id", "logger.group", "logger.tags")
-# Keys every run logs (docs/run-record.md + ema_pg_core.local.trainer); eval keys are per task below.
+# Keys every run logs (docs/run-record.md); eval keys are per task below. Both equal what one iteration
+# of ema_pg_core.local.trainer logs (tests/sweeps/test_run_metrics.py).
 RUN_METRICS = (
     "train/reward", "train/reward_std", "train/response_len", "train/turns", "train/entropy", "train/lr",
     "train/grad_norm", "loss/pg", "loss/total", "loss/clip_frac", "loss/dual_clip_frac", "loss/approx_kl",
@@ -108,6 +113,10 @@ class Scheduler:
 
 @dataclass(frozen=True)
 class Spec:
+    """A validated sweep spec. The field defaults are the YAML's defaults (``SPEC_DEFAULTS``, read by
+    ``parse``). Fields named unlike their YAML key: experiment, overrides = base.*; search_seed =
+    search.seed; num_samples, time_budget_s = budget.*; cpu, gpu = resources.*."""
+
     name: str
     metric: str
     experiment: str | None = None
@@ -139,8 +148,10 @@ class Spec:
             fixed["seed"] = seed
         tags = [f"sweep:{self.name}"] + [f"{k.rsplit('.', 1)[-1]}={v}"[:64] for k, v in point.items()]
         fixed.update({"backend": self.backend, "sweep.name": self.name, "logger.group": self.name, "logger.tags": tags})
-        # a dict value (e.g. task.knobs) is merged into the config's dict: Hydra's `++` adds keys in struct mode
-        return ([f"experiment={exp}"] if exp else []) + [f"{'++' if isinstance(v, dict) else ''}{k}={hydra_value(v)}"
+        # a dict value (e.g. task.knobs) is merged into the config's dict: Hydra's `++` adds keys in struct mode;
+        # strings in double quotes: the dry-run line shell-quotes each override in single quotes
+        text = {k: hydra_value(v, quote='"') for k, v in fixed.items()}
+        return ([f"experiment={exp}"] if exp else []) + [f"{'++' if isinstance(v, dict) else ''}{k}={text[k]}"
                                                          for k, v in fixed.items()]
 
     @property
@@ -152,6 +163,10 @@ class Spec:
     def num_trials(self) -> int:
         """len(trials(self)), from the axis sizes alone (nothing enumerated)."""
         return math.prod(len(p.values) for p in self.space if p.kind == "grid") * len(self.seed_axis) * self.num_samples
+
+
+SPEC_DEFAULTS = {f.name: f.default for f in fields(Spec) if f.default is not MISSING}
+"""The default of every optional key, by Spec field: the one home ``parse`` reads."""
 
 
 # ---------------------------------------------------------------------------- loading
@@ -212,19 +227,22 @@ def parse(data: Any, check_config: bool = True) -> Spec:
     _known(budget, ("num_samples", "time_budget_s"), "budget.")
     resources = _mapping(data.get("resources") or {}, "resources")
     _known(resources, ("cpu", "gpu"), "resources.")
-    search, search_seed = _search(data.get("search", "grid"))
+    d = SPEC_DEFAULTS
+    search, search_seed = _search(data.get("search", d["search"]))
+    concurrent = data.get("max_concurrent", d["max_concurrent"])
     spec = Spec(
         name=name, metric=_metric_syntax(data["metric"]), experiment=base.get("experiment"), overrides=dict(overrides),
-        space=_space(data.get("space"), overrides), seeds=_seeds(data.get("seeds", [0])), search=search,
-        search_seed=search_seed, scheduler=_scheduler(data.get("scheduler", "none")),
-        mode=_one_of("mode", data.get("mode", "max"), ("max", "min")),
-        num_samples=_int("budget.num_samples", budget.get("num_samples", 1), 1),
-        time_budget_s=_number("budget.time_budget_s", budget.get("time_budget_s"), 0, none_ok=True),
-        cpu=_number("resources.cpu", resources.get("cpu", 1), 0), gpu=_number("resources.gpu", resources.get("gpu", 0), 0, zero_ok=True),
-        max_concurrent=None if data.get("max_concurrent") is None else _int("max_concurrent", data["max_concurrent"], 1),
-        backend=_one_of("backend", data.get("backend", "local"), BACKENDS),
-        max_failures=_int("max_failures", data.get("max_failures", 1), 0),
-        max_trials=_int("max_trials", data.get("max_trials", MAX_TRIALS), 1), raw=data,
+        space=_space(data.get("space"), overrides), seeds=_seeds(data.get("seeds", list(d["seeds"]))), search=search,
+        search_seed=search_seed, scheduler=_scheduler(data.get("scheduler", d["scheduler"].type)),
+        mode=_one_of("mode", data.get("mode", d["mode"]), ("max", "min")),
+        num_samples=_int("budget.num_samples", budget.get("num_samples", d["num_samples"]), 1),
+        time_budget_s=_number("budget.time_budget_s", budget.get("time_budget_s", d["time_budget_s"]), 0, none_ok=True),
+        cpu=_number("resources.cpu", resources.get("cpu", d["cpu"]), 0),
+        gpu=_number("resources.gpu", resources.get("gpu", d["gpu"]), 0, zero_ok=True),
+        max_concurrent=None if concurrent is None else _int("max_concurrent", concurrent, 1),
+        backend=_one_of("backend", data.get("backend", d["backend"]), BACKENDS),
+        max_failures=_int("max_failures", data.get("max_failures", d["max_failures"]), 0),
+        max_trials=_int("max_trials", data.get("max_trials", d["max_trials"]), 1), raw=data,
     )
     _check_search(spec)
     _check_size(spec)
@@ -233,10 +251,10 @@ def parse(data: Any, check_config: bool = True) -> Spec:
 
 def _search(value) -> tuple[str, int | None]:
     if isinstance(value, str):
-        return _one_of("search", value, SEARCHES), 0
+        return _one_of("search", value, SEARCHES), SPEC_DEFAULTS["search_seed"]
     value = _mapping(value, "search")
     _known(value, ("type", "seed"), "search.")
-    seed = value.get("seed", 0)
+    seed = value.get("seed", SPEC_DEFAULTS["search_seed"])
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise SpecError(f"search.seed={seed!r} must be an integer (the sampler seed) or null")
     return _one_of("search.type", value.get("type"), SEARCHES), seed
@@ -547,26 +565,6 @@ def table(spec: Spec) -> str:
 
 
 # ---------------------------------------------------------------------------- helpers
-def hydra_value(v) -> str:
-    """A Python value as a Hydra override value (strings quoted unless plain identifiers)."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(hydra_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{hydra_value(x)}" for k, x in v.items()) + "}"
-    s = str(v)
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-./+]*", s) and s.lower() not in ("true", "false", "null", "nan", "inf"):
-        return s
-    # Hydra's quoted strings: only backslashes before a quote (or at the end) are escapes
-    s = re.sub(r'(\\*)"', lambda m: m.group(1) * 2 + '\\"', s)
-    return '"' + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, s) + '"'
-
-
 def _fmt(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(list(v) if isinstance(v, tuple) else v)
 

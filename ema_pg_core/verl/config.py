@@ -19,15 +19,14 @@ no fused kernels) are emitted as overrides and re-checked at launch (``check_ver
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
 from ema_pg_core.config import AdvantageConfig, AnchorConfig, KLConfig, LossConfig
 from ema_pg_core.kl import get_estimator
+from ema_pg_core.overrides import hydra_value
 
 TRAINER_MODE = "emapg_sync"
 """Name under which ``ema_pg_core.verl.trainer`` registers its V1 trainer."""
@@ -95,6 +94,16 @@ class EmaPGSection:
     def to_dict(self) -> dict[str, Any]:
         return {"kl": asdict(self.kl), "anchor": asdict(self.anchor), "loss": asdict(self.loss),
                 **{k: getattr(self, k) for k in SECTION_SCALARS}}
+
+    @classmethod
+    def from_config(cls, node: Any) -> "EmaPGSection":
+        """From the ``emapg`` node of a composed verl config (an OmegaConf node, resolved here; the trainer's
+        ``config.emapg`` and the workers' ``actor_rollout_ref.emapg``) or a plain mapping."""
+        if not isinstance(node, dict):
+            from omegaconf import OmegaConf  # the verl side only: this module imports no omegaconf
+
+            node = OmegaConf.to_container(node, resolve=True)
+        return cls.from_dict(node)
 
 
 def uses_topk(kl: KLConfig) -> bool:
@@ -233,11 +242,11 @@ def to_verl(run: Mapping[str, Any]) -> VerlJob:
     algo = run.get("algo", {})
     vs = VerlSettings(**(run.get("backend", {}).get("verl") or {}))
     metrics = os.path.join(run["run_dir"], "verl_metrics.jsonl") if run.get("run_dir") else None
-    section = EmaPGSection.from_dict({"kl": algo.get("kl", {}), "anchor": algo.get("anchor", {}), "loss": algo.get("loss", {}),
-                                      "metrics_path": metrics, "mask_truncated": vs.mask_truncated,
-                                      "device": TrainerConfig(**run.get("trainer", {})).device})
+    tr = TrainerConfig(**run.get("trainer", {}))
+    section = EmaPGSection.from_dict({**{k: algo.get(k, {}) for k in ("kl", "anchor", "loss")}, "metrics_path": metrics,
+                                      "mask_truncated": vs.mask_truncated, "device": tr.device})
     adv = AdvantageConfig(**algo.get("adv", {}))
-    ro, opt, tr = RolloutConfig(**run.get("rollout", {})), OptimConfig(**run.get("optim", {})), TrainerConfig(**run.get("trainer", {}))
+    ro, opt = RolloutConfig(**run.get("rollout", {})), OptimConfig(**run.get("optim", {}))
     model_path = (run.get("model") or {}).get("path")
     if not model_path:
         raise ValueError("the verl backend needs model.path (an HF model id or directory)")
@@ -258,7 +267,7 @@ def to_verl(run: Mapping[str, Any]) -> VerlJob:
         o[f"{T}default_local_dir"] = vs.checkpoint_dir
     o.update(_device_keys(section.device, vs))
     o.update(_logger(run))
-    return VerlJob([f"{k}={fmt(v)}" for k, v in o.items()] + list(vs.overrides), section.to_dict())
+    return VerlJob([f"{k}={hydra_value(v)}" for k, v in o.items()] + list(vs.overrides), section.to_dict())
 
 
 def _algorithm_keys(section: EmaPGSection, adv: AdvantageConfig) -> dict[str, Any]:
@@ -356,42 +365,27 @@ def _logger(run: Mapping[str, Any]) -> dict[str, Any]:
     return {"trainer.logger": loggers, "trainer.project_name": lg.get("project", "emapg"), "trainer.experiment_name": name}
 
 
-def fmt(v: Any) -> str:
-    """A Hydra override value: JSON-like scalars/lists; strings quoted only when Hydra needs it."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(fmt(x) for x in v) + "]"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    s = str(v)
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_./@+-]*", s) and s not in ("null", "true", "false"):
-        return s
-    return json.dumps(s) if "'" in s else f"'{s}'"
-
-
 def _dotted(prefix: str, d: Mapping[str, Any]) -> list[str]:
     out = []
     for k, v in d.items():
         if isinstance(v, Mapping):
             out += _dotted(f"{prefix}.{k}", v)
         else:
-            out.append(f"{prefix}.{k}={fmt(v)}")
+            out.append(f"{prefix}.{k}={hydra_value(v)}")
     return out
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], EmaPGSection]:
-    """(verl overrides, validated emapg section) from ``main``'s argv (``emapg.a.b=v`` -> section)."""
-    import yaml
+    """(verl overrides, validated emapg section) from ``main``'s argv (``emapg.a.b=v`` -> section). Values are
+    read by Hydra's override parser, the reader ``hydra_value`` writes for (YAML would read 1e-05 as a string)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     verl_args, section = [], {}
     for arg in argv:
         if arg.startswith(("emapg.", "+emapg.")):
             key, _, value = arg.lstrip("+").partition("=")
             parts = key.split(".")[1:]
-            parsed = yaml.safe_load(value) if value != "" else None
+            parsed = OverridesParser.create().parse_override(f"key={value}").value() if value != "" else None
             if len(parts) == 1 and parts[0] in SECTION_SCALARS:
                 section[parts[0]] = parsed
             elif len(parts) == 2:

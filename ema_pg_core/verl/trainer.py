@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ray
 import torch
-from omegaconf import OmegaConf, open_dict
+from omegaconf import open_dict
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -76,7 +76,7 @@ class EmaPGTrainerSync(PPOTrainerSync):
     """``PPOTrainerSync`` with the EMA anchor and Top-k KL passes (see the module docstring)."""
 
     def __init__(self, config):
-        self.emapg = EmaPGSection.from_dict(OmegaConf.to_container(config.emapg, resolve=True))
+        self.emapg = EmaPGSection.from_config(config.emapg)
         check_verl(config, self.emapg)
         with open_dict(config):
             config.actor_rollout_ref.emapg = config.emapg  # workers receive actor_rollout_ref only

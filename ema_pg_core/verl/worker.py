@@ -129,11 +129,9 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        from omegaconf import OmegaConf
-
         if "emapg" not in self.config:
             raise ValueError("actor_rollout_ref.emapg is missing: launch through ema_pg_core.verl.main (trainer emapg_sync)")
-        section = EmaPGSection.from_dict(OmegaConf.to_container(self.config.emapg, resolve=True))
+        section = EmaPGSection.from_config(self.config.emapg)
         if self.role != "actor_rollout_ref":
             raise ValueError(f"EMA-PG needs the actor and a separate reference in one worker (role actor_rollout_ref); "
                              f"got role {self.role!r}. LoRA (ref_in_actor) has no separate reference to average.")

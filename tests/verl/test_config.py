@@ -1,11 +1,11 @@
 """Run config -> verl launch (``ema_pg_core.verl.config.to_verl``).
 
-- golden: the paper's math (8k stage) and search runs (ema-pg.md §4) compile to the committed
+- golden: the paper's math (8k stage) and search runs (the authors' released scripts) compile to the committed
   command lines in golden/*.cmd.txt (regenerate with EMAPG_UPDATE_GOLDEN=1 and review the diff);
 - the shipped presets (experiments/conf/experiment/*deepscaler*, *search_r1*) and the shipped GPU
   sweeps compile to exactly those launches: the golden run configs are hand transcriptions of
-  ema-pg.md §4, written independently of the presets;
-- the hyperparameters of ema-pg.md §4 appear in the compiled launch (spot checks, by hand);
+  the released scripts' hyperparameters, written independently of the presets;
+- those hyperparameters appear in the compiled launch (spot checks, by hand);
 - [verl] the compiled overrides compose against verl 0.9.1's ppo_trainer, every section verl turns
   into a dataclass instantiates without unknown-key errors, and verl's validate_config accepts it.
 
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ema_pg_core.verl.config import EmaPGSection, fmt, split_argv, to_verl, topk_passes
+from ema_pg_core.overrides import hydra_value
+from ema_pg_core.verl.config import EmaPGSection, split_argv, to_verl, topk_passes
 
 GOLDEN = Path(__file__).parent / "golden"
 RUNS = sorted(p.name[: -len(".run.yaml")] for p in GOLDEN.glob("*.run.yaml"))
@@ -169,7 +170,12 @@ def test_split_argv_and_formatting():
         split_argv(["emapg.bogus=1"])
     with pytest.raises(ValueError, match="unknown emapg.kl"):
         EmaPGSection.from_dict({"kl": {"kk": 1}})
-    assert [fmt(v) for v in (None, True, 1e-6, [0.9, 0.95], "a b", "x")] == ["null", "true", "1e-06", "[0.9,0.95]", "'a b'", "x"]
+    from omegaconf import OmegaConf  # the trainer's and the workers' emapg node: interpolations resolved
+
+    node = OmegaConf.create({"tau": 0.8, "emapg": {"anchor": {"tau": "${tau}"}, "kl": {"type": "k3"}}}).emapg
+    assert EmaPGSection.from_config(node) == EmaPGSection.from_dict({"anchor": {"tau": 0.8}, "kl": {"type": "k3"}})
+    assert [hydra_value(v) for v in (None, True, 1e-6, [0.9, 0.95], "a b", "x", "True")] == [
+        "null", "true", "1e-06", "[0.9,0.95]", "'a b'", "x", "'True'"]
 
 
 @pytest.mark.verl
