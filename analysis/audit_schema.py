@@ -7,7 +7,7 @@ data; analysis only renders it and never imports the core. The records are one d
       "estimator_table": [ESTIMATOR_FIELDS rows],   # KL-estimator table + bias figure
       "topk_sweep":      [TOPK_FIELDS rows],        # variance vs k, k = 0 ... |V|
       "anchor_horizon":  [HORIZON_FIELDS rows],     # EMA half-life / time constant vs tau, period
-      "stability_grid":  [STABILITY_FIELDS rows],   # toy quadratic model (ema-pg.md §1.2, [OWN])
+      "stability_grid":  [STABILITY_FIELDS rows],   # our toy quadratic model (docs/algorithm.md)
       "meta":            {...}                      # optional: seed, vocab sizes, n draws, ...;
     }                                               # shown as provenance in the index
 

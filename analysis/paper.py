@@ -1,21 +1,22 @@
 """The paper's reported numbers that could be verified, each with its source tag.
 
-Paper: Zhang & Ba, "EMA Policy Gradient", arXiv 2602.04417 v1. Only the numbers of
-/work/shared/spec/ema-pg.md §5.1 are here: the abstract's. The body's tables (every other
-benchmark, the averages, the ablations) were not readable, so a table cell that the paper's
-body would hold is shown as unavailable ("—"); nothing is filled in or guessed.
+Paper: Zhang & Ba, "EMA Policy Gradient", arXiv 2602.04417 v1 (https://arxiv.org/abs/2602.04417).
+Only the numbers stated in its abstract are here. The body's tables (every other benchmark, the
+averages, the ablations) were not readable, so a table cell that the paper's body would hold is
+shown as unavailable ("—"); nothing is filled in or guessed.
 
-Source tags (ema-pg.md, "Source tags"):
+Source tags (each number names where it was read):
     [ABS]  the paper abstract (api.emergentmind.com/papers/2602.04417, sciencestack.ai/paper/2602.04417)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SOURCES = {"[ABS]": "abstract of arXiv 2602.04417 v1 (ema-pg.md §5.1)"}
+SOURCES = {"[ABS]": "abstract of arXiv 2602.04417 v1"}
 SETTINGS = {
-    "math": "R1-distilled Qwen-1.5B (DeepScaleR recipe); math pass@1 protocol UNVERIFIED (ema-pg.md §4.3)",
-    "search": "Qwen2.5-3B base, Search-R1 style; greedy exact match (ema-pg.md §4.3)",
+    "math": "R1-distilled Qwen-1.5B (DeepScaleR recipe); math pass@1 protocol UNVERIFIED "
+            "(the released code has three; experiments/tasks/math.py, PROTOCOLS)",
+    "search": "Qwen2.5-3B base, Search-R1 style; greedy exact match (the released evaluation)",
 }
 
 

@@ -15,7 +15,8 @@ What `report` writes (per task; whatever the logged metrics support, the rest is
     <task>_curve_<benchmark>.{png,pdf}   policy and EMA-anchor eval vs iteration
     <task>_dynamics.{png,pdf}            KL value and anchor drift vs iteration
     <task>_ablation_<knob>.{png,pdf}     final metric vs τ / period / k / KL type
-    index.md, index.html, provenance.json
+    index.md, index.html, provenance.json  the front page: per task its tables inline and its figures,
+                                         the provenance once per section (collapsed); then all runs
 
 Numbers use finished runs only unless `include_incomplete`; the excluded runs are listed.
 This module never imports the core: `main_figures` receives the audit records from its caller.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -36,6 +38,8 @@ from analysis.figures import (ablation, anchor_horizon, estimator_bias, learning
 from analysis.index import Output, run_provenance, write_index
 
 Built = tuple[list[Output], list[str]]   # (outputs written, notes on what was skipped and why)
+REPS = 2000
+"""Bootstrap resamples behind every CI of a report (`report`, `report_frames`, `emapg report --reps`)."""
 ABLATION_KNOBS = ("anchor_tau", "anchor_period", "kl_k", "kl_type", "kl_tail", "kl_coef")
 # audit record key -> (figure module, file stem, index title)
 FIGURE_RENDERERS = (
@@ -48,7 +52,7 @@ FIGURE_RENDERERS = (
 
 # ---------------------------------------------------------------- emapg report
 
-def report(runs_dir: str | Path, out_dir: str | Path, *, reps: int = 1000, seed: int = 0,
+def report(runs_dir: str | Path, out_dir: str | Path, *, reps: int = REPS, seed: int = 0,
            include_incomplete: bool = False) -> list[Path]:
     """Load every run record below `runs_dir` and write the report into `out_dir`."""
     runs, metrics = load.load_runs(runs_dir)
@@ -61,15 +65,15 @@ def report(runs_dir: str | Path, out_dir: str | Path, *, reps: int = 1000, seed:
 
 def report_frames(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path, *,
                   evals: pd.DataFrame | None = None, source: str = "", sweep_metric: str | None = None,
-                  reps: int = 1000, seed: int = 0, include_incomplete: bool = False) -> list[Path]:
+                  reps: int = REPS, seed: int = 0, include_incomplete: bool = False) -> list[Path]:
     """The report from already loaded frames (analysis.load.load_runs or load_wandb)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     outputs: list[Output] = []
     skipped: list[str] = []
     rt = tables.runs_table(runs)
-    outputs.append(Output("table", "All runs with status", tables.write_table(rt, out),
-                          run_provenance(runs), rt.cells))
+    all_runs = Output("table", "All runs with status", tables.write_table(rt, out), run_provenance(runs),
+                      rt.cells, section="All runs")  # last on the front page, after the results
     keep = runs if include_incomplete else runs[runs["complete"].astype(bool)]
     excluded = runs[~runs["run_id"].isin(keep["run_id"])]
     if len(excluded):
@@ -92,8 +96,9 @@ def report_frames(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path
         for build in (_task_tables, _task_curves, _task_ablations):
             o, s = build(task, t_runs, t_metrics, t_evals, out, reps=reps, seed=seed,
                          sweep_metric=sweep_metric)
-            outputs += o
+            outputs += [replace(x, section=task) for x in o]
             skipped += s
+    outputs.append(all_runs)
     n = runs["status"].value_counts().to_dict()
     header = [f"Source: {source or 'frames'}; {len(runs)} runs found ("
               + ", ".join(f"{v} {k}" for k, v in sorted(n.items())) + ").",
@@ -119,11 +124,11 @@ def _task_tables(task: str, runs: pd.DataFrame, metrics: pd.DataFrame, evals: pd
     else:
         t = tables.tiny_table(runs, task, reps=reps, seed=seed)
         title = f"{task}: policy acc, pass@1 and anchor acc per method"
-    outputs.append(Output("table", title, tables.write_table(t, out), run_provenance(runs), t.cells))
+    outputs.append(Output("table", title, tables.write_table(t, out), run_provenance(runs), t.cells, notes=t.notes))
     if evals is not None and not evals.empty:
         pk = tables.passk_table(evals, task, reps=reps, seed=seed)
         outputs.append(Output("table", f"{task}: unbiased pass@k (policy and anchor)",
-                              tables.write_table(pk, out), run_provenance(runs), pk.cells))
+                              tables.write_table(pk, out), run_provenance(runs), pk.cells, notes=pk.notes))
     else:
         skipped.append(f"{task}: no evals.jsonl; no pass@k table")
     return outputs, skipped
@@ -189,12 +194,13 @@ def figures(records: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
     if "estimator_table" in frames:
         t = tables.estimator_table(frames["estimator_table"], meta)
         outputs.append(Output("table", "KL estimators: bias, variance, memory", tables.write_table(t, out),
-                              prov, t.cells))
+                              prov, t.cells, section="Audit records", notes=t.notes))
     for key, module, stem, title in FIGURE_RENDERERS:
         if key not in frames:
             skipped.append(f"{key}: not in the audit records")
             continue
-        outputs.append(Output("figure", title, style.save(module.make(frames[key]), out / stem), prov))
+        outputs.append(Output("figure", title, style.save(module.make(frames[key]), out / stem), prov,
+                              section="Audit records"))
     index = write_index(out, "emapg figures (no training)",
                         ["Computed by ema_pg_core.audit (exact enumeration / Monte Carlo); rendered by analysis."],
                         outputs, skipped)
@@ -215,7 +221,7 @@ def main_report(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="emapg report", description=main_report.__doc__)
     p.add_argument("runs_dir", nargs="?", help="a run, sweep or tree of run records")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--reps", type=_positive, default=2000, help="bootstrap resamples (default 2000)")
+    p.add_argument("--reps", type=_positive, default=REPS, help=f"bootstrap resamples (default {REPS})")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--include-incomplete", action="store_true", help="use unfinished runs in numbers")
     p.add_argument("--wandb-project", help="read runs from W&B instead of a directory (needs network)")

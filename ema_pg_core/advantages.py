@@ -1,4 +1,4 @@
-"""GRPO group advantages (ema-pg.md §3). One registry, ``ADVANTAGES``.
+"""GRPO group advantages (docs/algorithm.md, "Group advantages"). One registry, ``ADVANTAGES``.
 
 Each response gets its scalar outcome reward R; within its group (same prompt id):
     grpo:    A = (R - mean_g) / (std_g + eps), std unbiased (N - 1), as verl's norm_adv_by_std_in_grpo

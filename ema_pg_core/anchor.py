@@ -1,4 +1,4 @@
-"""The EMA anchor (ema-pg.md §1.1): theta_ema <- tau * theta_ema + (1 - tau) * theta.
+"""The EMA anchor (docs/algorithm.md, "The EMA anchor"): theta_ema <- tau * theta_ema + (1 - tau) * theta.
 
 ``tau`` is the paper's eta (the weight on the old anchor). The update runs after the policy
 update of iterations period, 2*period, ... (iterations count rollout batches from 1, as in the

@@ -17,8 +17,9 @@ tests: z ~ N(0, 1), anchor zr = z + 0.7 N(0, 1), pi_old zo = z + 0.5 N(0, 1), on
 "Bias" is the max over seeds of |E[value] - KL| and of max_i |E[grad] - grad KL|_i, where KL is
 the exact KL of the estimator's direction; a verdict is "unbiased" when the bias is < 1e-8.
 
-The anchor horizon and the stability region are arithmetic on ema-pg.md §1.1 and the [OWN] toy
-quadratic model of §1.2 (ours, not the paper's theorem). Imports only torch, numpy and the core.
+The anchor horizon and the stability region are arithmetic on the EMA rule and on a toy quadratic
+model of our own (not the paper's theorem): docs/algorithm.md, "Horizon" and "Stability of a toy
+model". Imports only torch, numpy and the core.
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ def topk_sweep(V: int = 16, ks: Sequence[int] | None = None, directions: Sequenc
 
 
 # --------------------------------------------------------------------------------------
-# EMA anchor horizon (ema-pg.md §1.1): one update every P iterations with weight tau on the old anchor
+# EMA anchor horizon (docs/algorithm.md, "Horizon"): one update every P iterations, weight tau on the old anchor
 # --------------------------------------------------------------------------------------
 def half_life(tau: float, period: int) -> float:
     """Iterations until a policy snapshot's weight in the anchor halves: P ln(1/2) / ln(tau)."""
@@ -216,7 +217,7 @@ def anchor_horizon(taus: Sequence[float] = (0.5, 0.7, 0.8, 0.85, 0.9, 0.925, 0.9
 
 
 # --------------------------------------------------------------------------------------
-# Stability of the [OWN] toy model (ema-pg.md §1.2): quadratic reward, quadratic KL, EMA every step
+# Stability of our toy model (docs/algorithm.md): quadratic reward, quadratic KL, EMA every step
 # --------------------------------------------------------------------------------------
 def iteration_matrix(alpha, a, beta_c, eta) -> np.ndarray:
     """(..., 2, 2) M with (e, e_ema)' = M (e, e_ema), errors relative to theta*.
@@ -272,5 +273,5 @@ def records(V: int = 16, k: int = 4, seeds: Iterable[int] = range(8)) -> dict:
         "stability_grid": stability_grid(),
         "meta": {"vocab_size": V, "k": k, "n_distributions": len(seeds), "sampling": "on-policy",
                  "method": "exact enumeration, float64", "bytes_at": f"V={BYTES_VOCAB}, K={BYTES_K}, fp32 + int64",
-                 "stability_model": "toy quadratic, ema-pg.md §1.2 [OWN], a=1"},
+                 "stability_model": "toy quadratic (ours, not the paper's theorem), a=1"},
     }

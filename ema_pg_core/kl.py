@@ -15,7 +15,7 @@ w = pi_ref(p)/pi(p), s = sg(pi(p)/pi_old(p)) the importance weight (optionally c
 "Reverse" is KL(pi || pi_ref), "forward" KL(pi_ref || pi); pi_ref is the (EMA) anchor.
 
 What each estimator's expectation is (exact enumeration in tests/core/test_kl.py; the paper's
-Table 1, plus the Top-k estimators):
+Table 1, plus the Top-k estimators; derivations in docs/algorithm.md):
 
     name           direction  E[value]          E[grad]
     k1             reverse    KL                0                     (gradient biased)

@@ -1,4 +1,4 @@
-"""PPO clipped surrogate (+ clip-higher, dual clip) + beta * KL - c_ent * entropy (ema-pg.md §3).
+"""PPO clipped surrogate (+ clip-higher, dual clip) + beta * KL - c_ent * entropy (docs/algorithm.md).
 
 Per token, with rho = exp(clamp(log pi - log pi_old, -20, 20)) and advantage A:
     pg     = max(-A * rho, -A * clip(rho, 1 - eps_low, 1 + eps_high))

@@ -1,4 +1,4 @@
-"""Config -> core objects. The only place Hydra/OmegaConf meets ema_pg_core (style.md #9).
+"""Config -> core objects. The only place Hydra/OmegaConf meets ema_pg_core (docs/architecture.md).
 
     compose(overrides)   the composed, validated DictConfig (Hydra compose API)
     validate(cfg)        every section -> its dataclass (raises ValueError before any work)
@@ -9,9 +9,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -81,10 +79,14 @@ def schema_keys() -> list[str]:
 
 
 def group_options() -> dict[str, list[str]]:
-    """Config groups and their options (experiments/conf/<group>/*.yaml), e.g. {"task": ["math", ...]}."""
+    """Config groups and their options (experiments/conf/<group>/*.yaml), e.g. {"task": ["math", ...]};
+    the task options are every registered task (schema.register stores those without a YAML file)."""
+    from experiments.tasks import TASKS
+
     root = Path(__file__).parent / "conf"
-    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(root.iterdir())
-            if d.is_dir() and not d.name.startswith(("_", "verl"))}
+    groups = {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(root.iterdir())
+              if d.is_dir() and not d.name.startswith(("_", "verl"))}
+    return {**groups, "task": sorted(set(groups.get("task", [])) | set(TASKS))}
 
 
 def local_config(cfg: DictConfig) -> LocalConfig:
@@ -122,44 +124,10 @@ def validate(cfg: DictConfig) -> LocalConfig:
 
 
 # ------------------------------------------------------------------------------ tasks
-@dataclass
-class ToolEnvAdapter:
-    """The trainer's ToolEnv on top of a task module with STOP_STRINGS + tool_response(text, env)."""
-
-    module: Any
-    env: Any
-
-    @property
-    def stop(self) -> str:
-        return self.module.STOP_STRINGS[0]
-
-    def respond(self, response_so_far: str) -> str | None:
-        return self.module.tool_response(response_so_far, self.env)
-
-
-@dataclass
-class TaskAdapter:
-    """The trainer's Task protocol on top of a task module (loader, prompt, reward, evaluate)."""
-
-    name: str
-    module: Any
-    train: list
-    test: list
-    env: ToolEnvAdapter | None = None
-
-    def prompt(self, example) -> str:
-        return self.module.prompt(example)
-
-    def reward(self, example, response: str) -> float:
-        return float(self.module.reward(example, response))
-
-    def evaluate(self, example, response: str) -> int:
-        return int(self.module.evaluate(example, response))
-
-
-def task(cfg: DictConfig) -> TaskAdapter:
-    """Load the seeded train/test splits and the task's environment (by capability: STOP_STRINGS)."""
-    from experiments.tasks import get_task
+def task(cfg: DictConfig):
+    """The task the trainer consumes (experiments.tasks.TaskAdapter): the seeded train/test splits and
+    the task's environment (by capability: STOP_STRINGS)."""
+    from experiments.tasks import TaskAdapter, ToolEnvAdapter, get_task
 
     mod = get_task(cfg.task.name)
     knobs = OmegaConf.to_container(cfg.task.knobs, resolve=True)
@@ -168,7 +136,7 @@ def task(cfg: DictConfig) -> TaskAdapter:
     env = None
     if mod.STOP_STRINGS:
         if cfg.task.retriever_url:
-            from experiments.tasks.retriever import HTTPRetriever
+            from experiments.retrieval.service import HTTPRetriever
 
             env = ToolEnvAdapter(mod, HTTPRetriever(cfg.task.retriever_url))
         else:

@@ -69,7 +69,7 @@ def _pretrain(argv: list[str]) -> int:
 
 
 def _retriever(argv: list[str]) -> int:
-    from experiments.tasks.retriever import main
+    from experiments.retrieval.cli import main
 
     return main(argv) or 0
 

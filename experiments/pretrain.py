@@ -10,12 +10,12 @@ result is an HF checkpoint (`AutoModelForCausalLM` / `AutoTokenizer` load it) in
 `<cache_dir>/<task>-<hash of the resolved config>/`; a directory with the completion marker is
 reused, so the warm start is built once per config, whoever asks for it.
 
-The calibrated defaults (`CALIBRATED`) leave the model neither hopeless nor solved on held-out
+The calibrated defaults (each task module's `PRETRAIN`) leave the model neither hopeless nor solved on held-out
 problems (target 15-60%, greedy and sampled at temperature 1) so that RL has room to improve: SFT
 stops as soon as greedy accuracy on validation problems (train split, held out from SFT) reaches
 `target_acc`, which is robust to seeds and hardware where a fixed step count is not (the tiny
 model's accuracy jumps within a few hundred steps, at a seed-dependent time). The measured
-numbers are in the `CALIBRATED` comments.
+numbers are in the `PRETRAIN` docstrings.
 
 Simplifications compared with the paper: the paper starts from pretrained Qwen models; here a
 ~0.5M-parameter char-level Qwen2 gets about a minute of SFT on synthetic demonstrations.
@@ -93,22 +93,9 @@ class PretrainConfig:
             raise ValueError(f"unknown pretrain model key(s) {unknown}; allowed: {', '.join(allowed)}")
 
 
-# Calibrated per task: SFT stops when greedy validation accuracy reaches target_acc, which lands
-# held-out accuracy in the 15-60% band whatever the seed; `steps` is only a cap. Measured on 100
-# test problems, greedy / sampled (temperature 1, mean of 4 samples), pretrain seeds 0, 1, 2:
-#   math_tiny:   stops at 780/520/540 steps; greedy .31/.37/.32, sampled .245/.30/.23;
-#                seed 0 takes 38 s on 2 idle CPU threads.
-#   search_tiny: stops at 320/360/320 steps; greedy .36/.43/.37, sampled .19/.26/.20;
-#                seed 0 takes ~80 s on 2 idle CPU threads (170 s on a loaded machine).
-CALIBRATED: dict[str, dict[str, Any]] = {
-    "math_tiny": dict(steps=2000, target_acc=0.35, eval_every=20, batch_size=32, lr=3e-3),
-    "search_tiny": dict(steps=800, target_acc=0.35, eval_every=20, batch_size=16, lr=3e-3),
-}
-
-
 def resolve(task: str, **overrides) -> PretrainConfig:
-    """The calibrated config of `task` with `overrides` applied."""
-    values = {**CALIBRATED.get(task, {}), **overrides}
+    """The calibrated config of `task` (its module's `PRETRAIN`) with `overrides` applied."""
+    values = {**get_task(task).PRETRAIN, **overrides}
     cfg = make_knobs(PretrainConfig, "pretrain", {"task": task, **values})
     # Canonical form (every knob and model argument spelled out) so equal configs hash equally.
     cfg.knobs = asdict(make_knobs(get_task(task).Knobs, task, cfg.knobs))
@@ -258,7 +245,7 @@ def pretrain(task: str = "math_tiny", model_cfg: dict | None = None, steps: int 
              progress: bool = True, **overrides) -> Path:
     """Path of the warm-started HF checkpoint for this config; trains it only if not cached.
 
-    Unset arguments take the task's calibrated values (`CALIBRATED`); `overrides` set other
+    Unset arguments take the task's calibrated values (its `PRETRAIN`); `overrides` set other
     `PretrainConfig` fields (target_acc, eval_every, val_size, pool, weight_decay). The checkpoint lives in
     `cache_dir/<task>-<config hash>/` and counts as built once `pretrain.json` is in it. Training
     happens in a temporary sibling directory renamed into place, so concurrent callers (sweep

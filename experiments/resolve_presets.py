@@ -2,7 +2,7 @@
 
     python -m experiments.resolve_presets
 
-The snapshots are committed, so any change to a default shows up in the diff (style.md #8);
+The snapshots are committed, so any change to a default shows up in the diff;
 tests/experiments/test_resolved.py fails while they are stale. Interpolations such as the cache
 directory's ``${oc.env:...}`` are kept unresolved so the files are machine-independent.
 """

@@ -8,6 +8,7 @@ themselves in ``__post_init__``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ema_pg_core.config import AlgoConfig, OptimConfig, RolloutConfig, TrainerConfig
@@ -17,7 +18,7 @@ from ema_pg_core.verl.config import VerlSettings
 @dataclass
 class TaskConfig:
     name: str = "math_tiny"
-    """Task in experiments.tasks.TASKS (math_tiny, search_tiny)."""
+    """A task of experiments.tasks.TASKS (a module of experiments/tasks/, by its NAME)."""
     train_size: int = 4000
     """Training problems generated (seeded, disjoint from the test split)."""
     test_size: int = 200
@@ -95,7 +96,19 @@ class RunConfig:
 
 
 def register() -> None:
-    """Register the schema with Hydra's ConfigStore (idempotent)."""
+    """Register the schema with Hydra's ConfigStore (idempotent), and `task=<name>` for every task of
+    experiments.tasks without its own experiments/conf/task/<name>.yaml (that file is needed only for
+    config deltas such as knobs)."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    from experiments.tasks import TASKS
+
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=RunConfig)
+    for name in sorted(set(TASKS) - set(task_yamls())):
+        store.store(group="task", name=name, node={"name": name})
+
+
+def task_yamls() -> list[str]:
+    """Task names with a file experiments/conf/task/<name>.yaml."""
+    return sorted(p.stem for p in (Path(__file__).parent / "conf" / "task").glob("*.yaml"))

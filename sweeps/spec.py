@@ -407,11 +407,10 @@ def check(spec: Spec) -> Spec:
 
 
 def _groups() -> dict[str, list[str]]:
-    """Config groups of experiments/conf and their options."""
+    """Config groups of experiments/conf and their options (every registered task included)."""
     from experiments import build
 
-    conf = Path(build.__file__).parent / "conf"
-    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in conf.iterdir() if d.is_dir() and any(d.glob("*.yaml"))}
+    return build.group_options()
 
 
 def _check_key(where: str, key: str, groups: dict, values: list, base):

@@ -1,4 +1,5 @@
-"""Dependency direction (architecture.md): each package imported alone in a fresh interpreter."""
+"""Dependency direction (docs/architecture.md, "Dependency rules"): each package imported alone in a fresh
+interpreter."""
 
 import subprocess
 import sys
@@ -28,7 +29,21 @@ def _modules(package: str) -> list[str]:
 
 def test_the_walk_reaches_subpackages():
     assert "ema_pg_core.local.trainer" in _modules("ema_pg_core")
-    assert "experiments.tasks.retriever" in _modules("experiments") and "analysis.figures.style" in _modules("analysis")
+    assert "experiments.retrieval.dense" in _modules("experiments") and "analysis.figures.style" in _modules("analysis")
+
+
+def test_retrieval_does_not_import_the_tasks():
+    """Tasks import retrievers, never the reverse: only `emapg retriever serve --task` (retrieval.cli's
+    main) looks a task up, at call time."""
+    mods = _modules("experiments.retrieval")
+    code = (
+        "import importlib, sys\n"
+        f"for m in {mods!r}: importlib.import_module(m)\n"
+        "print(','.join(sorted(n for n in sys.modules if n.startswith('experiments.tasks'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "experiments.retrieval.cli" in mods and out.stdout.strip() == ""
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))

@@ -1,4 +1,4 @@
-"""Stability region of the toy quadratic EMA-PG model (ema-pg.md §1.2 [OWN]; not the paper's theorem)."""
+"""Stability region of our toy quadratic EMA-PG model (docs/algorithm.md; not the paper's theorem)."""
 from __future__ import annotations
 
 from typing import Any

@@ -3,7 +3,7 @@ multi-turn tool loop of Search-R1 (generation stops at the tool's stop string, t
 appends an observation, generation continues; after ``max_turns`` tool calls one final turn).
 
 Shapes: B sequences, L context length. Environment tokens are part of the context but carry
-mask 0, so the PG and KL losses never see them (ema-pg.md §3 "state_masking").
+mask 0, so the PG and KL losses never see them (as Search-R1's "state_masking" does).
 
 Determinism: all randomness comes from the ``generator`` argument (its state is checkpointed by
 the trainer), so a resumed run samples exactly what an uninterrupted run samples. Inputs, KV cache

@@ -1,6 +1,6 @@
 """The embedded backend: EMA-PG (GRPO + EMA anchor + any KL estimator) on one HF causal LM.
 
-One training iteration (ema-pg.md §1-§3), read top to bottom in ``LocalTrainer.step``:
+One training iteration (docs/algorithm.md), read top to bottom in ``LocalTrainer.step``:
     1. rollout: prompts_per_iter prompts x group_size samples (tool loop for tool tasks)
     2. rewards and GRPO group advantages
     3. no-grad passes: pi_old log-probs (+ its top-k indices for reverse Top-k), the anchor's

@@ -5,7 +5,7 @@
     ema_pg_core.verl.config.to_verl(run_cfg) -> VerlJob(overrides, emapg)   # .command() / .shell()
     ema_pg_core.verl.main.run_config(run_cfg)                                # launch in this process
 
-What each file adds to verl:
+What each file adds to verl (how and why, in more detail: docs/verl-plugin.md):
 
     config.py   pure: our algo.* / rollout.* / optim.* / trainer.* keys -> the top-level `emapg:`
                 section + verl Hydra overrides (one function, `to_verl`; golden-tested)

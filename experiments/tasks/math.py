@@ -1,4 +1,4 @@
-r"""math: competition math with a boxed final answer (the paper's DeepScaleR recipe, ema-pg.md §4.1).
+r"""math: competition math with a boxed final answer (the paper's DeepScaleR recipe).
 
 Training set agentica-org/DeepScaleR-Preview-Dataset; benchmarks AIME 2024, AMC (LiveMathBench
 v202412_AMC_en), MATH-500, Minerva and OlympiadBench (OE_TO_maths_en_COMP), loaded with HF
@@ -68,7 +68,7 @@ class Knobs:
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of the paper's schedule (ema-pg.md §4.1); later stages resume the previous one."""
+    """One stage of the paper's released 8k/16k/24k schedule; later stages resume the previous one."""
 
     max_response_length: int
     mask_truncated: bool
@@ -115,7 +115,7 @@ def _gold(value) -> list[str]:
 
 
 def verl_row(source: str, index: int, question: str, gold: list[str], split: str, instruction: str = "") -> dict:
-    """One verl RL-dataset row (verl-0.9.md §1.10): chat prompt, rule reward with the gold answers."""
+    """One verl RL-dataset row (verl's RLHFDataset schema): chat prompt, rule reward with the gold answers."""
     content = question.strip() + (f" {instruction}" if instruction else "")
     return {"data_source": source, "prompt": [{"role": "user", "content": content}], "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": gold},
@@ -217,7 +217,8 @@ class Protocol:
     seed: int | None = None
 
 
-PROTOCOLS = {  # ema-pg.md §4.3; which one the paper used is unverified
+PROTOCOLS = {  # the three in the released code (README, benchmark defaults, in-training); which one
+    # the paper's tables used is unverified
     "readme": Protocol(n=32, temperature=0.8, top_p=0.9, max_tokens=28000, seed=429),  # pass@1 = mean of 32
     "benchmark": Protocol(n=16, temperature=0.6, top_p=0.95, max_tokens=32768),
     "in_training": Protocol(n=8, temperature=1.0, top_p=0.95, max_tokens=8192),

@@ -45,6 +45,11 @@ MAX_TURNS = 0
 """Environment calls per rollout: none."""
 MAX_NEW_TOKENS = 48
 """Recommended per-turn generation budget in tokens (= characters); demonstrations use <= 36."""
+PRETRAIN = dict(steps=2000, target_acc=0.35, eval_every=20, batch_size=32, lr=3e-3)
+"""Calibrated warm start of the tiny model (experiments.pretrain): SFT stops when greedy validation accuracy
+reaches target_acc; steps is only a cap. Measured on 100 test problems, greedy / sampled (temperature 1,
+mean of 4 samples), pretrain seeds 0, 1, 2: stops at 780/520/540 steps; greedy .31/.37/.32, sampled
+.245/.30/.23; seed 0 takes 38 s on 2 idle CPU threads."""
 TEST_BUCKETS = 5
 """1 in TEST_BUCKETS distinct problems (by a hash of the prompt) is test; the rest are train."""
 

@@ -1,4 +1,4 @@
-"""search: Search-R1 question answering with a retriever (the paper's search recipe, ema-pg.md §4.2).
+"""search: Search-R1 question answering with a retriever (the paper's search recipe).
 
 Training set: NQ + HotpotQA train splits; test sets: NQ, TriviaQA, PopQA, HotpotQA, 2WikiMultiHopQA,
 Musique, Bamboogle (their test split, else dev, else train), all from RUC-NLPIR/FlashRAG_datasets
@@ -18,11 +18,11 @@ greedy decoding, EM per data source (`PROTOCOL`).
 
 Tool protocol: generation stops at `</search>`; the environment appends
 `\\n\\n<information>Doc 1(Title: ...) ...</information>\\n\\n` (top-3 passages from `emapg retriever
-serve`, or any `experiments.tasks.retriever.Retriever`); those tokens get no loss.
+serve`, or any `experiments.retrieval.Retriever`); those tokens get no loss.
 
 Simplifications compared with Search-R1: verl 0.9.1 passes only the response to the reward, so one
 `<answer>` span suffices (Search-R1 decodes the prompt too and needs two); group ids are unique per
-prompt (the released code's per-dataset indices collide between NQ and HotpotQA, ema-pg.md §6.9).
+prompt (the released code's per-dataset indices collide between NQ and HotpotQA).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Protocol:
 
 
 PROTOCOL = Protocol()
-"""Greedy decoding, 4 searches of top-3 passages, EM per data source (ema-pg.md §4.3)."""
+"""Greedy decoding, 4 searches of top-3 passages, EM per data source (the released evaluation)."""
 
 
 # ---------------------------------------------------------------- data preparation (verl parquet)
@@ -161,7 +161,7 @@ def tool_response(response_so_far: str, env, k: int = TOPK) -> str | None:
 
 def make_env(**knobs):
     """An HTTP client of `emapg retriever serve` (BM25 or dense, over the Wikipedia corpus)."""
-    from experiments.tasks.retriever import HTTPRetriever
+    from experiments.retrieval.service import HTTPRetriever
 
     return HTTPRetriever(make_knobs(Knobs, NAME, knobs).retriever_url)
 

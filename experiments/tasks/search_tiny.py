@@ -33,8 +33,9 @@ import string
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
+from experiments.retrieval import Retriever
+from experiments.retrieval.bm25 import BM25Retriever
 from experiments.tasks import Example, make_knobs
-from experiments.tasks.retriever import BM25Retriever, Retriever
 
 NAME = "search_tiny"
 STOP = "</search>"
@@ -44,6 +45,11 @@ MAX_TURNS = 3
 """Environment calls per rollout (2-hop questions need 2)."""
 MAX_NEW_TOKENS = 48
 """Recommended per-turn generation budget in tokens (= characters)."""
+PRETRAIN = dict(steps=800, target_acc=0.35, eval_every=20, batch_size=16, lr=3e-3)
+"""Calibrated warm start of the tiny model (experiments.pretrain): SFT stops when greedy validation accuracy
+reaches target_acc; steps is only a cap. Measured on 100 test problems, greedy / sampled (temperature 1,
+mean of 4 samples), pretrain seeds 0, 1, 2: stops at 320/360/320 steps; greedy .36/.43/.37, sampled
+.19/.26/.20; seed 0 takes ~80 s on 2 idle CPU threads (170 s on a loaded machine)."""
 TOPK = 3
 """Passages per search."""
 TEST_BUCKETS = 5

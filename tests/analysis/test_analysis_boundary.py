@@ -1,4 +1,4 @@
-"""analysis never imports torch or the core (style.md convention 15): each module is imported
+"""analysis never imports torch or the core (docs/architecture.md, "Dependency rules"): each module is imported
 in a fresh interpreter and sys.modules is checked."""
 from __future__ import annotations
 

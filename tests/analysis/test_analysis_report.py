@@ -28,6 +28,15 @@ def test_report_on_sweep(sweep_dir, tmp_path):
     assert "math_tiny · math_tiny" not in index                                    # named once
     html = (out / "index.html").read_text()
     assert '<img src="math_tiny_dynamics.png"' in html and "<table" in html
+    # the front page: results first, the main table inline, provenance once per section and collapsed
+    assert index.index("## math_tiny") < index.index("## All runs") < index.index("## Skipped")
+    main_md = (out / "math_tiny_main.md").read_text().split("\n\n", 1)[1]   # the table below the caption
+    assert main_md.splitlines()[0] in index and "| GRPO (k3) — ours, 3 seeds |" in index
+    assert index.count("[^1]") == 2 and index.count("[^2]") == 2 and "[^3]" not in index   # reference + footnote
+    assert index.count("runs (9): math_tiny__") == 1 and index.count("runs (11): math_tiny__") == 1
+    assert html.count("<details") == 2 and html.count("runs (9): math_tiny__") == 1
+    assert html.index("<h2>math_tiny</h2>") < html.index("<h2>All runs</h2>")
+    assert "<td>GRPO (k3) — ours, 3 seeds</td>" in html or "<th>GRPO (k3) — ours, 3 seeds</th>" in html
 
     prov = {o["title"]: o for o in json.loads((out / "provenance.json").read_text())["outputs"]}
     main = prov["math_tiny: policy acc, pass@1 and anchor acc per method"]
@@ -52,7 +61,9 @@ def test_figures(audit_records, tmp_path):
     names = {p.name for p in paths}
     assert {"kl_estimators.md", "kl_estimators.tex", "kl_estimators.csv", "kl_estimators_bias.png",
             "topk_variance.pdf", "anchor_horizon.png", "stability_region.png", "index.html"} <= names
-    assert "vocab_size: 12" in (tmp_path / "index.md").read_text()
+    index = (tmp_path / "index.md").read_text()
+    assert index.count("vocab_size: 12") == 1 and "| topk | reverse | paper | 4 |" in index   # one footnote, inline
+    assert (tmp_path / "index.html").read_text().count("<details") == 1
 
 
 def test_figures_skips_missing_and_rejects_bad_records(audit_records, tmp_path):
@@ -80,7 +91,7 @@ def test_cli_entry_points(sweep_dir, audit_records, tmp_path, capsys):
 
 def test_figures_from_the_core_audit(tmp_path):
     """Integration with ema_pg_core.audit (the test may import the core; analysis may not): the
-    rendered estimator table states the verdicts of ema-pg.md §1.4-1.5 and the core's tests."""
+    rendered estimator table states the verdicts of docs/algorithm.md and the core's tests."""
     from ema_pg_core import audit
 
     paths = report.figures(audit.records(V=8, k=3, seeds=range(3)), tmp_path)
@@ -95,8 +106,18 @@ def test_figures_from_the_core_audit(tmp_path):
     for name in ("k3++", "k4", "k5"):
         assert verdict[(name, None)] == (True, True)
     for direction in ("reverse", "forward"):
-        assert verdict[(f"topk_{direction}", "paper")] == (True, False)        # §1.5 [OWN] caution
+        assert verdict[(f"topk_{direction}", "paper")] == (True, False)        # the paper tail's gradient bias
         assert verdict[(f"topk_{direction}", "unbiased")] == (True, True)
         assert verdict[(f"topk_{direction}", "none")][0] is False              # truncated: value biased
     table = (tmp_path / "kl_estimators.md").read_text()
     assert "| topk_reverse | reverse | paper | 3 |" in table
+
+
+def test_bootstrap_reps_have_one_default(sweep_dir, tmp_path, monkeypatch):
+    import inspect
+
+    for fn in (report.report, report.report_frames):
+        assert inspect.signature(fn).parameters["reps"].default == report.REPS
+    seen = []
+    monkeypatch.setattr(report, "report", lambda runs_dir, out, **kw: seen.append(kw["reps"]) or [])
+    assert report.main_report([str(sweep_dir), "--out", str(tmp_path)]) == 0 and seen == [report.REPS]

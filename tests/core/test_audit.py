@@ -1,4 +1,4 @@
-"""ema_pg_core.audit: the records behind `emapg figures` say what Table 1 and ema-pg.md §1.1-1.5 say."""
+"""ema_pg_core.audit: the records behind `emapg figures` say what the paper's Table 1 and docs/algorithm.md say."""
 
 import math
 
@@ -10,7 +10,7 @@ from ema_pg_core.kl import KL_ESTIMATORS
 
 SEEDS = range(3)  # the figures use 8; three distributions already separate 1e-16 from 1e-2
 
-# (estimator, tail): (value unbiased, gradient unbiased) -- Table 1 (§1.4) and the Top-k tails (§1.5)
+# (estimator, tail): (value unbiased, gradient unbiased) -- Table 1 and the Top-k tails (docs/algorithm.md)
 EXPECTED = {
     ("k1", None): (True, False),  # E[grad] = 0
     ("k2", None): (False, True),  # value is E[(log w)^2 / 2]
@@ -94,7 +94,7 @@ def test_topk_sweep_interpolates_between_sampled_and_exact():
 
 
 def test_anchor_horizon_matches_the_spec_table():
-    """ema-pg.md §1.1, P = 10: tau 0.9 -> half-life 65.8, time constant 100; tau 0.95 -> 135.1, 200."""
+    """docs/algorithm.md, "Horizon", P = 10: tau 0.9 -> half-life 65.8, time constant 100; tau 0.95 -> 135.1, 200."""
     rows = {r["tau"]: r for r in audit.anchor_horizon(taus=(0.9, 0.95, 1.0), periods=(10,))}
     assert rows[0.9]["half_life"] == pytest.approx(65.8, abs=0.05) and rows[0.9]["time_constant"] == pytest.approx(100)
     assert rows[0.95]["half_life"] == pytest.approx(135.1, abs=0.05) and rows[0.95]["time_constant"] == pytest.approx(200)

@@ -89,7 +89,7 @@ def exact(z, zr, direction):
 
 
 # --------------------------------------------------------------------------------------
-# Table 1 (ema-pg.md §1.4): which estimator is unbiased in value / gradient, on-policy
+# The paper's Table 1 (docs/algorithm.md): which estimator is unbiased in value / gradient, on-policy
 # --------------------------------------------------------------------------------------
 TABLE1 = {  # name: (value unbiased, gradient unbiased) for its direction
     "k1": (True, False),
@@ -134,7 +134,7 @@ def test_k2_value_is_half_mean_squared_log_ratio():
 
 
 # --------------------------------------------------------------------------------------
-# Top-k (§1.5): values unbiased; paper tails biased in gradient by +/- grad(mass); unbiased tails exact
+# Top-k (docs/algorithm.md): values unbiased; paper tails biased in gradient by +/- grad(mass); unbiased tails exact
 # --------------------------------------------------------------------------------------
 KS = [0, 1, 5, V]
 
@@ -222,7 +222,7 @@ def test_importance_weight_clip_bounds():
 
 
 # --------------------------------------------------------------------------------------
-# Sanity properties (style.md #5)
+# Sanity properties
 # --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(KL_ESTIMATORS))
 def test_kl_of_distribution_with_itself_is_zero(name):
@@ -257,7 +257,7 @@ def test_k3_clamps():
     v = kl_per_token("k3", x)
     assert v.item() == 10.0
     (g,) = torch.autograd.grad(v.sum(), logp)
-    assert g.item() == 0.0  # clamp active -> zero gradient (ema-pg.md §6.16)
+    assert g.item() == 0.0  # clamp active -> zero gradient (as verl's low_var_kl)
 
 
 # --------------------------------------------------------------------------------------

@@ -13,9 +13,11 @@ import httpx
 import pytest
 import torch
 
-from experiments.tasks import dense_retriever as D
-from experiments.tasks import retriever
-from experiments.tasks.retriever import DenseRetriever, main, running_server
+from experiments.retrieval import cli
+from experiments.retrieval import dense as D
+from experiments.retrieval.cli import main
+from experiments.retrieval.dense import DenseRetriever
+from experiments.retrieval.service import running_server
 
 DOCS = [
     "Bara Kovin was born in Tesmo.",
@@ -169,7 +171,7 @@ def test_cli_index_then_serve_with_index_matches_in_process(tiny, tmp_path, monk
     out = str(tmp_path / "e5_Flat.index")
     main(["index", "--corpus", corpus, "--out", out, "--model", tiny[0], "--batch-size", "3"])
     served = []
-    monkeypatch.setattr(retriever, "serve", lambda env, host, port: served.append(env))
+    monkeypatch.setattr(cli, "serve", lambda env, host, port: served.append(env))
     main(["serve", "--corpus", corpus, "--retriever", "e5", "--model", tiny[0], "--index", out, "--port", "0"])
     (env,) = served
     assert env.backend == "faiss"
@@ -221,7 +223,7 @@ def test_cli_serves_e5_over_a_corpus_file_on_loopback(tiny, tmp_path, monkeypatc
             body = httpx.post(f"{url}/retrieve", json={"queries": QUERIES, "topk": 3}).json()
         answers.append((env, health, body))
 
-    monkeypatch.setattr(retriever, "serve", serve_and_ask)
+    monkeypatch.setattr(cli, "serve", serve_and_ask)
     main(["serve", "--corpus", corpus, "--retriever", "e5", "--model", tiny[0], "--port", "0"])
     (env, health, body), = answers
     assert health == {"status": "ok", "num_docs": len(DOCS)}

@@ -4,7 +4,9 @@ import httpx
 import pytest
 
 from experiments.tasks import search_tiny as S
-from experiments.tasks.retriever import BM25Retriever, HTTPRetriever, main, running_server
+from experiments.retrieval.bm25 import BM25Retriever
+from experiments.retrieval.cli import main
+from experiments.retrieval.service import HTTPRetriever, running_server
 
 DOCS = ["Bara Kovin was born in Tesmo.", "Bara Kovin works as a baker.", "Lemi Kovin was born in Arvo.",
         "Tesmo is a city in Valdoria."]
@@ -65,20 +67,20 @@ def test_cli_rejects_tasks_without_a_retriever():
 def test_cli_serves_bm25_over_a_corpus_file(tmp_path, monkeypatch):
     import json
 
-    from experiments.tasks import retriever
+    from experiments.retrieval import cli, load_corpus
 
     wiki = tmp_path / "wiki-18.jsonl"  # Search-R1 / FlashRAG corpus format
     wiki.write_text("".join(json.dumps({"id": str(i), "contents": c}) + "\n" for i, c in enumerate(
         ['"Eiffel Tower"\nThe Eiffel Tower is in Paris.', '"Big Ben"\nBig Ben is a bell in London.'])) + "\n")
     served = []
-    monkeypatch.setattr(retriever, "serve", lambda env, host, port: served.append((env, host, port)))
+    monkeypatch.setattr(cli, "serve", lambda env, host, port: served.append((env, host, port)))
     main(["serve", "--corpus", str(wiki), "--port", "0"])
     (env, host, _), = served
     assert host == "127.0.0.1" and len(env.docs) == 2
     assert env.search("where is the eiffel tower", k=1) == ['"Eiffel Tower"\nThe Eiffel Tower is in Paris.']
     lines = tmp_path / "passages.txt"
     lines.write_text("alpha beta\n\ngamma delta\n")
-    assert retriever.load_corpus(str(lines)) == ["alpha beta", "gamma delta"]
+    assert load_corpus(str(lines)) == ["alpha beta", "gamma delta"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"contents": "ok"}\n{"text": "no contents"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2: expected a JSON object with a 'contents' field"):

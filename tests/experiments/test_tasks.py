@@ -8,7 +8,7 @@ from experiments.tasks import TASKS, Example, get_task
 from experiments.tasks import math_tiny as M
 from experiments.tasks import search_tiny as S
 
-TINY = ["math_tiny", "search_tiny"]
+TINY = sorted(n for n in TASKS if n.endswith("_tiny"))  # synthetic, offline; the others need prepared data
 
 
 def test_registry_lists_valid_names_on_error():
@@ -18,13 +18,48 @@ def test_registry_lists_valid_names_on_error():
         get_task("gsm8k_tiny")
 
 
-@pytest.mark.parametrize("task", TINY)
+@pytest.mark.parametrize("task", sorted(TASKS))
 def test_every_task_implements_the_interface(task):
     t = get_task(task)
-    for name in ("load", "prompt", "extract_answer", "evaluate", "reward", "demonstration", "make_env",
-                 "tool_response", "Knobs", "STOP_STRINGS", "MAX_TURNS", "MAX_NEW_TOKENS"):
+    for name in ("load", "prompt", "evaluate", "reward", "demonstration", "make_env", "tool_response",
+                 "Knobs", "STOP_STRINGS", "MAX_TURNS", "MAX_NEW_TOKENS", "PRETRAIN"):
         assert hasattr(t, name), f"{task} lacks {name}"
     assert (t.MAX_TURNS > 0) == bool(t.STOP_STRINGS)
+
+
+def test_a_task_is_one_module_the_rest_has_defaults():
+    """Discovery registers every module of experiments/tasks; a module with only the required members
+    gets the single-turn defaults, and one that lacks a required member is refused by name."""
+    import types
+    from dataclasses import dataclass
+
+    from experiments import tasks
+
+    assert set(TASKS) == {"math", "math_tiny", "search", "search_tiny"}
+    assert TINY == ["math_tiny", "search_tiny"]
+
+    @dataclass(frozen=True)
+    class Knobs:
+        size: int = 1
+
+    mod = types.ModuleType("experiments.tasks.echo")
+    mod.NAME, mod.Knobs, mod.MAX_NEW_TOKENS = "echo", Knobs, 8
+    mod.load = lambda split, n, seed=0, **knobs: [Example(f"echo/{i}", str(i), str(i)) for i in range(n)]
+    mod.prompt = lambda ex: ex.prompt
+    mod.evaluate = lambda ex, response: int(response == ex.answer)
+    tasks.register(mod)
+    ex = mod.load("test", 1)[0]
+    assert (mod.STOP_STRINGS, mod.MAX_TURNS, mod.PRETRAIN) == ((), 0, {})
+    assert mod.reward(ex, "0") == 1.0 and mod.reward(ex, "1") == 0.0
+    assert mod.make_env(size=2) is None and mod.tool_response("0", None) is None
+    with pytest.raises(ValueError, match="unknown echo knob"):
+        mod.make_env(colour=1)
+    with pytest.raises(NotImplementedError, match="echo has no demonstrations"):
+        mod.demonstration(ex)
+    bad = types.ModuleType("experiments.tasks.bad")
+    bad.NAME, bad.STOP_STRINGS = "bad", ("</x>",)
+    with pytest.raises(TypeError, match="lacks Knobs, MAX_NEW_TOKENS, load, prompt, evaluate, MAX_TURNS, make_env"):
+        tasks.register(bad)
 
 
 @pytest.mark.parametrize("task", TINY)
@@ -199,3 +234,21 @@ def test_search_two_hop_fraction_and_world_knobs():
         S.load("train", 5, two_hop=1.5)
     with pytest.raises(ValueError, match="only .* questions"):
         S.load("test", 500, n_people=20, n_cities=4, n_countries=2)
+
+
+def test_a_task_without_a_yaml_file_is_a_config_option(monkeypatch):
+    """`task=<name>` composes for a registered task that has no experiments/conf/task/<name>.yaml."""
+    import types
+
+    from hydra.core.config_store import ConfigStore
+
+    from experiments import build, tasks
+
+    monkeypatch.setitem(tasks.TASKS, "echo", types.ModuleType("experiments.tasks.echo"))
+    try:
+        cfg = build.compose(["task=echo", "task.train_size=3"])
+        assert (cfg.task.name, cfg.task.train_size, cfg.task.knobs) == ("echo", 3, {})
+        assert "echo" in build.group_options()["task"]
+        assert build.compose(["task=search_tiny"]).task.name == "search_tiny"   # the YAML file still wins
+    finally:
+        ConfigStore.instance().repo["task"].pop("echo.yaml", None)

@@ -1,4 +1,4 @@
-"""verl-0.9.md §3.3 left unverified whether Top-k tensors added by one worker pass reach the next
+"""Reading verl's source left unverified whether Top-k tensors added by one worker pass reach the next
 pass through verl's V1 TransferQueue. On a local Ray (127.0.0.1) with TransferQueue's SimpleStorage:
 a later put adds a nested (nnz, K) int32 field to existing keys, an unselected get (what a worker's
 fetch does when the trainer passes no field list) returns it intact, and a selected get re-ordered

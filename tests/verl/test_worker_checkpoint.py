@@ -1,5 +1,5 @@
-"""The worker subclass's methods on real CPU engines (the worker built outside Ray, as
-verl-0.9.md §3.6 suggests; ``init_model`` itself builds a vLLM rollout and needs GPUs):
+"""The worker subclass's methods on real CPU engines (the worker built outside Ray:
+``init_model`` itself builds a vLLM rollout and needs GPUs):
 
 - ``update_ref_ema`` mixes the reference (anchor) towards the actor exactly like ``ema_update_``;
 - ``save_checkpoint`` -> ``load_checkpoint`` round-trips the policy and the anchor (and the

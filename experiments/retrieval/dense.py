@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from experiments.tasks.retriever import _check_k, check_file
+from experiments.retrieval import check_file, check_k
 
 DEFAULT_MODEL = "intfloat/e5-base-v2"
 QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "
@@ -151,7 +151,8 @@ class E5Encoder:
         """(B, D) embeddings of `prefix + text`, `batch_size` texts at a time (a tqdm bar if `progress`)."""
         from experiments.progress import bar as progress_bar
 
-        with progress_bar(len(texts), "encoding", unit="passage", show=progress and len(texts) > self.batch_size) as bar:
+        show = progress and len(texts) > self.batch_size
+        with progress_bar(len(texts), "encoding", unit="passage", show=show) as bar:
             for start in range(0, len(texts), self.batch_size):
                 chunk = [prefix + t for t in texts[start:start + self.batch_size]]
                 yield self.encode_batch(chunk)
@@ -230,7 +231,7 @@ class DenseRetriever:
 
     def scored_search(self, queries: Sequence[str], k: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
         """Scores (Q, k') and doc ids (Q, k') of the best k' = min(k, len(docs)) passages per query."""
-        _check_k(k)
+        check_k(k)
         if not queries:
             return torch.empty(0, 0), torch.empty(0, 0, dtype=torch.long)
         with self._lock:

@@ -1,0 +1,130 @@
+"""`emapg retriever serve|index`: serve a task's corpus or a corpus file over HTTP, or build an e5 FAISS
+index (usage in experiments.retrieval)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Sequence
+
+import yaml
+
+from experiments.retrieval import check_file, load_corpus
+from experiments.retrieval.bm25 import BM25Retriever
+from experiments.retrieval.service import DEFAULT_HOST, serve
+
+DESCRIPTION = ("Retrieval for search tasks: one interface, BM25 and e5 dense retrievers, "
+               "an HTTP server/client pair.")
+
+
+RETRIEVERS = ("bm25", "e5")
+E5_FLAGS = ("model", "index", "batch_size")  # argparse dests that apply to --retriever e5 only
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="emapg retriever", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="serve a task's corpus or a corpus file over HTTP (POST /retrieve, GET /health)")
+    p.add_argument("--task", default="search_tiny", help="task whose corpus is served (BM25)")
+    p.add_argument("--corpus", help="serve this file instead (JSONL with 'contents', or one passage per line)")
+    p.add_argument("--retriever", default="bm25", choices=RETRIEVERS,
+                   help="bm25 (default) or e5 (dense; needs --corpus)")
+    p.add_argument("--model", help="e5 only: encoder name or local dir (default: intfloat/e5-base-v2)")
+    p.add_argument("--index", help="e5 only: prebuilt FAISS index of --corpus (e.g. Search-R1's e5_Flat.index)")
+    p.add_argument("--batch-size", type=_positive_int, help="e5 only: texts per encoder batch (default: 64)")
+    p.add_argument("--host", default=DEFAULT_HOST, help="bind address (default: loopback only)")
+    p.add_argument("--port", type=_port, default=8000, help="TCP port, 0-65535 (0: any free port; default 8000)")
+    p.add_argument("knobs", nargs="*", metavar="knob=value", help="task knobs, e.g. n_people=300")
+    p = sub.add_parser("index", help="encode a corpus file with e5 and write a FAISS IndexFlatIP (needs faiss)")
+    p.add_argument("--corpus", required=True, help="JSONL with 'contents', or one passage per line")
+    p.add_argument("--out", required=True, help="the index file to write, e.g. e5_Flat.index")
+    p.add_argument("--model", help="encoder name or local dir (default: intfloat/e5-base-v2)")
+    p.add_argument("--batch-size", type=_positive_int, help="texts per encoder batch (default: 64)")
+    return parser
+
+
+def _check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Flag errors of `serve`, before any corpus or model is loaded."""
+    if args.corpus and args.knobs:
+        parser.error("task knobs do not apply to --corpus")
+    given = [f"--{d.replace('_', '-')}" for d in E5_FLAGS if getattr(args, d) is not None]
+    if args.retriever == "bm25" and given:
+        parser.error(f"{', '.join(given)}: only for --retriever e5 "
+                     f"(--retriever is one of: {', '.join(RETRIEVERS)}; default bm25)")
+    if args.retriever == "e5" and not args.corpus:
+        parser.error("--retriever e5 needs --corpus FILE (JSONL with 'contents', or one passage per line)")
+    if args.index is not None:
+        check_file("--index", args.index)
+        _require_faiss()
+
+
+def _check_index_args(args: argparse.Namespace) -> None:
+    """Flag errors of `index`, before the corpus is read or anything is encoded."""
+    out_dir = os.path.dirname(os.path.abspath(os.path.expanduser(args.out)))
+    if not os.path.isdir(out_dir):
+        raise ValueError(f"--out {args.out!r}: directory {out_dir} does not exist")
+    _require_faiss()
+
+
+def _positive_int(text: str) -> int:
+    if not text.lstrip("-").isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {text!r}")
+    return int(text)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port 0-65535; got {text!r}")
+    return int(text)
+
+
+def _require_faiss() -> None:
+    from experiments.retrieval.dense import import_faiss
+
+    import_faiss()  # ImportError naming the install command
+
+
+def _dense_kwargs(args: argparse.Namespace) -> dict:
+    """DenseRetriever / write_faiss_index keyword arguments from --model and --batch-size."""
+    return {k: v for k, v in (("model", args.model), ("batch_size", args.batch_size)) if v is not None}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`emapg retriever serve ...` or `emapg retriever index ...` (usage in experiments.retrieval)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "index":
+        from experiments.retrieval.dense import write_faiss_index
+
+        _check_index_args(args)
+        docs = load_corpus(args.corpus)
+        write_faiss_index(docs, args.out, **_dense_kwargs(args))
+        print(f"wrote {args.out} ({len(docs)} passages)", flush=True)
+        return
+    _check_serve_args(parser, args)
+    knobs = {}
+    for item in args.knobs:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"knob {item!r} must look like key=value")
+        knobs[key] = yaml.safe_load(value)  # "300" -> 300, "0.5" -> 0.5, "abc" -> "abc"
+    if args.retriever == "e5":
+        from experiments.retrieval.dense import DenseRetriever
+
+        env = DenseRetriever(load_corpus(args.corpus), index_path=args.index, **_dense_kwargs(args))
+        what = f"{args.corpus} with e5 ({env.backend} search)"
+    elif args.corpus:
+        env, what = BM25Retriever(load_corpus(args.corpus)), args.corpus
+    else:
+        from experiments.tasks import get_task
+
+        env, what = get_task(args.task).make_env(**knobs), args.task
+        if env is None or not hasattr(env, "docs"):
+            raise ValueError(f"task {args.task!r} has no local corpus to serve; "
+                             "use --task search_tiny or --corpus FILE")
+    print(f"serving {what} ({len(env.docs)} passages) on http://{args.host}:{args.port}", flush=True)
+    serve(env, args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()
