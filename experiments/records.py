@@ -63,14 +63,24 @@ _clock = time.monotonic  # wall seconds for time_s (a module attribute so tests 
 
 # ---------------------------------------------------------------- ids, hashes, provenance
 
-def make_run_id(task: str, experiment: str, seed: int, now: dt.datetime | None = None) -> str:
-    """`{task}__{experiment}__s{seed}__{YYYYmmdd-HHMMSS}` (local time), e.g.
-    `math_tiny__math_tiny_ema_pg__s1__20260101-120000`."""
-    for what, value in (("task", task), ("experiment", experiment)):
+def make_run_id(task: str, experiment: str, seed: int, now: dt.datetime | None = None,
+                trial_id: str | None = None) -> str:
+    """The name of a run directory, for every backend: `{task}__{experiment}__s{seed}__{YYYYmmdd-HHMMSS}`
+    (local time), e.g. `math_tiny__math_tiny_ema_pg__s1__20260101-120000`; inside a sweep the last part
+    is the Tune trial id instead (`..__s1__7e9a1_00003`), so a restored trial finds its directory again."""
+    last = f"{(now or dt.datetime.now()):%Y%m%d-%H%M%S}" if trial_id is None else str(trial_id)
+    for what, value in (("task", task), ("experiment", experiment), ("trial_id", last)):
         if not value or "__" in value or "/" in value or os.sep in value:
             raise ValueError(f"{what}={value!r} cannot go into a run id: it must be non-empty and contain "
                              "neither '__' (the run id separator) nor a path separator")
-    return f"{task}__{experiment}__s{int(seed)}__{(now or dt.datetime.now()):%Y%m%d-%H%M%S}"
+    return f"{task}__{experiment}__s{int(seed)}__{last}"
+
+
+def find_trial_run(runs_root: str | Path, trial_id: str) -> Path | None:
+    """The run directory of sweep trial `trial_id` below `runs_root` (its run id ends with the trial
+    id, see make_run_id), or None when the trial never started a run."""
+    found = sorted(p for p in Path(runs_root).glob(f"*__{trial_id}") if p.is_dir())
+    return found[0] if found else None
 
 
 def resolved(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
@@ -259,6 +269,37 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+# ---------------------------------------------------------------- final and best values
+
+BEST_PREFIXES = ("eval/", "eval_anchor/")  # accuracies and pass@k: higher is better, so their max is "best"
+
+
+def final_values(rows: list[dict]) -> dict[str, Any]:
+    """{metric: its value at the last iteration that has a finite number for it} (iteration, time_s left out)."""
+    final: dict[str, Any] = {}
+    for row in sorted(rows, key=lambda r: r["iteration"]):
+        final.update({k: v for k, v in row.items() if k not in RESERVED and _is_number(v)})
+    return final
+
+
+def best_values(rows: list[dict], metric: str | None = None, mode: str = "max") -> dict[str, Any]:
+    """The best value of each metric for which "best" means something: the max of every `eval/*` and
+    `eval_anchor/*` metric, and, for a sweep, its `metric` (a `best_` prefix dropped) by its `mode`
+    (min or max). Times, losses, rewards, perf/* have none: whether higher is better is not known."""
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode={mode!r}: expected 'max' or 'min'")
+    key = metric[len("best_"):] if metric and metric.startswith("best_") else metric
+    best: dict[str, Any] = {}
+    for row in rows:
+        for k, v in row.items():
+            if not _is_number(v) or k in RESERVED or (k != key and not k.startswith(BEST_PREFIXES)):
+                continue
+            sign = -1 if k == key and mode == "min" else 1
+            if k not in best or sign * v > sign * best[k]:
+                best[k] = v
+    return best
+
+
 # ---------------------------------------------------------------- the record
 
 class RunRecord:
@@ -385,8 +426,12 @@ class RunRecord:
             try:
                 if exc is None:
                     self.finish()
-                elif isinstance(exc, KeyboardInterrupt) or type(exc).__name__ in ("Terminated", "RunInterrupted"):
-                    self.interrupt(str(exc) or type(exc).__name__)
+                elif isinstance(exc, KeyboardInterrupt):
+                    self.interrupt(str(exc) or "interrupted by SIGINT")
+                elif type(exc).__name__ == "Terminated":
+                    self.interrupt(f"interrupted by {exc}")
+                elif type(exc).__name__ == "RunInterrupted":
+                    self.interrupt(str(exc))
                 else:
                     self.fail(exc)
             except Exception as err:  # keep the original exception; it is re-raised below
@@ -397,15 +442,10 @@ class RunRecord:
 
     # ------------------------------------------------------------ internals
     def summary(self, status: str) -> dict:
-        """The summary as it would be written now (final/best recomputed from metrics.jsonl)."""
-        final: dict[str, Any] = {}
-        best: dict[str, Any] = {}
+        """The summary as it would be written now (final/best recomputed from metrics.jsonl: see
+        `final_values` and `best_values`)."""
         rows = sorted(read_metrics(self.run_dir), key=lambda r: r["iteration"])
-        for row in rows:
-            for k, v in row.items():
-                if k not in RESERVED and _is_number(v):
-                    final[k] = v
-                    best[k] = max(best.get(k, v), v)
+        final, best = final_values(rows), best_values(rows)
         return {
             "run_id": self.run_id, "status": status, "experiment": _dig(self.config, "experiment"),
             "task": _dig(self.config, "task.name"), "seed": _dig(self.config, "seed"),

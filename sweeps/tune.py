@@ -1,21 +1,22 @@
-"""Ray Tune runs a sweep spec. The only module that imports ray (style.md #10).
+"""Ray Tune runs a sweep spec. The only module that imports ray (docs/architecture.md, "Dependency rules").
 
     sweep_dir = run_sweep(spec.load("sweeps/quickstart.yaml"))   # -> outputs/sweeps/quickstart
     run_sweep(spec, sweep_dir, resume=True)                       # finish an interrupted sweep
 
-Each trial is one ``experiments.run.run(cfg, callback)`` (or the injected `trainable`, same
-signature) with the spec's base + point overrides, its seed, and the sweep's bookkeeping keys
-(sweep.name/trial_id, logger.group = the sweep name, tags). The callback reports every training
-iteration to Tune with the checkpoint written at that iteration, so ``training_iteration`` equals
-the run's iteration; a trial restored by Tune (a scheduler's pause, a retry after a failure,
-``--resume``) copies its last reported checkpoint back into its run directory and continues with
-``resume=true``: the iteration counter continues, nothing is retrained.
+Each trial is one ``experiments.run.run(cfg, callback)`` with the spec's base + point overrides, its
+seed, and the sweep's bookkeeping keys (sweep.name/trial_id, logger.group = the sweep name, tags):
+``_trial`` composes the config, ``_restore`` puts back Tune's checkpoint if any, ``run`` trains. The
+callback (``_Reporter``) reports every training iteration to Tune with the checkpoint written at that
+iteration, so ``training_iteration`` equals the run's iteration; a trial restored by Tune (a
+scheduler's pause, a retry after a failure, ``--resume``) copies its last reported checkpoint back
+into its run directory and continues with ``resume=true``: the iteration counter continues, nothing
+is retrained. sweep.csv and timing.json are written by sweeps.results from the run records.
 
 <sweep_dir>/
     sweep.yaml       the spec (analysis.report reads its metric)
-    runs/<run_id>/   one run record per trial; run_id = {task}__{experiment}__s{seed}__{tune trial id}
+    runs/<run_id>/   one run record per trial; run_id = experiments.records.make_run_id(..., trial_id=tune trial id)
     tune/<name>/     Tune's experiment state, results and checkpoints (what --resume restores)
-    sweep.csv        one row per trial: knobs, status, final and best metrics
+    sweep.csv        one row per trial: knobs, status, final and best metrics (sweeps.results)
     timing.json      wall time of this invocation, summed trial training time, orchestration overhead
     report/          analysis.report.report(sweep_dir, ...) when the analysis package is importable
 """
@@ -23,27 +24,22 @@ the run's iteration; a trial restored by Tune (a scheduler's pause, a retry afte
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import logging
 import math
 import os
-import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 import ray
 import yaml
 from ray import tune
 
+from sweeps import results
 from sweeps.spec import Spec, grid_points
 
-# (cfg, callback) -> summary; callback(iteration, metrics, checkpoint dir or None), as experiments.run.run
-Trainable = Callable[[Any, Callable | None], dict]
 TRIAL_INDEX = "__trial_index__"  # set by ray.tune.search.Repeater (optuna x seeds)
 _PRIMITIVE = (str, int, float, bool, type(None))
 
@@ -102,125 +98,96 @@ def describe(spec: Spec, config: dict) -> str:
 
 
 # ---------------------------------------------------------------------------- the trial
-@dataclass(frozen=True)
-class _Job:
-    spec: Spec
-    sweep_dir: str
-    trainable: Trainable | None = None
-
-
-def _run(cfg, callback):
+def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
+    """One trial: compose its config, put back Tune's checkpoint if any, run experiments.run.run."""
+    os.environ.setdefault("EMAPG_PROGRESS", "0")  # no per-trial progress bars in the sweep's output
+    from experiments import build, records
     from experiments.run import run
 
-    return run(cfg, callback=callback)
-
-
-def _trial(config: dict, job: _Job) -> None:
-    """One trial: compose its config, restore Tune's checkpoint if any, train, report."""
-    os.environ.setdefault("EMAPG_PROGRESS", "0")  # no per-trial progress bars in the sweep's output
-    from experiments import build
-
-    spec = job.spec
     point, seed = decode(spec, config)
     trial_id = tune.get_context().get_trial_id()
     cfg = build.compose(spec.overrides_for(point, seed))
-    run_dir = Path(job.sweep_dir) / "runs" / f"{cfg.task.name}__{cfg.experiment}__s{cfg.seed}__{trial_id}"
-    reporter = _Reporter(spec.metric, spec.mode)
-    resumed = _restore(run_dir, reporter)
-    cfg.sweep.trial_id, cfg.run_dir, cfg.resume = trial_id, str(run_dir), resumed
-    (job.trainable or _run)(cfg, reporter)
-    reporter.finish(run_dir)
+    run_dir = Path(sweep_dir) / "runs" / records.make_run_id(cfg.task.name, cfg.experiment, cfg.seed, trial_id=trial_id)
+    carry = _restore(run_dir)
+    cfg.sweep.trial_id, cfg.run_dir, cfg.resume = trial_id, str(run_dir), carry is not None
+    reporter = _Reporter(spec.metric, spec.mode, carry, last=int(cfg.trainer.iterations))
+    run(cfg, callback=reporter)
+    reporter.finish()
 
 
 class _Reporter:
-    """run()'s callback -> tune.report, once per training iteration, with that iteration's checkpoint.
+    """run()'s callback -> one tune.report per training iteration, with the checkpoint written at that
+    iteration (experiments.run passes it with that iteration's metrics; verl runs pass none).
 
-    A checkpoint is matched to its iteration by its directory name (iter_<N>). experiments.run
-    passes each iteration's checkpoint with that iteration's metrics; a caller that hands a
-    checkpoint over one call later is handled too: a report without its checkpoint is held until
-    the next callback (or the end of the run) shows whether one exists for its iteration.
-    Iteration 0 (the evaluation before training) stays in the run record only, which keeps
-    Tune's training_iteration equal to the run's iteration. Tune needs the sweep metric in every
-    result: between evaluations the latest value is carried forward (best_<key> = running best).
+    Iteration 0 (the evaluation before training) stays in the run record only, which keeps Tune's
+    training_iteration equal to the run's iteration. Tune needs the sweep metric in every result:
+    between evaluations the latest value is carried forward, and best_<key> is its running best by the
+    sweep's mode. The carried values ride in each checkpoint's metadata, so a restored trial keeps them.
+    The run's `last` iteration is reported by `finish`, after run() returned: a scheduler that stops the
+    trial there (ASHA at max_t) then finds its run record finished, not cut short.
     """
 
-    def __init__(self, metric: str, mode: str):
-        self.metric, self.sign = metric, (1 if mode == "max" else -1)
+    def __init__(self, metric: str, mode: str, carry: dict | None = None, last: int | None = None):
+        self.metric, self.better = metric, (max if mode == "max" else min)
         self.key = metric[len("best_"):] if metric.startswith("best_") else metric
-        self.carry: dict[str, float] = {}
-        self.pending: tuple[int, dict, dict] | None = None  # (iteration, result, carry at that iteration)
+        self.carry: dict[str, float] = dict(carry or {})
+        self.last, self.held = last, None
 
     def __call__(self, iteration: int, metrics: dict, checkpoint: Path | None) -> None:
         value = metrics.get(self.key)
         if isinstance(value, (int, float)) and not math.isnan(value):
             self.carry[self.key] = float(value)
             best = self.carry.get("best_" + self.key)
-            if best is None or self.sign * value > self.sign * best:
-                self.carry["best_" + self.key] = float(value)
-        ckpt_it = _checkpoint_iteration(checkpoint)
-        if self.pending is not None:
-            owns = checkpoint is not None and ckpt_it in (self.pending[0], None)
-            self._report(*self.pending, checkpoint if owns else None)
-            checkpoint = None if owns else checkpoint
-            self.pending = None
+            self.carry["best_" + self.key] = float(value) if best is None else self.better(best, float(value))
         if iteration == 0:
             return
-        result = {**{k: v for k, v in metrics.items() if isinstance(v, (int, float))}, **self._carried(metrics), "iteration": iteration}
-        if checkpoint is not None and ckpt_it == iteration:
-            self._report(iteration, result, dict(self.carry), checkpoint)
+        result = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        result.update({k: v for k, v in self.carry.items() if k not in metrics}, iteration=iteration)
+        result.setdefault(self.metric, float("nan"))  # never seen yet: NaN passes Tune's metric check
+        if iteration == self.last:
+            self.held = (iteration, result, checkpoint, dict(self.carry))
         else:
-            self.pending = (iteration, result, dict(self.carry))
+            self._report(iteration, result, checkpoint, self.carry)
 
-    def finish(self, run_dir: Path) -> None:
-        """Report the last iteration with the run's final checkpoint (after run() returned)."""
-        if self.pending is None:
-            return
-        latest = run_dir / "checkpoints" / "latest"
-        ckpt = run_dir / "checkpoints" / latest.read_text().strip() if latest.is_file() else None
-        self._report(*self.pending, ckpt if ckpt is not None and _checkpoint_iteration(ckpt) == self.pending[0] else None)
-        self.pending = None
-
-    def _carried(self, metrics: dict) -> dict:
-        out = {k: v for k, v in self.carry.items() if k not in metrics}
-        out.setdefault(self.metric, self.carry.get(self.metric, float("nan")))
-        return out
+    def finish(self) -> None:
+        """Report the last iteration, held until run() returned."""
+        if self.held is not None:
+            self._report(*self.held)
+            self.held = None
 
     @staticmethod
-    def _report(iteration: int, result: dict, carry: dict, checkpoint: Path | None) -> None:
+    def _report(iteration: int, result: dict, checkpoint: Path | None, carry: dict) -> None:
         if checkpoint is None:
             tune.report(result)
             return
         ckpt = tune.Checkpoint.from_directory(str(checkpoint))
-        ckpt.set_metadata({"iteration": iteration, "name": Path(checkpoint).name, "carry": carry})
+        ckpt.set_metadata({"iteration": iteration, "name": Path(checkpoint).name, "carry": dict(carry)})
         tune.report(result, checkpoint=ckpt)
 
 
-def _checkpoint_iteration(path: Path | None) -> int | None:
-    m = re.search(r"(\d+)$", Path(path).name) if path is not None else None
-    return int(m.group(1)) if m else None
+def _restore(run_dir: Path) -> dict | None:
+    """Put Tune's checkpoint of this trial back as the run's latest checkpoint and return the reporter's
+    carried values; None = a fresh start (what an earlier attempt left without a checkpoint is removed)."""
+    from ema_pg_core.local import checkpoints
 
-
-def _restore(run_dir: Path, reporter: _Reporter) -> bool:
-    """Put Tune's checkpoint of this trial back as the run's latest checkpoint; False = fresh start."""
     ckpt = tune.get_checkpoint()
     if ckpt is None:
-        shutil.rmtree(run_dir, ignore_errors=True)  # an earlier attempt that never reported a checkpoint
-        return False
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return None
     meta = ckpt.get_metadata()
-    name, root = meta["name"], run_dir / "checkpoints"
+    root = run_dir / "checkpoints"
+    step = checkpoints.step_dir(root, int(meta["iteration"]))
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".restore_{name}"
+    tmp = root / f".restore_{step.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     ckpt.to_directory(str(tmp))
-    shutil.rmtree(root / name, ignore_errors=True)
-    os.replace(tmp, root / name)
+    shutil.rmtree(step, ignore_errors=True)
+    os.replace(tmp, step)
     for newer in root.glob("iter_*"):  # written after the reported checkpoint by the failed attempt
-        if newer.name > name:
+        if newer.name > step.name:
             shutil.rmtree(newer, ignore_errors=True)
-    (root / ".latest.tmp").write_text(name)  # the trainer's pointer format (LocalTrainer.latest_checkpoint)
-    os.replace(root / ".latest.tmp", root / "latest")
-    reporter.carry = dict(meta.get("carry") or {})
-    return True
+    checkpoints.point_latest(root, step)
+    return dict(meta.get("carry") or {})
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -345,41 +312,36 @@ def _scheduler(spec: Spec):
     return FIFOScheduler()
 
 
-def _tune_config(spec: Spec, scheduler) -> tune.TuneConfig:
+def _tune_config(spec: Spec) -> tune.TuneConfig:
     repeats = len(spec.seed_axis) if spec.search == "optuna" else 1  # Repeater: one Tune trial per seed
     return tune.TuneConfig(metric=spec.metric, mode=spec.mode, search_alg=_search_alg(spec),
-                           scheduler=scheduler or _scheduler(spec), num_samples=spec.num_samples * repeats,
+                           scheduler=_scheduler(spec), num_samples=spec.num_samples * repeats,
                            time_budget_s=spec.time_budget_s)
 
 
 def run_sweep(spec: Spec, sweep_dir: str | Path | None = None, *, resume: bool = False, address: str | None = None,
-              trainable: Trainable | None = None, scheduler=None, num_cpus: int | None = None,
-              progress: bool = True, report: bool = True) -> Path:
-    """Run (or with resume=True finish) the sweep; returns its directory.
-
-    `trainable(cfg, callback)` replaces experiments.run.run (tests); `scheduler` replaces the spec's
-    (any Tune TrialScheduler); `num_cpus` sizes a local Ray (default: all cores).
-    """
+              num_cpus: int | None = None, progress: bool = True, report: bool = True) -> Path:
+    """Run (or with resume=True finish) the sweep; returns its directory. `num_cpus` sizes a local Ray
+    (default: all cores)."""
     sweep_dir = Path(sweep_dir or Path("outputs") / "sweeps" / spec.name).resolve()
     exp_path = sweep_dir / "tune" / spec.name
     _prepare(spec, sweep_dir, exp_path, resume)
     started = _init_ray(address, num_cpus)
     if started and not address:
         _check_fits(spec)
-    if trainable is None:
-        _warm_start(spec)
+    _warm_start(spec)
     # num_to_keep forces a state snapshot whenever a trial has replaced its checkpoints (cheap, and what
     # keeps --resume exact); Tune warns about that on every fast iteration unless told not to.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's legacy reporter is silent at verbose=0; _Progress reports
     try:
         resources = {"cpu": spec.cpu, "gpu": spec.gpu if spec.backend == "local" else 0}  # verl claims its own GPUs
-        fn = tune.with_resources(tune.with_parameters(_trial, job=_Job(spec, str(sweep_dir), trainable)), resources)
+        fn = tune.with_resources(tune.with_parameters(_trial, spec=spec, sweep_dir=str(sweep_dir)), resources)
         if resume:
             _repair_state(exp_path)
             tuner = tune.Tuner.restore(str(exp_path), trainable=fn, resume_errored=True)
         else:
-            tuner = tune.Tuner(fn, param_space=param_space(spec), tune_config=_tune_config(spec, scheduler),
+            tuner = tune.Tuner(fn, param_space=param_space(spec), tune_config=_tune_config(spec),
                                run_config=tune.RunConfig(
                                    name=spec.name, storage_path=str(sweep_dir / "tune"), verbose=0, log_to_file=True,
                                    failure_config=tune.FailureConfig(max_failures=spec.max_failures),
@@ -391,11 +353,11 @@ def run_sweep(spec: Spec, sweep_dir: str | Path | None = None, *, resume: bool =
             tuner.fit()
             wall = time.time() - t0
             trials = tune.ExperimentAnalysis(str(exp_path)).trials
-        rows = write_csv(spec, sweep_dir, trials)
+        rows = results.write_csv(sweep_dir, spec.metric, spec.mode, _known(spec, trials))
     finally:
         if started:
             ray.shutdown()
-    _timing(spec, sweep_dir, rows, wall, slots, progress)
+    results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress)
     unfinished = [t for t in trials if t.status in ("RUNNING", "PENDING", "PAUSED")]
     if unfinished:
         print(f"{spec.name}: {len(unfinished)} trial(s) not finished; continue with: "
@@ -522,93 +484,18 @@ def _prepare(spec: Spec, sweep_dir: Path, exp_path: Path, resume: bool) -> None:
 
 
 # ---------------------------------------------------------------------------- after the sweep
-STATUS = {"TERMINATED": "finished", "ERROR": "failed", "RUNNING": "interrupted", "PENDING": "pending", "PAUSED": "paused"}
-
-
-def write_csv(spec: Spec, sweep_dir: Path, trials) -> list[dict]:
-    """<sweep_dir>/sweep.csv, one row per trial in launch order: trial id, run id, status, knobs, final and best
-    metrics (from the run records)."""
-    key = spec.metric[len("best_"):] if spec.metric.startswith("best_") else spec.metric
-    rows = []
-    for t in sorted(trials, key=_launch_index):
-        point, seed = decode(spec, t.config)
-        found = sorted((sweep_dir / "runs").glob(f"*__{t.trial_id}"))
-        run_dir = found[0] if found else None
-        final, best, summary = _record_metrics(run_dir)
-        status = STATUS.get(t.status, t.status.lower())
-        run_status = _run_status(run_dir)
-        if status == "finished" and run_status not in (None, "finished"):
-            status = "stopped"  # ended early by the scheduler or the time budget
-        elif status == "failed" and run_status in ("interrupted", "crashed"):
-            status = run_status  # SIGTERM/SIGINT or a killed trial process: --resume continues it
-        row = {"trial_id": t.trial_id, "run_id": run_dir.name if run_dir else "", "status": status, **point,
-               **({"seed": seed} if seed is not None else {}),
-               "iterations": (t.last_result or {}).get("training_iteration", 0),
-               "train_time_s": summary.get("train_wall_time_s", summary.get("wall_time_s", final.get("time_s", ""))),
-               f"final/{key}": final.get(key, ""), f"best/{key}": best.get(key, "")}
-        row.update({f"final/{k}": v for k, v in sorted(final.items()) if k != "time_s"})
-        row.update({f"best/{k}": v for k, v in sorted(best.items()) if k != "time_s"})
-        row["error"] = _error_line(t) if t.status == "ERROR" else ""
-        rows.append(row)
-    cols = list(dict.fromkeys(k for r in rows for k in r if k != "error")) + ["error"]
-    tmp = sweep_dir / ".sweep.csv.tmp"
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=cols, restval="")
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, sweep_dir / "sweep.csv")
-    return rows
+def _known(spec: Spec, trials) -> list[results.Trial]:
+    """What Tune knows of each trial, in launch order, for sweeps.results."""
+    return [results.Trial(t.trial_id, t.status, *decode(spec, t.config),
+                          iterations=(t.last_result or {}).get("training_iteration", 0),
+                          error=_error_line(t) if t.status == "ERROR" else "")
+            for t in sorted(trials, key=_launch_index)]
 
 
 def _launch_index(trial) -> float:
     """Tune's trial counter: its experiment tag starts with it ("3_algo.anchor.tau=0.9,...")."""
     head = str(getattr(trial, "experiment_tag", "")).split("_", 1)[0]
     return int(head) if head.isdigit() else math.inf
-
-
-def _run_status(run_dir: Path | None) -> str | None:
-    """The run record's state (experiments.records.read_state: `crashed` for a record left running), or None."""
-    from experiments.records import read_state
-
-    if run_dir is None or not (run_dir / "status").is_file():
-        return None
-    return read_state(run_dir)
-
-
-def _record_metrics(run_dir: Path | None) -> tuple[dict, dict, dict]:
-    """(final, best, summary) of a run record: summary.json when written, else metrics.jsonl."""
-    if run_dir is None:
-        return {}, {}, {}
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
-    final, best = {}, {}
-    if (run_dir / "metrics.jsonl").is_file():
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a trailing partial line of a crashed run
-                continue
-            for k, v in row.items():
-                if k != "iteration" and isinstance(v, (int, float)) and not math.isnan(v):
-                    final[k] = v
-                    best[k] = max(best.get(k, v), v)
-    final.update(summary.get("final") or {})
-    best.update(summary.get("best") or {})
-    return final, best, summary
-
-
-def _timing(spec: Spec, sweep_dir: Path, rows: list[dict], wall: float, slots: int, progress: bool) -> None:
-    """timing.json: overhead = 1 - (summed trial training time) / (wall time x trial slots)."""
-    train = sum(float(r["train_time_s"]) for r in rows if isinstance(r["train_time_s"], (int, float)))
-    slots = max(1, min(slots, len(rows)))
-    t = {"wall_s": round(wall, 2), "trials": len(rows), "slots": slots, "train_s_sum": round(train, 2),
-         "overhead_fraction": round(1 - train / (wall * slots), 4) if wall > 0 else None}
-    (sweep_dir / "timing.json").write_text(json.dumps(t, indent=1) + "\n")
-    if progress:
-        n = {s: sum(r["status"] == s for r in rows) for s in ("finished", "stopped", "failed", "interrupted", "crashed")}
-        others = "".join(f", {n[s]} {s}" for s in ("interrupted", "crashed") if n[s])
-        print(f"{spec.name}: {n['finished']} finished, {n['stopped']} stopped early, {n['failed']} failed{others} of {len(rows)} "
-              f"trials in {wall:.0f}s (training {train:.0f}s over {slots} slot(s); orchestration overhead "
-              f"{t['overhead_fraction']:.0%})\n  {sweep_dir / 'sweep.csv'}", flush=True)
 
 
 def _report(sweep_dir: Path, progress: bool) -> None:

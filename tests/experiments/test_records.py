@@ -63,6 +63,25 @@ def test_make_run_id_is_the_documented_parseable_format():
     assert m.groupdict() == {"task": "math_tiny", "experiment": "math_tiny_ema_pg", "seed": "3", "ts": "20260102-030405"}
     with pytest.raises(ValueError, match="'__'"):
         make_run_id("math__tiny", "x", 0)
+    in_sweep = make_run_id("math_tiny", "math_tiny_grpo", 0, trial_id="7e9a1_00003")
+    assert in_sweep == "math_tiny__math_tiny_grpo__s0__7e9a1_00003"
+    with pytest.raises(ValueError, match="trial_id"):
+        make_run_id("math_tiny", "x", 0, trial_id="a/b")
+
+
+def test_best_exists_only_where_it_means_something():
+    """Evaluations: the max. A sweep metric: by the sweep's mode. Losses, times, rewards, perf: no best."""
+    rows = [{"iteration": 0, "time_s": 0.0, "eval/math_tiny/acc": 0.5},
+            {"iteration": 1, "time_s": 9.0, "loss/total": 2.0, "train/reward": 0.1, "perf/iter_s": 9.0},
+            {"iteration": 2, "time_s": 10.0, "loss/total": 0.5, "train/reward": 0.3, "perf/iter_s": 1.0,
+             "eval/math_tiny/acc": 0.25, "eval_anchor/math_tiny/pass@1": 0.4, "kl/value": None}]
+    assert records.best_values(rows) == {"eval/math_tiny/acc": 0.5, "eval_anchor/math_tiny/pass@1": 0.4}
+    assert records.best_values(rows, "loss/total", "min")["loss/total"] == 0.5
+    assert records.best_values(rows, "best_eval/math_tiny/acc", "min")["eval/math_tiny/acc"] == 0.25
+    assert records.best_values(rows, "train/reward")["train/reward"] == 0.3
+    assert records.final_values(rows[::-1])["loss/total"] == 0.5 and "kl/value" not in records.final_values(rows)
+    with pytest.raises(ValueError, match="mode"):
+        records.best_values(rows, "loss/total", "lowest")
 
 
 def test_config_hash_ignores_run_local_keys_only():
@@ -101,7 +120,7 @@ def test_round_trip(tmp_path, clock):
     assert read_summary(run_dir) == summary
     assert summary["final"] == {"eval/math_tiny/acc": 0.25, "train/reward": pytest.approx(0.3), "loss/total": 0.5,
                                 "kl/value": 0.01, "anchor/updated": 1}
-    assert summary["best"]["loss/total"] == 1.0 and summary["best"]["train/reward"] == pytest.approx(0.3)
+    assert summary["best"] == {"eval/math_tiny/acc": 0.25}  # no "best" loss, reward or KL: only eval metrics
     assert {k: summary[k] for k in ("run_id", "status", "experiment", "task", "seed", "iterations_done",
                                     "wall_time_s", "wandb_run_id", "train_wall_time_s")} == {
         "run_id": run_dir.name, "status": "finished", "experiment": "math_tiny_ema_pg", "task": "math_tiny",

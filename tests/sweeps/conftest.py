@@ -1,5 +1,6 @@
 """tests/sweeps on sys.path: the tests and the Ray workers (via PYTHONPATH, see test_tune.local_ray)
-import the stand-in trainable as `sweep_fakes`."""
+import the stand-ins for experiments.run.run as `sweep_fakes` (the workers through Ray's setup hook,
+sweep_fakes.install)."""
 
 import sys
 from pathlib import Path

@@ -2,27 +2,58 @@
 
 `fake_run(cfg, callback)` writes a minimal run record (config.yaml, metrics.jsonl, status,
 summary.json, checkpoints/iter_<N>/ + latest), calls `callback` the way experiments.run does
-(the checkpoint written at iteration N is passed with the metrics of iteration N+1), resumes from
+(once per training iteration, with the checkpoint written at that iteration or None), resumes from
 `<run_dir>/checkpoints/latest` when cfg.resume, and appends every executed iteration to
 `<sweep_dir>/calls.jsonl` (kept outside the run directory, so retries and resumes are visible).
 
+The sweep code runs unchanged: the tests' Ray runs `install` in every worker process (Ray's
+`worker_process_setup_hook`, RUNTIME_ENV), which replaces experiments.run.run by `dispatch`; a trial
+whose `task.knobs.fake` is set runs a stand-in, any other the real trainer. The driver's own
+test seams (no warm start, another scheduler) are monkeypatched by the tests.
+
 Behaviour knobs ride in `task.knobs` (free-form for the config; the fake never loads a task):
+    fake: "run" (fake_run) or "fail_once" (the real trainer, killed once: real_run_failing_once)
     sleep: seconds per iteration    fail_at: raise at this iteration (before its metrics), fail_times times
     interrupt_at: end as `interrupted` (RunInterrupted) at this iteration, once
-    same_call_ckpt: pass each checkpoint with its own iteration's metrics instead (the other ordering)
 The score grows with the iteration and is set by algo.anchor.tau (+ a small seed effect), so a
 sweep's ranking is known in advance: higher tau is better.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
+
+RUNTIME_ENV = {"worker_process_setup_hook": "sweep_fakes.install"}  # ray.init(runtime_env=...) of the tests
+
+
+def install() -> None:
+    """Ray's worker setup hook: experiments.run.run becomes `dispatch` in this process (once)."""
+    import experiments.run as module
+
+    if not hasattr(module.run, "__wrapped__"):
+        module.run = functools.wraps(module.run)(functools.partial(dispatch, module.run))
+
+
+def dispatch(real, cfg, callback=None) -> dict:
+    """task.knobs.fake selects the stand-in: "run" -> fake_run, "fail_once" -> real_run_failing_once;
+    without it, the real experiments.run.run."""
+    fake = (cfg.task.get("knobs") or {}).get("fake")
+    if fake is None:
+        return real(cfg, callback=callback)
+    if fake == "run":
+        return fake_run(cfg, callback)
+    if fake == "fail_once":
+        with open_dict(cfg):
+            cfg.task.knobs.pop("fake")  # the real task accepts only its own knobs
+        return real_run_failing_once(real, cfg, callback)
+    raise ValueError(f"task.knobs.fake={fake!r}: expected run or fail_once")
 
 
 def score(cfg, iteration: int) -> float:
@@ -45,11 +76,8 @@ def fake_run(cfg, callback=None) -> dict:
         OmegaConf.save(cfg, run_dir / "config.yaml")
     (run_dir / "status").write_text("running\n")
     acc = f"eval/{cfg.task.name}/acc"
-    last_ckpt = None
-    if start == 0:
+    if start == 0:  # the evaluation before training: recorded, not passed to the callback
         _log(run_dir, sweep_dir, cfg, 0, {acc: 0.0})
-        if callback:
-            callback(0, {acc: 0.0}, None)
     for it in range(start + 1, int(cfg.trainer.iterations) + 1):
         time.sleep(float(knobs.get("sleep", 0.0)))
         marker = sweep_dir / "failures" / f"{cfg.sweep.trial_id}"
@@ -71,10 +99,8 @@ def fake_run(cfg, callback=None) -> dict:
             m[acc] = score(cfg, it)
         _log(run_dir, sweep_dir, cfg, it, m)
         saving = it % int(cfg.trainer.save_every) == 0 or it == int(cfg.trainer.iterations)
-        path = _save(ckpts, it) if saving and knobs.get("same_call_ckpt") else None
         if callback:
-            callback(it, m, path if knobs.get("same_call_ckpt") else last_ckpt)
-        last_ckpt = _save(ckpts, it) if saving and not knobs.get("same_call_ckpt") else None
+            callback(it, m, _save(ckpts, it) if saving else None)
     final = {acc: score(cfg, int(cfg.trainer.iterations))}
     (run_dir / "summary.json").write_text(json.dumps({"status": "finished", "final": final, "best": final,
                                                       "train_wall_time_s": 0.01}))
@@ -124,18 +150,20 @@ def pause_once_scheduler(at: int):
 
 
 def drive(spec_path: str, out: str, address: str, resume: bool = False) -> None:
-    """A sweep driver with the fake trainable (run in a subprocess by the kill-and-resume test)."""
+    """A sweep driver whose trials run the stand-ins (run in a subprocess by the kill-and-resume test)."""
+    import ray
+
+    from sweeps import tune as T
     from sweeps.spec import load
-    from sweeps.tune import run_sweep
 
-    run_sweep(load(spec_path), out, resume=resume, address=address, trainable=fake_run, report=False)
+    ray.init(address=address, runtime_env=RUNTIME_ENV, log_to_driver=False)  # run_sweep then uses this Ray
+    T._warm_start = lambda spec: None  # the stand-in trains no model
+    T.run_sweep(load(spec_path), out, resume=resume, address=address, report=False)
 
 
-def real_run_failing_once(cfg, callback=None) -> dict:
-    """experiments.run.run, killed by an exception right after iteration 2's metrics on its first attempt.
+def real_run_failing_once(run, cfg, callback=None) -> dict:
+    """The real `run`, killed by an exception right after iteration 2's metrics on its first attempt.
     Every attempt is logged to <sweep_dir>/attempts.jsonl (resume flag, iterations seen)."""
-    from experiments.run import run
-
     log = Path(cfg.run_dir).parent.parent / "attempts.jsonl"
     first, seen = not log.exists(), []
 

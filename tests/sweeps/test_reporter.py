@@ -4,11 +4,11 @@ and the search space's encoding for Tune / Optuna decoded back into config value
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
+from sweeps import results
 from sweeps import tune as T
 from sweeps.spec import parse
 
@@ -30,27 +30,20 @@ def ckpt(tmp_path: Path, it: int) -> Path:
     return p
 
 
-def drive(tmp_path, lag: bool, iterations=4, save_every=2) -> T._Reporter:
-    """Feed the callback (lag=False: as experiments.run, each checkpoint with its own iteration;
-    lag=True: a checkpoint arrives with the next iteration's metrics)."""
-    r = T._Reporter(ACC, "max")
+def drive(tmp_path, iterations=4, save_every=2) -> T._Reporter:
+    """Feed the callback as experiments.run does: each checkpoint with its own iteration's metrics."""
+    r = T._Reporter(ACC, "max", last=iterations)
     r(0, {ACC: 0.1}, None)
-    last = None
     for it in range(1, iterations + 1):
         m = {"train/reward": it / 10, **({ACC: it / 10} if it % 2 == 0 else {})}
         saving = it % save_every == 0 or it == iterations
-        if lag:
-            r(it, m, last)
-            last = ckpt(tmp_path, it) if saving else None
-        else:
-            r(it, m, ckpt(tmp_path, it) if saving else None)
-    r.finish(tmp_path)
+        r(it, m, ckpt(tmp_path, it) if saving else None)
+    r.finish()  # as _trial does once run() returned
     return r
 
 
-@pytest.mark.parametrize("lag", [False, True], ids=["checkpoint-with-metrics", "checkpoint-after-metrics"])
-def test_one_report_per_iteration_with_its_own_checkpoint(tmp_path, reports, lag):
-    drive(tmp_path, lag)
+def test_one_report_per_iteration_with_its_own_checkpoint(tmp_path, reports):
+    drive(tmp_path)
     assert [m["iteration"] for m, _ in reports] == [1, 2, 3, 4]  # iteration 0 stays in the record
     with_ckpt = {m["iteration"]: c for m, c in reports if c is not None}
     assert sorted(with_ckpt) == [2, 4]
@@ -60,8 +53,20 @@ def test_one_report_per_iteration_with_its_own_checkpoint(tmp_path, reports, lag
         assert (Path(c.path) / "state.pt").read_text() == str(it)
 
 
+def test_the_last_iteration_is_reported_after_the_run_returned(tmp_path, reports):
+    """A scheduler may stop the trial at its last report (ASHA at max_t): the run record is finished by then."""
+    r = T._Reporter(ACC, "max", last=2)
+    r(1, {ACC: 0.1}, None)
+    r(2, {ACC: 0.3}, ckpt(tmp_path, 2))
+    assert [m["iteration"] for m, _ in reports] == [1]
+    r.finish()
+    assert [m["iteration"] for m, _ in reports] == [1, 2] and reports[1][1].get_metadata()["iteration"] == 2
+    r.finish()
+    assert len(reports) == 2
+
+
 def test_metric_carried_between_evaluations(tmp_path, reports):
-    drive(tmp_path, lag=True)
+    drive(tmp_path)
     assert [m[ACC] for m, _ in reports] == [0.1, 0.2, 0.2, 0.4]  # iteration 1 carries the eval at 0
     assert [m["best_" + ACC] for m, _ in reports] == [0.1, 0.2, 0.2, 0.4]
     assert reports[1][1].get_metadata()["carry"] == {ACC: 0.2, "best_" + ACC: 0.2}
@@ -72,14 +77,12 @@ def test_best_metric_respects_mode(reports):
     for it, v in enumerate([0.5, 0.2, 0.7]):
         r(it, {ACC: v}, None)
     r(3, {}, None)
-    r.finish(Path("/nonexistent"))
     assert [m["best_" + ACC] for m, _ in reports] == [0.2, 0.2, 0.2]
 
 
 def test_metric_never_seen_is_nan(reports):
     r = T._Reporter(ACC, "max")
     r(1, {"train/reward": 1.0}, None)
-    r.finish(Path("/nonexistent"))
     assert reports[0][0][ACC] != reports[0][0][ACC]  # NaN: Tune's strict metric check passes
 
 
@@ -120,16 +123,17 @@ def test_restore_puts_the_checkpoint_back(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     for it in (3, 4):
         ckpt(run_dir, it)
-    r = T._Reporter(ACC, "max")
-    assert T._restore(run_dir, r) is True
+    assert T._restore(run_dir) == {ACC: 0.3}  # the reporter's carried values
     root = run_dir / "checkpoints"
     assert (root / "latest").read_text() == "iter_000003" and (root / "iter_000003" / "state.pt").read_text() == "3"
-    assert not (root / "iter_000004").exists() and r.carry == {ACC: 0.3}
+    assert not (root / "iter_000004").exists()
     monkeypatch.setattr(T.tune, "get_checkpoint", lambda: None)
-    assert T._restore(run_dir, r) is False and not run_dir.exists()  # no checkpoint: a fresh start
+    assert T._restore(run_dir) is None and not run_dir.exists()  # no checkpoint: a fresh start
 
 
-def test_csv_reads_the_run_records(tmp_path):
+def test_results_get_what_tune_knows_in_launch_order():
+    """sweeps.results gets each trial's id, state, decoded knobs, seed, iterations and error line (the CSV
+    itself: tests/sweeps/test_results.py)."""
     spec = parse({"name": "t", "base": {"experiment": "math_tiny_ema_pg"}, "metric": ACC,
                   "space": {"algo.anchor.tau": {"grid": [1.0, 0.9]}}}, check_config=False)
 
@@ -139,13 +143,6 @@ def test_csv_reads_the_run_records(tmp_path):
             self.last_result, self.error_file = {"training_iteration": it}, None
             self.experiment_tag = f"{tid[-1]}_algo.anchor.tau={tau}"
 
-    for tid, st in (("a_0", "finished"), ("a_1", "running")):
-        d = tmp_path / "runs" / f"math_tiny__x__s0__{tid}"
-        d.mkdir(parents=True)
-        (d / "status").write_text(st + "\n")
-        (d / "metrics.jsonl").write_text(json.dumps({"iteration": 0, ACC: 0.5}) + "\n" + json.dumps({"iteration": 1, ACC: 0.25})
-                                         + "\n{\"iteration\": 2, ")  # a crashed run's partial last line
-    rows = T.write_csv(spec, tmp_path, [Trial("a_1", 0.9, "TERMINATED", 1), Trial("a_0", 1.0, "TERMINATED", 1)])
-    assert [(r["status"], r["algo.anchor.tau"], r[f"final/{ACC}"], r[f"best/{ACC}"]) for r in rows] == [
-        ("finished", 1.0, 0.25, 0.5), ("stopped", 0.9, 0.25, 0.5)]
-    assert (tmp_path / "sweep.csv").read_text().splitlines()[0].startswith("trial_id,run_id,status,algo.anchor.tau,seed")
+    known = T._known(spec, [Trial("a_1", 0.9, "ERROR", 1), Trial("a_0", 1.0, "TERMINATED", 3)])
+    assert known == [results.Trial("a_0", "TERMINATED", {"algo.anchor.tau": 1.0}, 0, iterations=3),
+                     results.Trial("a_1", "ERROR", {"algo.anchor.tau": 0.9}, 0, iterations=1)]

@@ -1,5 +1,6 @@
 """Sweeps on a 2-CPU local Ray bound to 127.0.0.1: scheduling, restore and resume semantics with a
-fast stand-in trainable (sweep_fakes.fake_run, same contract as experiments.run.run), and the real
+fast stand-in for experiments.run.run (sweep_fakes.fake_run, selected per trial by task.knobs.fake in the
+Ray workers, see sweep_fakes.install), and the real
 trainer end to end with smoke-sized runs."""
 
 from __future__ import annotations
@@ -35,18 +36,28 @@ def local_ray(tmp_path_factory):
            "WANDB_MODE": "disabled", "EMAPG_CACHE": str(tmp_path_factory.mktemp("emapg_cache"))}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+             runtime_env=sweep_fakes.RUNTIME_ENV)  # each worker: experiments.run.run -> sweep_fakes.dispatch
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
     for k, v in saved.items():
         os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
+@pytest.fixture
+def fakes(local_ray, monkeypatch):
+    """Sweeps whose trials run sweep_fakes.fake_run: the driver warm-starts no model (the stand-in loads none)."""
+    monkeypatch.setattr(T, "_warm_start", lambda spec: None)
+    return local_ray
+
+
 def fake_spec(name: str, iterations: int = 6, sleep: float = 0.1, **top) -> dict:
     """A spec for sweep_fakes.fake_run: `sleep` s per iteration, eval every 2, a checkpoint every iteration."""
     overrides = {"trainer.iterations": iterations, "trainer.eval_every": 2, "trainer.save_every": 1, "logger": "none"}
     if "task.knobs" not in top.get("space", {}):
-        overrides["task.knobs"] = {"sleep": sleep}
+        overrides["task.knobs"] = {"fake": "run", "sleep": sleep}
+    for knobs in top.get("space", {}).get("task.knobs", {}).get("grid", []):
+        knobs.setdefault("fake", "run")  # a point's task.knobs replaces the base's
     return {"name": name, "base": {"experiment": "math_tiny_grpo", "overrides": overrides},
             "space": {"algo.anchor.tau": {"grid": [1.0, 0.5]}}, "metric": ACC, "max_concurrent": 2, **top}
 
@@ -57,10 +68,23 @@ def rows(sweep_dir: Path) -> list[dict]:
 
 
 def executed(sweep_dir: Path) -> dict[str, list[int]]:
-    """trial id -> the iterations the trainable executed, in order (across attempts)."""
+    """trial id -> the iterations the stand-in executed, in order (across attempts)."""
     out = collections.defaultdict(list)
     for c in sweep_fakes.calls(sweep_dir):
         out[c["trial"]].append(c["iteration"])
+    return out
+
+
+def attempts(sweep_dir: Path, trial_id: str) -> list[list[int]]:
+    """The iterations each attempt of the trial executed (an attempt = one trial process)."""
+    out: list[list[int]] = []
+    last_pid = None
+    for c in sweep_fakes.calls(sweep_dir):
+        if c["trial"] == trial_id:
+            if c["pid"] != last_pid:
+                out.append([])
+            out[-1].append(c["iteration"])
+            last_pid = c["pid"]
     return out
 
 
@@ -69,10 +93,10 @@ def record_iterations(sweep_dir: Path, trial_id: str) -> list[int]:
     return [json.loads(line)["iteration"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_grid_runs_every_point_and_seed_once(local_ray, tmp_path):
+def test_grid_runs_every_point_and_seed_once(fakes, tmp_path):
     spec = parse(fake_spec("grid", iterations=4, sleep=0.0, seeds=[0, 1],
                            space={"algo.anchor.tau": {"grid": [1.0, 0.5]}, "algo.anchor.period": {"grid": [2, 3]}}))
-    out = T.run_sweep(spec, tmp_path / "grid", trainable=sweep_fakes.fake_run, report=False)
+    out = T.run_sweep(spec, tmp_path / "grid", report=False)
     got = rows(out)
     assert len(got) == 8 and {r["status"] for r in got} == {"finished"}
     assert sorted((float(r["algo.anchor.tau"]), int(r["algo.anchor.period"]), int(r["seed"])) for r in got) == sorted(
@@ -95,23 +119,23 @@ def test_grid_runs_every_point_and_seed_once(local_ray, tmp_path):
     assert [float(r[f"final/{ACC}"]) for r in launched[:2]] == [1.0, 1.0]
     # the sweep directory is not reused by accident, and --resume insists on the same spec
     with pytest.raises(ValueError, match="already holds sweep 'grid'; finish it with --resume"):
-        T.run_sweep(spec, out, trainable=sweep_fakes.fake_run)
+        T.run_sweep(spec, out)
     changed = parse(fake_spec("grid", iterations=5, sleep=0.0, seeds=[0, 1],
                               space={"algo.anchor.tau": {"grid": [1.0, 0.5]}, "algo.anchor.period": {"grid": [2, 3]}}))
     with pytest.raises(ValueError, match=r"spec differs .* \(keys: base\)"):
-        T.run_sweep(changed, out, resume=True, trainable=sweep_fakes.fake_run)
+        T.run_sweep(changed, out, resume=True)
     with pytest.raises(ValueError, match="holds no sweep"):
-        T.run_sweep(spec, tmp_path / "nothing_here", resume=True, trainable=sweep_fakes.fake_run)
+        T.run_sweep(spec, tmp_path / "nothing_here", resume=True)
 
 
 OPTUNA_SPACE = {"algo.anchor.tau": {"uniform": [0.5, 1.0]}, "algo.anchor.period": {"int": [1, 20]}}
 
 
-def test_optuna_honours_its_sampler_seed(local_ray, tmp_path):
+def test_optuna_honours_its_sampler_seed(fakes, tmp_path):
     def suggestions(seed: int, out: str) -> list[tuple]:
         spec = parse(fake_spec("opt", iterations=1, sleep=0.0, search={"type": "optuna", "seed": seed},
                                budget={"num_samples": 2}, seeds=[0, 1], space=OPTUNA_SPACE))
-        d = T.run_sweep(spec, tmp_path / out, trainable=sweep_fakes.fake_run, report=False, progress=False)
+        d = T.run_sweep(spec, tmp_path / out, report=False, progress=False)
         got = rows(d)  # in launch order
         assert len(got) == 4 and {r["status"] for r in got} == {"finished"}
         # each suggestion runs once per seed (Repeater)
@@ -135,11 +159,11 @@ def test_optuna_sampler_seed_changes_the_suggestions():
     assert proposals(1) == proposals(1) != proposals(2)
 
 
-def test_asha_stops_weak_trials(local_ray, tmp_path):
+def test_asha_stops_weak_trials(fakes, tmp_path):
     spec = parse(fake_spec("asha", iterations=8, sleep=0.15, space={"algo.anchor.tau": {"grid": [1.0, 0.9, 0.3, 0.2]}},
                            scheduler={"type": "asha", "grace_period": 2, "reduction_factor": 2}))
     assert spec.scheduler.max_t == 8  # trainer.iterations
-    out = T.run_sweep(spec, tmp_path / "asha", trainable=sweep_fakes.fake_run, report=False)
+    out = T.run_sweep(spec, tmp_path / "asha", report=False)
     by_tau = {float(r["algo.anchor.tau"]): r for r in rows(out)}
     assert by_tau[1.0]["status"] == "finished" and int(by_tau[1.0]["iterations"]) == 8
     for weak in (0.3, 0.2):
@@ -147,56 +171,54 @@ def test_asha_stops_weak_trials(local_ray, tmp_path):
         assert max(executed(out)[by_tau[weak]["trial_id"]]) < 8
 
 
-def test_paused_trial_resumes_from_its_checkpoint(local_ray, tmp_path):
+def test_paused_trial_resumes_from_its_checkpoint(fakes, tmp_path, monkeypatch):
     """A scheduler pauses the trial at iteration 3; it resumes from checkpoint 3 (iteration 4 next), not from 0."""
     spec = parse(fake_spec("pause", iterations=6, sleep=0.2, space={"algo.anchor.tau": {"grid": [1.0]}}))
-    out = T.run_sweep(spec, tmp_path / "pause", trainable=sweep_fakes.fake_run, report=False,
-                      scheduler=sweep_fakes.pause_once_scheduler(3))
+    monkeypatch.setattr(T, "_scheduler", lambda spec: sweep_fakes.pause_once_scheduler(3))
+    out = T.run_sweep(spec, tmp_path / "pause", report=False)
     (row,) = rows(out)
     assert row["status"] == "finished" and int(row["iterations"]) == 6
-    its = executed(out)[row["trial_id"]]
-    restart = next(i for i in range(1, len(its)) if its[i] <= its[i - 1])
-    assert its[:restart][:4] == [0, 1, 2, 3] and its[restart] == 4 and its[-1] == 6  # continued after checkpoint 3
+    first, again = attempts(out, row["trial_id"])
+    assert first[:4] == [0, 1, 2, 3] and again[0] == 4 and again[-1] == 6  # continued after checkpoint 3
     assert record_iterations(out, row["trial_id"]) == list(range(7))  # the record was rewound, not duplicated
 
 
-def test_failing_trial_is_retried_from_its_last_checkpoint(local_ray, tmp_path):
+def test_failing_trial_is_retried_from_its_last_checkpoint(fakes, tmp_path):
     """One trial fails once (retried from its checkpoint, finishes); one fails every time (failed); the sweep ends."""
     spec = parse(fake_spec("fail", iterations=5, max_failures=1,
                            space={"task.knobs": {"grid": [{"sleep": 0.1, "fail_at": 3, "fail_times": 1},
                                                           {"sleep": 0.1, "fail_at": 3, "fail_times": 9}]}}))
-    out = T.run_sweep(spec, tmp_path / "fail", trainable=sweep_fakes.fake_run, report=False)
+    out = T.run_sweep(spec, tmp_path / "fail", report=False)
     ok, bad = rows(out)
     assert ok["status"] == "finished" and int(ok["iterations"]) == 5
-    # attempt 1 ran 0..2 and reported checkpoint 1 (checkpoint 2 was still held for iteration 2's report);
-    # attempt 2 continued at iteration 2
-    assert executed(out)[ok["trial_id"]] == [0, 1, 2, 2, 3, 4, 5]
+    # attempt 1 ran 0..2 and reported checkpoint 2 with iteration 2; attempt 2 continued at iteration 3
+    assert executed(out)[ok["trial_id"]] == [0, 1, 2, 3, 4, 5]
     assert record_iterations(out, ok["trial_id"]) == [0, 1, 2, 3, 4, 5]
     assert bad["status"] == "failed" and "injected failure at iteration 3" in bad["error"]
 
 
-def test_an_interrupted_trial_is_listed_as_such_and_resume_continues_it(local_ray, tmp_path):
+def test_an_interrupted_trial_is_listed_as_such_and_resume_continues_it(fakes, tmp_path):
     """A trial whose run was SIGTERM'd (status interrupted, no retries left) is `interrupted` in sweep.csv,
     not `failed`; --resume continues it from its checkpoint."""
     spec = parse(fake_spec("stop", iterations=5, max_failures=0,
                            space={"task.knobs": {"grid": [{"sleep": 0.05, "interrupt_at": 3}]}}))
-    out = T.run_sweep(spec, tmp_path / "stop", trainable=sweep_fakes.fake_run, report=False)
+    out = T.run_sweep(spec, tmp_path / "stop", report=False)
     (row,) = rows(out)
     assert row["status"] == "interrupted" and "interrupted by SIGTERM after iteration 2" in row["error"]
-    T.run_sweep(spec, out, resume=True, trainable=sweep_fakes.fake_run, report=False)
+    T.run_sweep(spec, out, resume=True, report=False)
     (row,) = rows(out)
     assert row["status"] == "finished" and record_iterations(out, row["trial_id"]) == list(range(6))
     its = executed(out)[row["trial_id"]]
     assert its[:3] == [0, 1, 2] and its[3] >= 2 and its[-1] == 5  # continued from a checkpoint
 
 
-def test_killed_driver_resumes_without_rerunning_finished_trials(local_ray, tmp_path):
+def test_killed_driver_resumes_without_rerunning_finished_trials(fakes, tmp_path):
     """SIGKILL the sweep driver while trial 3 of 4 runs; `--resume` finishes the sweep."""
     spec_path = tmp_path / "kill.yaml"
     spec_path.write_text(yaml.safe_dump(fake_spec("kill", iterations=6, sleep=0.3, max_concurrent=1,
                                                   space={"algo.anchor.tau": {"grid": [1.0, 0.9, 0.8, 0.7]}})))
     out = tmp_path / "kill"
-    code = f"import sweep_fakes; sweep_fakes.drive({str(spec_path)!r}, {str(out)!r}, {local_ray!r})"
+    code = f"import sweep_fakes; sweep_fakes.drive({str(spec_path)!r}, {str(out)!r}, {fakes!r})"
     # Tune saves its experiment state at most every 10 s by default ("auto"), so a driver killed 2 s into
     # a trial may not have recorded that trial's checkpoints yet; save it at every step here.
     driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -221,16 +243,15 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(local_ray, tmp_
     assert (state.parent / (state.name + T.COMPLETE)).is_file()
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
     _wait_for_free_cpus(2)  # Ray ends the dead driver's trial actors
-    T.run_sweep(load(spec_path), out, resume=True, trainable=sweep_fakes.fake_run, report=False)
+    T.run_sweep(load(spec_path), out, resume=True, report=False)
     got = rows(out)
     assert len(got) == 4 and {r["status"] for r in got} == {"finished"}
     after = executed(out)
     for t, its in done_before.items():
         assert after[t] == its == [0, 1, 2, 3, 4, 5, 6]  # not re-run
     interrupted = list(after)[2]  # first-seen order = launch order (one trial at a time)
-    its = after[interrupted]
-    restart = next(i for i in range(1, len(its)) if its[i] <= its[i - 1])
-    assert its[restart] > 1  # continued from a checkpoint, not from scratch
+    first, again = attempts(out, interrupted)
+    assert again[0] > 1 and again[-1] == 6  # continued from a checkpoint, not from scratch
     assert record_iterations(out, interrupted) == list(range(7))
 
 
@@ -287,17 +308,20 @@ def test_real_runs_end_to_end(local_ray, tmp_path):
 
 
 @pytest.mark.slow
-def test_real_trial_retried_from_its_checkpoint(local_ray, tmp_path):
+def test_real_trial_retried_from_its_checkpoint(local_ray, tmp_path, monkeypatch):
     """A real run that dies after iteration 2's metrics is retried from its reported checkpoint (iteration 1):
     the trainer resumes exactly (iteration 2 next) and the run record holds every iteration once."""
-    spec = parse({"name": "e2e_retry", "base": {"experiment": "math_tiny_ema_pg", "overrides": {"smoke": True, "logger": "none"}},
+    overrides = {"smoke": True, "logger": "none", "task.knobs": {"fake": "fail_once"}}  # sweep_fakes.dispatch
+    spec = parse({"name": "e2e_retry", "base": {"experiment": "math_tiny_ema_pg", "overrides": overrides},
                   "space": {"seed": {"grid": [3]}}, "metric": ACC, "max_failures": 1})
-    out = T.run_sweep(spec, tmp_path / "retry", trainable=sweep_fakes.real_run_failing_once)
+    monkeypatch.setattr(T, "_warm_start", lambda spec: None)  # the trial builds it (the knob is not the task's)
+    out = T.run_sweep(spec, tmp_path / "retry")
     (row,) = rows(out)
     assert row["status"] == "finished" and row["iterations"] == "2"
     assert record_iterations(out, row["trial_id"]) == [0, 1, 2]
-    attempts = [json.loads(x) for x in (out / "attempts.jsonl").read_text().splitlines()]
-    assert attempts == [{"resume": False, "iterations": [0, 1, 2]}, {"resume": True, "iterations": [2]}]
+    tries = [json.loads(x) for x in (out / "attempts.jsonl").read_text().splitlines()]
+    # the last iteration is reported only once run() returned: this attempt's never was
+    assert tries == [{"resume": False, "iterations": [1, 2]}, {"resume": True, "iterations": [2]}]
 
 
 def smoke_variant(raw: dict) -> dict:
@@ -318,7 +342,7 @@ def smoke_variant(raw: dict) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["quickstart", "ablate_tau", "ablate_period", "ablate_k", "ablate_kl_type", "tune_optuna"])
 def test_shipped_spec_smoke_runs(local_ray, tmp_path, name):
-    """Every local-backend spec in sweeps/ runs end to end with 2 smoke-sized trials (style.md #11)."""
+    """Every local-backend spec in sweeps/ runs end to end with 2 smoke-sized trials."""
     raw = yaml.safe_load((HERE.parents[1] / "sweeps" / f"{name}.yaml").read_text())
     out = T.run_sweep(parse(smoke_variant(raw)), tmp_path / name, report=False)
     got = rows(out)

@@ -1,0 +1,124 @@
+"""A sweep's results, read from its trials' run records: sweep.csv and timing.json.
+
+    rows = write_csv(sweep_dir, spec.metric, spec.mode, [Trial(...), ...])   # in launch order
+    write_timing(sweep_dir, spec.name, rows, wall_s, slots)
+
+Runs are read only through experiments.records (find_trial_run, read_metrics, read_summary,
+read_state): the run record is the source of truth. Tune contributes what only it knows of each
+trial (`Trial`: its id, state, knobs, iterations, error line); sweeps.tune builds those. No Ray here.
+
+sweep.csv, one row per trial:
+    trial_id, run_id, status, <knobs>, seed, iterations, train_time_s,
+    final/<metric>   every metric's last value (the sweep metric's first),
+    best/<metric>    only where "best" means something (experiments.records.best_values): the max of
+                     eval/* and eval_anchor/*, and the sweep metric by the sweep's mode,
+    error            the last line of a failed trial's error
+status: finished | stopped (ended early by the scheduler or the time budget) | failed | interrupted
+(SIGTERM/SIGINT: --resume continues it) | crashed (its process was killed: --resume continues it) |
+pending | paused (the sweep ended before the trial did).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from experiments import records
+
+# Tune's trial state -> sweep.csv's status (a trial still RUNNING when the sweep ended was interrupted)
+STATUS = {"TERMINATED": "finished", "ERROR": "failed", "RUNNING": "interrupted", "PENDING": "pending",
+          "PAUSED": "paused"}
+
+
+@dataclass(frozen=True)
+class Trial:
+    """What Tune knows of one trial."""
+
+    trial_id: str
+    state: str  # Tune's: TERMINATED, ERROR, RUNNING, PENDING, PAUSED
+    point: dict[str, Any] = field(default_factory=dict)  # {config key: value}
+    seed: int | None = None  # None when `seed` is a key of the point
+    iterations: int = 0  # the last training_iteration Tune saw
+    error: str = ""  # the last line of a failed trial's error file
+
+
+def status(trial_state: str, run_state: str | None) -> str:
+    """sweep.csv's status from Tune's trial state and the run record's (read_state, None without one)."""
+    out = STATUS.get(trial_state, trial_state.lower())
+    if out == "finished" and run_state not in (None, "finished"):
+        return "stopped"  # ended early by the scheduler or the time budget
+    if out == "failed" and run_state in ("interrupted", records.CRASHED):
+        return run_state  # SIGTERM/SIGINT or a killed trial process: --resume continues it
+    return out
+
+
+def row(sweep_dir: str | Path, metric: str, mode: str, trial: Trial) -> dict[str, Any]:
+    """One line of sweep.csv, from the trial's run record (found by its trial id)."""
+    run_dir = records.find_trial_run(Path(sweep_dir) / "runs", trial.trial_id)
+    rows, summary, run_state, error = _read(run_dir)
+    rows.sort(key=lambda r: r["iteration"])
+    final, best = records.final_values(rows), records.best_values(rows, metric, mode)
+    key = metric[len("best_"):] if metric.startswith("best_") else metric
+    out = {"trial_id": trial.trial_id, "run_id": run_dir.name if run_dir else "",
+           "status": status(trial.state, run_state), **trial.point,
+           **({"seed": trial.seed} if trial.seed is not None else {}), "iterations": trial.iterations,
+           "train_time_s": summary.get("train_wall_time_s", summary.get("wall_time_s",
+                                                                        rows[-1].get("time_s", "") if rows else "")),
+           f"final/{key}": final.get(key, ""), f"best/{key}": best.get(key, "")}
+    out.update({f"final/{k}": v for k, v in sorted(final.items())})
+    out.update({f"best/{k}": v for k, v in sorted(best.items())})
+    out["error"] = trial.error or error
+    return out
+
+
+def _read(run_dir: Path | None) -> tuple[list[dict], dict, str | None, str]:
+    """(metric rows, summary or {}, state or None, why the record could not be read or "")."""
+    if run_dir is None:
+        return [], {}, None, ""
+    try:
+        state = records.read_state(run_dir)
+    except FileNotFoundError:
+        state = None
+    try:
+        return records.read_metrics(run_dir), records.read_summary(run_dir) or {}, state, ""
+    except ValueError as e:  # a corrupt line or summary.json: the row says so, the other trials still count
+        return [], {}, state, f"unreadable run record: {e}"
+
+
+def write_csv(sweep_dir: str | Path, metric: str, mode: str, trials: list[Trial]) -> list[dict[str, Any]]:
+    """<sweep_dir>/sweep.csv, one row per trial in the order given (written atomically); returns the rows."""
+    sweep_dir = Path(sweep_dir)
+    rows = [row(sweep_dir, metric, mode, t) for t in trials]
+    cols = list(dict.fromkeys(k for r in rows for k in r if k != "error")) + ["error"]
+    tmp = sweep_dir / ".sweep.csv.tmp"
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=cols, restval="")
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, sweep_dir / "sweep.csv")
+    return rows
+
+
+def write_timing(sweep_dir: str | Path, name: str, rows: list[dict], wall: float, slots: int,
+                 progress: bool = True) -> dict[str, Any]:
+    """timing.json: overhead = 1 - (summed trial training time) / (wall time x trial slots); with
+    `progress`, a closing line (counts by status, time, overhead) is printed. Returns what was written."""
+    sweep_dir = Path(sweep_dir)
+    train = sum(float(r["train_time_s"]) for r in rows if isinstance(r["train_time_s"], (int, float)))
+    slots = max(1, min(slots, len(rows)))
+    t = {"wall_s": round(wall, 2), "trials": len(rows), "slots": slots, "train_s_sum": round(train, 2),
+         "overhead_fraction": round(1 - train / (wall * slots), 4) if wall > 0 else None}
+    (sweep_dir / "timing.json").write_text(json.dumps(t, indent=1) + "\n")
+    if progress:
+        n = {s: sum(r["status"] == s for r in rows)
+             for s in ("finished", "stopped", "failed", "interrupted", "crashed")}
+        others = "".join(f", {n[s]} {s}" for s in ("interrupted", "crashed") if n[s])
+        overhead = f"{t['overhead_fraction']:.0%}" if t["overhead_fraction"] is not None else "n/a"
+        print(f"{name}: {n['finished']} finished, {n['stopped']} stopped early, {n['failed']} failed{others} of "
+              f"{len(rows)} trials in {wall:.0f}s (training {train:.0f}s over {slots} slot(s); orchestration "
+              f"overhead {overhead})\n  {sweep_dir / 'sweep.csv'}", flush=True)
+    return t

@@ -1,0 +1,90 @@
+"""sweeps.results without Ray: sweep.csv and timing.json from the trials' run records."""
+
+from __future__ import annotations
+
+import csv
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from sweeps import results
+from sweeps.results import Trial
+
+ACC = "eval/math_tiny/acc"
+
+
+def record(sweep_dir: Path, trial_id: str, status: str, rows: list[dict], tail: str = "") -> Path:
+    """A run record as a trial leaves it (`tail`: a partial last line of metrics.jsonl)."""
+    d = sweep_dir / "runs" / f"math_tiny__math_tiny_ema_pg__s0__{trial_id}"
+    d.mkdir(parents=True)
+    (d / "status").write_text(status + "\n")
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+    return d
+
+
+def read_csv(sweep_dir: Path) -> list[dict]:
+    with open(sweep_dir / "sweep.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_csv_reads_the_run_records(tmp_path):
+    for tid, st in (("a_0", "finished"), ("a_1", "running")):
+        record(tmp_path, tid, st, [{"iteration": 0, ACC: 0.5}, {"iteration": 1, "time_s": 2.5, ACC: 0.25}],
+               tail='{"iteration": 2, ')  # a crashed run's partial last line
+    trials = [Trial("a_0", "TERMINATED", {"algo.anchor.tau": 1.0}, 0, iterations=1),
+              Trial("a_1", "TERMINATED", {"algo.anchor.tau": 0.9}, 0, iterations=1),
+              Trial("a_2", "PENDING", {"algo.anchor.tau": 0.8}, 0)]
+    rows = results.write_csv(tmp_path, ACC, "max", trials)
+    assert [(r["status"], r["algo.anchor.tau"], r[f"final/{ACC}"], r[f"best/{ACC}"], r["train_time_s"]) for r in rows] \
+        == [("finished", 1.0, 0.25, 0.5, 2.5), ("stopped", 0.9, 0.25, 0.5, 2.5), ("pending", 0.8, "", "", "")]
+    assert rows[0]["run_id"] == "math_tiny__math_tiny_ema_pg__s0__a_0" and rows[2]["run_id"] == ""
+    header = (tmp_path / "sweep.csv").read_text().splitlines()[0]
+    assert header == f"trial_id,run_id,status,algo.anchor.tau,seed,iterations,train_time_s,final/{ACC},best/{ACC},error"
+
+
+def test_best_columns_only_where_best_means_something(tmp_path):
+    """A loss as the sweep metric, minimised: its best is its min; evaluations keep their max; rewards,
+    times and perf/* get no best/ column."""
+    rows = [{"iteration": 0, "time_s": 0.0, ACC: 0.5},
+            {"iteration": 1, "time_s": 9.0, "loss/total": 2.0, "train/reward": 0.1, "perf/iter_s": 9.0},
+            {"iteration": 2, "time_s": 10.0, "loss/total": 0.5, "train/reward": 0.3, "perf/iter_s": 1.0, ACC: 0.25}]
+    record(tmp_path, "b_0", "finished", rows)
+    (tmp_path / "runs" / "math_tiny__math_tiny_ema_pg__s0__b_0" / "summary.json").write_text(
+        json.dumps({"status": "finished", "train_wall_time_s": 7.0}))
+    results.write_csv(tmp_path, "loss/total", "min", [Trial("b_0", "TERMINATED", {"algo.anchor.tau": 1.0}, 0, 2)])
+    (row,) = read_csv(tmp_path)
+    assert float(row["best/loss/total"]) == 0.5 and float(row["final/loss/total"]) == 0.5
+    assert float(row[f"best/{ACC}"]) == 0.5 and float(row[f"final/{ACC}"]) == 0.25
+    assert sorted(k for k in row if k.startswith("best/")) == [f"best/{ACC}", "best/loss/total"]
+    assert {"final/train/reward", "final/perf/iter_s"} <= set(row) and "final/time_s" not in row
+    assert float(row["train_time_s"]) == 7.0  # the run's own training time (summary.json)
+
+
+@pytest.mark.parametrize("tune_state,run_status,expected", [
+    ("TERMINATED", "finished", "finished"), ("TERMINATED", "running", "stopped"), ("ERROR", "failed", "failed"),
+    ("ERROR", "interrupted", "interrupted"), ("ERROR", "crashed", "crashed"), ("RUNNING", None, "interrupted"),
+    ("PAUSED", "running", "paused")])
+def test_status_from_tune_and_the_record(tmp_path, tune_state, run_status, expected):
+    """`crashed`: a record left running by a process that is gone (experiments.records.read_state)."""
+    if run_status is not None:
+        d = record(tmp_path, "c_0", "running" if run_status == "crashed" else run_status, [])
+        if run_status == "crashed":
+            (d / "status").write_text(f"running\npid=999999999 host={socket.gethostname()}\n")
+    (row,) = results.write_csv(tmp_path, ACC, "max", [Trial("c_0", tune_state, error="boom" * (tune_state == "ERROR"))])
+    assert row["status"] == expected and row["error"] == ("boom" if tune_state == "ERROR" else "")
+
+
+def test_a_corrupt_record_is_named_not_fatal(tmp_path):
+    record(tmp_path, "d_0", "finished", [], tail='{"iteration": 0}\nnot json\n{"iteration": 1}\n')
+    (row,) = results.write_csv(tmp_path, ACC, "max", [Trial("d_0", "TERMINATED")])
+    assert row["status"] == "finished" and row["error"].startswith("unreadable run record:")
+
+
+def test_timing(tmp_path, capsys):
+    rows = [{"status": "finished", "train_time_s": 30.0}, {"status": "crashed", "train_time_s": ""}]
+    t = results.write_timing(tmp_path, "s", rows, wall=40.0, slots=4)
+    assert t == {"wall_s": 40.0, "trials": 2, "slots": 2, "train_s_sum": 30.0, "overhead_fraction": 0.625}
+    assert json.loads((tmp_path / "timing.json").read_text()) == t
+    assert "s: 1 finished, 0 stopped early, 0 failed, 1 crashed of 2 trials in 40s" in capsys.readouterr().out
