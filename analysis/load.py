@@ -200,17 +200,10 @@ def clean_rows(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], in
     return [by_iter[i] for i in sorted(by_iter)], n_seen - len(by_iter)
 
 
-def final_and_best(rows: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
-    """Recompute summary.json's "final" (last logged value) and "best" (max) from metric rows."""
-    final: dict[str, float] = {}
-    best: dict[str, float] = {}
-    for row in rows:
-        for key, value in row.items():
-            if key in ("iteration", "time_s") or not _is_num(value) or math.isnan(value):
-                continue
-            final[key] = float(value)
-            best[key] = max(best.get(key, -math.inf), float(value))
-    return final, best
+def final_and_best(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """summary.json's "final" and "best", recomputed from metric rows by the run record's own rules
+    (experiments.records: best exists only for evaluation metrics)."""
+    return records.final_values(rows), records.best_values(rows)
 
 
 def run_row(raw: RawRun, rows: list[dict[str, Any]], n_relogged: int) -> dict[str, Any]:

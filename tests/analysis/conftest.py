@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
+from experiments import records
+
+
 def config(task: str, seed: int, tau: float, kl_type: str = "topk", k: int | None = 4,
            tail: str | None = "unbiased", period: int = 2, sweep: str | None = "quickstart",
            experiment: str | None = None) -> dict[str, Any]:
@@ -72,12 +75,7 @@ def write_run(root: Path, run_id: str, cfg: dict[str, Any], rows: list[dict[str,
         (d / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
     (d / "status").write_text(status + ("\n" + error if error else "") + "\n")
     if summary:
-        final = {k: v for r in rows for k, v in r.items() if k not in ("iteration", "time_s")}
-        best: dict[str, float] = {}
-        for r in rows:
-            for k, v in r.items():
-                if k not in ("iteration", "time_s"):
-                    best[k] = max(best.get(k, -math.inf), v)
+        final, best = records.final_values(rows), records.best_values(rows)  # as RunRecord.summary writes them
         (d / "summary.json").write_text(json.dumps({
             "run_id": run_id, "status": status, "experiment": cfg["experiment"],
             "task": cfg["task"]["name"], "seed": cfg["seed"], "config_hash": f"h{zlib.crc32(run_id.encode()):08x}",

@@ -45,7 +45,7 @@ def wandb_rows(synth, seed, tau, spike_at=None):
                "media/sample": {"_type": "table-file", "path": "x.json"}}
         rows.append(row)
     if spike_at is not None:
-        rows[spike_at]["train/reward"] = 99.0            # the max a sampled history could miss
+        rows[spike_at]["eval/math_tiny/acc"] = 0.99     # the max a sampled history could miss
     return rows
 
 
@@ -79,7 +79,8 @@ def test_same_frames_as_disk(api, sweep_dir):
 def test_full_history_and_recomputed_best(api):
     runs, metrics = load.load_wandb("emapg", group="quickstart", api=api)
     r = runs.set_index("wandb_run_id").loc["id09"]
-    assert r["best/train/reward"] == 99.0                  # from the full history, not the summary
+    assert r["best/eval/math_tiny/acc"] == 0.99           # from the full history, not the summary
+    assert "best/train/reward" not in runs                 # best only where higher is known to be better
     assert r["final/train/reward"] == pytest.approx(0.1 * 6 + 0.05)
     assert r["metrics_source"] == "wandb.scan_history"
     assert len(metrics[metrics["run_id"] == r["run_id"]]) == 7
