@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-all test-verl figures clean
+.PHONY: setup demo test lint test-all test-verl figures clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # The verl plugin's CPU tests (marked `verl`) in their own venv: the [verl] extra adds ~2.2 GB
 # (verl 0.9.1 and its stack, still on the CPU torch of constraints.txt) that `make test` does not need.

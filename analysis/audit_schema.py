@@ -14,24 +14,44 @@ data; analysis only renders it and never imports the core. The records are one d
 Every key is optional: what is missing is skipped, with a note in the index. Rows may carry
 extra fields; the listed ones are required (None is allowed where the type says so).
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 
 ESTIMATOR_FIELDS = {
-    "estimator": str, "direction": str,        # direction: "reverse" | "forward"
-    "tail": (str, type(None)), "k": (int, type(None)),
-    "value_bias": float, "grad_bias": float, "value_unbiased": bool, "grad_unbiased": bool,
-    "variance": float, "grad_variance": float, "bytes_per_token": int,
+    "estimator": str,
+    "direction": str,  # direction: "reverse" | "forward"
+    "tail": (str, type(None)),
+    "k": (int, type(None)),
+    "value_bias": float,
+    "grad_bias": float,
+    "value_unbiased": bool,
+    "grad_unbiased": bool,
+    "variance": float,
+    "grad_variance": float,
+    "bytes_per_token": int,
 }
-TOPK_FIELDS = {"direction": str, "tail": (str, type(None)), "k": int, "value_variance": float,
-               "grad_variance": float, "value_bias": float, "grad_bias": float}
+TOPK_FIELDS = {
+    "direction": str,
+    "tail": (str, type(None)),
+    "k": int,
+    "value_variance": float,
+    "grad_variance": float,
+    "value_bias": float,
+    "grad_bias": float,
+}
 HORIZON_FIELDS = {"tau": float, "period": int, "half_life": float, "time_constant": float}
 STABILITY_FIELDS = {"alpha": float, "beta_c": float, "eta": float, "stable": bool}
-SCHEMA = {"estimator_table": ESTIMATOR_FIELDS, "topk_sweep": TOPK_FIELDS,
-          "anchor_horizon": HORIZON_FIELDS, "stability_grid": STABILITY_FIELDS}
+SCHEMA = {
+    "estimator_table": ESTIMATOR_FIELDS,
+    "topk_sweep": TOPK_FIELDS,
+    "anchor_horizon": HORIZON_FIELDS,
+    "stability_grid": STABILITY_FIELDS,
+}
 DIRECTIONS = ("reverse", "forward")
 
 
@@ -48,14 +68,14 @@ def check_rows(name: str, rows: Any) -> pd.DataFrame:
             raise ValueError(f"audit records {name!r}[{i}]: expected a dict, got {type(row).__name__}")
         missing = [f for f in fields if f not in row]
         if missing:
-            raise ValueError(f"audit records {name!r}[{i}]: missing fields {missing}; "
-                             f"required: {list(fields)}")
+            raise ValueError(f"audit records {name!r}[{i}]: missing fields {missing}; required: {list(fields)}")
         for f, typ in fields.items():
             if not _ok(row[f], typ):
                 raise ValueError(f"audit records {name!r}[{i}].{f} = {row[f]!r}: expected {typ}")
         if "direction" in fields and row["direction"] not in DIRECTIONS:
-            raise ValueError(f"audit records {name!r}[{i}].direction = {row['direction']!r}: "
-                             f"expected one of {DIRECTIONS}")
+            raise ValueError(
+                f"audit records {name!r}[{i}].direction = {row['direction']!r}: expected one of {DIRECTIONS}"
+            )
     return pd.DataFrame([dict(r) for r in rows])
 
 

@@ -4,6 +4,7 @@ came from (run ids, config hashes, W&B run ids, or audit metadata).
 The front page has one section per `Output.section` (a task, "All runs", ...): each table inline with
 links to its .md/.tex/.csv, each figure as a picture, and the section's provenance once, collapsed (a
 `<details>` in index.html, a footnote in index.md). provenance.json lists it in full per output."""
+
 from __future__ import annotations
 
 import html
@@ -25,35 +26,33 @@ MAX_LISTED = 10  # ids listed inline per output; the full lists are in provenanc
 class Output:
     """One table or figure of a report."""
 
-    kind: str                               # "table" | "figure"
-    title: str                              # one line
+    kind: str  # "table" | "figure"
+    title: str  # one line
     paths: list[Path]
     provenance: dict[str, Any] = field(default_factory=dict)
-    cells: pd.DataFrame | None = None       # a table's display cells, inlined on the front page
-    section: str = ""                       # front-page section (e.g. the task); "" = "Outputs"
+    cells: pd.DataFrame | None = None  # a table's display cells, inlined on the front page
+    section: str = ""  # front-page section (e.g. the task); "" = "Outputs"
     notes: list[str] = field(default_factory=list)  # a table's notes, shown below it
 
 
 def run_provenance(runs: pd.DataFrame) -> dict[str, list[str]]:
     """Run ids, distinct config hashes and W&B run ids of the runs behind an output."""
+
     def ids(col: str) -> list[str]:
         return sorted({str(v) for v in runs[col].dropna()}) if col in runs else []
-    return {"run_ids": ids("run_id"), "config_hashes": ids("config_hash"),
-            "wandb_run_ids": ids("wandb_run_id")}
+
+    return {"run_ids": ids("run_id"), "config_hashes": ids("config_hash"), "wandb_run_ids": ids("wandb_run_id")}
 
 
-def write_index(out_dir: Path, title: str, header: list[str], outputs: list[Output],
-                skipped: list[str]) -> list[Path]:
+def write_index(out_dir: Path, title: str, header: list[str], outputs: list[Output], skipped: list[str]) -> list[Path]:
     """Write index.md, index.html and provenance.json into `out_dir`; returns their paths."""
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = [*header, f"Generated {stamp}."]
     paths = [out_dir / "index.md", out_dir / "index.html", out_dir / "provenance.json"]
     paths[0].write_text(_markdown(out_dir, title, header, outputs, skipped), encoding="utf-8")
     paths[1].write_text(_html(out_dir, title, header, outputs, skipped), encoding="utf-8")
-    prov = [{"title": o.title, "files": [_rel(p, out_dir) for p in o.paths], **o.provenance}
-            for o in outputs]
-    paths[2].write_text(json.dumps({"outputs": prov, "skipped": skipped}, indent=1, default=str),
-                        encoding="utf-8")
+    prov = [{"title": o.title, "files": [_rel(p, out_dir) for p in o.paths], **o.provenance} for o in outputs]
+    paths[2].write_text(json.dumps({"outputs": prov, "skipped": skipped}, indent=1, default=str), encoding="utf-8")
     return paths
 
 
@@ -85,8 +84,7 @@ def _sections(outputs: list[Output]) -> list[tuple[str, list[Output], list[str]]
     return out
 
 
-def _markdown(out_dir: Path, title: str, header: list[str], outputs: list[Output],
-              skipped: list[str]) -> str:
+def _markdown(out_dir: Path, title: str, header: list[str], outputs: list[Output], skipped: list[str]) -> str:
     lines = [f"# {title}", "", *[f"{h}  " for h in header], ""]
     count = 0
     for name, items, notes in _sections(outputs):
@@ -117,8 +115,7 @@ def _markdown_output(out_dir: Path, o: Output, ref: str) -> list[str]:
     return lines
 
 
-def _html(out_dir: Path, title: str, header: list[str], outputs: list[Output],
-          skipped: list[str]) -> str:
+def _html(out_dir: Path, title: str, header: list[str], outputs: list[Output], skipped: list[str]) -> str:
     e = html.escape
     body = [f"<h1>{e(title)}</h1>", *[f"<p>{e(h)}</p>" for h in header]]
     for name, items, notes in _sections(outputs):
@@ -139,13 +136,17 @@ def _html(out_dir: Path, title: str, header: list[str], outputs: list[Output],
         if len(notes) == 1:
             body.append(_details(notes[0]))
     body.append("<h2>Skipped</h2><ul>" + "".join(f"<li>{e(s)}</li>" for s in skipped or ["nothing"]) + "</ul>")
-    css = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
-           "img{max-width:100%;border:1px solid #ddd}.prov{color:#555;font-size:.85em}"
-           "table.tbl{border-collapse:collapse;font-size:.85em}"
-           ".tbl td,.tbl th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"
-           ".tbl th{text-align:left}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
-            f"<style>{css}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    css = (
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+        "img{max-width:100%;border:1px solid #ddd}.prov{color:#555;font-size:.85em}"
+        "table.tbl{border-collapse:collapse;font-size:.85em}"
+        ".tbl td,.tbl th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"
+        ".tbl th{text-align:left}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
+        f"<style>{css}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
 
 
 def _details(text: str) -> str:

@@ -8,6 +8,7 @@ shown as unavailable ("—"); nothing is filled in or guessed.
 Source tags (each number names where it was read):
     [ABS]  the paper abstract (api.emergentmind.com/papers/2602.04417, sciencestack.ai/paper/2602.04417)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 SOURCES = {"[ABS]": "abstract of arXiv 2602.04417 v1"}
 SETTINGS = {
     "math": "R1-distilled Qwen-1.5B (DeepScaleR recipe); math pass@1 protocol UNVERIFIED "
-            "(the released code has three; experiments/tasks/math.py, PROTOCOLS)",
+    "(the released code has three; experiments/tasks/math.py, PROTOCOLS)",
     "search": "Qwen2.5-3B base, Search-R1 style; greedy exact match (the released evaluation)",
 }
 
@@ -24,11 +25,11 @@ SETTINGS = {
 class PaperNumber:
     """One reported accuracy, in percent."""
 
-    setting: str      # "math" | "search"
-    benchmark: str    # display name, as in analysis.tables
-    method: str       # "GRPO" | "EMA-PG"
-    value: float      # percent
-    source: str       # a key of SOURCES
+    setting: str  # "math" | "search"
+    benchmark: str  # display name, as in analysis.tables
+    method: str  # "GRPO" | "EMA-PG"
+    value: float  # percent
+    source: str  # a key of SOURCES
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class PaperGain:
 
     setting: str
     benchmark: str
-    gain: float       # percent, e.g. 33.3 for "+33.3%"
+    gain: float  # percent, e.g. 33.3 for "+33.3%"
     source: str
     note: str
 
@@ -52,9 +53,14 @@ NUMBERS: tuple[PaperNumber, ...] = (
 )
 
 GAINS: tuple[PaperGain, ...] = (
-    PaperGain("search", "Average", 33.3, "[ABS]",
-              "'+33.3% on average' over 7 QA datasets; whether it is the mean of per-dataset "
-              "gains or the gain of the means is UNVERIFIED"),
+    PaperGain(
+        "search",
+        "Average",
+        33.3,
+        "[ABS]",
+        "'+33.3% on average' over 7 QA datasets; whether it is the mean of per-dataset "
+        "gains or the gain of the means is UNVERIFIED",
+    ),
 )
 
 

@@ -21,23 +21,33 @@ What `report` writes (per task; whatever the logged metrics support, the rest is
 Numbers use finished runs only unless `include_incomplete`; the excluded runs are listed.
 This module never imports the core: `main_figures` receives the audit records from its caller.
 """
+
 from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 import yaml
 
 from analysis import audit_schema, load, tables
-from analysis.figures import (ablation, anchor_horizon, estimator_bias, learning_curves,
-                              stability_region, style, topk_variance, training_dynamics)
+from analysis.figures import (
+    ablation,
+    anchor_horizon,
+    estimator_bias,
+    learning_curves,
+    stability_region,
+    style,
+    topk_variance,
+    training_dynamics,
+)
 from analysis.index import Output, run_provenance, write_index
 
-Built = tuple[list[Output], list[str]]   # (outputs written, notes on what was skipped and why)
+Built = tuple[list[Output], list[str]]  # (outputs written, notes on what was skipped and why)
 REPS = 2000
 """Bootstrap resamples behind every CI of a report (`report`, `report_frames`, `emapg report --reps`)."""
 ABLATION_KNOBS = ("anchor_tau", "anchor_period", "kl_k", "kl_type", "kl_tail", "kl_coef")
@@ -52,69 +62,118 @@ FIGURE_RENDERERS = (
 
 # ---------------------------------------------------------------- emapg report
 
-def report(runs_dir: str | Path, out_dir: str | Path, *, reps: int = REPS, seed: int = 0,
-           include_incomplete: bool = False) -> list[Path]:
+
+def report(
+    runs_dir: str | Path, out_dir: str | Path, *, reps: int = REPS, seed: int = 0, include_incomplete: bool = False
+) -> list[Path]:
     """Load every run record below `runs_dir` and write the report into `out_dir`."""
     runs, metrics = load.load_runs(runs_dir)
     if runs.empty:
         raise ValueError(f"no run records (config.yaml + status) found below {runs_dir}")
-    return report_frames(runs, metrics, out_dir, evals=load.load_evals(runs_dir),
-                         source=str(runs_dir), sweep_metric=_sweep_metric(Path(runs_dir)),
-                         reps=reps, seed=seed, include_incomplete=include_incomplete)
+    return report_frames(
+        runs,
+        metrics,
+        out_dir,
+        evals=load.load_evals(runs_dir),
+        source=str(runs_dir),
+        sweep_metric=_sweep_metric(Path(runs_dir)),
+        reps=reps,
+        seed=seed,
+        include_incomplete=include_incomplete,
+    )
 
 
-def report_frames(runs: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path, *,
-                  evals: pd.DataFrame | None = None, source: str = "", sweep_metric: str | None = None,
-                  reps: int = REPS, seed: int = 0, include_incomplete: bool = False) -> list[Path]:
+def report_frames(
+    runs: pd.DataFrame,
+    metrics: pd.DataFrame,
+    out_dir: str | Path,
+    *,
+    evals: pd.DataFrame | None = None,
+    source: str = "",
+    sweep_metric: str | None = None,
+    reps: int = REPS,
+    seed: int = 0,
+    include_incomplete: bool = False,
+) -> list[Path]:
     """The report from already loaded frames (analysis.load.load_runs or load_wandb)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     outputs: list[Output] = []
     skipped: list[str] = []
     rt = tables.runs_table(runs)
-    all_runs = Output("table", "All runs with status", tables.write_table(rt, out), run_provenance(runs),
-                      rt.cells, section="All runs")  # last on the front page, after the results
+    all_runs = Output(
+        "table", "All runs with status", tables.write_table(rt, out), run_provenance(runs), rt.cells, section="All runs"
+    )  # last on the front page, after the results
     keep = runs if include_incomplete else runs[runs["complete"].astype(bool)]
-    excluded = runs[~runs["run_id"].isin(keep["run_id"])]
-    if len(excluded):
-        skipped.append(f"{len(excluded)} run(s) not finished, left out of every number: " + ", ".join(
-            f"{r.run_id} ({r.status}{', truncated' if r.truncated else ''})" for r in excluded.itertuples()))
-    forced = keep[keep["forced_resume"].fillna(False).astype(bool)] if "forced_resume" in keep else keep[:0]
-    if len(forced):
-        skipped.append(f"{len(forced)} run(s) resumed with resume=force: their settings changed mid-run (each "
-                       "change is in the run's resumes.jsonl); their numbers are in the tables: "
-                       + ", ".join(forced["run_id"]))
-    no_task = keep[keep["task"].isna()]
-    if len(no_task):
-        skipped.append(f"{len(no_task)} run(s) without task.name in config.yaml or summary.json, in no "
-                       "per-task output: " + ", ".join(no_task["run_id"]))
+    skipped += _left_out_notes(runs, keep)
     for task in sorted(keep["task"].dropna().unique()):
         # columns logged only by other tasks are all-NaN here: drop them
         t_runs = keep[keep["task"] == task].dropna(axis=1, how="all")
         t_metrics = metrics[metrics["run_id"].isin(t_runs["run_id"])].dropna(axis=1, how="all")
         t_evals = evals[evals["run_id"].isin(t_runs["run_id"])] if evals is not None and not evals.empty else None
         for build in (_task_tables, _task_curves, _task_ablations):
-            o, s = build(task, t_runs, t_metrics, t_evals, out, reps=reps, seed=seed,
-                         sweep_metric=sweep_metric)
+            o, s = build(task, t_runs, t_metrics, t_evals, out, reps=reps, seed=seed, sweep_metric=sweep_metric)
             outputs += [replace(x, section=task) for x in o]
             skipped += s
     outputs.append(all_runs)
-    n = runs["status"].value_counts().to_dict()
-    header = [f"Source: {source or 'frames'}; {len(runs)} runs found ("
-              + ", ".join(f"{v} {k}" for k, v in sorted(n.items())) + ").",
-              "Numbers use " + ("all runs, including unfinished ones." if include_incomplete
-                                else "finished runs only.") + f" Bootstrap: {reps} resamples, seed {seed}."]
+    header = _report_header(runs, source, reps, seed, include_incomplete)
     index = write_index(out, "emapg report", header, outputs, skipped)
     return [p for o in outputs for p in o.paths] + index
 
 
-def _task_tables(task: str, runs: pd.DataFrame, metrics: pd.DataFrame, evals: pd.DataFrame | None,
-                 out: Path, *, reps: int, seed: int, sweep_metric: str | None) -> Built:
+def _left_out_notes(runs: pd.DataFrame, keep: pd.DataFrame) -> list[str]:
+    """Index notes on the runs outside the numbers (unfinished) or outside every task (no task name), and
+    on the kept runs resumed with resume=force."""
+    notes = []
+    excluded = runs[~runs["run_id"].isin(keep["run_id"])]
+    if len(excluded):
+        notes.append(
+            f"{len(excluded)} run(s) not finished, left out of every number: "
+            + ", ".join(f"{r.run_id} ({r.status}{', truncated' if r.truncated else ''})" for r in excluded.itertuples())
+        )
+    forced = keep[keep["forced_resume"].fillna(False).astype(bool)] if "forced_resume" in keep else keep[:0]
+    if len(forced):
+        notes.append(
+            f"{len(forced)} run(s) resumed with resume=force: their settings changed mid-run (each "
+            "change is in the run's resumes.jsonl); their numbers are in the tables: " + ", ".join(forced["run_id"])
+        )
+    no_task = keep[keep["task"].isna()]
+    if len(no_task):
+        notes.append(
+            f"{len(no_task)} run(s) without task.name in config.yaml or summary.json, in no "
+            "per-task output: " + ", ".join(no_task["run_id"])
+        )
+    return notes
+
+
+def _report_header(runs: pd.DataFrame, source: str, reps: int, seed: int, include_incomplete: bool) -> list[str]:
+    """The front page's opening lines: where the runs came from, their statuses, which runs count."""
+    n = runs["status"].value_counts().to_dict()
+    return [
+        f"Source: {source or 'frames'}; {len(runs)} runs found ("
+        + ", ".join(f"{v} {k}" for k, v in sorted(n.items()))
+        + ").",
+        "Numbers use "
+        + ("all runs, including unfinished ones." if include_incomplete else "finished runs only.")
+        + f" Bootstrap: {reps} resamples, seed {seed}.",
+    ]
+
+
+def _task_tables(
+    task: str,
+    runs: pd.DataFrame,
+    metrics: pd.DataFrame,
+    evals: pd.DataFrame | None,
+    out: Path,
+    *,
+    reps: int,
+    seed: int,
+    sweep_metric: str | None,
+) -> Built:
     outputs, skipped = [], []
     setting = task if task in tables.SETTINGS else None
     prefix = "final/eval/"
-    has = (tables.find_benchmarks(runs.columns, prefix, "acc")
-           or tables.find_benchmarks(runs.columns, prefix, "pass@1"))
+    has = tables.find_benchmarks(runs.columns, prefix, "acc") or tables.find_benchmarks(runs.columns, prefix, "pass@1")
     if not has:
         return [], [f"{task}: no eval metric logged; no result table"]
     if setting:
@@ -127,37 +186,69 @@ def _task_tables(task: str, runs: pd.DataFrame, metrics: pd.DataFrame, evals: pd
     outputs.append(Output("table", title, tables.write_table(t, out), run_provenance(runs), t.cells, notes=t.notes))
     if evals is not None and not evals.empty:
         pk = tables.passk_table(evals, task, reps=reps, seed=seed)
-        outputs.append(Output("table", f"{task}: unbiased pass@k (policy and anchor)",
-                              tables.write_table(pk, out), run_provenance(runs), pk.cells, notes=pk.notes))
+        outputs.append(
+            Output(
+                "table",
+                f"{task}: unbiased pass@k (policy and anchor)",
+                tables.write_table(pk, out),
+                run_provenance(runs),
+                pk.cells,
+                notes=pk.notes,
+            )
+        )
     else:
         skipped.append(f"{task}: no evals.jsonl; no pass@k table")
     return outputs, skipped
 
 
-def _task_curves(task: str, runs: pd.DataFrame, metrics: pd.DataFrame, evals: pd.DataFrame | None,
-                 out: Path, *, reps: int, seed: int, sweep_metric: str | None) -> Built:
+def _task_curves(
+    task: str,
+    runs: pd.DataFrame,
+    metrics: pd.DataFrame,
+    evals: pd.DataFrame | None,
+    out: Path,
+    *,
+    reps: int,
+    seed: int,
+    sweep_metric: str | None,
+) -> Built:
     outputs, skipped = [], []
     for bench, metric in _curve_metrics(task, metrics.columns).items():
         anchor = metric.replace("eval/", "eval_anchor/", 1)
         label = task if bench == task else f"{task} · {bench}"  # a tiny task is its own benchmark
-        fig = learning_curves.make(metrics, metric, anchor, reps=reps, seed=seed,
-                                   title=f"{label}: learning curves")
+        fig = learning_curves.make(metrics, metric, anchor, reps=reps, seed=seed, title=f"{label}: learning curves")
         paths = style.save(fig, out / _stem(f"{task}_curve_{bench}"))
-        outputs.append(Output("figure", f"{label}: {metric} (and the anchor's) vs iteration",
-                              paths, run_provenance(runs)))
+        outputs.append(
+            Output("figure", f"{label}: {metric} (and the anchor's) vs iteration", paths, run_provenance(runs))
+        )
     if not outputs:
         skipped.append(f"{task}: no eval metric logged; no learning curves")
     try:
         fig = training_dynamics.make(metrics, reps=reps, seed=seed, title=f"{task}: training dynamics")
-        outputs.append(Output("figure", f"{task}: KL value and anchor drift vs iteration",
-                              style.save(fig, out / _stem(f"{task}_dynamics")), run_provenance(runs)))
+        outputs.append(
+            Output(
+                "figure",
+                f"{task}: KL value and anchor drift vs iteration",
+                style.save(fig, out / _stem(f"{task}_dynamics")),
+                run_provenance(runs),
+            )
+        )
     except ValueError as err:
         skipped.append(f"{task}: dynamics figure: {err}")
     return outputs, skipped
 
 
-def _task_ablations(task: str, runs: pd.DataFrame, metrics: pd.DataFrame, evals: pd.DataFrame | None,
-                    out: Path, *, reps: int, seed: int, sweep_metric: str | None) -> Built:
+def _task_ablations(
+    task: str,
+    runs: pd.DataFrame,
+    metrics: pd.DataFrame,
+    evals: pd.DataFrame | None,
+    out: Path,
+    *,
+    reps: int,
+    seed: int,
+    sweep_metric: str | None,
+) -> Built:
     outputs, skipped = [], []
     runs, score = _with_score(task, runs, sweep_metric)
     if score is None:
@@ -165,23 +256,40 @@ def _task_ablations(task: str, runs: pd.DataFrame, metrics: pd.DataFrame, evals:
     varying = [k for k in ABLATION_KNOBS if k in runs and runs[k].dropna().nunique() > 1]
     for knob in varying:
         others = [k for k in varying if k != knob]
-        hue = runs[others].apply(lambda r: ", ".join(f"{k}={_fmt(v)}" for k, v in r.items()), axis=1) \
-            if others else None
+        hue = (
+            runs[others].apply(lambda r: ", ".join(f"{k}={_fmt(v)}" for k, v in r.items()), axis=1) if others else None
+        )
         if hue is not None and runs.assign(_h=hue).groupby("_h")[knob].nunique().max() < 2:
-            skipped.append(f"{task}: {knob} never varies with the other knobs held fixed "
-                           f"({', '.join(others)} change with it); no ablation figure")
+            skipped.append(
+                f"{task}: {knob} never varies with the other knobs held fixed "
+                f"({', '.join(others)} change with it); no ablation figure"
+            )
             continue
         sub = runs.assign(**({"other knobs": hue} if hue is not None else {}))
-        fig = ablation.make(sub, knob, score, hue="other knobs" if hue is not None else None,
-                            reps=reps, seed=seed, title=f"{task}: ablation over the {style.knob_name(knob)}")
-        outputs.append(Output("figure", f"{task}: {score} vs {knob}",
-                              style.save(fig, out / _stem(f"{task}_ablation_{knob}")), run_provenance(runs)))
+        fig = ablation.make(
+            sub,
+            knob,
+            score,
+            hue="other knobs" if hue is not None else None,
+            reps=reps,
+            seed=seed,
+            title=f"{task}: ablation over the {style.knob_name(knob)}",
+        )
+        outputs.append(
+            Output(
+                "figure",
+                f"{task}: {score} vs {knob}",
+                style.save(fig, out / _stem(f"{task}_ablation_{knob}")),
+                run_provenance(runs),
+            )
+        )
     if not varying:
         skipped.append(f"{task}: no knob varies across runs; no ablation figures")
     return outputs, skipped
 
 
 # ---------------------------------------------------------------- emapg figures
+
 
 def figures(records: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
     """Render the no-training outputs from audit records (analysis.audit_schema) into `out_dir`."""
@@ -193,21 +301,36 @@ def figures(records: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
     outputs, skipped = [], []
     if "estimator_table" in frames:
         t = tables.estimator_table(frames["estimator_table"], meta)
-        outputs.append(Output("table", "KL estimators: bias, variance, memory", tables.write_table(t, out),
-                              prov, t.cells, section="Audit records", notes=t.notes))
+        outputs.append(
+            Output(
+                "table",
+                "KL estimators: bias, variance, memory",
+                tables.write_table(t, out),
+                prov,
+                t.cells,
+                section="Audit records",
+                notes=t.notes,
+            )
+        )
     for key, module, stem, title in FIGURE_RENDERERS:
         if key not in frames:
             skipped.append(f"{key}: not in the audit records")
             continue
-        outputs.append(Output("figure", title, style.save(module.make(frames[key]), out / stem), prov,
-                              section="Audit records"))
-    index = write_index(out, "emapg figures (no training)",
-                        ["Computed by ema_pg_core.audit (exact enumeration / Monte Carlo); rendered by analysis."],
-                        outputs, skipped)
+        outputs.append(
+            Output("figure", title, style.save(module.make(frames[key]), out / stem), prov, section="Audit records")
+        )
+    index = write_index(
+        out,
+        "emapg figures (no training)",
+        ["Computed by ema_pg_core.audit (exact enumeration / Monte Carlo); rendered by analysis."],
+        outputs,
+        skipped,
+    )
     return [p for o in outputs for p in o.paths] + index
 
 
 # ---------------------------------------------------------------- CLI entry points
+
 
 def _positive(text: str) -> int:
     """argparse type: an integer >= 1."""
@@ -238,17 +361,17 @@ def main_report(argv: Sequence[str] | None = None) -> int:
         else:
             runs, metrics = load.load_wandb(a.wandb_project, a.wandb_entity, a.wandb_group, a.wandb_tag)
             if runs.empty:
-                raise ValueError(f"no W&B runs matched project={a.wandb_project} group={a.wandb_group} "
-                                 f"tags={a.wandb_tag}")
+                raise ValueError(
+                    f"no W&B runs matched project={a.wandb_project} group={a.wandb_group} tags={a.wandb_tag}"
+                )
             paths = report_frames(runs, metrics, a.out, source=f"W&B {a.wandb_project}", **kw)
-    except (FileNotFoundError, ValueError) as err:   # no records, corrupt record: a clear message
+    except (FileNotFoundError, ValueError) as err:  # no records, corrupt record: a clear message
         p.error(str(err))
     print(f"wrote {len(paths)} files; open {Path(a.out) / 'index.html'}")
     return 0
 
 
-def main_figures(argv: Sequence[str] | None,
-                 audit_fn: Callable[[], Mapping[str, Any]] | Mapping[str, Any]) -> int:
+def main_figures(argv: Sequence[str] | None, audit_fn: Callable[[], Mapping[str, Any]] | Mapping[str, Any]) -> int:
     """`emapg figures --out <dir>`. `audit_fn`: the core's audit function, called with no
     arguments (bind options with functools.partial), or the records themselves."""
     p = argparse.ArgumentParser(prog="emapg figures", description="Figures that need no training.")
@@ -261,6 +384,7 @@ def main_figures(argv: Sequence[str] | None,
 
 
 # ---------------------------------------------------------------- helpers
+
 
 def _curve_metrics(task: str, columns: Sequence[str]) -> dict[str, str]:
     """benchmark -> the eval metric to plot (pass@1 first for the math setting, else acc)."""
@@ -292,8 +416,10 @@ def _with_score(task: str, runs: pd.DataFrame, sweep_metric: str | None) -> tupl
 
 def _problem_counts(evals: pd.DataFrame, benchmarks: Sequence[str]) -> dict[str, float] | None:
     """Problems per benchmark (display names), when evals cover every benchmark; else None."""
-    counts = {tables.ALIASES.get(tables.normalise(b), b): n
-              for b, n in evals.groupby("benchmark")["problem_id"].nunique().items()}
+    counts = {
+        tables.ALIASES.get(tables.normalise(b), b): n
+        for b, n in evals.groupby("benchmark")["problem_id"].nunique().items()
+    }
     return {b: float(counts[b]) for b in benchmarks} if all(b in counts for b in benchmarks) else None
 
 

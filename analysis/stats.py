@@ -10,9 +10,10 @@ resampled with replacement independently within each task (rliable's StratifiedB
     p = probability_of_improvement(scores_ema, scores_grpo)    # P(X > Y), ties count 1/2
     pass_at_k(n=32, c=5, k=4)                                  # unbiased Codex estimator
 """
+
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -45,11 +46,12 @@ def iqm(s: np.ndarray) -> np.ndarray:
     flat = np.sort(s.reshape(*s.shape[:-2], -1), axis=-1)
     n = flat.shape[-1]
     cut = int(0.25 * n)
-    return flat[..., cut:n - cut].mean(axis=-1)
+    return flat[..., cut : n - cut].mean(axis=-1)
 
 
-def bootstrap_ci(scores, statistic: Aggregate = mean_score, reps: int = 2000,
-                 confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_ci(
+    scores, statistic: Aggregate = mean_score, reps: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
     """(point, ci_low, ci_high): percentile CI of `statistic` under a stratified bootstrap.
 
     With a single run there is no spread to resample: the CI is (nan, nan).
@@ -60,8 +62,8 @@ def bootstrap_ci(scores, statistic: Aggregate = mean_score, reps: int = 2000,
     if r < 2:
         return point, float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, r, size=(reps, r, m))          # a run index per (rep, slot, task)
-    boot = statistic(s[idx, np.arange(m)])               # (reps,)
+    idx = rng.integers(0, r, size=(reps, r, m))  # a run index per (rep, slot, task)
+    boot = statistic(s[idx, np.arange(m)])  # (reps,)
     lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
     return point, float(lo), float(hi)
 
@@ -78,9 +80,14 @@ def _poi(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return (gt + 0.5 * eq).mean(axis=(-3, -2)).mean(axis=-1)
 
 
-def bootstrap_ci_two(x, y, statistic: Callable[[np.ndarray, np.ndarray], np.ndarray],
-                     reps: int = 2000, confidence: float = 0.95,
-                     seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_ci_two(
+    x,
+    y,
+    statistic: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    reps: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float, float]:
     """(point, lo, hi) for a two-sample statistic; both samples are resampled independently,
     stratified by task. The CI is (nan, nan) unless both have at least two runs."""
     x, y = as_scores(x), as_scores(y)
@@ -126,8 +133,15 @@ def pass_at_k(n, c, k: int) -> np.ndarray | float:
 
 # ---------------------------------------------------------------- over tidy frames
 
-def summarize(frame: pd.DataFrame, value: str, by: str | list[str], reps: int = 2000,
-              seed: int = 0, statistic: Aggregate = mean_score) -> pd.DataFrame:
+
+def summarize(
+    frame: pd.DataFrame,
+    value: str,
+    by: str | list[str],
+    reps: int = 2000,
+    seed: int = 0,
+    statistic: Aggregate = mean_score,
+) -> pd.DataFrame:
     """Per group: mean (or `statistic`), bootstrap CI over the group's rows (runs), n.
 
     NaN values are dropped first; groups left empty are omitted.
@@ -139,13 +153,13 @@ def summarize(frame: pd.DataFrame, value: str, by: str | list[str], reps: int = 
         vals = sub[value].to_numpy(dtype=float)
         point, lo, hi = bootstrap_ci(vals, statistic, reps=reps, seed=seed)
         group = group if isinstance(group, tuple) else (group,)
-        out.append({**dict(zip(keys, group)), "mean": point, "ci_low": lo, "ci_high": hi,
-                    "n": len(vals)})
+        out.append({**dict(zip(keys, group)), "mean": point, "ci_low": lo, "ci_high": hi, "n": len(vals)})
     return pd.DataFrame(out, columns=[*keys, "mean", "ci_low", "ci_high", "n"])
 
 
-def curve_bands(metrics: pd.DataFrame, value: str, group: str = "variant", x: str = "iteration",
-                reps: int = 1000, seed: int = 0) -> pd.DataFrame:
+def curve_bands(
+    metrics: pd.DataFrame, value: str, group: str = "variant", x: str = "iteration", reps: int = 1000, seed: int = 0
+) -> pd.DataFrame:
     """Mean and bootstrap CI over runs at each x, per group (learning-curve bands).
 
     Each run contributes its own value at x; points where fewer than two runs logged the
@@ -156,16 +170,16 @@ def curve_bands(metrics: pd.DataFrame, value: str, group: str = "variant", x: st
     return summarize(metrics, value, [group, x], reps=reps, seed=seed)
 
 
-def pass_at_k_frame(evals: pd.DataFrame, ks: Sequence[int],
-                    by: Sequence[str] = ("run_id", "iteration", "model", "benchmark")) -> pd.DataFrame:
+def pass_at_k_frame(
+    evals: pd.DataFrame, ks: Sequence[int], by: Sequence[str] = ("run_id", "iteration", "model", "benchmark")
+) -> pd.DataFrame:
     """Unbiased pass@k per group of `by` (mean over the group's problems), for each k in `ks`
     that every problem of the group supports (k <= n); other cells are NaN."""
     rows = []
     for group, sub in evals.groupby(list(by), sort=True):
         n, c = sub["n"].to_numpy(int), sub["n_correct"].to_numpy(int)
         row = dict(zip(by, group))
-        row.update({f"pass@{k}": (float(np.mean(pass_at_k(n, c, k))) if k <= n.min() else np.nan)
-                    for k in ks})
+        row.update({f"pass@{k}": (float(np.mean(pass_at_k(n, c, k))) if k <= n.min() else np.nan) for k in ks})
         row["n_problems"] = len(sub)
         rows.append(row)
     return pd.DataFrame(rows, columns=[*by, *(f"pass@{k}" for k in ks), "n_problems"])

@@ -8,13 +8,15 @@ A `Table` holds display strings (`cells`, what .md/.tex show) and the numbers be
 the 95% stratified-bootstrap CI over seeds; a cell with no number is "—" (unavailable), never
 filled in. Paper rows come from analysis.paper with their source tags.
 """
+
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -27,11 +29,24 @@ SEARCH_BENCHMARKS = ("NQ", "TriviaQA", "PopQA", "HotpotQA", "2WikiMultiHopQA", "
 SETTINGS = {"math": (MATH_BENCHMARKS, "pass@1"), "search": (SEARCH_BENCHMARKS, "acc")}
 # normalised metric-key names (lower case, alphanumerics only) -> display name
 ALIASES = {
-    "aime24": "AIME24", "aime2024": "AIME24", "amc": "AMC", "amc23": "AMC", "amc2023": "AMC",
-    "math500": "MATH-500", "minerva": "Minerva", "minervamath": "Minerva",
-    "olympiadbench": "OlympiadBench", "olympiad": "OlympiadBench", "nq": "NQ",
-    "naturalquestions": "NQ", "triviaqa": "TriviaQA", "popqa": "PopQA", "hotpotqa": "HotpotQA",
-    "2wikimultihopqa": "2WikiMultiHopQA", "2wiki": "2WikiMultiHopQA", "musique": "Musique",
+    "aime24": "AIME24",
+    "aime2024": "AIME24",
+    "amc": "AMC",
+    "amc23": "AMC",
+    "amc2023": "AMC",
+    "math500": "MATH-500",
+    "minerva": "Minerva",
+    "minervamath": "Minerva",
+    "olympiadbench": "OlympiadBench",
+    "olympiad": "OlympiadBench",
+    "nq": "NQ",
+    "naturalquestions": "NQ",
+    "triviaqa": "TriviaQA",
+    "popqa": "PopQA",
+    "hotpotqa": "HotpotQA",
+    "2wikimultihopqa": "2WikiMultiHopQA",
+    "2wiki": "2WikiMultiHopQA",
+    "musique": "Musique",
     "bamboogle": "Bamboogle",
 }
 METRIC_NAMES = {"acc": "greedy accuracy", "pass@1": "pass@1 (mean accuracy over n samples)"}
@@ -41,22 +56,22 @@ METRIC_NAMES = {"acc": "greedy accuracy", "pass@1": "pass@1 (mean accuracy over 
 class Table:
     """A rendered table: display cells, the numbers behind them, caption and provenance."""
 
-    name: str                     # file stem
+    name: str  # file stem
     caption: str
-    cells: pd.DataFrame           # display strings; the index holds the row labels
-    numbers: pd.DataFrame         # tidy: row, column, value, ci_low, ci_high, n, unit, source
+    cells: pd.DataFrame  # display strings; the index holds the row labels
+    numbers: pd.DataFrame  # tidy: row, column, value, ci_low, ci_high, n, unit, source
     notes: list[str] = field(default_factory=list)
     run_ids: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- writers
 
+
 def to_markdown(df: pd.DataFrame, caption: str | None = None) -> str:
     """A GitHub markdown table of `df` (index as the first column when it is named or labelled)."""
     df = _with_index(df)
     esc = lambda v: _cell(v).replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(esc(c) for c in df.columns) + " |",
-             "|" + "|".join("---" for _ in df.columns) + "|"]
+    lines = ["| " + " | ".join(esc(c) for c in df.columns) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
     lines += ["| " + " | ".join(esc(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return (f"{caption}\n\n" if caption else "") + "\n".join(lines) + "\n"
 
@@ -65,15 +80,20 @@ def to_latex(df: pd.DataFrame, caption: str | None = None, label: str | None = N
     """A booktabs `table` environment (needs \\usepackage{booktabs}); text is LaTeX-escaped."""
     df = _with_index(df)
     body = [" & ".join(latex_escape(c) for c in df.columns) + r" \\", r"\midrule"]
-    body += [" & ".join(latex_escape(_cell(v)) for v in row) + r" \\"
-             for row in df.itertuples(index=False)]
+    body += [" & ".join(latex_escape(_cell(v)) for v in row) + r" \\" for row in df.itertuples(index=False)]
     out = [r"\begin{table}[t]", r"\centering", r"\small"]
     if caption:
         out.append(r"\caption{" + latex_escape(caption) + "}")
     if label:
         out.append(r"\label{" + label + "}")
-    out += [r"\begin{tabular}{l" + "r" * (len(df.columns) - 1) + "}", r"\toprule", *body,
-            r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    out += [
+        r"\begin{tabular}{l" + "r" * (len(df.columns) - 1) + "}",
+        r"\toprule",
+        *body,
+        r"\bottomrule",
+        r"\end{tabular}",
+        r"\end{table}",
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -98,11 +118,34 @@ def write_table(table: Table, out_dir: str | Path) -> list[Path]:
     return paths
 
 
-_LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-          "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-          "±": r"$\pm$", "—": "---", "τ": r"$\tau$", "η": r"$\eta$", "α": r"$\alpha$",
-          "β": r"$\beta$", "≤": r"$\le$", "≥": r"$\ge$", "✓": r"$\checkmark$", "✗": r"$\times$",
-          "×": r"$\times$", "|": r"$|$", "<": r"$<$", ">": r"$>$", "‖": r"$\|$", "θ": r"$\theta$"}
+_LATEX = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "—": "---",
+    "τ": r"$\tau$",
+    "η": r"$\eta$",
+    "α": r"$\alpha$",
+    "β": r"$\beta$",
+    "≤": r"$\le$",
+    "≥": r"$\ge$",
+    "✓": r"$\checkmark$",
+    "✗": r"$\times$",
+    "×": r"$\times$",
+    "|": r"$|$",
+    "<": r"$<$",
+    ">": r"$>$",
+    "‖": r"$\|$",
+    "θ": r"$\theta$",
+}
 
 
 def latex_escape(text: Any) -> str:
@@ -112,8 +155,9 @@ def latex_escape(text: Any) -> str:
 
 # ---------------------------------------------------------------- cell formatting
 
+
 def fmt_ci(mean: float, lo: float, hi: float, scale: float = 100.0, digits: int = 1) -> str:
-    """"53.9 ± 1.2" (± half-width of the CI), "53.9" without a CI, "—" without a number."""
+    """ "53.9 ± 1.2" (± half-width of the CI), "53.9" without a CI, "—" without a number."""
     if mean is None or not np.isfinite(mean):
         return NA
     if lo is None or not (np.isfinite(lo) and np.isfinite(hi)):
@@ -122,7 +166,7 @@ def fmt_ci(mean: float, lo: float, hi: float, scale: float = 100.0, digits: int 
 
 
 def fmt_gain(g: float, lo: float = math.nan, hi: float = math.nan) -> str:
-    """"+12.0% [+3.1, +20.4]" for a relative gain (fractions in, percent out)."""
+    """ "+12.0% [+3.1, +20.4]" for a relative gain (fractions in, percent out)."""
     if not np.isfinite(g):
         return NA
     s = f"{g * 100:+.1f}%"
@@ -147,8 +191,10 @@ def find_benchmarks(columns: Sequence[str], prefix: str, metric: str) -> dict[st
 
 # ---------------------------------------------------------------- building blocks
 
-def ours_rows(runs: pd.DataFrame, columns: dict[str, str], group: str, reps: int, seed: int,
-              scale: float = 100.0) -> tuple[list[tuple[str, dict[str, str]]], list[dict]]:
+
+def ours_rows(
+    runs: pd.DataFrame, columns: dict[str, str], group: str, reps: int, seed: int, scale: float = 100.0
+) -> tuple[list[tuple[str, dict[str, str]]], list[dict]]:
     """One display row per group (mean ± CI over its runs) for each (label -> runs column)."""
     rows, numbers = [], []
     groups = sorted(runs.groupby(group), key=lambda t: (not str(t[0]).startswith("GRPO"), str(t[0])))
@@ -162,9 +208,18 @@ def ours_rows(runs: pd.DataFrame, columns: dict[str, str], group: str, reps: int
                 continue
             m, lo, hi = stats.bootstrap_ci(vals, reps=reps, seed=seed)
             cells[col_label] = fmt_ci(m, lo, hi, scale) + (f" (n={len(vals)})" if len(vals) < len(sub) else "")
-            numbers.append(dict(row=label, column=col_label, value=m * scale, ci_low=lo * scale,
-                                ci_high=hi * scale, n=len(vals), unit="%" if scale == 100 else "",
-                                source="ours"))
+            numbers.append(
+                dict(
+                    row=label,
+                    column=col_label,
+                    value=m * scale,
+                    ci_low=lo * scale,
+                    ci_high=hi * scale,
+                    n=len(vals),
+                    unit="%" if scale == 100 else "",
+                    source="ours",
+                )
+            )
         rows.append((label, cells))
     return rows, numbers
 
@@ -188,8 +243,9 @@ def gain_pairs(runs: pd.DataFrame, group: str = "variant") -> tuple[list[tuple[s
     return sorted(pairs), notes
 
 
-def gain_rows(runs: pd.DataFrame, columns: dict[str, str], group: str, reps: int,
-              seed: int) -> tuple[list[tuple[str, dict[str, str]]], list[dict], list[str]]:
+def gain_rows(
+    runs: pd.DataFrame, columns: dict[str, str], group: str, reps: int, seed: int
+) -> tuple[list[tuple[str, dict[str, str]]], list[dict], list[str]]:
     """Rows with the relative gain of each EMA-PG variant over its GRPO baseline
     (gain of the seed means, bootstrap CI) and the probability of improvement over seeds."""
     pairs, notes = gain_pairs(runs, group)
@@ -207,10 +263,28 @@ def gain_rows(runs: pd.DataFrame, columns: dict[str, str], group: str, reps: int
             p = stats.bootstrap_ci_two(x, y, stats.poi_statistic, reps=reps, seed=seed)
             g_cells[col_label] = fmt_gain(*g)
             p_cells[col_label] = f"{p[0]:.2f}" + (f" [{p[1]:.2f}, {p[2]:.2f}]" if np.isfinite(p[1]) else "")
-            numbers += [dict(row=g_label, column=col_label, value=g[0] * 100, ci_low=g[1] * 100,
-                             ci_high=g[2] * 100, n=len(x) + len(y), unit="% relative", source="ours"),
-                        dict(row=p_label, column=col_label, value=p[0], ci_low=p[1], ci_high=p[2],
-                             n=len(x) + len(y), unit="probability", source="ours")]
+            numbers += [
+                dict(
+                    row=g_label,
+                    column=col_label,
+                    value=g[0] * 100,
+                    ci_low=g[1] * 100,
+                    ci_high=g[2] * 100,
+                    n=len(x) + len(y),
+                    unit="% relative",
+                    source="ours",
+                ),
+                dict(
+                    row=p_label,
+                    column=col_label,
+                    value=p[0],
+                    ci_low=p[1],
+                    ci_high=p[2],
+                    n=len(x) + len(y),
+                    unit="probability",
+                    source="ours",
+                ),
+            ]
         rows += [(g_label, g_cells), (p_label, p_cells)]
     return rows, numbers, notes
 
@@ -224,8 +298,18 @@ def paper_rows(setting: str, columns: Sequence[str]) -> tuple[list[tuple[str, di
             p = paper.number(setting, c, method)
             cells[c] = f"{p.value:.1f} {p.source}" if p else NA
             if p:
-                numbers.append(dict(row=f"{method} — paper", column=c, value=p.value, ci_low=np.nan,
-                                    ci_high=np.nan, n=np.nan, unit="%", source=p.source))
+                numbers.append(
+                    dict(
+                        row=f"{method} — paper",
+                        column=c,
+                        value=p.value,
+                        ci_low=np.nan,
+                        ci_high=np.nan,
+                        n=np.nan,
+                        unit="%",
+                        source=p.source,
+                    )
+                )
         rows.append((f"{method} — paper", cells))
     cells = {}
     for c in columns:
@@ -239,27 +323,57 @@ def paper_rows(setting: str, columns: Sequence[str]) -> tuple[list[tuple[str, di
         else:
             cells[c] = NA
             continue
-        numbers.append(dict(row="gain: EMA-PG vs GRPO — paper", column=c, value=value, ci_low=np.nan,
-                            ci_high=np.nan, n=np.nan, unit="% relative", source=src))
+        numbers.append(
+            dict(
+                row="gain: EMA-PG vs GRPO — paper",
+                column=c,
+                value=value,
+                ci_low=np.nan,
+                ci_high=np.nan,
+                n=np.nan,
+                unit="% relative",
+                source=src,
+            )
+        )
     rows.append(("gain: EMA-PG vs GRPO — paper", cells))
     return rows, numbers
 
 
-def assemble(name: str, caption: str, columns: Sequence[str], blocks: Sequence[tuple[list, list]],
-             notes: list[str], run_ids: list[str]) -> Table:
+def assemble(
+    name: str,
+    caption: str,
+    columns: Sequence[str],
+    blocks: Sequence[tuple[list, list]],
+    notes: list[str],
+    run_ids: list[str],
+) -> Table:
     """Stack row blocks into a Table; missing cells are "—"."""
     rows = [r for block, _ in blocks for r in block]
-    cells = pd.DataFrame([[c.get(col, NA) for col in columns] for _, c in rows],
-                         index=pd.Index([label for label, _ in rows], name="method"), columns=list(columns))
-    numbers = pd.DataFrame([n for _, nums in blocks for n in nums],
-                           columns=["row", "column", "value", "ci_low", "ci_high", "n", "unit", "source"])
+    cells = pd.DataFrame(
+        [[c.get(col, NA) for col in columns] for _, c in rows],
+        index=pd.Index([label for label, _ in rows], name="method"),
+        columns=list(columns),
+    )
+    numbers = pd.DataFrame(
+        [n for _, nums in blocks for n in nums],
+        columns=["row", "column", "value", "ci_low", "ci_high", "n", "unit", "source"],
+    )
     return Table(name, caption, cells, numbers, notes, sorted(run_ids))
 
 
 # ---------------------------------------------------------------- result tables
 
-def paper_table(runs: pd.DataFrame, setting: str, *, which: str = "final", group: str = "variant",
-                weights: dict[str, float] | None = None, reps: int = 2000, seed: int = 0) -> Table:
+
+def paper_table(
+    runs: pd.DataFrame,
+    setting: str,
+    *,
+    which: str = "final",
+    group: str = "variant",
+    weights: dict[str, float] | None = None,
+    reps: int = 2000,
+    seed: int = 0,
+) -> Table:
     """The paper's main table for `setting` ("math" | "search"): the paper's verified numbers,
     then ours per variant (mean ± CI over seeds of the `which` value), then relative gains.
 
@@ -271,44 +385,66 @@ def paper_table(runs: pd.DataFrame, setting: str, *, which: str = "final", group
     found = find_benchmarks(runs.columns, f"{which}/eval/", metric)
     runs = runs.assign(_avg=_average(runs, [found.get(b) for b in benchmarks], benchmarks, weights))
     columns = {**{b: found.get(b, f"{which}/eval/{b}/{metric}") for b in benchmarks}, "Average": "_avg"}
-    caption = (f"{setting.capitalize()}: {METRIC_NAMES[metric]} (%) at the {which} iteration. Paper: "
-               f"{paper.SETTINGS[setting]}. Ours: mean ± half-width of the 95% stratified-bootstrap CI "
-               f"over seeds ({reps} resamples); gains: relative gain of seed means [95% CI]. "
-               f"— = unavailable (not reported in a verified source, or not logged).")
+    caption = (
+        f"{setting.capitalize()}: {METRIC_NAMES[metric]} (%) at the {which} iteration. Paper: "
+        f"{paper.SETTINGS[setting]}. Ours: mean ± half-width of the 95% stratified-bootstrap CI "
+        f"over seeds ({reps} resamples); gains: relative gain of seed means [95% CI]. "
+        f"— = unavailable (not reported in a verified source, or not logged)."
+    )
     notes = [f"{tag}: {desc}" for tag, desc in paper.SOURCES.items()]
-    notes.append("Average = " + ("weighted by " + ", ".join(f"{k}={v:g}" for k, v in weights.items())
-                                 if weights else "unweighted mean over the benchmarks") + ".")
+    notes.append(
+        "Average = "
+        + (
+            "weighted by " + ", ".join(f"{k}={v:g}" for k, v in weights.items())
+            if weights
+            else "unweighted mean over the benchmarks"
+        )
+        + "."
+    )
     g_rows, g_nums, g_notes = gain_rows(runs, columns, group, reps, seed)
-    blocks = [paper_rows(setting, list(columns)), ours_rows(runs, columns, group, reps, seed),
-              (g_rows, g_nums)]
-    return assemble(f"{setting}_main", caption, list(columns), blocks, notes + g_notes,
-                    runs["run_id"].tolist())
+    blocks = [paper_rows(setting, list(columns)), ours_rows(runs, columns, group, reps, seed), (g_rows, g_nums)]
+    return assemble(f"{setting}_main", caption, list(columns), blocks, notes + g_notes, runs["run_id"].tolist())
 
 
-def tiny_table(runs: pd.DataFrame, task: str, *, which: str = "final", group: str = "variant",
-               reps: int = 2000, seed: int = 0) -> Table:
+def tiny_table(
+    runs: pd.DataFrame, task: str, *, which: str = "final", group: str = "variant", reps: int = 2000, seed: int = 0
+) -> Table:
     """The main-table layout for a tiny task: policy greedy acc, policy pass@1 and EMA-anchor
     greedy acc per benchmark; no paper rows (the paper has no tiny tasks)."""
-    benches = sorted(set(find_benchmarks(runs.columns, f"{which}/eval/", "acc"))
-                     | set(find_benchmarks(runs.columns, f"{which}/eval/", "pass@1")))
+    benches = sorted(
+        set(find_benchmarks(runs.columns, f"{which}/eval/", "acc"))
+        | set(find_benchmarks(runs.columns, f"{which}/eval/", "pass@1"))
+    )
     columns: dict[str, str] = {}
     for b in benches:
         pre = f"{b} " if len(benches) > 1 else ""
-        for kind, prefix, metric in (("policy acc", "eval", "acc"), ("policy pass@1", "eval", "pass@1"),
-                                     ("anchor acc", "eval_anchor", "acc")):
+        for kind, prefix, metric in (
+            ("policy acc", "eval", "acc"),
+            ("policy pass@1", "eval", "pass@1"),
+            ("anchor acc", "eval_anchor", "acc"),
+        ):
             col = find_benchmarks(runs.columns, f"{which}/{prefix}/", metric).get(b)
             columns[pre + kind] = col or f"{which}/{prefix}/{b}/{metric}"
-    caption = (f"{task}: accuracy (%) at the {which} iteration; acc = greedy, pass@1 = mean accuracy "
-               f"over n samples; anchor = the EMA anchor (the fixed reference for GRPO). Mean ± "
-               f"half-width of the 95% stratified-bootstrap CI over seeds ({reps} resamples). "
-               f"— = not logged.")
+    caption = (
+        f"{task}: accuracy (%) at the {which} iteration; acc = greedy, pass@1 = mean accuracy "
+        f"over n samples; anchor = the EMA anchor (the fixed reference for GRPO). Mean ± "
+        f"half-width of the 95% stratified-bootstrap CI over seeds ({reps} resamples). "
+        f"— = not logged."
+    )
     g_rows, g_nums, g_notes = gain_rows(runs, columns, group, reps, seed)
     blocks = [ours_rows(runs, columns, group, reps, seed), (g_rows, g_nums)]
     return assemble(f"{task}_main", caption, list(columns), blocks, g_notes, runs["run_id"].tolist())
 
 
-def passk_table(evals: pd.DataFrame, task: str, ks: Sequence[int] = (1, 2, 4, 8, 16, 32), *,
-                group: str = "variant", reps: int = 2000, seed: int = 0) -> Table | None:
+def passk_table(
+    evals: pd.DataFrame,
+    task: str,
+    ks: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    *,
+    group: str = "variant",
+    reps: int = 2000,
+    seed: int = 0,
+) -> Table | None:
     """Unbiased pass@k (%) at each run's last evaluated iteration, per model (policy, anchor),
     averaged over problems and benchmarks, mean ± CI over seeds. None if evals are empty."""
     if evals.empty:
@@ -323,18 +459,33 @@ def passk_table(evals: pd.DataFrame, task: str, ks: Sequence[int] = (1, 2, 4, 8,
     wide = wide.reset_index()
     models = sorted(per["model"].unique(), key=lambda m: (m != "policy", m))
     columns = {f"{m} pass@{k}": f"{m} pass@{k}" for m in models for k in ks}
-    caption = (f"{task}: unbiased pass@k (%) from n samples per problem (Codex estimator), at each "
-               f"run's last evaluated iteration, mean over problems; mean ± half-width of the 95% "
-               f"bootstrap CI over seeds.")
-    return assemble(f"{task}_passk", caption, list(columns),
-                    [ours_rows(wide, columns, group, reps, seed)], [], wide["run_id"].tolist())
+    caption = (
+        f"{task}: unbiased pass@k (%) from n samples per problem (Codex estimator), at each "
+        f"run's last evaluated iteration, mean over problems; mean ± half-width of the 95% "
+        f"bootstrap CI over seeds."
+    )
+    return assemble(
+        f"{task}_passk",
+        caption,
+        list(columns),
+        [ours_rows(wide, columns, group, reps, seed)],
+        [],
+        wide["run_id"].tolist(),
+    )
 
 
 ESTIMATOR_COLUMNS = {
-    "estimator": "estimator", "direction": "direction", "tail": "tail", "k": "k",
-    "value_bias": "value bias", "grad_bias": "gradient bias", "value_unbiased": "value unbiased",
-    "grad_unbiased": "gradient unbiased", "variance": "value variance",
-    "grad_variance": "gradient variance", "bytes_per_token": "bytes / token",
+    "estimator": "estimator",
+    "direction": "direction",
+    "tail": "tail",
+    "k": "k",
+    "value_bias": "value bias",
+    "grad_bias": "gradient bias",
+    "value_unbiased": "value unbiased",
+    "grad_unbiased": "gradient unbiased",
+    "variance": "value variance",
+    "grad_variance": "gradient variance",
+    "bytes_per_token": "bytes / token",
 }
 
 
@@ -342,6 +493,7 @@ def estimator_table(rows: pd.DataFrame, meta: dict[str, Any] | None = None) -> T
     """The KL-estimator table (the paper's Table 1, extended) from audit records
     (analysis.audit_schema.ESTIMATOR_FIELDS): biases and variances in scientific notation,
     ✓/✗ for the unbiasedness verdicts, memory per token in bytes."""
+
     def show(col: str, v: Any) -> str:
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return NA
@@ -353,28 +505,53 @@ def estimator_table(rows: pd.DataFrame, meta: dict[str, Any] | None = None) -> T
             return f"{int(v):,}"
         return str(int(v)) if col == "k" else str(v)
 
-    cells = pd.DataFrame({label: [show(c, v) for v in rows[c]] if c in rows else [NA] * len(rows)
-                          for c, label in ESTIMATOR_COLUMNS.items()})
+    cells = pd.DataFrame(
+        {
+            label: [show(c, v) for v in rows[c]] if c in rows else [NA] * len(rows)
+            for c, label in ESTIMATOR_COLUMNS.items()
+        }
+    )
     cells = cells.set_index("estimator")
-    ctx = ", ".join(f"{k}={v}" for k, v in (meta or {}).items()
-                    if not isinstance(v, (dict, list)) and not k.startswith("stability"))
-    caption = ("Token-level KL estimators: bias of the value and of the gradient, variance of each, "
-               "and memory per token, as computed by ema_pg_core.audit" + (f" ({ctx})" if ctx else "")
-               + ". ✓/✗: the audit's unbiasedness verdict; — = not reported.")
+    ctx = ", ".join(
+        f"{k}={v}" for k, v in (meta or {}).items() if not isinstance(v, (dict, list)) and not k.startswith("stability")
+    )
+    caption = (
+        "Token-level KL estimators: bias of the value and of the gradient, variance of each, "
+        "and memory per token, as computed by ema_pg_core.audit"
+        + (f" ({ctx})" if ctx else "")
+        + ". ✓/✗: the audit's unbiasedness verdict; — = not reported."
+    )
     return Table("kl_estimators", caption, cells, rows.copy(), [], [])
 
 
 def runs_table(runs: pd.DataFrame) -> Table:
     """Every run found, with status and knobs (failed and partial runs included, flagged)."""
-    cols = [c for c in ("run_id", "status", "truncated", "forced_resume", "task", "variant", "seed",
-                        "iterations_done", "config_hash", "wandb_run_id", "error") if c in runs]
+    cols = [
+        c
+        for c in (
+            "run_id",
+            "status",
+            "truncated",
+            "forced_resume",
+            "task",
+            "variant",
+            "seed",
+            "iterations_done",
+            "config_hash",
+            "wandb_run_id",
+            "error",
+        )
+        if c in runs
+    ]
     cells = runs[cols].astype(object).where(runs[cols].notna(), NA).set_index("run_id")
-    return Table("runs", f"All {len(runs)} runs found (status as recorded).", cells,
-                 runs[cols], [], runs["run_id"].tolist())
+    return Table(
+        "runs", f"All {len(runs)} runs found (status as recorded).", cells, runs[cols], [], runs["run_id"].tolist()
+    )
 
 
-def _average(runs: pd.DataFrame, cols: list[str | None], names: Sequence[str],
-             weights: dict[str, float] | None) -> pd.Series:
+def _average(
+    runs: pd.DataFrame, cols: list[str | None], names: Sequence[str], weights: dict[str, float] | None
+) -> pd.Series:
     if any(c is None for c in cols):
         return pd.Series(np.nan, index=runs.index)
     w = np.array([(weights or {}).get(n, 1.0) for n in names], dtype=float)

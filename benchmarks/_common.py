@@ -68,8 +68,9 @@ def mem_available_bytes() -> int:
 def run_worker(script: Path, args: list[str], timeout: float = 1800) -> dict:
     """Run ``python script --worker args...`` in a fresh interpreter; it prints one JSON line last."""
     cmd = [sys.executable, str(script), "--worker", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     if out.returncode != 0:
         raise RuntimeError(f"worker {args} failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -88,17 +89,22 @@ def machine() -> dict:
         pass
     total = re.search(r"^MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
     return {
-        "cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(int(total.group(1)) / 2**20, 1) if total else None,
-        "torch": torch.__version__, "python": platform.python_version(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_gib": round(int(total.group(1)) / 2**20, 1) if total else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
         "loadavg": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 
 def machine_line(m: dict, threads: int) -> str:
-    return (f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, no GPU; torch {m['torch']}, "
-            f"Python {m['python']}, `torch.set_num_threads({threads})`; load average at start {m['loadavg']} "
-            f"(1/5/15 min, shared machine). Date: {m['date']}.")
+    return (
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, no GPU; torch {m['torch']}, "
+        f"Python {m['python']}, `torch.set_num_threads({threads})`; load average at start {m['loadavg']} "
+        f"(1/5/15 min, shared machine). Date: {m['date']}."
+    )
 
 
 def write_section(name: str, body: str, doc: Path = DOC) -> None:
@@ -107,7 +113,7 @@ def write_section(name: str, body: str, doc: Path = DOC) -> None:
     text = doc.read_text() if doc.exists() else DOC_HEADER
     block = f"{begin}\n{body.rstrip()}\n{end}"
     if begin in text and end in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)

@@ -43,8 +43,20 @@ TAU = 0.9
 def qwen25_05b_shapes() -> list[tuple[int, ...]]:
     """Parameter shapes of Qwen2.5-0.5B: 24 layers, hidden 896, MLP 4864, 14 q / 2 kv heads of 64."""
     V, D, F, KV = 151_936, 896, 4864, 128
-    layer = [(D, D), (D,), (KV, D), (KV,), (KV, D), (KV,), (D, D),  # q, k, v (+ biases), o
-             (F, D), (F, D), (D, F), (D,), (D,)]  # gate, up, down, two RMSNorms
+    layer = [
+        (D, D),
+        (D,),
+        (KV, D),
+        (KV,),
+        (KV, D),
+        (KV,),
+        (D, D),  # q, k, v (+ biases), o
+        (F, D),
+        (F, D),
+        (D, F),
+        (D,),
+        (D,),
+    ]  # gate, up, down, two RMSNorms
     return [(V, D)] + layer * 24 + [(D,)]
 
 
@@ -93,7 +105,10 @@ def worker(config: str, reps: int) -> dict:
     if config == "fp32":
         variants["EmaAnchor.update (fp32)"] = (lambda: anchor.update(1, policy), 12 * n)
     else:
-        variants["EmaAnchor.update (bf16 module + fp32 shadow, sliced cast)"] = (lambda: anchor.update(1, policy), 16 * n)
+        variants["EmaAnchor.update (bf16 module + fp32 shadow, sliced cast)"] = (
+            lambda: anchor.update(1, policy),
+            16 * n,
+        )
 
         def whole_cast():  # the previous implementation: cast the whole policy, lerp, copy out
             torch._foreach_lerp_(anchor.shadow, [p.float() for p in pol], 1.0 - TAU)
@@ -109,47 +124,103 @@ def worker(config: str, reps: int) -> dict:
 
 
 def section(results: list[dict], m: dict, argv: list[str]) -> str:
+    lines = _intro(results, m, argv)
+    lines.append(
+        C.md_table(
+            ["config", "variant", "GB accounted", "ms (best / median)", "GB/s (best)", "ratio vs copy"],
+            _table_rows(results),
+        )
+    )
+    lines += _disturbance_warning(results)
+    lines += ["", "Target (issue 7): the anchor update at ≥ 80% of the same-size copy's bandwidth."]
+    lines += _target_lines(results)
+    lines += _notes(results)
+    return "\n".join(lines) + "\n"
+
+
+def _intro(results: list[dict], m: dict, argv: list[str]) -> list[str]:
+    """Title, command, machine and the accounting paragraph."""
     cmd = "python benchmarks/ema_update.py" + (" " + " ".join(argv) if argv else "")
-    lines = ["## EMA anchor update bandwidth (`benchmarks/ema_update.py`)", "",
-             f"Command: `{cmd}`  ", C.machine_line(m, THREADS), "",
-             f"Tensors: Qwen2.5-0.5B parameter shapes, {results[0]['params'] / 1e6:.0f}M parameters in "
-             f"{results[0]['tensors']} tensors. Accounting: copy reads 1 + writes 1 stored tensor, lerp reads 2 + "
-             "writes 1, the shadow update reads policy (bf16) + shadow and writes shadow, then reads shadow and "
-             "writes the bf16 module (16 B/param); temporaries are not counted. Variants are timed round-robin "
-             f"({results[0]['reps']} rounds in shuffled order after a warm-up) and the throughput uses the fastest round (the "
-             "least disturbed by the other jobs on the machine); the median is listed too. Ratio = throughput / "
-             "throughput of the copy in the same process.", ""]
+    return [
+        "## EMA anchor update bandwidth (`benchmarks/ema_update.py`)",
+        "",
+        f"Command: `{cmd}`  ",
+        C.machine_line(m, THREADS),
+        "",
+        f"Tensors: Qwen2.5-0.5B parameter shapes, {results[0]['params'] / 1e6:.0f}M parameters in "
+        f"{results[0]['tensors']} tensors. Accounting: copy reads 1 + writes 1 stored tensor, lerp reads 2 + "
+        "writes 1, the shadow update reads policy (bf16) + shadow and writes shadow, then reads shadow and "
+        "writes the bf16 module (16 B/param); temporaries are not counted. Variants are timed round-robin "
+        f"({results[0]['reps']} rounds in shuffled order after a warm-up) and "
+        f"the throughput uses the fastest round (the "
+        "least disturbed by the other jobs on the machine); the median is listed too. Ratio = throughput / "
+        "throughput of the copy in the same process.",
+        "",
+    ]
+
+
+def _table_rows(results: list[dict]) -> list[list[str]]:
+    """One row per variant and config; the ratio is against the config's copy (its first row)."""
     rows = []
     for res in results:
         base = res["rows"][0]["gbps"]
         for r in res["rows"]:
-            rows.append([res["config"], r["variant"], f"{r['bytes'] / C.GB:.2f}",
-                         f"{r['seconds'] * 1e3:.0f} / {r['median_s'] * 1e3:.0f}", f"{r['gbps']:.1f}", f"{r['gbps'] / base:.2f}"])
-    lines.append(C.md_table(["config", "variant", "GB accounted", "ms (best / median)", "GB/s (best)", "ratio vs copy"], rows))
+            rows.append(
+                [
+                    res["config"],
+                    r["variant"],
+                    f"{r['bytes'] / C.GB:.2f}",
+                    f"{r['seconds'] * 1e3:.0f} / {r['median_s'] * 1e3:.0f}",
+                    f"{r['gbps']:.1f}",
+                    f"{r['gbps'] / base:.2f}",
+                ]
+            )
+    return rows
+
+
+def _disturbance_warning(results: list[dict]) -> list[str]:
+    """A warning when some median is over 1.5x its best time (other jobs disturbed the run)."""
     worst = max(r["median_s"] / r["seconds"] for res in results for r in res["rows"])
-    if worst > 1.5:
-        lines += ["", f"**Warning:** a median is {worst:.1f}x its best time: other jobs disturbed this run; "
-                  "rerun on a quiet machine before trusting the ratios."]
-    lines += ["", "Target (issue 7): the anchor update at ≥ 80% of the same-size copy's bandwidth."]
+    if worst <= 1.5:
+        return []
+    return [
+        "",
+        f"**Warning:** a median is {worst:.1f}x its best time: other jobs disturbed this run; "
+        "rerun on a quiet machine before trusting the ratios.",
+    ]
+
+
+def _target_lines(results: list[dict]) -> list[str]:
+    """Met / missed per EmaAnchor.update row against 80% of the same config's copy bandwidth."""
+    lines = []
     for res in results:
         base = res["rows"][0]["gbps"]
         for r in res["rows"]:
             if r["variant"].startswith("EmaAnchor.update"):
                 ok = r["gbps"] >= 0.8 * base
-                lines.append(f"- {r['variant']}: {r['gbps'] / base:.2f} of the copy's bandwidth: "
-                             + ("**met**." if ok else f"**missed** by {0.8 - r['gbps'] / base:.2f}."))
+                lines.append(
+                    f"- {r['variant']}: {r['gbps'] / base:.2f} of the copy's bandwidth: "
+                    + ("**met**." if ok else f"**missed** by {0.8 - r['gbps'] / base:.2f}.")
+                )
+    return lines
+
+
+def _notes(results: list[dict]) -> list[str]:
+    """Why the Python loop costs the same on CPU, and the sliced vs whole-policy cast speed-up."""
     t = {r["variant"]: r["seconds"] for res in results for r in res["rows"]}
     sliced = next(v for k, v in t.items() if "sliced cast" in k)
     whole = next(v for k, v in t.items() if "whole-policy cast" in k)
-    lines += ["", "Notes:",
-              "- On CPU, `torch._foreach_lerp_` is itself a C++ loop over the tensors, so with 290 large tensors the "
-              "per-parameter Python loop costs the same; the single multi-tensor op pays off on GPU, where each "
-              "per-parameter call is a kernel launch.",
-              f"- The fp32-shadow update with a bf16 policy used to cast the whole policy to fp32 first (a "
-              f"{4 * results[-1]['params'] / C.GB:.1f} GB temporary, page faults included, streamed twice more); it now "
-              f"casts, mixes and copies out 1M-element slices that stay in cache: {whole / sliced:.2f}x faster here "
-              "and no temporary (`ema_pg_core/anchor.py`, same numbers bit for bit)."]
-    return "\n".join(lines) + "\n"
+    return [
+        "",
+        "Notes:",
+        "- On CPU, `torch._foreach_lerp_` is itself a C++ loop over the tensors, so with 290 large tensors the "
+        "per-parameter Python loop costs the same; the single multi-tensor op pays off on GPU, where each "
+        "per-parameter call is a kernel launch.",
+        f"- The fp32-shadow update with a bf16 policy used to cast the whole policy to fp32 first (a "
+        f"{4 * results[-1]['params'] / C.GB:.1f} GB temporary, page faults included, streamed twice more); it now "
+        f"casts, mixes and copies out 1M-element slices that stay in cache: {whole / sliced:.2f}x faster here "
+        "and no temporary (`ema_pg_core/anchor.py`, same numbers bit for bit).",
+    ]
 
 
 def main(argv=None) -> int:

@@ -25,8 +25,18 @@ def measure(preset: str, iterations: int, threads: int) -> dict:
     from experiments.run import run
 
     with tempfile.TemporaryDirectory() as d:
-        cfg = compose([f"experiment={preset}", f"trainer.iterations={iterations}", f"trainer.eval_every={iterations}",
-                       "trainer.eval_size=8", "trainer.save_every=0", "logger.name=none", f"run_dir={d}/run", f"trainer.threads={threads}"])
+        cfg = compose(
+            [
+                f"experiment={preset}",
+                f"trainer.iterations={iterations}",
+                f"trainer.eval_every={iterations}",
+                "trainer.eval_size=8",
+                "trainer.save_every=0",
+                "logger.name=none",
+                f"run_dir={d}/run",
+                f"trainer.threads={threads}",
+            ]
+        )
         run(cfg)
         rows = [json.loads(line) for line in (Path(d) / "run" / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r["iteration"] >= 2]  # drop eval-only row 0 and warm-up iteration 1
@@ -39,8 +49,12 @@ def measure(preset: str, iterations: int, threads: int) -> dict:
 
 
 def table(results: dict[str, dict]) -> str:
-    lines = ["| preset | iteration (s) | " + " | ".join(f"{p} (s, share)" for p in PHASES) + " | tokens/s | mean response len |",
-             "|---|---|" + "---|" * len(PHASES) + "---|---|"]
+    lines = [
+        "| preset | iteration (s) | "
+        + " | ".join(f"{p} (s, share)" for p in PHASES)
+        + " | tokens/s | mean response len |",
+        "|---|---|" + "---|" * len(PHASES) + "---|---|",
+    ]
     for preset, r in results.items():
         cells = " | ".join(f"{r[p]:.3f} ({r[p] / r['iter']:.0%})" for p in PHASES)
         lines.append(f"| {preset} | {r['iter']:.3f} | {cells} | {r['tokens_per_s']:.0f} | {r['response_len']:.1f} |")
@@ -51,7 +65,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--presets", nargs="+", default=["math_tiny_grpo", "math_tiny_ema_pg", "search_tiny_grpo", "search_tiny_ema_pg"])
+    ap.add_argument(
+        "--presets", nargs="+", default=["math_tiny_grpo", "math_tiny_ema_pg", "search_tiny_grpo", "search_tiny_ema_pg"]
+    )
     args = ap.parse_args()
     os.environ.setdefault("EMAPG_PROGRESS", "0")
     print(table({p: measure(p, args.iterations, args.threads) for p in args.presets}))

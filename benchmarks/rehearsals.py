@@ -25,8 +25,9 @@ ROW = re.compile(r"^(?P<name>\S+) \((?P<s>\d+) s\): (?P<result>passed|FAILED)$",
 
 def rehearse(sweep: str, out: Path) -> tuple[float, str, int]:
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "rehearse", sweep, "--out", str(out)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "rehearse", sweep, "--out", str(out)], capture_output=True, text=True
+    )
     return time.time() - t0, proc.stdout, proc.returncode
 
 
@@ -40,17 +41,33 @@ def main() -> int:
         ok &= code == 0
         rows = [(m["name"], float(m["s"]), m["result"]) for m in ROW.finditer(stdout)]
         slowest = max((s for _, s, _ in rows), default=1.0)
-        lines += [f"### `emapg rehearse {sweep}`: {seconds / 60:.1f} min in all, exit status {code}", "",
-                  "| configuration | seconds | / slowest | result |", "|---|---|---|---|"]
+        lines += [
+            f"### `emapg rehearse {sweep}`: {seconds / 60:.1f} min in all, exit status {code}",
+            "",
+            "| configuration | seconds | / slowest | result |",
+            "|---|---|---|---|",
+        ]
         lines += [f"| {n} | {s:.0f} | {s / slowest:.2f} | {r} |" for n, s, r in rows]
-        lines += ["", f"The rest ({seconds - sum(s for _, s, _ in rows):.0f} s) is building the tiny model and "
-                      "data and starting the retriever.", ""]
-    body = "\n".join([
-        "## verl rehearsals on CPU (`benchmarks/rehearsals.py`)", "",
-        "Command: `python benchmarks/rehearsals.py`  ", machine_line(m, 2), "",
-        "Each configuration is two `emapg train` processes: 3 steps, killed after the checkpoint of step 2,",
-        "then resumed to step 3; each process pays verl's start-up (Ray, TransferQueue, workers, the hf",
-        "rollout server: about a minute on 2 cores) before its first step (a few seconds each).", "", *lines])
+        lines += [
+            "",
+            f"The rest ({seconds - sum(s for _, s, _ in rows):.0f} s) is building the tiny model and "
+            "data and starting the retriever.",
+            "",
+        ]
+    body = "\n".join(
+        [
+            "## verl rehearsals on CPU (`benchmarks/rehearsals.py`)",
+            "",
+            "Command: `python benchmarks/rehearsals.py`  ",
+            machine_line(m, 2),
+            "",
+            "Each configuration is two `emapg train` processes: 3 steps, killed after the checkpoint of step 2,",
+            "then resumed to step 3; each process pays verl's start-up (Ray, TransferQueue, workers, the hf",
+            "rollout server: about a minute on 2 cores) before its first step (a few seconds each).",
+            "",
+            *lines,
+        ]
+    )
     write_section("rehearsals", body)
     return 0 if ok else 1
 

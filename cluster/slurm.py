@@ -19,7 +19,9 @@ def load_site(path: str | Path) -> dict:
     return site
 
 
-def render_sbatch(site_path: str | Path, nodes: int = 1, command: list[str] | None = None, job_name: str = "emapg") -> str:
+def render_sbatch(
+    site_path: str | Path, nodes: int = 1, command: list[str] | None = None, job_name: str = "emapg"
+) -> str:
     """The sbatch script: Ray head + workers on the allocation, then `command` on the head."""
     if nodes < 1:
         raise ValueError(f"--nodes must be >= 1; got {nodes}")
@@ -31,9 +33,22 @@ def render_sbatch(site_path: str | Path, nodes: int = 1, command: list[str] | No
     if site.get("exclude"):
         extra.append(f"#SBATCH --exclude={','.join(site['exclude'])}")
     env = "\n".join(f"export {k}={v}" for k, v in (site.get("env") or {}).items())
-    cmd = " ".join(shlex.quote(c) for c in command) if command else "python -m experiments.cli --help  # replace: your command"
+    cmd = (
+        " ".join(shlex.quote(c) for c in command)
+        if command
+        else "python -m experiments.cli --help  # replace: your command"
+    )
     return TEMPLATE.read_text().format(
-        job_name=job_name, nodes=nodes, gpus_per_node=site["gpus_per_node"], cpus_per_node=site["cpus_per_node"],
-        mem=site.get("mem", 0), time=site["time"], sbatch_extra="\n".join(extra), setup="\n".join(site.get("setup") or []),
-        env=env, ray_port=site.get("ray_port", 6379), dashboard_port=site.get("dashboard_port", 8265), command=cmd,
+        job_name=job_name,
+        nodes=nodes,
+        gpus_per_node=site["gpus_per_node"],
+        cpus_per_node=site["cpus_per_node"],
+        mem=site.get("mem", 0),
+        time=site["time"],
+        sbatch_extra="\n".join(extra),
+        setup="\n".join(site.get("setup") or []),
+        env=env,
+        ray_port=site.get("ray_port", 6379),
+        dashboard_port=site.get("dashboard_port", 8265),
+        command=cmd,
     )

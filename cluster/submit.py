@@ -80,8 +80,12 @@ def submit(args) -> int:
         print(f"entrypoint: {entrypoint}\nruntime_env: {renv}")
         return 0
     client = _client(args.address)
-    job_id = client.submit_job(entrypoint=entrypoint, runtime_env=renv, submission_id=args.job_id,
-                               metadata={"tool": "emapg", "spec": args.spec or ""})
+    job_id = client.submit_job(
+        entrypoint=entrypoint,
+        runtime_env=renv,
+        submission_id=args.job_id,
+        metadata={"tool": "emapg", "spec": args.spec or ""},
+    )
     print(job_id)
     if args.wait:
         return _wait(client, job_id, follow=True)
@@ -140,15 +144,21 @@ def slurm(args) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="emapg cluster", description=__doc__.split("\n\n")[0],
-                                epilog="\n\n".join(__doc__.split("\n\n")[1:]), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="emapg cluster",
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("submit", help="submit a sweep (or any command) as a Ray job")
     s.add_argument("spec", nargs="?", help="sweep YAML, relative to the working dir (e.g. sweeps/quickstart.yaml)")
     s.add_argument("--address", default=None, help="Ray dashboard URL, e.g. http://HEAD:8265 (default $RAY_ADDRESS)")
     s.add_argument("--working-dir", default=str(REPO), help="directory uploaded as the job's working_dir ('' = none)")
     s.add_argument("--out", default=None, help="sweep directory on shared storage (passed to emapg sweep --out)")
-    s.add_argument("--env", action="append", default=[], help="KEY=VALUE for the job (repeatable), e.g. WANDB_MODE=online")
+    s.add_argument(
+        "--env", action="append", default=[], help="KEY=VALUE for the job (repeatable), e.g. WANDB_MODE=online"
+    )
     s.add_argument("--pip", action="append", default=[], help="extra pip requirement for the job's runtime env")
     s.add_argument("--job-id", default=None, help="submission id (default: generated)")
     s.add_argument("--wait", action="store_true", help="stream the logs until the job ends; exit 0 iff it SUCCEEDED")
@@ -174,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv[argv.index("--") + 1:] if "--" in argv else []  # `-- cmd ...`: everything after is the command
+    command = argv[argv.index("--") + 1 :] if "--" in argv else []  # `-- cmd ...`: everything after is the command
     argv = argv[: argv.index("--")] if "--" in argv else argv
     args = _parser().parse_args(argv)
     args.command = command

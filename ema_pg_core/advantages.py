@@ -8,7 +8,7 @@ A group of size 1 gets mean 0 and std 1 (verl), so its advantage is R / (1 + eps
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -50,10 +50,14 @@ def dr_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -
     return rewards - mean
 
 
-def compute_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, mode: str = "grpo", eps: float = 1e-6) -> torch.Tensor:
+def compute_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, mode: str = "grpo", eps: float = 1e-6
+) -> torch.Tensor:
     """(B,) per-sequence advantages from (B,) rewards and (B,) integer group ids."""
     if mode not in ADVANTAGES:
         raise ValueError(f"advantage mode {mode!r} unknown; allowed: {', '.join(ADVANTAGES)}")
     if rewards.ndim != 1 or rewards.shape != group_ids.shape:
         raise ValueError(f"rewards {tuple(rewards.shape)} and group_ids {tuple(group_ids.shape)} must both be (B,)")
-    return ADVANTAGES[mode](rewards.to(torch.get_default_dtype()) if not rewards.is_floating_point() else rewards, group_ids, eps)
+    return ADVANTAGES[mode](
+        rewards.to(torch.get_default_dtype()) if not rewards.is_floating_point() else rewards, group_ids, eps
+    )

@@ -81,7 +81,9 @@ def ema_update_(anchor: list[torch.Tensor], policy: list[torch.Tensor], tau: flo
 
 
 @torch.no_grad()
-def _shadow_update_(shadow: list[torch.Tensor], targets: list[torch.Tensor], policy: list[torch.Tensor], tau: float) -> None:
+def _shadow_update_(
+    shadow: list[torch.Tensor], targets: list[torch.Tensor], policy: list[torch.Tensor], tau: float
+) -> None:
     """shadow <- lerp(shadow, policy, 1 - tau); targets <- shadow (rounded to their dtype).
 
     Slice by slice when any cast is needed, so the policy cast and the shadow are read once from

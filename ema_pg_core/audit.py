@@ -25,7 +25,7 @@ model". Imports only torch, numpy and the core.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -83,10 +83,17 @@ def enum_inputs(z: torch.Tensor, zr: torch.Tensor, zo: torch.Tensor | None, q: t
     tok = torch.arange(V)
     idx = q.expand(1, V, q.shape[0])
     return KLInputs(
-        logp=logp[None], ref_logp=logr[None], old_logp=None if zo is None else torch.log_softmax(zo, -1)[None],
-        sampled=tok[None], topk_idx=idx, logits_k=z[idx], lse=torch.logsumexp(z, -1).expand(1, V),
-        ref_logits_k=zr[idx], ref_lse=torch.logsumexp(zr, -1).expand(1, V),
-        logits=z.expand(1, V, V), ref_logits=zr.expand(1, V, V),
+        logp=logp[None],
+        ref_logp=logr[None],
+        old_logp=None if zo is None else torch.log_softmax(zo, -1)[None],
+        sampled=tok[None],
+        topk_idx=idx,
+        logits_k=z[idx],
+        lse=torch.logsumexp(z, -1).expand(1, V),
+        ref_logits_k=zr[idx],
+        ref_lse=torch.logsumexp(zr, -1).expand(1, V),
+        logits=z.expand(1, V, V),
+        ref_logits=zr.expand(1, V, V),
     )
 
 
@@ -123,7 +130,6 @@ def moments(name: str, z, zr, zo=None, *, k: int = 0, tail: str = "unbiased") ->
     q = head_indices(z, zr, zo, direction, k)
     iw = ImportanceWeight(enabled=zo is not None)
     est = kl_per_token(name, enum_inputs(z, zr, zo, q), tail=tail, iw=iw)[0]  # (V,)
-    V = est.shape[0]
     jac = per_sample_grads(est, z)  # (V, V): row j is g_j
     pi_s = torch.softmax(zo if zo is not None else z.detach(), -1)
     est = est.detach()
@@ -167,18 +173,31 @@ def estimator_table(V: int = 16, k: int = 4, seeds: Iterable[int] = range(8), of
         is_topk = est.needs == "topk"
         for tail in TAILS if is_topk else (None,):
             m = _over_seeds(name, V, seeds, off_policy, k=k if is_topk else 0, tail=tail or "unbiased")
-            rows.append({
-                "estimator": name, "direction": est.direction, "tail": tail, "k": k if is_topk else None,
-                "value_bias": m["value_bias"], "grad_bias": m["grad_bias"],
-                "value_unbiased": bool(m["value_bias"] < UNBIASED_TOL), "grad_unbiased": bool(m["grad_bias"] < UNBIASED_TOL),
-                "variance": m["value_variance"], "grad_variance": m["grad_variance"],
-                "bytes_per_token": bytes_per_token(est.needs, iw=off_policy),
-            })
+            rows.append(
+                {
+                    "estimator": name,
+                    "direction": est.direction,
+                    "tail": tail,
+                    "k": k if is_topk else None,
+                    "value_bias": m["value_bias"],
+                    "grad_bias": m["grad_bias"],
+                    "value_unbiased": bool(m["value_bias"] < UNBIASED_TOL),
+                    "grad_unbiased": bool(m["grad_bias"] < UNBIASED_TOL),
+                    "variance": m["value_variance"],
+                    "grad_variance": m["grad_variance"],
+                    "bytes_per_token": bytes_per_token(est.needs, iw=off_policy),
+                }
+            )
     return rows
 
 
-def topk_sweep(V: int = 16, ks: Sequence[int] | None = None, directions: Sequence[str] = ("reverse", "forward"),
-               tails: Sequence[str] = TAILS, seeds: Iterable[int] = range(8)) -> list[dict]:
+def topk_sweep(
+    V: int = 16,
+    ks: Sequence[int] | None = None,
+    directions: Sequence[str] = ("reverse", "forward"),
+    tails: Sequence[str] = TAILS,
+    seeds: Iterable[int] = range(8),
+) -> list[dict]:
     """Top-k KL from k=0 (pure K4 / K5 tail) to k=|V| (exact), on-policy, by exact enumeration.
 
     Rows: {"direction", "tail", "k", "value_variance", "grad_variance" (means over seeds),
@@ -209,11 +228,16 @@ def time_constant(tau: float, period: int) -> float:
     return math.inf if tau >= 1.0 else period / (1.0 - tau)
 
 
-def anchor_horizon(taus: Sequence[float] = (0.5, 0.7, 0.8, 0.85, 0.9, 0.925, 0.95, 0.975, 0.99),
-                   periods: Sequence[int] = (1, 5, 10, 20)) -> list[dict]:
+def anchor_horizon(
+    taus: Sequence[float] = (0.5, 0.7, 0.8, 0.85, 0.9, 0.925, 0.95, 0.975, 0.99),
+    periods: Sequence[int] = (1, 5, 10, 20),
+) -> list[dict]:
     """Rows {"tau", "period", "half_life", "time_constant"}; tau = 1 gives inf (fixed anchor)."""
-    return [{"tau": float(t), "period": int(p), "half_life": half_life(t, p), "time_constant": time_constant(t, p)}
-            for p in periods for t in taus]
+    return [
+        {"tau": float(t), "period": int(p), "half_life": half_life(t, p), "time_constant": time_constant(t, p)}
+        for p in periods
+        for t in taus
+    ]
 
 
 # --------------------------------------------------------------------------------------
@@ -243,8 +267,12 @@ def stable_closed_form(alpha, a, beta_c, eta) -> np.ndarray:
     return alpha * (a + 2 * eta / (1 + eta) * beta_c) < 2
 
 
-def stability_grid(alphas: Sequence[float] | None = None, beta_cs: Sequence[float] | None = None,
-                   etas: Sequence[float] = (0.0, 0.5, 0.9, 0.95, 0.99), a: float = 1.0) -> list[dict]:
+def stability_grid(
+    alphas: Sequence[float] | None = None,
+    beta_cs: Sequence[float] | None = None,
+    etas: Sequence[float] = (0.0, 0.5, 0.9, 0.95, 0.99),
+    a: float = 1.0,
+) -> list[dict]:
     """Rows {"alpha", "beta_c", "eta", "stable"} (+ "a", "spectral_radius", "closed_form").
 
     ``stable`` is spectral radius < 1 of the 2x2 iteration matrix; ``closed_form`` the inequality.
@@ -255,9 +283,18 @@ def stability_grid(alphas: Sequence[float] | None = None, beta_cs: Sequence[floa
     E, B, A = np.meshgrid(np.asarray(etas, dtype=float), beta_cs, alphas, indexing="ij")
     rho = spectral_radius(A, a, B, E)
     closed = stable_closed_form(A, a, B, E)
-    return [{"alpha": float(al), "beta_c": float(bc), "eta": float(et), "stable": bool(r < 1.0), "a": float(a),
-             "spectral_radius": float(r), "closed_form": bool(c)}
-            for al, bc, et, r, c in zip(A.ravel(), B.ravel(), E.ravel(), rho.ravel(), closed.ravel())]
+    return [
+        {
+            "alpha": float(al),
+            "beta_c": float(bc),
+            "eta": float(et),
+            "stable": bool(r < 1.0),
+            "a": float(a),
+            "spectral_radius": float(r),
+            "closed_form": bool(c),
+        }
+        for al, bc, et, r, c in zip(A.ravel(), B.ravel(), E.ravel(), rho.ravel(), closed.ravel())
+    ]
 
 
 # --------------------------------------------------------------------------------------
@@ -271,7 +308,13 @@ def records(V: int = 16, k: int = 4, seeds: Iterable[int] = range(8)) -> dict:
         "topk_sweep": topk_sweep(V, seeds=seeds),
         "anchor_horizon": anchor_horizon(),
         "stability_grid": stability_grid(),
-        "meta": {"vocab_size": V, "k": k, "n_distributions": len(seeds), "sampling": "on-policy",
-                 "method": "exact enumeration, float64", "bytes_at": f"V={BYTES_VOCAB}, K={BYTES_K}, fp32 + int64",
-                 "stability_model": "toy quadratic (ours, not the paper's theorem), a=1"},
+        "meta": {
+            "vocab_size": V,
+            "k": k,
+            "n_distributions": len(seeds),
+            "sampling": "on-policy",
+            "method": "exact enumeration, float64",
+            "bytes_at": f"V={BYTES_VOCAB}, K={BYTES_K}, fp32 + int64",
+            "stability_model": "toy quadratic (ours, not the paper's theorem), a=1",
+        },
     }

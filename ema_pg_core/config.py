@@ -64,8 +64,10 @@ class AnchorConfig:
 
     def __post_init__(self):
         _check(0.0 <= self.tau <= 1.0, f"algo.anchor.tau must be in [0, 1]; got {self.tau!r}")
-        _check(isinstance(self.period, int) and self.period >= 1,
-               f"algo.anchor.period must be an integer >= 1 (iterations); got {self.period!r}")
+        _check(
+            isinstance(self.period, int) and self.period >= 1,
+            f"algo.anchor.period must be an integer >= 1 (iterations); got {self.period!r}",
+        )
 
 
 @dataclass
@@ -86,8 +88,10 @@ class LossConfig:
     def __post_init__(self):
         _check(0 <= self.clip_low < 1, f"algo.loss.clip_low must be in [0, 1); got {self.clip_low!r}")
         _check(self.clip_high >= 0, f"algo.loss.clip_high must be >= 0; got {self.clip_high!r}")
-        _check(self.dual_clip_c is None or self.dual_clip_c > 1,
-               f"algo.loss.dual_clip_c must be > 1 or null; got {self.dual_clip_c!r}")
+        _check(
+            self.dual_clip_c is None or self.dual_clip_c > 1,
+            f"algo.loss.dual_clip_c must be > 1 or null; got {self.dual_clip_c!r}",
+        )
         _choice("algo.loss.agg", self.agg, list(LOSS_AGG))
 
 
@@ -135,7 +139,10 @@ class RolloutConfig:
     """Cap on injected environment tokens per turn (tool tasks only)."""
 
     def __post_init__(self):
-        _check(self.group_size >= 2, f"rollout.group_size must be >= 2 for GRPO (group advantages); got {self.group_size!r}")
+        _check(
+            self.group_size >= 2,
+            f"rollout.group_size must be >= 2 for GRPO (group advantages); got {self.group_size!r}",
+        )
         _check(self.prompts_per_iter >= 1, f"rollout.prompts_per_iter must be >= 1; got {self.prompts_per_iter!r}")
         _check(self.max_new_tokens >= 1, f"rollout.max_new_tokens must be >= 1; got {self.max_new_tokens!r}")
         _check(self.temperature > 0, f"rollout.temperature must be > 0; got {self.temperature!r}")
@@ -205,5 +212,7 @@ class TrainerConfig:
         _check(self.eval_n >= 1, f"trainer.eval_n must be >= 1; got {self.eval_n!r}")
         _check(self.save_every >= 0, f"trainer.save_every must be >= 0; got {self.save_every!r}")
         _choice("trainer.dtype", self.dtype, ("float32", "bfloat16", "float64"))
-        _check(isinstance(self.device, str) and re.fullmatch(DEVICE_PATTERN, self.device) is not None,
-               f"trainer.device={self.device!r} is not allowed; allowed values: {', '.join(LOCAL_DEVICES)}")
+        _check(
+            isinstance(self.device, str) and re.fullmatch(DEVICE_PATTERN, self.device) is not None,
+            f"trainer.device={self.device!r} is not allowed; allowed values: {', '.join(LOCAL_DEVICES)}",
+        )

@@ -15,7 +15,9 @@ from ema_pg_core.config import KLConfig, LossConfig
 from ema_pg_core.kl import ImportanceWeight, KLInputs, aggregate, kl_per_token
 
 
-def ppo_clip_per_token(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, cfg: LossConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def ppo_clip_per_token(
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, cfg: LossConfig
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(B, T) clipped surrogate loss and (B, T) indicator tensors for statistics.
 
     logp, old_logp: (B, T); adv: (B, T) advantages broadcast over tokens.
@@ -50,7 +52,9 @@ def policy_loss(
     (its ``logp`` should be the same tensor as ``logp``). kl_inputs may be None only if beta = 0.
     """
     if logp.shape != old_logp.shape or logp.shape != mask.shape:
-        raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, mask {tuple(mask.shape)} must match (B, T)")
+        raise ValueError(
+            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, mask {tuple(mask.shape)} must match (B, T)"
+        )
     if adv.ndim == 1:
         adv = adv.unsqueeze(-1).expand_as(logp)
     agg = loss_cfg.agg

@@ -64,5 +64,7 @@ def _key(k: Any) -> str:
     """A dict key: Hydra's dict keys cannot be quoted, so a string key must read back unquoted."""
     if (isinstance(k, str) and _plain(k)) or k is None or isinstance(k, Real):  # Real: bools, ints, floats
         return hydra_value(k)
-    raise ValueError(f"dict key {k!r} cannot be written in a Hydra override (keys are never quoted): use a "
-                     "name of letters, digits, _ . / @ + - starting with a letter or _, or a number")
+    raise ValueError(
+        f"dict key {k!r} cannot be written in a Hydra override (keys are never quoted): use a "
+        "name of letters, digits, _ . / @ + - starting with a letter or _, or a number"
+    )

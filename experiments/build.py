@@ -1,9 +1,9 @@
 """Config -> core objects. The only place Hydra/OmegaConf meets ema_pg_core (docs/architecture.md).
 
-    compose(overrides)   the composed, validated DictConfig (Hydra compose API)
-    validate(cfg)        every section -> its dataclass (raises ValueError before any work)
-    task(cfg)            the task adapter the trainer consumes
-    model(cfg)           (policy, tokenizer): a local HF path, or the cached warm-started tiny model
+compose(overrides)   the composed, validated DictConfig (Hydra compose API)
+validate(cfg)        every section -> its dataclass (raises ValueError before any work)
+task(cfg)            the task adapter the trainer consumes
+model(cfg)           (policy, tokenizer): a local HF path, or the cached warm-started tiny model
 """
 
 from __future__ import annotations
@@ -19,9 +19,18 @@ from experiments.schema import RunConfig, register
 
 CONF_MODULE = "experiments.conf"
 SMOKE = {  # smoke=true: tiny sizes, 2 iterations; a key given on the command line keeps its value
-    "trainer.iterations": 2, "trainer.eval_every": 1, "trainer.eval_size": 4, "trainer.eval_n": 2, "trainer.save_every": 1,
-    "rollout.prompts_per_iter": 2, "rollout.group_size": 2, "rollout.max_new_tokens": 12, "rollout.max_turns": 1,
-    "task.train_size": 40, "task.test_size": 8, "model.pretrain_steps": 2,
+    "trainer.iterations": 2,
+    "trainer.eval_every": 1,
+    "trainer.eval_size": 4,
+    "trainer.eval_n": 2,
+    "trainer.save_every": 1,
+    "rollout.prompts_per_iter": 2,
+    "rollout.group_size": 2,
+    "rollout.max_new_tokens": 12,
+    "rollout.max_turns": 1,
+    "task.train_size": 40,
+    "task.test_size": 8,
+    "model.pretrain_steps": 2,
 }
 
 
@@ -65,6 +74,7 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 
 def schema_keys() -> list[str]:
     """Every dotted key of the run schema (e.g. ``trainer.iterations``): what an override may set."""
+
     def leaves(node, prefix: str) -> list[str]:
         out = []
         for key in node:
@@ -84,16 +94,22 @@ def group_options() -> dict[str, list[str]]:
     from experiments.tasks import TASKS
 
     root = Path(__file__).parent / "conf"
-    groups = {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(root.iterdir())
-              if d.is_dir() and not d.name.startswith(("_", "verl"))}
+    groups = {
+        d.name: sorted(p.stem for p in d.glob("*.yaml"))
+        for d in sorted(root.iterdir())
+        if d.is_dir() and not d.name.startswith(("_", "verl"))
+    }
     return {**groups, "task": sorted(set(groups.get("task", [])) | set(TASKS))}
 
 
 def local_config(cfg: DictConfig) -> LocalConfig:
     """The core trainer config; each dataclass validates itself (field names in the errors)."""
     return LocalConfig(
-        algo=OmegaConf.to_object(cfg.algo), rollout=OmegaConf.to_object(cfg.rollout),
-        optim=OmegaConf.to_object(cfg.optim), trainer=OmegaConf.to_object(cfg.trainer), seed=int(cfg.seed),
+        algo=OmegaConf.to_object(cfg.algo),
+        rollout=OmegaConf.to_object(cfg.rollout),
+        optim=OmegaConf.to_object(cfg.optim),
+        trainer=OmegaConf.to_object(cfg.trainer),
+        seed=int(cfg.seed),
     )
 
 
@@ -105,7 +121,11 @@ def validate(cfg: DictConfig) -> LocalConfig:
         raise ValueError(f"task.name={cfg.task.name!r} is not a known task; allowed: {', '.join(sorted(TASKS))}")
     if cfg.backend.name not in ("local", "verl"):
         raise ValueError(f"backend.name={cfg.backend.name!r} is not allowed; allowed values: local, verl")
-    if cfg.backend.name == "local" and cfg.model.path is not None and not Path(os.path.expanduser(cfg.model.path)).is_dir():
+    if (
+        cfg.backend.name == "local"
+        and cfg.model.path is not None
+        and not Path(os.path.expanduser(cfg.model.path)).is_dir()
+    ):
         raise ValueError(f"model.path={cfg.model.path!r} does not exist (expected a local HF model directory)")
     if cfg.resume not in RESUME_VALUES:
         raise ValueError(f"resume={cfg.resume!r} is not allowed; allowed values: false, true, force")
@@ -157,8 +177,14 @@ def model(cfg: DictConfig):
         model_cfg = {"hidden": int(cfg.model.hidden), "layers": int(cfg.model.layers), "heads": int(cfg.model.heads)}
         steps = None if cfg.model.pretrain_steps is None else int(cfg.model.pretrain_steps)
         knobs = OmegaConf.to_container(cfg.task.knobs, resolve=True)
-        path = pretrain(cfg.task.name, model_cfg, steps=steps, cache_dir=os.path.expanduser(cfg.model.cache_dir), knobs=knobs,
-                        progress=progress.enabled())
+        path = pretrain(
+            cfg.task.name,
+            model_cfg,
+            steps=steps,
+            cache_dir=os.path.expanduser(cfg.model.cache_dir),
+            knobs=knobs,
+            progress=progress.enabled(),
+        )
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.trainer.dtype]
     tok = AutoTokenizer.from_pretrained(path)
     if tok.pad_token_id is None:
@@ -177,8 +203,10 @@ def check_k(cfg: DictConfig) -> None:
     vocab = vocab_size(cfg)
     if vocab is not None and int(cfg.algo.kl.k) > vocab:
         model = "the tiny model" if cfg.model.path is None else f"model.path={cfg.model.path}"
-        raise ValueError(f"algo.kl.k={cfg.algo.kl.k} exceeds the vocabulary of {model} ({vocab} tokens); "
-                         f"algo.kl.type={cfg.algo.kl.type} needs 0 <= algo.kl.k <= {vocab}")
+        raise ValueError(
+            f"algo.kl.k={cfg.algo.kl.k} exceeds the vocabulary of {model} ({vocab} tokens); "
+            f"algo.kl.type={cfg.algo.kl.type} needs 0 <= algo.kl.k <= {vocab}"
+        )
 
 
 def vocab_size(cfg: DictConfig) -> int | None:

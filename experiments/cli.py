@@ -31,8 +31,10 @@ def _train(argv: list[str]) -> int:
         print(__doc__.split("\n\n")[0])
         print("usage: emapg train [experiment=<preset>] [key=value ...]   (Hydra overrides)\n")
         print("experiment presets:\n  " + "\n  ".join(build.presets()))
-        print("\ncommon overrides: seed=1 smoke=true algo.anchor.tau=0.95 algo.anchor.period=10 algo.kl.type=k3 "
-              "algo.kl.k=32 algo.kl.tail=paper trainer.iterations=100 logger.mode=online run_dir=... resume=true")
+        print(
+            "\ncommon overrides: seed=1 smoke=true algo.anchor.tau=0.95 algo.anchor.period=10 algo.kl.type=k3 "
+            "algo.kl.k=32 algo.kl.tail=paper trainer.iterations=100 logger.mode=online run_dir=... resume=true"
+        )
         return 0
     bad = [a for a in argv if "=" not in a]
     if bad:
@@ -105,14 +107,25 @@ def _cluster(argv: list[str]) -> int:
     return main(argv) or 0
 
 
-COMMANDS = {"train": _train, "pretrain": _pretrain, "retriever": _retriever, "sweep": _sweep, "report": _report,
-            "figures": _figures, "cluster": _cluster, "rehearse": _rehearse}
+COMMANDS = {
+    "train": _train,
+    "pretrain": _pretrain,
+    "retriever": _retriever,
+    "sweep": _sweep,
+    "report": _report,
+    "figures": _figures,
+    "cluster": _cluster,
+    "rehearse": _rehearse,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="emapg", description="EMA-PG: train, sweep, report.",
-                                     epilog="Run `emapg <command> --help` for a command's options.")
+    parser = argparse.ArgumentParser(
+        prog="emapg",
+        description="EMA-PG: train, sweep, report.",
+        epilog="Run `emapg <command> --help` for a command's options.",
+    )
     parser.add_argument("command", choices=sorted(COMMANDS))
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()

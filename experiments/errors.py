@@ -99,6 +99,7 @@ def _text(exc: BaseException) -> str:
 
 # ---------------------------------------------------------------- Hydra's errors in the user's words
 
+
 def _is_hydra(exc: BaseException) -> bool:
     return type(exc).__module__.startswith(("hydra", "omegaconf"))
 
@@ -121,8 +122,10 @@ def hydra_message(exc: BaseException, keys=None, groups=None) -> str:
         allowed = groups.get(group, [])
         return f"{group}={option!r} is not an option; allowed: {', '.join(allowed)}{_near(option, allowed)}"
     if name == "OverrideParseException":
-        return (f"cannot parse the override ({text.splitlines()[0]}); overrides are key=value, "
-                "see https://hydra.cc/docs/advanced/override_grammar/basic/")
+        return (
+            f"cannot parse the override ({text.splitlines()[0]}); overrides are key=value, "
+            "see https://hydra.cc/docs/advanced/override_grammar/basic/"
+        )
     if type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError") and full_key:
         return _unknown_key(full_key, keys, groups)
     if type(cause).__name__ == "ValidationError":
@@ -132,7 +135,7 @@ def hydra_message(exc: BaseException, keys=None, groups=None) -> str:
 
 
 def _unknown_key(full_key: str, keys: list[str], groups) -> str:
-    """"trainer.iteratons is not a config key; did you mean trainer.iterations?" (+ the section's keys)."""
+    """ "trainer.iteratons is not a config key; did you mean trainer.iterations?" (+ the section's keys)."""
     parent, _, leaf = full_key.rpartition(".")
     if parent in keys:  # a mapping field (e.g. task.knobs): its keys are added, not overridden
         return f"{parent} holds free-form keys: add one with +{full_key}=<value>"
@@ -144,8 +147,10 @@ def _unknown_key(full_key: str, keys: list[str], groups) -> str:
         return f"{full_key} is not a config key{_near(full_key, keys, 0.8)}"
     near = _near(leaf, siblings)
     where = f"keys of {parent}" if parent else "top-level keys"
-    return (f"{full_key} is not a config key{near.replace('mean ', f'mean {parent}.' if parent else 'mean ')}; "
-            f"{where}: {', '.join(siblings)}")
+    return (
+        f"{full_key} is not a config key{near.replace('mean ', f'mean {parent}.' if parent else 'mean ')}; "
+        f"{where}: {', '.join(siblings)}"
+    )
 
 
 def _field(text: str, name: str) -> str | None:
@@ -171,7 +176,10 @@ def _plain(what: str) -> str:
         return f"{m.group(1)!r} is not true or false"
     m = re.match(r"Invalid type assigned: (\w+) is not a subclass of (\w+)", what)
     if m:
-        return f"a {m.group(1)} was given where a section ({m.group(2)}) belongs; set its keys instead (e.g. key.field=value)"
+        return (
+            f"a {m.group(1)} was given where a section ({m.group(2)}) belongs; "
+            "set its keys instead (e.g. key.field=value)"
+        )
     return what
 
 

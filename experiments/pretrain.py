@@ -32,9 +32,10 @@ import shutil
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import yaml
@@ -99,8 +100,9 @@ def resolve(task: str, **overrides) -> PretrainConfig:
     cfg = make_knobs(PretrainConfig, "pretrain", {"task": task, **values})
     # Canonical form (every knob and model argument spelled out) so equal configs hash equally.
     cfg.knobs = asdict(make_knobs(get_task(task).Knobs, task, cfg.knobs))
-    defaults = {k: p.default for k, p in inspect.signature(build_model).parameters.items()
-                if k not in ("tokenizer", "seed")}
+    defaults = {
+        k: p.default for k, p in inspect.signature(build_model).parameters.items() if k not in ("tokenizer", "seed")
+    }
     cfg.model = {**defaults, **cfg.model}
     return cfg
 
@@ -224,7 +226,9 @@ def train(cfg: PretrainConfig, out_dir: Path, progress: bool = True) -> dict[str
         bar.update(1)
         if cfg.target_acc is not None and step % cfg.eval_every == 0:
             val_acc = validation_accuracy(model, tokenizer, task, env, val)
-            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", val_acc=f"{val_acc:.2f}", refresh=False)
+            bar.set_postfix(
+                loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", val_acc=f"{val_acc:.2f}", refresh=False
+            )
             if val_acc >= cfg.target_acc:
                 break
     bar.close()
@@ -233,16 +237,28 @@ def train(cfg: PretrainConfig, out_dir: Path, progress: bool = True) -> dict[str
     model.eval()
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    return {"steps_done": step, "val_acc": val_acc,
-            "reached_target": cfg.target_acc is None or val_acc >= cfg.target_acc,
-            "final_loss": sum(losses[-20:]) / len(losses[-20:]),
-            "train_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
+    return {
+        "steps_done": step,
+        "val_acc": val_acc,
+        "reached_target": cfg.target_acc is None or val_acc >= cfg.target_acc,
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+        "train_s": time.perf_counter() - wall,
+        "cpu_s": time.process_time() - cpu,
+    }
 
 
-def pretrain(task: str = "math_tiny", model_cfg: dict | None = None, steps: int | None = None,
-             lr: float | None = None, batch_size: int | None = None, seed: int = 0,
-             cache_dir: str | os.PathLike | None = None, knobs: dict | None = None,
-             progress: bool = True, **overrides) -> Path:
+def pretrain(
+    task: str = "math_tiny",
+    model_cfg: dict | None = None,
+    steps: int | None = None,
+    lr: float | None = None,
+    batch_size: int | None = None,
+    seed: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+    knobs: dict | None = None,
+    progress: bool = True,
+    **overrides,
+) -> Path:
     """Path of the warm-started HF checkpoint for this config; trains it only if not cached.
 
     Unset arguments take the task's calibrated values (its `PRETRAIN`); `overrides` set other
@@ -262,8 +278,11 @@ def pretrain(task: str = "math_tiny", model_cfg: dict | None = None, steps: int 
     shutil.rmtree(tmp, ignore_errors=True)
     stats = train(cfg, tmp, progress=progress)
     if not stats["reached_target"]:
-        warnings.warn(f"pretrain {cfg.task}: validation accuracy {stats['val_acc']:.2f} did not reach "
-                      f"target_acc={cfg.target_acc} within steps={cfg.steps}; raise steps", stacklevel=2)
+        warnings.warn(
+            f"pretrain {cfg.task}: validation accuracy {stats['val_acc']:.2f} did not reach "
+            f"target_acc={cfg.target_acc} within steps={cfg.steps}; raise steps",
+            stacklevel=2,
+        )
     (tmp / MARKER).write_text(json.dumps({"config": asdict(cfg), "hash": final.name, **stats}, indent=2))
     try:
         os.replace(tmp, final)
@@ -279,8 +298,9 @@ def pretrain(task: str = "math_tiny", model_cfg: dict | None = None, steps: int 
 
 
 @torch.no_grad()
-def rollout(model, tokenizer, task, env, prompts: list[str], greedy: bool,
-            max_new_tokens: int | None = None) -> list[str]:
+def rollout(
+    model, tokenizer, task, env, prompts: list[str], greedy: bool, max_new_tokens: int | None = None
+) -> list[str]:
     """Responses for `prompts` with HF `generate` and the task's tool loop (reference version).
 
     Each turn generates until EOS, a stop string or `max_new_tokens`; when `task.tool_response`
@@ -294,11 +314,15 @@ def rollout(model, tokenizer, task, env, prompts: list[str], greedy: bool,
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         sampling = {} if greedy else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
         out = model.generate(
-            **enc, max_new_tokens=budget, **sampling,
-            stop_strings=list(task.STOP_STRINGS) or None, tokenizer=tokenizer,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            **enc,
+            max_new_tokens=budget,
+            **sampling,
+            stop_strings=list(task.STOP_STRINGS) or None,
+            tokenizer=tokenizer,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
         )  # (B, L + new)
-        new = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+        new = tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
         still = []
         for i, text in zip(active, new):
             responses[i] += text
@@ -312,8 +336,9 @@ def rollout(model, tokenizer, task, env, prompts: list[str], greedy: bool,
     return responses
 
 
-def heldout_accuracy(path: str | os.PathLike, task: str, n: int = 100, seed: int = 0, samples: int = 1,
-                     knobs: dict | None = None) -> dict[str, float]:
+def heldout_accuracy(
+    path: str | os.PathLike, task: str, n: int = 100, seed: int = 0, samples: int = 1, knobs: dict | None = None
+) -> dict[str, float]:
     """Greedy accuracy and mean sampled accuracy (temperature 1, `samples` per problem) of the
     checkpoint at `path` on `n` test problems."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -24,8 +24,15 @@ def bar(total: int, desc: str, *, initial: int = 0, unit: str = "it", show: bool
     from tqdm.auto import tqdm
 
     live = _on_terminal(sys.stderr)
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=live,
-                mininterval=0.1 if live else LOG_INTERVAL_S, disable=not (show and enabled()))
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit=unit,
+        dynamic_ncols=live,
+        mininterval=0.1 if live else LOG_INTERVAL_S,
+        disable=not (show and enabled()),
+    )
 
 
 def _on_terminal(stream) -> bool:

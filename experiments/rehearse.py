@@ -35,12 +35,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 """A minimal chat template over the tiny tokenizer's characters (verl's dataset applies one to every prompt)."""
 KILL_AFTER = 2
 """The first attempt is killed once the checkpoint of this step is complete."""
@@ -145,7 +147,7 @@ def _math_data(out_dir: Path) -> Data:
         return [{q_key: q, a_key: a} for q, a in sums(n, seed=sorted(math.SOURCES).index(name))]
 
     files = math.prepare(str(out_dir), loader=loader)
-    sft = [(q, f"{q[len('Compute '):]}{math.THINK_END}\\boxed{{{a}}}") for q, a in sums(200, seed=100)]
+    sft = [(q, f"{q[len('Compute ') :]}{math.THINK_END}\\boxed{{{a}}}") for q, a in sums(200, seed=100)]
     return Data(files=files, sft=sft)
 
 
@@ -155,8 +157,10 @@ def _search_data(out_dir: Path) -> Data:
     def loader(source: str, split: str):
         seed = sorted(set(search.TRAIN_SOURCES + search.TEST_SOURCES)).index(source) + (0 if split == "train" else 50)
         n = ROWS["train"] // len(search.TRAIN_SOURCES) if split == "train" else ROWS["test"]
-        return [{"question": ex.prompt, "golden_answers": list(ex.answer)}
-                for ex in search_tiny.load("train", n=n, seed=seed)]
+        return [
+            {"question": ex.prompt, "golden_answers": list(ex.answer)}
+            for ex in search_tiny.load("train", n=n, seed=seed)
+        ]
 
     files = search.prepare(str(out_dir), loader=loader)
     corpus = out_dir / "corpus.jsonl"
@@ -174,37 +178,57 @@ def _search_data(out_dir: Path) -> Data:
 # --------------------------------------------------------------------------------------
 # The rehearsal config
 # --------------------------------------------------------------------------------------
-def rehearsal_overrides(cfg, model_path: str, data: Data, run_dir: Path, steps: int,
-                        retriever_url: str | None = None) -> list[str]:
+def rehearsal_overrides(
+    cfg, model_path: str, data: Data, run_dir: Path, steps: int, retriever_url: str | None = None
+) -> list[str]:
     """Hydra overrides (appended to the target's) that make `cfg` a CPU rehearsal; see the module docstring."""
     tau = float(cfg.algo.anchor.tau)
     mini = 2 if int(cfg.trainer.mini_batches) > 1 else 1
     multi = bool(cfg.backend.verl.multi_turn)
     o = [
-        f"model.path={model_path}", f"run_dir={run_dir}", "logger.name=none",
-        "trainer.device=cpu", "backend.verl.rollout_engine=hf", "backend.verl.nnodes=1",
+        f"model.path={model_path}",
+        f"run_dir={run_dir}",
+        "logger.name=none",
+        "trainer.device=cpu",
+        "backend.verl.rollout_engine=hf",
+        "backend.verl.nnodes=1",
         "backend.verl.n_gpus_per_node=1",
         f"backend.verl.train_files={data.files['train']}",
         f"backend.verl.val_files={data.files.get('val', data.files['test'])}",
-        f"backend.verl.max_prompt_length={PROMPT_TOKENS[multi]}", "backend.verl.param_offload=false",
+        f"backend.verl.max_prompt_length={PROMPT_TOKENS[multi]}",
+        "backend.verl.param_offload=false",
         "backend.verl.optimizer_offload=false",
-        f"backend.verl.checkpoint_dir={run_dir / 'checkpoints'}", "backend.verl.max_token_len_per_gpu=4096",
+        f"backend.verl.checkpoint_dir={run_dir / 'checkpoints'}",
+        "backend.verl.max_token_len_per_gpu=4096",
         "backend.verl.micro_batch_size_per_gpu=4",
-        f"trainer.iterations={steps}", "trainer.save_every=1", "trainer.keep_checkpoints=2",
+        f"trainer.iterations={steps}",
+        "trainer.save_every=1",
+        "trainer.keep_checkpoints=2",
         f"backend.verl.step_timeout_s={STEP_TIMEOUT_S}",
-        f"trainer.eval_every={steps}", "trainer.eval_n=1", f"trainer.mini_batches={mini}",
-        "rollout.prompts_per_iter=4", "rollout.group_size=2", f"rollout.max_new_tokens={TURN_TOKENS[multi]}",
+        f"trainer.eval_every={steps}",
+        "trainer.eval_n=1",
+        f"trainer.mini_batches={mini}",
+        "rollout.prompts_per_iter=4",
+        "rollout.group_size=2",
+        f"rollout.max_new_tokens={TURN_TOKENS[multi]}",
     ]
     if tau < 1.0:
         o.append(f"algo.anchor.period={ANCHOR_PERIOD}")
     if multi:
-        o += ["rollout.max_turns=2", "backend.verl.max_response_length=224", "backend.verl.max_tool_response_length=48",
-              f"backend.verl.retriever_url={retriever_url}"]
+        o += [
+            "rollout.max_turns=2",
+            "backend.verl.max_response_length=224",
+            "backend.verl.max_tool_response_length=48",
+            f"backend.verl.retriever_url={retriever_url}",
+        ]
     else:
         o.append(f"backend.verl.max_response_length={TURN_TOKENS[multi]}")
-    infra = ["transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-             "actor_rollout_ref.rollout.agent.num_workers=1", "reward.num_workers=1",
-             "data.dataloader_num_workers=0"]
+    infra = [
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
+        "data.dataloader_num_workers=0",
+    ]
     extra = list(cfg.backend.verl.overrides) + infra
     o.append("backend.verl.overrides=[" + ",".join(_quote(x) for x in extra) + "]")
     return o
@@ -258,15 +282,22 @@ def latest_checkpoint(run_dir: Path) -> int:
         return 0
 
 
-def run_attempt(overrides: list[str], run_dir: Path, log: Path, kill_after: int | None,
-                timeout_s: float = ATTEMPT_TIMEOUT_S, on_wait: Callable[[float], None] | None = None) -> Attempt:
+def run_attempt(
+    overrides: list[str],
+    run_dir: Path,
+    log: Path,
+    kill_after: int | None,
+    timeout_s: float = ATTEMPT_TIMEOUT_S,
+    on_wait: Callable[[float], None] | None = None,
+) -> Attempt:
     """``emapg train <overrides>`` in its own process group; with `kill_after`, SIGKILL the whole group
     (driver, Ray, workers) once the checkpoint of that step is complete and its metrics are logged
     (verl writes them after the checkpoint)."""
     inherited = ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")  # its own Ray; trainer.device decides
     env = {k: v for k, v in os.environ.items() if k not in inherited}
-    env.update({"EMAPG_PROGRESS": "0", "PYTHONUNBUFFERED": "1",
-                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})  # Ray binds 127.0.0.1: nothing leaves the machine
+    env.update(
+        {"EMAPG_PROGRESS": "0", "PYTHONUNBUFFERED": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    )  # Ray binds 127.0.0.1: nothing leaves the machine
     cmd = [sys.executable, "-m", "experiments.cli", "train", *overrides]
     t0 = time.time()
     with open(log, "w") as out:
@@ -366,8 +397,13 @@ def check_topk(run_dir: Path, e: Expect) -> Check:
     keys = {k for rows in _raw_attempts(run_dir) for row in rows for k in row.get("data", {}) if "topk_k" in k}
     ks = sorted({row["data"][k] for rows in _raw_attempts(run_dir) for row in rows for k in keys if k in row["data"]})
     if not e.topk:
-        return Check("Top-k statistics", not keys, "estimator needs none; none computed" if not keys
-                     else f"computed although the estimator does not need them: {sorted(keys)}")
+        return Check(
+            "Top-k statistics",
+            not keys,
+            "estimator needs none; none computed"
+            if not keys
+            else f"computed although the estimator does not need them: {sorted(keys)}",
+        )
     return Check("Top-k statistics", ks == [float(e.k)], f"head size seen in the actor loss {ks}, expected [{e.k}]")
 
 
@@ -397,8 +433,11 @@ def check_resume(run_dir: Path, e: Expect) -> Check:
     meta = run_dir / "checkpoints" / f"global_step_{e.steps}" / "anchor" / "emapg_anchor.json"
     updates = json.loads(meta.read_text())["num_updates"] if meta.is_file() else None
     want = e.steps // e.period
-    return Check("resume", first_ok and updates == want,
-                 detail + f"; anchor updates at step {e.steps}: {updates} (scheduled {want}, counted across the kill)")
+    return Check(
+        "resume",
+        first_ok and updates == want,
+        detail + f"; anchor updates at step {e.steps}: {updates} (scheduled {want}, counted across the kill)",
+    )
 
 
 CHECKS = (check_steps, check_anchor_schedule, check_topk, check_checkpoints, check_resume)
@@ -441,8 +480,19 @@ class Shared:
         """`emapg retriever serve --corpus` on 127.0.0.1 (started once); its URL."""
         if self._retriever is None:
             port = _free_port()
-            cmd = [sys.executable, "-m", "experiments.cli", "retriever", "serve", "--corpus", corpus,
-                   "--host", "127.0.0.1", "--port", str(port)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "experiments.cli",
+                "retriever",
+                "serve",
+                "--corpus",
+                corpus,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ]
             with open(self.root / "retriever.log", "w") as log:  # the child keeps its own copy of the descriptor
                 self._retriever = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self.retriever_url = f"http://127.0.0.1:{port}"
@@ -479,16 +529,19 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) ->
     raise RuntimeError(f"the rehearsal's retriever did not answer at {url} within {timeout_s:.0f} s")
 
 
-def rehearse_config(name: str, target: list[str], out: Path, shared: Shared, steps: int,
-                    say: Callable[[str], None] = print) -> Result:
+def rehearse_config(
+    name: str, target: list[str], out: Path, shared: Shared, steps: int, say: Callable[[str], None] = print
+) -> Result:
     """Rehearse one configuration (`target`: Hydra overrides naming a verl preset); see the module docstring."""
     from experiments import build
 
     t0 = time.time()
     cfg = build.compose(target)
     if cfg.backend.name != "verl":
-        raise ValueError(f"emapg rehearse takes a verl preset or sweep (backend=verl); {name} has "
-                         f"backend={cfg.backend.name} (run it directly: `emapg train {' '.join(target)} smoke=true`)")
+        raise ValueError(
+            f"emapg rehearse takes a verl preset or sweep (backend=verl); {name} has "
+            f"backend={cfg.backend.name} (run it directly: `emapg train {' '.join(target)} smoke=true`)"
+        )
     task = str(cfg.task.name)
     data = shared.data(task)
     url = shared.retriever(data.corpus) if cfg.backend.verl.multi_turn and data.corpus else None
@@ -513,9 +566,15 @@ def rehearse_config(name: str, target: list[str], out: Path, shared: Shared, ste
     from ema_pg_core.config import KLConfig
     from ema_pg_core.verl.config import uses_topk
 
-    expect = Expect(steps=steps, tau=float(cfg.algo.anchor.tau), period=ANCHOR_PERIOD if cfg.algo.anchor.tau < 1
-                    else int(cfg.algo.anchor.period), topk=uses_topk(KLConfig(**kl)), k=int(kl.k), keep=2,
-                    killed_at=first.killed_at)
+    expect = Expect(
+        steps=steps,
+        tau=float(cfg.algo.anchor.tau),
+        period=ANCHOR_PERIOD if cfg.algo.anchor.tau < 1 else int(cfg.algo.anchor.period),
+        topk=uses_topk(KLConfig(**kl)),
+        k=int(kl.k),
+        keep=2,
+        killed_at=first.killed_at,
+    )
     return Result(name, [check(run_dir, expect) for check in CHECKS], time.time() - t0)
 
 
@@ -546,8 +605,9 @@ def targets(argv: list[str]) -> list[tuple[str, list[str]]]:
 
     s = sweep_spec.load(specs[0])
     if s.backend != "verl":
-        raise ValueError(f"{specs[0]}: backend={s.backend}; emapg rehearse takes verl sweeps "
-                         "(local sweeps run as they are)")
+        raise ValueError(
+            f"{specs[0]}: backend={s.backend}; emapg rehearse takes verl sweeps (local sweeps run as they are)"
+        )
     out = []
     for point in sweep_spec.grid_points(s):
         keep = [o for o in s.overrides_for(point, s.seeds[0]) if not o.startswith(("sweep.", "logger.", "backend="))]
@@ -564,14 +624,18 @@ def _slug(parts: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="emapg rehearse", description="Run a GPU preset's (or a verl sweep's) real "
-                                "verl loop on CPU in minutes: kill after step 2, resume, check. README: 'Scaling out'.",
-                                epilog="Example: emapg rehearse experiment=math_deepscaler_ema_pg "
-                                       "algo.kl.type=topk_reverse")
-    p.add_argument("target", nargs="+",
-                   help="a verl sweep spec (sweeps/*.yaml), or experiment=<verl preset> [key=value ...]")
-    p.add_argument("--steps", type=int, default=3,
-                   help="training steps (>= 3; the first attempt is killed after step 2)")
+    p = argparse.ArgumentParser(
+        prog="emapg rehearse",
+        description="Run a GPU preset's (or a verl sweep's) real "
+        "verl loop on CPU in minutes: kill after step 2, resume, check. README: 'Scaling out'.",
+        epilog="Example: emapg rehearse experiment=math_deepscaler_ema_pg algo.kl.type=topk_reverse",
+    )
+    p.add_argument(
+        "target", nargs="+", help="a verl sweep spec (sweeps/*.yaml), or experiment=<verl preset> [key=value ...]"
+    )
+    p.add_argument(
+        "--steps", type=int, default=3, help="training steps (>= 3; the first attempt is killed after step 2)"
+    )
     p.add_argument("--out", default="outputs/rehearsals", help="where the run directories and logs go")
     args = p.parse_args(argv)
     if args.steps < 3:
@@ -599,6 +663,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def table(results: list[Result]) -> str:
     """One row per configuration: passed, or the checks that failed."""
-    rows = [f"| {r.name} | {'passed' if r.ok else 'FAILED: ' + ', '.join(c.name for c in r.checks if not c.ok)} "
-            f"| {r.seconds:.0f} s |" for r in results]
+    rows = [
+        f"| {r.name} | {'passed' if r.ok else 'FAILED: ' + ', '.join(c.name for c in r.checks if not c.ok)} "
+        f"| {r.seconds:.0f} s |"
+        for r in results
+    ]
     return "\n".join(["| configuration | result | time |", "|---|---|---|", *rows])

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -39,8 +39,15 @@ def _make_logger(cfg: DictConfig, run_dir: Path):
     if cfg.logger.name == "none":
         return NullLogger()
     group = cfg.logger.group or cfg.sweep.name or cfg.experiment
-    return WandbLogger(run_dir=run_dir, project=cfg.logger.project, group=group, tags=list(cfg.logger.tags),
-                       config=OmegaConf.to_container(cfg, resolve=True), name=run_dir.name, mode=cfg.logger.mode)
+    return WandbLogger(
+        run_dir=run_dir,
+        project=cfg.logger.project,
+        group=group,
+        tags=list(cfg.logger.tags),
+        config=OmegaConf.to_container(cfg, resolve=True),
+        name=run_dir.name,
+        mode=cfg.logger.mode,
+    )
 
 
 def run(cfg: DictConfig, callback: Callback | None = None) -> dict[str, float]:
@@ -63,12 +70,20 @@ def run(cfg: DictConfig, callback: Callback | None = None) -> dict[str, float]:
     if cfg.resume and found is None and (run_dir / "metrics.jsonl").exists():
         raise ValueError(f"resume={cfg.resume} but {ckpt_dir} holds no checkpoint to continue from")
     for s in found[2] if found else ():
-        print(f"warning: skipping checkpoint {ckpt_dir / s['checkpoint']} ({s['error']}); resuming from "
-              f"{found[0].name}", file=sys.stderr)
+        print(
+            f"warning: skipping checkpoint {ckpt_dir / s['checkpoint']} ({s['error']}); resuming from {found[0].name}",
+            file=sys.stderr,
+        )
     torch.set_num_threads(int(cfg.trainer.threads))
     seed_everything(int(cfg.seed))
-    record = RunRecord.create(run_dir, cfg, resume=found is not None, force=cfg.resume == "force",
-                              checkpoint=found[0].name if found else None, skipped=found[2] if found else ())
+    record = RunRecord.create(
+        run_dir,
+        cfg,
+        resume=found is not None,
+        force=cfg.resume == "force",
+        checkpoint=found[0].name if found else None,
+        skipped=found[2] if found else (),
+    )
     with record:
         logger = _make_logger(cfg, run_dir)
         with logger:
@@ -93,8 +108,14 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
         logger.log(it, rows[it])
         if bar is not None and it > 0:
             bar.update(it - bar.n)
-            bar.set_postfix({"reward": f"{m.get('train/reward', 0):.2f}", "kl": f"{m.get('kl/value', 0):.2e}",
-                             "drift": f"{m.get('anchor/drift', 0):.1e}"}, refresh=False)
+            bar.set_postfix(
+                {
+                    "reward": f"{m.get('train/reward', 0):.2f}",
+                    "kl": f"{m.get('kl/value', 0):.2e}",
+                    "drift": f"{m.get('anchor/drift', 0):.1e}",
+                },
+                refresh=False,
+            )
 
     def on_iteration_end(it: int, m: dict, ckpt: Path | None) -> None:
         row = rows.pop(it, m)
@@ -168,8 +189,12 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
                 raise RunFailed(f"{failure}\nThen {then}" if failure else then) from e
             if isinstance(e, (KeyboardInterrupt, Terminated)):  # verl resumes from its own last checkpoint
                 name = "SIGINT" if isinstance(e, KeyboardInterrupt) else str(e)
-                raise RunInterrupted(f"interrupted by {name}; a resume continues from verl's last checkpoint "
-                                     f"(every trainer.save_every steps) in {run_dir}", name, run_dir) from None
+                raise RunInterrupted(
+                    f"interrupted by {name}; a resume continues from verl's last checkpoint "
+                    f"(every trainer.save_every steps) in {run_dir}",
+                    name,
+                    run_dir,
+                ) from None
             raise
         if code:
             raise RunFailed(f"verl exited with status {code}")
@@ -213,9 +238,10 @@ class _VerlFollower:
     """verl's metrics files -> metrics.jsonl lines and `callback` calls, step by step, while verl runs.
 
     A poll reads every attempt (``experiments.verl_metrics.to_rows``; a half-written last line
-    waits for the next poll) unless no file changed size or mtime since the last one. Steps past the last one recorded are appended; a step whose
-    metrics changed (a resumed attempt replaying steps after its checkpoint) rewinds the record
-    to just before it and appends again. `callback` gets each iteration once, in increasing order.
+    waits for the next poll) unless no file changed size or mtime since the last one. Steps past the
+    last one recorded are appended; a step whose metrics changed (a resumed attempt replaying steps
+    after its checkpoint) rewinds the record to just before it and appends again.
+    `callback` gets each iteration once, in increasing order.
     """
 
     def __init__(self, record: RunRecord, cfg: DictConfig, callback: Callback | None):
@@ -260,7 +286,6 @@ class _VerlFollower:
                 self.callback(step, {k: v for k, v in row.items() if k not in ("iteration", "time_s")}, None)
                 self.reported = step
 
-
     def _watch(self) -> None:
         from ema_pg_core.verl.failures import first_failure
 
@@ -269,9 +294,11 @@ class _VerlFollower:
             raise RunFailed(failure)
         idle = time.time() - self.progress_t
         if idle > self.timeout_s:
-            raise RunFailed(f"no training step completed for {idle:.0f} s (backend.verl.step_timeout_s="
-                            f"{self.timeout_s:g}); stopping the run. verl's own log (stdout/stderr, or the Ray "
-                            "worker logs) says where it waits.")
+            raise RunFailed(
+                f"no training step completed for {idle:.0f} s (backend.verl.step_timeout_s="
+                f"{self.timeout_s:g}); stopping the run. verl's own log (stdout/stderr, or the Ray "
+                "worker logs) says where it waits."
+            )
 
 
 PACKAGE_PARENT = Path(__file__).resolve().parents[1]

@@ -30,17 +30,24 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ema_pg_core.verl.config import rotate  # noqa: F401  (re-exported: the TaskRunner calls it)
 
 FILE = "verl_metrics.jsonl"
 TRAIN_KEYS = {
-    "critic/score/mean": "train/reward", "response_length/mean": "train/response_len",
-    "actor/pg_loss": "loss/pg", "actor/kl_loss": "kl/value", "actor/pg_clipfrac": "loss/clip_frac",
-    "actor/pg_clipfrac_lower": "loss/dual_clip_frac", "actor/ppo_kl": "loss/approx_kl",
-    "actor/entropy": "train/entropy", "actor/grad_norm": "train/grad_norm", "timing_s/step": "perf/iter_s",
+    "critic/score/mean": "train/reward",
+    "response_length/mean": "train/response_len",
+    "actor/pg_loss": "loss/pg",
+    "actor/kl_loss": "kl/value",
+    "actor/pg_clipfrac": "loss/clip_frac",
+    "actor/pg_clipfrac_lower": "loss/dual_clip_frac",
+    "actor/ppo_kl": "loss/approx_kl",
+    "actor/entropy": "train/entropy",
+    "actor/grad_norm": "train/grad_norm",
+    "timing_s/step": "perf/iter_s",
     "train/dropped_truncated": "train/dropped_truncated",
 }
 _VAL = re.compile(r"^val-core/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
@@ -50,8 +57,11 @@ def attempt_files(run_dir: str | Path) -> list[Path]:
     """The verl metrics files of `run_dir`, oldest attempt first (rotated ones by n, then the live one)."""
     run_dir = Path(run_dir)
     stem, suffix = Path(FILE).stem, Path(FILE).suffix
-    rotated = [(int(m.group(1)), p) for p in run_dir.glob(f"{stem}.*{suffix}")
-               if (m := re.fullmatch(rf"{re.escape(stem)}\.(\d+){re.escape(suffix)}", p.name))]
+    rotated = [
+        (int(m.group(1)), p)
+        for p in run_dir.glob(f"{stem}.*{suffix}")
+        if (m := re.fullmatch(rf"{re.escape(stem)}\.(\d+){re.escape(suffix)}", p.name))
+    ]
     live = run_dir / FILE
     return [p for _, p in sorted(rotated)] + ([live] if live.is_file() else [])
 

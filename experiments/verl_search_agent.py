@@ -69,7 +69,7 @@ TURN_TOKENS_KEY = "max_turn_tokens"
 """Key under ``actor_rollout_ref.rollout.custom``: the per-turn generation cap."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def retriever(url: str):
     """One HTTP client per retriever URL and process (the loop is instantiated once per trajectory)."""
     return search.make_env(retriever_url=url)
@@ -103,11 +103,15 @@ class SearchR1AgentLoop(AgentLoopBase):
         custom = self.rollout_config.get("custom") or {}
         self.max_turn_tokens: int = int(custom.get(TURN_TOKENS_KEY) or self.response_length)
         if self.max_turn_tokens < 1:
-            raise ValueError(f"actor_rollout_ref.rollout.custom.{TURN_TOKENS_KEY} must be >= 1; got {self.max_turn_tokens}")
+            raise ValueError(
+                f"actor_rollout_ref.rollout.custom.{TURN_TOKENS_KEY} must be >= 1; got {self.max_turn_tokens}"
+            )
         url = custom.get(RETRIEVER_KEY)
         if not url:
-            raise ValueError(f"the {NAME} agent loop needs a retriever: set backend.verl.retriever_url (an "
-                             f"`emapg retriever serve` URL; verl key actor_rollout_ref.rollout.custom.{RETRIEVER_KEY})")
+            raise ValueError(
+                f"the {NAME} agent loop needs a retriever: set backend.verl.retriever_url (an "
+                f"`emapg retriever serve` URL; verl key actor_rollout_ref.rollout.custom.{RETRIEVER_KEY})"
+            )
         self.env = retriever(url)
 
     @rollout_trace_op
@@ -128,12 +132,16 @@ class SearchR1AgentLoop(AgentLoopBase):
             extra = self._merge_extra(extra, out.extra_fields)
             keep = len(out.token_ids) if final else cut_after_stop(self.tokenizer, out.token_ids)
             merged, mask, logprobs = await self.ct_merge_assistant_token(
-                ids, out.token_ids[:keep], mask, logprobs,
-                assistant_logprobs=(out.log_probs or [])[:keep] if logprobs is not None else None)
+                ids,
+                out.token_ids[:keep],
+                mask,
+                logprobs,
+                assistant_logprobs=(out.log_probs or [])[:keep] if logprobs is not None else None,
+            )
             ids = merged.token_ids
             if final or out.stop_reason == "aborted" or self._ends_with_eos(out.token_ids[:keep]):
                 break
-            info = await self._information(ids[len(ids) - len(mask):], metrics)
+            info = await self._information(ids[len(ids) - len(mask) :], metrics)
             if info is None:
                 break
             ids, searches = ids + info, searches + 1
@@ -141,15 +149,17 @@ class SearchR1AgentLoop(AgentLoopBase):
             logprobs = logprobs + [0.0] * len(info) if logprobs is not None else None
         return self._output(ids, mask, logprobs, turns + searches + 1, metrics, extra)
 
-    async def _generate(self, request_id: str, ids: list[int], sampling_params: dict[str, Any], final: bool,
-                        used: int, metrics: dict) -> TokenOutput:
-        """One turn: at most max_turn_tokens and the remaining response budget, stopping at `</search>` unless `final`."""
+    async def _generate(
+        self, request_id: str, ids: list[int], sampling_params: dict[str, Any], final: bool, used: int, metrics: dict
+    ) -> TokenOutput:
+        """One turn: at most max_turn_tokens and the remaining response budget; stops at `</search>` unless `final`."""
         params = {**sampling_params, "max_tokens": min(self.max_turn_tokens, self.response_length - used)}
         if not final:
             params["stop"] = sorted(set(params.get("stop") or []) | set(search.STOP_STRINGS))
         with simple_timer("generate_sequences", metrics):
-            out: TokenOutput = await self.server_manager.generate(request_id=request_id, prompt_ids=ids,
-                                                                  sampling_params=params)
+            out: TokenOutput = await self.server_manager.generate(
+                request_id=request_id, prompt_ids=ids, sampling_params=params
+            )
         metrics["num_preempted"] = metrics.get("num_preempted", 0) + (out.num_preempted or 0)
         return out
 
@@ -179,13 +189,19 @@ class SearchR1AgentLoop(AgentLoopBase):
             return None
         return self.tokenizer(info, add_special_tokens=False)["input_ids"][: self.max_info_tokens]
 
-    def _output(self, ids: list[int], mask: list[int], logprobs: list[float] | None, num_turns: int,
-                metrics: dict, extra: dict) -> AgentLoopOutput:
+    def _output(
+        self, ids: list[int], mask: list[int], logprobs: list[float] | None, num_turns: int, metrics: dict, extra: dict
+    ) -> AgentLoopOutput:
         """prompt_ids (P,) and response_ids / response_mask / response_logprobs cut to response_length."""
         n = self.response_length
         out = AgentLoopOutput(
-            prompt_ids=ids[: len(ids) - len(mask)], response_ids=ids[len(ids) - len(mask):][:n], response_mask=mask[:n],
-            response_logprobs=logprobs[:n] if logprobs is not None else None, num_turns=num_turns,
-            metrics=metrics, extra_fields=extra)
+            prompt_ids=ids[: len(ids) - len(mask)],
+            response_ids=ids[len(ids) - len(mask) :][:n],
+            response_mask=mask[:n],
+            response_logprobs=logprobs[:n] if logprobs is not None else None,
+            num_turns=num_turns,
+            metrics=metrics,
+            extra_fields=extra,
+        )
         out.extra_fields.update({"turn_scores": [], "tool_rewards": []})  # the schema verl's tool_agent emits
         return out

@@ -24,8 +24,9 @@ import os
 import secrets
 import string
 import warnings
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from experiments.records import WANDB_STATE, atomic_write, read_wandb_state
 
@@ -60,8 +61,17 @@ def _scalar(value: Any) -> Any:
 class WandbLogger:
     """One W&B run per run directory, resumed across restarts. `wandb_run_id` is None when disabled."""
 
-    def __init__(self, run_dir: str | Path, *, project: str, group: str | None = None, tags: Iterable[str] = (),
-                 config: Mapping[str, Any] | None = None, name: str | None = None, mode: str | None = "offline"):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        project: str,
+        group: str | None = None,
+        tags: Iterable[str] = (),
+        config: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        mode: str | None = "offline",
+    ):
         self.run_dir, self.project = Path(run_dir), project
         self.mode = resolve_mode(mode)
         self.wandb_run_id: str | None = None
@@ -80,9 +90,18 @@ class WandbLogger:
             from omegaconf import OmegaConf
 
             config = OmegaConf.to_container(config, resolve=True)
-        self._run = wandb.init(project=project, group=group, tags=list(tags or ()), config=config,
-                               name=name or self.run_dir.name, id=self.wandb_run_id, dir=str(self.run_dir),
-                               mode=self.mode, resume="allow", reinit="create_new")
+        self._run = wandb.init(
+            project=project,
+            group=group,
+            tags=list(tags or ()),
+            config=config,
+            name=name or self.run_dir.name,
+            id=self.wandb_run_id,
+            dir=str(self.run_dir),
+            mode=self.mode,
+            resume="allow",
+            reinit="create_new",
+        )
         if self._run.resumed and self._run.step > 0:  # online: the server knows the next step
             self.last_step = max(self.last_step if self.last_step is not None else -1, self._run.step - 1)
 
@@ -95,8 +114,11 @@ class WandbLogger:
         try:
             self._run.log(payload, step=iteration)
         except Exception as err:  # the mirror must not end a run whose record is intact
-            warnings.warn(f"W&B logging failed at step {iteration} ({err!r}); continuing without W&B. "
-                          f"The run record in {self.run_dir} is complete.", stacklevel=2)
+            warnings.warn(
+                f"W&B logging failed at step {iteration} ({err!r}); continuing without W&B. "
+                f"The run record in {self.run_dir} is complete.",
+                stacklevel=2,
+            )
             self._close(exit_code=1)
             return False
         self.last_step = iteration
@@ -107,7 +129,7 @@ class WandbLogger:
         """Close the W&B run (idempotent); a non-zero exit_code marks it failed in W&B."""
         self._close(exit_code)
 
-    def __enter__(self) -> "WandbLogger":
+    def __enter__(self) -> WandbLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -140,7 +162,7 @@ class NullLogger:
     def finish(self, exit_code: int = 0) -> None:
         pass
 
-    def __enter__(self) -> "NullLogger":
+    def __enter__(self) -> NullLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:

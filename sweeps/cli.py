@@ -22,12 +22,17 @@ from sweeps.spec import load, table
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="emapg sweep", description="Run a sweep spec (sweeps/*.yaml) with Ray Tune.",
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="emapg sweep",
+        description="Run a sweep spec (sweeps/*.yaml) with Ray Tune.",
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("spec", help="a sweep YAML, e.g. sweeps/quickstart.yaml")
     parser.add_argument("--dry-run", action="store_true", help="validate the spec and print the trials; run nothing")
-    parser.add_argument("--resume", action="store_true", help="continue the sweep in --out without re-running finished trials")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the sweep in --out without re-running finished trials"
+    )
     parser.add_argument("--out", default=None, help="the sweep directory (default: outputs/sweeps/<name>)")
     parser.add_argument("--address", default=None, help="Ray cluster address (e.g. auto); default: start a local Ray")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")

@@ -30,8 +30,13 @@ from typing import Any
 from experiments import records
 
 # Tune's trial state -> sweep.csv's status (a trial still RUNNING when the sweep ended was interrupted)
-STATUS = {"TERMINATED": "finished", "ERROR": "failed", "RUNNING": "interrupted", "PENDING": "pending",
-          "PAUSED": "paused"}
+STATUS = {
+    "TERMINATED": "finished",
+    "ERROR": "failed",
+    "RUNNING": "interrupted",
+    "PENDING": "pending",
+    "PAUSED": "paused",
+}
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,20 @@ def row(sweep_dir: str | Path, metric: str, mode: str, trial: Trial) -> dict[str
     rows, summary, run_state, error = _read(run_dir)
     rows.sort(key=lambda r: r["iteration"])
     final, best = records.final_values(rows), records.best_values(rows, metric, mode)
-    key = metric[len("best_"):] if metric.startswith("best_") else metric
-    out = {"trial_id": trial.trial_id, "run_id": run_dir.name if run_dir else "",
-           "status": status(trial.state, run_state), **trial.point,
-           **({"seed": trial.seed} if trial.seed is not None else {}), "iterations": trial.iterations,
-           "train_time_s": summary.get("train_wall_time_s", summary.get("wall_time_s",
-                                                                        rows[-1].get("time_s", "") if rows else "")),
-           f"final/{key}": final.get(key, ""), f"best/{key}": best.get(key, "")}
+    key = metric[len("best_") :] if metric.startswith("best_") else metric
+    out = {
+        "trial_id": trial.trial_id,
+        "run_id": run_dir.name if run_dir else "",
+        "status": status(trial.state, run_state),
+        **trial.point,
+        **({"seed": trial.seed} if trial.seed is not None else {}),
+        "iterations": trial.iterations,
+        "train_time_s": summary.get(
+            "train_wall_time_s", summary.get("wall_time_s", rows[-1].get("time_s", "") if rows else "")
+        ),
+        f"final/{key}": final.get(key, ""),
+        f"best/{key}": best.get(key, ""),
+    }
     out.update({f"final/{k}": v for k, v in sorted(final.items())})
     out.update({f"best/{k}": v for k, v in sorted(best.items())})
     out["error"] = trial.error or error
@@ -103,22 +115,32 @@ def write_csv(sweep_dir: str | Path, metric: str, mode: str, trials: list[Trial]
     return rows
 
 
-def write_timing(sweep_dir: str | Path, name: str, rows: list[dict], wall: float, slots: int,
-                 progress: bool = True) -> dict[str, Any]:
+def write_timing(
+    sweep_dir: str | Path, name: str, rows: list[dict], wall: float, slots: int, progress: bool = True
+) -> dict[str, Any]:
     """timing.json: overhead = 1 - (summed trial training time) / (wall time x trial slots); with
     `progress`, a closing line (counts by status, time, overhead) is printed. Returns what was written."""
     sweep_dir = Path(sweep_dir)
     train = sum(float(r["train_time_s"]) for r in rows if isinstance(r["train_time_s"], (int, float)))
     slots = max(1, min(slots, len(rows)))
-    t = {"wall_s": round(wall, 2), "trials": len(rows), "slots": slots, "train_s_sum": round(train, 2),
-         "overhead_fraction": round(1 - train / (wall * slots), 4) if wall > 0 else None}
+    t = {
+        "wall_s": round(wall, 2),
+        "trials": len(rows),
+        "slots": slots,
+        "train_s_sum": round(train, 2),
+        "overhead_fraction": round(1 - train / (wall * slots), 4) if wall > 0 else None,
+    }
     (sweep_dir / "timing.json").write_text(json.dumps(t, indent=1) + "\n")
     if progress:
-        n = {s: sum(r["status"] == s for r in rows)
-             for s in ("finished", "stopped", "failed", "interrupted", "crashed")}
+        n = {
+            s: sum(r["status"] == s for r in rows) for s in ("finished", "stopped", "failed", "interrupted", "crashed")
+        }
         others = "".join(f", {n[s]} {s}" for s in ("interrupted", "crashed") if n[s])
         overhead = f"{t['overhead_fraction']:.0%}" if t["overhead_fraction"] is not None else "n/a"
-        print(f"{name}: {n['finished']} finished, {n['stopped']} stopped early, {n['failed']} failed{others} of "
-              f"{len(rows)} trials in {wall:.0f}s (training {train:.0f}s over {slots} slot(s); orchestration "
-              f"overhead {overhead})\n  {sweep_dir / 'sweep.csv'}", flush=True)
+        print(
+            f"{name}: {n['finished']} finished, {n['stopped']} stopped early, {n['failed']} failed{others} of "
+            f"{len(rows)} trials in {wall:.0f}s (training {train:.0f}s over {slots} slot(s); orchestration "
+            f"overhead {overhead})\n  {sweep_dir / 'sweep.csv'}",
+            flush=True,
+        )
     return t

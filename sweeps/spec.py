@@ -64,10 +64,30 @@ SET_BY_SWEEP = ("run_dir", "out_root", "resume", "sweep.name", "sweep.trial_id",
 # Keys every run logs (docs/run-record.md); eval keys are per task below. Both equal what one iteration
 # of ema_pg_core.local.trainer logs (tests/sweeps/test_run_metrics.py).
 RUN_METRICS = (
-    "train/reward", "train/reward_std", "train/response_len", "train/turns", "train/entropy", "train/lr",
-    "train/grad_norm", "loss/pg", "loss/total", "loss/clip_frac", "loss/dual_clip_frac", "loss/approx_kl",
-    "loss/ratio_mean", "kl/value", "anchor/drift", "anchor/dist", "anchor/num_updates", "anchor/updated",
-    "perf/tokens_per_s", "perf/iter_s", "perf/rollout_s", "perf/logprob_s", "perf/update_s", "perf/anchor_s",
+    "train/reward",
+    "train/reward_std",
+    "train/response_len",
+    "train/turns",
+    "train/entropy",
+    "train/lr",
+    "train/grad_norm",
+    "loss/pg",
+    "loss/total",
+    "loss/clip_frac",
+    "loss/dual_clip_frac",
+    "loss/approx_kl",
+    "loss/ratio_mean",
+    "kl/value",
+    "anchor/drift",
+    "anchor/dist",
+    "anchor/num_updates",
+    "anchor/updated",
+    "perf/tokens_per_s",
+    "perf/iter_s",
+    "perf/rollout_s",
+    "perf/logprob_s",
+    "perf/update_s",
+    "perf/anchor_s",
 )
 EVAL_METRICS = ("acc", "pass@1")
 MAX_FULL_PRODUCT = 64  # compose every combination up to this many; beyond it, one knob at a time
@@ -99,7 +119,11 @@ class Param:
     def describe(self) -> str:
         if self.kind == "grid":
             return f"grid{list(self.values)}"
-        return f"~choice{list(self.values)}" if self.kind == "choice" else f"~{self.kind}({self.values[0]}, {self.values[1]})"
+        return (
+            f"~choice{list(self.values)}"
+            if self.kind == "choice"
+            else f"~{self.kind}({self.values[0]}, {self.values[1]})"
+        )
 
 
 @dataclass(frozen=True)
@@ -151,8 +175,9 @@ class Spec:
         # a dict value (e.g. task.knobs) is merged into the config's dict: Hydra's `++` adds keys in struct mode;
         # strings in double quotes: the dry-run line shell-quotes each override in single quotes
         text = {k: hydra_value(v, quote='"') for k, v in fixed.items()}
-        return ([f"experiment={exp}"] if exp else []) + [f"{'++' if isinstance(v, dict) else ''}{k}={text[k]}"
-                                                         for k, v in fixed.items()]
+        return ([f"experiment={exp}"] if exp else []) + [
+            f"{'++' if isinstance(v, dict) else ''}{k}={text[k]}" for k, v in fixed.items()
+        ]
 
     @property
     def seed_axis(self) -> tuple:
@@ -184,8 +209,9 @@ class UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: SafeLoader's own error follows
                 continue
             if first is not None:
-                raise SpecError(f"duplicate key {key} at lines {first} and {line}; YAML would keep only the last, "
-                                "so give it once")
+                raise SpecError(
+                    f"duplicate key {key} at lines {first} and {line}; YAML would keep only the last, so give it once"
+                )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -203,37 +229,87 @@ def load(path: str | Path, check_config: bool = True) -> Spec:
         raise SpecError(f"{path}: {e}") from None
 
 
+SPEC_KEYS = (
+    "name",
+    "base",
+    "space",
+    "seeds",
+    "search",
+    "scheduler",
+    "metric",
+    "mode",
+    "budget",
+    "resources",
+    "max_concurrent",
+    "backend",
+    "max_failures",
+    "max_trials",
+)
+"""The top-level keys of a sweep YAML."""
+
+
 def parse(data: Any, check_config: bool = True) -> Spec:
     """Validate a loaded YAML mapping into a Spec (and against the config tree unless told not to)."""
     data = _mapping(data, "the spec")
-    allowed = ("name", "base", "space", "seeds", "search", "scheduler", "metric", "mode", "budget", "resources",
-               "max_concurrent", "backend", "max_failures", "max_trials")
-    _known(data, allowed, "")
+    _known(data, SPEC_KEYS, "")
     for key in ("name", "base", "metric"):
         if key not in data:
             raise SpecError(f"`{key}` is required")
-    name = data["name"]
+    name = _name(data["name"])
+    base, overrides = _base(data["base"])
+    budget = _sub_mapping(data, "budget", ("num_samples", "time_budget_s"))
+    resources = _sub_mapping(data, "resources", ("cpu", "gpu"))
+    spec = _build(data, name, base, overrides, budget, resources)
+    _check_search(spec)
+    _check_size(spec)
+    return check(spec) if check_config else spec
+
+
+def _name(name) -> str:
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise SpecError(f"name={name!r} must be a non-empty string of letters, digits, '_', '.', '-' (it names a directory)")
-    base = _mapping(data["base"], "base")
+        raise SpecError(
+            f"name={name!r} must be a non-empty string of letters, digits, '_', '.', '-' (it names a directory)"
+        )
+    return name
+
+
+def _base(value) -> tuple[dict, dict]:
+    """`base` and its `overrides`, which may not set what the spec's own keys or the sweep set."""
+    base = _mapping(value, "base")
     _known(base, ("experiment", "overrides"), "base.")
     overrides = _mapping(base.get("overrides") or {}, "base.overrides")
     for key in overrides:
         if key == "backend":
             raise SpecError("base.overrides.backend: use the spec's top-level `backend:` key")
         if key in SET_BY_SWEEP or key == "seed":
-            raise SpecError(f"base.overrides.{key}: set by the sweep itself" + (" (use `seeds: [...]`)" if key == "seed" else ""))
-    budget = _mapping(data.get("budget") or {}, "budget")
-    _known(budget, ("num_samples", "time_budget_s"), "budget.")
-    resources = _mapping(data.get("resources") or {}, "resources")
-    _known(resources, ("cpu", "gpu"), "resources.")
+            raise SpecError(
+                f"base.overrides.{key}: set by the sweep itself" + (" (use `seeds: [...]`)" if key == "seed" else "")
+            )
+    return base, overrides
+
+
+def _sub_mapping(data: dict, key: str, allowed: tuple[str, ...]) -> dict:
+    """The optional mapping `data[key]` ({} if absent or null), with only `allowed` keys."""
+    value = _mapping(data.get(key) or {}, key)
+    _known(value, allowed, f"{key}.")
+    return value
+
+
+def _build(data: dict, name: str, base: dict, overrides: dict, budget: dict, resources: dict) -> Spec:
+    """The Spec of the remaining keys, each validated, a missing one taken from ``SPEC_DEFAULTS``."""
     d = SPEC_DEFAULTS
     search, search_seed = _search(data.get("search", d["search"]))
     concurrent = data.get("max_concurrent", d["max_concurrent"])
-    spec = Spec(
-        name=name, metric=_metric_syntax(data["metric"]), experiment=base.get("experiment"), overrides=dict(overrides),
-        space=_space(data.get("space"), overrides), seeds=_seeds(data.get("seeds", list(d["seeds"]))), search=search,
-        search_seed=search_seed, scheduler=_scheduler(data.get("scheduler", d["scheduler"].type)),
+    return Spec(
+        name=name,
+        metric=_metric_syntax(data["metric"]),
+        experiment=base.get("experiment"),
+        overrides=dict(overrides),
+        space=_space(data.get("space"), overrides),
+        seeds=_seeds(data.get("seeds", list(d["seeds"]))),
+        search=search,
+        search_seed=search_seed,
+        scheduler=_scheduler(data.get("scheduler", d["scheduler"].type)),
         mode=_one_of("mode", data.get("mode", d["mode"]), ("max", "min")),
         num_samples=_int("budget.num_samples", budget.get("num_samples", d["num_samples"]), 1),
         time_budget_s=_number("budget.time_budget_s", budget.get("time_budget_s", d["time_budget_s"]), 0, none_ok=True),
@@ -242,11 +318,9 @@ def parse(data: Any, check_config: bool = True) -> Spec:
         max_concurrent=None if concurrent is None else _int("max_concurrent", concurrent, 1),
         backend=_one_of("backend", data.get("backend", d["backend"]), BACKENDS),
         max_failures=_int("max_failures", data.get("max_failures", d["max_failures"]), 0),
-        max_trials=_int("max_trials", data.get("max_trials", d["max_trials"]), 1), raw=data,
+        max_trials=_int("max_trials", data.get("max_trials", d["max_trials"]), 1),
+        raw=data,
     )
-    _check_search(spec)
-    _check_size(spec)
-    return check(spec) if check_config else spec
 
 
 def _search(value) -> tuple[str, int | None]:
@@ -266,9 +340,12 @@ def _scheduler(value) -> Scheduler:
     value = _mapping(value, "scheduler")
     _known(value, [f.name for f in fields(Scheduler)], "scheduler.")
     s = Scheduler(type=_one_of("scheduler.type", value.get("type"), SCHEDULERS))
-    s = replace(s, grace_period=_int("scheduler.grace_period", value.get("grace_period", s.grace_period), 1),
-                reduction_factor=_number("scheduler.reduction_factor", value.get("reduction_factor", s.reduction_factor), 1),
-                time_attr=_one_of("scheduler.time_attr", value.get("time_attr", s.time_attr), ("training_iteration",)))
+    s = replace(
+        s,
+        grace_period=_int("scheduler.grace_period", value.get("grace_period", s.grace_period), 1),
+        reduction_factor=_number("scheduler.reduction_factor", value.get("reduction_factor", s.reduction_factor), 1),
+        time_attr=_one_of("scheduler.time_attr", value.get("time_attr", s.time_attr), ("training_iteration",)),
+    )
     if value.get("max_t") is not None:
         s = replace(s, max_t=_int("scheduler.max_t", value["max_t"], s.grace_period))
     return s
@@ -276,8 +353,10 @@ def _scheduler(value) -> Scheduler:
 
 def _space(value, overrides: dict) -> tuple[Param, ...]:
     if not value:
-        raise SpecError("space is empty: give at least one config key to vary "
-                        "(e.g. `algo.anchor.tau: {grid: [1.0, 0.9]}`, or `seed: {grid: [0, 1, 2]}` for seeds only)")
+        raise SpecError(
+            "space is empty: give at least one config key to vary "
+            "(e.g. `algo.anchor.tau: {grid: [1.0, 0.9]}`, or `seed: {grid: [0, 1, 2]}` for seeds only)"
+        )
     params = tuple(_param(str(name), entry, overrides) for name, entry in _mapping(value, "space").items())
     keys = [k for p in params for k in p.keys]
     dup = sorted({k for k in keys if keys.count(k) > 1})
@@ -309,7 +388,9 @@ def _param(name: str, entry, overrides: dict) -> Param:
         if len(keys) > 1:
             bad = [v for v in vals if not isinstance(v, list) or len(v) != len(keys)]
             if bad:
-                raise SpecError(f"{where}.{kind}: every value must be a list of {len(keys)} (one per key); got {bad[0]!r}")
+                raise SpecError(
+                    f"{where}.{kind}: every value must be a list of {len(keys)} (one per key); got {bad[0]!r}"
+                )
             vals = [tuple(v) for v in vals]
         if len({repr(v) for v in vals}) != len(vals):
             raise SpecError(f"{where}.{kind} lists a value twice: {vals}")
@@ -326,7 +407,11 @@ def _param(name: str, entry, overrides: dict) -> Param:
 
 
 def _seeds(value) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(s, int) and not isinstance(s, bool) for s in value):
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)
+    ):
         raise SpecError(f"seeds must be a non-empty list of integers; got {value!r}")
     if len(set(value)) != len(value):
         raise SpecError(f"seeds lists a seed twice: {value}")
@@ -335,21 +420,28 @@ def _seeds(value) -> tuple[int, ...]:
 
 def _check_search(spec: Spec) -> None:
     if spec.backend == "verl" and spec.scheduler.type != "none":
-        raise SpecError(f"scheduler: {spec.scheduler.type} stops trials mid-run, and stopping a verl trial's job early "
-                        "(its Ray workers and GPUs released) is untested (README, Scaling out); use scheduler: none "
-                        "with backend: verl")
+        raise SpecError(
+            f"scheduler: {spec.scheduler.type} stops trials mid-run, and stopping a verl trial's job early "
+            "(its Ray workers and GPUs released) is untested (README, Scaling out); use scheduler: none "
+            "with backend: verl"
+        )
     if "seeds" in spec.raw and spec.seed_axis == (None,):
         raise SpecError("`seed` is in space and `seeds` is given; use one of them")
     if spec.search == "grid":
         bad = [p for p in spec.space if p.kind != "grid"]
         if bad:
-            raise SpecError(f"space.{bad[0].name}: {bad[0].kind} needs search: random or optuna; search: grid takes only grid entries")
+            raise SpecError(
+                f"space.{bad[0].name}: {bad[0].kind} needs search: random or optuna; "
+                f"search: grid takes only grid entries"
+            )
         if spec.num_samples != 1:
             raise SpecError("budget.num_samples must be 1 with search: grid (repeat points with `seeds`)")
     if spec.search == "optuna":
         bad = [p for p in spec.space if p.kind == "grid"]
         if bad:
-            raise SpecError(f"space.{bad[0].name}: grid is not supported by search: optuna; use choice (or search: grid/random)")
+            raise SpecError(
+                f"space.{bad[0].name}: grid is not supported by search: optuna; use choice (or search: grid/random)"
+            )
 
 
 def _check_size(spec: Spec) -> None:
@@ -363,8 +455,10 @@ def _check_size(spec: Spec) -> None:
     if spec.search != "grid":
         factors.append(f"{spec.num_samples} sample{'s' * (spec.num_samples > 1)}")
     what, narrow = ("grid", "the grid") if spec.search == "grid" else ("sweep", "the space or budget.num_samples")
-    raise SpecError(f"the {what} has {n:,} trials ({' x '.join(factors)}), over max_trials={spec.max_trials}; "
-                    f"narrow {narrow} or raise max_trials")
+    raise SpecError(
+        f"the {what} has {n:,} trials ({' x '.join(factors)}), over max_trials={spec.max_trials}; "
+        f"narrow {narrow} or raise max_trials"
+    )
 
 
 # ---------------------------------------------------------------------------- against the config tree
@@ -428,7 +522,9 @@ def _check_key(where: str, key: str, groups: dict, values: list, base):
         hint = f"; did you mean {', '.join(near)}?" if near else f"; config groups: {', '.join(groups)}"
         raise SpecError(f"{where}: unknown config key {key!r}{hint}")
     if isinstance(node, DictConfig) and is_dataclass(OmegaConf.get_type(node)):  # a section, not a dict value
-        raise SpecError(f"{where}: {key} is a config section; vary one of its keys: {', '.join(f'{key}.{k}' for k in node)}")
+        raise SpecError(
+            f"{where}: {key} is a config section; vary one of its keys: {', '.join(f'{key}.{k}' for k in node)}"
+        )
     return node
 
 
@@ -491,22 +587,33 @@ def _compose(build, spec: Spec, point: dict, seed, where: str):
 def _check_metric(metric: str, tasks: set[str]) -> None:
     from experiments.tasks import TASKS
 
-    key = metric[len("best_"):] if metric.startswith("best_") else metric
+    key = metric[len("best_") :] if metric.startswith("best_") else metric
     # a task logs eval/<task>/<m> (on the verl backend: the mean over its benchmarks) and, when it has
     # several evaluation sets, eval/<benchmark>/<m> for each (experiments.verl_metrics)
-    per_task = {t: {f"{ns}/{b}/{m}" for ns in ("eval", "eval_anchor") for b in (*getattr(TASKS.get(t), "BENCHMARKS", ()), t)
-                    for m in EVAL_METRICS} for t in tasks}
+    per_task = {
+        t: {
+            f"{ns}/{b}/{m}"
+            for ns in ("eval", "eval_anchor")
+            for b in (*getattr(TASKS.get(t), "BENCHMARKS", ()), t)
+            for m in EVAL_METRICS
+        }
+        for t in tasks
+    }
     allowed = set(RUN_METRICS) | set.intersection(*per_task.values())
     if key in allowed:
         return
     missing = [t for t, keys in per_task.items() if key not in keys]
     if key.startswith(("eval/", "eval_anchor/")) and missing and len(missing) < len(tasks):
-        raise SpecError(f"metric={metric!r} is not logged by trials with task {', '.join(sorted(missing))}; a sweep over "
-                        "several tasks must optimise a metric every task logs (e.g. train/reward), or be split per task")
+        raise SpecError(
+            f"metric={metric!r} is not logged by trials with task {', '.join(sorted(missing))}; a sweep over "
+            "several tasks must optimise a metric every task logs (e.g. train/reward), or be split per task"
+        )
     near = difflib.get_close_matches(key, sorted(allowed), n=3, cutoff=0.5)
-    raise SpecError(f"metric={metric!r} is not a metric the runs log (docs/run-record.md)"
-                    + (f"; did you mean {', '.join(near)}?" if near else "")
-                    + f" Allowed: {', '.join(sorted(allowed))}, each also as best_<key>")
+    raise SpecError(
+        f"metric={metric!r} is not a metric the runs log (docs/run-record.md)"
+        + (f"; did you mean {', '.join(near)}?" if near else "")
+        + f" Allowed: {', '.join(sorted(allowed))}, each also as best_<key>"
+    )
 
 
 def _metric_syntax(value) -> str:
@@ -548,16 +655,24 @@ def table(spec: Spec) -> str:
     widths = [max(len(x) for x in col) for col in zip(["#"] + cols, *cells)]
     line = lambda xs: "  ".join(x.ljust(w) for x, w in zip(xs, widths)).rstrip()  # noqa: E731
     s = spec.scheduler
-    sched = "none" if s.type == "none" else f"asha (grace_period={s.grace_period}, reduction_factor={s.reduction_factor:g}, max_t={s.max_t})"
+    sched = (
+        "none"
+        if s.type == "none"
+        else f"asha (grace_period={s.grace_period}, reduction_factor={s.reduction_factor:g}, max_t={s.max_t})"
+    )
     first = {k: v for k, v in rows[0].items() if k not in ("seed", "sample") and not str(v).startswith("~")}
     head = [
-        f"sweep {spec.name}: {len(rows)} trials, search={spec.search}" + (f" (seed {spec.search_seed})" if spec.search != "grid" else ""),
+        f"sweep {spec.name}: {len(rows)} trials, search={spec.search}"
+        + (f" (seed {spec.search_seed})" if spec.search != "grid" else ""),
         f"  metric {spec.metric} ({spec.mode}); scheduler {sched}",
         f"  per trial {spec.cpu:g} CPU {spec.gpu:g} GPU; max_concurrent {spec.max_concurrent or 'unlimited'}; "
         f"max_failures {spec.max_failures}; backend {spec.backend}"
         + (f"; time budget {spec.time_budget_s:g}s" if spec.time_budget_s else ""),
         "",
-        line(["#"] + cols), line(["-" * w for w in widths]), *map(line, cells), "",
+        line(["#"] + cols),
+        line(["-" * w for w in widths]),
+        *map(line, cells),
+        "",
         "trial 0 runs: emapg train " + " ".join(map(shlex.quote, spec.overrides_for(first, rows[0].get("seed")))),
     ]
     return "\n".join(head)
@@ -579,8 +694,11 @@ def _known(data: dict, allowed, prefix: str) -> None:
     unknown = [k for k in data if k not in allowed]
     if unknown:
         near = difflib.get_close_matches(str(unknown[0]), list(allowed), n=1)
-        raise SpecError(f"unknown key {prefix}{unknown[0]}" + (f" (did you mean {prefix}{near[0]}?)" if near else "")
-                        + f"; allowed: {', '.join(allowed)}")
+        raise SpecError(
+            f"unknown key {prefix}{unknown[0]}"
+            + (f" (did you mean {prefix}{near[0]}?)" if near else "")
+            + f"; allowed: {', '.join(allowed)}"
+        )
 
 
 def _one_of(where: str, value, allowed) -> str:
@@ -603,5 +721,7 @@ def _number(where: str, value, low: float, none_ok: bool = False, zero_ok: bool 
     if value is None and none_ok:
         return None
     if not _is_num(value) or value < low or (value == low and not zero_ok):
-        raise SpecError(f"{where} must be a number {'>=' if zero_ok else '>'} {low:g}{' or null' if none_ok else ''}; got {value!r}")
+        raise SpecError(
+            f"{where} must be a number {'>=' if zero_ok else '>'} {low:g}{' or null' if none_ok else ''}; got {value!r}"
+        )
     return float(value)

@@ -93,7 +93,10 @@ def decode(spec: Spec, config: dict) -> tuple[dict, int | None]:
 
 def describe(spec: Spec, config: dict) -> str:
     point, seed = decode(spec, config)
-    parts = [f"{k.rsplit('.', 1)[-1]}={v:g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point.items()]
+    parts = [
+        f"{k.rsplit('.', 1)[-1]}={v:g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={v}"
+        for k, v in point.items()
+    ]
     return " ".join(parts + ([f"seed={seed}"] if seed is not None else []))
 
 
@@ -129,7 +132,7 @@ class _Reporter:
 
     def __init__(self, metric: str, mode: str, carry: dict | None = None, last: int | None = None):
         self.metric, self.better = metric, (max if mode == "max" else min)
-        self.key = metric[len("best_"):] if metric.startswith("best_") else metric
+        self.key = metric[len("best_") :] if metric.startswith("best_") else metric
         self.carry: dict[str, float] = dict(carry or {})
         self.last, self.held = last, None
 
@@ -213,16 +216,20 @@ class _Progress(tune.Callback):
         for t in trials:  # trials restored by --resume report nothing new
             self._consider((t.last_result or {}).get(self.spec.metric), t.config)
         best = f" | best {self.spec.metric}={self.best[0]:.4g} ({self.best[1]})" if self.best else ""
-        return (f"{self.spec.name}: {n['RUNNING']} running, {n['TERMINATED']} done, {n['ERROR']} failed, "
-                f"{n['PENDING'] + n['PAUSED']} waiting{best}")
+        return (
+            f"{self.spec.name}: {n['RUNNING']} running, {n['TERMINATED']} done, {n['ERROR']} failed, "
+            f"{n['PENDING'] + n['PAUSED']} waiting{best}"
+        )
 
     def on_trial_start(self, iteration, trials, trial, **info):
         again = trial.trial_id in self.started or trial.latest_checkpoint_result is not None
         self.started.add(trial.trial_id)
         ckpt = trial.latest_checkpoint_result
         it = ckpt.metrics.get("training_iteration", 0) if ckpt is not None else 0
-        self._say(f"{'resume ' if again else 'start  '} {describe(self.spec, trial.config)}  [{trial.trial_id}]"
-                  + (f" from its checkpoint at iteration {it}" if it else (" from scratch" if again else "")))
+        self._say(
+            f"{'resume ' if again else 'start  '} {describe(self.spec, trial.config)}  [{trial.trial_id}]"
+            + (f" from its checkpoint at iteration {it}" if it else (" from scratch" if again else ""))
+        )
 
     def _consider(self, v, config) -> None:
         sign = 1 if self.spec.mode == "max" else -1
@@ -240,17 +247,24 @@ class _Progress(tune.Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         r = trial.last_result or {}
         v = r.get(self.spec.metric)
-        self._say(f"done    {describe(self.spec, trial.config)}  iteration {r.get('training_iteration', 0)}"
-                  + (f"  {self.spec.metric}={v:.4g}" if isinstance(v, (int, float)) else "")
-                  + f"  | {self._status(trials, trial, 'TERMINATED')}")
+        self._say(
+            f"done    {describe(self.spec, trial.config)}  iteration {r.get('training_iteration', 0)}"
+            + (f"  {self.spec.metric}={v:.4g}" if isinstance(v, (int, float)) else "")
+            + f"  | {self._status(trials, trial, 'TERMINATED')}"
+        )
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        self._say(f"retry   {describe(self.spec, trial.config)}  from its last checkpoint (failure {trial.num_failures} of "
-                  f"max {self.spec.max_failures}): {_error_line(trial)}")
+        self._say(
+            f"retry   {describe(self.spec, trial.config)}  from its last checkpoint (failure {trial.num_failures} of "
+            f"max {self.spec.max_failures}): {_error_line(trial)}"
+        )
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._say(f"FAILED  {describe(self.spec, trial.config)}  {_error_line(trial)}  | {self._status(trials, trial, 'ERROR')}"
-                  f"\n          traceback: {trial.error_file}")
+        self._say(
+            f"FAILED  {describe(self.spec, trial.config)}  {_error_line(trial)}  "
+            f"| {self._status(trials, trial, 'ERROR')}"
+            f"\n          traceback: {trial.error_file}"
+        )
 
     def on_experiment_end(self, trials, **info):
         self._say(self._status(trials))
@@ -273,7 +287,9 @@ def _init_ray(address: str | None, num_cpus: int | None) -> bool:
         ray.init(address=address, log_to_driver=False)
         return True
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # else Ray may pick a non-loopback interface
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False
+    )
     return True
 
 
@@ -283,16 +299,19 @@ def _check_fits(spec: Spec) -> None:
     for name, need in (("CPU", spec.cpu), ("GPU", spec.gpu if spec.backend == "local" else 0)):
         if need > have.get(name, 0):
             ray.shutdown()
-            raise ValueError(f"resources.{name.lower()}={need:g} per trial, but this machine's Ray has "
-                             f"{have.get(name, 0):g} {name}s; lower it, or pass --address of a larger cluster")
+            raise ValueError(
+                f"resources.{name.lower()}={need:g} per trial, but this machine's Ray has "
+                f"{have.get(name, 0):g} {name}s; lower it, or pass --address of a larger cluster"
+            )
 
 
 def _search_alg(spec: Spec):
     from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Repeater
 
     if spec.search in ("grid", "random"):  # constant_grid_search: one random draw shared by all seeds
-        return BasicVariantGenerator(max_concurrent=spec.max_concurrent or 0, random_state=spec.search_seed,
-                                     constant_grid_search=True)
+        return BasicVariantGenerator(
+            max_concurrent=spec.max_concurrent or 0, random_state=spec.search_seed, constant_grid_search=True
+        )
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 
@@ -307,20 +326,37 @@ def _scheduler(spec: Spec):
 
     s = spec.scheduler
     if s.type == "asha":
-        return AsyncHyperBandScheduler(time_attr=s.time_attr, max_t=s.max_t or 100, grace_period=s.grace_period,
-                                       reduction_factor=s.reduction_factor)
+        return AsyncHyperBandScheduler(
+            time_attr=s.time_attr,
+            max_t=s.max_t or 100,
+            grace_period=s.grace_period,
+            reduction_factor=s.reduction_factor,
+        )
     return FIFOScheduler()
 
 
 def _tune_config(spec: Spec) -> tune.TuneConfig:
     repeats = len(spec.seed_axis) if spec.search == "optuna" else 1  # Repeater: one Tune trial per seed
-    return tune.TuneConfig(metric=spec.metric, mode=spec.mode, search_alg=_search_alg(spec),
-                           scheduler=_scheduler(spec), num_samples=spec.num_samples * repeats,
-                           time_budget_s=spec.time_budget_s)
+    return tune.TuneConfig(
+        metric=spec.metric,
+        mode=spec.mode,
+        search_alg=_search_alg(spec),
+        scheduler=_scheduler(spec),
+        num_samples=spec.num_samples * repeats,
+        time_budget_s=spec.time_budget_s,
+    )
 
 
-def run_sweep(spec: Spec, sweep_dir: str | Path | None = None, *, resume: bool = False, address: str | None = None,
-              num_cpus: int | None = None, progress: bool = True, report: bool = True) -> Path:
+def run_sweep(
+    spec: Spec,
+    sweep_dir: str | Path | None = None,
+    *,
+    resume: bool = False,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    progress: bool = True,
+    report: bool = True,
+) -> Path:
     """Run (or with resume=True finish) the sweep; returns its directory. `num_cpus` sizes a local Ray
     (default: all cores)."""
     sweep_dir = Path(sweep_dir or Path("outputs") / "sweeps" / spec.name).resolve()
@@ -330,24 +366,10 @@ def run_sweep(spec: Spec, sweep_dir: str | Path | None = None, *, resume: bool =
     if started and not address:
         _check_fits(spec)
     _warm_start(spec)
-    # num_to_keep forces a state snapshot whenever a trial has replaced its checkpoints (cheap, and what
-    # keeps --resume exact); Tune warns about that on every fast iteration unless told not to.
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's legacy reporter is silent at verbose=0; _Progress reports
+    _quiet_tune_env()
     try:
-        resources = {"cpu": spec.cpu, "gpu": spec.gpu if spec.backend == "local" else 0}  # verl claims its own GPUs
-        fn = tune.with_resources(tune.with_parameters(_trial, spec=spec, sweep_dir=str(sweep_dir)), resources)
-        if resume:
-            _repair_state(exp_path)
-            tuner = tune.Tuner.restore(str(exp_path), trainable=fn, resume_errored=True)
-        else:
-            tuner = tune.Tuner(fn, param_space=param_space(spec), tune_config=_tune_config(spec),
-                               run_config=tune.RunConfig(
-                                   name=spec.name, storage_path=str(sweep_dir / "tune"), verbose=0, log_to_file=True,
-                                   failure_config=tune.FailureConfig(max_failures=spec.max_failures),
-                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-                                   callbacks=[_StateBackup(str(exp_path))] + ([_Progress(spec)] if progress else [])))
-        slots = max(1, min(spec.max_concurrent or 10**6, int(ray.cluster_resources().get("CPU", 1) // spec.cpu)))
+        tuner = _tuner(spec, sweep_dir, exp_path, resume, progress)
+        slots = _slots(spec)
         t0 = time.time()
         with _quiet():
             tuner.fit()
@@ -358,13 +380,59 @@ def run_sweep(spec: Spec, sweep_dir: str | Path | None = None, *, resume: bool =
         if started:
             ray.shutdown()
     results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress)
-    unfinished = [t for t in trials if t.status in ("RUNNING", "PENDING", "PAUSED")]
-    if unfinished:
-        print(f"{spec.name}: {len(unfinished)} trial(s) not finished; continue with: "
-              f"emapg sweep <spec.yaml> --resume --out {sweep_dir}", flush=True)
+    hint = _unfinished_hint(spec, sweep_dir, trials)
+    if hint:
+        print(hint, flush=True)
     elif report:
         _report(sweep_dir, progress)
     return sweep_dir
+
+
+def _quiet_tune_env() -> None:
+    """Environment defaults that keep Tune's own output quiet (``_Progress`` reports instead)."""
+    # num_to_keep forces a state snapshot whenever a trial has replaced its checkpoints (cheap, and what
+    # keeps --resume exact); Tune warns about that on every fast iteration unless told not to.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's legacy reporter is silent at verbose=0; _Progress reports
+
+
+def _tuner(spec: Spec, sweep_dir: Path, exp_path: Path, resume: bool, progress: bool) -> tune.Tuner:
+    """A new Tuner for the spec, or (resume) the one restored from ``exp_path`` after repairing its state."""
+    resources = {"cpu": spec.cpu, "gpu": spec.gpu if spec.backend == "local" else 0}  # verl claims its own GPUs
+    fn = tune.with_resources(tune.with_parameters(_trial, spec=spec, sweep_dir=str(sweep_dir)), resources)
+    if resume:
+        _repair_state(exp_path)
+        return tune.Tuner.restore(str(exp_path), trainable=fn, resume_errored=True)
+    return tune.Tuner(
+        fn,
+        param_space=param_space(spec),
+        tune_config=_tune_config(spec),
+        run_config=tune.RunConfig(
+            name=spec.name,
+            storage_path=str(sweep_dir / "tune"),
+            verbose=0,
+            log_to_file=True,
+            failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            callbacks=[_StateBackup(str(exp_path))] + ([_Progress(spec)] if progress else []),
+        ),
+    )
+
+
+def _slots(spec: Spec) -> int:
+    """Trials that can run at once: the cluster's CPUs / a trial's, at most max_concurrent, at least 1."""
+    return max(1, min(spec.max_concurrent or 10**6, int(ray.cluster_resources().get("CPU", 1) // spec.cpu)))
+
+
+def _unfinished_hint(spec: Spec, sweep_dir: Path, trials) -> str | None:
+    """How to continue the sweep if some trials did not finish; None if all did."""
+    unfinished = [t for t in trials if t.status in ("RUNNING", "PENDING", "PAUSED")]
+    if not unfinished:
+        return None
+    return (
+        f"{spec.name}: {len(unfinished)} trial(s) not finished; continue with: "
+        f"emapg sweep <spec.yaml> --resume --out {sweep_dir}"
+    )
 
 
 # ---------------------------------------------------------------------------- Tune's state files
@@ -429,8 +497,11 @@ def _repair_state(exp_path: Path) -> list[str]:
             continue
         shutil.copyfile(copy, path)
         replaced.append(path.name)
-        print(f"{path.name} was cut short (the driver was killed while Tune wrote it); resuming from its last "
-              "complete copy: a trial may continue from a checkpoint one step older", flush=True)
+        print(
+            f"{path.name} was cut short (the driver was killed while Tune wrote it); resuming from its last "
+            "complete copy: a trial may continue from a checkpoint one step older",
+            flush=True,
+        )
     return replaced
 
 
@@ -438,7 +509,9 @@ def _repair_state(exp_path: Path) -> list[str]:
 def _quiet():
     """Tune logs each failed trial's traceback (it is in the trial's error file; _Progress names it) and
     warns about trials without results yet (interrupted ones): keep the sweep's output readable."""
-    loggers = [logging.getLogger(n) for n in ("ray.tune.execution.tune_controller", "ray.tune.analysis.experiment_analysis")]
+    loggers = [
+        logging.getLogger(n) for n in ("ray.tune.execution.tune_controller", "ray.tune.analysis.experiment_analysis")
+    ]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
@@ -474,11 +547,15 @@ def _prepare(spec: Spec, sweep_dir: Path, exp_path: Path, resume: bool) -> None:
         stored = yaml.safe_load((sweep_dir / "sweep.yaml").read_text(encoding="utf-8"))
         if stored != spec.raw:
             changed = sorted(k for k in set(stored) | set(spec.raw) if stored.get(k) != spec.raw.get(k))
-            raise ValueError(f"--resume: the spec differs from the one {sweep_dir} was started with (keys: "
-                             f"{', '.join(changed)}); resume with the original spec, or start a new sweep with --out")
+            raise ValueError(
+                f"--resume: the spec differs from the one {sweep_dir} was started with (keys: "
+                f"{', '.join(changed)}); resume with the original spec, or start a new sweep with --out"
+            )
         return
     if exp_path.exists():
-        raise ValueError(f"{sweep_dir} already holds sweep {spec.name!r}; finish it with --resume, or pass --out <new dir>")
+        raise ValueError(
+            f"{sweep_dir} already holds sweep {spec.name!r}; finish it with --resume, or pass --out <new dir>"
+        )
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / "sweep.yaml").write_text(yaml.safe_dump(spec.raw, sort_keys=False), encoding="utf-8")
 
@@ -486,10 +563,16 @@ def _prepare(spec: Spec, sweep_dir: Path, exp_path: Path, resume: bool) -> None:
 # ---------------------------------------------------------------------------- after the sweep
 def _known(spec: Spec, trials) -> list[results.Trial]:
     """What Tune knows of each trial, in launch order, for sweeps.results."""
-    return [results.Trial(t.trial_id, t.status, *decode(spec, t.config),
-                          iterations=(t.last_result or {}).get("training_iteration", 0),
-                          error=_error_line(t) if t.status == "ERROR" else "")
-            for t in sorted(trials, key=_launch_index)]
+    return [
+        results.Trial(
+            t.trial_id,
+            t.status,
+            *decode(spec, t.config),
+            iterations=(t.last_result or {}).get("training_iteration", 0),
+            error=_error_line(t) if t.status == "ERROR" else "",
+        )
+        for t in sorted(trials, key=_launch_index)
+    ]
 
 
 def _launch_index(trial) -> float:
@@ -502,12 +585,17 @@ def _report(sweep_dir: Path, progress: bool) -> None:
     try:
         from analysis.report import report
     except ImportError as e:
-        print(f"report skipped (analysis not importable: {e}); later: emapg report {sweep_dir} --out {sweep_dir / 'report'}")
+        print(
+            f"report skipped (analysis not importable: {e}); "
+            f"later: emapg report {sweep_dir} --out {sweep_dir / 'report'}"
+        )
         return
     try:
         paths = report(sweep_dir, sweep_dir / "report")
     except Exception as e:  # the sweep's results stand; say why the report is missing
-        print(f"report failed: {type(e).__name__}: {e}; retry with: emapg report {sweep_dir} --out {sweep_dir / 'report'}")
+        print(
+            f"report failed: {type(e).__name__}: {e}; retry with: emapg report {sweep_dir} --out {sweep_dir / 'report'}"
+        )
         return
     if progress:
         index = [p for p in paths if Path(p).name == "index.md"]

@@ -7,7 +7,18 @@ import sys
 import pytest
 
 FORBIDDEN = {
-    "ema_pg_core": ["hydra", "omegaconf", "ray", "pandas", "wandb", "matplotlib", "experiments", "sweeps", "analysis", "verl"],
+    "ema_pg_core": [
+        "hydra",
+        "omegaconf",
+        "ray",
+        "pandas",
+        "wandb",
+        "matplotlib",
+        "experiments",
+        "sweeps",
+        "analysis",
+        "verl",
+    ],
     "experiments": ["ray", "sweeps", "analysis"],
     "analysis": ["torch", "ema_pg_core", "ray"],
 }
@@ -24,7 +35,9 @@ def _modules(package: str) -> list[str]:
     import pkgutil
 
     pkg = importlib.import_module(package)
-    return [package] + [m.name for m in pkgutil.walk_packages(pkg.__path__, f"{package}.") if not m.name.startswith(VERL_SIDE)]
+    return [package] + [
+        m.name for m in pkgutil.walk_packages(pkg.__path__, f"{package}.") if not m.name.startswith(VERL_SIDE)
+    ]
 
 
 def test_the_walk_reaches_subpackages():

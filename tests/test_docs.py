@@ -16,8 +16,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # Spelled in pieces so that this file passes its own check.
-UNSHIPPED_NOTES = ["ema-pg" + ".md", "verl-0.9" + ".md", "style" + ".md", "shared" + "/spec", "../" + "shared",
-                   "\u00a7"]
+UNSHIPPED_NOTES = [
+    "ema-pg" + ".md",
+    "verl-0.9" + ".md",
+    "style" + ".md",
+    "shared" + "/spec",
+    "../" + "shared",
+    "\u00a7",
+]
 """Names of the unshipped design notes (and the section sign their references carried)."""
 MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:" + "work" + "|" + "root" + r")/|(?<![\w.~-])/(?:home|Users)/[A-Za-z_]")
 """An absolute path on a developer's machine: under work, root, home/<user> or Users/<user>."""
@@ -30,8 +36,13 @@ MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
 def repo_files() -> list[Path]:
     """Tracked files plus new, not ignored ones (`git ls-files`), that exist and are text."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, check=True, timeout=60).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         pytest.skip("not a git checkout (git ls-files failed)")
     files = []
@@ -72,8 +83,10 @@ def test_no_reference_to_unshipped_notes_or_machine_paths():
             continue
         rel = path.relative_to(ROOT).as_posix()
         bad += [f"{rel}:{n}: {what}" for n, what in offences(text)]
-    assert not bad, ("point to docs/algorithm.md, docs/verl-plugin.md, docs/architecture.md or a public URL, "
-                     "or explain inline:\n" + "\n".join(bad))
+    assert not bad, (
+        "point to docs/algorithm.md, docs/verl-plugin.md, docs/architecture.md or a public URL, "
+        "or explain inline:\n" + "\n".join(bad)
+    )
 
 
 def test_the_check_catches_what_it_should():

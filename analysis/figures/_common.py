@@ -1,7 +1,9 @@
 """Shared plotting helpers for the figure modules (no I/O)."""
+
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -20,9 +22,18 @@ def as_frame(rows: Any, required: Iterable[str]) -> pd.DataFrame:
     return df
 
 
-def band(ax: Axes, metrics: pd.DataFrame, metric: str, group: str, reps: int, seed: int,
-         scale: float = 1.0, linestyle: str = "-", label_suffix: str = "",
-         colors: dict[str, str] | None = None) -> int:
+def band(
+    ax: Axes,
+    metrics: pd.DataFrame,
+    metric: str,
+    group: str,
+    reps: int,
+    seed: int,
+    scale: float = 1.0,
+    linestyle: str = "-",
+    label_suffix: str = "",
+    colors: dict[str, str] | None = None,
+) -> int:
     """Plot mean ± bootstrap-CI band over runs of `metric` vs iteration, one line per group.
 
     Returns the number of lines drawn (0 when the metric was never logged)."""
@@ -33,12 +44,26 @@ def band(ax: Axes, metrics: pd.DataFrame, metric: str, group: str, reps: int, se
         col = (colors or {}).get(name, style.color(i))
         n = int(c["n"].max())
         # later lines thinner, with their own marker, so identical curves stay visible
-        ax.plot(c["iteration"], c["mean"] * scale, linestyle=linestyle, color=col,
-                lw=max(1.0, 2.6 - 0.6 * i), marker=style.MARKERS[i % len(style.MARKERS)],
-                ms=4 if len(c) < 30 else 0, zorder=3 + i, label=f"{name}{label_suffix} (n={n})")
+        ax.plot(
+            c["iteration"],
+            c["mean"] * scale,
+            linestyle=linestyle,
+            color=col,
+            lw=max(1.0, 2.6 - 0.6 * i),
+            marker=style.MARKERS[i % len(style.MARKERS)],
+            ms=4 if len(c) < 30 else 0,
+            zorder=3 + i,
+            label=f"{name}{label_suffix} (n={n})",
+        )
         ok = c["ci_low"].notna()
-        ax.fill_between(c.loc[ok, "iteration"], c.loc[ok, "ci_low"] * scale,
-                        c.loc[ok, "ci_high"] * scale, color=col, alpha=style.CI_ALPHA, lw=0)
+        ax.fill_between(
+            c.loc[ok, "iteration"],
+            c.loc[ok, "ci_low"] * scale,
+            c.loc[ok, "ci_high"] * scale,
+            color=col,
+            alpha=style.CI_ALPHA,
+            lw=0,
+        )
     return curves[group].nunique()
 
 

@@ -1,4 +1,5 @@
 """Ablation: a final metric vs one knob (τ, period, k as lines; KL type as bars), mean ± CI over seeds."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,9 +12,17 @@ from analysis.figures import _common, style
 
 
 @style.styled
-def make(runs: pd.DataFrame, knob: str, metric: str, *, hue: str | None = None,
-         categorical: bool | None = None, reps: int = 1000, seed: int = 0,
-         title: str | None = None) -> Figure:
+def make(
+    runs: pd.DataFrame,
+    knob: str,
+    metric: str,
+    *,
+    hue: str | None = None,
+    categorical: bool | None = None,
+    reps: int = 1000,
+    seed: int = 0,
+    title: str | None = None,
+) -> Figure:
     """`runs`: the runs frame of analysis.load (one row per run), filtered to the runs to compare.
 
     `knob`: a runs column, e.g. "anchor_tau", "anchor_period", "kl_k", "kl_type".
@@ -54,8 +63,15 @@ def _lines(ax: Axes, summary: pd.DataFrame, knob: str, scale: float) -> None:
     colors = _common.group_colors(summary["_hue"])
     for name, s in summary.groupby("_hue", sort=True):
         s = s.sort_values(knob)
-        ax.errorbar(s[knob], s["mean"] * scale, yerr=_yerr(s, scale), color=colors[name],
-                    marker="o", capsize=3, label=f"{name} ({_n_range(s['n'])})")
+        ax.errorbar(
+            s[knob],
+            s["mean"] * scale,
+            yerr=_yerr(s, scale),
+            color=colors[name],
+            marker="o",
+            capsize=3,
+            label=f"{name} ({_n_range(s['n'])})",
+        )
     values = summary[knob].astype(float)
     if values.min() >= 0 and values.max() / max(values[values > 0].min(), 1e-12) > 50:
         ax.set_xscale("symlog", linthresh=max(values[values > 0].min(), 1e-12))
@@ -71,8 +87,7 @@ def _bars(ax: Axes, summary: pd.DataFrame, knob: str, scale: float) -> None:
     for j, name in enumerate(hues):
         s = summary[summary["_hue"] == name].assign(_c=lambda d: d[knob].astype(str))
         x = np.array([cats.index(c) for c in s["_c"]]) + (j - (len(hues) - 1) / 2) * width
-        bars = ax.bar(x, s["mean"] * scale, width, yerr=_yerr(s, scale), capsize=3,
-                      color=colors[name], label=str(name))
+        bars = ax.bar(x, s["mean"] * scale, width, yerr=_yerr(s, scale), capsize=3, color=colors[name], label=str(name))
         ax.bar_label(bars, labels=[f"n={int(n)}" for n in s["n"]], fontsize=7, padding=2)
     ax.set_xticks(range(len(cats)))
     long = max(map(len, cats)) > 8

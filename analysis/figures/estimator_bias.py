@@ -1,4 +1,5 @@
 """KL-estimator audit: |bias| of the value and of the gradient, and variances, per estimator (log x)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,7 +16,7 @@ MARK = {True: "✓", False: "✗"}
 
 
 def row_label(r: Any) -> str:
-    """"topk (reverse, k=32, unbiased)", "k3 (reverse)"."""
+    """ "topk (reverse, k=32, unbiased)", "k3 (reverse)"."""
     extra = [r["direction"]]
     if r.get("k") is not None and r["k"] == r["k"]:
         extra.append(f"k={int(r['k'])}")
@@ -39,13 +40,24 @@ def make(rows: Any, *, title: str | None = None, note: str | None = None) -> Fig
     axs[0].invert_yaxis()
     axs[0].set_ylabel("estimator (direction, k, tail)  audit verdicts")
     style.finish(fig, title or "KL estimators: bias and variance of the value and of the gradient")
-    fig.legend(handles=[Patch(color=style.color(0), label="value"),
-                        Patch(color=style.color(1), label="gradient"),
-                        Patch(facecolor="white", edgecolor="0.3", hatch="///",
-                              label=f"exactly 0 or < {style.FLOOR:.0e} (drawn at the floor)")],
-               loc="outside lower center", ncols=3, frameon=False, title_fontsize=8,
-               title="bias: |E[estimate] − exact| as reported by the audit; ✓ / ✗: the audit's "
-                     "unbiasedness verdict" + (f"; {note}" if note else ""))
+    fig.legend(
+        handles=[
+            Patch(color=style.color(0), label="value"),
+            Patch(color=style.color(1), label="gradient"),
+            Patch(
+                facecolor="white",
+                edgecolor="0.3",
+                hatch="///",
+                label=f"exactly 0 or < {style.FLOOR:.0e} (drawn at the floor)",
+            ),
+        ],
+        loc="outside lower center",
+        ncols=3,
+        frameon=False,
+        title_fontsize=8,
+        title="bias: |E[estimate] − exact| as reported by the audit; ✓ / ✗: the audit's "
+        "unbiasedness verdict" + (f"; {note}" if note else ""),
+    )
     return fig
 
 

@@ -1,4 +1,5 @@
 """Learning curves: the policy's and the EMA anchor's eval metric vs iteration, mean ± CI over seeds."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -8,9 +9,16 @@ from analysis.figures import _common, style
 
 
 @style.styled
-def make(metrics: pd.DataFrame, metric: str, anchor_metric: str | None = None, *,
-         group: str = "variant", reps: int = 1000, seed: int = 0,
-         title: str | None = None) -> Figure:
+def make(
+    metrics: pd.DataFrame,
+    metric: str,
+    anchor_metric: str | None = None,
+    *,
+    group: str = "variant",
+    reps: int = 1000,
+    seed: int = 0,
+    title: str | None = None,
+) -> Figure:
     """`metrics`: the metrics frame of analysis.load (one row per run x iteration).
 
     `metric`: e.g. "eval/math_tiny/acc"; `anchor_metric`: e.g. "eval_anchor/math_tiny/acc"

@@ -3,22 +3,35 @@
 Figures are built on the Agg canvas directly (`new_figure`), without pyplot: no global figure
 registry, no backend switch, headless-safe, and nothing leaks across a long report.
 """
+
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 RC = {
-    "font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 8.5,
-    "xtick.labelsize": 9, "ytick.labelsize": 9, "axes.grid": True, "grid.alpha": 0.3,
-    "axes.spines.top": False, "axes.spines.right": False, "figure.dpi": 100,
-    "savefig.dpi": 150, "savefig.bbox": "tight", "pdf.fonttype": 42, "lines.linewidth": 1.8,
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "legend.fontsize": 8.5,
+    "xtick.labelsize": 9,
+    "ytick.labelsize": 9,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "figure.dpi": 100,
+    "savefig.dpi": 150,
+    "savefig.bbox": "tight",
+    "pdf.fonttype": 42,
+    "lines.linewidth": 1.8,
 }
 # colour-blind-safe (Okabe-Ito); GRPO variants get greys/blues, EMA-PG variants warm colours
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -27,7 +40,7 @@ CI_ALPHA = 0.2
 CI_NOTE = "shaded: 95% percentile-bootstrap CI over seeds"
 OURS_TOY = "[ours: toy quadratic model, not the paper's theorem]"
 OURS_ARITHMETIC = "[ours: arithmetic on the EMA rule, not a result of the paper]"
-FLOOR = 1e-15   # log-scale stand-in for 0 or float64 rounding (drawn hatched / marked, labelled)
+FLOOR = 1e-15  # log-scale stand-in for 0 or float64 rounding (drawn hatched / marked, labelled)
 
 KNOB_LABELS = {
     "anchor_tau": "EMA weight τ on the old anchor (unitless)",
@@ -50,20 +63,24 @@ METRIC_LABELS = {
 def context():
     """matplotlib rc_context with RC (rc is read when artists are created and saved)."""
     import matplotlib as mpl
+
     return mpl.rc_context(RC)
 
 
 def styled(make: Callable[..., Figure]) -> Callable[..., Figure]:
     """Decorator for figure builders: run `make` inside `context()`."""
+
     @functools.wraps(make)
     def wrapper(*args: Any, **kwargs: Any) -> Figure:
         with context():
             return make(*args, **kwargs)
+
     return wrapper
 
 
-def new_figure(width: float = 6.4, height: float = 4.0, nrows: int = 1, ncols: int = 1,
-               **kw: Any) -> tuple[Figure, np.ndarray]:
+def new_figure(
+    width: float = 6.4, height: float = 4.0, nrows: int = 1, ncols: int = 1, **kw: Any
+) -> tuple[Figure, np.ndarray]:
     """(Figure on the Agg canvas, flat array of its axes); call inside `context()`."""
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
@@ -86,9 +103,14 @@ def metric_label(metric: str) -> tuple[str, float]:
     return metric, 1.0
 
 
-KNOB_NAMES = {"anchor_tau": "EMA weight τ", "anchor_period": "anchor update period",
-              "kl_k": "top-k size k", "kl_type": "KL estimator", "kl_tail": "Top-k tail mode",
-              "kl_coef": "KL coefficient β"}
+KNOB_NAMES = {
+    "anchor_tau": "EMA weight τ",
+    "anchor_period": "anchor update period",
+    "kl_k": "top-k size k",
+    "kl_type": "KL estimator",
+    "kl_tail": "Top-k tail mode",
+    "kl_coef": "KL coefficient β",
+}
 
 
 def knob_label(knob: str) -> str:

@@ -1,4 +1,5 @@
 """Top-k KL vs k, from sampled (k=0) to exact (k=|V|): variance and bias of the value and the gradient."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,15 +10,16 @@ from analysis.figures import _common, style
 
 REQUIRED = ("direction", "tail", "k", "value_variance", "grad_variance")
 DASHES = {"paper": "-", "unbiased": "--", "none": ":"}
-PANELS = (("value_variance", "value variance", "variance (nats²; log scale)"),
-          ("grad_variance", "gradient variance", "variance (nats²; log scale)"),
-          ("value_bias", "value |bias|", "|bias| (nats; log scale)"),
-          ("grad_bias", "gradient |bias|", "|bias| (nats; log scale)"))
+PANELS = (
+    ("value_variance", "value variance", "variance (nats²; log scale)"),
+    ("grad_variance", "gradient variance", "variance (nats²; log scale)"),
+    ("value_bias", "value |bias|", "|bias| (nats; log scale)"),
+    ("grad_bias", "gradient |bias|", "|bias| (nats; log scale)"),
+)
 
 
 @style.styled
-def make(rows: Any, *, vocab_size: int | None = None, title: str | None = None,
-         note: str | None = None) -> Figure:
+def make(rows: Any, *, vocab_size: int | None = None, title: str | None = None, note: str | None = None) -> Figure:
     """`rows`: top-k sweep records (analysis.audit_schema.TOPK_FIELDS). One line per
     (direction: colour, tail: line style); bias panels are drawn when the rows carry biases.
     `vocab_size` marks k=|V| (default: the largest k in the rows)."""
@@ -33,20 +35,35 @@ def make(rows: Any, *, vocab_size: int | None = None, title: str | None = None,
             s = s.sort_values("k")
             c = style.color(directions.index(direction))
             y, floor = _common.positive(s[col])
-            ax.plot(s["k"], y, DASHES.get(tail, "-."), color=c, marker="o", ms=3,
-                    label=f"{direction}, tail={tail}")
+            ax.plot(s["k"], y, DASHES.get(tail, "-."), color=c, marker="o", ms=3, label=f"{direction}, tail={tail}")
             ax.plot(s["k"][floor], y[floor], "x", color=c, ms=7)
         ax.set_yscale("log")
         ax.set(ylabel=ylabel, title=f"{what} vs k")
         for x, text, ha, dx in ((0, "k=0: sampled\n(K4 / K5)", "left", 4), (v, f"k=|V|={v}:\nexact", "right", -4)):
             ax.axvline(x, color="0.5", ls=":", lw=1)
-            ax.annotate(text, (x, 0.55), xycoords=("data", "axes fraction"), xytext=(dx, 0),
-                        textcoords="offset points", va="center", ha=ha, fontsize=8, color="0.3")
+            ax.annotate(
+                text,
+                (x, 0.55),
+                xycoords=("data", "axes fraction"),
+                xytext=(dx, 0),
+                textcoords="offset points",
+                va="center",
+                ha=ha,
+                fontsize=8,
+                color="0.3",
+            )
     for ax in axs:
         ax.set_xlabel("k (vocabulary entries computed exactly)")
     style.finish(fig, title or "Top-k KL interpolates between the sampled (k=0) and the exact (k=|V|) estimator")
     handles, labels = axs[0].get_legend_handles_labels()
     foot = f"×: 0 or below {style.FLOOR:.0e} (float64 rounding), drawn at the floor"
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)), frameon=False,
-               title=foot + (f"; {note}" if note else ""), title_fontsize=8)
+    fig.legend(
+        handles,
+        labels,
+        loc="outside lower center",
+        ncols=min(3, len(labels)),
+        frameon=False,
+        title=foot + (f"; {note}" if note else ""),
+        title_fontsize=8,
+    )
     return fig

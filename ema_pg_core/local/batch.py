@@ -26,7 +26,7 @@ class Batch:
     tokens: torch.Tensor  # (B, T) response token ids (pad = 0)
     mask: torch.Tensor  # (B, T) 1 for model-sampled tokens, 0 for environment tokens and padding
 
-    def select(self, rows: torch.Tensor) -> "Batch":
+    def select(self, rows: torch.Tensor) -> Batch:
         return Batch(*(t[rows] for t in (self.input_ids, self.attention_mask, self.pred_pos, self.tokens, self.mask)))
 
 
@@ -36,7 +36,10 @@ def _pad(rows: list[list], width: int, value) -> list[list]:
 
 
 def collate(
-    trajs: list[Trajectory], pad_id: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+    trajs: list[Trajectory],
+    pad_id: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
 ) -> Batch:
     """Padded (B, L) / (B, T) tensors built directly on ``device`` (one copy per tensor, none per row)."""
     L = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
@@ -58,19 +61,31 @@ def check_model(model) -> None:
     cfg = model.config
     for attr in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale"):
         if getattr(cfg, attr, None) not in (None, 1.0):
-            raise ValueError(f"model config sets {attr}={getattr(cfg, attr)}; emapg computes logits as lm_head(hidden) and does not support it")
+            raise ValueError(
+                f"model config sets {attr}={getattr(cfg, attr)}; emapg computes logits as lm_head(hidden) "
+                f"and does not support it"
+            )
 
 
 def response_hidden(model, batch: Batch) -> torch.Tensor:
     """(B, T, H) final hidden states at the positions predicting each response token."""
-    hidden = model.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # (B, L, H)
+    hidden = model.base_model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask
+    ).last_hidden_state  # (B, L, H)
     H = hidden.shape[-1]
     return hidden.gather(1, batch.pred_pos.unsqueeze(-1).expand(-1, -1, H))
 
 
 def forward_stats(
-    model, batch: Batch, *, k: int = 0, indices: torch.Tensor | None = None, temperature: float = 1.0,
-    fused: bool = True, entropy: bool = False, full_logits: bool = False,
+    model,
+    batch: Batch,
+    *,
+    k: int = 0,
+    indices: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    fused: bool = True,
+    entropy: bool = False,
+    full_logits: bool = False,
 ) -> tuple[TokenStats, torch.Tensor | None]:
     """Token statistics of ``model`` on the batch's responses, plus (B, T, V) scaled logits if asked.
 
@@ -84,9 +99,15 @@ def forward_stats(
     if full_logits or not fused:
         logits = head(h)  # (B, T, V)
     if fused:
-        stats = token_stats_from_hidden(h, head.weight, head.bias, batch.tokens, k=k, indices=indices, temperature=temperature, entropy=entropy)
+        stats = token_stats_from_hidden(
+            h, head.weight, head.bias, batch.tokens, k=k, indices=indices, temperature=temperature, entropy=entropy
+        )
     else:
-        stats = token_stats_from_logits(logits, batch.tokens, k=k, indices=indices, temperature=temperature, entropy=entropy)
+        stats = token_stats_from_logits(
+            logits, batch.tokens, k=k, indices=indices, temperature=temperature, entropy=entropy
+        )
     if logits is not None:
-        logits = logits.float() / temperature if logits.dtype in (torch.float16, torch.bfloat16) else logits / temperature
+        logits = (
+            logits.float() / temperature if logits.dtype in (torch.float16, torch.bfloat16) else logits / temperature
+        )
     return stats, (logits if full_logits else None)

@@ -14,8 +14,9 @@ then names the broken one and falls back to the newest checkpoint that loads.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -56,8 +57,9 @@ def problems_with_pointer(ckpt_dir: str | Path) -> str | None:
     return None
 
 
-def load_newest(ckpt_dir: str | Path, map_location: Any = "cpu",
-                load: Callable[[Path], dict] | None = None) -> tuple[Path, dict, list[dict]] | None:
+def load_newest(
+    ckpt_dir: str | Path, map_location: Any = "cpu", load: Callable[[Path], dict] | None = None
+) -> tuple[Path, dict, list[dict]] | None:
     """(checkpoint dir, its state, the ones skipped as [{"checkpoint", "error"}]) for the newest
     checkpoint whose state.pt loads, or None when the directory holds no checkpoint at all.
     Raises ValueError naming each checkpoint and why it failed when none loads."""

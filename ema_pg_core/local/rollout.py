@@ -48,7 +48,9 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return out / out.sum(-1, keepdim=True)
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_p: float, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
+def _pick(
+    logits: torch.Tensor, temperature: float, top_p: float, greedy: bool, generator: torch.Generator | None
+) -> torch.Tensor:
     """(B,) next tokens from (B, V) logits."""
     if greedy:
         return logits.argmax(-1)
@@ -58,8 +60,17 @@ def _pick(logits: torch.Tensor, temperature: float, top_p: float, greedy: bool, 
 
 @torch.no_grad()
 def generate(
-    model, contexts: list[list[int]], *, max_new_tokens: int, pad_id: int, eos_id: int, temperature: float = 1.0,
-    top_p: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None, stop: str | None = None,
+    model,
+    contexts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    pad_id: int,
+    eos_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    stop: str | None = None,
     decode=None,
 ) -> list[list[int]]:
     """Sample continuations for a batch of token contexts (left-padded, KV cache).
@@ -90,13 +101,28 @@ def generate(
         step_attn = torch.ones(B, 1, dtype=torch.long, device=device)
         attn = torch.cat([attn, step_attn], 1)
         pos = pos[:, -1:] + 1
-        out = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos, past_key_values=out.past_key_values, use_cache=True)
+        out = model(
+            input_ids=nxt[:, None],
+            attention_mask=attn,
+            position_ids=pos,
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
     return gen
 
 
 def rollout(
-    model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-    greedy: bool = False, generator: torch.Generator | None = None, env: ToolEnv | None = None, max_turns: int = 0,
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    env: ToolEnv | None = None,
+    max_turns: int = 0,
     max_obs_tokens: int = 160,
 ) -> list[Trajectory]:
     """One trajectory per prompt. Without ``env`` it is a single generation turn.
@@ -110,8 +136,19 @@ def rollout(
     for turn in range(max_turns + 1 if env is not None else 1):
         stop = env.stop if (env is not None and turn < max_turns) else None
         ctx = [trajs[i].prompt_ids + trajs[i].response_ids for i in active]
-        outs = generate(model, ctx, max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                        temperature=temperature, top_p=top_p, greedy=greedy, generator=generator, stop=stop, decode=decode)
+        outs = generate(
+            model,
+            ctx,
+            max_new_tokens=max_new_tokens,
+            pad_id=tokenizer.pad_token_id,
+            eos_id=tokenizer.eos_token_id,
+            temperature=temperature,
+            top_p=top_p,
+            greedy=greedy,
+            generator=generator,
+            stop=stop,
+            decode=decode,
+        )
         still = []
         for i, new in zip(active, outs):
             tr = trajs[i]

@@ -29,9 +29,10 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -84,7 +85,7 @@ class Hooks:
     metrics: Callable[[int, dict], None] = lambda it, m: None
     evals: Callable[[list[dict]], None] = lambda rows: None
     checkpoint: Callable[[int, Path], None] = lambda it, path: None
-    iteration_end: Callable[[int, dict, "Path | None"], None] = lambda it, m, ckpt: None  # after any checkpoint of it
+    iteration_end: Callable[[int, dict, Path | None], None] = lambda it, m, ckpt: None  # after any checkpoint of it
     state: Callable[[], dict] = dict  # extra state stored in each checkpoint (e.g. the record's clock)
 
 
@@ -95,7 +96,9 @@ def seed_everything(seed: int) -> None:
 
 
 class LocalTrainer:
-    def __init__(self, policy, tokenizer, task: Task, cfg: LocalConfig, ckpt_dir: str | Path, hooks: Hooks | None = None):
+    def __init__(
+        self, policy, tokenizer, task: Task, cfg: LocalConfig, ckpt_dir: str | Path, hooks: Hooks | None = None
+    ):
         check_model(policy)
         self.device = resolve_device(cfg.trainer.device)
         policy.to(self.device)  # before the anchor copy and the optimizer: both follow the policy's device
@@ -107,7 +110,9 @@ class LocalTrainer:
         if self.est.needs == "topk" and a.kl.k > vocab:
             raise ValueError(f"algo.kl.k={a.kl.k} exceeds the model's vocabulary size {vocab}")
         self.anchor = EmaAnchor(policy, a.anchor.tau, a.anchor.period, a.anchor.fp32_shadow)
-        self.opt = torch.optim.AdamW(policy.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+        self.opt = torch.optim.AdamW(
+            policy.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay
+        )
         warm = max(1, o.warmup_iters * cfg.trainer.ppo_epochs * cfg.trainer.mini_batches)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)  # sampling and mini-batch order
@@ -132,30 +137,44 @@ class LocalTrainer:
     # ------------------------------------------------------------------ rollout
     def _rollout(self, model, prompts: list[str], greedy=False, generator=None, temperature=None) -> list[Trajectory]:
         r = self.cfg.rollout
-        return rollout(model, self.tok, prompts, max_new_tokens=r.max_new_tokens, temperature=temperature or r.temperature,
-                       top_p=1.0 if greedy else r.top_p, greedy=greedy, generator=generator, env=self.task.env,
-                       max_turns=r.max_turns, max_obs_tokens=r.max_obs_tokens)
+        return rollout(
+            model,
+            self.tok,
+            prompts,
+            max_new_tokens=r.max_new_tokens,
+            temperature=temperature or r.temperature,
+            top_p=1.0 if greedy else r.top_p,
+            greedy=greedy,
+            generator=generator,
+            env=self.task.env,
+            max_turns=r.max_turns,
+            max_obs_tokens=r.max_obs_tokens,
+        )
 
     # ------------------------------------------------------------------ the iteration
     def step(self) -> dict:
-        """One training iteration; returns its metrics."""
-        cfg, kl = self.cfg, self.cfg.algo.kl
+        """One training iteration; returns its metrics.
+
+        Shapes: P prompts, G samples per prompt, B = P * G sequences, T response tokens (padded),
+        L = prompt + response length, V vocabulary, k the Top-k head size.
+        """
+        cfg = self.cfg
         it = self.iteration + 1
         t0 = time.perf_counter()
         # --- algorithm: rollout, rewards, advantages
-        examples = self.next_examples()
+        examples = self.next_examples()  # P examples
         G = cfg.rollout.group_size
+        per_sample = [e for e in examples for _ in range(G)]  # B examples, each prompt G times in a row
         self.policy.eval()
-        trajs = self._rollout(self.policy, [self.task.prompt(e) for e in examples for _ in range(G)], generator=self.gen)
-        per_sample = (e for e in examples for _ in range(G))
-        rewards = torch.tensor([self.task.reward(e, tr.text) for e, tr in zip(per_sample, trajs)],
-                               dtype=torch.float32, device=self.device)  # (B,)
-        group = torch.arange(len(examples), device=self.device).repeat_interleave(G)  # (B,)
-        adv = compute_advantages(rewards, group, cfg.algo.adv.mode, cfg.algo.adv.eps)
-        batch = collate(trajs, self.tok.pad_token_id, dtype=torch.float32, device=self.device)
+        trajs = self._rollout(self.policy, [self.task.prompt(e) for e in per_sample], generator=self.gen)  # B
+        scores = [self.task.reward(e, tr.text) for e, tr in zip(per_sample, trajs)]
+        rewards = torch.tensor(scores, dtype=torch.float32, device=self.device)  # (B,)
+        group = torch.arange(len(examples), device=self.device).repeat_interleave(G)  # (B,) prompt of each row
+        adv = compute_advantages(rewards, group, cfg.algo.adv.mode, cfg.algo.adv.eps)  # (B,)
+        batch = collate(trajs, self.tok.pad_token_id, dtype=torch.float32, device=self.device)  # (B, L), (B, T)
         t1 = time.perf_counter()
         # --- algorithm: pi_old and anchor statistics (no grad)
-        old, anc, anc_logits = self._reference_stats(batch)
+        old, anc, anc_logits = self._reference_stats(batch)  # logp (B, T); head (B, T, k); logits (B, T, V) or None
         t2 = time.perf_counter()
         # --- algorithm: PPO updates with beta * KL to the anchor
         self.policy.train()
@@ -167,12 +186,21 @@ class LocalTrainer:
         self.iteration = it
         n_tok = float(batch.mask.sum())
         return {
-            "train/reward": rewards.mean().item(), "train/reward_std": rewards.std().item(),
-            "train/response_len": n_tok / len(trajs), "train/turns": float(np.mean([t.turns for t in trajs])),
+            "train/reward": rewards.mean().item(),
+            "train/reward_std": rewards.std().item(),
+            "train/response_len": n_tok / len(trajs),
+            "train/turns": float(np.mean([t.turns for t in trajs])),
             "train/entropy": float((old.entropy * batch.mask).sum() / batch.mask.sum().clamp_min(1)),
-            "train/lr": self.sched.get_last_lr()[0], **upd, **self.anchor.drift(self.policy), "anchor/updated": float(updated),
-            "perf/rollout_s": t1 - t0, "perf/logprob_s": t2 - t1, "perf/update_s": t3 - t2, "perf/anchor_s": t4 - t3,
-            "perf/iter_s": t4 - t0, "perf/tokens_per_s": float(batch.attention_mask.sum()) / (t4 - t0),
+            "train/lr": self.sched.get_last_lr()[0],
+            **upd,
+            **self.anchor.drift(self.policy),
+            "anchor/updated": float(updated),
+            "perf/rollout_s": t1 - t0,
+            "perf/logprob_s": t2 - t1,
+            "perf/update_s": t3 - t2,
+            "perf/anchor_s": t4 - t3,
+            "perf/iter_s": t4 - t0,
+            "perf/tokens_per_s": float(batch.attention_mask.sum()) / (t4 - t0),
         }
 
     def _topk_plan(self) -> tuple[int, int]:
@@ -190,32 +218,60 @@ class LocalTrainer:
         if kl.coef == 0:
             return old, None, None
         idx = old.indices if (self.est.needs == "topk" and self.est.direction == "reverse") else None
-        anc, anc_logits = forward_stats(self.anchor.module, batch, k=k_anc, indices=idx, temperature=T, fused=kl.fused,
-                                        full_logits=self.est.needs == "full")
+        anc, anc_logits = forward_stats(
+            self.anchor.module,
+            batch,
+            k=k_anc,
+            indices=idx,
+            temperature=T,
+            fused=kl.fused,
+            full_logits=self.est.needs == "full",
+        )
         return old, anc, anc_logits
 
     def _update(self, batch: Batch, adv, old, anc, anc_logits) -> dict:
         cfg, kl = self.cfg, self.cfg.algo.kl
         B, stats = batch.tokens.shape[0], []
-        head_idx = None
+        head_idx = None  # (B, T, k): the Top-k head, pi_old's (reverse KL) or the anchor's (forward KL)
         if self.est.needs == "topk" and anc is not None:
             head_idx = old.indices if self.est.direction == "reverse" else anc.indices
         for _ in range(cfg.trainer.ppo_epochs):
-            perm = torch.randperm(B, generator=self.gen, device=self.device)
-            for rows in perm.chunk(cfg.trainer.mini_batches):
-                mb = batch.select(rows)
+            perm = torch.randperm(B, generator=self.gen, device=self.device)  # (B,)
+            for rows in perm.chunk(cfg.trainer.mini_batches):  # (b,) row ids of one mini-batch
+                mb = batch.select(rows)  # tokens and mask (b, T)
+                # logp (b, T); logits_k (b, T, k) on head_idx; lse (b, T); cur_logits (b, T, V) only for exact KLs
                 cur, cur_logits = forward_stats(
-                    self.policy, mb, indices=None if head_idx is None else head_idx[rows], temperature=cfg.rollout.temperature,
-                    fused=kl.fused, entropy=cfg.algo.loss.entropy_coef > 0, full_logits=self.est.needs == "full" and anc is not None)
-                x = None
+                    self.policy,
+                    mb,
+                    indices=None if head_idx is None else head_idx[rows],
+                    temperature=cfg.rollout.temperature,
+                    fused=kl.fused,
+                    entropy=cfg.algo.loss.entropy_coef > 0,
+                    full_logits=self.est.needs == "full" and anc is not None,
+                )
+                x = None  # the KL term's inputs, every tensor (b, T) or (b, T, k) / (b, T, V)
                 if anc is not None:
-                    x = KLInputs(logp=cur.logp, ref_logp=anc.logp[rows], old_logp=old.logp[rows], sampled=mb.tokens,
-                                 topk_idx=cur.indices, logits_k=cur.logits_k, lse=cur.lse, ref_logits_k=anc.logits_k[rows],
-                                 ref_lse=anc.lse[rows], logits=cur_logits, ref_logits=None if anc_logits is None else anc_logits[rows])
-                loss, st = policy_loss(cur.logp, old.logp[rows], adv[rows], mb.mask, x, cfg.algo.loss, kl, entropy=cur.entropy)
+                    x = KLInputs(
+                        logp=cur.logp,
+                        ref_logp=anc.logp[rows],
+                        old_logp=old.logp[rows],
+                        sampled=mb.tokens,
+                        topk_idx=cur.indices,
+                        logits_k=cur.logits_k,
+                        lse=cur.lse,
+                        ref_logits_k=anc.logits_k[rows],
+                        ref_lse=anc.lse[rows],
+                        logits=cur_logits,
+                        ref_logits=None if anc_logits is None else anc_logits[rows],
+                    )
+                loss, st = policy_loss(  # scalar: PPO-clip surrogate + beta * KL (- entropy bonus), aggregated
+                    cur.logp, old.logp[rows], adv[rows], mb.mask, x, cfg.algo.loss, kl, entropy=cur.entropy
+                )
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
-                st["train/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.grad_clip))
+                st["train/grad_norm"] = float(
+                    torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.grad_clip)
+                )
                 self.opt.step()
                 self.sched.step()
                 stats.append(st)
@@ -235,28 +291,57 @@ class LocalTrainer:
                 model.eval()
                 g = torch.Generator(device=self.device).manual_seed(self.cfg.seed * 1_000_003 + self.iteration)
                 greedy = self._rollout(model, [self.task.prompt(e) for e in exs], greedy=True)
-                sampled = self._rollout(model, [self.task.prompt(e) for e in exs for _ in range(tc.eval_n)], generator=g,
-                                        temperature=tc.eval_temperature)
+                sampled = self._rollout(
+                    model,
+                    [self.task.prompt(e) for e in exs for _ in range(tc.eval_n)],
+                    generator=g,
+                    temperature=tc.eval_temperature,
+                )
                 res = cache = (
                     [self.task.evaluate(e, t.text) for e, t in zip(exs, greedy)],
-                    np.array([self.task.evaluate(e, t.text) for e, t in zip((e for e in exs for _ in range(tc.eval_n)), sampled)]).reshape(len(exs), tc.eval_n),
+                    np.array(
+                        [
+                            self.task.evaluate(e, t.text)
+                            for e, t in zip((e for e in exs for _ in range(tc.eval_n)), sampled)
+                        ]
+                    ).reshape(len(exs), tc.eval_n),
                 )
             g_ok, s_ok = res
             prefix = "eval" if who == "policy" else "eval_anchor"
             metrics[f"{prefix}/{name}/acc"] = float(np.mean(g_ok))
             metrics[f"{prefix}/{name}/pass@1"] = float(s_ok.mean())
-            rows += [{"iteration": self.iteration, "model": who, "benchmark": name, "problem_id": str(e.id), "n": tc.eval_n,
-                      "n_correct": int(s.sum()), "greedy_correct": int(g1)} for e, g1, s in zip(exs, g_ok, s_ok)]
+            rows += [
+                {
+                    "iteration": self.iteration,
+                    "model": who,
+                    "benchmark": name,
+                    "problem_id": str(e.id),
+                    "n": tc.eval_n,
+                    "n_correct": int(s.sum()),
+                    "greedy_correct": int(g1),
+                }
+                for e, g1, s in zip(exs, g_ok, s_ok)
+            ]
         self.policy.train()
         return metrics, rows
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         return {
-            "iteration": self.iteration, "data_pos": self.data_pos, "policy": self.policy.state_dict(),
-            "anchor": self.anchor.state_dict(), "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-            "rng": {"device": self.device.type, "gen": self.gen.get_state(), "torch": torch.get_rng_state(),
-                    **self._cuda_rng(), "python": random.getstate(), "numpy": np.random.get_state()},
+            "iteration": self.iteration,
+            "data_pos": self.data_pos,
+            "policy": self.policy.state_dict(),
+            "anchor": self.anchor.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "rng": {
+                "device": self.device.type,
+                "gen": self.gen.get_state(),
+                "torch": torch.get_rng_state(),
+                **self._cuda_rng(),
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+            },
             "hooks": self.hooks.state(),
         }
 
@@ -264,8 +349,10 @@ class LocalTrainer:
         rng = s["rng"]
         saved = rng.get("device", "cpu")  # checkpoints without the key were written on cpu
         if saved != self.device.type:
-            raise ValueError(f"checkpoint was written with trainer.device={saved}; its sampling state cannot "
-                             f"continue on {self.device.type}: resume with trainer.device={saved}")
+            raise ValueError(
+                f"checkpoint was written with trainer.device={saved}; its sampling state cannot "
+                f"continue on {self.device.type}: resume with trainer.device={saved}"
+            )
         self.policy.load_state_dict(s["policy"])
         self.anchor.load_state_dict(s["anchor"])
         self.opt.load_state_dict(s["optimizer"])
@@ -341,12 +428,18 @@ class LocalTrainer:
                 self.hooks.metrics(self.iteration, m)
                 last = m
                 ckpt = None
-                if self._stop or (tc.save_every and self.iteration % tc.save_every == 0) or self.iteration == tc.iterations:
+                if (
+                    self._stop
+                    or (tc.save_every and self.iteration % tc.save_every == 0)
+                    or self.iteration == tc.iterations
+                ):
                     ckpt = self.save()
                 self.hooks.iteration_end(self.iteration, m, ckpt)
                 if self._stop:
-                    raise Interrupted(f"interrupted by {self._stop} after iteration {self.iteration}; "
-                                      f"checkpoint saved in {ckpt}", self._stop)
+                    raise Interrupted(
+                        f"interrupted by {self._stop} after iteration {self.iteration}; checkpoint saved in {ckpt}",
+                        self._stop,
+                    )
             return last
         finally:
             for s, h in handlers.items():

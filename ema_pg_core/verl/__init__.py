@@ -41,8 +41,10 @@ def require_verl() -> None:
         ) from e
     version = getattr(verl, "__version__", "unknown")
     if version != VERL_VERSION:
-        raise ImportError(f"ema_pg_core.verl is written for verl=={VERL_VERSION}; found verl {version}. "
-                          "Its engine/worker internals change between releases.")
+        raise ImportError(
+            f"ema_pg_core.verl is written for verl=={VERL_VERSION}; found verl {version}. "
+            "Its engine/worker internals change between releases."
+        )
     import os
 
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":  # ours: known before verl detects it

@@ -20,9 +20,10 @@ no fused kernels) are emitted as overrides and re-checked at launch (``check_ver
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ema_pg_core.config import AdvantageConfig, AnchorConfig, KLConfig, LossConfig
 from ema_pg_core.kl import get_estimator
@@ -30,8 +31,12 @@ from ema_pg_core.overrides import hydra_value
 
 TRAINER_MODE = "emapg_sync"
 """Name under which ``ema_pg_core.verl.trainer`` registers its V1 trainer."""
-VERL_AGG = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean",
-            "seq-mean-token-sum": "seq-mean-token-sum", "sum": "token-sum"}
+VERL_AGG = {
+    "token-mean": "token-mean",
+    "seq-mean-token-mean": "seq-mean-token-mean",
+    "seq-mean-token-sum": "seq-mean-token-sum",
+    "sum": "token-sum",
+}
 """Our loss aggregation names -> verl's ``agg_loss`` modes (same formulas; verl's are global-batch normalised)."""
 DEVICES = ("cuda", "cpu")
 """``trainer.device`` values of the verl backend: GPUs, or verl's loop on CPU (``ema_pg_core.verl.cpu``)."""
@@ -65,18 +70,21 @@ class EmaPGSection:
 
     def __post_init__(self):
         if self.device not in DEVICES:
-            raise ValueError(f"trainer.device={self.device!r} is not allowed with the verl backend; "
-                             f"allowed: {', '.join(DEVICES)}")
+            raise ValueError(
+                f"trainer.device={self.device!r} is not allowed with the verl backend; allowed: {', '.join(DEVICES)}"
+            )
         if not isinstance(self.mask_truncated, bool):
             raise ValueError(f"emapg.mask_truncated must be true or false; got {self.mask_truncated!r}")
         est = get_estimator(self.kl.type)
         if self.kl.coef > 0 and est.needs == "full":
-            raise ValueError(f"algo.kl.type={self.kl.type!r} needs full (B, T, V) anchor logits, which the verl backend "
-                             "does not ship between workers; use topk_reverse/topk_forward (k up to the vocabulary size "
-                             "is exact) or a sampled estimator")
+            raise ValueError(
+                f"algo.kl.type={self.kl.type!r} needs full (B, T, V) anchor logits, which the verl backend "
+                "does not ship between workers; use topk_reverse/topk_forward (k up to the vocabulary size "
+                "is exact) or a sampled estimator"
+            )
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "EmaPGSection":
+    def from_dict(cls, d: Mapping[str, Any]) -> EmaPGSection:
         """Build and validate from a plain mapping (unknown keys are errors, naming the allowed ones)."""
         parts = {}
         for name, typ in (("kl", KLConfig), ("anchor", AnchorConfig), ("loss", LossConfig)):
@@ -92,11 +100,15 @@ class EmaPGSection:
         return cls(**parts, **{k: d[k] for k in SECTION_SCALARS if d.get(k) is not None})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kl": asdict(self.kl), "anchor": asdict(self.anchor), "loss": asdict(self.loss),
-                **{k: getattr(self, k) for k in SECTION_SCALARS}}
+        return {
+            "kl": asdict(self.kl),
+            "anchor": asdict(self.anchor),
+            "loss": asdict(self.loss),
+            **{k: getattr(self, k) for k in SECTION_SCALARS},
+        }
 
     @classmethod
-    def from_config(cls, node: Any) -> "EmaPGSection":
+    def from_config(cls, node: Any) -> EmaPGSection:
         """From the ``emapg`` node of a composed verl config (an OmegaConf node, resolved here; the trainer's
         ``config.emapg`` and the workers' ``actor_rollout_ref.emapg``) or a plain mapping."""
         if not isinstance(node, dict):
@@ -124,8 +136,11 @@ def topk_passes(kl: KLConfig) -> dict[str, dict[str, Any]]:
         return {"old": off, "ref": off, "train": off}
     train = {"mode": "train"}
     if get_estimator(kl.type).direction == "reverse":  # q = top-k of pi_old; anchor gathers there
-        return {"old": {"mode": "self", "k": kl.k, "prefix": OLD},
-                "ref": {"mode": "gather", "ids_key": f"{OLD}topk_ids", "prefix": REF}, "train": train}
+        return {
+            "old": {"mode": "self", "k": kl.k, "prefix": OLD},
+            "ref": {"mode": "gather", "ids_key": f"{OLD}topk_ids", "prefix": REF},
+            "train": train,
+        }
     return {"old": off, "ref": {"mode": "self", "k": kl.k, "prefix": REF}, "train": train}  # q = anchor's top-k
 
 
@@ -196,15 +211,22 @@ class VerlSettings:
 
     def __post_init__(self):
         if self.rollout_engine not in ROLLOUT_ENGINES:
-            raise ValueError(f"backend.verl.rollout_engine={self.rollout_engine!r}; "
-                             f"allowed: {', '.join(ROLLOUT_ENGINES)}")
+            raise ValueError(
+                f"backend.verl.rollout_engine={self.rollout_engine!r}; allowed: {', '.join(ROLLOUT_ENGINES)}"
+            )
         if self.multi_turn and self.agent_loop == "tool_agent" and not self.tool_config_path:
-            raise ValueError("backend.verl.multi_turn=true with agent_loop=tool_agent needs backend.verl.tool_config_path")
+            raise ValueError(
+                "backend.verl.multi_turn=true with agent_loop=tool_agent needs backend.verl.tool_config_path"
+            )
         if self.multi_turn and self.agent_loop == "search_r1" and not self.retriever_url:
-            raise ValueError("backend.verl.agent_loop=search_r1 needs backend.verl.retriever_url (an `emapg retriever "
-                             "serve` URL reachable from every rollout node, e.g. http://127.0.0.1:8000)")
+            raise ValueError(
+                "backend.verl.agent_loop=search_r1 needs backend.verl.retriever_url (an `emapg retriever "
+                "serve` URL reachable from every rollout node, e.g. http://127.0.0.1:8000)"
+            )
         if not (isinstance(self.max_failed_rollouts, int) and self.max_failed_rollouts >= 0):
-            raise ValueError(f"backend.verl.max_failed_rollouts must be an integer >= 0; got {self.max_failed_rollouts!r}")
+            raise ValueError(
+                f"backend.verl.max_failed_rollouts must be an integer >= 0; got {self.max_failed_rollouts!r}"
+            )
         if not self.step_timeout_s > 0:
             raise ValueError(f"backend.verl.step_timeout_s must be > 0 (seconds); got {self.step_timeout_s!r}")
         if ":" not in self.reward_fn:
@@ -243,18 +265,30 @@ def to_verl(run: Mapping[str, Any]) -> VerlJob:
     vs = VerlSettings(**(run.get("backend", {}).get("verl") or {}))
     metrics = os.path.join(run["run_dir"], "verl_metrics.jsonl") if run.get("run_dir") else None
     tr = TrainerConfig(**run.get("trainer", {}))
-    section = EmaPGSection.from_dict({**{k: algo.get(k, {}) for k in ("kl", "anchor", "loss")}, "metrics_path": metrics,
-                                      "mask_truncated": vs.mask_truncated, "device": tr.device})
+    section = EmaPGSection.from_dict(
+        {
+            **{k: algo.get(k, {}) for k in ("kl", "anchor", "loss")},
+            "metrics_path": metrics,
+            "mask_truncated": vs.mask_truncated,
+            "device": tr.device,
+        }
+    )
     adv = AdvantageConfig(**algo.get("adv", {}))
     ro, opt = RolloutConfig(**run.get("rollout", {})), OptimConfig(**run.get("optim", {}))
     model_path = (run.get("model") or {}).get("path")
     if not model_path:
         raise ValueError("the verl backend needs model.path (an HF model id or directory)")
     if ro.prompts_per_iter % tr.mini_batches:
-        raise ValueError(f"rollout.prompts_per_iter={ro.prompts_per_iter} must be divisible by trainer.mini_batches={tr.mini_batches} "
-                         "(verl counts ppo_mini_batch_size in prompts)")
-    o = {**_algorithm_keys(section, adv), **_rollout_data_keys(ro, tr, vs),
-         **_training_keys(opt, tr, vs, ro, model_path, int(run.get("seed", 0)))}
+        raise ValueError(
+            f"rollout.prompts_per_iter={ro.prompts_per_iter} "
+            f"must be divisible by trainer.mini_batches={tr.mini_batches} "
+            "(verl counts ppo_mini_batch_size in prompts)"
+        )
+    o = {
+        **_algorithm_keys(section, adv),
+        **_rollout_data_keys(ro, tr, vs),
+        **_training_keys(opt, tr, vs, ro, model_path, int(run.get("seed", 0))),
+    }
     if section.loss.dual_clip_c is not None:
         o[f"{A}clip_ratio_c"] = section.loss.dual_clip_c
     if not vs.use_dynamic_bsz:
@@ -274,24 +308,42 @@ def _algorithm_keys(section: EmaPGSection, adv: AdvantageConfig) -> dict[str, An
     """The plugin's requirements, GRPO, and verl's mirror of the loss our function computes."""
     kl, loss = section.kl, section.loss
     return {
-        f"{T}use_v1": True, f"{T}v1.trainer_mode": TRAINER_MODE, f"{A}strategy": "fsdp2",
-        "actor_rollout_ref.ref.fsdp_config.model_dtype": "fp32", "actor_rollout_ref.model.use_fused_kernels": False,
-        "algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": adv.mode == "grpo",
-        "algorithm.use_kl_in_reward": False, "algorithm.kl_ctrl.kl_coef": 0.0,
-        f"{A}use_kl_loss": True, f"{A}kl_loss_coef": kl.coef, f"{A}kl_loss_type": "emapg",
-        f"{A}clip_ratio_low": loss.clip_low, f"{A}clip_ratio_high": loss.clip_high,
-        f"{A}loss_agg_mode": VERL_AGG[loss.agg], f"{A}entropy_coeff": loss.entropy_coef,
+        f"{T}use_v1": True,
+        f"{T}v1.trainer_mode": TRAINER_MODE,
+        f"{A}strategy": "fsdp2",
+        "actor_rollout_ref.ref.fsdp_config.model_dtype": "fp32",
+        "actor_rollout_ref.model.use_fused_kernels": False,
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.norm_adv_by_std_in_grpo": adv.mode == "grpo",
+        "algorithm.use_kl_in_reward": False,
+        "algorithm.kl_ctrl.kl_coef": 0.0,
+        f"{A}use_kl_loss": True,
+        f"{A}kl_loss_coef": kl.coef,
+        f"{A}kl_loss_type": "emapg",
+        f"{A}clip_ratio_low": loss.clip_low,
+        f"{A}clip_ratio_high": loss.clip_high,
+        f"{A}loss_agg_mode": VERL_AGG[loss.agg],
+        f"{A}entropy_coeff": loss.entropy_coef,
     }
 
 
 def _rollout_data_keys(ro, tr, vs: VerlSettings) -> dict[str, Any]:
     return {
-        f"{R}name": vs.rollout_engine, f"{R}n": ro.group_size, f"{R}temperature": ro.temperature, f"{R}top_p": ro.top_p,
-        f"{R}tensor_model_parallel_size": vs.tensor_parallel_size, f"{R}gpu_memory_utilization": vs.gpu_memory_utilization,
-        f"{R}val_kwargs.n": tr.eval_n, f"{R}val_kwargs.temperature": tr.eval_temperature,
-        f"{R}val_kwargs.do_sample": tr.eval_temperature > 0, f"{R}calculate_log_probs": True,
-        f"{D}train_files": vs.train_files, f"{D}val_files": vs.val_files, f"{D}train_batch_size": ro.prompts_per_iter,
-        f"{D}max_prompt_length": vs.max_prompt_length, f"{D}max_response_length": vs.max_response_length or ro.max_new_tokens,
+        f"{R}name": vs.rollout_engine,
+        f"{R}n": ro.group_size,
+        f"{R}temperature": ro.temperature,
+        f"{R}top_p": ro.top_p,
+        f"{R}tensor_model_parallel_size": vs.tensor_parallel_size,
+        f"{R}gpu_memory_utilization": vs.gpu_memory_utilization,
+        f"{R}val_kwargs.n": tr.eval_n,
+        f"{R}val_kwargs.temperature": tr.eval_temperature,
+        f"{R}val_kwargs.do_sample": tr.eval_temperature > 0,
+        f"{R}calculate_log_probs": True,
+        f"{D}train_files": vs.train_files,
+        f"{D}val_files": vs.val_files,
+        f"{D}train_batch_size": ro.prompts_per_iter,
+        f"{D}max_prompt_length": vs.max_prompt_length,
+        f"{D}max_response_length": vs.max_response_length or ro.max_new_tokens,
         "reward.custom_reward_function.path": "pkg://" + vs.reward_fn.split(":")[0],  # verl's load_module syntax
         "reward.custom_reward_function.name": vs.reward_fn.split(":")[1],
     }
@@ -299,18 +351,30 @@ def _rollout_data_keys(ro, tr, vs: VerlSettings) -> dict[str, Any]:
 
 def _training_keys(opt, tr, vs: VerlSettings, ro, model_path: str, seed: int) -> dict[str, Any]:
     return {
-        f"{A}optim.lr": opt.lr, f"{A}optim.betas": [opt.beta1, opt.beta2], f"{A}optim.weight_decay": opt.weight_decay,
-        f"{A}optim.clip_grad": opt.grad_clip, f"{A}optim.lr_warmup_steps": opt.warmup_iters or -1,
-        f"{A}ppo_epochs": tr.ppo_epochs, f"{A}ppo_mini_batch_size": ro.prompts_per_iter // tr.mini_batches,
-        f"{A}data_loader_seed": seed, f"{R}seed": seed,
-        "actor_rollout_ref.model.path": model_path, "actor_rollout_ref.model.use_remove_padding": True,
+        f"{A}optim.lr": opt.lr,
+        f"{A}optim.betas": [opt.beta1, opt.beta2],
+        f"{A}optim.weight_decay": opt.weight_decay,
+        f"{A}optim.clip_grad": opt.grad_clip,
+        f"{A}optim.lr_warmup_steps": opt.warmup_iters or -1,
+        f"{A}ppo_epochs": tr.ppo_epochs,
+        f"{A}ppo_mini_batch_size": ro.prompts_per_iter // tr.mini_batches,
+        f"{A}data_loader_seed": seed,
+        f"{R}seed": seed,
+        "actor_rollout_ref.model.path": model_path,
+        "actor_rollout_ref.model.use_remove_padding": True,
         "actor_rollout_ref.model.enable_gradient_checkpointing": vs.gradient_checkpointing,
-        f"{A}use_dynamic_bsz": vs.use_dynamic_bsz, f"{A}ppo_max_token_len_per_gpu": vs.max_token_len_per_gpu,
-        f"{A}fsdp_config.param_offload": vs.param_offload, f"{A}fsdp_config.optimizer_offload": vs.optimizer_offload,
-        f"{T}total_training_steps": tr.iterations, f"{T}total_epochs": vs.total_epochs,
-        f"{T}save_freq": tr.save_every if tr.save_every > 0 else -1, f"{T}test_freq": tr.eval_every,
-        f"{T}max_actor_ckpt_to_keep": tr.keep_checkpoints, f"{T}val_before_train": vs.val_before_train,
-        f"{T}nnodes": vs.nnodes, f"{T}n_gpus_per_node": vs.n_gpus_per_node,
+        f"{A}use_dynamic_bsz": vs.use_dynamic_bsz,
+        f"{A}ppo_max_token_len_per_gpu": vs.max_token_len_per_gpu,
+        f"{A}fsdp_config.param_offload": vs.param_offload,
+        f"{A}fsdp_config.optimizer_offload": vs.optimizer_offload,
+        f"{T}total_training_steps": tr.iterations,
+        f"{T}total_epochs": vs.total_epochs,
+        f"{T}save_freq": tr.save_every if tr.save_every > 0 else -1,
+        f"{T}test_freq": tr.eval_every,
+        f"{T}max_actor_ckpt_to_keep": tr.keep_checkpoints,
+        f"{T}val_before_train": vs.val_before_train,
+        f"{T}nnodes": vs.nnodes,
+        f"{T}n_gpus_per_node": vs.n_gpus_per_node,
     }
 
 
@@ -331,11 +395,16 @@ def _device_keys(device: str, vs: VerlSettings) -> dict[str, Any]:
             raise ValueError("backend.verl.rollout_engine=hf runs with trainer.device=cpu (on GPUs use vllm or sglang)")
         return {hook: failures.SETUP_HOOK}
     if vs.rollout_engine != "hf":
-        raise ValueError(f"trainer.device=cpu needs backend.verl.rollout_engine=hf (got {vs.rollout_engine!r}: "
-                         "vLLM and SGLang need GPUs)")
+        raise ValueError(
+            f"trainer.device=cpu needs backend.verl.rollout_engine=hf (got {vs.rollout_engine!r}: "
+            "vLLM and SGLang need GPUs)"
+        )
     return {
-        "trainer.device": "cpu", "+ray_kwargs.ray_init.num_gpus": vs.nnodes * vs.n_gpus_per_node, hook: cpu.SETUP_HOOK,
-        "+ray_kwargs.ray_init._node_ip_address": "127.0.0.1", "+ray_kwargs.ray_init.include_dashboard": False,
+        "trainer.device": "cpu",
+        "+ray_kwargs.ray_init.num_gpus": vs.nnodes * vs.n_gpus_per_node,
+        hook: cpu.SETUP_HOOK,
+        "+ray_kwargs.ray_init._node_ip_address": "127.0.0.1",
+        "+ray_kwargs.ray_init.include_dashboard": False,
         "+actor_rollout_ref.model.override_config.attn_implementation": "eager",
         f"{A}use_torch_compile": False,
     }
@@ -346,9 +415,13 @@ def _multi_turn_keys(ro, vs: VerlSettings) -> dict[str, Any]:
     o = {f"{R}multi_turn.enable": True}
     if vs.tool_config_path:
         o[f"{R}multi_turn.tool_config_path"] = vs.tool_config_path
-    o.update({f"{R}multi_turn.max_assistant_turns": ro.max_turns + 1,
-              f"{R}multi_turn.max_tool_response_length": vs.max_tool_response_length,
-              f"{R}agent.default_agent_loop": vs.agent_loop})
+    o.update(
+        {
+            f"{R}multi_turn.max_assistant_turns": ro.max_turns + 1,
+            f"{R}multi_turn.max_tool_response_length": vs.max_tool_response_length,
+            f"{R}agent.default_agent_loop": vs.agent_loop,
+        }
+    )
     if vs.agent_loop_config_path:
         o[f"{R}agent.agent_loop_config_path"] = vs.agent_loop_config_path
     if vs.agent_loop != "tool_agent":  # our loops cap each generation turn like the local backend
@@ -360,9 +433,15 @@ def _multi_turn_keys(ro, vs: VerlSettings) -> dict[str, Any]:
 
 def _logger(run: Mapping[str, Any]) -> dict[str, Any]:
     lg = run.get("logger") or {}
-    loggers = ["console", "file"] + (["wandb"] if lg.get("name", "none") == "wandb" and lg.get("mode") != "disabled" else [])
+    loggers = ["console", "file"] + (
+        ["wandb"] if lg.get("name", "none") == "wandb" and lg.get("mode") != "disabled" else []
+    )
     name = f"{(run.get('task') or {}).get('name', 'task')}__{run.get('experiment', 'custom')}__{run.get('seed', 0)}"
-    return {"trainer.logger": loggers, "trainer.project_name": lg.get("project", "emapg"), "trainer.experiment_name": name}
+    return {
+        "trainer.logger": loggers,
+        "trainer.project_name": lg.get("project", "emapg"),
+        "trainer.experiment_name": name,
+    }
 
 
 def _dotted(prefix: str, d: Mapping[str, Any]) -> list[str]:
@@ -391,8 +470,10 @@ def split_argv(argv: list[str]) -> tuple[list[str], EmaPGSection]:
             elif len(parts) == 2:
                 section.setdefault(parts[0], {})[parts[1]] = parsed
             else:
-                raise ValueError(f"{arg!r}: emapg overrides are emapg.<kl|anchor|loss>.<field>=<value> or "
-                                 f"emapg.<{'|'.join(SECTION_SCALARS)}>=<value>")
+                raise ValueError(
+                    f"{arg!r}: emapg overrides are emapg.<kl|anchor|loss>.<field>=<value> or "
+                    f"emapg.<{'|'.join(SECTION_SCALARS)}>=<value>"
+                )
         else:
             verl_args.append(arg)
     return verl_args, EmaPGSection.from_dict(section)

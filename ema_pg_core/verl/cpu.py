@@ -37,13 +37,25 @@ def _noop(*args, **kwargs):
 
 
 _DEVICE_MODULE = types.SimpleNamespace(  # what verl calls on torch.cuda, as no-ops on CPU
-    empty_cache=_noop, synchronize=_noop, max_memory_allocated=lambda *a, **k: 0, max_memory_reserved=lambda *a, **k: 0,
-    memory_allocated=lambda *a, **k: 0, memory_reserved=lambda *a, **k: 0, reset_peak_memory_stats=_noop,
-    is_available=lambda: False, device_count=lambda: 0, current_device=lambda: "cpu", set_device=_noop,
-    manual_seed=torch.manual_seed, manual_seed_all=torch.manual_seed, mem_get_info=lambda *a, **k: (0, 0),
+    empty_cache=_noop,
+    synchronize=_noop,
+    max_memory_allocated=lambda *a, **k: 0,
+    max_memory_reserved=lambda *a, **k: 0,
+    memory_allocated=lambda *a, **k: 0,
+    memory_reserved=lambda *a, **k: 0,
+    reset_peak_memory_stats=_noop,
+    is_available=lambda: False,
+    device_count=lambda: 0,
+    current_device=lambda: "cpu",
+    set_device=_noop,
+    manual_seed=torch.manual_seed,
+    manual_seed_all=torch.manual_seed,
+    mem_get_info=lambda *a, **k: (0, 0),
     get_device_name=lambda *a, **k: "cpu",
     get_device_properties=lambda *a, **k: types.SimpleNamespace(total_memory=0, name="cpu"),
-    get_rng_state=torch.get_rng_state, set_rng_state=torch.set_rng_state, Stream=None,
+    get_rng_state=torch.get_rng_state,
+    set_rng_state=torch.set_rng_state,
+    Stream=None,
     current_stream=lambda *a, **k: types.SimpleNamespace(synchronize=_noop, wait_stream=_noop),
 )
 
@@ -162,5 +174,3 @@ def setup_worker() -> None:
 
     hf_rollout.register()
     failures.install_handler()
-
-

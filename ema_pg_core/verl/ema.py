@@ -56,10 +56,14 @@ def paired_local_shards(anchor: nn.Module, policy: nn.Module) -> tuple[list[torc
         tp = p[name]
         if _is_dtensor(ta) != _is_dtensor(tp):
             raise ValueError(f"{name}: anchor and policy are not both sharded (DTensor) or both plain")
-        if _is_dtensor(ta) and (ta.placements != tp.placements or ta.device_mesh.mesh.tolist() != tp.device_mesh.mesh.tolist()):
-            raise ValueError(f"{name}: anchor placements {ta.placements} / mesh {ta.device_mesh.mesh.tolist()} differ from "
-                             f"the policy's {tp.placements} / {tp.device_mesh.mesh.tolist()}; set "
-                             "actor_rollout_ref.ref.fsdp_config.fsdp_size equal to the actor's")
+        if _is_dtensor(ta) and (
+            ta.placements != tp.placements or ta.device_mesh.mesh.tolist() != tp.device_mesh.mesh.tolist()
+        ):
+            raise ValueError(
+                f"{name}: anchor placements {ta.placements} / mesh {ta.device_mesh.mesh.tolist()} differ from "
+                f"the policy's {tp.placements} / {tp.device_mesh.mesh.tolist()}; set "
+                "actor_rollout_ref.ref.fsdp_config.fsdp_size equal to the actor's"
+            )
         la, lp = _local(ta), _local(tp)
         if la.shape != lp.shape:
             raise ValueError(f"{name}: local shard shapes differ (anchor {tuple(la.shape)}, policy {tuple(lp.shape)})")

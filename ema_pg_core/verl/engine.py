@@ -65,7 +65,8 @@ def kept_sequences(loss_mask: torch.Tensor) -> int:
         return int((loss_mask.sum(-1) > 0).sum())
     offsets = loss_mask.offsets()  # (B + 1,)
     per_row = torch.zeros(len(offsets) - 1, device=offsets.device).index_add_(
-        0, token_rows(offsets), loss_mask.values().float())  # (B,)
+        0, token_rows(offsets), loss_mask.values().float()
+    )  # (B,)
     return int((per_row > 0).sum())
 
 
@@ -132,5 +133,7 @@ def reclass(engine) -> None:
     if type(engine) is EmaPGFSDPEngineWithLMHead:
         return
     if type(engine) is not FSDPEngineWithLMHead:
-        raise TypeError(f"EMA-PG's Top-k KL needs verl's FSDPEngineWithLMHead (strategy fsdp2); got {type(engine).__name__}")
+        raise TypeError(
+            f"EMA-PG's Top-k KL needs verl's FSDPEngineWithLMHead (strategy fsdp2); got {type(engine).__name__}"
+        )
     engine.__class__ = EmaPGFSDPEngineWithLMHead

@@ -70,8 +70,9 @@ class _Forward(logging.Handler):
                 import ray
 
                 self._actor = ray.get_actor(ACTOR)
-            self._actor.report.remote({"message": message, "traceback": exc, "pid": os.getpid(),
-                                       "cause": _last_line(exc) or message})
+            self._actor.report.remote(
+                {"message": message, "traceback": exc, "pid": os.getpid(), "cause": _last_line(exc) or message}
+            )
         except Exception:  # noqa: BLE001  a log handler must not fail the code that logs
             pass
 
@@ -110,9 +111,11 @@ def first_failure(tolerated: int = 0) -> str | None:
     if failure is None or count <= tolerated:
         return None
     more = f" (and {count - 1} more)" if count > 1 else ""
-    return (f"a rollout failed in verl's agent loop{more}; backend.verl.max_failed_rollouts={tolerated}: "
-            f"{failure['cause']}\n"
-            f"--- worker traceback (pid {failure['pid']}) ---\n{failure['traceback'] or failure['message']}")
+    return (
+        f"a rollout failed in verl's agent loop{more}; backend.verl.max_failed_rollouts={tolerated}: "
+        f"{failure['cause']}\n"
+        f"--- worker traceback (pid {failure['pid']}) ---\n{failure['traceback'] or failure['message']}"
+    )
 
 
 def stop_run() -> None:

@@ -70,17 +70,21 @@ class Sampling:
     logprobs: bool = False
 
     @classmethod
-    def from_params(cls, params: dict[str, Any], default_max_tokens: int) -> "Sampling":
+    def from_params(cls, params: dict[str, Any], default_max_tokens: int) -> Sampling:
         """verl's sampling_params dict (vLLM names) -> Sampling; settings this engine cannot honour are refused."""
         p = dict(params)
         max_tokens = p.pop("max_tokens", p.pop("max_new_tokens", None))
         stop = p.pop("stop", None) or ()
-        out = cls(max_tokens=int(default_max_tokens if max_tokens is None else max_tokens),
-                  temperature=float(p.pop("temperature", 1.0)), top_p=float(p.pop("top_p", 1.0)),
-                  top_k=int(p.pop("top_k", -1) or -1), stop=tuple(sorted([stop] if isinstance(stop, str) else stop)),
-                  ignore_eos=bool(p.pop("ignore_eos", False)),
-                  repetition_penalty=float(p.pop("repetition_penalty", 1.0) or 1.0),
-                  logprobs=bool(p.pop("logprobs", False)))
+        out = cls(
+            max_tokens=int(default_max_tokens if max_tokens is None else max_tokens),
+            temperature=float(p.pop("temperature", 1.0)),
+            top_p=float(p.pop("top_p", 1.0)),
+            top_k=int(p.pop("top_k", -1) or -1),
+            stop=tuple(sorted([stop] if isinstance(stop, str) else stop)),
+            ignore_eos=bool(p.pop("ignore_eos", False)),
+            repetition_penalty=float(p.pop("repetition_penalty", 1.0) or 1.0),
+            logprobs=bool(p.pop("logprobs", False)),
+        )
         p.pop("seed", None)  # sampling is seeded per server (rollout.seed + replica rank)
         for key in ("skip_special_tokens", "include_stop_str_in_output", "n", "detokenize"):
             p.pop(key, None)  # text-side or n=1 options: no effect on the returned token ids
@@ -151,8 +155,15 @@ class HFGenerationServer:
         c = self.config
         return min(c.response_length, c.prompt_length + c.response_length - prompt_len)
 
-    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,
-                       image_data=None, video_data=None, **kwargs):
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data=None,
+        video_data=None,
+        **kwargs,
+    ):
         """One request; returns verl's TokenOutput. Requests that arrive together are generated as one batch."""
         from verl.workers.rollout.replica import TokenOutput
 
@@ -181,8 +192,12 @@ class HFGenerationServer:
                     for r, res in zip(batch, results):
                         r.future.set_result(res)
         token_ids, log_probs = await request.future
-        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed",
-                           extra_fields={"global_steps": self.global_steps})
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=log_probs,
+            stop_reason="completed",
+            extra_fields={"global_steps": self.global_steps},
+        )
 
     def _generate_batch(self, batch: list[_Request]) -> list[tuple[list[int], list[float] | None]]:
         groups: dict[Sampling, list[int]] = {}
@@ -202,24 +217,36 @@ class HFGenerationServer:
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # (B, P) left-padded
         mask = torch.zeros_like(ids)
         for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
         greedy = s.temperature <= 0
         gen = GenerationConfig(
-            max_new_tokens=s.max_tokens, do_sample=not greedy, temperature=None if greedy else s.temperature,
-            top_p=1.0 if greedy else s.top_p, top_k=0 if greedy or s.top_k <= 0 else s.top_k,  # 0: no top-k
-            repetition_penalty=s.repetition_penalty, pad_token_id=self.pad_id,
-            eos_token_id=None if s.ignore_eos else sorted(self.eos_ids), use_cache=True,
-            return_dict_in_generate=True, output_scores=True,
+            max_new_tokens=s.max_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else s.temperature,
+            top_p=1.0 if greedy else s.top_p,
+            top_k=0 if greedy or s.top_k <= 0 else s.top_k,  # 0: no top-k
+            repetition_penalty=s.repetition_penalty,
+            pad_token_id=self.pad_id,
+            eos_token_id=None if s.ignore_eos else sorted(self.eos_ids),
+            use_cache=True,
+            return_dict_in_generate=True,
+            output_scores=True,
         )
         criteria = StoppingCriteriaList([_StopStrings(self.tokenizer, s.stop, width)] if s.stop else [])
-        res = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                  generation_config=gen, stopping_criteria=criteria)
+        res = self.model.generate(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            generation_config=gen,
+            stopping_criteria=criteria,
+        )
         new = res.sequences[:, width:].cpu()  # (B, L)
         # scores: the logits after the request's processors (penalty, temperature, top-k/top-p masking), so
         # these are vLLM's default "processed" log-probs; one step at a time, never (B, L, V) at once
-        steps = [torch.log_softmax(x.float(), -1).gather(-1, new[:, t, None].to(x.device))[:, 0].cpu()  # (B,)
-                 for t, x in enumerate(res.scores)]
+        steps = [
+            torch.log_softmax(x.float(), -1).gather(-1, new[:, t, None].to(x.device))[:, 0].cpu()  # (B,)
+            for t, x in enumerate(res.scores)
+        ]
         chosen = torch.stack(steps, dim=1)  # (B, L)
         results = []
         for i in range(len(prompts)):
@@ -292,7 +319,7 @@ class _StopStrings(StoppingCriteria):
         self.window = 4 * max(len(s) for s in stops) + 4  # tokens: a byte-level token holds >= 1/4 character
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        tails = input_ids[:, self.prompt_width:][:, -self.window:].tolist()
+        tails = input_ids[:, self.prompt_width :][:, -self.window :].tolist()
         done = [any(s in self.tokenizer.decode(t) for s in self.stops) for t in tails]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
@@ -308,17 +335,30 @@ def _replica_class():
 
         async def launch_servers(self):
             if self.nnodes != 1:
-                raise ValueError("the hf rollout engine runs one server per replica on one node "
-                                 f"(rollout tensor_model_parallel_size spans {self.nnodes} nodes)")
-            node_ids = await asyncio.gather(*[w.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
-                                              for w in self.workers[:1]]) if self.workers else [None]
+                raise ValueError(
+                    "the hf rollout engine runs one server per replica on one node "
+                    f"(rollout tensor_model_parallel_size spans {self.nnodes} nodes)"
+                )
+            node_ids = (
+                await asyncio.gather(
+                    *[
+                        w.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
+                        for w in self.workers[:1]
+                    ]
+                )
+                if self.workers
+                else [None]
+            )
             options = {"name": _server_name(self.replica_rank), "num_cpus": 0, "max_concurrency": self.max_concurrency}
             if node_ids[0] is not None:
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_ids[0], soft=False)
-            server = ray.remote(HFGenerationServer).options(**options).remote(
-                config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+            server = (
+                ray.remote(HFGenerationServer)
+                .options(**options)
+                .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+            )
             await server.get_server_address.remote()  # raises here if the model cannot be loaded
             self.servers = [server]
             self._server_handle = server
@@ -370,8 +410,14 @@ def _adapter_class():
             return None
 
         @torch.no_grad()
-        async def update_weights(self, weights, global_steps: int | None = None, wire_format: str = "named_tensors",
-                                 peft_config=None, **kwargs):
+        async def update_weights(
+            self,
+            weights,
+            global_steps: int | None = None,
+            wire_format: str = "named_tensors",
+            peft_config=None,
+            **kwargs,
+        ):
             from verl.workers.rollout.utils import ensure_async_iterator
 
             if wire_format != "named_tensors":

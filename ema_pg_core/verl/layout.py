@@ -28,7 +28,7 @@ def lengths(data) -> tuple[torch.Tensor, torch.Tensor, int]:
             width = int(r_len.max().item())
     else:
         am = data["attention_mask"]
-        p_len, r_len = am[:, : prompts.shape[1]].sum(1), am[:, prompts.shape[1]:].sum(1)
+        p_len, r_len = am[:, : prompts.shape[1]].sum(1), am[:, prompts.shape[1] :].sum(1)
         width = responses.shape[1]
     return p_len, r_len, int(width)
 
@@ -39,7 +39,9 @@ def token_rows(offsets: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(lengths), device=offsets.device), lengths)
 
 
-def response_index(prompt_lens: torch.Tensor, response_lens: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def response_index(
+    prompt_lens: torch.Tensor, response_lens: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(idx (B, T) int64 packed position predicting response token t, valid (B, T) bool)."""
     if (prompt_lens <= 0).any():
         raise ValueError("every sequence needs a prompt token (the first response token is predicted from it)")

@@ -38,8 +38,17 @@ from ema_pg_core.verl.layout import packed_to_response, padded_response, respons
 KL_KEY = "emapg_kl"  # per-token Top-k KL from the logits-processor pass, packed (nnz,)
 
 
-def emapg_actor_loss(config, model_output=None, data=None, dp_group=None, student_logits=None, data_format="thd",
-                     *, kl: KLConfig, loss: LossConfig):
+def emapg_actor_loss(
+    config,
+    model_output=None,
+    data=None,
+    dp_group=None,
+    student_logits=None,
+    data_format="thd",
+    *,
+    kl: KLConfig,
+    loss: LossConfig,
+):
     """verl loss function (bind ``config``, ``kl``, ``loss`` with functools.partial; module-level, picklable)."""
     if student_logits is not None:
         return {KL_KEY: topk_kl_packed(student_logits, data, kl)}
@@ -63,9 +72,13 @@ def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> torch.Te
     B, T = logp.shape
     resp = lambda key: padded_response(data[key], B, T).to(logp.dtype)  # noqa: E731
     x = KLInputs(
-        logp=logp, ref_logp=resp("ref_log_prob"), old_logp=resp("old_log_probs"),
-        sampled=packed_to_response(tokens, data), topk_idx=packed_to_response(ids, data),
-        logits_k=packed_to_response(st.logits_k[0], data), lse=packed_to_response(st.lse[0], data),
+        logp=logp,
+        ref_logp=resp("ref_log_prob"),
+        old_logp=resp("old_log_probs"),
+        sampled=packed_to_response(tokens, data),
+        topk_idx=packed_to_response(ids, data),
+        logits_k=packed_to_response(st.logits_k[0], data),
+        lse=packed_to_response(st.lse[0], data),
         ref_logits_k=packed_to_response(data[keys["ref_logits_k"]].values(), data).to(logp.dtype),
         ref_lse=packed_to_response(data[keys["ref_lse"]].values(), data).to(logp.dtype),
     )
@@ -100,8 +113,12 @@ def final_loss(config, model_output, data, kl: KLConfig, loss: LossConfig):
     old, adv = resp("old_log_probs").to(logp.dtype), resp("advantages").to(logp.dtype)
 
     gbi = config.global_batch_info
-    gbi.update(dp_size=data["dp_size"], batch_num_tokens=data["batch_num_tokens"],
-               global_batch_size=data["global_batch_size"], loss_scale_factor=config.loss_scale_factor)
+    gbi.update(
+        dp_size=data["dp_size"],
+        batch_num_tokens=data["batch_num_tokens"],
+        global_batch_size=data["global_batch_size"],
+        loss_scale_factor=config.loss_scale_factor,
+    )
     mode = VERL_AGG[loss.agg]
     agg = lambda x: agg_loss(loss_mat=x, loss_mask=mask, loss_agg_mode=mode, **gbi)  # noqa: E731
     summed = data["dp_size"] > 1 or data["batch_num_tokens"] is not None or data["global_batch_size"] is not None
@@ -113,9 +130,12 @@ def final_loss(config, model_output, data, kl: KLConfig, loss: LossConfig):
     pg = agg(pg_tok)
     total = pg
     m = lambda x: (x * mask).sum() / mask.sum().clamp_min(1)  # noqa: E731  token-mean statistics
-    metrics = {"pg_loss": Metric(value=pg, aggregation=how),
-               "pg_clipfrac": m(ind["clip"]).item(), "pg_clipfrac_lower": m(ind["dual_clip"]).item(),
-               "ppo_kl": m(ind["neg_log_ratio"]).item()}
+    metrics = {
+        "pg_loss": Metric(value=pg, aggregation=how),
+        "pg_clipfrac": m(ind["clip"]).item(),
+        "pg_clipfrac_lower": m(ind["dual_clip"]).item(),
+        "ppo_kl": m(ind["neg_log_ratio"]).item(),
+    }
     if kl.coef > 0:
         est = get_estimator(kl.type)
         if est.needs == "topk":
@@ -125,7 +145,9 @@ def final_loss(config, model_output, data, kl: KLConfig, loss: LossConfig):
             x = KLInputs(logp=logp, ref_logp=resp("ref_log_prob").to(logp.dtype), old_logp=old)
             kl_tok = kl_per_token(kl.type, x, tail=kl.tail, iw=_iw(kl))
         else:
-            raise ValueError(f"KL estimator {kl.type!r} needs full-vocabulary logits; not supported by the verl backend")
+            raise ValueError(
+                f"KL estimator {kl.type!r} needs full-vocabulary logits; not supported by the verl backend"
+            )
         kl_value = agg(kl_tok)
         total = total + kl.coef * kl_value
         metrics.update({"kl_loss": Metric(value=kl_value, aggregation=how), "kl_coef": kl.coef})

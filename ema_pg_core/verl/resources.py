@@ -74,8 +74,14 @@ def _bundles(what: str, config, nnodes_key: str, gpus_key: str) -> Item:
     """A worker pool: one STRICT_PACK placement group per node of ``gpus_key`` bundles {CPU: 3, GPU: 1}."""
     nnodes, per_node = int(_get(config, nnodes_key)), int(_get(config, gpus_key))
     n = nnodes * per_node
-    return Item(what, ((nnodes_key, nnodes), (gpus_key, per_node)), n, BUNDLE_CPUS * n, n,
-                f"{BUNDLE_CPUS} CPUs + 1 GPU per bundle; one node holds each node's {per_node} bundles")
+    return Item(
+        what,
+        ((nnodes_key, nnodes), (gpus_key, per_node)),
+        n,
+        BUNDLE_CPUS * n,
+        n,
+        f"{BUNDLE_CPUS} CPUs + 1 GPU per bundle; one node holds each node's {per_node} bundles",
+    )
 
 
 def _transfer_queue(config) -> list[Item]:
@@ -91,14 +97,21 @@ def _transfer_queue(config) -> list[Item]:
 def _rollout_servers(config) -> Item:
     """One server actor per node of each rollout replica (replicas: trainer GPUs / rollout TP x DP x PP)."""
     r = "actor_rollout_ref.rollout."
-    tp, dp, pp = (int(_get(config, r + k, 1)) for k in
-                  ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"))
+    tp, dp, pp = (
+        int(_get(config, r + k, 1))
+        for k in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
+    )
     per_replica = tp * dp * pp
     world = int(_get(config, "trainer.nnodes")) * int(_get(config, "trainer.n_gpus_per_node"))
     per_node = min(int(_get(config, r + "n_gpus_per_node", per_replica)), per_replica)
     count = (world // per_replica) * (per_replica // per_node)
-    return Item(f"rollout server actors ({_get(config, r + 'name')})", ((r + "tensor_model_parallel_size", tp),),
-                count, 0, note="no Ray resources; they use the workers' GPUs")
+    return Item(
+        f"rollout server actors ({_get(config, r + 'name')})",
+        ((r + "tensor_model_parallel_size", tp),),
+        count,
+        0,
+        note="no Ray resources; they use the workers' GPUs",
+    )
 
 
 def _reward(config) -> list[Item]:
@@ -107,8 +120,15 @@ def _reward(config) -> list[Item]:
     items = [Item("reward-loop workers", ((key, n),), n, 0, note="no Ray resources")]
     manager = _get(config, "reward.reward_manager.name")
     if manager == "remote" and _get(config, "reward.reward_manager.source", "register") == "register":
-        items.append(Item("remote reward processes", ((key, n), ("reward.reward_manager.name", manager)), n * n,
-                          REMOTE_REWARD_CPUS * n * n, note=f"{n} per reward-loop worker"))
+        items.append(
+            Item(
+                "remote reward processes",
+                ((key, n), ("reward.reward_manager.name", manager)),
+                n * n,
+                REMOTE_REWARD_CPUS * n * n,
+                note=f"{n} per reward-loop worker",
+            )
+        )
     return items
 
 
@@ -120,20 +140,37 @@ def ray_demand(config) -> list[Item]:
     ``agent_loop_manager_class``/router and the TransferQueue backends other than SimpleStorage.
     """
     agents = int(_get(config, "actor_rollout_ref.rollout.agent.num_workers"))
-    items = [Item("TaskRunner", (), 1, TASK_RUNNER_CPUS, note="ray.remote(num_cpus=1) in ema_pg_core.verl.main"),
-             *_transfer_queue(config),
-             _bundles("actor/rollout/ref placement groups", config, "trainer.nnodes", "trainer.n_gpus_per_node")]
+    items = [
+        Item("TaskRunner", (), 1, TASK_RUNNER_CPUS, note="ray.remote(num_cpus=1) in ema_pg_core.verl.main"),
+        *_transfer_queue(config),
+        _bundles("actor/rollout/ref placement groups", config, "trainer.nnodes", "trainer.n_gpus_per_node"),
+    ]
     if _get(config, "reward.reward_model.enable_resource_pool", False):
-        items.append(_bundles("reward-model placement groups", config, "reward.reward_model.nnodes",
-                              "reward.reward_model.n_gpus_per_node"))
+        items.append(
+            _bundles(
+                "reward-model placement groups",
+                config,
+                "reward.reward_model.nnodes",
+                "reward.reward_model.n_gpus_per_node",
+            )
+        )
     if _get(config, "distillation.enabled", False):
-        items.append(_bundles("teacher placement groups", config, "distillation.nnodes",
-                              "distillation.n_gpus_per_node"))
-    return [*items, *_reward(config),
-            Item("agent-loop workers", (("actor_rollout_ref.rollout.agent.num_workers", agents),), agents, 0,
-                 note="no Ray resources"),
-            _rollout_servers(config),
-            Item("request load balancer", (), 1, 0, note="no Ray resources")]
+        items.append(
+            _bundles("teacher placement groups", config, "distillation.nnodes", "distillation.n_gpus_per_node")
+        )
+    return [
+        *items,
+        *_reward(config),
+        Item(
+            "agent-loop workers",
+            (("actor_rollout_ref.rollout.agent.num_workers", agents),),
+            agents,
+            0,
+            note="no Ray resources",
+        ),
+        _rollout_servers(config),
+        Item("request load balancer", (), 1, 0, note="no Ray resources"),
+    ]
 
 
 def check_fits(need: Sequence[Item], cluster_cpus: float, cluster_gpus: float) -> None:
@@ -153,7 +190,8 @@ def check_fits(need: Sequence[Item], cluster_cpus: float, cluster_gpus: float) -
         f"{_amount(cluster_cpus, 'CPU')} and {_amount(cluster_gpus, 'GPU')} (Ray would wait for them forever):{held}"
         + (f"\n  started as well, reserving nothing: {free}" if free else "")
         + "\nLower these settings, or give Ray more (ray_kwargs.ray_init.num_cpus / num_gpus for the local Ray "
-          "verl starts, or a bigger cluster).")
+        "verl starts, or a bigger cluster)."
+    )
 
 
 def _accelerator(config) -> str:
@@ -185,9 +223,13 @@ def _existing_address(environ: Mapping[str, str] = os.environ) -> str | None:
     return find_bootstrap_address(None)
 
 
-def cluster_size(config, cluster_resources: Callable[[], Mapping[str, float]] | None = None, *,
-                 detect: Callable[[str], float] = _detected,
-                 existing_address: Callable[[], str | None] = _existing_address) -> tuple[float, float] | None:
+def cluster_size(
+    config,
+    cluster_resources: Callable[[], Mapping[str, float]] | None = None,
+    *,
+    detect: Callable[[str], float] = _detected,
+    existing_address: Callable[[], str | None] = _existing_address,
+) -> tuple[float, float] | None:
     """(CPUs, GPUs) of the Ray cluster the run will use; None when that is unknown before Ray starts.
 
     With Ray running, pass ``ray.cluster_resources``: the cluster's totals (other jobs or Tune trials
@@ -206,5 +248,4 @@ def cluster_size(config, cluster_resources: Callable[[], Mapping[str, float]] | 
         return None
     cpus = _get(config, "ray_kwargs.ray_init.num_cpus")
     gpus = _get(config, "ray_kwargs.ray_init." + ("num_gpus" if accelerator == "GPU" else f"resources.{accelerator}"))
-    return (float(detect("CPU") if cpus is None else cpus),
-            float(detect(accelerator) if gpus is None else gpus))
+    return (float(detect("CPU") if cpus is None else cpus), float(detect(accelerator) if gpus is None else gpus))

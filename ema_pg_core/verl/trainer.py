@@ -39,7 +39,9 @@ def check_verl(config, section: EmaPGSection) -> None:
     if arr.actor.strategy != "fsdp2":
         problems.append(f"actor_rollout_ref.actor.strategy={arr.actor.strategy} (needs fsdp2)")
     if not arr.actor.use_kl_loss:
-        problems.append("actor_rollout_ref.actor.use_kl_loss=false (it must stay true: verl builds the reference only then)")
+        problems.append(
+            "actor_rollout_ref.actor.use_kl_loss=false (it must stay true: verl builds the reference only then)"
+        )
     if arr.model.get("use_fused_kernels", False):
         problems.append("actor_rollout_ref.model.use_fused_kernels=true (fused kernels never materialise logits)")
     if arr.model.get("lora_rank", 0) > 0 or (arr.model.get("lora") or {}).get("rank", 0) > 0:
@@ -122,9 +124,13 @@ class EmaPGTrainerSync(PPOTrainerSync):
         """
         import transfer_queue as tq
 
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses", "response_mask"])
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses", "response_mask"]
+        )
         original = data["response_mask"]
-        masked, truncated = drop_truncated(original, data["responses"].offsets().diff(), int(self.config.data.max_response_length))
+        masked, truncated = drop_truncated(
+            original, data["responses"].offsets().diff(), int(self.config.data.max_response_length)
+        )
         self._put(batch, {"response_mask": masked})
         metrics["train/dropped_truncated"] = truncated.float().mean().item()
         return original
@@ -134,4 +140,6 @@ class EmaPGTrainerSync(PPOTrainerSync):
         import transfer_queue as tq
         from tensordict import TensorDict
 
-        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(fields, batch_size=len(batch.keys)))
+        tq.kv_batch_put(
+            keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(fields, batch_size=len(batch.keys))
+        )

@@ -64,8 +64,9 @@ def keeps_all(keep) -> bool:
     return not (keep and isinstance(keep, int) and keep > 0)
 
 
-def step_dirs_to_remove(names: Iterable[str], current: int, keep: int | None,
-                        protected: int | None = None) -> list[str]:
+def step_dirs_to_remove(
+    names: Iterable[str], current: int, keep: int | None, protected: int | None = None
+) -> list[str]:
     """The ``global_step_N`` names to delete so that the newest ``keep`` steps up to ``current`` remain.
 
     ``names`` are the entries of the checkpoint root; anything that is not ``global_step_N`` is
@@ -130,11 +131,15 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         if "emapg" not in self.config:
-            raise ValueError("actor_rollout_ref.emapg is missing: launch through ema_pg_core.verl.main (trainer emapg_sync)")
+            raise ValueError(
+                "actor_rollout_ref.emapg is missing: launch through ema_pg_core.verl.main (trainer emapg_sync)"
+            )
         section = EmaPGSection.from_config(self.config.emapg)
         if self.role != "actor_rollout_ref":
-            raise ValueError(f"EMA-PG needs the actor and a separate reference in one worker (role actor_rollout_ref); "
-                             f"got role {self.role!r}. LoRA (ref_in_actor) has no separate reference to average.")
+            raise ValueError(
+                f"EMA-PG needs the actor and a separate reference in one worker (role actor_rollout_ref); "
+                f"got role {self.role!r}. LoRA (ref_in_actor) has no separate reference to average."
+            )
         super().init_model()
         self.emapg_setup(section)
 
@@ -151,11 +156,15 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
             raise ValueError("EMA-PG needs both an actor and a separate reference model")
         for name, w in (("actor", self.actor), ("ref", self.ref)):
             if w.engine_config.strategy != "fsdp2":
-                raise ValueError(f"{name} strategy is {w.engine_config.strategy!r}; EMA on local shards needs "
-                                 "actor_rollout_ref.actor.strategy=fsdp2 (FSDP1 flat parameters do not line up)")
+                raise ValueError(
+                    f"{name} strategy is {w.engine_config.strategy!r}; EMA on local shards needs "
+                    "actor_rollout_ref.actor.strategy=fsdp2 (FSDP1 flat parameters do not line up)"
+                )
         if section.anchor.tau < 1.0 and self.ref.engine_config.model_dtype not in ("fp32", "float32"):
-            raise ValueError(f"actor_rollout_ref.ref.fsdp_config.model_dtype={self.ref.engine_config.model_dtype!r}: with "
-                             f"tau={section.anchor.tau} a low-precision anchor rounds (1 - tau) steps away; use fp32")
+            raise ValueError(
+                f"actor_rollout_ref.ref.fsdp_config.model_dtype={self.ref.engine_config.model_dtype!r}: with "
+                f"tau={section.anchor.tau} a low-precision anchor rounds (1 - tau) steps away; use fp32"
+            )
         if getattr(self, "distillation_enabled", False):
             raise ValueError("EMA-PG's loss replaces verl's; distillation must be off")
         reclass(self.actor.engine)
@@ -168,7 +177,9 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
             # backward recomputes from; the pure-torch log-prob path leaves them intact.
             os.environ["VERL_DISABLE_FLASH_ATTN_CE"] = "1"
         self.ref.engine.checkpoint_manager = FSDPCheckpointManager(
-            model=self.ref.engine.module, optimizer=None, lr_scheduler=None,
+            model=self.ref.engine.module,
+            optimizer=None,
+            lr_scheduler=None,
             processing_class=self.ref.engine.model_config.get_processor(),
             checkpoint_config=CheckpointConfig(save_contents=["model"], load_contents=["model"]),
         )
@@ -183,8 +194,14 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
         self._anchor_updates += 1
         _barrier()
         metrics = drift(self.ref.engine.module, self.actor.engine.module)
-        metrics.update({"anchor/num_updates": float(self._anchor_updates), "anchor/updated": 1.0,
-                        "anchor/tau": self._emapg.anchor.tau, "anchor/last_iteration": float(iteration)})
+        metrics.update(
+            {
+                "anchor/num_updates": float(self._anchor_updates),
+                "anchor/updated": 1.0,
+                "anchor/tau": self._emapg.anchor.tau,
+                "anchor/last_iteration": float(iteration),
+            }
+        )
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
@@ -209,8 +226,12 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
         """The anchor's shards, then (rank 0) ``emapg_anchor.json``, whose presence marks it complete."""
         self.ref.save_checkpoint(path, None, global_step, keep)
         if _rank() == 0:
-            meta = {"tau": self._emapg.anchor.tau, "period": self._emapg.anchor.period,
-                    "num_updates": self._anchor_updates, "global_step": int(global_step)}
+            meta = {
+                "tau": self._emapg.anchor.tau,
+                "period": self._emapg.anchor.period,
+                "num_updates": self._anchor_updates,
+                "global_step": int(global_step),
+            }
             tmp = os.path.join(path, ANCHOR_META + ".tmp")
             with open(tmp, "w") as f:
                 json.dump(meta, f)
@@ -224,7 +245,8 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
             raise FileNotFoundError(
                 f"resuming EMA-PG (tau={self._emapg.anchor.tau}) from {local_path}, but the EMA anchor is not beside "
                 f"it ({meta_path} missing). Refusing to restart the anchor from the initial model. Resume from a "
-                "checkpoint written by emapg, or start a new run (trainer.resume_mode=disable).")
+                "checkpoint written by emapg, or start a new run (trainer.resume_mode=disable)."
+            )
         super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
         if self._emapg.anchor.tau < 1.0:
             self.ref.load_checkpoint(path, None, False)

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 
 class Retriever(Protocol):
@@ -79,4 +80,3 @@ def load_corpus(path: str) -> list[str]:
     if not passages:
         raise ValueError(f"--corpus {path!r} holds no passages")
     return passages
-

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -48,4 +48,3 @@ class BM25Retriever:
             top = np.argsort(-scores, kind="stable")[:k]  # stable: ties keep document order
             out.append([self.docs[i] for i in top if scores[i] > 0])
         return out
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import yaml
 
@@ -13,8 +13,7 @@ from experiments.retrieval import check_file, load_corpus
 from experiments.retrieval.bm25 import BM25Retriever
 from experiments.retrieval.service import DEFAULT_HOST, serve
 
-DESCRIPTION = ("Retrieval for search tasks: one interface, BM25 and e5 dense retrievers, "
-               "an HTTP server/client pair.")
+DESCRIPTION = "Retrieval for search tasks: one interface, BM25 and e5 dense retrievers, an HTTP server/client pair."
 
 
 RETRIEVERS = ("bm25", "e5")
@@ -27,8 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve a task's corpus or a corpus file over HTTP (POST /retrieve, GET /health)")
     p.add_argument("--task", default="search_tiny", help="task whose corpus is served (BM25)")
     p.add_argument("--corpus", help="serve this file instead (JSONL with 'contents', or one passage per line)")
-    p.add_argument("--retriever", default="bm25", choices=RETRIEVERS,
-                   help="bm25 (default) or e5 (dense; needs --corpus)")
+    p.add_argument(
+        "--retriever", default="bm25", choices=RETRIEVERS, help="bm25 (default) or e5 (dense; needs --corpus)"
+    )
     p.add_argument("--model", help="e5 only: encoder name or local dir (default: intfloat/e5-base-v2)")
     p.add_argument("--index", help="e5 only: prebuilt FAISS index of --corpus (e.g. Search-R1's e5_Flat.index)")
     p.add_argument("--batch-size", type=_positive_int, help="e5 only: texts per encoder batch (default: 64)")
@@ -49,8 +49,10 @@ def _check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error("task knobs do not apply to --corpus")
     given = [f"--{d.replace('_', '-')}" for d in E5_FLAGS if getattr(args, d) is not None]
     if args.retriever == "bm25" and given:
-        parser.error(f"{', '.join(given)}: only for --retriever e5 "
-                     f"(--retriever is one of: {', '.join(RETRIEVERS)}; default bm25)")
+        parser.error(
+            f"{', '.join(given)}: only for --retriever e5 "
+            f"(--retriever is one of: {', '.join(RETRIEVERS)}; default bm25)"
+        )
     if args.retriever == "e5" and not args.corpus:
         parser.error("--retriever e5 needs --corpus FILE (JSONL with 'contents', or one passage per line)")
     if args.index is not None:
@@ -120,8 +122,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         env, what = get_task(args.task).make_env(**knobs), args.task
         if env is None or not hasattr(env, "docs"):
-            raise ValueError(f"task {args.task!r} has no local corpus to serve; "
-                             "use --task search_tiny or --corpus FILE")
+            raise ValueError(
+                f"task {args.task!r} has no local corpus to serve; use --task search_tiny or --corpus FILE"
+            )
     print(f"serving {what} ({len(env.docs)} passages) on http://{args.host}:{args.port}", flush=True)
     serve(env, args.host, args.port)
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -66,8 +66,9 @@ def topk_in_doc_order(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
     return torch.stack(top_scores), torch.stack(top_ids)
 
 
-def exact_search(docs: torch.Tensor, queries: torch.Tensor, k: int,
-                 max_scores: int = 2**26) -> tuple[torch.Tensor, torch.Tensor]:
+def exact_search(
+    docs: torch.Tensor, queries: torch.Tensor, k: int, max_scores: int = 2**26
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Inner-product top-`k` of `queries` (Q, D) over `docs` (N, D) -> scores (Q, k), ids (Q, k).
 
     Queries go in chunks so the (chunk, N) score matrix holds at most `max_scores` floats (256 MB).
@@ -119,15 +120,18 @@ def _loading(model: str) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        raise ValueError(f"--model {model!r}: cannot load the encoder ({str(e).splitlines()[0]}); pass a local "
-                         "directory with the model and tokenizer, or run once with network access") from e
+        raise ValueError(
+            f"--model {model!r}: cannot load the encoder ({str(e).splitlines()[0]}); pass a local "
+            "directory with the model and tokenizer, or run once with network access"
+        ) from e
 
 
 class E5Encoder:
     """Texts -> L2-normalised mean-pooled embeddings (N, D) float32, with an e5 model from the hub or a local dir."""
 
-    def __init__(self, model: str = DEFAULT_MODEL, max_length: int = 256, batch_size: int = 64,
-                 device: str | None = None):
+    def __init__(
+        self, model: str = DEFAULT_MODEL, max_length: int = 256, batch_size: int = 64, device: str | None = None
+    ):
         from transformers import AutoModel, AutoTokenizer
 
         if max_length < 1 or batch_size < 1:
@@ -142,8 +146,9 @@ class E5Encoder:
     @torch.inference_mode()
     def encode_batch(self, texts: Sequence[str]) -> torch.Tensor:
         """One padded batch through the model -> (B, D) on the CPU."""
-        batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
-                               return_tensors="pt").to(self.device)
+        batch = self.tokenizer(
+            list(texts), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        ).to(self.device)
         hidden = self.model(**batch).last_hidden_state  # (B, T, D)
         return F.normalize(mean_pool(hidden, batch["attention_mask"]), dim=-1).float().cpu()  # (B, D)
 
@@ -154,7 +159,7 @@ class E5Encoder:
         show = progress and len(texts) > self.batch_size
         with progress_bar(len(texts), "encoding", unit="passage", show=show) as bar:
             for start in range(0, len(texts), self.batch_size):
-                chunk = [prefix + t for t in texts[start:start + self.batch_size]]
+                chunk = [prefix + t for t in texts[start : start + self.batch_size]]
                 yield self.encode_batch(chunk)
                 bar.update(len(chunk))
 
@@ -183,8 +188,10 @@ def read_faiss_index(path: str, num_docs: int, dim: int, model: str):
     faiss = import_faiss()
     index = faiss.read_index(check_file("--index", path))
     if index.ntotal != num_docs:
-        raise ValueError(f"--index {path!r} holds {index.ntotal} vectors but the corpus has {num_docs} passages; "
-                         "build it from this corpus with `emapg retriever index --corpus FILE --out FILE.index`")
+        raise ValueError(
+            f"--index {path!r} holds {index.ntotal} vectors but the corpus has {num_docs} passages; "
+            "build it from this corpus with `emapg retriever index --corpus FILE --out FILE.index`"
+        )
     if index.d != dim:
         raise ValueError(f"--index {path!r} holds {index.d}-dim vectors but --model {model} encodes {dim}-dim ones")
     if index.metric_type != faiss.METRIC_INNER_PRODUCT:
@@ -203,8 +210,17 @@ class DenseRetriever:
     encoding them. Unlike BM25 every query gets min(k, len(docs)) passages, even an empty one.
     """
 
-    def __init__(self, docs: Sequence[str], model: str = DEFAULT_MODEL, index_path: str | None = None, *,
-                 backend: str = "auto", max_length: int = 256, batch_size: int = 64, device: str | None = None):
+    def __init__(
+        self,
+        docs: Sequence[str],
+        model: str = DEFAULT_MODEL,
+        index_path: str | None = None,
+        *,
+        backend: str = "auto",
+        max_length: int = 256,
+        batch_size: int = 64,
+        device: str | None = None,
+    ):
         if not docs:
             raise ValueError("docs must be a non-empty sequence of passages")
         if backend not in BACKENDS:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -83,8 +83,9 @@ def serve(retriever: Retriever, host: str = DEFAULT_HOST, port: int = 8000) -> N
 
 
 @contextlib.contextmanager
-def running_server(retriever: Retriever, host: str = DEFAULT_HOST, port: int = 0,
-                   startup_timeout: float = 10.0) -> Iterator[str]:
+def running_server(
+    retriever: Retriever, host: str = DEFAULT_HOST, port: int = 0, startup_timeout: float = 10.0
+) -> Iterator[str]:
     """Serve `retriever` in a background thread; yields its base URL and shuts it down on exit.
 
     `port=0` lets the OS pick a free port.

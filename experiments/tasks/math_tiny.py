@@ -115,8 +115,13 @@ def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
         raise ValueError(f"n must be an integer >= 1; got {n!r}")
     k = make_knobs(Knobs, NAME, knobs)
     ds = reasoning_gym.create_dataset(
-        "chain_sum", min_terms=k.min_steps + 1, max_terms=k.steps + 1,
-        min_digits=k.min_digits, max_digits=k.digits, seed=seed, size=10**9,
+        "chain_sum",
+        min_terms=k.min_steps + 1,
+        max_terms=k.steps + 1,
+        min_digits=k.min_digits,
+        max_digits=k.digits,
+        seed=seed,
+        size=10**9,
     )
     out: dict[str, Example] = {}
     max_tries = 50 * n + 1000
@@ -126,8 +131,10 @@ def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
             out[ex.prompt] = ex
             if len(out) == n:
                 return list(out.values())
-    raise ValueError(f"math_tiny: only {len(out)} distinct {split} problems found for n={n}; "
-                     f"raise the difficulty knobs (digits, steps) or lower n (knobs: {asdict(k)})")
+    raise ValueError(
+        f"math_tiny: only {len(out)} distinct {split} problems found for n={n}; "
+        f"raise the difficulty knobs (digits, steps) or lower n (knobs: {asdict(k)})"
+    )
 
 
 def prompt(example: Example) -> str:
@@ -165,7 +172,7 @@ def extract_answer(response: str) -> str | None:
     while i < len(response) and depth:
         depth += {"{": 1, "}": -1}.get(response[i], 0)
         i += 1
-    return response[start + len("\\boxed{"): i - 1].strip() if depth == 0 else None
+    return response[start + len("\\boxed{") : i - 1].strip() if depth == 0 else None
 
 
 def evaluate(example: Example, response: str) -> int:

@@ -126,7 +126,7 @@ def _world(world_seed: int, n_people: int, n_cities: int, n_countries: int) -> W
     firsts, lasts = _words(rng, 40, 2, taken), _words(rng, 40, 2, taken)
     if n_people > len(firsts) * len(lasts):
         raise ValueError(f"search_tiny knob n_people must be <= {len(firsts) * len(lasts)}; got {n_people}")
-    names = rng.sample([f"{f} {l}" for f in firsts for l in lasts], n_people)
+    names = rng.sample([f"{first} {last}" for first in firsts for last in lasts], n_people)
     country_of = {c: rng.choice(countries) for c in cities}
     docs, questions = [], []
     for c in cities:
@@ -140,7 +140,9 @@ def _world(world_seed: int, n_people: int, n_cities: int, n_countries: int) -> W
         questions += [
             Question("born", p, f"Where was {p} born?", city, (p,), (born,)),
             Question("job", p, f"What is the job of {p}?", job, (p,), (works,)),
-            Question("born_country", p, f"Which country was {p} born in?", country_of[city], (p, city), (born, city_doc)),
+            Question(
+                "born_country", p, f"Which country was {p} born in?", country_of[city], (p, city), (born, city_doc)
+            ),
         ]
     retriever = BM25Retriever(docs)
     # Keep only questions whose every hop retrieves its fact, so demonstrations are always valid.
@@ -174,8 +176,10 @@ def _example(q: Question, k: Knobs) -> Example:
 def _draw(pool: list[Question], m: int, rng: random.Random, split: str) -> list[Question]:
     """`m` questions: shuffled passes over `pool` (test: at most one pass, i.e. all distinct)."""
     if split == "test" and m > len(pool):
-        raise ValueError(f"search_tiny test split has only {len(pool)} questions of this kind; "
-                         f"asked for {m} (lower n or raise n_people)")
+        raise ValueError(
+            f"search_tiny test split has only {len(pool)} questions of this kind; "
+            f"asked for {m} (lower n or raise n_people)"
+        )
     out: list[Question] = []
     while len(out) < m and pool:
         out += rng.sample(pool, min(len(pool), m - len(out)))
@@ -196,8 +200,9 @@ def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
     questions = [q for q in _world(*k.world()).questions if _split_of(q.subject) == split]
     rng = random.Random(f"{NAME}/{split}/{seed}")
     n2 = round(n * k.two_hop)
-    picked = (_draw([q for q in questions if len(q.hops) == 2], n2, rng, split)
-              + _draw([q for q in questions if len(q.hops) == 1], n - n2, rng, split))
+    picked = _draw([q for q in questions if len(q.hops) == 2], n2, rng, split) + _draw(
+        [q for q in questions if len(q.hops) == 1], n - n2, rng, split
+    )
     rng.shuffle(picked)
     return [_example(q, k) for q in picked]
 
@@ -219,7 +224,7 @@ def tool_response(response_so_far: str, retriever: Retriever, k: int = TOPK) -> 
         return None
     body = text[: -len(STOP)]
     start = body.rfind("<search>")
-    query = body[start + len("<search>"):].strip() if start != -1 else ""
+    query = body[start + len("<search>") :].strip() if start != -1 else ""
     passages = retriever.search(query, k) if query else []
     return "<information>" + " ".join(passages) + "</information>"
 
@@ -245,7 +250,7 @@ def extract_answer(response: str) -> str | None:
     if start == -1:
         return None
     end = response.find("</answer>", start)
-    return response[start + len("<answer>"): end].strip() if end != -1 else None
+    return response[start + len("<answer>") : end].strip() if end != -1 else None
 
 
 def normalize_answer(s: str) -> str:

@@ -1,5 +1,6 @@
 """analysis never imports torch or the core (docs/architecture.md, "Dependency rules"): each module is imported
 in a fresh interpreter and sys.modules is checked."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ from pathlib import Path
 import analysis
 
 ROOT = Path(__file__).resolve().parents[2]
-FORBIDDEN = ("torch", "ema_pg_core", "ray", "hydra", "wandb")   # wandb: only inside load_wandb
+FORBIDDEN = ("torch", "ema_pg_core", "ray", "hydra", "wandb")  # wandb: only inside load_wandb
 
 
 def analysis_modules() -> list[str]:
@@ -28,7 +29,9 @@ def test_no_forbidden_imports():
         "import importlib, json, sys\n"
         f"for m in {analysis_modules()!r}: importlib.import_module(m)\n"
         f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r})\n"
-        "print(json.dumps(bad))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120, check=True)
+        "print(json.dumps(bad))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []

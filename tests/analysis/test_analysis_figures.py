@@ -1,4 +1,5 @@
 """Every figure module renders on synthetic data: labelled axes, a legend, PNG + PDF written."""
+
 from __future__ import annotations
 
 import sys
@@ -7,8 +8,16 @@ import pytest
 from matplotlib.figure import Figure
 
 from analysis import load
-from analysis.figures import (ablation, anchor_horizon, estimator_bias, learning_curves,
-                              stability_region, style, topk_variance, training_dynamics)
+from analysis.figures import (
+    ablation,
+    anchor_horizon,
+    estimator_bias,
+    learning_curves,
+    stability_region,
+    style,
+    topk_variance,
+    training_dynamics,
+)
 
 
 def check(fig: Figure, tmp_path, name: str) -> None:
@@ -34,7 +43,7 @@ def test_learning_curves(frames, tmp_path):
     assert len(fig.axes) == 2 and "(%)" in fig.axes[0].get_ylabel()
     assert fig.axes[1].get_title() == "EMA anchor"
     ci_bands = [c for c in fig.axes[0].collections if c.get_alpha() == style.CI_ALPHA]
-    assert len(ci_bands) == 3                                           # one band per variant
+    assert len(ci_bands) == 3  # one band per variant
     check(fig, tmp_path, "curves")
     assert len(learning_curves.make(metrics, "eval/math_tiny/acc", "eval_anchor/nope/acc").axes) == 1
     with pytest.raises(ValueError, match="never logged"):
@@ -77,8 +86,8 @@ def test_estimator_bias(audit_records, tmp_path):
 
 def test_topk_variance(audit_records, tmp_path):
     fig = topk_variance.make(audit_records["topk_sweep"])
-    assert len(fig.axes) == 4 and all(ax.get_yscale() == "log" for ax in fig.axes)   # variance + bias
-    assert len(fig.legends[0].get_texts()) == 4                  # (reverse, forward) x (paper, unbiased)
+    assert len(fig.axes) == 4 and all(ax.get_yscale() == "log" for ax in fig.axes)  # variance + bias
+    assert len(fig.legends[0].get_texts()) == 4  # (reverse, forward) x (paper, unbiased)
     check(fig, tmp_path, "topk")
 
 
@@ -93,7 +102,7 @@ def test_stability_region(audit_records, tmp_path):
     assert style.OURS_TOY in fig.get_suptitle()
     assert [ax.get_title() for ax in fig.axes] == ["η = 0", "η = 0.5", "η = 0.9"]
     check(fig, tmp_path, "stability")
-    irregular = audit_records["stability_grid"][:-5]                   # not a full grid: scatter
+    irregular = audit_records["stability_grid"][:-5]  # not a full grid: scatter
     assert stability_region.make(irregular).axes[0].collections
 
 

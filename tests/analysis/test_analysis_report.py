@@ -1,4 +1,5 @@
 """analysis.report on a synthetic sweep directory and on synthetic audit records."""
+
 from __future__ import annotations
 
 import json
@@ -21,18 +22,18 @@ def test_report_on_sweep(sweep_dir, tmp_path):
 
     index = (out / "index.md").read_text()
     assert "11 runs found (1 failed, 9 finished, 1 running)" in index
-    assert "(running, truncated)" in index and "(failed)" in index            # listed, not dropped
-    assert "kl_type never varies with the other knobs held fixed" in index     # skipped, with reason
+    assert "(running, truncated)" in index and "(failed)" in index  # listed, not dropped
+    assert "kl_type never varies with the other knobs held fixed" in index  # skipped, with reason
     assert "[png](math_tiny_curve_math_tiny.png)" in index
-    assert "math_tiny: eval/math_tiny/acc (and the anchor's) vs iteration" in index   # task == benchmark:
-    assert "math_tiny · math_tiny" not in index                                    # named once
+    assert "math_tiny: eval/math_tiny/acc (and the anchor's) vs iteration" in index  # task == benchmark:
+    assert "math_tiny · math_tiny" not in index  # named once
     html = (out / "index.html").read_text()
     assert '<img src="math_tiny_dynamics.png"' in html and "<table" in html
     # the front page: results first, the main table inline, provenance once per section and collapsed
     assert index.index("## math_tiny") < index.index("## All runs") < index.index("## Skipped")
-    main_md = (out / "math_tiny_main.md").read_text().split("\n\n", 1)[1]   # the table below the caption
+    main_md = (out / "math_tiny_main.md").read_text().split("\n\n", 1)[1]  # the table below the caption
     assert main_md.splitlines()[0] in index and "| GRPO (k3) — ours, 3 seeds |" in index
-    assert index.count("[^1]") == 2 and index.count("[^2]") == 2 and "[^3]" not in index   # reference + footnote
+    assert index.count("[^1]") == 2 and index.count("[^2]") == 2 and "[^3]" not in index  # reference + footnote
     assert index.count("runs (9): math_tiny__") == 1 and index.count("runs (11): math_tiny__") == 1
     assert html.count("<details") == 2 and html.count("runs (9): math_tiny__") == 1
     assert html.index("<h2>math_tiny</h2>") < html.index("<h2>All runs</h2>")
@@ -41,14 +42,14 @@ def test_report_on_sweep(sweep_dir, tmp_path):
     prov = {o["title"]: o for o in json.loads((out / "provenance.json").read_text())["outputs"]}
     main = prov["math_tiny: policy acc, pass@1 and anchor acc per method"]
     assert len(main["run_ids"]) == 9 and len(main["config_hashes"]) == 9 and len(main["wandb_run_ids"]) == 9
-    assert not any("s7__" in r or "s8__" in r for r in main["run_ids"])       # unfinished excluded
+    assert not any("s7__" in r or "s8__" in r for r in main["run_ids"])  # unfinished excluded
     assert len(prov["All runs with status"]["run_ids"]) == 11
 
 
 def test_report_include_incomplete(sweep_dir, tmp_path):
     report.report(sweep_dir, tmp_path, reps=50, include_incomplete=True)
     main = (tmp_path / "math_tiny_main.md").read_text()
-    assert "— ours, 5 seeds" in main                                           # 3 + failed + partial
+    assert "— ours, 5 seeds" in main  # 3 + failed + partial
 
 
 def test_report_errors(tmp_path):
@@ -59,10 +60,18 @@ def test_report_errors(tmp_path):
 def test_figures(audit_records, tmp_path):
     paths = report.figures(audit_records, tmp_path)
     names = {p.name for p in paths}
-    assert {"kl_estimators.md", "kl_estimators.tex", "kl_estimators.csv", "kl_estimators_bias.png",
-            "topk_variance.pdf", "anchor_horizon.png", "stability_region.png", "index.html"} <= names
+    assert {
+        "kl_estimators.md",
+        "kl_estimators.tex",
+        "kl_estimators.csv",
+        "kl_estimators_bias.png",
+        "topk_variance.pdf",
+        "anchor_horizon.png",
+        "stability_region.png",
+        "index.html",
+    } <= names
     index = (tmp_path / "index.md").read_text()
-    assert index.count("vocab_size: 12") == 1 and "| topk | reverse | paper | 4 |" in index   # one footnote, inline
+    assert index.count("vocab_size: 12") == 1 and "| topk | reverse | paper | 4 |" in index  # one footnote, inline
     assert (tmp_path / "index.html").read_text().count("<details") == 1
 
 
@@ -83,10 +92,10 @@ def test_cli_entry_points(sweep_dir, audit_records, tmp_path, capsys):
     horizon = {"anchor_horizon": audit_records["anchor_horizon"]}
     calls = []
     assert report.main_figures(["--out", str(tmp_path / "f")], lambda: calls.append(1) or horizon) == 0
-    assert calls == [1] and (tmp_path / "f" / "anchor_horizon.pdf").is_file()   # a callable ...
-    assert report.main_figures(["--out", str(tmp_path / "g")], horizon) == 0   # ... or the records
+    assert calls == [1] and (tmp_path / "f" / "anchor_horizon.pdf").is_file()  # a callable ...
+    assert report.main_figures(["--out", str(tmp_path / "g")], horizon) == 0  # ... or the records
     with pytest.raises(SystemExit):
-        report.main_report(["--out", str(tmp_path)])                           # neither dir nor W&B
+        report.main_report(["--out", str(tmp_path)])  # neither dir nor W&B
 
 
 def test_figures_from_the_core_audit(tmp_path):
@@ -95,20 +104,28 @@ def test_figures_from_the_core_audit(tmp_path):
     from ema_pg_core import audit
 
     paths = report.figures(audit.records(V=8, k=3, seeds=range(3)), tmp_path)
-    assert {"kl_estimators_bias.png", "topk_variance.png", "anchor_horizon.png", "stability_region.png",
-            "index.md"} <= {p.name for p in paths}
+    assert {
+        "kl_estimators_bias.png",
+        "topk_variance.png",
+        "anchor_horizon.png",
+        "stability_region.png",
+        "index.md",
+    } <= {p.name for p in paths}
     import pandas as pd
+
     cells = pd.read_csv(tmp_path / "kl_estimators.csv")
-    verdict = {(r.estimator, r.tail if isinstance(r.tail, str) else None): (r.value_unbiased, r.grad_unbiased)
-               for r in cells.itertuples()}
+    verdict = {
+        (r.estimator, r.tail if isinstance(r.tail, str) else None): (r.value_unbiased, r.grad_unbiased)
+        for r in cells.itertuples()
+    }
     assert verdict[("k1", None)] == (True, False) and verdict[("k2", None)] == (False, True)
     assert verdict[("k3", None)] == (True, False)
     for name in ("k3++", "k4", "k5"):
         assert verdict[(name, None)] == (True, True)
     for direction in ("reverse", "forward"):
-        assert verdict[(f"topk_{direction}", "paper")] == (True, False)        # the paper tail's gradient bias
+        assert verdict[(f"topk_{direction}", "paper")] == (True, False)  # the paper tail's gradient bias
         assert verdict[(f"topk_{direction}", "unbiased")] == (True, True)
-        assert verdict[(f"topk_{direction}", "none")][0] is False              # truncated: value biased
+        assert verdict[(f"topk_{direction}", "none")][0] is False  # truncated: value biased
     table = (tmp_path / "kl_estimators.md").read_text()
     assert "| topk_reverse | reverse | paper | 3 |" in table
 

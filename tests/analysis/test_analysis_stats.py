@@ -1,4 +1,5 @@
 """analysis.stats against values worked out by hand (in the comments)."""
+
 from __future__ import annotations
 
 import math
@@ -31,10 +32,10 @@ def test_probability_of_improvement_by_hand():
 
 
 def test_pass_at_k_by_hand():
-    assert stats.pass_at_k(10, 3, 1) == pytest.approx(0.3)           # pass@1 = c/n
-    assert stats.pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)     # 1 - C(3,2)/C(5,2)
-    assert stats.pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)      # 1 - C(3,2)/C(4,2)
-    assert stats.pass_at_k(5, 4, 2) == 1.0                           # n-c=1 < k: every draw hits
+    assert stats.pass_at_k(10, 3, 1) == pytest.approx(0.3)  # pass@1 = c/n
+    assert stats.pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert stats.pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    assert stats.pass_at_k(5, 4, 2) == 1.0  # n-c=1 < k: every draw hits
     assert stats.pass_at_k(5, 0, 3) == 0.0
     np.testing.assert_allclose(stats.pass_at_k([10, 5], [3, 2], 1), [0.3, 0.4])
     # large n: the product form stays finite where the binomials overflow a float
@@ -66,13 +67,13 @@ def test_bootstrap_is_stratified_by_task():
 def test_bootstrap_seeded_and_sane():
     x = np.array([0.31, 0.35, 0.29, 0.40, 0.33])
     a = stats.bootstrap_ci(x, stats.iqm, reps=300, seed=7)
-    assert a == stats.bootstrap_ci(x, stats.iqm, reps=300, seed=7)           # same seed, same CI
-    y = np.random.default_rng(0).normal(size=40)                             # many distinct means
+    assert a == stats.bootstrap_ci(x, stats.iqm, reps=300, seed=7)  # same seed, same CI
+    y = np.random.default_rng(0).normal(size=40)  # many distinct means
     assert stats.bootstrap_ci(y, reps=300, seed=7) != stats.bootstrap_ci(y, reps=300, seed=8)
     m, lo, hi = stats.bootstrap_ci(x, reps=300, seed=0)
     assert m == pytest.approx(x.mean()) and x.min() <= lo < m < hi <= x.max()
     m1, lo1, hi1 = stats.bootstrap_ci([0.4], reps=100)
-    assert m1 == 0.4 and math.isnan(lo1) and math.isnan(hi1)                 # one seed: no CI
+    assert m1 == 0.4 and math.isnan(lo1) and math.isnan(hi1)  # one seed: no CI
     with pytest.raises(ValueError, match="NaN"):
         stats.bootstrap_ci([0.1, float("nan")])
 
@@ -96,8 +97,17 @@ def test_summarize_and_curve_bands():
 
 
 def test_pass_at_k_frame():
-    ev = pd.DataFrame({"run_id": "r", "iteration": 5, "model": "policy", "benchmark": "b",
-                       "problem_id": ["p0", "p1"], "n": [4, 4], "n_correct": [1, 4]})
+    ev = pd.DataFrame(
+        {
+            "run_id": "r",
+            "iteration": 5,
+            "model": "policy",
+            "benchmark": "b",
+            "problem_id": ["p0", "p1"],
+            "n": [4, 4],
+            "n_correct": [1, 4],
+        }
+    )
     out = stats.pass_at_k_frame(ev, [1, 2, 8])
     # pass@1: mean(1/4, 1) = 0.625; pass@2: mean(1 - C(3,2)/C(4,2), 1) = mean(0.5, 1) = 0.75
     assert out.loc[0, "pass@1"] == pytest.approx(0.625) and out.loc[0, "pass@2"] == pytest.approx(0.75)

@@ -40,8 +40,14 @@ def _ports(n):
 
 
 def _env():
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
-               WANDB_MODE="disabled", HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ,
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+        WANDB_MODE="disabled",
+        HF_HUB_OFFLINE="1",
+    )
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env.pop("RAY_ADDRESS", None)
     return env
@@ -55,14 +61,33 @@ def head():
     wmin = 20000 + (os.getpid() % 200) * 100
     tmp = tempfile.mkdtemp(prefix="emapg_ray_", dir="/tmp")  # short: Ray's unix sockets live here
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
-    cmd = [ray, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
-           "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
-           f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
-           f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={renv}",
-           f"--metrics-export-port={metrics}", f"--node-manager-port={nm}", f"--object-manager-port={om}",
-           f"--min-worker-port={wmin}", f"--max-worker-port={wmin + 99}",
-           "--num-cpus=2", "--num-gpus=0", f"--temp-dir={tmp}", "--disable-usage-stats"]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    cmd = [
+        ray,
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        f"--port={gcs}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dash}",
+        "--include-dashboard=true",
+        f"--ray-client-server-port={client}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--runtime-env-agent-port={renv}",
+        f"--metrics-export-port={metrics}",
+        f"--node-manager-port={nm}",
+        f"--object-manager-port={om}",
+        f"--min-worker-port={wmin}",
+        f"--max-worker-port={wmin + 99}",
+        "--num-cpus=2",
+        "--num-gpus=0",
+        f"--temp-dir={tmp}",
+        "--disable-usage-stats",
+    ]
+    proc = subprocess.Popen(
+        cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     url = f"http://127.0.0.1:{dash}"
     try:
         import httpx
@@ -105,7 +130,9 @@ def _wait_status(url, job_id, want, timeout=180):
         if status in ("SUCCEEDED", "FAILED", "STOPPED"):
             break
         time.sleep(1)
-    raise AssertionError(f"job {job_id} ended {status}, wanted {want}; logs:\n{_run('logs', job_id, '--address', url)[1]}")
+    raise AssertionError(
+        f"job {job_id} ended {status}, wanted {want}; logs:\n{_run('logs', job_id, '--address', url)[1]}"
+    )
 
 
 def test_submit_status_logs(head):
@@ -121,15 +148,18 @@ def test_submit_status_logs(head):
 
 def test_working_dir_is_uploaded(head, tmp_path):
     (tmp_path / "hello.py").write_text("import os; print('cwd has', sorted(os.listdir('.')))\n")
-    rc, out = _run("submit", "--address", head, "--working-dir", str(tmp_path), "--env", "EMAPG_X=1",
-                   "--", "python", "hello.py")
+    rc, out = _run(
+        "submit", "--address", head, "--working-dir", str(tmp_path), "--env", "EMAPG_X=1", "--", "python", "hello.py"
+    )
     job_id = out.strip()
     _wait_status(head, job_id, "SUCCEEDED")
     assert "cwd has ['hello.py']" in _run("logs", job_id, "--address", head)[1]
 
 
 def test_stop(head):
-    rc, out = _run("submit", "--address", head, "--working-dir", "", "--", "python", "-c", "import time; time.sleep(120)")
+    rc, out = _run(
+        "submit", "--address", head, "--working-dir", "", "--", "python", "-c", "import time; time.sleep(120)"
+    )
     job_id = out.strip()
     time.sleep(3)
     rc, msg = _run("stop", job_id, "--address", head)
@@ -146,8 +176,19 @@ def test_sweep_entrypoint_dry_run():
 
 
 def test_slurm_render(tmp_path):
-    rc, out = _run("slurm", "--site", str(REPO / "cluster/sites/example.yaml"), "--nodes", "3", "--",
-                   "emapg", "sweep", "sweeps/math_deepscaler_ema_pg.yaml", "--address", "auto")
+    rc, out = _run(
+        "slurm",
+        "--site",
+        str(REPO / "cluster/sites/example.yaml"),
+        "--nodes",
+        "3",
+        "--",
+        "emapg",
+        "sweep",
+        "sweeps/math_deepscaler_ema_pg.yaml",
+        "--address",
+        "auto",
+    )
     assert rc == 0
     assert "#SBATCH --nodes=3" in out and "#SBATCH --partition=gpu" in out and "#SBATCH --gpus-per-node=8" in out
     assert "ray start --head" in out and 'ray start --address="$head_ip:6379"' in out
@@ -169,8 +210,22 @@ def test_small_local_sweep_as_a_job(head, tmp_path):
         "seeds: [0]\nmetric: eval/math_tiny/acc\nmode: max\nresources: {cpu: 1, gpu: 0}\nmax_concurrent: 1\n"
     )
     out_dir = tmp_path / "sweep_out"
-    rc, out = _run("submit", str(spec), "--address", head, "--out", str(out_dir), "--working-dir", str(REPO),
-                   "--env", "WANDB_MODE=disabled", "--env", "EMAPG_PROGRESS=0", "--env", f"EMAPG_CACHE={tmp_path / 'cache'}")
+    rc, out = _run(
+        "submit",
+        str(spec),
+        "--address",
+        head,
+        "--out",
+        str(out_dir),
+        "--working-dir",
+        str(REPO),
+        "--env",
+        "WANDB_MODE=disabled",
+        "--env",
+        "EMAPG_PROGRESS=0",
+        "--env",
+        f"EMAPG_CACHE={tmp_path / 'cache'}",
+    )
     assert rc == 0, out
     job_id = out.strip()
     _wait_status(head, job_id, "SUCCEEDED", timeout=900)

@@ -78,7 +78,9 @@ def test_topk_sweep_interpolates_between_sampled_and_exact():
         for tail in ("paper", "unbiased", "none"):
             s = sorted((r for r in rows if r["direction"] == direction and r["tail"] == tail), key=lambda r: r["k"])
             assert [r["k"] for r in s] == list(range(V + 1))
-            assert s[-1]["value_variance"] == 0.0 and s[-1]["value_bias"] < 1e-13 and s[-1]["grad_bias"] < 1e-13  # exact
+            assert (
+                s[-1]["value_variance"] == 0.0 and s[-1]["value_bias"] < 1e-13 and s[-1]["grad_bias"] < 1e-13
+            )  # exact
             if tail == "paper":  # k=0 is exactly K4 / K5
                 assert s[0]["value_variance"] == pytest.approx(sampled[tail0]["variance"], rel=1e-10)
             if tail != "none":
@@ -97,10 +99,12 @@ def test_anchor_horizon_matches_the_spec_table():
     """docs/algorithm.md, "Horizon", P = 10: tau 0.9 -> half-life 65.8, time constant 100; tau 0.95 -> 135.1, 200."""
     rows = {r["tau"]: r for r in audit.anchor_horizon(taus=(0.9, 0.95, 1.0), periods=(10,))}
     assert rows[0.9]["half_life"] == pytest.approx(65.8, abs=0.05) and rows[0.9]["time_constant"] == pytest.approx(100)
-    assert rows[0.95]["half_life"] == pytest.approx(135.1, abs=0.05) and rows[0.95]["time_constant"] == pytest.approx(200)
+    assert rows[0.95]["half_life"] == pytest.approx(135.1, abs=0.05) and rows[0.95]["time_constant"] == pytest.approx(
+        200
+    )
     assert math.isinf(rows[1.0]["half_life"]) and math.isinf(rows[1.0]["time_constant"])  # fixed anchor
     # per-iteration decay tau^(1/P): 0.98952 and 0.99488 (spec table)
-    assert 0.9 ** 0.1 == pytest.approx(0.98952, abs=5e-6) and 0.95 ** 0.1 == pytest.approx(0.99488, abs=5e-6)
+    assert 0.9**0.1 == pytest.approx(0.98952, abs=5e-6) and 0.95**0.1 == pytest.approx(0.99488, abs=5e-6)
     assert audit.half_life(0.0, 10) == 0.0
 
 

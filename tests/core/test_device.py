@@ -39,8 +39,11 @@ def test_resolve_device_without_cuda(monkeypatch):
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto") == torch.device("cpu")
     for name in ("cuda", "cuda:1"):
-        with pytest.raises(ValueError, match=rf"^trainer\.device='{name}' but CUDA is not available on this machine; "
-                                             r"allowed here: cpu, auto$"):
+        with pytest.raises(
+            ValueError,
+            match=rf"^trainer\.device='{name}' but CUDA is not available on this machine; "
+            r"allowed here: cpu, auto$",
+        ):
             resolve_device(name)
     with pytest.raises(ValueError, match=r"trainer\.device='tpu9' is not allowed"):
         resolve_device("tpu9")
@@ -122,8 +125,12 @@ def test_every_tensor_of_an_iteration_and_an_evaluation_lives_on_the_configured_
     assert sum(rec.devices.values()) > 10_000  # it saw the work, not an empty trace
     assert {"multinomial", "randperm"} <= rec.calls  # sampling and mini-batch order with the trainer's generator
     assert set(rec.devices) == {tr.device} == {torch.device("cpu")}
-    state = [*tr.policy.state_dict().values(), *tr.anchor.module.state_dict().values(), *(tr.anchor.shadow or []),
-             *(v for s in tr.opt.state.values() for v in s.values())]
+    state = [
+        *tr.policy.state_dict().values(),
+        *tr.anchor.module.state_dict().values(),
+        *(tr.anchor.shadow or []),
+        *(v for s in tr.opt.state.values() for v in s.values()),
+    ]
     assert {t.device for t in state} == {torch.device("cpu")} and tr.gen.device == tr.device
 
 

@@ -44,7 +44,10 @@ def make_models(B, T, V, H, dtype, seed):
     f64 = torch.float64
     h = torch.randn(B, T, H, generator=g, dtype=f64)
     W, b = torch.randn(V, H, generator=g, dtype=f64) / H**0.5, 0.5 * torch.randn(V, generator=g, dtype=f64)
-    Wr, br = W + 0.3 * torch.randn(V, H, generator=g, dtype=f64) / H**0.5, b + 0.1 * torch.randn(V, generator=g, dtype=f64)
+    Wr, br = (
+        W + 0.3 * torch.randn(V, H, generator=g, dtype=f64) / H**0.5,
+        b + 0.1 * torch.randn(V, generator=g, dtype=f64),
+    )
     Wo = W + 0.2 * torch.randn(V, H, generator=g, dtype=f64) / H**0.5
     tok = torch.randint(V, (B, T), generator=g)
     h, W, b = (t.to(dtype).requires_grad_(True) for t in (h, W, b))
@@ -76,29 +79,42 @@ def kl_grads(direction, tail, temperature, use_iw, *, B, T, V, H, K, dtype, chun
         loss = (w * kl).sum()
         return loss.detach(), torch.autograd.grad(loss, (h, W, b))
 
-    fused = fused and run(lambda: token_stats_from_hidden(h, W, b, tok, indices=idx, temperature=temperature,
-                                                          chunk_size=chunk, vocab_chunk_size=vchunk))
+    fused = fused and run(
+        lambda: token_stats_from_hidden(
+            h, W, b, tok, indices=idx, temperature=temperature, chunk_size=chunk, vocab_chunk_size=vchunk
+        )
+    )
     naive = run(lambda: naive_stats(h, W, b, tok, indices=idx, temperature=temperature))
     return fused, naive
 
 
-CASES = [(d, t, temp, iw) for d in ("reverse", "forward") for t in ("paper", "unbiased", "none")
-         for temp in (1.0, 0.7) for iw in (False, True)]
+CASES = [
+    (d, t, temp, iw)
+    for d in ("reverse", "forward")
+    for t in ("paper", "unbiased", "none")
+    for temp in (1.0, 0.7)
+    for iw in (False, True)
+]
 
 
 @pytest.mark.parametrize("direction,tail,temperature,use_iw", CASES)
 def test_fused_topk_kl_gradients_equal_naive_float64(direction, tail, temperature, use_iw):
     # V=23 in vocabulary blocks of 5 (the last block has 3 columns), K=6 > 5 so heads span blocks
-    (vf, gf), (vn, gn) = kl_grads(direction, tail, temperature, use_iw, B=2, T=7, V=23, H=6, K=6,
-                                  dtype=torch.float64, chunk=3, vchunk=5)
+    (vf, gf), (vn, gn) = kl_grads(
+        direction, tail, temperature, use_iw, B=2, T=7, V=23, H=6, K=6, dtype=torch.float64, chunk=3, vchunk=5
+    )
     assert torch.allclose(vf, vn, atol=1e-10, rtol=0)
     for name, a, c in zip(("h", "W", "b"), gf, gn):
         assert (a - c).abs().max() < 1e-10, (name, (a - c).abs().max().item())
 
 
 # float32: temperature and the importance weight are switched together (the float64 test crosses them)
-MEDIUM = [(d, t, temp, iw) for d in ("reverse", "forward") for temp, iw in ((1.0, False), (0.7, True))
-          for t in ("paper", "unbiased", "none")]
+MEDIUM = [
+    (d, t, temp, iw)
+    for d in ("reverse", "forward")
+    for temp, iw in ((1.0, False), (0.7, True))
+    for t in ("paper", "unbiased", "none")
+]
 
 
 @pytest.mark.parametrize("direction,tail,temperature,use_iw", MEDIUM)
@@ -147,10 +163,17 @@ def test_blocked_stats_values_and_gradients(chunk, vchunk, own_topk):
 def test_logits_path_blocked_over_vocabulary(vchunk):
     h, W, b, _, _, tok = make_models(2, 7, 23, 6, torch.float64, seed=12)
     logits = torch.nn.functional.linear(h, W, b).detach().requires_grad_(True)
-    fast = token_stats_from_logits(logits, tok, k=4, chunk_size=7, vocab_chunk_size=vchunk, entropy=True, temperature=0.8)
+    fast = token_stats_from_logits(
+        logits, tok, k=4, chunk_size=7, vocab_chunk_size=vchunk, entropy=True, temperature=0.8
+    )
     slow = naive_stats(h.detach(), W.detach(), b.detach(), tok, k=4, temperature=0.8)
     assert torch.equal(fast.indices, slow.indices)
-    for a, c in ((fast.logp, slow.logp), (fast.lse, slow.lse), (fast.logits_k, slow.logits_k), (fast.entropy, slow.entropy)):
+    for a, c in (
+        (fast.logp, slow.logp),
+        (fast.lse, slow.lse),
+        (fast.logits_k, slow.logits_k),
+        (fast.entropy, slow.entropy),
+    ):
         assert torch.allclose(a, c, atol=1e-12, rtol=0)
     (g,) = torch.autograd.grad(fast.logp.sum() + fast.entropy.sum() + fast.logits_k.sum(), logits)
     z = logits / 0.8
@@ -165,7 +188,9 @@ def test_one_vocabulary_block_is_the_unblocked_computation():
     h, W, b, _, _, tok = make_models(2, 7, 23, 6, torch.float32, seed=13)
     a = token_stats_from_hidden(h, W, b, tok, k=5, chunk_size=4, entropy=True)
     c = token_stats_from_hidden(h, W, b, tok, k=5, chunk_size=4, entropy=True, vocab_chunk_size=23)
-    for x, y in zip((a.logp, a.lse, a.logits_k, a.indices, a.entropy), (c.logp, c.lse, c.logits_k, c.indices, c.entropy)):
+    for x, y in zip(
+        (a.logp, a.lse, a.logits_k, a.indices, a.entropy), (c.logp, c.lse, c.logits_k, c.indices, c.entropy)
+    ):
         assert torch.equal(x, y)
 
 

@@ -33,6 +33,7 @@ def float64():
     yield
     torch.set_default_dtype(old)
 
+
 SAMPLED = ["k1", "k2", "k3", "k3++", "k4", "k5", "k1+", "k3+"]
 
 
@@ -71,7 +72,10 @@ def exact_kl(z, zr, direction):
     return (lq.exp() * (lq - lr)).sum() if direction == "reverse" else (lr.exp() * (lr - lq)).sum()
 
 
-def expectation(name, z, zr, zo=None, k=0, tail="unbiased", iw=ImportanceWeight()):
+NO_IW = ImportanceWeight()
+
+
+def expectation(name, z, zr, zo=None, k=0, tail="unbiased", iw=NO_IW):
     """Exact (E[value], E[grad wrt z]) of an estimator under pi_s (= pi_old if zo else pi_theta)."""
     head_of = "ref" if get_estimator(name).direction == "forward" else "old"
     x = enum_inputs(z, zr, zo, k, head_of)
@@ -303,8 +307,11 @@ def test_topk_variance_decreases_with_k(direction, sampled):
         z, zr, _ = make_logits(100 + seed, scale=2.0)
         v = [exact_variance(name, z, zr, k)[3].item() for k in ks]
         assert v[-1] < 1e-20
-        assert math.isclose(exact_variance(name, z, zr, 0, tail="paper")[3].item(),
-                            exact_variance(sampled, z, zr)[3].item(), rel_tol=1e-10)
+        assert math.isclose(
+            exact_variance(name, z, zr, 0, tail="paper")[3].item(),
+            exact_variance(sampled, z, zr)[3].item(),
+            rel_tol=1e-10,
+        )
         table.append(v)
     mean_v = torch.tensor(table).mean(0).tolist()
     assert all(a > b for a, b in zip(mean_v, mean_v[1:])), mean_v
@@ -322,7 +329,9 @@ def test_aggregation_modes_hand_worked():
     assert aggregate(x, m, "seq-mean-token-sum").item() == pytest.approx(3.0)  # (3 + 3)/2
     assert aggregate(x, m, "sum").item() == pytest.approx(6.0)
     # an empty sequence does not dilute seq-mean-token-mean
-    assert aggregate(torch.cat([x, x[:1]]), torch.cat([m, torch.zeros(1, 3)]), "seq-mean-token-mean").item() == pytest.approx(2.25)
+    assert aggregate(
+        torch.cat([x, x[:1]]), torch.cat([m, torch.zeros(1, 3)]), "seq-mean-token-mean"
+    ).item() == pytest.approx(2.25)
 
 
 # --------------------------------------------------------------------------------------
@@ -338,8 +347,14 @@ def test_every_estimator_returns_B_T(name):
     x = KLInputs(
         logp=torch.log_softmax(logits, -1).gather(-1, tok[..., None])[..., 0],
         ref_logp=torch.log_softmax(ref, -1).gather(-1, tok[..., None])[..., 0],
-        sampled=tok, topk_idx=idx, logits_k=logits.gather(-1, idx), lse=logits.logsumexp(-1),
-        ref_logits_k=ref.gather(-1, idx), ref_lse=ref.logsumexp(-1), logits=logits, ref_logits=ref,
+        sampled=tok,
+        topk_idx=idx,
+        logits_k=logits.gather(-1, idx),
+        lse=logits.logsumexp(-1),
+        ref_logits_k=ref.gather(-1, idx),
+        ref_lse=ref.logsumexp(-1),
+        logits=logits,
+        ref_logits=ref,
     )
     assert kl_per_token(name, x).shape == (B, T)
 

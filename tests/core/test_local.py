@@ -61,8 +61,10 @@ def test_tool_loop_stops_injects_and_respects_max_turns():
     (tr,) = rollout(model, TOK, ["Q?"], max_new_tokens=40, env=env, max_turns=2, greedy=True)
     assert env.calls == ["a", "b"] and tr.turns == 2
     # final turn: no stop string, so the third search is plain text and nothing is injected
-    assert tr.text == ("<search>a</search><information>doc about a</information>"
-                       "<search>b</search><information>doc about b</information><search>c</search>")
+    assert tr.text == (
+        "<search>a</search><information>doc about a</information>"
+        "<search>b</search><information>doc about b</information><search>c</search>"
+    )
     # environment tokens are in the context with mask 0, model tokens (incl. eos) mask 1
     masked = TOK.decode([t for t, m in zip(tr.response_ids, tr.response_mask) if m == 0])
     assert masked == "<information>doc about a</information><information>doc about b</information>"
@@ -84,7 +86,9 @@ def test_observation_tokens_get_zero_loss_weight():
     assert batch.mask.tolist()[0][: len(trajs[0].response_mask)] == trajs[0].response_mask
     logp = torch.randn(batch.mask.shape, requires_grad=True)
     x = KLInputs(logp=logp, ref_logp=torch.zeros_like(logp))
-    loss, _ = policy_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), batch.mask, x, AlgoConfig().loss, KLConfig(type="k3", coef=0.5))
+    loss, _ = policy_loss(
+        logp, logp.detach(), torch.tensor([1.0, -1.0]), batch.mask, x, AlgoConfig().loss, KLConfig(type="k3", coef=0.5)
+    )
     (g,) = torch.autograd.grad(loss, logp)
     assert (g[batch.mask == 0] == 0).all() and (g[batch.mask == 1] != 0).all()
 
@@ -118,7 +122,10 @@ class Toy:
 
 def make_cfg(kl="topk_reverse", fused=True, iterations=4, **kl_kw):
     return LocalConfig(
-        algo=AlgoConfig(kl=KLConfig(type=kl, k=4, fused=fused, coef=0.05, use_iw=True, **kl_kw), anchor=AnchorConfig(tau=0.5, period=1)),
+        algo=AlgoConfig(
+            kl=KLConfig(type=kl, k=4, fused=fused, coef=0.05, use_iw=True, **kl_kw),
+            anchor=AnchorConfig(tau=0.5, period=1),
+        ),
         rollout=RolloutConfig(max_new_tokens=3, prompts_per_iter=4, group_size=4),
         trainer=TrainerConfig(iterations=iterations, eval_every=2, eval_size=6, eval_n=2, save_every=2, mini_batches=2),
         seed=3,
@@ -166,7 +173,14 @@ def test_smoke_training_changes_parameters_and_evaluates_the_anchor(tmp_path):
     changed = any(not torch.equal(p, q) for p, q in zip(tr.policy.parameters(), init.parameters()))
     assert changed
     assert all(torch.isfinite(torch.tensor(v)) for v in log[2].values())
-    for key in ("eval/toy/acc", "eval/toy/pass@1", "eval_anchor/toy/acc", "eval_anchor/toy/pass@1", "kl/value", "anchor/drift"):
+    for key in (
+        "eval/toy/acc",
+        "eval/toy/pass@1",
+        "eval_anchor/toy/acc",
+        "eval_anchor/toy/pass@1",
+        "kl/value",
+        "anchor/drift",
+    ):
         assert key in log[2]
     assert log[2]["anchor/updated"] == 1.0 and tr.anchor.num_updates == 2
 

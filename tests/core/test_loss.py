@@ -15,7 +15,9 @@ L = LossConfig(clip_low=0.2, clip_high=0.28, dual_clip_c=3.0)
 
 def per_token(ratio, adv, cfg=L):
     logp = torch.tensor([[math.log(ratio)]], dtype=torch.float64, requires_grad=True)
-    pg, ind = ppo_clip_per_token(logp, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([[adv]], dtype=torch.float64), cfg)
+    pg, ind = ppo_clip_per_token(
+        logp, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([[adv]], dtype=torch.float64), cfg
+    )
     (g,) = torch.autograd.grad(pg.sum(), logp)
     return pg.item(), g.item(), ind["clip"].item(), ind["dual_clip"].item()
 
@@ -65,7 +67,9 @@ def test_total_loss_adds_beta_times_aggregated_kl_and_entropy_bonus():
     assert stats["train/entropy"] == pytest.approx(0.6)
     assert total.item() == pytest.approx(0.0 + 0.1 * 0.5 - 0.01 * 0.6)
     # seq-mean-token-mean: pg = mean(-1, 2) = 0.5; kl = mean(0.5, 0.5) = 0.5; ent = mean(0.45, 0.9) = 0.675
-    total2, s2 = policy_loss(logp, logp.detach(), adv, mask, x, LossConfig(agg="seq-mean-token-mean", entropy_coef=0.01), kl_cfg, entropy=ent)
+    total2, s2 = policy_loss(
+        logp, logp.detach(), adv, mask, x, LossConfig(agg="seq-mean-token-mean", entropy_coef=0.01), kl_cfg, entropy=ent
+    )
     assert (s2["loss/pg"], s2["kl/value"], s2["train/entropy"]) == pytest.approx((0.5, 0.5, 0.675))
     assert total2.item() == pytest.approx(0.5 + 0.05 - 0.00675)
     # sum: pg = -1 - 1 + 2 = 0, kl = 1 + 0 + 0.5 = 1.5

@@ -15,16 +15,83 @@ PARSER = OverridesParser.create()
 GOLDEN = Path(__file__).parents[1] / "verl" / "golden"
 
 VALUES = [
-    None, True, False, 0, -3, 10**30, 1e-6, 0.1, -0.0, 1e300, math.inf, -math.inf, math.nan,
-    "", " ", "plain", "k3++", "topk_reverse", "a.b/c-d@e+f", "seq-mean-token-mean",
-    "True", "TRUE", "false", "null", "NULL", "None", "inf", "-inf", "NaN", "Infinity",  # look like bools/null/floats
-    "1", "-1", "1.5", "1e5", "1_000", ".5", "0x10", "1a",  # look like numbers
-    "a b", " lead", "trail ", "a=b", "a,b", "a:b", "sweep:t", "tau=0.9", "[1,2]", "{a:1}", "f(x)", "#c", "a\tb", "a\nb",
-    'quo"te', "it's", "both ' and \"", "back\\slash", "end\\", "end\\\\", "\\", '\\"', "\\'", "x\\'y\"",
-    "/path with spaces/run 1/metrics.jsonl", "~/data/emapg/math/train.parquet", "pkg://experiments.tasks.math",
-    "http://127.0.0.1:8000", "${oc.env:HOME}", "ünïcode", "%", "$x",
-    [], {}, [1, "a b", None, [True, {"x": "y z"}]], {"a": 1}, {"a": "True", "b": {"c": [1.5, "x,y"]}},
-    {1: "a", "b.c": None, "d-e": [], "f": {}}, (0.9, 0.95),
+    None,
+    True,
+    False,
+    0,
+    -3,
+    10**30,
+    1e-6,
+    0.1,
+    -0.0,
+    1e300,
+    math.inf,
+    -math.inf,
+    math.nan,
+    "",
+    " ",
+    "plain",
+    "k3++",
+    "topk_reverse",
+    "a.b/c-d@e+f",
+    "seq-mean-token-mean",
+    "True",
+    "TRUE",
+    "false",
+    "null",
+    "NULL",
+    "None",
+    "inf",
+    "-inf",
+    "NaN",
+    "Infinity",  # look like bools/null/floats
+    "1",
+    "-1",
+    "1.5",
+    "1e5",
+    "1_000",
+    ".5",
+    "0x10",
+    "1a",  # look like numbers
+    "a b",
+    " lead",
+    "trail ",
+    "a=b",
+    "a,b",
+    "a:b",
+    "sweep:t",
+    "tau=0.9",
+    "[1,2]",
+    "{a:1}",
+    "f(x)",
+    "#c",
+    "a\tb",
+    "a\nb",
+    'quo"te',
+    "it's",
+    "both ' and \"",
+    "back\\slash",
+    "end\\",
+    "end\\\\",
+    "\\",
+    '\\"',
+    "\\'",
+    "x\\'y\"",
+    "/path with spaces/run 1/metrics.jsonl",
+    "~/data/emapg/math/train.parquet",
+    "pkg://experiments.tasks.math",
+    "http://127.0.0.1:8000",
+    "${oc.env:HOME}",
+    "ünïcode",
+    "%",
+    "$x",
+    [],
+    {},
+    [1, "a b", None, [True, {"x": "y z"}]],
+    {"a": 1},
+    {"a": "True", "b": {"c": [1.5, "x,y"]}},
+    {1: "a", "b.c": None, "d-e": [], "f": {}},
+    (0.9, 0.95),
 ]
 
 
@@ -65,7 +132,7 @@ def test_random_strings_of_the_awkward_characters_read_back():
 
 def test_plain_strings_stay_unquoted_and_quotes_follow_the_preference():
     assert [hydra_value(s) for s in ("k3++", "a.b/c", "x", "True", "a b")] == ["k3++", "a.b/c", "x", "'True'", "'a b'"]
-    assert hydra_value("a b", quote='"') == '"a b"' and hydra_value("it's", quote="'") == "\"it's\""
+    assert hydra_value("a b", quote='"') == '"a b"' and hydra_value("it's", quote="'") == '"it\'s"'
     assert hydra_value({"digits": 2, "ops": ["+", "*"]}) == "{digits:2,ops:['+','*']}"
 
 

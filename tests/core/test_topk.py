@@ -52,8 +52,8 @@ def test_hidden_path_gathers_at_stored_indices_with_gradients(chunk):
     logits = h @ W.T + b
     logp, lse, lk, _, ent = naive(logits, tok, indices=stored, temperature=1.3)
     assert torch.equal(st.indices, stored)
-    out_fast = (st.logp.sum() + 2 * st.lse.sum() + (st.logits_k ** 2).sum() + 0.5 * st.entropy.sum())
-    out_naive = (logp.sum() + 2 * lse.sum() + (lk ** 2).sum() + 0.5 * ent.sum())
+    out_fast = st.logp.sum() + 2 * st.lse.sum() + (st.logits_k**2).sum() + 0.5 * st.entropy.sum()
+    out_naive = logp.sum() + 2 * lse.sum() + (lk**2).sum() + 0.5 * ent.sum()
     assert torch.allclose(out_fast, out_naive, atol=1e-10)
     g_fast = torch.autograd.grad(out_fast, (h, W, b))
     g_naive = torch.autograd.grad(out_naive, (h, W, b))
@@ -75,7 +75,7 @@ def test_topk_kl_from_stats_equals_kl_from_full_logits(direction, tail):
     """Top-k KL built from chunked stats equals the same estimator on naively gathered inputs, grads too."""
     h, W, b, tok = rand_case(seed=5)
     ref = torch.randn(2, 7, 23, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    logits = (h @ W.T + b)
+    logits = h @ W.T + b
     head_src = logits.detach() if direction == "reverse" else ref
     idx = torch.topk(head_src, 6, -1).indices
     pol = token_stats_from_hidden(h, W, b, tok, indices=idx, chunk_size=3)
@@ -86,7 +86,13 @@ def test_topk_kl_from_stats_equals_kl_from_full_logits(direction, tail):
     rlogp, rlse, rlk, _, _ = naive(ref, tok, indices=idx)
     from ema_pg_core.kl import KLInputs
 
-    slow = kl_per_token(f"topk_{direction}", KLInputs(logp=logp, ref_logp=rlogp, sampled=tok, topk_idx=idx, logits_k=lk, lse=lse, ref_logits_k=rlk, ref_lse=rlse), tail=tail)
+    slow = kl_per_token(
+        f"topk_{direction}",
+        KLInputs(
+            logp=logp, ref_logp=rlogp, sampled=tok, topk_idx=idx, logits_k=lk, lse=lse, ref_logits_k=rlk, ref_lse=rlse
+        ),
+        tail=tail,
+    )
     assert torch.allclose(fast, slow, atol=1e-12)
     gf = torch.autograd.grad(fast.sum(), (h, W, b))
     gs = torch.autograd.grad(slow.sum(), (h, W, b))

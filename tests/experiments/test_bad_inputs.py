@@ -95,21 +95,32 @@ def _setup(tmp) -> None:
     (bad / "checkpoints").mkdir(parents=True)
     (bad / "checkpoints" / "latest").write_text("")
     (bad / "metrics.jsonl").write_text('{"iteration": 0, "time_s": 0.0}\n')
-    (tmp / "dup.yaml").write_text("name: dup\nmetric: eval/math_tiny/acc\nbase:\n  experiment: math_tiny_ema_pg\n"
-                                  "  trainer.iterations: 2\n  trainer.iterations: 3\n")
+    (tmp / "dup.yaml").write_text(
+        "name: dup\nmetric: eval/math_tiny/acc\nbase:\n  experiment: math_tiny_ema_pg\n"
+        "  trainer.iterations: 2\n  trainer.iterations: 3\n"
+    )
     axes = {f"rollout.{k}": list(range(1, 11)) for k in ("max_new_tokens", "max_obs_tokens", "max_turns")}
     axes.update({f"trainer.{k}": list(range(1, 11)) for k in ("eval_every", "eval_size", "save_every")})
     _spec(tmp / "huge.yaml", "huge", {k: {"grid": v} for k, v in axes.items()})
     _spec(tmp / "big_k.yaml", "big_k", {"algo.kl.k": {"grid": [32, 5000]}})
-    (tmp / "typo.yaml").write_text(yaml.safe_dump({"name": "typo", "metric": "eval/math_tiny/acc",
-                                                   "base": {"experiment": "math_tiny_ema_pg",
-                                                            "trainer.iteratons": 2}}))
+    (tmp / "typo.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "typo",
+                "metric": "eval/math_tiny/acc",
+                "base": {"experiment": "math_tiny_ema_pg", "trainer.iteratons": 2},
+            }
+        )
+    )
     (tmp / "site.yaml").write_text(yaml.safe_dump({"gpus_per_node": 8, "cpus_per_node": 64}))
 
 
 def _spec(path, name: str, space: dict) -> None:
-    path.write_text(yaml.safe_dump({"name": name, "metric": "eval/math_tiny/acc",
-                                    "base": {"experiment": "math_tiny_ema_pg"}, "space": space}))
+    path.write_text(
+        yaml.safe_dump(
+            {"name": name, "metric": "eval/math_tiny/acc", "base": {"experiment": "math_tiny_ema_pg"}, "space": space}
+        )
+    )
 
 
 def test_there_are_at_least_40_cases_over_every_command():

@@ -10,7 +10,14 @@ from experiments.cli import main
 
 
 def test_every_preset_composes_and_validates():
-    assert {"math_tiny_grpo", "math_tiny_ema_pg", "math_tiny_ema_pg_paper", "search_tiny_grpo", "search_tiny_ema_pg", "search_tiny_ema_pg_paper"} <= set(build.presets())
+    assert {
+        "math_tiny_grpo",
+        "math_tiny_ema_pg",
+        "math_tiny_ema_pg_paper",
+        "search_tiny_grpo",
+        "search_tiny_ema_pg",
+        "search_tiny_ema_pg_paper",
+    } <= set(build.presets())
     for p in build.presets():
         cfg = build.compose([f"experiment={p}"])
         assert cfg.experiment == p
@@ -72,5 +79,7 @@ def test_cli_bad_config_is_one_clear_line(capsys):
 
 
 def test_console_script_entry_point():
-    out = subprocess.run([sys.executable, "-m", "experiments.cli", "--help"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and "train" in out.stdout

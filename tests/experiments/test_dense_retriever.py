@@ -59,8 +59,13 @@ def tiny(tmp_path_factory):
     words = sorted(set(_words(DOCS + QUERIES + ["query:", "passage:"])))
     tokenizer = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(specials + words)})
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(specials) + len(words), hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64)
+    config = transformers.BertConfig(
+        vocab_size=len(specials) + len(words),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
     model = transformers.BertModel(config).eval()
     path = tmp_path_factory.mktemp("tiny-e5")
     model.save_pretrained(path)
@@ -181,16 +186,29 @@ def test_cli_index_then_serve_with_index_matches_in_process(tiny, tmp_path, monk
     other = _write_jsonl(tmp_path / "other.jsonl", DOCS[:4])
     main(["index", "--corpus", other, "--out", str(tmp_path / "other.index"), "--model", tiny[0]])
     with pytest.raises(ValueError, match=r"--index .*other.index' holds 4 vectors but the corpus has 10 passages"):
-        main(["serve", "--corpus", corpus, "--retriever", "e5", "--model", tiny[0],
-              "--index", str(tmp_path / "other.index")])
+        main(
+            [
+                "serve",
+                "--corpus",
+                corpus,
+                "--retriever",
+                "e5",
+                "--model",
+                tiny[0],
+                "--index",
+                str(tmp_path / "other.index"),
+            ]
+        )
     with pytest.raises(ValueError, match="--index .* holds 4 vectors"):  # the Python API says the same
         DenseRetriever(DOCS, model=tiny[0], index_path=str(tmp_path / "other.index"))
 
 
 def test_index_of_another_dimension_or_metric_is_refused(tiny, tmp_path):
     faiss = pytest.importorskip("faiss")
-    for name, index, message in [("dim16.index", faiss.IndexFlatIP(16), "holds 16-dim vectors but --model .* 32-dim"),
-                                 ("l2.index", faiss.IndexFlatL2(32), "does not use inner-product scores")]:
+    for name, index, message in [
+        ("dim16.index", faiss.IndexFlatIP(16), "holds 16-dim vectors but --model .* 32-dim"),
+        ("l2.index", faiss.IndexFlatL2(32), "does not use inner-product scores"),
+    ]:
         index.add(torch.randn(len(DOCS), index.d).numpy())
         faiss.write_index(index, str(tmp_path / name))
         with pytest.raises(ValueError, match=message):
@@ -225,7 +243,7 @@ def test_cli_serves_e5_over_a_corpus_file_on_loopback(tiny, tmp_path, monkeypatc
 
     monkeypatch.setattr(cli, "serve", serve_and_ask)
     main(["serve", "--corpus", corpus, "--retriever", "e5", "--model", tiny[0], "--port", "0"])
-    (env, health, body), = answers
+    ((env, health, body),) = answers
     assert health == {"status": "ok", "num_docs": len(DOCS)}
     expected = [[DOCS[i] for i in ids] for _, ids in _naive_topk(tiny, QUERIES, k=3)]
     assert body == {"result": expected}
@@ -235,21 +253,43 @@ def test_cli_rejects_bad_flags_before_loading_anything(tmp_path, capsys):
     corpus = _write_jsonl(tmp_path / "corpus.jsonl", DOCS)
     missing_model = str(tmp_path / "no-such-model")  # loading it would fail with another error
     cases = [
-        (["serve", "--corpus", corpus, "--retriever", "tfidf"], "argument --retriever: invalid choice: 'tfidf' (choose from 'bm25', 'e5')"),
-        (["serve", "--corpus", corpus, "--index", "x.index"], "--index: only for --retriever e5 (--retriever is one of: bm25, e5"),
+        (
+            ["serve", "--corpus", corpus, "--retriever", "tfidf"],
+            "argument --retriever: invalid choice: 'tfidf' (choose from 'bm25', 'e5')",
+        ),
+        (
+            ["serve", "--corpus", corpus, "--index", "x.index"],
+            "--index: only for --retriever e5 (--retriever is one of: bm25, e5",
+        ),
         (["serve", "--corpus", corpus, "--model", missing_model], "--model: only for --retriever e5"),
         (["serve", "--retriever", "e5", "--model", missing_model], "--retriever e5 needs --corpus FILE"),
-        (["serve", "--corpus", corpus, "--retriever", "e5", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1"),
+        (
+            ["serve", "--corpus", corpus, "--retriever", "e5", "--batch-size", "0"],
+            "argument --batch-size: must be an integer >= 1",
+        ),
         (["serve", "--corpus", corpus, "--retriever", "e5", "n_people=3"], "task knobs do not apply to --corpus"),
         (["index", "--corpus", corpus], "the following arguments are required: --out"),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit):
             main(argv)
-        assert message in capsys.readouterr().err.replace("from bm25, e5", "from 'bm25', 'e5'"), argv  # older Pythons: unquoted
+        assert message in capsys.readouterr().err.replace("from bm25, e5", "from 'bm25', 'e5'"), (
+            argv
+        )  # older Pythons: unquoted
     with pytest.raises(ValueError, match="--index .*missing.index': no such file"):
-        main(["serve", "--corpus", corpus, "--retriever", "e5", "--model", missing_model,
-              "--index", str(tmp_path / "missing.index")])
+        main(
+            [
+                "serve",
+                "--corpus",
+                corpus,
+                "--retriever",
+                "e5",
+                "--model",
+                missing_model,
+                "--index",
+                str(tmp_path / "missing.index"),
+            ]
+        )
     with pytest.raises(ValueError, match="--out .*: directory .* does not exist"):
         main(["index", "--corpus", corpus, "--out", str(tmp_path / "nodir" / "e5.index"), "--model", missing_model])
     with pytest.raises(ValueError, match="unknown backend 'gpu'; valid backends: auto, faiss, torch"):

@@ -27,8 +27,9 @@ def cache(tmp_path_factory):
 def test_preset_smoke_run(preset, cache, tmp_path, monkeypatch):
     monkeypatch.setenv("EMAPG_CACHE", str(cache))
     monkeypatch.setenv("EMAPG_PROGRESS", "0")
-    cfg = build.compose([f"experiment={preset}", "smoke=true", "logger=none", f"run_dir={tmp_path / 'run'}",
-                         "trainer.threads=1"])
+    cfg = build.compose(
+        [f"experiment={preset}", "smoke=true", "logger=none", f"run_dir={tmp_path / 'run'}", "trainer.threads=1"]
+    )
     final = run(cfg)
 
     task = cfg.task.name

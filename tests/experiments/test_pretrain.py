@@ -68,8 +68,10 @@ def test_sft_labels_mask_prompt_and_environment_text():
     ids, labels = P.encode_example(tok, t, ex, demo, t.make_env())
     assert len(ids) == len(labels) == len(ex.prompt) + len(demo) + 1 and ids[-1] == tok.eos_token_id
     trained = tok.decode([i for i, y in zip(ids, labels) if y != -100])
-    assert trained == f"<search>{ex.meta['hops'][0]}</search><search>{ex.meta['hops'][1]}</search>" \
-                      f"<answer>{ex.answer[0]}</answer><|eos|>"
+    assert (
+        trained == f"<search>{ex.meta['hops'][0]}</search><search>{ex.meta['hops'][1]}</search>"
+        f"<answer>{ex.answer[0]}</answer><|eos|>"
+    )
     with pytest.raises(ValueError, match="differs from the environment"):
         P.encode_example(tok, t, ex, demo.replace("born in", "born at", 1), t.make_env())
 
@@ -85,8 +87,17 @@ def test_config_hash_is_canonical():
 
 
 def test_pretrain_builds_once_then_reuses_the_cache(tmp_path, monkeypatch):
-    kwargs = dict(model_cfg=TINY, steps=3, batch_size=4, seed=0, cache_dir=tmp_path, progress=False,
-                  pool=32, val_size=4, target_acc=None)
+    kwargs = dict(
+        model_cfg=TINY,
+        steps=3,
+        batch_size=4,
+        seed=0,
+        cache_dir=tmp_path,
+        progress=False,
+        pool=32,
+        val_size=4,
+        target_acc=None,
+    )
     path = P.pretrain("math_tiny", **kwargs)
     assert path.parent == tmp_path and path.name.startswith("math_tiny-")
     marker = json.loads((path / P.MARKER).read_text())
@@ -105,15 +116,36 @@ def test_pretrain_builds_once_then_reuses_the_cache(tmp_path, monkeypatch):
 def test_pretrain_stops_at_the_target_accuracy(tmp_path, monkeypatch):
     accs = iter([0.1, 0.5, 0.9])
     monkeypatch.setattr(P, "validation_accuracy", lambda *a: next(accs))
-    path = P.pretrain("search_tiny", model_cfg=TINY, steps=10, batch_size=2, cache_dir=tmp_path, progress=False,
-                      pool=16, val_size=4, eval_every=2, target_acc=0.4)
+    path = P.pretrain(
+        "search_tiny",
+        model_cfg=TINY,
+        steps=10,
+        batch_size=2,
+        cache_dir=tmp_path,
+        progress=False,
+        pool=16,
+        val_size=4,
+        eval_every=2,
+        target_acc=0.4,
+    )
     marker = json.loads((path / P.MARKER).read_text())
     assert (marker["steps_done"], marker["val_acc"], marker["reached_target"]) == (4, 0.5, True)
 
 
 def test_main_parses_overrides(tmp_path, capsys):
-    args = ["task=math_tiny", "steps=2", "batch_size=2", "pool=16", "val_size=2", "target_acc=null",
-            "model.hidden=32", "model.layers=1", "model.heads=2", "knobs.steps=2", f"cache_dir={tmp_path}"]
+    args = [
+        "task=math_tiny",
+        "steps=2",
+        "batch_size=2",
+        "pool=16",
+        "val_size=2",
+        "target_acc=null",
+        "model.hidden=32",
+        "model.layers=1",
+        "model.heads=2",
+        "knobs.steps=2",
+        f"cache_dir={tmp_path}",
+    ]
     assert P.main(args) == 0
     path = Path(capsys.readouterr().out.strip().splitlines()[-1])
     assert path.parent == tmp_path

@@ -3,13 +3,17 @@
 import httpx
 import pytest
 
-from experiments.tasks import search_tiny as S
 from experiments.retrieval.bm25 import BM25Retriever
 from experiments.retrieval.cli import main
 from experiments.retrieval.service import HTTPRetriever, running_server
+from experiments.tasks import search_tiny as S
 
-DOCS = ["Bara Kovin was born in Tesmo.", "Bara Kovin works as a baker.", "Lemi Kovin was born in Arvo.",
-        "Tesmo is a city in Valdoria."]
+DOCS = [
+    "Bara Kovin was born in Tesmo.",
+    "Bara Kovin works as a baker.",
+    "Lemi Kovin was born in Arvo.",
+    "Tesmo is a city in Valdoria.",
+]
 
 
 def test_bm25_ranks_by_score_and_drops_non_matches():
@@ -70,12 +74,19 @@ def test_cli_serves_bm25_over_a_corpus_file(tmp_path, monkeypatch):
     from experiments.retrieval import cli, load_corpus
 
     wiki = tmp_path / "wiki-18.jsonl"  # Search-R1 / FlashRAG corpus format
-    wiki.write_text("".join(json.dumps({"id": str(i), "contents": c}) + "\n" for i, c in enumerate(
-        ['"Eiffel Tower"\nThe Eiffel Tower is in Paris.', '"Big Ben"\nBig Ben is a bell in London.'])) + "\n")
+    wiki.write_text(
+        "".join(
+            json.dumps({"id": str(i), "contents": c}) + "\n"
+            for i, c in enumerate(
+                ['"Eiffel Tower"\nThe Eiffel Tower is in Paris.', '"Big Ben"\nBig Ben is a bell in London.']
+            )
+        )
+        + "\n"
+    )
     served = []
     monkeypatch.setattr(cli, "serve", lambda env, host, port: served.append((env, host, port)))
     main(["serve", "--corpus", str(wiki), "--port", "0"])
-    (env, host, _), = served
+    ((env, host, _),) = served
     assert host == "127.0.0.1" and len(env.docs) == 2
     assert env.search("where is the eiffel tower", k=1) == ['"Eiffel Tower"\nThe Eiffel Tower is in Paris.']
     lines = tmp_path / "passages.txt"

@@ -17,10 +17,22 @@ import pytest
 from experiments import records
 from experiments.cli import main
 
-SMALL = ["experiment=math_tiny_ema_pg", "logger.name=none", "trainer.threads=1", "rollout.prompts_per_iter=2",
-         "rollout.group_size=2", "rollout.max_new_tokens=12", "trainer.eval_every=2", "trainer.eval_size=4",
-         "trainer.eval_n=1", "task.train_size=40", "task.test_size=8", "model.pretrain_steps=2",
-         "trainer.save_every=1", "trainer.keep_checkpoints=2"]
+SMALL = [
+    "experiment=math_tiny_ema_pg",
+    "logger.name=none",
+    "trainer.threads=1",
+    "rollout.prompts_per_iter=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=12",
+    "trainer.eval_every=2",
+    "trainer.eval_size=4",
+    "trainer.eval_n=1",
+    "task.train_size=40",
+    "task.test_size=8",
+    "model.pretrain_steps=2",
+    "trainer.save_every=1",
+    "trainer.keep_checkpoints=2",
+]
 VOLATILE = ("time_s",)  # wall-clock; perf/* too
 pytestmark = pytest.mark.filterwarnings("ignore:pretrain .* did not reach target_acc")  # 2 warm-start steps, on purpose
 
@@ -39,8 +51,10 @@ def train(run_dir: Path, *extra: str) -> int:
 
 def comparable(run_dir: Path) -> dict[int, dict]:
     """metrics.jsonl by iteration, without wall-clock keys."""
-    return {r["iteration"]: {k: v for k, v in r.items() if k not in VOLATILE and not k.startswith("perf/")}
-            for r in records.read_metrics(run_dir)}
+    return {
+        r["iteration"]: {k: v for k, v in r.items() if k not in VOLATILE and not k.startswith("perf/")}
+        for r in records.read_metrics(run_dir)
+    }
 
 
 def assert_same_from(a: Path, b: Path, start: int) -> None:
@@ -55,6 +69,7 @@ def assert_same_from(a: Path, b: Path, start: int) -> None:
 
 
 # ---------------------------------------------------------------- resume integrity
+
 
 def test_resume_with_a_changed_algorithm_key_is_refused(tmp_path, capsys):
     run_dir = tmp_path / "run"
@@ -96,9 +111,15 @@ def test_resume_force_is_recorded_and_flagged_in_the_report(tmp_path):
 
 # ---------------------------------------------------------------- stops
 
+
 def _spawn(run_dir: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "experiments.cli", "train", *SMALL, f"run_dir={run_dir}", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    return subprocess.Popen(
+        [sys.executable, "-m", "experiments.cli", "train", *SMALL, f"run_dir={run_dir}", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
 
 
 def _wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, iteration: int, timeout_s: float = 240) -> None:
@@ -164,6 +185,7 @@ def test_read_state_tells_a_live_run_from_a_dead_one(tmp_path):
 
 # ---------------------------------------------------------------- checkpoints
 
+
 def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert train(run_dir, "trainer.iterations=4") == 0
@@ -193,6 +215,7 @@ def test_no_intact_checkpoint_is_a_clear_error(tmp_path, capsys):
 
 # ---------------------------------------------------------------- write failures
 
+
 def test_a_write_error_names_the_file_and_is_recorded(tmp_path, monkeypatch, capsys):
     real = records._append
 
@@ -205,8 +228,9 @@ def test_a_write_error_names_the_file_and_is_recorded(tmp_path, monkeypatch, cap
     run_dir = tmp_path / "run"
     assert train(run_dir, "trainer.iterations=3") == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == (f"emapg train: run failed: cannot write the run record {run_dir / 'metrics.jsonl'}: "
-                   "No space left on device")
+    assert err == (
+        f"emapg train: run failed: cannot write the run record {run_dir / 'metrics.jsonl'}: No space left on device"
+    )
     state, error = records.read_status(run_dir)
     assert state == "failed" and "No space left on device" in error
     assert [r["iteration"] for r in records.read_metrics(run_dir)] == [0, 1]

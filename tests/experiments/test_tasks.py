@@ -21,8 +21,20 @@ def test_registry_lists_valid_names_on_error():
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_every_task_implements_the_interface(task):
     t = get_task(task)
-    for name in ("load", "prompt", "evaluate", "reward", "demonstration", "make_env", "tool_response",
-                 "Knobs", "STOP_STRINGS", "MAX_TURNS", "MAX_NEW_TOKENS", "PRETRAIN"):
+    for name in (
+        "load",
+        "prompt",
+        "evaluate",
+        "reward",
+        "demonstration",
+        "make_env",
+        "tool_response",
+        "Knobs",
+        "STOP_STRINGS",
+        "MAX_TURNS",
+        "MAX_NEW_TOKENS",
+        "PRETRAIN",
+    ):
         assert hasattr(t, name), f"{task} lacks {name}"
     assert (t.MAX_TURNS > 0) == bool(t.STOP_STRINGS)
 
@@ -108,24 +120,30 @@ def _math(answer: str) -> Example:
     return Example(id="t", prompt="12+7-5=", answer=answer, meta={"terms": [12, 7, 5], "ops": ["+", "-"]})
 
 
-@pytest.mark.parametrize("response, expected", [
-    (r"12+7=19,19-5=14 \boxed{14}", 1),
-    (r"\boxed{14}", 1),                                  # no working is fine
-    (r"blah \boxed{14} and then more text", 1),          # extra text
-    (r"\boxed{ 14 }", 1),
-    (r"\boxed{014}", 1), (r"\boxed{+14}", 1),            # integer spellings math-verify accepts
-    ("14", 0),                                           # wrong format: no box
-    (r"\boxed{15}", 0),
-    (r"\boxed{-14}", 0),
-    (r"\boxed{15} \boxed{14}", 1),                       # several boxes: the last one counts
-    (r"\boxed{14} \boxed{15}", 0),
-    (r"\boxed{14,15}", 0),                               # several answers in one box
-    (r"\boxed{12+7-5}", 0),                              # copying the expression is not an answer
-    (r"\boxed{7+7}", 0),
-    (r"\boxed{14.0}", 0),
-    (r"\boxed{}", 0), ("", 0),
-    (r"\boxed{14", 0), (r"\boxed{14} \boxed{1", 0),      # unclosed last box
-])
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        (r"12+7=19,19-5=14 \boxed{14}", 1),
+        (r"\boxed{14}", 1),  # no working is fine
+        (r"blah \boxed{14} and then more text", 1),  # extra text
+        (r"\boxed{ 14 }", 1),
+        (r"\boxed{014}", 1),
+        (r"\boxed{+14}", 1),  # integer spellings math-verify accepts
+        ("14", 0),  # wrong format: no box
+        (r"\boxed{15}", 0),
+        (r"\boxed{-14}", 0),
+        (r"\boxed{15} \boxed{14}", 1),  # several boxes: the last one counts
+        (r"\boxed{14} \boxed{15}", 0),
+        (r"\boxed{14,15}", 0),  # several answers in one box
+        (r"\boxed{12+7-5}", 0),  # copying the expression is not an answer
+        (r"\boxed{7+7}", 0),
+        (r"\boxed{14.0}", 0),
+        (r"\boxed{}", 0),
+        ("", 0),
+        (r"\boxed{14", 0),
+        (r"\boxed{14} \boxed{1", 0),  # unclosed last box
+    ],
+)
 def test_math_evaluate_adversarial(response, expected):
     assert M.evaluate(_math("14"), response) == expected
     assert M.reward(_math("14"), response) == float(expected)
@@ -136,13 +154,16 @@ def test_math_negative_answers():
     assert M.evaluate(_math("-10"), r"\boxed{10}") == 0
 
 
-@pytest.mark.parametrize("response, expected", [
-    (r"a \boxed{1} b \boxed{ 14 }", "14"),
-    (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
-    (r"\boxed{1} \boxed{14", None),
-    ("no box", None),
-    (r"\boxed{}", ""),
-])
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        (r"a \boxed{1} b \boxed{ 14 }", "14"),
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+        (r"\boxed{1} \boxed{14", None),
+        ("no box", None),
+        (r"\boxed{}", ""),
+    ],
+)
 def test_math_extract_answer(response, expected):
     assert M.extract_answer(response) == expected
 
@@ -163,7 +184,8 @@ def test_search_docstring_example():
     assert S.demonstration(ex) == (
         "<search>Dares Ribe</search><information>Dares Ribe was born in Naron. Dares Ribe works as a teacher. "
         "Dares Nizol was born in Guzu.</information><search>Naron</search><information>Naron is a city in Nozukar. "
-        "Tevas Bile was born in Naron. Siru Bifer was born in Naron.</information><answer>Nozukar</answer>")
+        "Tevas Bile was born in Naron. Siru Bifer was born in Naron.</information><answer>Nozukar</answer>"
+    )
     assert ex.answer == ["Nozukar"] and S.evaluate(ex, S.demonstration(ex)) == 1
 
 
@@ -171,20 +193,24 @@ def _search(answer: str = "Tesmo") -> Example:
     return Example(id="t", prompt="Where was Bara Kovin born?", answer=[answer], meta={})
 
 
-@pytest.mark.parametrize("response, expected", [
-    ("<answer>Tesmo</answer>", 1),
-    ("<answer> tesmo. </answer>", 1),                          # case, punctuation, whitespace
-    ("<answer>The Tesmo</answer>", 1),                         # articles
-    ("<search>x</search><information>..</information><answer>Tesmo</answer> trailing", 1),
-    ("<answer>Arvo</answer><answer>Tesmo</answer>", 1),        # last answer wins
-    ("<answer>Tesmo</answer><answer>Arvo</answer>", 0),
-    ("<answer>Tesmo or Arvo</answer>", 0),                     # several answers in one span
-    ("<answer>Tesmo, Valdoria</answer>", 0),
-    ("Tesmo", 0),                                              # no answer tags
-    ("<answer>Tesmo", 0),                                      # unclosed
-    ("<answer>Tesmo</answer><answer>Arvo", 0),                 # the last answer is unclosed
-    ("<answer></answer>", 0), ("", 0),
-])
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("<answer>Tesmo</answer>", 1),
+        ("<answer> tesmo. </answer>", 1),  # case, punctuation, whitespace
+        ("<answer>The Tesmo</answer>", 1),  # articles
+        ("<search>x</search><information>..</information><answer>Tesmo</answer> trailing", 1),
+        ("<answer>Arvo</answer><answer>Tesmo</answer>", 1),  # last answer wins
+        ("<answer>Tesmo</answer><answer>Arvo</answer>", 0),
+        ("<answer>Tesmo or Arvo</answer>", 0),  # several answers in one span
+        ("<answer>Tesmo, Valdoria</answer>", 0),
+        ("Tesmo", 0),  # no answer tags
+        ("<answer>Tesmo", 0),  # unclosed
+        ("<answer>Tesmo</answer><answer>Arvo", 0),  # the last answer is unclosed
+        ("<answer></answer>", 0),
+        ("", 0),
+    ],
+)
 def test_search_evaluate_adversarial(response, expected):
     assert S.evaluate(_search(), response) == expected
     assert S.reward(_search(), response) == float(expected)
@@ -249,6 +275,6 @@ def test_a_task_without_a_yaml_file_is_a_config_option(monkeypatch):
         cfg = build.compose(["task=echo", "task.train_size=3"])
         assert (cfg.task.name, cfg.task.train_size, cfg.task.knobs) == ("echo", 3, {})
         assert "echo" in build.group_options()["task"]
-        assert build.compose(["task=search_tiny"]).task.name == "search_tiny"   # the YAML file still wins
+        assert build.compose(["task=search_tiny"]).task.name == "search_tiny"  # the YAML file still wins
     finally:
         ConfigStore.instance().repo["task"].pop("echo.yaml", None)

@@ -15,21 +15,43 @@ from experiments.run import run
 from experiments.verl_metrics import FILE, attempt_files, convert, read_attempts, to_rows
 
 STEP = {  # one training step as verl 0.9.1 logs it, with a validation
-    "critic/score/mean": 0.25, "response_length/mean": 812.5, "actor/pg_loss": -0.01, "actor/kl_loss": 0.003,
-    "actor/pg_clipfrac": 0.02, "actor/pg_clipfrac_lower": 0.0, "actor/ppo_kl": 1e-4, "actor/entropy": 0.6,
-    "actor/grad_norm": 0.4, "timing_s/step": 95.0, "anchor/drift": 0.01, "anchor/updated": 1.0,
-    "val-core/aime2024/reward/mean@8": 0.30, "val-core/amc/reward/mean@8": 0.50,
-    "val-aux/aime2024/reward/std@8": 0.1, "val-core/aime2024/reward/best@8/mean": 0.6, "perf/mfu/actor": 0.3,
+    "critic/score/mean": 0.25,
+    "response_length/mean": 812.5,
+    "actor/pg_loss": -0.01,
+    "actor/kl_loss": 0.003,
+    "actor/pg_clipfrac": 0.02,
+    "actor/pg_clipfrac_lower": 0.0,
+    "actor/ppo_kl": 1e-4,
+    "actor/entropy": 0.6,
+    "actor/grad_norm": 0.4,
+    "timing_s/step": 95.0,
+    "anchor/drift": 0.01,
+    "anchor/updated": 1.0,
+    "val-core/aime2024/reward/mean@8": 0.30,
+    "val-core/amc/reward/mean@8": 0.50,
+    "val-aux/aime2024/reward/std@8": 0.1,
+    "val-core/aime2024/reward/best@8/mean": 0.6,
+    "perf/mfu/actor": 0.3,
 }
 
 
 def test_convert_maps_verl_keys_and_averages_the_sources():
     out = convert(STEP, task="math", greedy=False)
     assert out == {
-        "train/reward": 0.25, "train/response_len": 812.5, "loss/pg": -0.01, "kl/value": 0.003,
-        "loss/clip_frac": 0.02, "loss/dual_clip_frac": 0.0, "loss/approx_kl": 1e-4, "train/entropy": 0.6,
-        "train/grad_norm": 0.4, "perf/iter_s": 95.0, "anchor/drift": 0.01, "anchor/updated": 1.0,
-        "eval/aime2024/pass@1": 0.30, "eval/amc/pass@1": 0.50,
+        "train/reward": 0.25,
+        "train/response_len": 812.5,
+        "loss/pg": -0.01,
+        "kl/value": 0.003,
+        "loss/clip_frac": 0.02,
+        "loss/dual_clip_frac": 0.0,
+        "loss/approx_kl": 1e-4,
+        "train/entropy": 0.6,
+        "train/grad_norm": 0.4,
+        "perf/iter_s": 95.0,
+        "anchor/drift": 0.01,
+        "anchor/updated": 1.0,
+        "eval/aime2024/pass@1": 0.30,
+        "eval/amc/pass@1": 0.50,
         "eval/math/pass@1": pytest.approx(0.40),  # (0.30 + 0.50) / 2, unweighted like the paper's average
     }
     greedy = convert({"val-core/nq/acc/mean@1": 1.0, "val-core/hotpotqa/acc/mean@1": 0.0}, task="search", greedy=True)
@@ -51,8 +73,13 @@ def test_attempts_rotate_and_a_resume_replaces_the_steps_it_replays(tmp_path):
     rotate(live)
     _write(live, [(5, {"a": 50}), (5, {"b": 5})])
     assert [p.name for p in attempt_files(tmp_path)] == ["verl_metrics.1.jsonl", "verl_metrics.2.jsonl", FILE]
-    assert read_attempts(attempt_files(tmp_path)) == {1: {"a": 1}, 2: {"a": 2}, 3: {"a": 30}, 4: {"a": 40},
-                                                      5: {"a": 50, "b": 5}}
+    assert read_attempts(attempt_files(tmp_path)) == {
+        1: {"a": 1},
+        2: {"a": 2},
+        3: {"a": 30},
+        4: {"a": 40},
+        5: {"a": 50, "b": 5},
+    }
     (tmp_path / "verl_metrics.1.jsonl").write_text('{"step": 1, "data": {}}\nnot json\n{"step": 2, "data": {}}\n')
     with pytest.raises(ValueError, match=r"verl_metrics.1.jsonl:2: not a JSON line"):
         read_attempts(attempt_files(tmp_path))
@@ -110,8 +137,10 @@ def test_verl_run_writes_a_run_record_and_keeps_lines_of_a_crash(fake_verl, tmp_
 
     fake_verl.crash, fake_verl.steps = False, (2, 3)  # verl resumes from its step-1 checkpoint
     reported = []
-    final = run(build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}/run", "logger=none", "resume=true"]),
-                callback=lambda it, metrics, ckpt: reported.append((it, metrics["eval/aime2024/pass@1"], ckpt)))
+    final = run(
+        build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}/run", "logger=none", "resume=true"]),
+        callback=lambda it, metrics, ckpt: reported.append((it, metrics["eval/aime2024/pass@1"], ckpt)),
+    )
     assert reported == [(1, 0.1, None), (2, 0.2, None), (3, pytest.approx(0.3), None)]  # a sweep's reporter
     rows = read_metrics(tmp_path / "run")
     assert [r["iteration"] for r in rows] == [1, 2, 3]
@@ -120,7 +149,9 @@ def test_verl_run_writes_a_run_record_and_keeps_lines_of_a_crash(fake_verl, tmp_
     summary = read_summary(tmp_path / "run")
     assert summary["status"] == "finished" and summary["iterations_done"] == 3
     # the GPU sweep's metric (sweeps/math_deepscaler_ema_pg.yaml) is produced
-    assert final["eval/aime2024/pass@1"] == pytest.approx(0.3) and final["best_eval/aime2024/pass@1"] == pytest.approx(0.3)
+    assert final["eval/aime2024/pass@1"] == pytest.approx(0.3) and final["best_eval/aime2024/pass@1"] == pytest.approx(
+        0.3
+    )
     assert to_rows(tmp_path / "run", "math", greedy=False)[0][1]["eval/math/pass@1"] == pytest.approx((0.1 + 0.5) / 2)
 
 
@@ -154,8 +185,10 @@ def test_a_verl_run_is_recorded_and_reported_while_it_runs(monkeypatch, tmp_path
             seen_live.set()
 
     reported = []
-    run(build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}/run", "logger=none"]),
-        callback=lambda it, m, ckpt: (reported.append((it, m["train/reward"], ckpt)), callback(it, m, ckpt)))
+    run(
+        build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}/run", "logger=none"]),
+        callback=lambda it, m, ckpt: (reported.append((it, m["train/reward"], ckpt)), callback(it, m, ckpt)),
+    )
     assert reported == [(1, 0.25, None), (2, 0.25, None)]
     assert callers == {threading.current_thread().name}  # Tune's report stays in the trial's thread
     assert [r["iteration"] for r in read_metrics(tmp_path / "run")] == [1, 2]
@@ -169,8 +202,9 @@ def test_follower_rewinds_a_step_a_resumed_attempt_replays(tmp_path):
     reported = []
     with RunRecord.create(tmp_path, cfg) as record:
         follower = _VerlFollower(record, cfg, lambda it, m, ckpt: reported.append((it, m["train/reward"])))
-        _write(tmp_path / FILE, [(1, {"critic/score/mean": 0.1}), (2, {"critic/score/mean": 0.2})],
-               tail='{"step": 3, "da')  # half-written: waits for the next poll
+        _write(
+            tmp_path / FILE, [(1, {"critic/score/mean": 0.1}), (2, {"critic/score/mean": 0.2})], tail='{"step": 3, "da'
+        )  # half-written: waits for the next poll
         follower.poll()
         assert [(r["iteration"], r["train/reward"]) for r in read_metrics(tmp_path)] == [(1, 0.1), (2, 0.2)]
         rotate(tmp_path / FILE)  # a new attempt, resumed from the step-1 checkpoint, replays step 2
@@ -187,10 +221,18 @@ def test_follower_stops_a_run_on_failed_rollouts_or_no_progress_but_not_a_finish
     from experiments.run import RunFailed, _VerlFollower
 
     reported = {"count": 0}
-    monkeypatch.setattr(failures, "first_failure",
-                        lambda tolerated=0: "boom" if reported["count"] > tolerated else None)
-    cfg = build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}", "logger=none",
-                         "backend.verl.max_failed_rollouts=1", "backend.verl.step_timeout_s=100"])
+    monkeypatch.setattr(
+        failures, "first_failure", lambda tolerated=0: "boom" if reported["count"] > tolerated else None
+    )
+    cfg = build.compose(
+        [
+            "experiment=math_deepscaler_ema_pg",
+            f"run_dir={tmp_path}",
+            "logger=none",
+            "backend.verl.max_failed_rollouts=1",
+            "backend.verl.step_timeout_s=100",
+        ]
+    )
     with pytest.raises(RunFailed, match="boom"), RunRecord.create(tmp_path, cfg) as record:
         follower = _VerlFollower(record, cfg, None)
         reported["count"] = 1
@@ -217,8 +259,10 @@ def test_a_crash_after_some_steps_keeps_and_reports_them_then_raises(fake_verl, 
     fake_verl.crash, fake_verl.steps = True, (1, 2, 3)
     reported = []
     with pytest.raises(RuntimeError, match="NCCL timeout"):
-        run(build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}/run", "logger=none"]),
-            callback=lambda it, m, ckpt: reported.append(it))
+        run(
+            build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}/run", "logger=none"]),
+            callback=lambda it, m, ckpt: reported.append(it),
+        )
     assert [r["iteration"] for r in read_metrics(tmp_path / "run")] == [1, 2, 3]
     assert reported == [1, 2, 3] and read_status(tmp_path / "run")[0] == "failed"
 

@@ -15,9 +15,14 @@ SECRET = "not-a-real-key-0123456789abcdef0123456789abcdef"
 def wandb_env(tmp_path, monkeypatch):
     """Everything W&B touches goes under tmp_path; nothing to $HOME, nothing to the network."""
     home = tmp_path / "home"
-    for var, sub in (("HOME", "home"), ("WANDB_DIR", "wandb_dir"), ("WANDB_CACHE_DIR", "wandb_cache"),
-                     ("WANDB_CONFIG_DIR", "wandb_config"), ("WANDB_DATA_DIR", "wandb_data"),
-                     ("WANDB_ARTIFACT_DIR", "wandb_artifacts")):
+    for var, sub in (
+        ("HOME", "home"),
+        ("WANDB_DIR", "wandb_dir"),
+        ("WANDB_CACHE_DIR", "wandb_cache"),
+        ("WANDB_CONFIG_DIR", "wandb_config"),
+        ("WANDB_DATA_DIR", "wandb_data"),
+        ("WANDB_ARTIFACT_DIR", "wandb_artifacts"),
+    ):
         (tmp_path / sub).mkdir(exist_ok=True)
         monkeypatch.setenv(var, str(tmp_path / sub))
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -27,9 +32,15 @@ def wandb_env(tmp_path, monkeypatch):
 
 
 def make(run_dir, mode="online"):
-    return WandbLogger(run_dir, project="emapg-test", group="quickstart", tags=["tiny", "s1"],
-                       config={"experiment": "math_tiny_ema_pg", "algo": {"anchor": {"tau": 0.9}}},
-                       name=run_dir.name, mode=mode)
+    return WandbLogger(
+        run_dir,
+        project="emapg-test",
+        group="quickstart",
+        tags=["tiny", "s1"],
+        config={"experiment": "math_tiny_ema_pg", "algo": {"anchor": {"tau": 0.9}}},
+        name=run_dir.name,
+        mode=mode,
+    )
 
 
 def spy(logger):
@@ -75,8 +86,9 @@ def test_offline_run_files_and_resume_continue_the_same_run(tmp_path, wandb_env)
     assert json.loads((run_dir / "wandb_run.json").read_text())["last_step"] == 3
 
     # the process dies; the checkpoint was at iteration 1; resume
-    rec = RunRecord.create(run_dir, {"experiment": "math_tiny_ema_pg", "seed": 1, "task": {"name": "math_tiny"}},
-                           resume=True)
+    rec = RunRecord.create(
+        run_dir, {"experiment": "math_tiny_ema_pg", "seed": 1, "task": {"name": "math_tiny"}}, resume=True
+    )
     rec.rewind(1)
     with make(run_dir) as resumed:
         assert resumed.wandb_run_id == logger.wandb_run_id

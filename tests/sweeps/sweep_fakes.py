@@ -68,7 +68,9 @@ def fake_run(cfg, callback=None) -> dict:
     start = 0
     if cfg.resume and (ckpts / "latest").is_file():
         start = json.loads((ckpts / (ckpts / "latest").read_text().strip() / "state.json").read_text())["iteration"]
-        lines = [ln for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(ln)["iteration"] <= start]
+        lines = [
+            ln for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(ln)["iteration"] <= start
+        ]
         (run_dir / "metrics.jsonl").write_text("".join(ln + "\n" for ln in lines))  # rewind, as RunRecord does
     else:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -102,8 +104,9 @@ def fake_run(cfg, callback=None) -> dict:
         if callback:
             callback(it, m, _save(ckpts, it) if saving else None)
     final = {acc: score(cfg, int(cfg.trainer.iterations))}
-    (run_dir / "summary.json").write_text(json.dumps({"status": "finished", "final": final, "best": final,
-                                                      "train_wall_time_s": 0.01}))
+    (run_dir / "summary.json").write_text(
+        json.dumps({"status": "finished", "final": final, "best": final, "train_wall_time_s": 0.01})
+    )
     (run_dir / "status").write_text("finished\n")
     return final
 
@@ -120,9 +123,19 @@ def _log(run_dir: Path, sweep_dir: Path, cfg, it: int, m: dict) -> None:
     with open(run_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"iteration": it, **m}) + "\n")
     with open(sweep_dir / "calls.jsonl", "a") as f:
-        f.write(json.dumps({"trial": cfg.sweep.trial_id, "iteration": it, "pid": os.getpid(),
-                            "tau": float(cfg.algo.anchor.tau), "period": int(cfg.algo.anchor.period),
-                            "seed": int(cfg.seed)}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "trial": cfg.sweep.trial_id,
+                    "iteration": it,
+                    "pid": os.getpid(),
+                    "tau": float(cfg.algo.anchor.tau),
+                    "period": int(cfg.algo.anchor.period),
+                    "seed": int(cfg.seed),
+                }
+            )
+            + "\n"
+        )
 
 
 def calls(sweep_dir: Path) -> list[dict]:

@@ -87,27 +87,61 @@ def test_metric_never_seen_is_nan(reports):
 
 
 def test_space_encoding_round_trips():
-    spec = parse({"name": "t", "base": {"experiment": "math_tiny_ema_pg"}, "metric": ACC, "search": "random",
-                  "space": {"algo.kl.type,algo.kl.tail": {"choice": [["k3", "none"], ["topk_reverse", "paper"]]},
-                            "algo.anchor.period": {"int": [1, 3]}, "algo.kl.coef": {"loguniform": [1e-4, 1e-2]}},
-                  "seeds": [5, 6]}, check_config=False)
+    spec = parse(
+        {
+            "name": "t",
+            "base": {"experiment": "math_tiny_ema_pg"},
+            "metric": ACC,
+            "search": "random",
+            "space": {
+                "algo.kl.type,algo.kl.tail": {"choice": [["k3", "none"], ["topk_reverse", "paper"]]},
+                "algo.anchor.period": {"int": [1, 3]},
+                "algo.kl.coef": {"loguniform": [1e-4, 1e-2]},
+            },
+            "seeds": [5, 6],
+        },
+        check_config=False,
+    )
     space = T.param_space(spec)
     assert list(space) == ["algo.kl.coef", "algo.anchor.period", "algo.kl.type,algo.kl.tail", "seed"]
     assert space["algo.kl.type,algo.kl.tail"].categories == [0, 1]  # indices: Optuna takes scalars only
     assert (space["algo.anchor.period"].lower, space["algo.anchor.period"].upper) == (1, 4)  # int is inclusive
     import numpy as np
 
-    point, seed = T.decode(spec, {"algo.kl.type,algo.kl.tail": np.int64(1), "algo.anchor.period": np.int64(3),
-                                  "algo.kl.coef": np.float64(1e-3), "seed": 6})
-    assert point == {"algo.kl.type": "topk_reverse", "algo.kl.tail": "paper", "algo.anchor.period": 3, "algo.kl.coef": 1e-3}
+    point, seed = T.decode(
+        spec,
+        {
+            "algo.kl.type,algo.kl.tail": np.int64(1),
+            "algo.anchor.period": np.int64(3),
+            "algo.kl.coef": np.float64(1e-3),
+            "seed": 6,
+        },
+    )
+    assert point == {
+        "algo.kl.type": "topk_reverse",
+        "algo.kl.tail": "paper",
+        "algo.anchor.period": 3,
+        "algo.kl.coef": 1e-3,
+    }
     assert seed == 6 and type(point["algo.anchor.period"]) is int
-    assert T.describe(spec, {"algo.kl.type,algo.kl.tail": 0, "algo.anchor.period": 2, "algo.kl.coef": 0.01, "seed": 5}) \
+    assert (
+        T.describe(spec, {"algo.kl.type,algo.kl.tail": 0, "algo.anchor.period": 2, "algo.kl.coef": 0.01, "seed": 5})
         == "type=k3 tail=none period=2 coef=0.01 seed=5"
+    )
 
 
 def test_optuna_seeds_come_from_the_repeat_index():
-    spec = parse({"name": "t", "base": {"experiment": "math_tiny_ema_pg"}, "metric": ACC, "search": "optuna",
-                  "space": {"algo.anchor.tau": {"uniform": [0.5, 1.0]}}, "seeds": [3, 4]}, check_config=False)
+    spec = parse(
+        {
+            "name": "t",
+            "base": {"experiment": "math_tiny_ema_pg"},
+            "metric": ACC,
+            "search": "optuna",
+            "space": {"algo.anchor.tau": {"uniform": [0.5, 1.0]}},
+            "seeds": [3, 4],
+        },
+        check_config=False,
+    )
     assert "seed" not in T.param_space(spec)
     assert T.decode(spec, {"algo.anchor.tau": 0.7, T.TRIAL_INDEX: 1}) == ({"algo.anchor.tau": 0.7}, 4)
 
@@ -134,8 +168,15 @@ def test_restore_puts_the_checkpoint_back(tmp_path, monkeypatch):
 def test_results_get_what_tune_knows_in_launch_order():
     """sweeps.results gets each trial's id, state, decoded knobs, seed, iterations and error line (the CSV
     itself: tests/sweeps/test_results.py)."""
-    spec = parse({"name": "t", "base": {"experiment": "math_tiny_ema_pg"}, "metric": ACC,
-                  "space": {"algo.anchor.tau": {"grid": [1.0, 0.9]}}}, check_config=False)
+    spec = parse(
+        {
+            "name": "t",
+            "base": {"experiment": "math_tiny_ema_pg"},
+            "metric": ACC,
+            "space": {"algo.anchor.tau": {"grid": [1.0, 0.9]}},
+        },
+        check_config=False,
+    )
 
     class Trial:
         def __init__(self, tid, tau, status, it):
@@ -144,5 +185,7 @@ def test_results_get_what_tune_knows_in_launch_order():
             self.experiment_tag = f"{tid[-1]}_algo.anchor.tau={tau}"
 
     known = T._known(spec, [Trial("a_1", 0.9, "ERROR", 1), Trial("a_0", 1.0, "TERMINATED", 3)])
-    assert known == [results.Trial("a_0", "TERMINATED", {"algo.anchor.tau": 1.0}, 0, iterations=3),
-                     results.Trial("a_1", "ERROR", {"algo.anchor.tau": 0.9}, 0, iterations=1)]
+    assert known == [
+        results.Trial("a_0", "TERMINATED", {"algo.anchor.tau": 1.0}, 0, iterations=3),
+        results.Trial("a_1", "ERROR", {"algo.anchor.tau": 0.9}, 0, iterations=1),
+    ]

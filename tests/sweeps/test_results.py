@@ -31,14 +31,22 @@ def read_csv(sweep_dir: Path) -> list[dict]:
 
 def test_csv_reads_the_run_records(tmp_path):
     for tid, st in (("a_0", "finished"), ("a_1", "running")):
-        record(tmp_path, tid, st, [{"iteration": 0, ACC: 0.5}, {"iteration": 1, "time_s": 2.5, ACC: 0.25}],
-               tail='{"iteration": 2, ')  # a crashed run's partial last line
-    trials = [Trial("a_0", "TERMINATED", {"algo.anchor.tau": 1.0}, 0, iterations=1),
-              Trial("a_1", "TERMINATED", {"algo.anchor.tau": 0.9}, 0, iterations=1),
-              Trial("a_2", "PENDING", {"algo.anchor.tau": 0.8}, 0)]
+        record(
+            tmp_path,
+            tid,
+            st,
+            [{"iteration": 0, ACC: 0.5}, {"iteration": 1, "time_s": 2.5, ACC: 0.25}],
+            tail='{"iteration": 2, ',
+        )  # a crashed run's partial last line
+    trials = [
+        Trial("a_0", "TERMINATED", {"algo.anchor.tau": 1.0}, 0, iterations=1),
+        Trial("a_1", "TERMINATED", {"algo.anchor.tau": 0.9}, 0, iterations=1),
+        Trial("a_2", "PENDING", {"algo.anchor.tau": 0.8}, 0),
+    ]
     rows = results.write_csv(tmp_path, ACC, "max", trials)
-    assert [(r["status"], r["algo.anchor.tau"], r[f"final/{ACC}"], r[f"best/{ACC}"], r["train_time_s"]) for r in rows] \
-        == [("finished", 1.0, 0.25, 0.5, 2.5), ("stopped", 0.9, 0.25, 0.5, 2.5), ("pending", 0.8, "", "", "")]
+    assert [
+        (r["status"], r["algo.anchor.tau"], r[f"final/{ACC}"], r[f"best/{ACC}"], r["train_time_s"]) for r in rows
+    ] == [("finished", 1.0, 0.25, 0.5, 2.5), ("stopped", 0.9, 0.25, 0.5, 2.5), ("pending", 0.8, "", "", "")]
     assert rows[0]["run_id"] == "math_tiny__math_tiny_ema_pg__s0__a_0" and rows[2]["run_id"] == ""
     header = (tmp_path / "sweep.csv").read_text().splitlines()[0]
     assert header == f"trial_id,run_id,status,algo.anchor.tau,seed,iterations,train_time_s,final/{ACC},best/{ACC},error"
@@ -47,12 +55,15 @@ def test_csv_reads_the_run_records(tmp_path):
 def test_best_columns_only_where_best_means_something(tmp_path):
     """A loss as the sweep metric, minimised: its best is its min; evaluations keep their max; rewards,
     times and perf/* get no best/ column."""
-    rows = [{"iteration": 0, "time_s": 0.0, ACC: 0.5},
-            {"iteration": 1, "time_s": 9.0, "loss/total": 2.0, "train/reward": 0.1, "perf/iter_s": 9.0},
-            {"iteration": 2, "time_s": 10.0, "loss/total": 0.5, "train/reward": 0.3, "perf/iter_s": 1.0, ACC: 0.25}]
+    rows = [
+        {"iteration": 0, "time_s": 0.0, ACC: 0.5},
+        {"iteration": 1, "time_s": 9.0, "loss/total": 2.0, "train/reward": 0.1, "perf/iter_s": 9.0},
+        {"iteration": 2, "time_s": 10.0, "loss/total": 0.5, "train/reward": 0.3, "perf/iter_s": 1.0, ACC: 0.25},
+    ]
     record(tmp_path, "b_0", "finished", rows)
     (tmp_path / "runs" / "math_tiny__math_tiny_ema_pg__s0__b_0" / "summary.json").write_text(
-        json.dumps({"status": "finished", "train_wall_time_s": 7.0}))
+        json.dumps({"status": "finished", "train_wall_time_s": 7.0})
+    )
     results.write_csv(tmp_path, "loss/total", "min", [Trial("b_0", "TERMINATED", {"algo.anchor.tau": 1.0}, 0, 2)])
     (row,) = read_csv(tmp_path)
     assert float(row["best/loss/total"]) == 0.5 and float(row["final/loss/total"]) == 0.5
@@ -62,10 +73,18 @@ def test_best_columns_only_where_best_means_something(tmp_path):
     assert float(row["train_time_s"]) == 7.0  # the run's own training time (summary.json)
 
 
-@pytest.mark.parametrize("tune_state,run_status,expected", [
-    ("TERMINATED", "finished", "finished"), ("TERMINATED", "running", "stopped"), ("ERROR", "failed", "failed"),
-    ("ERROR", "interrupted", "interrupted"), ("ERROR", "crashed", "crashed"), ("RUNNING", None, "interrupted"),
-    ("PAUSED", "running", "paused")])
+@pytest.mark.parametrize(
+    "tune_state,run_status,expected",
+    [
+        ("TERMINATED", "finished", "finished"),
+        ("TERMINATED", "running", "stopped"),
+        ("ERROR", "failed", "failed"),
+        ("ERROR", "interrupted", "interrupted"),
+        ("ERROR", "crashed", "crashed"),
+        ("RUNNING", None, "interrupted"),
+        ("PAUSED", "running", "paused"),
+    ],
+)
 def test_status_from_tune_and_the_record(tmp_path, tune_state, run_status, expected):
     """`crashed`: a record left running by a process that is gone (experiments.records.read_state)."""
     if run_status is not None:

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+import sweep_fakes
 import yaml
 
-import sweep_fakes
 from sweeps import tune as T
 from sweeps.spec import load, parse
 
@@ -31,13 +31,26 @@ def local_ray(tmp_path_factory):
     """One Ray for the module: 2 CPUs, loopback only, no token auth, no dashboard, no usage stats."""
     import ray
 
-    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),  # workers import sweep_fakes
-           "WANDB_MODE": "disabled", "EMAPG_CACHE": str(tmp_path_factory.mktemp("emapg_cache"))}
+    env = {
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "disabled",
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(HERE), os.environ.get("PYTHONPATH")])
+        ),  # workers import sweep_fakes
+        "WANDB_MODE": "disabled",
+        "EMAPG_CACHE": str(tmp_path_factory.mktemp("emapg_cache")),
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             runtime_env=sweep_fakes.RUNTIME_ENV)  # each worker: experiments.run.run -> sweep_fakes.dispatch
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        runtime_env=sweep_fakes.RUNTIME_ENV,
+    )  # each worker: experiments.run.run -> sweep_fakes.dispatch
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
     for k, v in saved.items():
@@ -58,8 +71,14 @@ def fake_spec(name: str, iterations: int = 6, sleep: float = 0.1, **top) -> dict
         overrides["task.knobs"] = {"fake": "run", "sleep": sleep}
     for knobs in top.get("space", {}).get("task.knobs", {}).get("grid", []):
         knobs.setdefault("fake", "run")  # a point's task.knobs replaces the base's
-    return {"name": name, "base": {"experiment": "math_tiny_grpo", "overrides": overrides},
-            "space": {"algo.anchor.tau": {"grid": [1.0, 0.5]}}, "metric": ACC, "max_concurrent": 2, **top}
+    return {
+        "name": name,
+        "base": {"experiment": "math_tiny_grpo", "overrides": overrides},
+        "space": {"algo.anchor.tau": {"grid": [1.0, 0.5]}},
+        "metric": ACC,
+        "max_concurrent": 2,
+        **top,
+    }
 
 
 def rows(sweep_dir: Path) -> list[dict]:
@@ -94,20 +113,31 @@ def record_iterations(sweep_dir: Path, trial_id: str) -> list[int]:
 
 
 def test_grid_runs_every_point_and_seed_once(fakes, tmp_path):
-    spec = parse(fake_spec("grid", iterations=4, sleep=0.0, seeds=[0, 1],
-                           space={"algo.anchor.tau": {"grid": [1.0, 0.5]}, "algo.anchor.period": {"grid": [2, 3]}}))
+    spec = parse(
+        fake_spec(
+            "grid",
+            iterations=4,
+            sleep=0.0,
+            seeds=[0, 1],
+            space={"algo.anchor.tau": {"grid": [1.0, 0.5]}, "algo.anchor.period": {"grid": [2, 3]}},
+        )
+    )
     out = T.run_sweep(spec, tmp_path / "grid", report=False)
     got = rows(out)
     assert len(got) == 8 and {r["status"] for r in got} == {"finished"}
     assert sorted((float(r["algo.anchor.tau"]), int(r["algo.anchor.period"]), int(r["seed"])) for r in got) == sorted(
-        (t, p, s) for t in (1.0, 0.5) for p in (2, 3) for s in (0, 1))
+        (t, p, s) for t in (1.0, 0.5) for p in (2, 3) for s in (0, 1)
+    )
     runs = executed(out)
     assert len(runs) == 8 and all(its == [0, 1, 2, 3, 4] for its in runs.values())  # each exactly once
     # the configs the trials ran with: point, seed and the sweep's bookkeeping keys
     configs = [yaml.safe_load((out / "runs" / r["run_id"] / "config.yaml").read_text()) for r in got]
     for r, c in zip(got, configs):
         assert (c["algo"]["anchor"]["tau"], c["algo"]["anchor"]["period"], c["seed"]) == (
-            float(r["algo.anchor.tau"]), int(r["algo.anchor.period"]), int(r["seed"]))
+            float(r["algo.anchor.tau"]),
+            int(r["algo.anchor.period"]),
+            int(r["seed"]),
+        )
         assert (c["sweep"]["name"], c["sweep"]["trial_id"], c["logger"]["group"]) == ("grid", r["trial_id"], "grid")
         assert c["trainer"]["threads"] == 1 and "sweep:grid" in c["logger"]["tags"]
     # trials launch in the dry-run table's order
@@ -115,13 +145,21 @@ def test_grid_runs_every_point_and_seed_once(fakes, tmp_path):
 
     launched = got  # sweep.csv lists trials in launch order
     assert [(float(r["algo.anchor.tau"]), int(r["algo.anchor.period"]), int(r["seed"])) for r in launched] == [
-        (t["algo.anchor.tau"], t["algo.anchor.period"], t["seed"]) for t in trials(spec)]
+        (t["algo.anchor.tau"], t["algo.anchor.period"], t["seed"]) for t in trials(spec)
+    ]
     assert [float(r[f"final/{ACC}"]) for r in launched[:2]] == [1.0, 1.0]
     # the sweep directory is not reused by accident, and --resume insists on the same spec
     with pytest.raises(ValueError, match="already holds sweep 'grid'; finish it with --resume"):
         T.run_sweep(spec, out)
-    changed = parse(fake_spec("grid", iterations=5, sleep=0.0, seeds=[0, 1],
-                              space={"algo.anchor.tau": {"grid": [1.0, 0.5]}, "algo.anchor.period": {"grid": [2, 3]}}))
+    changed = parse(
+        fake_spec(
+            "grid",
+            iterations=5,
+            sleep=0.0,
+            seeds=[0, 1],
+            space={"algo.anchor.tau": {"grid": [1.0, 0.5]}, "algo.anchor.period": {"grid": [2, 3]}},
+        )
+    )
     with pytest.raises(ValueError, match=r"spec differs .* \(keys: base\)"):
         T.run_sweep(changed, out, resume=True)
     with pytest.raises(ValueError, match="holds no sweep"):
@@ -133,8 +171,17 @@ OPTUNA_SPACE = {"algo.anchor.tau": {"uniform": [0.5, 1.0]}, "algo.anchor.period"
 
 def test_optuna_honours_its_sampler_seed(fakes, tmp_path):
     def suggestions(seed: int, out: str) -> list[tuple]:
-        spec = parse(fake_spec("opt", iterations=1, sleep=0.0, search={"type": "optuna", "seed": seed},
-                               budget={"num_samples": 2}, seeds=[0, 1], space=OPTUNA_SPACE))
+        spec = parse(
+            fake_spec(
+                "opt",
+                iterations=1,
+                sleep=0.0,
+                search={"type": "optuna", "seed": seed},
+                budget={"num_samples": 2},
+                seeds=[0, 1],
+                space=OPTUNA_SPACE,
+            )
+        )
         d = T.run_sweep(spec, tmp_path / out, report=False, progress=False)
         got = rows(d)  # in launch order
         assert len(got) == 4 and {r["status"] for r in got} == {"finished"}
@@ -149,9 +196,12 @@ def test_optuna_honours_its_sampler_seed(fakes, tmp_path):
 
 def test_optuna_sampler_seed_changes_the_suggestions():
     """The searcher alone (no Ray cluster needed): same seed, same proposals; another seed, others."""
+
     def proposals(seed: int) -> list[dict]:
-        spec = parse(fake_spec("opt", search={"type": "optuna", "seed": seed}, budget={"num_samples": 4},
-                               space=OPTUNA_SPACE), check_config=False)
+        spec = parse(
+            fake_spec("opt", search={"type": "optuna", "seed": seed}, budget={"num_samples": 4}, space=OPTUNA_SPACE),
+            check_config=False,
+        )
         searcher = T._search_alg(spec)
         searcher.set_search_properties(ACC, "max", T.param_space(spec))
         return [searcher.suggest(f"t{i}") for i in range(4)]
@@ -160,8 +210,15 @@ def test_optuna_sampler_seed_changes_the_suggestions():
 
 
 def test_asha_stops_weak_trials(fakes, tmp_path):
-    spec = parse(fake_spec("asha", iterations=8, sleep=0.15, space={"algo.anchor.tau": {"grid": [1.0, 0.9, 0.3, 0.2]}},
-                           scheduler={"type": "asha", "grace_period": 2, "reduction_factor": 2}))
+    spec = parse(
+        fake_spec(
+            "asha",
+            iterations=8,
+            sleep=0.15,
+            space={"algo.anchor.tau": {"grid": [1.0, 0.9, 0.3, 0.2]}},
+            scheduler={"type": "asha", "grace_period": 2, "reduction_factor": 2},
+        )
+    )
     assert spec.scheduler.max_t == 8  # trainer.iterations
     out = T.run_sweep(spec, tmp_path / "asha", report=False)
     by_tau = {float(r["algo.anchor.tau"]): r for r in rows(out)}
@@ -185,9 +242,21 @@ def test_paused_trial_resumes_from_its_checkpoint(fakes, tmp_path, monkeypatch):
 
 def test_failing_trial_is_retried_from_its_last_checkpoint(fakes, tmp_path):
     """One trial fails once (retried from its checkpoint, finishes); one fails every time (failed); the sweep ends."""
-    spec = parse(fake_spec("fail", iterations=5, max_failures=1,
-                           space={"task.knobs": {"grid": [{"sleep": 0.1, "fail_at": 3, "fail_times": 1},
-                                                          {"sleep": 0.1, "fail_at": 3, "fail_times": 9}]}}))
+    spec = parse(
+        fake_spec(
+            "fail",
+            iterations=5,
+            max_failures=1,
+            space={
+                "task.knobs": {
+                    "grid": [
+                        {"sleep": 0.1, "fail_at": 3, "fail_times": 1},
+                        {"sleep": 0.1, "fail_at": 3, "fail_times": 9},
+                    ]
+                }
+            },
+        )
+    )
     out = T.run_sweep(spec, tmp_path / "fail", report=False)
     ok, bad = rows(out)
     assert ok["status"] == "finished" and int(ok["iterations"]) == 5
@@ -200,8 +269,11 @@ def test_failing_trial_is_retried_from_its_last_checkpoint(fakes, tmp_path):
 def test_an_interrupted_trial_is_listed_as_such_and_resume_continues_it(fakes, tmp_path):
     """A trial whose run was SIGTERM'd (status interrupted, no retries left) is `interrupted` in sweep.csv,
     not `failed`; --resume continues it from its checkpoint."""
-    spec = parse(fake_spec("stop", iterations=5, max_failures=0,
-                           space={"task.knobs": {"grid": [{"sleep": 0.05, "interrupt_at": 3}]}}))
+    spec = parse(
+        fake_spec(
+            "stop", iterations=5, max_failures=0, space={"task.knobs": {"grid": [{"sleep": 0.05, "interrupt_at": 3}]}}
+        )
+    )
     out = T.run_sweep(spec, tmp_path / "stop", report=False)
     (row,) = rows(out)
     assert row["status"] == "interrupted" and "interrupted by SIGTERM after iteration 2" in row["error"]
@@ -215,14 +287,28 @@ def test_an_interrupted_trial_is_listed_as_such_and_resume_continues_it(fakes, t
 def test_killed_driver_resumes_without_rerunning_finished_trials(fakes, tmp_path):
     """SIGKILL the sweep driver while trial 3 of 4 runs; `--resume` finishes the sweep."""
     spec_path = tmp_path / "kill.yaml"
-    spec_path.write_text(yaml.safe_dump(fake_spec("kill", iterations=6, sleep=0.3, max_concurrent=1,
-                                                  space={"algo.anchor.tau": {"grid": [1.0, 0.9, 0.8, 0.7]}})))
+    spec_path.write_text(
+        yaml.safe_dump(
+            fake_spec(
+                "kill",
+                iterations=6,
+                sleep=0.3,
+                max_concurrent=1,
+                space={"algo.anchor.tau": {"grid": [1.0, 0.9, 0.8, 0.7]}},
+            )
+        )
+    )
     out = tmp_path / "kill"
     code = f"import sweep_fakes; sweep_fakes.drive({str(spec_path)!r}, {str(out)!r}, {fakes!r})"
     # Tune saves its experiment state at most every 10 s by default ("auto"), so a driver killed 2 s into
     # a trial may not have recorded that trial's checkpoints yet; save it at every step here.
-    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True, env={**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0"})
+    driver = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0"},
+    )
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -290,9 +376,15 @@ def _wait_for_free_cpus(n: int, timeout: float = 60) -> None:
 @pytest.mark.filterwarnings("ignore:pretrain .* did not reach target_acc")  # smoke: 2 warm-start steps
 def test_real_runs_end_to_end(local_ray, tmp_path):
     """Two smoke-sized trials through experiments.run.run: run records under the sweep, sweep.csv, report."""
-    spec = parse({"name": "e2e", "base": {"overrides": {"smoke": True, "logger": "none"}},
-                  "space": {"experiment": {"grid": ["math_tiny_grpo", "math_tiny_ema_pg"]}}, "metric": ACC,
-                  "max_concurrent": 2})
+    spec = parse(
+        {
+            "name": "e2e",
+            "base": {"overrides": {"smoke": True, "logger": "none"}},
+            "space": {"experiment": {"grid": ["math_tiny_grpo", "math_tiny_ema_pg"]}},
+            "metric": ACC,
+            "max_concurrent": 2,
+        }
+    )
     out = T.run_sweep(spec, tmp_path / "e2e")
     got = rows(out)
     assert {r["experiment"] for r in got} == {"math_tiny_grpo", "math_tiny_ema_pg"}
@@ -301,7 +393,11 @@ def test_real_runs_end_to_end(local_ray, tmp_path):
         run_dir = out / "runs" / r["run_id"]
         assert (run_dir / "status").read_text().startswith("finished")
         cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-        assert (cfg["sweep"]["name"], cfg["sweep"]["trial_id"], cfg["experiment"]) == ("e2e", r["trial_id"], r["experiment"])
+        assert (cfg["sweep"]["name"], cfg["sweep"]["trial_id"], cfg["experiment"]) == (
+            "e2e",
+            r["trial_id"],
+            r["experiment"],
+        )
         assert r[f"final/{ACC}"] != "" and r[f"best/{ACC}"] != ""
     assert (out / "sweep.yaml").is_file() and json.loads((out / "timing.json").read_text())["trials"] == 2
     assert (out / "report" / "index.md").is_file()
@@ -312,8 +408,15 @@ def test_real_trial_retried_from_its_checkpoint(local_ray, tmp_path, monkeypatch
     """A real run that dies after iteration 2's metrics is retried from its reported checkpoint (iteration 1):
     the trainer resumes exactly (iteration 2 next) and the run record holds every iteration once."""
     overrides = {"smoke": True, "logger": "none", "task.knobs": {"fake": "fail_once"}}  # sweep_fakes.dispatch
-    spec = parse({"name": "e2e_retry", "base": {"experiment": "math_tiny_ema_pg", "overrides": overrides},
-                  "space": {"seed": {"grid": [3]}}, "metric": ACC, "max_failures": 1})
+    spec = parse(
+        {
+            "name": "e2e_retry",
+            "base": {"experiment": "math_tiny_ema_pg", "overrides": overrides},
+            "space": {"seed": {"grid": [3]}},
+            "metric": ACC,
+            "max_failures": 1,
+        }
+    )
     monkeypatch.setattr(T, "_warm_start", lambda spec: None)  # the trial builds it (the knob is not the task's)
     out = T.run_sweep(spec, tmp_path / "retry")
     (row,) = rows(out)
@@ -340,7 +443,9 @@ def smoke_variant(raw: dict) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["quickstart", "ablate_tau", "ablate_period", "ablate_k", "ablate_kl_type", "tune_optuna"])
+@pytest.mark.parametrize(
+    "name", ["quickstart", "ablate_tau", "ablate_period", "ablate_k", "ablate_kl_type", "tune_optuna"]
+)
 def test_shipped_spec_smoke_runs(local_ray, tmp_path, name):
     """Every local-backend spec in sweeps/ runs end to end with 2 smoke-sized trials."""
     raw = yaml.safe_load((HERE.parents[1] / "sweeps" / f"{name}.yaml").read_text())

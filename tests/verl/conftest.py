@@ -43,9 +43,13 @@ def tq_local(tmp_path):
 
     tq = pytest.importorskip("transfer_queue")
     temp = f"/tmp/emapg_tq_{os.getpid()}"  # short: Ray's unix sockets live here
-    ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=temp, namespace="emapg_tq_test")
+    ray.init(
+        num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=temp, namespace="emapg_tq_test"
+    )
     try:
-        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 64}}}))
+        tq.init(
+            OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 64}}})
+        )
         yield tq
     finally:
         tq.close()

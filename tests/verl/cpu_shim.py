@@ -24,6 +24,12 @@ def init_gloo(rank: int = 0, world_size: int = 1, port: int | None = None) -> No
 
     if dist.is_initialized():
         return
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port or free_port()), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port or free_port()),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
     dist.init_process_group("gloo", rank=rank, world_size=world_size)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-
 P, R = 6, 7  # padded prompt / response widths of the test batch
 
 
@@ -24,8 +23,14 @@ def save_tiny(path, seed: int = 0) -> str:
     return str(path)
 
 
-def training_worker(model_path: str, forward_only: bool, remove_padding: bool = True, micro: int = 4,
-                    dynamic_tokens: int | None = None, verl_precision: bool = False):
+def training_worker(
+    model_path: str,
+    forward_only: bool,
+    remove_padding: bool = True,
+    micro: int = 4,
+    dynamic_tokens: int | None = None,
+    verl_precision: bool = False,
+):
     """A verl TrainingWorker (outside Ray) with an FSDP2 engine; the shim must be installed.
 
     ``dynamic_tokens``: verl's dynamic micro-batches (token budget per micro-batch; they are
@@ -37,19 +42,36 @@ def training_worker(model_path: str, forward_only: bool, remove_padding: bool = 
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
     from verl.workers.engine_workers import TrainingWorker
 
-    mc = HFModelConfig(path=model_path, override_config={"attn_implementation": "eager"},
-                       use_remove_padding=remove_padding, enable_gradient_checkpointing=False)
+    mc = HFModelConfig(
+        path=model_path,
+        override_config={"attn_implementation": "eager"},
+        use_remove_padding=remove_padding,
+        enable_gradient_checkpointing=False,
+    )
     fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
-    ec = FSDPEngineConfig(strategy="fsdp2", forward_only=forward_only, use_torch_compile=False, model_dtype="fp32",
-                          mixed_precision=None if verl_precision else fp32, use_dynamic_bsz=dynamic_tokens is not None,
-                          micro_batch_size_per_gpu=micro,
-                          infer_micro_batch_size_per_gpu=micro, max_token_len_per_gpu=dynamic_tokens,
-                          infer_max_token_len_per_gpu=dynamic_tokens)
+    ec = FSDPEngineConfig(
+        strategy="fsdp2",
+        forward_only=forward_only,
+        use_torch_compile=False,
+        model_dtype="fp32",
+        mixed_precision=None if verl_precision else fp32,
+        use_dynamic_bsz=dynamic_tokens is not None,
+        micro_batch_size_per_gpu=micro,
+        infer_micro_batch_size_per_gpu=micro,
+        max_token_len_per_gpu=dynamic_tokens,
+        infer_max_token_len_per_gpu=dynamic_tokens,
+    )
     contents = ["model"] if forward_only else ["model", "optimizer", "extra"]
     oc = None if forward_only else FSDPOptimizerConfig(lr=1e-2, clip_grad=1e9)
-    w = TrainingWorker(TrainingWorkerConfig(model_type="language_model", model_config=mc, engine_config=ec,
-                                            optimizer_config=oc,
-                                            checkpoint_config=CheckpointConfig(save_contents=contents, load_contents=contents)))
+    w = TrainingWorker(
+        TrainingWorkerConfig(
+            model_type="language_model",
+            model_config=mc,
+            engine_config=ec,
+            optimizer_config=oc,
+            checkpoint_config=CheckpointConfig(save_contents=contents, load_contents=contents),
+        )
+    )
     w.reset()
     return w
 
@@ -67,9 +89,9 @@ def batch(seed: int = 0, vocab: int = 100, temperature: float = 1.0, drop: tuple
     prompts, responses = torch.zeros(B, P, dtype=torch.long), torch.zeros(B, R, dtype=torch.long)
     am = torch.zeros(B, P + R, dtype=torch.long)
     for i in range(B):
-        prompts[i, P - plens[i]:] = torch.randint(4, vocab, (plens[i],), generator=g)
+        prompts[i, P - plens[i] :] = torch.randint(4, vocab, (plens[i],), generator=g)
         responses[i, : rlens[i]] = torch.randint(4, vocab, (rlens[i],), generator=g)
-        am[i, P - plens[i]: P + rlens[i]] = 1
+        am[i, P - plens[i] : P + rlens[i]] = 1
     input_ids = torch.cat([prompts, responses], 1)
     pos = (am.cumsum(1) - 1).clamp_min(0)
     mask = am[:, P:].clone()
@@ -79,12 +101,25 @@ def batch(seed: int = 0, vocab: int = 100, temperature: float = 1.0, drop: tuple
         "ref_log_prob": -torch.rand(B, R, generator=g) * 3 * mask,
         "advantages": torch.randn(B, 1, generator=g).expand(B, R) * mask,
     }
-    padded = {"prompts": prompts, "responses": responses, "input_ids": input_ids, "attention_mask": am,
-              "position_ids": pos, "response_mask": mask, **extra}
+    padded = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": input_ids,
+        "attention_mask": am,
+        "position_ids": pos,
+        "response_mask": mask,
+        **extra,
+    }
     td = TensorDict({k: v.clone() for k, v in padded.items()}, batch_size=B)
     td = left_right_2_no_padding(td)
-    tu.assign_non_tensor(td, temperature=temperature, calculate_entropy=False, compute_loss=False,
-                         global_token_num=[int(x) for x in am.sum(1)], global_batch_size=B)
+    tu.assign_non_tensor(
+        td,
+        temperature=temperature,
+        calculate_entropy=False,
+        compute_loss=False,
+        global_token_num=[int(x) for x in am.sum(1)],
+        global_batch_size=B,
+    )
     return td, padded
 
 
@@ -98,7 +133,7 @@ def naive_logits(module, padded, temperature: float = 1.0) -> torch.Tensor:
         p_len = int(am[i, :P].sum())
         r_len = int(am[i, P:].sum())
         logits = module(input_ids=ids[i, keep][None], use_cache=False).logits[0].float() / temperature
-        out[i, :r_len] = logits[p_len - 1: p_len - 1 + r_len]
+        out[i, :r_len] = logits[p_len - 1 : p_len - 1 + r_len]
     return out
 
 

@@ -49,8 +49,16 @@ def ema_worker(rank, world, port, out_dir):
     err = max((got[n] - exp_anchor[n]).abs().max().item() for n in names)
     d = drift(anchor, policy)
     if rank == 0:
-        torch.save({"err": err, "drift": d, "exp_drift": exp_drift, "names": sorted(got) == sorted(names),
-                    "local_shapes": local_shapes}, os.path.join(out_dir, "result.pt"))
+        torch.save(
+            {
+                "err": err,
+                "drift": d,
+                "exp_drift": exp_drift,
+                "names": sorted(got) == sorted(names),
+                "local_shapes": local_shapes,
+            },
+            os.path.join(out_dir, "result.pt"),
+        )
     dist.destroy_process_group()
 
 
@@ -82,8 +90,10 @@ def verl_engines_ema_worker(rank, world, port, model_path, out_dir):
     want = torch.sqrt(sum(((a[n] - r[n]) ** 2).sum() for n in names)).item()
     placements = {str(p.placements) for p in actor.engine.module.parameters()}
     if rank == 0:
-        torch.save({"err": err, "dist": d["anchor/dist"], "want": want, "placements": placements},
-                   os.path.join(out_dir, "result.pt"))
+        torch.save(
+            {"err": err, "dist": d["anchor/dist"], "want": want, "placements": placements},
+            os.path.join(out_dir, "result.pt"),
+        )
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -110,8 +120,15 @@ def drop_count_worker(rank, world, port, model_path, out_dir):
 
     actor.set_loss_fn(loss_fn)
     td, _ = engines.batch(seed=rank, drop=(1,) if rank == 0 else (0, 2))
-    tu.assign_non_tensor(td, use_remove_padding=True, use_dynamic_bsz=False, micro_batch_size_per_gpu=4,
-                         max_token_len_per_gpu=16, use_fused_kernels=False, **{DROP_KEY: True})
+    tu.assign_non_tensor(
+        td,
+        use_remove_padding=True,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=4,
+        max_token_len_per_gpu=16,
+        use_fused_kernels=False,
+        **{DROP_KEY: True},
+    )
     with actor.engine.train_mode():
         actor.engine.forward_backward_batch(td, loss_function=loss_fn, forward_only=False)
     torch.save(seen, os.path.join(out_dir, f"seen{rank}.pt"))

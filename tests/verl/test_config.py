@@ -36,7 +36,9 @@ def test_golden_command(name):
     if os.environ.get("EMAPG_UPDATE_GOLDEN"):
         path.write_text(cmd)
     assert path.exists(), f"{path} missing: run with EMAPG_UPDATE_GOLDEN=1 and review it"
-    assert cmd == path.read_text(), f"compiled launch for {name} changed; if intended, EMAPG_UPDATE_GOLDEN=1 and review the diff"
+    assert cmd == path.read_text(), (
+        f"compiled launch for {name} changed; if intended, EMAPG_UPDATE_GOLDEN=1 and review the diff"
+    )
 
 
 PRESET_GOLDEN = {  # preset -> (golden run, extra overrides that golden run carries)
@@ -61,17 +63,31 @@ def test_preset_compiles_to_the_golden_launch(preset):
     assert _composed_job([f"experiment={preset}", *extra]).command() == _job(golden).command()
 
 
-@pytest.mark.parametrize("sweep,grpo_delta", [
-    ("math_deepscaler_ema_pg", {"emapg.anchor.tau": ("0.95", "1.0")}),
-    ("search_r1_ema_pg", {"emapg.anchor.tau": ("0.9", "1.0"), "emapg.kl.type": ("topk_reverse", "k3"),
-                          "emapg.kl.use_iw": ("true", "false")}),
-])
+@pytest.mark.parametrize(
+    "sweep,grpo_delta",
+    [
+        ("math_deepscaler_ema_pg", {"emapg.anchor.tau": ("0.95", "1.0")}),
+        (
+            "search_r1_ema_pg",
+            {
+                "emapg.anchor.tau": ("0.9", "1.0"),
+                "emapg.kl.type": ("topk_reverse", "k3"),
+                "emapg.kl.use_iw": ("true", "false"),
+            },
+        ),
+    ],
+)
 def test_shipped_gpu_sweeps_compile_to_the_paper_launch_and_its_baseline(sweep, grpo_delta):
     from sweeps.spec import load, trials
 
     spec = load(Path(__file__).parents[2] / "sweeps" / f"{sweep}.yaml")
-    argv = {t["experiment"]: dict(a.split("=", 1) for a in _composed_job(
-        spec.overrides_for({"experiment": t["experiment"]}, t["seed"])).command()[3:]) for t in trials(spec)}
+    argv = {
+        t["experiment"]: dict(
+            a.split("=", 1)
+            for a in _composed_job(spec.overrides_for({"experiment": t["experiment"]}, t["seed"])).command()[3:]
+        )
+        for t in trials(spec)
+    }
     ema, grpo = argv[sweep], argv[sweep.replace("ema_pg", "grpo")]
     # the EMA-PG trial is its preset's launch exactly (the sweep's group/tags are W&B-only, not verl's)
     assert ema == dict(a.split("=", 1) for a in _composed_job([f"experiment={sweep}"]).command()[3:])
@@ -89,11 +105,15 @@ def test_math_hyperparameters():
     o, e = _overrides(_job("math_deepscaler_8k")), _job("math_deepscaler_8k").emapg
     assert e["kl"]["type"] == "k3" and e["kl"]["coef"] == 0.001 and not e["kl"]["use_iw"]
     assert e["anchor"] == {"tau": 0.95, "period": 10, "fp32_shadow": False}
-    assert e["loss"]["agg"] == "seq-mean-token-mean" and e["loss"]["clip_high"] == 0.28 and e["loss"]["dual_clip_c"] == 3.0
+    assert (
+        e["loss"]["agg"] == "seq-mean-token-mean" and e["loss"]["clip_high"] == 0.28 and e["loss"]["dual_clip_c"] == 3.0
+    )
     assert o["data.train_batch_size"] == "128" and o["actor_rollout_ref.rollout.n"] == "8"
     assert o["actor_rollout_ref.actor.ppo_mini_batch_size"] == "64"  # 2 optimizer steps per iteration
     assert o["data.max_response_length"] == "8192" and o["data.max_prompt_length"] == "4096"
-    assert o["actor_rollout_ref.actor.optim.lr"] == "1e-06" and o["actor_rollout_ref.actor.optim.betas"] == "[0.9,0.999]"
+    assert (
+        o["actor_rollout_ref.actor.optim.lr"] == "1e-06" and o["actor_rollout_ref.actor.optim.betas"] == "[0.9,0.999]"
+    )
     assert o["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "30000" and o["data.seed"] == "6725"
     assert o["actor_rollout_ref.actor.strategy"] == "fsdp2" and o["trainer.v1.trainer_mode"] == "emapg_sync"
     assert o["trainer.total_training_steps"] == "480" and o["trainer.save_freq"] == "20"
@@ -103,8 +123,16 @@ def test_math_hyperparameters():
 def test_search_hyperparameters():
     job = _job("search_r1_ema_pg")
     o, e = _overrides(job), job.emapg
-    assert e["kl"] | {} == {**e["kl"], "type": "topk_reverse", "k": 32, "tail": "paper", "coef": 0.001, "use_iw": True,
-                             "iw_clip_low": None, "iw_clip_high": None}
+    assert e["kl"] | {} == {
+        **e["kl"],
+        "type": "topk_reverse",
+        "k": 32,
+        "tail": "paper",
+        "coef": 0.001,
+        "use_iw": True,
+        "iw_clip_low": None,
+        "iw_clip_high": None,
+    }
     assert e["anchor"]["tau"] == 0.9 and e["anchor"]["period"] == 10 and e["loss"]["dual_clip_c"] is None
     assert "actor_rollout_ref.actor.clip_ratio_c" not in o  # no dual clip in the search recipe
     assert o["data.train_batch_size"] == "512" and o["actor_rollout_ref.rollout.n"] == "5"
@@ -134,26 +162,43 @@ def test_anchor_schedule_matches_core():
 
     for tau, period in ((0.9, 10), (0.95, 3), (1.0, 10)):
         core = EmaAnchor(__import__("torch").nn.Linear(1, 1), tau, period)
-        assert [anchor_due(i, AnchorConfig(tau=tau, period=period)) for i in range(40)] == [core.due(i) for i in range(40)]
+        assert [anchor_due(i, AnchorConfig(tau=tau, period=period)) for i in range(40)] == [
+            core.due(i) for i in range(40)
+        ]
 
 
-@pytest.mark.parametrize("bad,match", [
-    ({"algo": {"kl": {"type": "exact_reverse"}}}, "full"),
-    ({"algo": {"kl": {"type": "nope"}}}, "not allowed"),
-    ({"algo": {"anchor": {"tau": 1.5}}}, "tau"),
-    ({"rollout": {"prompts_per_iter": 10}, "trainer": {"mini_batches": 3}}, "divisible"),
-    ({"backend": {"verl": {"rollout_engine": "trtllm"}}}, "rollout_engine"),
-    ({"trainer": {"device": "tpu9"}}, r"trainer.device='tpu9' is not allowed; allowed values: cpu, cuda, cuda:N, auto"),
-    ({"trainer": {"device": "auto"}}, r"device='auto' is not allowed with the verl backend; allowed: cuda, cpu"),
-    ({"trainer": {"device": "cuda:1"}}, r"device='cuda:1' is not allowed with the verl backend; allowed: cuda, cpu"),
-    ({"trainer": {"device": "cpu"}}, r"trainer.device=cpu needs backend.verl.rollout_engine=hf"),
-    ({"trainer": {"device": "cuda"}, "backend": {"verl": {"rollout_engine": "hf"}}}, r"hf runs with trainer.device=cpu"),
-    ({"trainer": {"device": "cuda"}, "backend": {"verl": {"max_failed_rollouts": -1}}}, r"max_failed_rollouts must be"),
-    ({"trainer": {"device": "cuda"}, "backend": {"verl": {"step_timeout_s": 0}}}, r"step_timeout_s must be > 0"),
-    ({"backend": {"verl": {"bogus": 1}}}, "bogus"),
-    ({"backend": {"verl": {"mask_truncated": "yes"}}}, r"emapg.mask_truncated must be true or false"),
-    ({"backend": {"verl": {"multi_turn": True, "agent_loop": "search_r1"}}}, r"needs backend\.verl\.retriever_url"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"algo": {"kl": {"type": "exact_reverse"}}}, "full"),
+        ({"algo": {"kl": {"type": "nope"}}}, "not allowed"),
+        ({"algo": {"anchor": {"tau": 1.5}}}, "tau"),
+        ({"rollout": {"prompts_per_iter": 10}, "trainer": {"mini_batches": 3}}, "divisible"),
+        ({"backend": {"verl": {"rollout_engine": "trtllm"}}}, "rollout_engine"),
+        (
+            {"trainer": {"device": "tpu9"}},
+            r"trainer.device='tpu9' is not allowed; allowed values: cpu, cuda, cuda:N, auto",
+        ),
+        ({"trainer": {"device": "auto"}}, r"device='auto' is not allowed with the verl backend; allowed: cuda, cpu"),
+        (
+            {"trainer": {"device": "cuda:1"}},
+            r"device='cuda:1' is not allowed with the verl backend; allowed: cuda, cpu",
+        ),
+        ({"trainer": {"device": "cpu"}}, r"trainer.device=cpu needs backend.verl.rollout_engine=hf"),
+        (
+            {"trainer": {"device": "cuda"}, "backend": {"verl": {"rollout_engine": "hf"}}},
+            r"hf runs with trainer.device=cpu",
+        ),
+        (
+            {"trainer": {"device": "cuda"}, "backend": {"verl": {"max_failed_rollouts": -1}}},
+            r"max_failed_rollouts must be",
+        ),
+        ({"trainer": {"device": "cuda"}, "backend": {"verl": {"step_timeout_s": 0}}}, r"step_timeout_s must be > 0"),
+        ({"backend": {"verl": {"bogus": 1}}}, "bogus"),
+        ({"backend": {"verl": {"mask_truncated": "yes"}}}, r"emapg.mask_truncated must be true or false"),
+        ({"backend": {"verl": {"multi_turn": True, "agent_loop": "search_r1"}}}, r"needs backend\.verl\.retriever_url"),
+    ],
+)
 def test_invalid_run_configs_fail_clearly(bad, match):
     run = {"model": {"path": "m"}, **bad}
     with pytest.raises((ValueError, TypeError), match=match):
@@ -161,8 +206,9 @@ def test_invalid_run_configs_fail_clearly(bad, match):
 
 
 def test_split_argv_and_formatting():
-    args, section = split_argv(["trainer.nnodes=2", "emapg.kl.type=topk_forward", "emapg.anchor.tau=0.95",
-                                "emapg.kl.iw_clip_high=null"])
+    args, section = split_argv(
+        ["trainer.nnodes=2", "emapg.kl.type=topk_forward", "emapg.anchor.tau=0.95", "emapg.kl.iw_clip_high=null"]
+    )
     assert args == ["trainer.nnodes=2"]
     assert section.kl.type == "topk_forward" and section.anchor.tau == 0.95 and section.kl.iw_clip_high is None
     assert split_argv(["emapg.mask_truncated=true"])[1].mask_truncated is True
@@ -175,7 +221,14 @@ def test_split_argv_and_formatting():
     node = OmegaConf.create({"tau": 0.8, "emapg": {"anchor": {"tau": "${tau}"}, "kl": {"type": "k3"}}}).emapg
     assert EmaPGSection.from_config(node) == EmaPGSection.from_dict({"anchor": {"tau": 0.8}, "kl": {"type": "k3"}})
     assert [hydra_value(v) for v in (None, True, 1e-6, [0.9, 0.95], "a b", "x", "True")] == [
-        "null", "true", "1e-06", "[0.9,0.95]", "'a b'", "x", "'True'"]
+        "null",
+        "true",
+        "1e-06",
+        "[0.9,0.95]",
+        "'a b'",
+        "x",
+        "'True'",
+    ]
 
 
 @pytest.mark.verl

@@ -2,17 +2,17 @@
 computation from a plain forward of the same tiny Qwen2, for both of verl's input layouts and a
 non-unit temperature; verl's own log-probs are unchanged by our engine class."""
 
+import engines
 import pytest
 import torch
-
-import engines
 
 pytestmark = pytest.mark.verl
 K = 5
 
 
 LAYOUTS = {  # (remove_padding, micro-batch size, dynamic token budget)
-    "remove_padding": (True, 4, None), "padded": (False, 4, None),
+    "remove_padding": (True, 4, None),
+    "padded": (False, 4, None),
     "dynamic_micro_batches": (True, 1, 16),  # several micro-batches, re-ordered by verl and restored
 }
 
@@ -22,8 +22,12 @@ def workers(request, tiny_path):
     from ema_pg_core.verl.engine import reclass
 
     rmpad, micro, tokens = LAYOUTS[request.param]
-    actor = engines.training_worker(tiny_path, forward_only=False, remove_padding=rmpad, micro=micro, dynamic_tokens=tokens)
-    ref = engines.training_worker(tiny_path, forward_only=True, remove_padding=rmpad, micro=micro, dynamic_tokens=tokens)
+    actor = engines.training_worker(
+        tiny_path, forward_only=False, remove_padding=rmpad, micro=micro, dynamic_tokens=tokens
+    )
+    ref = engines.training_worker(
+        tiny_path, forward_only=True, remove_padding=rmpad, micro=micro, dynamic_tokens=tokens
+    )
     with torch.no_grad():  # make the anchor differ from the policy
         for p in ref.engine.module.parameters():
             p.to_local().mul_(0.9)
@@ -66,8 +70,12 @@ def test_topk_outputs_equal_naive(workers, tiny_path):
     assert torch.equal(ids.long()[mask], top.indices[mask])
     torch.testing.assert_close(R("emapg_old_logits_k")[mask], top.values[mask], atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(R("emapg_old_lse")[mask], torch.logsumexp(z, -1)[mask], atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(R("log_probs")[mask], torch.log_softmax(z, -1).gather(-1, padded["responses"][..., None])[..., 0][mask],
-                               atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        R("log_probs")[mask],
+        torch.log_softmax(z, -1).gather(-1, padded["responses"][..., None])[..., 0][mask],
+        atol=2e-5,
+        rtol=1e-5,
+    )
 
     # the anchor gathers at pi_old's ids (carried as a nested (nnz, K) field, as TransferQueue does)
     td2, _ = engines.batch(temperature=T)
@@ -79,8 +87,9 @@ def test_topk_outputs_equal_naive(workers, tiny_path):
     assert "emapg_ref_topk_ids" not in out2.keys()
     got_k = no_padding_2_padding(out2["emapg_ref_logits_k"], td2)
     torch.testing.assert_close(got_k[mask], zr.gather(-1, top.indices)[mask], atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(no_padding_2_padding(out2["emapg_ref_lse"], td2)[mask], torch.logsumexp(zr, -1)[mask],
-                               atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        no_padding_2_padding(out2["emapg_ref_lse"], td2)[mask], torch.logsumexp(zr, -1)[mask], atol=2e-5, rtol=1e-5
+    )
 
 
 def test_pass_off_is_plain_verl(workers):

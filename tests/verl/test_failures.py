@@ -35,8 +35,9 @@ def _run(shared, name: str, preset: str, extra: list[str], verl_extra: list[str]
     cfg = build.compose([f"experiment={preset}"])
     task = str(cfg.task.name)
     run_dir = shared.root.parent / name
-    overrides = [f"experiment={preset}"] + rehearsal_overrides(cfg, shared.model(task), shared.data(task), run_dir, 3,
-                                                              retriever_url)
+    overrides = [f"experiment={preset}"] + rehearsal_overrides(
+        cfg, shared.model(task), shared.data(task), run_dir, 3, retriever_url
+    )
     if verl_extra:  # appended to the rehearsal's own backend.verl.overrides list
         last = overrides.pop()
         overrides.append(last[:-1] + "," + ",".join(f"'{o}'" for o in verl_extra) + "]")
@@ -65,15 +66,17 @@ def _assert_failed_fast(attempt, run_dir: Path, log: str, cause: str):
 @pytest.mark.timeout(900)
 def test_an_exception_in_the_rollout_server_ends_the_run(shared):
     # a context window too small for any prompt: the hf rollout server raises in every generate
-    attempt, run_dir, log = _run(shared, "rollout_fault", "math_deepscaler_ema_pg", [],
-                                 ["actor_rollout_ref.rollout.max_model_len=8"])
+    attempt, run_dir, log = _run(
+        shared, "rollout_fault", "math_deepscaler_ema_pg", [], ["actor_rollout_ref.rollout.max_model_len=8"]
+    )
     _assert_failed_fast(attempt, run_dir, log, "leaves no room to generate")
 
 
 @pytest.mark.timeout(900)
 def test_an_exception_in_the_reward_ends_the_run(shared):
-    attempt, run_dir, log = _run(shared, "reward_fault", "math_deepscaler_ema_pg",
-                                 ["backend.verl.reward_fn=faults:raising_reward"])
+    attempt, run_dir, log = _run(
+        shared, "reward_fault", "math_deepscaler_ema_pg", ["backend.verl.reward_fn=faults:raising_reward"]
+    )
     _assert_failed_fast(attempt, run_dir, log, "injected reward failure")
 
 
@@ -88,8 +91,9 @@ def test_an_unreachable_retriever_ends_the_run(shared):
 
 def test_too_few_cpus_is_refused_before_ray_starts(shared, tmp_path):
     t0 = time.time()
-    attempt, run_dir, log = _run(shared, "too_few_cpus", "math_deepscaler_ema_pg", [],
-                                 ["+ray_kwargs.ray_init.num_cpus=2"])
+    attempt, run_dir, log = _run(
+        shared, "too_few_cpus", "math_deepscaler_ema_pg", [], ["+ray_kwargs.ray_init.num_cpus=2"]
+    )
     assert attempt.returncode == 2, log[-3000:]
     assert "Traceback" not in log and "transfer_queue.backend.SimpleStorage.num_data_storage_units" in log
     assert "but the Ray cluster has 2 CPUs" in log, log[-2000:]

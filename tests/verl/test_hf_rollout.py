@@ -16,16 +16,26 @@ def _server(tiny_path, **rollout):
     from ema_pg_core.verl.hf_rollout import HFGenerationServer
 
     cfg = RolloutConfig(name="hf", prompt_length=16, response_length=12, **rollout)
-    mc = types.SimpleNamespace(local_path=tiny_path, path=tiny_path, trust_remote_code=False,
-                               override_config={"attn_implementation": "eager"})
+    mc = types.SimpleNamespace(
+        local_path=tiny_path, path=tiny_path, trust_remote_code=False, override_config={"attn_implementation": "eager"}
+    )
     return HFGenerationServer(cfg, mc)
 
 
 def test_sampling_params_and_the_cut():
     from ema_pg_core.verl.hf_rollout import Sampling, cut
 
-    s = Sampling.from_params({"temperature": 0.7, "top_p": 0.9, "top_k": -1, "repetition_penalty": 1.0,
-                              "logprobs": True, "stop": "</search>"}, default_max_tokens=10)
+    s = Sampling.from_params(
+        {
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": -1,
+            "repetition_penalty": 1.0,
+            "logprobs": True,
+            "stop": "</search>",
+        },
+        default_max_tokens=10,
+    )
     got = (s.max_tokens, s.temperature, s.top_p, s.top_k, s.stop, s.logprobs)
     assert got == (10, 0.7, 0.9, -1, ("</search>",), True)
     assert Sampling.from_params({"max_tokens": 3}, 10).max_tokens == 3
@@ -50,7 +60,7 @@ def test_generate_greedy_is_the_models_argmax_with_its_logprobs(tiny_path):
         logits = model(torch.tensor([ids])).logits[0, -1]
         logps.append(torch.log_softmax(logits, -1).max().item())
         ids.append(int(logits.argmax()))
-    assert out.token_ids == ids[len(prompt):] and out.stop_reason == "completed"
+    assert out.token_ids == ids[len(prompt) :] and out.stop_reason == "completed"
     assert out.log_probs == pytest.approx(logps, abs=1e-4)
 
 
@@ -65,8 +75,9 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(tiny_path)
         return await asyncio.gather(*[srv.generate([5 + i, 6, 7], dict(greedy), f"r{i}") for i in range(6)])
 
     outs = asyncio.run(many())
-    singles = [asyncio.run(srv.generate([5 + i, 6, 7], {"temperature": 0, "max_tokens": 5}, "s")).token_ids
-               for i in range(6)]
+    singles = [
+        asyncio.run(srv.generate([5 + i, 6, 7], {"temperature": 0, "max_tokens": 5}, "s")).token_ids for i in range(6)
+    ]
     assert [o.token_ids for o in outs] == singles  # left padding changes nothing
     assert calls[0] > 1  # requests that arrived together ran as one batch
 

@@ -46,6 +46,7 @@ def test_verl_platform_cpu_in_the_environment_is_a_known_platform():
     import os
 
     env = {**os.environ, "VERL_PLATFORM": "cpu"}
-    out = subprocess.run([sys.executable, "-c", "import ema_pg_core.verl.main"], capture_output=True, text=True,
-                         timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", "import ema_pg_core.verl.main"], capture_output=True, text=True, timeout=300, env=env
+    )
     assert out.returncode == 0, out.stderr[-2000:]

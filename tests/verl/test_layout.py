@@ -1,10 +1,9 @@
 """Layout helpers: our response_to_packed inverts verl's no_padding_2_padding on response positions
 (values and gradients), for verl's padded (V0-style) and nested (V1 TransferQueue) batches."""
 
+import engines
 import pytest
 import torch
-
-import engines
 
 pytestmark = pytest.mark.verl
 
@@ -18,8 +17,10 @@ def _nested_batch(td):
     prompts = [td["prompts"][i][am[i, :P].bool()] for i in range(am.shape[0])]
     responses = [td["responses"][i][am[i, P:].bool()] for i in range(am.shape[0])]
     nested = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
-    out = TensorDict({"prompts": nested(prompts), "responses": nested(responses), "input_ids": td["input_ids"]},
-                     batch_size=am.shape[0])
+    out = TensorDict(
+        {"prompts": nested(prompts), "responses": nested(responses), "input_ids": td["input_ids"]},
+        batch_size=am.shape[0],
+    )
     tu.assign_non_tensor(out, max_response_len=-1)
     return out
 

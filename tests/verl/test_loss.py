@@ -10,10 +10,9 @@ with verl's dynamic micro-batches (the per-micro-batch losses must add up to the
 
 from functools import partial
 
+import engines
 import pytest
 import torch
-
-import engines
 
 pytestmark = pytest.mark.verl
 
@@ -53,7 +52,10 @@ def engines_dynamic(tiny_path):
 
 def _plain(tiny_path, worker):
     m = engines.plain_model(tiny_path)
-    full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in worker.engine.module.state_dict().items()}
+    full = {
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+        for n, p in worker.engine.module.state_dict().items()
+    }
     m.load_state_dict(full, strict=False)
     return m
 
@@ -118,8 +120,9 @@ def _check(pair, tiny_path, kl_type, tail, use_iw, agg, dynamic, drop=(), drop_k
     T = 0.8
     kl_cfg = KLConfig(type=kl_type, k=4, tail=tail, coef=0.5, use_iw=use_iw)
     loss_cfg = LossConfig(agg=agg, dual_clip_c=3.0)
-    cfg = FSDPActorConfig(strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4,
-                          use_dynamic_bsz=False, rollout_n=1)
+    cfg = FSDPActorConfig(
+        strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False, rollout_n=1
+    )
     loss_fn = partial(emapg_actor_loss, config=cfg, kl=kl_cfg, loss=loss_cfg)
     actor.set_loss_fn(loss_fn)
 
@@ -129,8 +132,14 @@ def _check(pair, tiny_path, kl_type, tail, use_iw, agg, dynamic, drop=(), drop_k
     verl_loss = actor.infer_batch(td)["metrics"]["loss"]
     td, _, _ = _train_batch(actor, ref, kl_cfg, T, drop)
     tu.assign_non_tensor(td, **{DROP_KEY: bool(drop) and drop_key})
-    tu.assign_non_tensor(td, use_remove_padding=True, use_dynamic_bsz=dynamic, micro_batch_size_per_gpu=1 if dynamic else 4,
-                         max_token_len_per_gpu=16, use_fused_kernels=False)  # what TrainingWorker.train_batch injects
+    tu.assign_non_tensor(
+        td,
+        use_remove_padding=True,
+        use_dynamic_bsz=dynamic,
+        micro_batch_size_per_gpu=1 if dynamic else 4,
+        max_token_len_per_gpu=16,
+        use_fused_kernels=False,
+    )  # what TrainingWorker.train_batch injects
     actor.engine.optimizer_zero_grad()
     with actor.engine.train_mode():
         actor.engine.forward_backward_batch(td, loss_function=loss_fn, forward_only=False)

@@ -14,18 +14,23 @@ importance weight saw up to ~3e-2 of rounding per token; k3, which reads verl's 
 
 from functools import partial
 
+import engines
 import pytest
 import torch
-
-import engines
 
 pytestmark = pytest.mark.verl
 T = 0.7  # a non-unit rollout temperature: the scaled-logits path of every pass
 CASES = [  # (kl type, tail, use_iw, temperature)
-    ("k3", "unbiased", False, T), ("k3", "unbiased", True, T),
-    *[(kl, tail, iw, T) for kl in ("topk_reverse", "topk_forward")
-      for tail in ("paper", "unbiased") for iw in (False, True)],
-    ("topk_reverse", "unbiased", True, 1.0), ("topk_forward", "paper", True, 1.0),  # verl's unit-temperature path
+    ("k3", "unbiased", False, T),
+    ("k3", "unbiased", True, T),
+    *[
+        (kl, tail, iw, T)
+        for kl in ("topk_reverse", "topk_forward")
+        for tail in ("paper", "unbiased")
+        for iw in (False, True)
+    ],
+    ("topk_reverse", "unbiased", True, 1.0),
+    ("topk_forward", "paper", True, 1.0),  # verl's unit-temperature path
 ]
 
 
@@ -53,8 +58,9 @@ def test_step_one_setup(step_one):
     assert a.keys() == r.keys() and all(torch.equal(a[n], r[n]) for n in a)
 
 
-def _recording_loss(config, model_output=None, data=None, dp_group=None, student_logits=None, data_format="thd",
-                    *, kl, loss, seen):
+def _recording_loss(
+    config, model_output=None, data=None, dp_group=None, student_logits=None, data_format="thd", *, kl, loss, seen
+):
     """``emapg_actor_loss``; its final-loss role also records the per-token KL (B, T) it aggregates and the mask."""
     from ema_pg_core.verl.loss import emapg_actor_loss
 
@@ -105,17 +111,24 @@ def _step_one_kl(actor, ref, kl_cfg, temperature: float) -> torch.Tensor:
     td, _ = engines.batch(temperature=temperature)
     td.update({**fields, **logprobs})
     set_pass(td, **passes["train"])
-    tu.assign_non_tensor(td, use_remove_padding=True, use_dynamic_bsz=False, micro_batch_size_per_gpu=4,
-                         max_token_len_per_gpu=16, use_fused_kernels=False)  # what TrainingWorker.train_batch injects
-    cfg = FSDPActorConfig(strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4,
-                          use_dynamic_bsz=False, rollout_n=1)
+    tu.assign_non_tensor(
+        td,
+        use_remove_padding=True,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=4,
+        max_token_len_per_gpu=16,
+        use_fused_kernels=False,
+    )  # what TrainingWorker.train_batch injects
+    cfg = FSDPActorConfig(
+        strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False, rollout_n=1
+    )
     seen = []
     loss_fn = partial(_recording_loss, config=cfg, kl=kl_cfg, loss=LossConfig(), seen=seen)
     actor.engine.optimizer_zero_grad()
     with actor.engine.train_mode():
         actor.engine.forward_backward_batch(td, loss_function=loss_fn, forward_only=False)
     actor.engine.optimizer_zero_grad()  # no step: the actor stays equal to the anchor
-    (kl_tok, mask), = seen
+    ((kl_tok, mask),) = seen
     assert mask.any()
     return kl_tok[mask]
 

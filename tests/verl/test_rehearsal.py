@@ -37,17 +37,30 @@ def test_rehearsal_passes_every_check(name, shared):
     result = rehearse_config(name, TARGETS[name], shared.root.parent, shared, steps=3)
     report = "\n".join(c.line() for c in result.checks)
     assert result.ok, f"rehearsal of {name} failed:\n{report}"
-    assert [c.name for c in result.checks] == ["steps recorded", "anchor schedule", "Top-k statistics", "checkpoints",
-                                               "resume"]
+    assert [c.name for c in result.checks] == [
+        "steps recorded",
+        "anchor schedule",
+        "Top-k statistics",
+        "checkpoints",
+        "resume",
+    ]
 
 
 def test_rehearse_refuses_a_local_preset_and_a_bad_step_count():
-    out = subprocess.run([sys.executable, "-m", "experiments.cli", "rehearse", "experiment=math_tiny_ema_pg"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "rehearse", "experiment=math_tiny_ema_pg"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "backend=local" in out.stderr and "emapg train experiment=math_tiny_ema_pg" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "experiments.cli", "rehearse", "experiment=math_deepscaler_ema_pg",
-                          "--steps", "2"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "rehearse", "experiment=math_deepscaler_ema_pg", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2 and "--steps=2" in out.stderr
 
 

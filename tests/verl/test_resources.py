@@ -18,11 +18,14 @@ import pytest
 pytestmark = pytest.mark.verl
 
 PRESETS = ("math_deepscaler_ema_pg", "search_r1_ema_pg")
-SHRUNK = ("transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-          "actor_rollout_ref.rollout.agent.num_workers=1", "reward.num_workers=1")
+SHRUNK = (
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+    "reward.num_workers=1",
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _composed(preset: str, *verl_overrides: str):
     """verl's composed config for a preset (``experiment=<preset>``), verl overrides appended last."""
     from omegaconf import OmegaConf
@@ -70,8 +73,12 @@ def test_default_demand_does_not_fit_two_cpus(preset):
         check_fits(ray_demand(_composed(preset)), cluster_cpus=2, cluster_gpus=0)
     msg = str(err.value)
     assert "reserves 34 Ray CPUs and 8 GPUs" in msg and "has 2 CPUs and 0 GPUs" in msg
-    for setting in ("transfer_queue.backend.SimpleStorage.num_data_storage_units=8", "trainer.n_gpus_per_node=8",
-                    "actor_rollout_ref.rollout.agent.num_workers=8", "reward.num_workers=8"):
+    for setting in (
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=8",
+        "trainer.n_gpus_per_node=8",
+        "actor_rollout_ref.rollout.agent.num_workers=8",
+        "reward.num_workers=8",
+    ):
         assert setting in msg
     assert "ray_kwargs.ray_init.num_cpus" in msg  # the way out on a small machine
 
@@ -84,9 +91,11 @@ def test_shrunk_demand_fits_a_local_ray_of_the_computed_size(preset):
     cpus, gpus = sum(i.cpus for i in need), sum(i.gpus for i in need)
     assert (cpus, gpus) == (1 + 1 + 1 + 3 * 8, 8)
     assert {i.what: i.count for i in need if i.what.endswith("workers") or "storage" in i.what} == {
-        "TransferQueue storage units": 1, "reward-loop workers": 1, "agent-loop workers": 1}
-    sized = _composed(preset, *SHRUNK, f"ray_kwargs.ray_init.num_cpus={cpus}",
-                      f"+ray_kwargs.ray_init.num_gpus={gpus}")
+        "TransferQueue storage units": 1,
+        "reward-loop workers": 1,
+        "agent-loop workers": 1,
+    }
+    sized = _composed(preset, *SHRUNK, f"ray_kwargs.ray_init.num_cpus={cpus}", f"+ray_kwargs.ray_init.num_gpus={gpus}")
     have = cluster_size(sized, detect=_no_detection, existing_address=lambda: None)
     assert have == (cpus, gpus)
     check_fits(ray_demand(sized), *have)

@@ -63,8 +63,12 @@ class FakeServer:
 def _config(response_length=512, max_turns=4, max_info=500, url=URL, turn_tokens=None):
     from omegaconf import OmegaConf
 
-    rollout = {"prompt_length": 256, "response_length": response_length, "full_determinism": False,
-               "multi_turn": {"max_assistant_turns": max_turns + 1, "max_tool_response_length": max_info}}
+    rollout = {
+        "prompt_length": 256,
+        "response_length": response_length,
+        "full_determinism": False,
+        "multi_turn": {"max_assistant_turns": max_turns + 1, "max_tool_response_length": max_info},
+    }
     custom = {"retriever_url": url, "max_turn_tokens": turn_tokens}
     if any(v is not None for v in custom.values()):
         rollout["custom"] = {k: v for k, v in custom.items() if v is not None}
@@ -79,9 +83,17 @@ def _instantiate(tok, server, config):
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     (entry,) = [e for e in OmegaConf.load(AGENT_LOOPS) if e.name == "search_r1"]
-    return hydra.utils.instantiate(entry, trainer_config=DictConfigWrap(config=config), server_manager=server,
-                                   tokenizer=tok, processor=None, hf_model_type=None, dataset_cls=RLHFDataset,
-                                   data_config=DictConfigWrap(OmegaConf.create({})), tools=ToolListWrap([]))
+    return hydra.utils.instantiate(
+        entry,
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=server,
+        tokenizer=tok,
+        processor=None,
+        hf_model_type=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(OmegaConf.create({})),
+        tools=ToolListWrap([]),
+    )
 
 
 def _run(tok, turns, env=None, monkeypatch=None, **config):
@@ -150,7 +162,7 @@ def test_max_turns_last_turn_gets_no_information(tok, monkeypatch):
     assert len(server.calls) == 2 and env.queries == ["x"]
     assert "stop" not in server.calls[1]["sampling_params"]  # the answer turn has no stop string
     assert out.response_mask == [1] * len(t) + [0] * len(info) + [1] * len(t)
-    assert out.response_logprobs[-len(t):] == [LOGPROB] * len(t)
+    assert out.response_logprobs[-len(t) :] == [LOGPROB] * len(t)
 
 
 def test_response_length_budget_truncates_information(tok, monkeypatch):
@@ -185,7 +197,7 @@ def test_the_cap_never_exceeds_the_remaining_budget(tok, monkeypatch):
 def test_information_is_capped_at_max_tool_response_length(tok, monkeypatch):
     out, _, _ = _run(tok, [(SEARCH, False), (ANSWER, True)], monkeypatch=monkeypatch, max_info=7)
     t1 = _ids(tok, SEARCH)
-    assert out.response_mask[len(t1): len(t1) + 8] == [0] * 7 + [1]
+    assert out.response_mask[len(t1) : len(t1) + 8] == [0] * 7 + [1]
 
 
 def test_tokens_past_the_stop_string_are_cut(tok, monkeypatch):

@@ -12,12 +12,19 @@ from experiments.tasks import search as s
 
 # ------------------------------------------------------------------ fixtures in the sources' schemas
 MATH_ROWS = {
-    "deepscaler": [{"problem": "What is $1+1$?", "answer": "2", "solution": "..."},
-                   {"problem": "Compute $\\frac{1}{2}+\\frac{1}{4}$.", "answer": "\\frac{3}{4}", "solution": "..."}],
+    "deepscaler": [
+        {"problem": "What is $1+1$?", "answer": "2", "solution": "..."},
+        {"problem": "Compute $\\frac{1}{2}+\\frac{1}{4}$.", "answer": "\\frac{3}{4}", "solution": "..."},
+    ],
     "aime2024": [{"problem": "Find $x$ if $x^2=49$ and $x>0$.", "answer": "7", "id": 1}],
     "amc": [{"question": "What is $3 \\cdot 4$?", "answer": "12"}],
-    "math500": [{"problem": "Convert the point $(0,3)$ in rectangular coordinates to polar coordinates.",
-                 "answer": "\\left( 3, \\frac{\\pi}{2} \\right)", "subject": "Precalculus"}],
+    "math500": [
+        {
+            "problem": "Convert the point $(0,3)$ in rectangular coordinates to polar coordinates.",
+            "answer": "\\left( 3, \\frac{\\pi}{2} \\right)",
+            "subject": "Precalculus",
+        }
+    ],
     "minerva": [{"question": "Give $2^{10}$.", "answer": "1024"}],
     "olympiad_bench": [{"question": "Solve $x^2=4$.", "final_answer": ["$2$", "$-2$"], "id": 7}],
 }
@@ -42,15 +49,18 @@ def test_math_docstring_example():
     assert m.evaluate(ex, response) == 1 and m.reward(ex, response) == 1.0
 
 
-@pytest.mark.parametrize("response,gold,want", [
-    ("<think>..</think> so \\boxed{0.5}", ["\\frac{1}{2}"], 1.0),  # math-verify equivalence
-    ("<think>..</think> \\boxed{1} then \\boxed{2}", ["2"], 1.0),  # last box counts
-    ("<think>.. \\boxed{2}", ["2"], 0.0),  # thought never closed: format error
-    ("<think>..</think> 2", ["2"], 0.0),  # no box
-    ("\\boxed{2}</think> nothing boxed after", ["2"], 0.0),  # only the text after </think> counts
-    ("<think>..</think> \\boxed{-2}", np.array(["$2$", "$-2$"], dtype=object), 1.0),  # any gold answer
-    ("<think>..</think> \\boxed{" + "1" * 400 + "}", ["1"], 0.0),  # over-long answers are not parsed
-])
+@pytest.mark.parametrize(
+    "response,gold,want",
+    [
+        ("<think>..</think> so \\boxed{0.5}", ["\\frac{1}{2}"], 1.0),  # math-verify equivalence
+        ("<think>..</think> \\boxed{1} then \\boxed{2}", ["2"], 1.0),  # last box counts
+        ("<think>.. \\boxed{2}", ["2"], 0.0),  # thought never closed: format error
+        ("<think>..</think> 2", ["2"], 0.0),  # no box
+        ("\\boxed{2}</think> nothing boxed after", ["2"], 0.0),  # only the text after </think> counts
+        ("<think>..</think> \\boxed{-2}", np.array(["$2$", "$-2$"], dtype=object), 1.0),  # any gold answer
+        ("<think>..</think> \\boxed{" + "1" * 400 + "}", ["1"], 0.0),  # over-long answers are not parsed
+    ],
+)
 def test_math_compute_score(response, gold, want):
     assert m.compute_score("x", response, gold) == want
 
@@ -95,7 +105,9 @@ def test_search_template_and_reward():
     q = s.format_question("  who got the first nobel prize in physics ")
     assert q.startswith("Answer the given question. You must conduct reasoning inside <think>")
     assert q.endswith("Question: who got the first nobel prize in physics?\n")
-    resp = "<think>x</think><search> q </search>\n\n<information>..</information>\n\n<answer> Wilhelm Conrad Röntgen </answer>"
+    resp = "<think>x</think><search> q </search>\n\n<information>..</information>\n\n" + (
+        "<answer> Wilhelm Conrad Röntgen </answer>"
+    )
     assert s.compute_score("nq", resp, np.array(["Wilhelm Conrad Röntgen"])) == 1.0
     assert s.compute_score("nq", "<answer>The  Paris.</answer>", ["paris"]) == 1.0  # SQuAD normalisation
     assert s.compute_score("nq", "<answer>Paris</answer><answer>Rome</answer>", ["paris"]) == 0.0  # last span
@@ -108,7 +120,7 @@ def test_search_tool_protocol():
             return [f'"Title {i}"\ntext {i} for {query}' for i in range(k)]
 
     out = s.tool_response("<think>a</think><search> eiffel tower </search>", Fake())
-    assert out.startswith("\n\n<information>Doc 1(Title: \"Title 0\") text 0 for eiffel tower\nDoc 2(")
+    assert out.startswith('\n\n<information>Doc 1(Title: "Title 0") text 0 for eiffel tower\nDoc 2(')
     assert out.endswith("</information>\n\n")
     assert s.tool_response("<answer>x</answer>", Fake()) is None
 
@@ -139,8 +151,14 @@ def test_verl_dataset_reads_prepared_parquet(tmp_path, tiny_path):
     files = m.prepare(str(tmp_path), loader=math_loader)
     tok = AutoTokenizer.from_pretrained(tiny_path)
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    cfg = OmegaConf.create({"max_prompt_length": 256, "return_raw_chat": True, "filter_overlong_prompts": False,
-                            "cache_dir": str(tmp_path / "cache")})
+    cfg = OmegaConf.create(
+        {
+            "max_prompt_length": 256,
+            "return_raw_chat": True,
+            "filter_overlong_prompts": False,
+            "cache_dir": str(tmp_path / "cache"),
+        }
+    )
     ds = RLHFDataset(data_files=[files["test"]], tokenizer=tok, config=cfg)
     assert len(ds) == 5
     item = ds[0]

@@ -45,6 +45,7 @@ def _trainer(monkeypatch, kl_type="topk_reverse", tau=0.9, period=3):
         def stub(self, batch, metrics):
             seen[name] = dict(batch.extra_info)
             return batch
+
         return stub
 
     for name in ("_compute_old_log_prob", "_compute_ref_log_prob", "_update_actor"):
@@ -70,7 +71,10 @@ def test_flags_per_pass_and_ema_schedule(monkeypatch, verl_cpu):
         updated.append(m["anchor/updated"])
         assert b.extra_info[MODE] == "off"  # reset after the update
     assert seen["_compute_old_log_prob"][MODE] == "self"
-    assert seen["_compute_ref_log_prob"][MODE] == "gather" and seen["_compute_ref_log_prob"][IDS_KEY] == "emapg_old_topk_ids"
+    assert (
+        seen["_compute_ref_log_prob"][MODE] == "gather"
+        and seen["_compute_ref_log_prob"][IDS_KEY] == "emapg_old_topk_ids"
+    )
     assert seen["_update_actor"][MODE] == "train"
     assert t.actor_rollout_wg.calls == [3, 6] and updated == [0, 0, 1, 0, 0, 1, 0]
 
@@ -83,18 +87,25 @@ def test_fixed_anchor_never_updates(monkeypatch, verl_cpu):
     assert t.actor_rollout_wg.calls == []
 
 
-@pytest.mark.parametrize("override,match", [
-    ("actor_rollout_ref.actor.strategy=fsdp", "fsdp2"),
-    ("actor_rollout_ref.model.use_fused_kernels=true", "fused"),
-    ("actor_rollout_ref.model.lora_rank=8", "LoRA"),
-    ("actor_rollout_ref.actor.use_kl_loss=false", "use_kl_loss"),
-    ("trainer.v1.trainer_mode=sync", "emapg_sync"),
-])
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("actor_rollout_ref.actor.strategy=fsdp", "fsdp2"),
+        ("actor_rollout_ref.model.use_fused_kernels=true", "fused"),
+        ("actor_rollout_ref.model.lora_rank=8", "LoRA"),
+        ("actor_rollout_ref.actor.use_kl_loss=false", "use_kl_loss"),
+        ("trainer.v1.trainer_mode=sync", "emapg_sync"),
+    ],
+)
 def test_check_verl_refuses_incompatible_settings(override, match, verl_cpu):
     from ema_pg_core.verl.main import compose
 
-    base = ["trainer.v1.trainer_mode=emapg_sync", "actor_rollout_ref.actor.strategy=fsdp2",
-            "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.name=vllm"]
+    base = [
+        "trainer.v1.trainer_mode=emapg_sync",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.rollout.name=vllm",
+    ]
     with pytest.raises(ValueError, match=match):
         compose(base + [override])
 
@@ -154,8 +165,11 @@ def test_update_actor_sees_truncated_responses_masked_and_restores_them(monkeypa
     lengths = [3, 5, 2, 5]
     responses = _jagged([torch.arange(n) for n in lengths])
     mask = _jagged([torch.ones(n, dtype=torch.int64) for n in lengths])
-    tq.kv_batch_put(keys=keys, partition_id="train",
-                    fields=TensorDict({"responses": responses, "response_mask": mask}, batch_size=4))
+    tq.kv_batch_put(
+        keys=keys,
+        partition_id="train",
+        fields=TensorDict({"responses": responses, "response_mask": mask}, batch_size=4),
+    )
     seen = {}
 
     def update(self, batch, metrics):

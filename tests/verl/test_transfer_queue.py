@@ -16,11 +16,16 @@ def test_topk_fields_travel_through_transfer_queue(tq_local):
     tq = tq_local
     keys, offsets = ["s0", "s1", "s2"], torch.tensor([0, 5, 8, 12])
     nest = lambda v: torch.nested.nested_tensor_from_jagged(v, offsets=offsets)  # noqa: E731
-    tq.kv_batch_put(keys=keys, partition_id="train", fields=TensorDict({"input_ids": nest(torch.arange(12))}, batch_size=3))
+    tq.kv_batch_put(
+        keys=keys, partition_id="train", fields=TensorDict({"input_ids": nest(torch.arange(12))}, batch_size=3)
+    )
     ids = torch.arange(48, dtype=torch.int32).view(12, 4)  # (nnz, K) from the pi_old pass
     lse = torch.randn(12)
-    tq.kv_batch_put(keys=keys, partition_id="train",
-                    fields=TensorDict({"emapg_old_topk_ids": nest(ids), "emapg_ref_lse": nest(lse)}, batch_size=3))
+    tq.kv_batch_put(
+        keys=keys,
+        partition_id="train",
+        fields=TensorDict({"emapg_old_topk_ids": nest(ids), "emapg_ref_lse": nest(lse)}, batch_size=3),
+    )
     everything = tq.kv_batch_get(keys=keys, partition_id="train")
     assert {"input_ids", "emapg_old_topk_ids", "emapg_ref_lse"} <= set(everything.keys())
     got = everything["emapg_old_topk_ids"]

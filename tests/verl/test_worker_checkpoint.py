@@ -13,16 +13,17 @@
 import os
 from functools import partial
 
+import engines
 import pytest
 import torch
-
-import engines
 
 pytestmark = pytest.mark.verl
 
 
 def _full(module):
-    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in module.named_parameters()}
+    return {
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in module.named_parameters()
+    }
 
 
 def _worker(tiny_path, tau=0.9):
@@ -37,8 +38,10 @@ def _worker(tiny_path, tau=0.9):
     w.role, w.distillation_enabled = "actor_rollout_ref", False
     w.actor = engines.training_worker(tiny_path, forward_only=False)
     w.ref = engines.training_worker(tiny_path, forward_only=True)
-    w.loss_fn = partial(ppo_loss, config=FSDPActorConfig(strategy="fsdp2", ppo_mini_batch_size=4,
-                                                         ppo_micro_batch_size_per_gpu=4, rollout_n=1))
+    w.loss_fn = partial(
+        ppo_loss,
+        config=FSDPActorConfig(strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, rollout_n=1),
+    )
     w.actor.set_loss_fn(w.loss_fn)
     w.emapg_setup(EmaPGSection(anchor=AnchorConfig(tau=tau, period=10)))
     return w
@@ -202,8 +205,15 @@ def test_step_dirs_to_remove(on_disk, current, keep, tracked, removed):
 def test_step_dirs_to_remove_ignores_other_names():
     from ema_pg_core.verl.worker import step_dirs_to_remove
 
-    others = ["latest_checkpointed_iteration.txt", "global_step_03", "global_step_x", "global_step_2.tmp",
-              "global_step_", "notes", "global_step_-1"]
+    others = [
+        "latest_checkpointed_iteration.txt",
+        "global_step_03",
+        "global_step_x",
+        "global_step_2.tmp",
+        "global_step_",
+        "notes",
+        "global_step_-1",
+    ]
     assert step_dirs_to_remove(others + _names(1, 2, 3), 3, 1, 2) == _names(1)
 
 
