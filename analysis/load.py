@@ -17,14 +17,16 @@ rows with flags, and callers decide what to include. A trailing partial JSON lin
 appending) is ignored and flags the run `truncated`; a corrupt line elsewhere is an error.
 If a resumed run re-logged iterations, the last line for each iteration wins (`n_relogged`).
 """
+
 from __future__ import annotations
 
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -48,12 +50,30 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "trial_id": ("sweep.trial_id",),
 }
 # knobs copied onto every metrics row so curves can be grouped without a join
-CURVE_KEYS = ("task", "experiment", "seed", "method", "variant", "kl_type", "kl_k", "kl_tail",
-              "anchor_tau", "anchor_period", "sweep_name", "status", "complete")
-RUN_ID_RE = re.compile(
-    r"^(?P<task>.+?)__(?P<experiment>.+?)__s(?P<seed>-?\d+)__(?P<timestamp>\d{8}-\d{6})$")
-WANDB_STATES = {"finished": "finished", "running": "running", "failed": "failed",  # -> run-record states
-                "crashed": "crashed", "killed": "interrupted", "preempted": "interrupted"}
+CURVE_KEYS = (
+    "task",
+    "experiment",
+    "seed",
+    "method",
+    "variant",
+    "kl_type",
+    "kl_k",
+    "kl_tail",
+    "anchor_tau",
+    "anchor_period",
+    "sweep_name",
+    "status",
+    "complete",
+)
+RUN_ID_RE = re.compile(r"^(?P<task>.+?)__(?P<experiment>.+?)__s(?P<seed>-?\d+)__(?P<timestamp>\d{8}-\d{6})$")
+WANDB_STATES = {
+    "finished": "finished",
+    "running": "running",
+    "failed": "failed",  # -> run-record states
+    "crashed": "crashed",
+    "killed": "interrupted",
+    "preempted": "interrupted",
+}
 
 
 @dataclass
@@ -62,17 +82,18 @@ class RawRun:
 
     run_id: str
     status: str
-    config: dict[str, Any]              # flattened, dotted keys
-    rows: list[dict[str, Any]]          # one dict per logged iteration, as read
+    config: dict[str, Any]  # flattened, dotted keys
+    rows: list[dict[str, Any]]  # one dict per logged iteration, as read
     summary: dict[str, Any] | None = None
     error: str | None = None
     truncated: bool = False
-    location: str = ""                  # run directory or W&B path
-    source: str = "disk"                # "disk" | "wandb"
+    location: str = ""  # run directory or W&B path
+    source: str = "disk"  # "disk" | "wandb"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- reading one record on disk
+
 
 def find_run_dirs(root: str | Path) -> list[Path]:
     """Every directory below `root` (or `root` itself) holding `config.yaml` + `status`."""
@@ -81,31 +102,6 @@ def find_run_dirs(root: str | Path) -> list[Path]:
         raise FileNotFoundError(f"not a directory: {root}")
     found = [p.parent for p in root.rglob("config.yaml") if (p.parent / "status").is_file()]
     return sorted(d for d in found if "checkpoints" not in d.relative_to(root).parts)
-
-
-def read_jsonl(path: str | Path) -> tuple[list[dict[str, Any]], bool]:
-    """Rows of a JSONL file and whether a trailing partial line was ignored.
-
-    Raises ValueError for an unparsable line that is not the last one: that is corruption,
-    not an interrupted append.
-    """
-    path = Path(path)
-    if not path.is_file():
-        return [], False
-    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    rows: list[dict[str, Any]] = []
-    for i, line in enumerate(lines):
-        try:
-            obj = json.loads(line)
-            if not isinstance(obj, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as err:
-            if i == len(lines) - 1:
-                return rows, True
-            raise ValueError(f"{path}:{i + 1}: corrupt JSON line ({err}); only the last line "
-                             "of a run record may be partial") from err
-        rows.append(obj)
-    return rows, False
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -141,18 +137,27 @@ def read_run(run_dir: str | Path) -> RawRun:
         summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     status, detail = records.read_status(run_dir)
     state = records.read_state(run_dir)  # `crashed`: left running by a process that is gone
-    rows, truncated = read_jsonl(run_dir / "metrics.jsonl")
+    rows, truncated = records.scan_jsonl(run_dir / "metrics.jsonl")
     run_id = (summary or {}).get("run_id") or run_dir.name
     forced = bool((summary or {}).get("forced_resume")) or any(r.get("forced") for r in records.read_resumes(run_dir))
-    return RawRun(run_id=run_id, status=state, config=flatten(config), rows=rows, summary=summary,
-                  error=detail if status in ("failed", "interrupted") else None, truncated=truncated,
-                  location=str(run_dir), extra={"forced_resume": forced})
+    return RawRun(
+        run_id=run_id,
+        status=state,
+        config=flatten(config),
+        rows=rows,
+        summary=summary,
+        error=detail if status in ("failed", "interrupted") else None,
+        truncated=truncated,
+        location=str(run_dir),
+        extra={"forced_resume": forced},
+    )
 
 
 # ---------------------------------------------------------------- RawRun -> frame rows
 
+
 def method_of(anchor_tau: Any) -> str:
-    """"EMA-PG" when the anchor moves (tau < 1), else "GRPO" (fixed reference)."""
+    """ "EMA-PG" when the anchor moves (tau < 1), else "GRPO" (fixed reference)."""
     return "EMA-PG" if _is_num(anchor_tau) and anchor_tau < 1 else "GRPO"
 
 
@@ -193,8 +198,11 @@ def clean_rows(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], in
         if row.get("iteration") is None:
             continue
         n_seen += 1
-        clean = {k: (float("nan") if v is None else v) for k, v in row.items()
-                 if not k.startswith("_") and (v is None or _is_num(v))}
+        clean = {
+            k: (float("nan") if v is None else v)
+            for k, v in row.items()
+            if not k.startswith("_") and (v is None or _is_num(v))
+        }
         clean["iteration"] = int(row["iteration"])
         by_iter[clean["iteration"]] = clean
     return [by_iter[i] for i in sorted(by_iter)], n_seen - len(by_iter)
@@ -219,16 +227,25 @@ def run_row(raw: RawRun, rows: list[dict[str, Any]], n_relogged: int) -> dict[st
     final.update(summary.get("final") or {})
     best.update(summary.get("best") or {})
     row: dict[str, Any] = {
-        "run_id": raw.run_id, "status": raw.status, "complete": raw.status == "finished",
-        "failed": raw.status == "failed", "truncated": raw.truncated, "error": _error_line(raw.error),
-        **knobs, "method": method_of(knobs["anchor_tau"]), "variant": variant_of(knobs),
-        "config_hash": summary.get("config_hash"), "git_sha": summary.get("git_sha"),
+        "run_id": raw.run_id,
+        "status": raw.status,
+        "complete": raw.status == "finished",
+        "failed": raw.status == "failed",
+        "truncated": raw.truncated,
+        "error": _error_line(raw.error),
+        **knobs,
+        "method": method_of(knobs["anchor_tau"]),
+        "variant": variant_of(knobs),
+        "config_hash": summary.get("config_hash"),
+        "git_sha": summary.get("git_sha"),
         "wandb_run_id": summary.get("wandb_run_id", raw.extra.get("wandb_run_id")),
         "iterations_done": summary.get("iterations_done", rows[-1]["iteration"] if rows else None),
         "wall_time_s": summary.get("wall_time_s", _last(rows, "time_s")),
-        "n_iterations_logged": len(rows), "n_relogged": n_relogged,
+        "n_iterations_logged": len(rows),
+        "n_relogged": n_relogged,
         "metrics_source": "summary.json" if raw.summary else raw.extra.get("metrics_source", "metrics.jsonl"),
-        "source": raw.source, "location": raw.location,
+        "source": raw.source,
+        "location": raw.location,
         **{k: v for k, v in raw.extra.items() if k not in ("wandb_run_id", "metrics_source")},
     }
     row.update({f"cfg.{k}": (v if _is_scalar(v) else repr(v)) for k, v in raw.config.items()})
@@ -246,16 +263,23 @@ def frames(raw_runs: Iterable[RawRun]) -> tuple[pd.DataFrame, pd.DataFrame]:
         run_rows.append(rr)
         ids = {"run_id": raw.run_id, **{k: rr[k] for k in CURVE_KEYS}}
         metric_rows.extend({**ids, **r} for r in rows)
-    runs = pd.DataFrame.from_records(run_rows) if run_rows else pd.DataFrame(
-        columns=["run_id", "status", "complete", "failed", "truncated", *KNOBS, "method", "variant"])
-    metrics = pd.DataFrame.from_records(metric_rows) if metric_rows else pd.DataFrame(
-        columns=["run_id", *CURVE_KEYS, "iteration", "time_s"])
+    runs = (
+        pd.DataFrame.from_records(run_rows)
+        if run_rows
+        else pd.DataFrame(columns=["run_id", "status", "complete", "failed", "truncated", *KNOBS, "method", "variant"])
+    )
+    metrics = (
+        pd.DataFrame.from_records(metric_rows)
+        if metric_rows
+        else pd.DataFrame(columns=["run_id", *CURVE_KEYS, "iteration", "time_s"])
+    )
     lead = ["run_id", *CURVE_KEYS, "iteration", "time_s"]
     metrics = metrics[[c for c in lead if c in metrics] + sorted(c for c in metrics if c not in lead)]
     return runs, metrics
 
 
 # ---------------------------------------------------------------- public loaders
+
 
 def load_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(runs_df, metrics_df) for every run record below `root` (a run, a sweep or a tree)."""
@@ -267,7 +291,7 @@ def load_evals(root: str | Path) -> pd.DataFrame:
     (run, iteration, model, benchmark, problem); with task/variant/seed for grouping."""
     parts = []
     for run_dir in find_run_dirs(root):
-        rows, _ = read_jsonl(run_dir / "evals.jsonl")
+        rows, _ = records.scan_jsonl(run_dir / "evals.jsonl")
         if not rows:
             continue
         rr = run_row(read_run(run_dir), [], 0)
@@ -275,14 +299,32 @@ def load_evals(root: str | Path) -> pd.DataFrame:
         ids = {c: rr[c] for c in ("run_id", "task", "variant", "method", "seed", "complete")}
         df = df.assign(**{c: v for c, v in ids.items() if c not in df})
         parts.append(df[[*ids, *(c for c in df if c not in ids)]])
-    cols = ["run_id", "task", "variant", "method", "seed", "complete", "iteration", "model",
-            "benchmark", "problem_id", "n", "n_correct", "greedy_correct"]
+    cols = [
+        "run_id",
+        "task",
+        "variant",
+        "method",
+        "seed",
+        "complete",
+        "iteration",
+        "model",
+        "benchmark",
+        "problem_id",
+        "n",
+        "n_correct",
+        "greedy_correct",
+    ]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
 
-def load_wandb(project: str, entity: str | None = None, group: str | None = None,
-               tags: Iterable[str] | None = None, api: Any = None,
-               page_size: int = 1000) -> tuple[pd.DataFrame, pd.DataFrame]:
+def load_wandb(
+    project: str,
+    entity: str | None = None,
+    group: str | None = None,
+    tags: Iterable[str] | None = None,
+    api: Any = None,
+    page_size: int = 1000,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(runs_df, metrics_df) from W&B, in the same shape as `load_runs`.
 
     Full-resolution history through `run.scan_history()` (never the sampled `run.history()`);
@@ -292,6 +334,7 @@ def load_wandb(project: str, entity: str | None = None, group: str | None = None
     """
     if api is None:
         import wandb  # lazy: only this loader needs it
+
         api = wandb.Api()
     tags = list(tags or [])
     filters: dict[str, Any] = {}
@@ -323,13 +366,23 @@ def wandb_raw_run(run: Any, path: str, page_size: int = 1000) -> RawRun:
     return RawRun(
         run_id=str(config.get("run_id") or getattr(run, "name", None) or run.id),
         status=WANDB_STATES.get(state, state),
-        config=config, rows=rows, source="wandb", location=f"{path}/{run.id}",
-        extra={"wandb_run_id": run.id, "wandb_state": state, "wandb_group": getattr(run, "group", None),
-               "wandb_tags": ",".join(getattr(run, "tags", None) or []),
-               "wandb_url": getattr(run, "url", None), "metrics_source": "wandb.scan_history"})
+        config=config,
+        rows=rows,
+        source="wandb",
+        location=f"{path}/{run.id}",
+        extra={
+            "wandb_run_id": run.id,
+            "wandb_state": state,
+            "wandb_group": getattr(run, "group", None),
+            "wandb_tags": ",".join(getattr(run, "tags", None) or []),
+            "wandb_url": getattr(run, "url", None),
+            "metrics_source": "wandb.scan_history",
+        },
+    )
 
 
 # ---------------------------------------------------------------- small helpers
+
 
 def _lookup(flat: dict[str, Any], paths: tuple[str, ...]) -> Any:
     for p in paths:

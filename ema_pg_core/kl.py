@@ -38,8 +38,9 @@ producer (``ema_pg_core.topk``, the trainer); the estimators never see raw logit
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 
@@ -93,9 +94,7 @@ def check_inputs(x: KLInputs, needs: Needs, name: str) -> tuple[int, int]:
     """Raise ValueError naming a missing or mis-shaped field; return (B, T)."""
     missing = [f for f in REQUIRED[needs] if getattr(x, f) is None]
     if missing:
-        raise ValueError(
-            f"KL estimator {name!r} needs {needs} inputs; missing KLInputs field(s): {', '.join(missing)}"
-        )
+        raise ValueError(f"KL estimator {name!r} needs {needs} inputs; missing KLInputs field(s): {', '.join(missing)}")
     ref = x.logits if needs == "full" else x.logp
     B, T = ref.shape[:2]
     for f in fields(x):
@@ -108,9 +107,13 @@ def check_inputs(x: KLInputs, needs: Needs, name: str) -> tuple[int, int]:
         K = x.topk_idx.shape[-1]
         for f in ("logits_k", "ref_logits_k"):
             if getattr(x, f).shape != x.topk_idx.shape:
-                raise ValueError(f"KLInputs.{f} has shape {tuple(getattr(x, f).shape)}; expected (B, T, K) = {(B, T, K)}")
+                raise ValueError(
+                    f"KLInputs.{f} has shape {tuple(getattr(x, f).shape)}; expected (B, T, K) = {(B, T, K)}"
+                )
     if needs == "full" and x.logits.shape != x.ref_logits.shape:
-        raise ValueError(f"KLInputs.ref_logits shape {tuple(x.ref_logits.shape)} != logits shape {tuple(x.logits.shape)}")
+        raise ValueError(
+            f"KLInputs.ref_logits shape {tuple(x.ref_logits.shape)} != logits shape {tuple(x.logits.shape)}"
+        )
     return B, T
 
 
@@ -151,8 +154,15 @@ class Estimator:
 
 
 KL_ESTIMATORS: dict[str, Estimator] = {}
-ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3", "k3plusplus": "k3++", "low_var_kl+": "k3+",
-           "full_reverse": "exact_reverse", "full_forward": "exact_forward"}
+ALIASES = {
+    "kl": "k1",
+    "mse": "k2",
+    "low_var_kl": "k3",
+    "k3plusplus": "k3++",
+    "low_var_kl+": "k3+",
+    "full_reverse": "exact_reverse",
+    "full_forward": "exact_forward",
+}
 
 
 def register_kl(name: str, *, needs: Needs, direction: str, summary: str):
@@ -178,7 +188,9 @@ def get_estimator(name: str) -> Estimator:
     return KL_ESTIMATORS[key]
 
 
-def kl_per_token(name: str, x: KLInputs, *, tail: str = "unbiased", iw: ImportanceWeight = ImportanceWeight()) -> torch.Tensor:
+def kl_per_token(
+    name: str, x: KLInputs, *, tail: str = "unbiased", iw: ImportanceWeight = ImportanceWeight()
+) -> torch.Tensor:
     """Per-token KL estimate (B, T) of estimator ``name`` after validating its inputs."""
     if tail not in TAILS:
         raise ValueError(f"kl tail must be one of {TAILS}; got {tail!r}")
@@ -227,7 +239,9 @@ def k2(x, *, tail, iw):
     return importance_weight(x, iw) * _k2_value(x)
 
 
-@register_kl("k3", needs="sampled", direction="reverse", summary="w - log w - 1 (low_var_kl); gradient is the forward-KL one")
+@register_kl(
+    "k3", needs="sampled", direction="reverse", summary="w - log w - 1 (low_var_kl); gradient is the forward-KL one"
+)
 def k3(x, *, tail, iw):
     return importance_weight(x, iw) * _k3_value(x)
 
@@ -238,13 +252,17 @@ def k3pp(x, *, tail, iw):
     return importance_weight(x, iw) * r * _k3_value(x)
 
 
-@register_kl("k4", needs="sampled", direction="reverse", summary="r * sg(log pi - log pi_ref); unbiased value and gradient")
+@register_kl(
+    "k4", needs="sampled", direction="reverse", summary="r * sg(log pi - log pi_ref); unbiased value and gradient"
+)
 def k4(x, *, tail, iw):
     r = torch.exp(_log_r(x))
     return importance_weight(x, iw) * r * _log_ratio(x).detach()
 
 
-@register_kl("k5", needs="sampled", direction="forward", summary="sg(w) log w + log r; unbiased forward value and gradient")
+@register_kl(
+    "k5", needs="sampled", direction="forward", summary="sg(w) log w + log r; unbiased forward value and gradient"
+)
 def k5(x, *, tail, iw):
     log_w = (x.ref_logp - x.logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return importance_weight(x, iw) * (torch.exp(log_w).detach() * log_w + _log_r(x))
@@ -263,17 +281,21 @@ def k3_st(x, *, tail, iw):
 # --------------------------------------------------------------------------------------
 # Exact full-vocabulary KL (O(V) per token). No importance weight: nothing is sampled.
 # --------------------------------------------------------------------------------------
+def _full_logprobs(x: KLInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T, V) log pi and log pi_ref over the whole vocabulary (half-precision logits in fp32)."""
+    logq = torch.log_softmax(x.logits.float() if x.logits.dtype in (torch.float16, torch.bfloat16) else x.logits, -1)
+    return logq, torch.log_softmax(x.ref_logits.to(logq.dtype), -1)
+
+
 @register_kl("exact_reverse", needs="full", direction="reverse", summary="sum_j pi (log pi - log pi_ref), exact")
 def exact_reverse(x, *, tail, iw):
-    logq = torch.log_softmax(x.logits.float() if x.logits.dtype in (torch.float16, torch.bfloat16) else x.logits, -1)
-    logr = torch.log_softmax(x.ref_logits.to(logq.dtype), -1)
+    logq, logr = _full_logprobs(x)
     return (logq.exp() * (logq - logr)).sum(-1)
 
 
 @register_kl("exact_forward", needs="full", direction="forward", summary="sum_j pi_ref (log pi_ref - log pi), exact")
 def exact_forward(x, *, tail, iw):
-    logq = torch.log_softmax(x.logits.float() if x.logits.dtype in (torch.float16, torch.bfloat16) else x.logits, -1)
-    logr = torch.log_softmax(x.ref_logits.to(logq.dtype), -1)
+    logq, logr = _full_logprobs(x)
     return (logr.exp() * (logr - logq)).sum(-1)
 
 
@@ -291,8 +313,18 @@ def _head_logprobs(x: KLInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return x.logits_k - x.lse.unsqueeze(-1), x.ref_logits_k - x.ref_lse.unsqueeze(-1)
 
 
-@register_kl("topk_reverse", needs="topk", direction="reverse",
-             summary="exact head over pi_old's top-k + s*1[p not in q]*K4 tail (Alg 1)")
+def _with_tail(x: KLInputs, head: torch.Tensor, t: torch.Tensor, iw) -> torch.Tensor:
+    """(B, T) head + s * 1[p not in q] * t: the sampled tail term t (B, T) counts only off the top-k."""
+    mask = tail_mask(x.sampled, x.topk_idx).to(head.dtype)
+    return head + importance_weight(x, iw) * mask * t
+
+
+@register_kl(
+    "topk_reverse",
+    needs="topk",
+    direction="reverse",
+    summary="exact head over pi_old's top-k + s*1[p not in q]*K4 tail (Alg 1)",
+)
 def topk_reverse(x, *, tail, iw):
     """Alg 1. Head: sum_{j in q} pi(j)(log pi(j) - log pi_ref(j)), fully differentiable.
 
@@ -308,12 +340,15 @@ def topk_reverse(x, *, tail, iw):
     t = torch.exp(_log_r(x)) * _log_ratio(x).detach()
     if tail == "unbiased":
         t = t + _log_r(x)
-    mask = tail_mask(x.sampled, x.topk_idx).to(head.dtype)
-    return head + importance_weight(x, iw) * mask * t
+    return _with_tail(x, head, t, iw)
 
 
-@register_kl("topk_forward", needs="topk", direction="forward",
-             summary="exact head over the anchor's top-k + s*1[p not in q]*K5 tail (Alg 2)")
+@register_kl(
+    "topk_forward",
+    needs="topk",
+    direction="forward",
+    summary="exact head over the anchor's top-k + s*1[p not in q]*K5 tail (Alg 2)",
+)
 def topk_forward(x, *, tail, iw):
     """Alg 2. Head: sum_{j in q} pi_ref(j)(log pi_ref(j) - log pi(j)); gradient only into pi.
 
@@ -330,8 +365,7 @@ def topk_forward(x, *, tail, iw):
     t = torch.exp(log_w).detach() * log_w
     if tail == "paper":
         t = t + _log_r(x)
-    mask = tail_mask(x.sampled, x.topk_idx).to(head.dtype)
-    return head + importance_weight(x, iw) * mask * t
+    return _with_tail(x, head, t, iw)
 
 
 # --------------------------------------------------------------------------------------

@@ -27,8 +27,8 @@ Measured memory and time: docs/benchmarks.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -108,7 +108,10 @@ def _rows_stats(zblock: ZBlock, blocks, tok, idx, k, want_entropy):
             best = _merge_topk(best, z, v0, k)
     if idx is None:
         n = tok.shape[0]
-        empty = torch.zeros(n, 0, dtype=lse.dtype, device=lse.device), torch.zeros(n, 0, dtype=torch.long, device=lse.device)
+        empty = (
+            torch.zeros(n, 0, dtype=lse.dtype, device=lse.device),
+            torch.zeros(n, 0, dtype=torch.long, device=lse.device),
+        )
         lk, idx = best if k > 0 else empty
     ent = lse - mu if want_entropy else torch.zeros_like(lse)
     return lse, lk, tok_z - lse, ent, idx
@@ -131,41 +134,63 @@ def _block_grad(z, v0, lse, ent, tok, idx, g_lse, g_k, g_logp, g_ent, temperatur
     return G if temperature == 1.0 else G.div_(temperature)
 
 
-def _forward_all(N, zrows: Callable[[slice], ZBlock], blocks, tokens, indices, k, chunk, want_entropy):
-    """Concatenated stats over all N positions, ``chunk`` rows at a time."""
+def _row_slices(N: int, chunk: int) -> list[slice]:
+    """The chunks of ``chunk`` rows covering range(N)."""
+    return [slice(s, s + chunk) for s in range(0, N, chunk)]
+
+
+def _forward_all(ctx, inputs, zrows: Callable[[slice], ZBlock], N, blocks, tokens, indices, k, cfg):
+    """Concatenated stats over all N positions, ``chunk`` rows at a time: lse (N,), logits_k (N, K),
+    logp (N,), entropy (N,), idx (N, K). cfg: (temperature, chunk, want_entropy). Saves ``inputs`` +
+    (tokens, idx, lse, entropy) and ctx.cfg = (temperature, chunk, blocks, want_entropy) for the backward."""
+    temperature, chunk, want_entropy = cfg
     outs = [[] for _ in range(5)]
-    for s in range(0, N, chunk):
-        sl = slice(s, s + chunk)
+    for sl in _row_slices(N, chunk):
         idx = None if indices is None else indices[sl]
         for o, v in zip(outs, _rows_stats(zrows(sl), blocks, tokens[sl], idx, k, want_entropy)):
             o.append(v)
-    return tuple(torch.cat(o) for o in outs)
+    lse, lk, logp, ent, idx = (torch.cat(o) for o in outs)
+    ctx.save_for_backward(*inputs, tokens, idx, lse, ent)
+    ctx.cfg = (temperature, chunk, blocks, want_entropy)
+    ctx.mark_non_differentiable(idx)
+    return lse, lk, logp, ent, idx
+
+
+def _chunk_grads(zblock: ZBlock, sl: slice, saved, grads, cfg):
+    """(v0, v1, G) per vocabulary block of the rows ``sl``; G (n, v1 - v0): the gradient w.r.t. their raw logits.
+
+    zblock(v0, v1): (n, v1 - v0) scaled logits of these rows; saved: the forward's (tokens (N,), idx (N, K),
+    lse (N,), entropy (N,)); grads: the outputs' (g_lse (N,), g_k (N, K), g_logp (N,), g_ent (N,)); cfg: ctx.cfg.
+    """
+    tokens, idx, lse, ent = (t[sl] for t in saved)
+    g_lse, g_k, g_logp, g_ent = (g[sl] for g in grads)
+    temperature, _, blocks, want_entropy = cfg
+    for v0, v1 in blocks:
+        z = zblock(v0, v1)
+        G = _block_grad(z, v0, lse, ent, tokens, idx, g_lse, g_k, g_logp, g_ent, temperature, want_entropy)
+        yield v0, v1, G
+
+
+def _logit_rows(logits, acc, temperature) -> Callable[[slice], ZBlock]:
+    """sl -> zblock: (v0, v1) -> (n, v1 - v0) logits[sl, v0:v1] / temperature, in acc."""
+    return lambda sl: lambda v0, v1: logits[sl, v0:v1].to(acc) / temperature
 
 
 class _FromLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, tokens, indices, k, temperature, chunk, vchunk, want_entropy):
-        acc = _acc_dtype(logits.dtype)
+        zrows = _logit_rows(logits, _acc_dtype(logits.dtype), temperature)
         blocks = _vocab_blocks(logits.shape[1], vchunk)
-        zrows = lambda sl: lambda v0, v1: logits[sl, v0:v1].to(acc) / temperature  # noqa: E731
-        lse, lk, logp, ent, idx = _forward_all(logits.shape[0], zrows, blocks, tokens, indices, k, chunk, want_entropy)
-        ctx.save_for_backward(logits, tokens, idx, lse, ent)
-        ctx.cfg = (temperature, chunk, blocks, want_entropy)
-        ctx.mark_non_differentiable(idx)
-        return lse, lk, logp, ent, idx
+        cfg = (temperature, chunk, want_entropy)
+        return _forward_all(ctx, (logits,), zrows, logits.shape[0], blocks, tokens, indices, k, cfg)
 
     @staticmethod
     def backward(ctx, g_lse, g_k, g_logp, g_ent, _g_idx):
-        logits, tokens, idx, lse, ent = ctx.saved_tensors
-        temperature, chunk, blocks, want_entropy = ctx.cfg
-        acc = lse.dtype
+        logits, *saved = ctx.saved_tensors  # saved: tokens, idx, lse, ent
+        zrows = _logit_rows(logits, saved[2].dtype, ctx.cfg[0])
         grad = torch.empty_like(logits)
-        for s in range(0, logits.shape[0], chunk):
-            sl = slice(s, s + chunk)
-            for v0, v1 in blocks:
-                z = logits[sl, v0:v1].to(acc) / temperature
-                G = _block_grad(z, v0, lse[sl], ent[sl], tokens[sl], idx[sl], g_lse[sl], g_k[sl], g_logp[sl], g_ent[sl],
-                                temperature, want_entropy)
+        for sl in _row_slices(logits.shape[0], ctx.cfg[1]):
+            for v0, v1, G in _chunk_grads(zrows(sl), sl, saved, (g_lse, g_k, g_logp, g_ent), ctx.cfg):
                 grad[sl, v0:v1] = G.to(logits.dtype)
         return grad, None, None, None, None, None, None, None
 
@@ -177,34 +202,36 @@ def _head_block(h, weight, bias, v0, v1, acc, temperature):
     return z if temperature == 1.0 else z.div_(temperature)
 
 
+def _hidden_rows(hidden, weight, bias, acc, temperature) -> Callable[[slice], ZBlock]:
+    """sl -> zblock: (v0, v1) -> (n, v1 - v0) `_head_block` of hidden[sl] (n, H)."""
+    return lambda sl: lambda v0, v1: _head_block(hidden[sl], weight, bias, v0, v1, acc, temperature)
+
+
 class _FromHidden(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, tokens, indices, k, temperature, chunk, vchunk, want_entropy):
-        acc = _acc_dtype(hidden.dtype)
+        zrows = _hidden_rows(hidden, weight, bias, _acc_dtype(hidden.dtype), temperature)
         blocks = _vocab_blocks(weight.shape[0], vchunk)
-        zrows = lambda sl: lambda v0, v1: _head_block(hidden[sl], weight, bias, v0, v1, acc, temperature)  # noqa: E731
-        lse, lk, logp, ent, idx = _forward_all(hidden.shape[0], zrows, blocks, tokens, indices, k, chunk, want_entropy)
-        ctx.save_for_backward(hidden, weight, bias, tokens, idx, lse, ent)
-        ctx.cfg = (temperature, chunk, blocks, want_entropy)
-        ctx.mark_non_differentiable(idx)
-        return lse, lk, logp, ent, idx
+        cfg = (temperature, chunk, want_entropy)
+        return _forward_all(ctx, (hidden, weight, bias), zrows, hidden.shape[0], blocks, tokens, indices, k, cfg)
 
     @staticmethod
     def backward(ctx, g_lse, g_k, g_logp, g_ent, _g_idx):
-        hidden, weight, bias, tokens, idx, lse, ent = ctx.saved_tensors
-        temperature, chunk, blocks, want_entropy = ctx.cfg
-        acc = lse.dtype
+        hidden, weight, bias, *saved = ctx.saved_tensors  # saved: tokens, idx, lse, ent
+        temperature, chunk, _, _ = ctx.cfg
+        acc = saved[2].dtype
         g_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         g_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
-        g_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if (bias is not None and ctx.needs_input_grad[2]) else None
-        for s in range(0, hidden.shape[0], chunk):
-            sl = slice(s, s + chunk)
+        g_b = (
+            torch.zeros(weight.shape[0], dtype=acc, device=weight.device)
+            if (bias is not None and ctx.needs_input_grad[2])
+            else None
+        )
+        zrows = _hidden_rows(hidden, weight, bias, acc, temperature)
+        for sl in _row_slices(hidden.shape[0], chunk):
             h = hidden[sl]
             gh = None if g_h is None else torch.zeros(h.shape, dtype=acc, device=h.device)  # (n, H)
-            for v0, v1 in blocks:
-                z = _head_block(h, weight, bias, v0, v1, acc, temperature)
-                G = _block_grad(z, v0, lse[sl], ent[sl], tokens[sl], idx[sl], g_lse[sl], g_k[sl], g_logp[sl], g_ent[sl],
-                                temperature, want_entropy)
+            for v0, v1, G in _chunk_grads(zrows(sl), sl, saved, (g_lse, g_k, g_logp, g_ent), ctx.cfg):
                 if gh is not None:
                     gh.addmm_(G, weight[v0:v1].to(acc))  # (n, H)
                 if g_w is not None:
@@ -213,8 +240,9 @@ class _FromHidden(torch.autograd.Function):
                     g_b[v0:v1] += G.sum(0)
             if g_h is not None:
                 g_h[sl] = gh.to(hidden.dtype)
-        return (g_h, None if g_w is None else g_w.to(weight.dtype), None if g_b is None else g_b.to(bias.dtype),
-                None, None, None, None, None, None, None)
+        g_w = None if g_w is None else g_w.to(weight.dtype)
+        g_b = None if g_b is None else g_b.to(bias.dtype)
+        return (g_h, g_w, g_b, None, None, None, None, None, None, None)
 
 
 def _prepare(lead, V, tokens, indices, k, temperature, chunk_size, vocab_chunk_size):
@@ -228,6 +256,8 @@ def _prepare(lead, V, tokens, indices, k, temperature, chunk_size, vocab_chunk_s
         raise ValueError(f"vocab_chunk_size must be >= 1 or None (whole vocabulary); got {vocab_chunk_size!r}")
     if k < 0:
         raise ValueError(f"k must be >= 0; got {k!r}")
+    if indices is None and k > V:
+        raise ValueError(f"k={k} exceeds the vocabulary size V={V}")
     if tokens is None:
         tokens = torch.zeros(B, T, dtype=torch.long)
     if tuple(tokens.shape) != (B, T):
@@ -243,12 +273,20 @@ def _prepare(lead, V, tokens, indices, k, temperature, chunk_size, vocab_chunk_s
 
 def _unflatten(B, T, lse, lk, logp, ent, idx, want_entropy) -> TokenStats:
     K = idx.shape[-1]
-    return TokenStats(logp.view(B, T), lse.view(B, T), lk.view(B, T, K), idx.view(B, T, K), ent.view(B, T) if want_entropy else None)
+    return TokenStats(
+        logp.view(B, T), lse.view(B, T), lk.view(B, T, K), idx.view(B, T, K), ent.view(B, T) if want_entropy else None
+    )
 
 
 def token_stats_from_logits(
-    logits: torch.Tensor, tokens: torch.Tensor | None = None, *, k: int = 0, indices: torch.Tensor | None = None,
-    temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK, entropy: bool = False,
+    logits: torch.Tensor,
+    tokens: torch.Tensor | None = None,
+    *,
+    k: int = 0,
+    indices: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+    entropy: bool = False,
     vocab_chunk_size: int | None = None,
 ) -> TokenStats:
     """Stats from logits (B, T, V). With ``indices`` (B, T, K) gather there (k ignored), else own top-k.
@@ -259,18 +297,25 @@ def token_stats_from_logits(
     if logits.ndim != 3:
         raise ValueError(f"logits must be (B, T, V); got shape {tuple(logits.shape)}")
     B, T, V = logits.shape
-    if indices is None and k > V:
-        raise ValueError(f"k={k} exceeds the vocabulary size V={V}")
     tok, idx = _prepare((B, T), V, tokens, indices, k, temperature, chunk_size, vocab_chunk_size)
-    out = _FromLogits.apply(logits.reshape(B * T, V), tok, idx, k, float(temperature), int(chunk_size),
-                            vocab_chunk_size, entropy)
+    out = _FromLogits.apply(
+        logits.reshape(B * T, V), tok, idx, k, float(temperature), int(chunk_size), vocab_chunk_size, entropy
+    )
     return _unflatten(B, T, *out, entropy)
 
 
 def token_stats_from_hidden(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, tokens: torch.Tensor | None = None, *,
-    k: int = 0, indices: torch.Tensor | None = None, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK,
-    entropy: bool = False, vocab_chunk_size: int | None = None,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    tokens: torch.Tensor | None = None,
+    *,
+    k: int = 0,
+    indices: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+    entropy: bool = False,
+    vocab_chunk_size: int | None = None,
 ) -> TokenStats:
     """Stats from hidden states (B, T, H) and the LM head weight (V, H) [+ bias (V,)], fused.
 
@@ -280,19 +325,38 @@ def token_stats_from_hidden(
     temporaries to tens of MB (docs/benchmarks.md). Differentiable w.r.t. hidden, weight and bias.
     """
     if hidden.ndim != 3 or weight.ndim != 2 or hidden.shape[-1] != weight.shape[-1]:
-        raise ValueError(f"hidden must be (B, T, H) and weight (V, H); got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+        raise ValueError(
+            f"hidden must be (B, T, H) and weight (V, H); got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
     B, T, H = hidden.shape
-    if indices is None and k > weight.shape[0]:
-        raise ValueError(f"k={k} exceeds the vocabulary size V={weight.shape[0]}")
     tok, idx = _prepare((B, T), weight.shape[0], tokens, indices, k, temperature, chunk_size, vocab_chunk_size)
-    out = _FromHidden.apply(hidden.reshape(B * T, H), weight, bias, tok, idx, k, float(temperature), int(chunk_size),
-                            vocab_chunk_size, entropy)
+    out = _FromHidden.apply(
+        hidden.reshape(B * T, H),
+        weight,
+        bias,
+        tok,
+        idx,
+        k,
+        float(temperature),
+        int(chunk_size),
+        vocab_chunk_size,
+        entropy,
+    )
     return _unflatten(B, T, *out, entropy)
 
 
-def kl_inputs(policy: TokenStats, anchor: TokenStats, sampled: torch.Tensor, old_logp: torch.Tensor | None = None) -> KLInputs:
+def kl_inputs(
+    policy: TokenStats, anchor: TokenStats, sampled: torch.Tensor, old_logp: torch.Tensor | None = None
+) -> KLInputs:
     """Assemble Top-k / sampled KLInputs from the policy's and the anchor's stats at the same indices."""
     return KLInputs(
-        logp=policy.logp, ref_logp=anchor.logp, old_logp=old_logp, sampled=sampled, topk_idx=policy.indices,
-        logits_k=policy.logits_k, lse=policy.lse, ref_logits_k=anchor.logits_k, ref_lse=anchor.lse,
+        logp=policy.logp,
+        ref_logp=anchor.logp,
+        old_logp=old_logp,
+        sampled=sampled,
+        topk_idx=policy.indices,
+        logits_k=policy.logits_k,
+        lse=policy.lse,
+        ref_logits_k=anchor.logits_k,
+        ref_lse=anchor.lse,
     )

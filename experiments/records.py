@@ -36,8 +36,9 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -55,24 +56,36 @@ RESERVED = ("iteration", "time_s")  # set by the record, never by the caller
 HASH_EXCLUDE = ("run_dir", "out_root", "resume", "logger", "sweep", "model.cache_dir")
 # Keys a resume may change (besides HASH_EXCLUDE): how long, how often to evaluate/save, how to run.
 # Any other change is refused unless resume=force (recorded in resumes.jsonl, flagged by the report).
-RESUME_MAY_CHANGE = ("trainer.iterations", "trainer.eval_every", "trainer.eval_size", "trainer.eval_n",
-                     "trainer.save_every", "trainer.keep_checkpoints", "trainer.threads",
-                     "backend.verl.step_timeout_s", "backend.verl.max_failed_rollouts")
+RESUME_MAY_CHANGE = (
+    "trainer.iterations",
+    "trainer.eval_every",
+    "trainer.eval_size",
+    "trainer.eval_n",
+    "trainer.save_every",
+    "trainer.keep_checkpoints",
+    "trainer.threads",
+    "backend.verl.step_timeout_s",
+    "backend.verl.max_failed_rollouts",
+)
 _clock = time.monotonic  # wall seconds for time_s (a module attribute so tests can drive it)
 
 
 # ---------------------------------------------------------------- ids, hashes, provenance
 
-def make_run_id(task: str, experiment: str, seed: int, now: dt.datetime | None = None,
-                trial_id: str | None = None) -> str:
+
+def make_run_id(
+    task: str, experiment: str, seed: int, now: dt.datetime | None = None, trial_id: str | None = None
+) -> str:
     """The name of a run directory, for every backend: `{task}__{experiment}__s{seed}__{YYYYmmdd-HHMMSS}`
     (local time), e.g. `math_tiny__math_tiny_ema_pg__s1__20260101-120000`; inside a sweep the last part
     is the Tune trial id instead (`..__s1__7e9a1_00003`), so a restored trial finds its directory again."""
     last = f"{(now or dt.datetime.now()):%Y%m%d-%H%M%S}" if trial_id is None else str(trial_id)
     for what, value in (("task", task), ("experiment", experiment), ("trial_id", last)):
         if not value or "__" in value or "/" in value or os.sep in value:
-            raise ValueError(f"{what}={value!r} cannot go into a run id: it must be non-empty and contain "
-                             "neither '__' (the run id separator) nor a path separator")
+            raise ValueError(
+                f"{what}={value!r} cannot go into a run id: it must be non-empty and contain "
+                "neither '__' (the run id separator) nor a path separator"
+            )
     return f"{task}__{experiment}__s{int(seed)}__{last}"
 
 
@@ -119,6 +132,7 @@ def git_sha() -> str | None:
 
 # ---------------------------------------------------------------- files
 
+
 def atomic_write(path: str | Path, text: str) -> None:
     """Replace `path` with `text` all at once: readers see the old file or the new one, never half."""
     path = Path(path)
@@ -161,16 +175,18 @@ def jsonable(value: Any, key: str = "") -> Any:
     try:
         return jsonable(float(value), key)
     except (TypeError, ValueError):
-        raise TypeError(f"{key!r}: {type(value).__name__} cannot be written as JSON (number, bool, str, None, "
-                        "list or dict)") from None
+        raise TypeError(
+            f"{key!r}: {type(value).__name__} cannot be written as JSON (number, bool, str, None, list or dict)"
+        ) from None
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Rows of a JSONL file ([] if absent). An unparsable last line is an interrupted append and is
-    dropped; an unparsable line anywhere else is corruption and raises ValueError."""
+def scan_jsonl(path: str | Path) -> tuple[list[dict], bool]:
+    """(rows of a JSONL file ([] if absent), whether a trailing partial line was dropped). An unparsable
+    last line is an interrupted append and is dropped; an unparsable line anywhere else is corruption
+    and raises ValueError."""
     path = Path(path)
     if not path.is_file():
-        return []
+        return [], False
     lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
     rows = []
     for i, line in enumerate(lines):
@@ -180,10 +196,17 @@ def read_jsonl(path: str | Path) -> list[dict]:
                 raise ValueError("not a JSON object")
         except ValueError as err:
             if i == len(lines) - 1:
-                break
-            raise ValueError(f"{path}:{i + 1}: corrupt line ({err}); only the last line may be partial") from err
+                return rows, True
+            raise ValueError(
+                f"{path}:{i + 1}: corrupt JSON line ({err}); only the last line of a run record may be partial"
+            ) from err
         rows.append(row)
-    return rows
+    return rows, False
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """`scan_jsonl`'s rows: a trailing partial line is dropped, a corrupt one elsewhere raises ValueError."""
+    return scan_jsonl(path)[0]
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -288,7 +311,7 @@ def best_values(rows: list[dict], metric: str | None = None, mode: str = "max") 
     (min or max). Times, losses, rewards, perf/* have none: whether higher is better is not known."""
     if mode not in ("max", "min"):
         raise ValueError(f"mode={mode!r}: expected 'max' or 'min'")
-    key = metric[len("best_"):] if metric and metric.startswith("best_") else metric
+    key = metric[len("best_") :] if metric and metric.startswith("best_") else metric
     best: dict[str, Any] = {}
     for row in rows:
         for k, v in row.items():
@@ -301,6 +324,7 @@ def best_values(rows: list[dict], metric: str | None = None, mode: str = "max") 
 
 
 # ---------------------------------------------------------------- the record
+
 
 class RunRecord:
     """One run directory. Build it with `RunRecord.create`; see the module docstring."""
@@ -316,8 +340,15 @@ class RunRecord:
         self._beat: threading.Event | None = None
 
     @classmethod
-    def create(cls, run_dir: str | Path, cfg: DictConfig | Mapping[str, Any], resume: bool = False, force: bool = False,
-               checkpoint: str | None = None, skipped: list[dict] | tuple = ()) -> "RunRecord":
+    def create(
+        cls,
+        run_dir: str | Path,
+        cfg: DictConfig | Mapping[str, Any],
+        resume: bool = False,
+        force: bool = False,
+        checkpoint: str | None = None,
+        skipped: list[dict] | tuple = (),
+    ) -> RunRecord:
         """Write config.yaml (resolved) and status=running; drop a stale summary.json.
 
         resume=False refuses a directory that already holds metrics, a checkpoint or a finished run
@@ -343,9 +374,14 @@ class RunRecord:
         rec._write(run_dir / CONFIG, OmegaConf.to_yaml(config))
         if resume:
             rec.rewind(None)
-            entry = {"time": dt.datetime.now().isoformat(timespec="seconds"), "after_iteration": rec.last_iteration,
-                     "checkpoint": checkpoint, "skipped": list(skipped), "forced": bool(refused),
-                     "changes": {k: list(v) for k, v in changes.items()}}
+            entry = {
+                "time": dt.datetime.now().isoformat(timespec="seconds"),
+                "after_iteration": rec.last_iteration,
+                "checkpoint": checkpoint,
+                "skipped": list(skipped),
+                "forced": bool(refused),
+                "changes": {k: list(v) for k, v in changes.items()},
+            }
             rec._append(RESUMES, [jsonable(entry)])
             rec.forced = any(r.get("forced") for r in read_resumes(run_dir))
         rec._write_status("running", f"pid={os.getpid()} host={socket.gethostname()}")
@@ -362,8 +398,10 @@ class RunRecord:
         self._check_running()
         iteration = int(iteration)
         if self.last_iteration is not None and iteration <= self.last_iteration:
-            raise ValueError(f"iteration {iteration} <= {self.last_iteration}, the last one in {self.run_dir / METRICS}; "
-                             "iterations must increase (after a resume, call rewind(checkpoint_iteration) first)")
+            raise ValueError(
+                f"iteration {iteration} <= {self.last_iteration}, the last one in {self.run_dir / METRICS}; "
+                "iterations must increase (after a resume, call rewind(checkpoint_iteration) first)"
+            )
         if reserved := [k for k in RESERVED if k in metrics]:
             raise ValueError(f"metric keys {reserved} are set by the run record; do not pass them")
         row = {"iteration": iteration, "time_s": round(self.elapsed(), 3)}
@@ -386,6 +424,7 @@ class RunRecord:
         (e.g. `state()["time_s"]` saved in the checkpoint), by default from the last kept line, plus
         the time since `create`: work lost between the checkpoint and the crash, and the downtime
         before the restart, are not counted."""
+
         def keep(r: dict) -> bool:
             return iteration is None or r["iteration"] <= iteration
 
@@ -416,7 +455,7 @@ class RunRecord:
             error = str(exc)
         return self._close("failed", error, extra_summary)
 
-    def __enter__(self) -> "RunRecord":
+    def __enter__(self) -> RunRecord:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -447,12 +486,18 @@ class RunRecord:
         rows = sorted(read_metrics(self.run_dir), key=lambda r: r["iteration"])
         final, best = final_values(rows), best_values(rows)
         return {
-            "run_id": self.run_id, "status": status, "experiment": _dig(self.config, "experiment"),
-            "task": _dig(self.config, "task.name"), "seed": _dig(self.config, "seed"),
-            "config_hash": self.config_hash, "git_sha": self.git_sha,
+            "run_id": self.run_id,
+            "status": status,
+            "experiment": _dig(self.config, "experiment"),
+            "task": _dig(self.config, "task.name"),
+            "seed": _dig(self.config, "seed"),
+            "config_hash": self.config_hash,
+            "git_sha": self.git_sha,
             "wandb_run_id": read_wandb_state(self.run_dir).get("id"),
-            "iterations_done": rows[-1]["iteration"] if rows else 0, "wall_time_s": round(self.elapsed(), 3),
-            "final": final, "best": best,
+            "iterations_done": rows[-1]["iteration"] if rows else 0,
+            "wall_time_s": round(self.elapsed(), 3),
+            "final": final,
+            "best": best,
         }
 
     def _close(self, state: str, detail: str | None, extra: Mapping[str, Any] | None) -> dict:
@@ -512,8 +557,10 @@ def _check_fresh(run_dir: Path) -> None:
     has_metrics = (run_dir / METRICS).is_file() and (run_dir / METRICS).stat().st_size > 0
     has_ckpt = (run_dir / "checkpoints" / "latest").exists()
     if state == "finished" or has_metrics or has_ckpt:
-        raise FileExistsError(f"{run_dir} already holds a run record (status: {state}, metrics: {has_metrics}, "
-                              f"checkpoint: {has_ckpt}); continue it with resume=true or choose another run_dir")
+        raise FileExistsError(
+            f"{run_dir} already holds a run record (status: {state}, metrics: {has_metrics}, "
+            f"checkpoint: {has_ckpt}); continue it with resume=true or choose another run_dir"
+        )
 
 
 def config_changes(old_path: Path, new: dict) -> dict[str, tuple]:
@@ -522,8 +569,11 @@ def config_changes(old_path: Path, new: dict) -> dict[str, tuple]:
     if not old_path.is_file():
         return {}
     old, cur = _flat(OmegaConf.to_container(OmegaConf.load(old_path))), _flat(new)
-    return {k: (old.get(k), cur.get(k)) for k in sorted(set(old) | set(cur))
-            if old.get(k) != cur.get(k) and not _under(k, HASH_EXCLUDE)}
+    return {
+        k: (old.get(k), cur.get(k))
+        for k in sorted(set(old) | set(cur))
+        if old.get(k) != cur.get(k) and not _under(k, HASH_EXCLUDE)
+    }
 
 
 def _under(key: str, prefixes) -> bool:
@@ -536,9 +586,11 @@ def _may_change(key: str) -> bool:
 
 def _refusal(run_dir: Path, refused: dict[str, tuple]) -> str:
     listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in refused.items()))
-    return (f"resume=true would continue {run_dir} with different settings ({listed}); resume with the recorded "
-            f"settings, start a new run_dir, or override deliberately with resume=force (recorded, and flagged "
-            f"in reports). A resume may change: {', '.join(RESUME_MAY_CHANGE)}")
+    return (
+        f"resume=true would continue {run_dir} with different settings ({listed}); resume with the recorded "
+        f"settings, start a new run_dir, or override deliberately with resume=force (recorded, and flagged "
+        f"in reports). A resume may change: {', '.join(RESUME_MAY_CHANGE)}"
+    )
 
 
 def _writable(run_dir: Path) -> None:

@@ -18,6 +18,7 @@ The trainer checks capabilities (`STOP_STRINGS`, `MAX_TURNS`), never task names.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from types import ModuleType
 from typing import Any, Protocol
@@ -56,12 +57,29 @@ def read_prepared(task: str, data_dir: str, split: str, n: int, seed: int) -> li
 
     path = os.path.join(os.path.expanduser(data_dir), f"{split}.parquet")
     if not os.path.isfile(path):
-        raise ValueError(f"{path} not found: run experiments.tasks.{task}.prepare({data_dir!r}) first "
-                         "(needs a network)")
+        raise ValueError(
+            f"{path} not found: run experiments.tasks.{task}.prepare({data_dir!r}) first (needs a network)"
+        )
     df = pd.read_parquet(path)
     order = list(range(len(df)))
     random.Random(seed).shuffle(order)
     return [df.iloc[i].to_dict() for i in order[:n]]
+
+
+def prepared_examples(
+    task: str, data_dir: str, split: str, n: int, seed: int, example_id: Callable[[dict[str, Any]], str]
+) -> list[Example]:
+    """`read_prepared`'s rows as Examples: the user message as prompt, the ground truth list as answer,
+    the data source in meta; `example_id(row)` gives each id (unique within the task)."""
+    return [
+        Example(
+            id=example_id(r),
+            prompt=r["prompt"][0]["content"],
+            answer=list(r["reward_model"]["ground_truth"]),
+            meta={"source": r["data_source"]},
+        )
+        for r in read_prepared(task, data_dir, split, n, seed)
+    ]
 
 
 class Task(Protocol):
@@ -94,6 +112,7 @@ TOOL_MEMBERS = ("MAX_TURNS", "make_env", "tool_response")
 
 def _defaults(module: ModuleType) -> dict[str, Any]:
     """The optional members of `module` as a single-turn task without an environment has them."""
+
     def reward(example: Example, response: str) -> float:
         return float(module.evaluate(example, response))
 
@@ -107,8 +126,15 @@ def _defaults(module: ModuleType) -> dict[str, Any]:
     def tool_response(response_so_far: str, env: Any = None) -> None:
         return None
 
-    return {"STOP_STRINGS": (), "MAX_TURNS": 0, "PRETRAIN": {}, "reward": reward, "demonstration": demonstration,
-            "make_env": make_env, "tool_response": tool_response}
+    return {
+        "STOP_STRINGS": (),
+        "MAX_TURNS": 0,
+        "PRETRAIN": {},
+        "reward": reward,
+        "demonstration": demonstration,
+        "make_env": make_env,
+        "tool_response": tool_response,
+    }
 
 
 def register(module: ModuleType) -> ModuleType:
@@ -117,8 +143,10 @@ def register(module: ModuleType) -> ModuleType:
     if getattr(module, "STOP_STRINGS", ()):
         missing += [m for m in TOOL_MEMBERS if not hasattr(module, m)]
     if missing:
-        raise TypeError(f"task module {module.__name__} lacks {', '.join(missing)} (the Task protocol of "
-                        "experiments.tasks; modules that are not tasks are named _*)")
+        raise TypeError(
+            f"task module {module.__name__} lacks {', '.join(missing)} (the Task protocol of "
+            "experiments.tasks; modules that are not tasks are named _*)"
+        )
     for name, default in _defaults(module).items():
         if not hasattr(module, name):
             setattr(module, name, default)

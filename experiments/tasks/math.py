@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import math as _math
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
-from experiments.tasks import Example, make_knobs, read_prepared
+from experiments.tasks import Example, make_knobs, prepared_examples
 from experiments.tasks.math_tiny import extract_answer as last_boxed
 
 NAME = "math"
@@ -93,8 +93,12 @@ def stage_overrides(stage: str, resume_from: str | None = None) -> dict:
     extra = [f"data.seed={s.data_seed}"]
     if resume_from:
         extra += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={resume_from}"]
-    out = {"rollout.max_new_tokens": s.max_response_length, "backend.verl.max_response_length": s.max_response_length,
-           "backend.verl.mask_truncated": s.mask_truncated, "backend.verl.overrides": extra}
+    out = {
+        "rollout.max_new_tokens": s.max_response_length,
+        "backend.verl.max_response_length": s.max_response_length,
+        "backend.verl.mask_truncated": s.mask_truncated,
+        "backend.verl.overrides": extra,
+    }
     if s.iterations[1] is not None:
         out["trainer.iterations"] = s.iterations[1]
     return out
@@ -117,9 +121,13 @@ def _gold(value) -> list[str]:
 def verl_row(source: str, index: int, question: str, gold: list[str], split: str, instruction: str = "") -> dict:
     """One verl RL-dataset row (verl's RLHFDataset schema): chat prompt, rule reward with the gold answers."""
     content = question.strip() + (f" {instruction}" if instruction else "")
-    return {"data_source": source, "prompt": [{"role": "user", "content": content}], "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": gold},
-            "extra_info": {"split": split, "index": index, "source": source}}
+    return {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": content}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": gold},
+        "extra_info": {"split": split, "index": index, "source": source},
+    }
 
 
 def rows(name: str, loader: Callable[[str], Iterable[dict]] = hf_loader, instruction: str = "") -> list[dict]:
@@ -147,9 +155,9 @@ def prepare(out_dir: str, loader: Callable[[str], Iterable[dict]] = hf_loader, i
 def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
     """Up to `n` prepared problems of `split` (train, test, val or a benchmark name), shuffled by `seed`."""
     k = make_knobs(Knobs, NAME, knobs)
-    return [Example(id=f"{NAME}/{r['data_source']}/{r['extra_info']['index']}", prompt=r["prompt"][0]["content"],
-                    answer=list(r["reward_model"]["ground_truth"]), meta={"source": r["data_source"]})
-            for r in read_prepared(NAME, k.data_dir, split, n, seed)]
+    return prepared_examples(
+        NAME, k.data_dir, split, n, seed, lambda r: f"{NAME}/{r['data_source']}/{r['extra_info']['index']}"
+    )
 
 
 def prompt(example: Example) -> str:

@@ -28,10 +28,10 @@ prompt (the released code's per-dataset indices collide between NQ and HotpotQA)
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
-from experiments.tasks import Example, make_knobs, read_prepared
+from experiments.tasks import Example, make_knobs, prepared_examples
 from experiments.tasks.search_tiny import extract_answer, normalize_answer  # noqa: F401  same rules
 
 NAME = "search"
@@ -88,9 +88,18 @@ def format_question(question: str) -> str:
 
 def verl_row(source: str, index: int, question: str, golden: list[str], split: str) -> dict:
     """One verl RL-dataset row; `extra_info.uid` is unique across sources (the GRPO group id)."""
-    return {"data_source": source, "prompt": [{"role": "user", "content": format_question(question)}],
-            "ability": "fact-reasoning", "reward_model": {"style": "rule", "ground_truth": [str(g) for g in golden]},
-            "extra_info": {"split": split, "index": index, "uid": f"{source}/{split}/{index}", "question": question.strip()}}
+    return {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": format_question(question)}],
+        "ability": "fact-reasoning",
+        "reward_model": {"style": "rule", "ground_truth": [str(g) for g in golden]},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "uid": f"{source}/{split}/{index}",
+            "question": question.strip(),
+        },
+    }
 
 
 def hf_loader(source: str, split: str) -> Iterable[dict] | None:
@@ -108,8 +117,11 @@ def hf_loader(source: str, split: str) -> Iterable[dict] | None:
 
 def rows(split: str, loader: Callable[[str, str], Iterable[dict]] = hf_loader) -> list[dict]:
     sources = TRAIN_SOURCES if split == "train" else TEST_SOURCES
-    return [verl_row(s, i, ex["question"], list(ex["golden_answers"]), split)
-            for s in sources for i, ex in enumerate(loader(s, split) or [])]
+    return [
+        verl_row(s, i, ex["question"], list(ex["golden_answers"]), split)
+        for s in sources
+        for i, ex in enumerate(loader(s, split) or [])
+    ]
 
 
 def prepare(out_dir: str, loader: Callable[[str, str], Iterable[dict]] = hf_loader) -> dict[str, str]:
@@ -130,9 +142,7 @@ def prepare(out_dir: str, loader: Callable[[str, str], Iterable[dict]] = hf_load
 def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
     """Up to `n` prepared questions of `split` (train, test or a test-set name), shuffled by `seed`."""
     k = make_knobs(Knobs, NAME, knobs)
-    return [Example(id=f"{NAME}/{r['extra_info']['uid']}", prompt=r["prompt"][0]["content"],
-                    answer=list(r["reward_model"]["ground_truth"]), meta={"source": r["data_source"]})
-            for r in read_prepared(NAME, k.data_dir, split, n, seed)]
+    return prepared_examples(NAME, k.data_dir, split, n, seed, lambda r: f"{NAME}/{r['extra_info']['uid']}")
 
 
 def prompt(example: Example) -> str:
@@ -154,7 +164,7 @@ def tool_response(response_so_far: str, env, k: int = TOPK) -> str | None:
     if not text.endswith(STOP):
         return None
     start = text.rfind("<search>")
-    query = text[start + len("<search>"): -len(STOP)].strip() if start != -1 else ""
+    query = text[start + len("<search>") : -len(STOP)].strip() if start != -1 else ""
     passages = env.search(query, k) if query else []
     return f"\n\n<information>{format_passages(passages).strip()}</information>\n\n"
 

@@ -1,4 +1,5 @@
 """analysis.load on synthetic run records in the documented format (docs/run-record.md)."""
+
 from __future__ import annotations
 
 import json
@@ -8,14 +9,15 @@ import pandas as pd
 import pytest
 
 from analysis import load
+from experiments import records
 
 
 def test_finds_every_run_and_drops_none(sweep_dir):
     runs, metrics = load.load_runs(sweep_dir)
-    assert len(runs) == 11                                  # 9 finished + 1 failed + 1 partial
+    assert len(runs) == 11  # 9 finished + 1 failed + 1 partial
     assert runs["status"].value_counts().to_dict() == {"finished": 9, "failed": 1, "running": 1}
     assert runs["complete"].sum() == 9 and runs["failed"].sum() == 1
-    assert set(metrics["run_id"]) == set(runs["run_id"])    # the unfinished runs keep their curves
+    assert set(metrics["run_id"]) == set(runs["run_id"])  # the unfinished runs keep their curves
     # 9 runs x 7 lines, failed: 4 lines, partial: 5 lines of which the last is cut -> 4
     assert len(metrics) == 9 * 7 + 4 + 4
 
@@ -23,8 +25,8 @@ def test_finds_every_run_and_drops_none(sweep_dir):
 def test_failed_run_is_flagged_with_its_error(sweep_dir):
     runs, _ = load.load_runs(sweep_dir)
     failed = runs[runs["failed"]].iloc[0]
-    assert failed["error"] == "RuntimeError: NaN loss"      # the traceback's last line
-    assert failed["metrics_source"] == "metrics.jsonl"      # no summary.json: recomputed
+    assert failed["error"] == "RuntimeError: NaN loss"  # the traceback's last line
+    assert failed["metrics_source"] == "metrics.jsonl"  # no summary.json: recomputed
     assert failed["final/train/reward"] == pytest.approx(0.1 * 3 + 0.05 + 0.07)  # iteration 3, seed 7
 
 
@@ -41,14 +43,19 @@ def test_partial_run_ignores_truncated_last_line(sweep_dir):
 def test_knobs_are_flattened_from_config(sweep_dir):
     runs, metrics = load.load_runs(sweep_dir)
     ema = runs[(runs["anchor_tau"] == 0.9) & runs["complete"]].iloc[0]
-    assert (ema["task"], ema["kl_type"], ema["kl_k"], ema["kl_tail"], ema["kl_coef"]) == \
-        ("math_tiny", "topk", 4, "unbiased", 0.01)
+    assert (ema["task"], ema["kl_type"], ema["kl_k"], ema["kl_tail"], ema["kl_coef"]) == (
+        "math_tiny",
+        "topk",
+        4,
+        "unbiased",
+        0.01,
+    )
     assert (ema["anchor_period"], ema["sweep_name"], ema["backend"], ema["iterations"]) == (2, "quickstart", "local", 6)
     assert ema["method"] == "EMA-PG" and ema["variant"] == "EMA-PG (τ=0.9, P=2; topk k=4, unbiased)"
-    assert ema["cfg.task.n_problems"] == 5                  # every scalar config entry, dotted
+    assert ema["cfg.task.n_problems"] == 5  # every scalar config entry, dotted
     grpo = runs[runs["anchor_tau"] == 1.0].iloc[0]
     assert grpo["method"] == "GRPO" and grpo["variant"] == "GRPO (k3)"
-    assert pd.isna(grpo["anchor_period"]) and grpo["cfg.algo.anchor.period"] == 2   # inert: masked
+    assert pd.isna(grpo["anchor_period"]) and grpo["cfg.algo.anchor.period"] == 2  # inert: masked
     assert {"variant", "seed", "anchor_tau", "complete"} <= set(metrics.columns)
 
 
@@ -114,7 +121,7 @@ def test_find_ignores_checkpoints_and_needs_status(tmp_path, synth):
     for f in ("config.yaml", "status"):
         (d / "checkpoints" / "iter_2" / f).write_text("x: 1\n")
     (tmp_path / "not_a_run").mkdir()
-    (tmp_path / "not_a_run" / "config.yaml").write_text("a: 1\n")   # no status file
+    (tmp_path / "not_a_run" / "config.yaml").write_text("a: 1\n")  # no status file
     assert load.find_run_dirs(tmp_path) == [d]
 
 
@@ -127,22 +134,26 @@ def test_empty_and_missing_directories(tmp_path):
 
 def test_load_evals(sweep_dir):
     ev = load.load_evals(sweep_dir)
-    assert len(ev) == 9 * 2 * 2 * 5                         # runs x iterations x models x problems
+    assert len(ev) == 9 * 2 * 2 * 5  # runs x iterations x models x problems
     assert {"run_id", "variant", "seed", "n", "n_correct", "problem_id"} <= set(ev.columns)
     assert list(ev.columns[:3]) == ["run_id", "task", "variant"]
 
 
 def test_parse_run_id():
     assert load.parse_run_id("search_tiny__ema_pg__s3__20260102-030405") == {
-        "task": "search_tiny", "experiment": "ema_pg", "seed": 3, "timestamp": "20260102-030405"}
+        "task": "search_tiny",
+        "experiment": "ema_pg",
+        "seed": 3,
+        "timestamp": "20260102-030405",
+    }
     assert load.parse_run_id("nonsense") == {}
 
 
 def test_jsonl_reader_truncation_flag(tmp_path):
     p = tmp_path / "m.jsonl"
     p.write_text(json.dumps({"iteration": 0}) + "\n" + '{"iteration": 1, "a"')
-    rows, truncated = load.read_jsonl(p)
+    rows, truncated = records.scan_jsonl(p)
     assert rows == [{"iteration": 0}] and truncated
-    p.write_text(json.dumps({"iteration": 0}))            # complete last line without newline
-    assert load.read_jsonl(p) == ([{"iteration": 0}], False)
+    p.write_text(json.dumps({"iteration": 0}))  # complete last line without newline
+    assert records.scan_jsonl(p) == ([{"iteration": 0}], False)
     assert math.isnan(load.clean_rows([{"iteration": 0, "x": None}])[0][0]["x"])

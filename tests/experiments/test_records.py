@@ -11,15 +11,22 @@ import yaml
 from omegaconf import OmegaConf
 
 from experiments import records
-from experiments.records import (RunRecord, config_hash, make_run_id, read_evals, read_metrics, read_status,
-                                 read_summary)
+from experiments.records import RunRecord, config_hash, make_run_id, read_evals, read_metrics, read_status, read_summary
 
 
 def cfg(seed=1, **over):
-    c = {"experiment": "math_tiny_ema_pg", "seed": seed, "run_dir": None, "out_root": "outputs/runs", "resume": False,
-         "task": {"name": "math_tiny"}, "algo": {"anchor": {"tau": 0.9, "period": 1}, "kl": {"type": "topk_reverse", "k": 4}},
-         "trainer": {"iterations": 5, "label": "${algo.kl.type}-k${algo.kl.k}"},
-         "logger": {"name": "wandb", "mode": "offline"}, "sweep": {"name": None, "trial_id": None}}
+    c = {
+        "experiment": "math_tiny_ema_pg",
+        "seed": seed,
+        "run_dir": None,
+        "out_root": "outputs/runs",
+        "resume": False,
+        "task": {"name": "math_tiny"},
+        "algo": {"anchor": {"tau": 0.9, "period": 1}, "kl": {"type": "topk_reverse", "k": 4}},
+        "trainer": {"iterations": 5, "label": "${algo.kl.type}-k${algo.kl.k}"},
+        "logger": {"name": "wandb", "mode": "offline"},
+        "sweep": {"name": None, "trial_id": None},
+    }
     c.update(over)
     return OmegaConf.create(c)
 
@@ -60,7 +67,12 @@ def test_make_run_id_is_the_documented_parseable_format():
     rid = make_run_id("math_tiny", "math_tiny_ema_pg", 3, now=dt.datetime(2026, 1, 2, 3, 4, 5))
     assert rid == "math_tiny__math_tiny_ema_pg__s3__20260102-030405"
     m = re.match(r"^(?P<task>.+?)__(?P<experiment>.+?)__s(?P<seed>-?\d+)__(?P<ts>\d{8}-\d{6})$", rid)
-    assert m.groupdict() == {"task": "math_tiny", "experiment": "math_tiny_ema_pg", "seed": "3", "ts": "20260102-030405"}
+    assert m.groupdict() == {
+        "task": "math_tiny",
+        "experiment": "math_tiny_ema_pg",
+        "seed": "3",
+        "ts": "20260102-030405",
+    }
     with pytest.raises(ValueError, match="'__'"):
         make_run_id("math__tiny", "x", 0)
     in_sweep = make_run_id("math_tiny", "math_tiny_grpo", 0, trial_id="7e9a1_00003")
@@ -71,10 +83,20 @@ def test_make_run_id_is_the_documented_parseable_format():
 
 def test_best_exists_only_where_it_means_something():
     """Evaluations: the max. A sweep metric: by the sweep's mode. Losses, times, rewards, perf: no best."""
-    rows = [{"iteration": 0, "time_s": 0.0, "eval/math_tiny/acc": 0.5},
-            {"iteration": 1, "time_s": 9.0, "loss/total": 2.0, "train/reward": 0.1, "perf/iter_s": 9.0},
-            {"iteration": 2, "time_s": 10.0, "loss/total": 0.5, "train/reward": 0.3, "perf/iter_s": 1.0,
-             "eval/math_tiny/acc": 0.25, "eval_anchor/math_tiny/pass@1": 0.4, "kl/value": None}]
+    rows = [
+        {"iteration": 0, "time_s": 0.0, "eval/math_tiny/acc": 0.5},
+        {"iteration": 1, "time_s": 9.0, "loss/total": 2.0, "train/reward": 0.1, "perf/iter_s": 9.0},
+        {
+            "iteration": 2,
+            "time_s": 10.0,
+            "loss/total": 0.5,
+            "train/reward": 0.3,
+            "perf/iter_s": 1.0,
+            "eval/math_tiny/acc": 0.25,
+            "eval_anchor/math_tiny/pass@1": 0.4,
+            "kl/value": None,
+        },
+    ]
     assert records.best_values(rows) == {"eval/math_tiny/acc": 0.5, "eval_anchor/math_tiny/pass@1": 0.4}
     assert records.best_values(rows, "loss/total", "min")["loss/total"] == 0.5
     assert records.best_values(rows, "best_eval/math_tiny/acc", "min")["eval/math_tiny/acc"] == 0.25
@@ -88,8 +110,13 @@ def test_config_hash_ignores_run_local_keys_only():
     base = config_hash(cfg())
     assert base == config_hash(OmegaConf.to_container(cfg()))  # DictConfig or dict
     assert re.fullmatch(r"[0-9a-f]{12}", base)
-    moved = cfg(run_dir="/elsewhere", out_root="/x", resume=True, logger={"name": "none", "mode": "online"},
-                sweep={"name": "quickstart", "trial_id": "t7"})
+    moved = cfg(
+        run_dir="/elsewhere",
+        out_root="/x",
+        resume=True,
+        logger={"name": "none", "mode": "online"},
+        sweep={"name": "quickstart", "trial_id": "t7"},
+    )
     assert config_hash(moved) == base
     assert config_hash(cfg(seed=2)) != base
     assert config_hash(cfg(algo={"anchor": {"tau": 0.95, "period": 1}, "kl": {"type": "k3", "k": 0}})) != base
@@ -99,13 +126,31 @@ def test_round_trip(tmp_path, clock):
     run_dir = tmp_path / "math_tiny__math_tiny_ema_pg__s1__20260101-000000"
     with RunRecord.create(run_dir, cfg()) as rec:
         assert read_status(run_dir)[0] == "running"
-        rec.log_evals([{"iteration": 0, "model": "policy", "benchmark": "math_tiny", "problem_id": "p0", "n": 4,
-                        "n_correct": Scalar(3), "greedy_correct": 1}])
+        rec.log_evals(
+            [
+                {
+                    "iteration": 0,
+                    "model": "policy",
+                    "benchmark": "math_tiny",
+                    "problem_id": "p0",
+                    "n": 4,
+                    "n_correct": Scalar(3),
+                    "greedy_correct": 1,
+                }
+            ]
+        )
         rec.log(0, {"eval/math_tiny/acc": 0.25})
         for it in (1, 2, 3):
             clock.t += 2.0
-            rec.log(it, {"train/reward": Scalar(0.1 * it), "loss/total": [None, 1.0, float("nan"), 0.5][it],
-                         "kl/value": float("inf") if it == 2 else 0.01, "anchor/updated": 1})
+            rec.log(
+                it,
+                {
+                    "train/reward": Scalar(0.1 * it),
+                    "loss/total": [None, 1.0, float("nan"), 0.5][it],
+                    "kl/value": float("inf") if it == 2 else 0.01,
+                    "anchor/updated": 1,
+                },
+            )
         summary = rec.finish({"train_wall_time_s": 5.5})
 
     written = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -118,13 +163,38 @@ def test_round_trip(tmp_path, clock):
     assert read_evals(run_dir)[0]["n_correct"] == 3
     assert read_status(run_dir) == ("finished", None)
     assert read_summary(run_dir) == summary
-    assert summary["final"] == {"eval/math_tiny/acc": 0.25, "train/reward": pytest.approx(0.3), "loss/total": 0.5,
-                                "kl/value": 0.01, "anchor/updated": 1}
+    assert summary["final"] == {
+        "eval/math_tiny/acc": 0.25,
+        "train/reward": pytest.approx(0.3),
+        "loss/total": 0.5,
+        "kl/value": 0.01,
+        "anchor/updated": 1,
+    }
     assert summary["best"] == {"eval/math_tiny/acc": 0.25}  # no "best" loss, reward or KL: only eval metrics
-    assert {k: summary[k] for k in ("run_id", "status", "experiment", "task", "seed", "iterations_done",
-                                    "wall_time_s", "wandb_run_id", "train_wall_time_s")} == {
-        "run_id": run_dir.name, "status": "finished", "experiment": "math_tiny_ema_pg", "task": "math_tiny",
-        "seed": 1, "iterations_done": 3, "wall_time_s": 6.0, "wandb_run_id": None, "train_wall_time_s": 5.5}
+    assert {
+        k: summary[k]
+        for k in (
+            "run_id",
+            "status",
+            "experiment",
+            "task",
+            "seed",
+            "iterations_done",
+            "wall_time_s",
+            "wandb_run_id",
+            "train_wall_time_s",
+        )
+    } == {
+        "run_id": run_dir.name,
+        "status": "finished",
+        "experiment": "math_tiny_ema_pg",
+        "task": "math_tiny",
+        "seed": 1,
+        "iterations_done": 3,
+        "wall_time_s": 6.0,
+        "wandb_run_id": None,
+        "train_wall_time_s": 5.5,
+    }
     assert summary["config_hash"] == config_hash(cfg())
     assert "git_sha" in summary
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
@@ -226,7 +296,7 @@ def test_resume_without_rewind_drops_only_a_partial_line(tmp_path):
 
 def test_corrupt_line_in_the_middle_is_an_error(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"iteration": 0}\n{"iter\n{"iteration": 2}\n')
-    with pytest.raises(ValueError, match="corrupt line"):
+    with pytest.raises(ValueError, match="corrupt JSON line"):
         read_metrics(tmp_path)
 
 
