@@ -3,6 +3,7 @@ imports ray and `emapg report` never imports torch.
 
     emapg train experiment=math_tiny_ema_pg [hydra overrides ...]
     emapg pretrain task=math_tiny
+    emapg data prepare math --out ~/data/emapg/math [--from <dir with the source data sets>]
     emapg retriever serve --task search_tiny --port 8000
     emapg retriever serve --corpus wiki-18.jsonl --retriever e5 [--index e5_Flat.index]
     emapg retriever index --corpus wiki-18.jsonl --out e5_Flat.index
@@ -70,6 +71,12 @@ def _pretrain(argv: list[str]) -> int:
     return main(argv) or 0
 
 
+def _data(argv: list[str]) -> int:
+    from experiments.data import main
+
+    return main(argv)
+
+
 def _retriever(argv: list[str]) -> int:
     from experiments.retrieval.cli import main
 
@@ -110,6 +117,7 @@ def _cluster(argv: list[str]) -> int:
 COMMANDS = {
     "train": _train,
     "pretrain": _pretrain,
+    "data": _data,
     "retriever": _retriever,
     "sweep": _sweep,
     "report": _report,

@@ -19,7 +19,7 @@ def enabled() -> bool:
     return os.environ.get("EMAPG_PROGRESS", "1") != "0"
 
 
-def bar(total: int, desc: str, *, initial: int = 0, unit: str = "it", show: bool = True):
+def bar(total: int | None, desc: str, *, initial: int = 0, unit: str = "it", show: bool = True):
     """A tqdm bar on stderr, or a disabled one (same interface) when `show` is False or bars are off."""
     from tqdm.auto import tqdm
 

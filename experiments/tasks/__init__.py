@@ -38,6 +38,22 @@ class Example:
     """Task-specific details (source, hops, terms, ...)."""
 
 
+@dataclass(frozen=True)
+class Source:
+    """One data set a task's `prepare` loads (its `sources()` lists them): how `prepare` calls its
+    loader for it, and where it comes from on the Hugging Face hub (`emapg data prepare`)."""
+
+    args: tuple[str, ...]
+    """The arguments `prepare` passes to its loader for this data set, e.g. ("amc",) or ("nq", "test")."""
+    dataset: str
+    """Hugging Face dataset id."""
+    config: str | None
+    splits: tuple[str, ...]
+    """The split to read: the first of these the data set has."""
+    fields: tuple[str, ...]
+    """The columns `prepare` reads from each row."""
+
+
 def make_knobs(cls: type, task: str, knobs: dict[str, Any]):
     """`cls(**knobs)` with a ValueError naming unknown knobs and the allowed ones."""
     allowed = [f.name for f in fields(cls)]
@@ -58,7 +74,8 @@ def read_prepared(task: str, data_dir: str, split: str, n: int, seed: int) -> li
     path = os.path.join(os.path.expanduser(data_dir), f"{split}.parquet")
     if not os.path.isfile(path):
         raise ValueError(
-            f"{path} not found: run experiments.tasks.{task}.prepare({data_dir!r}) first (needs a network)"
+            f"{path} not found: run experiments.tasks.{task}.prepare({data_dir!r}) first "
+            f"(or `emapg data prepare {task} --out {data_dir}`)"
         )
     df = pd.read_parquet(path)
     order = list(range(len(df)))
@@ -103,6 +120,9 @@ class Task(Protocol):
     def demonstration(self, example: Example, rng=None) -> str: ...  # default: NotImplementedError
     def make_env(self, **knobs) -> Any: ...  # default: checks the knobs, returns None
     def tool_response(self, response_so_far: str, env: Any) -> str | None: ...  # default: None
+
+    # verl backend (real data): prepare(out_dir, loader) writes verl parquet; sources() -> list[Source]
+    # lists what it loads (`emapg data prepare` needs both)
 
 
 REQUIRED = ("NAME", "Knobs", "MAX_NEW_TOKENS", "load", "prompt", "evaluate")

@@ -3,7 +3,8 @@ r"""math: competition math with a boxed final answer (the paper's DeepScaleR rec
 Training set agentica-org/DeepScaleR-Preview-Dataset; benchmarks AIME 2024, AMC (LiveMathBench
 v202412_AMC_en), MATH-500, Minerva and OlympiadBench (OE_TO_maths_en_COMP), loaded with HF
 `datasets` exactly as the authors' prepare_all_math_data.py does, written to verl parquet by
-`prepare(out_dir)` (needs a network; tests pass a fixture loader). A real example (MATH-500):
+`prepare(out_dir)` (`emapg data prepare math`: from the hub, or `--from` a local copy; tests
+pass a fixture loader). A real example (MATH-500):
 
     prompt:    "Convert the point $(0,3)$ in rectangular coordinates to polar coordinates. ..."
     response:  "<think> r = 3, theta = pi/2 ... </think> The answer is $\boxed{\left( 3, \frac{\pi}{2} \right)}$."
@@ -30,7 +31,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from experiments.tasks import Example, make_knobs, prepared_examples
+from experiments.tasks import Example, Source, make_knobs, prepared_examples
 from experiments.tasks.math_tiny import extract_answer as last_boxed
 
 NAME = "math"
@@ -111,6 +112,11 @@ def hf_loader(name: str) -> Iterable[dict]:
 
     path, config, split, _, _ = SOURCES[name]
     return load_dataset(path, config, split=split) if config else load_dataset(path, split=split)
+
+
+def sources() -> list[Source]:
+    """Every data set `prepare` loads, with the arguments it passes its loader (`emapg data prepare`)."""
+    return [Source((name,), path, config, (split,), (q, a)) for name, (path, config, split, q, a) in SOURCES.items()]
 
 
 def _gold(value) -> list[str]:

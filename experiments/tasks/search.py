@@ -3,7 +3,8 @@
 Training set: NQ + HotpotQA train splits; test sets: NQ, TriviaQA, PopQA, HotpotQA, 2WikiMultiHopQA,
 Musique, Bamboogle (their test split, else dev, else train), all from RUC-NLPIR/FlashRAG_datasets
 via HF `datasets`, in Search-R1's "base" prompt template, written to verl parquet by
-`prepare(out_dir)` (needs a network; tests pass a fixture loader). A real example (NQ):
+`prepare(out_dir)` (`emapg data prepare search`: from the hub, or `--from` a local copy; tests
+pass a fixture loader). A real example (NQ):
 
     prompt:   "Answer the given question. You must conduct reasoning inside <think> and </think> ...
                Question: who got the first nobel prize in physics?"
@@ -31,7 +32,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from experiments.tasks import Example, make_knobs, prepared_examples
+from experiments.tasks import Example, Source, make_knobs, prepared_examples
 from experiments.tasks.search_tiny import extract_answer, normalize_answer  # noqa: F401  same rules
 
 NAME = "search"
@@ -45,6 +46,8 @@ TOPK = 3
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
 TRAIN_SOURCES = ("nq", "hotpotqa")
 TEST_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+TEST_SPLITS = ("test", "dev", "train")
+"""A test set's split: its test split, else dev, else train (the first the data set has)."""
 BENCHMARKS = TEST_SOURCES
 """The evaluation sets, named as their `data_source` (metric keys eval/<name>/acc on the verl backend)."""
 TEMPLATE = (
@@ -109,10 +112,17 @@ def hf_loader(source: str, split: str) -> Iterable[dict] | None:
     ds = load_dataset(FLASHRAG, source)
     if split == "train":
         return ds["train"]
-    for name in ("test", "dev", "train"):
+    for name in TEST_SPLITS:
         if name in ds:
             return ds[name]
     return None
+
+
+def sources() -> list[Source]:
+    """Every data set `prepare` loads, with the arguments it passes its loader (`emapg data prepare`)."""
+    fields = ("question", "golden_answers")
+    train = [Source((s, "train"), FLASHRAG, s, ("train",), fields) for s in TRAIN_SOURCES]
+    return train + [Source((s, "test"), FLASHRAG, s, TEST_SPLITS, fields) for s in TEST_SOURCES]
 
 
 def rows(split: str, loader: Callable[[str, str], Iterable[dict]] = hf_loader) -> list[dict]:
