@@ -156,6 +156,9 @@ def _report_header(runs: pd.DataFrame, source: str, reps: int, seed: int, includ
         "Numbers use "
         + ("all runs, including unfinished ones." if include_incomplete else "finished runs only.")
         + f" Bootstrap: {reps} resamples, seed {seed}.",
+        "Gains and P(improvement) are paired where the two methods ran the same seeds on the same task and "
+        "data settings (same warm start, data order and sampling streams; seeds resampled jointly, marked "
+        '"paired, n seeds"), and unpaired otherwise (each method resampled on its own, marked "unpaired").',
     ]
 
 

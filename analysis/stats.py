@@ -6,8 +6,16 @@ whole (reps, R, M) stack at once. Every random function takes an explicit `seed`
 global RNG state. Interval estimates are percentile bootstrap CIs, stratified by task: runs are
 resampled with replacement independently within each task (rliable's StratifiedBootstrap).
 
+Two methods run with the same seeds share the warm start, the data order and the sampling
+streams, so their per-seed difference is far less noisy than the spread across seeds. For such
+paired samples (row i of x and of y from the same seed) `paired_bootstrap_ci` resamples seeds
+jointly: one draw of seed indices per replicate, applied to both. `bootstrap_ci_two` resamples
+the two samples independently (unpaired), for methods whose seeds do not match.
+
     point, lo, hi = bootstrap_ci(scores, iqm, reps=2000, seed=0)
     p = probability_of_improvement(scores_ema, scores_grpo)    # P(X > Y), ties count 1/2
+    g = paired_bootstrap_ci(scores_ema, scores_grpo, relative_gain)   # rows aligned by seed
+    q = paired_bootstrap_ci(scores_ema, scores_grpo, paired_poi_statistic)
     pass_at_k(n=32, c=5, k=4)                                  # unbiased Codex estimator
 """
 
@@ -64,8 +72,12 @@ def bootstrap_ci(
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, r, size=(reps, r, m))  # a run index per (rep, slot, task)
     boot = statistic(s[idx, np.arange(m)])  # (reps,)
+    return (point, *_percentile_ci(boot, confidence))
+
+
+def _percentile_ci(boot: np.ndarray, confidence: float) -> tuple[float, float]:
     lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
-    return point, float(lo), float(hi)
+    return float(lo), float(hi)
 
 
 def probability_of_improvement(x, y) -> float:
@@ -88,8 +100,8 @@ def bootstrap_ci_two(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> tuple[float, float, float]:
-    """(point, lo, hi) for a two-sample statistic; both samples are resampled independently,
-    stratified by task. The CI is (nan, nan) unless both have at least two runs."""
+    """(point, lo, hi) for a two-sample statistic, unpaired: both samples are resampled
+    independently, stratified by task. The CI is (nan, nan) unless both have at least two runs."""
     x, y = as_scores(x), as_scores(y)
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"x and y need the same tasks, got {x.shape[1]} and {y.shape[1]}")
@@ -100,8 +112,33 @@ def bootstrap_ci_two(
     m = np.arange(x.shape[1])
     bx = x[rng.integers(0, len(x), size=(reps, len(x), len(m))), m]
     by = y[rng.integers(0, len(y), size=(reps, len(y), len(m))), m]
-    lo, hi = np.percentile(statistic(bx, by), [50 * (1 - confidence), 50 * (1 + confidence)])
-    return point, float(lo), float(hi)
+    return (point, *_percentile_ci(statistic(bx, by), confidence))
+
+
+def paired_bootstrap_ci(
+    x,
+    y,
+    statistic: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    reps: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(point, lo, hi) for a two-sample statistic on paired samples: x and y have the same shape
+    and row i of both comes from the same seed. Seeds are resampled jointly, stratified by task:
+    each replicate draws one set of seed indices per task and takes those rows from x and from y,
+    so variation shared by a seed's two runs cancels (x == y gives the CI [0, 0] for
+    `relative_gain`). The CI is (nan, nan) with fewer than two seeds."""
+    x, y = as_scores(x), as_scores(y)
+    if x.shape != y.shape:
+        raise ValueError(f"paired samples need the same shape (seeds, tasks), got {x.shape} and {y.shape}")
+    point = float(statistic(x, y))
+    r, m = x.shape
+    if r < 2:
+        return point, float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, r, size=(reps, r, m))  # one seed index per (rep, slot, task), shared by x and y
+    cols = np.arange(m)
+    return (point, *_percentile_ci(statistic(x[idx, cols], y[idx, cols]), confidence))
 
 
 def relative_gain(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -112,6 +149,23 @@ def relative_gain(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def poi_statistic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Probability of improvement as a two-sample statistic for `bootstrap_ci_two`."""
     return _poi(x, y)
+
+
+def paired_poi(x, y) -> float:
+    """Paired probability of improvement: the fraction of seeds on which x beats y, ties counted
+    1/2, averaged over tasks: mean over seeds i and tasks j of 1[x_ij > y_ij] + 1/2 1[x_ij == y_ij].
+    Row i of x and of y must come from the same seed. `probability_of_improvement` instead compares
+    every run of x with every run of y (P(X > Y) for independent draws)."""
+    x, y = as_scores(x), as_scores(y)
+    if x.shape != y.shape:
+        raise ValueError(f"paired samples need the same shape (seeds, tasks), got {x.shape} and {y.shape}")
+    return float(paired_poi_statistic(x, y))
+
+
+def paired_poi_statistic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`paired_poi` vectorised over leading axes, as a statistic for `paired_bootstrap_ci`:
+    x, y (..., R, M) -> (...)."""
+    return ((x > y) + 0.5 * (x == y)).mean(axis=(-2, -1))
 
 
 def pass_at_k(n, c, k: int) -> np.ndarray | float:

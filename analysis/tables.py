@@ -6,7 +6,9 @@
 A `Table` holds display strings (`cells`, what .md/.tex show) and the numbers behind them
 (`numbers`, tidy, exact CI bounds; what .csv holds). Reproduced cells are mean ± half-width of
 the 95% stratified-bootstrap CI over seeds; a cell with no number is "—" (unavailable), never
-filled in. Paper rows come from analysis.paper with their source tags.
+filled in. Gains and P(improvement) are paired over seeds when both methods ran the same seeds on
+the same data (seeds resampled jointly), else unpaired; each cell says which (`compare`).
+Paper rows come from analysis.paper with their source tags.
 """
 
 from __future__ import annotations
@@ -246,47 +248,100 @@ def gain_pairs(runs: pd.DataFrame, group: str = "variant") -> tuple[list[tuple[s
 def gain_rows(
     runs: pd.DataFrame, columns: dict[str, str], group: str, reps: int, seed: int
 ) -> tuple[list[tuple[str, dict[str, str]]], list[dict], list[str]]:
-    """Rows with the relative gain of each EMA-PG variant over its GRPO baseline
-    (gain of the seed means, bootstrap CI) and the probability of improvement over seeds."""
+    """Rows with the relative gain of each EMA-PG variant over its GRPO baseline (gain of the
+    seed means, bootstrap CI) and the probability of improvement, each paired over seeds where
+    the two share seeds (`compare`). Each cell says which: "(paired, n seeds)" or "(unpaired)"."""
     pairs, notes = gain_pairs(runs, group)
     rows, numbers = [], []
     for ema, base in pairs:
-        g_cells, p_cells = {}, {}
+        g_cells, p_cells, unpaired = {}, {}, {}
         g_label, p_label = f"gain: {ema} vs {base}", f"P(improvement): {ema} > {base}"
         for col_label, col in columns.items():
-            x = runs.loc[runs[group] == ema, col].dropna().to_numpy(float) if col in runs else []
-            y = runs.loc[runs[group] == base, col].dropna().to_numpy(float) if col in runs else []
-            if len(x) == 0 or len(y) == 0 or np.mean(y) == 0:
+            c = compare(runs[runs[group] == ema], runs[runs[group] == base], col, reps, seed)
+            if c is None:
                 g_cells[col_label] = p_cells[col_label] = NA
                 continue
-            g = stats.bootstrap_ci_two(x, y, stats.relative_gain, reps=reps, seed=seed)
-            p = stats.bootstrap_ci_two(x, y, stats.poi_statistic, reps=reps, seed=seed)
-            g_cells[col_label] = fmt_gain(*g)
-            p_cells[col_label] = f"{p[0]:.2f}" + (f" [{p[1]:.2f}, {p[2]:.2f}]" if np.isfinite(p[1]) else "")
+            g, p, tag = c["gain"], c["poi"], f" ({c['pairing']})"
+            g_cells[col_label] = fmt_gain(*g) + tag
+            p_cells[col_label] = f"{p[0]:.2f}" + (f" [{p[1]:.2f}, {p[2]:.2f}]" if np.isfinite(p[1]) else "") + tag
+            src = f"ours ({c['pairing']})"
+            common = dict(column=col_label, n=c["n"], source=src)
             numbers += [
-                dict(
-                    row=g_label,
-                    column=col_label,
-                    value=g[0] * 100,
-                    ci_low=g[1] * 100,
-                    ci_high=g[2] * 100,
-                    n=len(x) + len(y),
-                    unit="% relative",
-                    source="ours",
-                ),
-                dict(
-                    row=p_label,
-                    column=col_label,
-                    value=p[0],
-                    ci_low=p[1],
-                    ci_high=p[2],
-                    n=len(x) + len(y),
-                    unit="probability",
-                    source="ours",
-                ),
+                dict(row=g_label, value=g[0] * 100, ci_low=g[1] * 100, ci_high=g[2] * 100, unit="% relative", **common),
+                dict(row=p_label, value=p[0], ci_low=p[1], ci_high=p[2], unit="probability", **common),
             ]
+            if c["why_unpaired"]:
+                unpaired.setdefault(c["why_unpaired"], []).append(col_label)
         rows += [(g_label, g_cells), (p_label, p_cells)]
-    return rows, numbers, notes
+        notes += [f"{ema} vs {base}: unpaired for {', '.join(cs)}: {why}." for why, cs in unpaired.items()]
+    return rows, numbers, notes + ([PAIRING_NOTE] if rows else [])
+
+
+PAIRING_NOTE = (
+    "gain and P(improvement): paired = over the seeds both methods ran on the same task and data "
+    "settings (same warm start, data order and sampling streams); the bootstrap resamples those seeds "
+    "jointly, and P(improvement) is the fraction of seeds on which EMA-PG beats GRPO (ties 1/2). "
+    "unpaired = the two methods share fewer than two such seeds: each is resampled on its own, and "
+    "P(improvement) is P(X > Y) over all pairs of runs. n = seeds paired, or runs of both methods."
+)
+"""The table note that defines the paired / unpaired marks of the gain rows."""
+
+
+def compare(xs: pd.DataFrame, ys: pd.DataFrame, col: str, reps: int, seed: int) -> dict[str, Any] | None:
+    """Relative gain of the means and P(improvement) of runs `xs` over runs `ys` in `col`, as
+    {"gain": (point, lo, hi), "poi": (point, lo, hi), "pairing", "n", "why_unpaired"}.
+
+    Paired over the common seeds (`pair_by_seed`: stats.paired_bootstrap_ci with
+    stats.relative_gain and stats.paired_poi_statistic) when there are at least two; otherwise
+    unpaired over all runs (stats.bootstrap_ci_two with stats.poi_statistic), `why_unpaired` saying
+    why. None when either side has no value or the baseline's mean is 0."""
+    x_all = xs[col].dropna().to_numpy(float) if col in xs else np.array([])
+    y_all = ys[col].dropna().to_numpy(float) if col in ys else np.array([])
+    if len(x_all) == 0 or len(y_all) == 0:
+        return None
+    x, y, why = pair_by_seed(xs, ys, col)
+    if why is None:
+        ci, poi, pairing, n = stats.paired_bootstrap_ci, stats.paired_poi_statistic, f"paired, {len(x)} seeds", len(x)
+    else:
+        x, y = x_all, y_all
+        ci, poi, pairing, n = stats.bootstrap_ci_two, stats.poi_statistic, "unpaired", len(x) + len(y)
+    if np.mean(y) == 0:
+        return None
+    g = ci(x, y, stats.relative_gain, reps=reps, seed=seed)
+    p = ci(x, y, poi, reps=reps, seed=seed)
+    return dict(gain=g, poi=p, pairing=pairing, n=n, why_unpaired=why)
+
+
+def data_columns(columns: Sequence[str]) -> list[str]:
+    """The data-setting columns of a runs frame: every `cfg.task.*` entry (data seed, split sizes,
+    task knobs) except the task's name (the `task` column) and the retriever's address."""
+    return [c for c in columns if c.startswith("cfg.task.") and c not in ("cfg.task.name", "cfg.task.retriever_url")]
+
+
+def pair_by_seed(xs: pd.DataFrame, ys: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray, str | None]:
+    """(x, y, None): the values of `col` of runs `xs` and `ys` on their common seeds, aligned
+    (x[i] and y[i] from the same seed), or (empty, empty, reason) with fewer than two common seeds.
+
+    A seed is common when each side has exactly one run with a value at that `seed` and `task`,
+    and the two runs agree on every data-setting column (`data_columns`; NaN equals NaN)."""
+    empty = np.array([])
+    if "seed" not in xs or "seed" not in ys:
+        return empty, empty, "the runs have no seed column"
+    keys = ["task", "seed"] if "task" in xs and "task" in ys else ["seed"]
+    data = [c for c in data_columns(xs.columns) if c in ys.columns]
+
+    def one_per_seed(f: pd.DataFrame) -> pd.DataFrame:
+        f = f.dropna(subset=[col, "seed"])
+        return f.loc[~f.duplicated(keys, keep=False), [*keys, *data, col]]
+
+    m = one_per_seed(xs).merge(one_per_seed(ys), on=keys, suffixes=("_x", "_y")).sort_values(keys)
+    for c in data:
+        a, b = m[f"{c}_x"], m[f"{c}_y"]
+        m = m[(a == b) | (a.isna() & b.isna())]
+    if len(m) < 2:
+        n = f"{len(m)} seed" + ("" if len(m) == 1 else "s")
+        return empty, empty, f"{n} in common with the same task and data settings (pairing needs 2)"
+    return m[f"{col}_x"].to_numpy(float), m[f"{col}_y"].to_numpy(float), None
 
 
 def paper_rows(setting: str, columns: Sequence[str]) -> tuple[list[tuple[str, dict[str, str]]], list[dict]]:
@@ -388,7 +443,8 @@ def paper_table(
     caption = (
         f"{setting.capitalize()}: {METRIC_NAMES[metric]} (%) at the {which} iteration. Paper: "
         f"{paper.SETTINGS[setting]}. Ours: mean ± half-width of the 95% stratified-bootstrap CI "
-        f"over seeds ({reps} resamples); gains: relative gain of seed means [95% CI]. "
+        f"over seeds ({reps} resamples); gains: relative gain of seed means [95% CI], paired or "
+        f"unpaired over seeds as marked (see the notes). "
         f"— = unavailable (not reported in a verified source, or not logged)."
     )
     notes = [f"{tag}: {desc}" for tag, desc in paper.SOURCES.items()]

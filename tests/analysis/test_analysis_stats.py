@@ -112,3 +112,46 @@ def test_pass_at_k_frame():
     # pass@1: mean(1/4, 1) = 0.625; pass@2: mean(1 - C(3,2)/C(4,2), 1) = mean(0.5, 1) = 0.75
     assert out.loc[0, "pass@1"] == pytest.approx(0.625) and out.loc[0, "pass@2"] == pytest.approx(0.75)
     assert math.isnan(out.loc[0, "pass@8"]) and out.loc[0, "n_problems"] == 2
+
+
+def test_paired_ci_excludes_zero_where_unpaired_straddles_it():
+    # x = y + 0.01 on every seed, with a between-seed spread of 0.3: the gain of the means is
+    # 0.01 / 0.5 = +2%. Resampling seeds jointly keeps every replicate's gain at 0.01 / mean(y*) > 0
+    # (between 0.01/0.8 and 0.01/0.2); resampling each method on its own mixes the spread in.
+    y = np.array([0.2, 0.5, 0.8])
+    x = y + 0.01
+    g, lo, hi = stats.paired_bootstrap_ci(x, y, stats.relative_gain, reps=2000, seed=0)
+    assert g == pytest.approx(0.02) and 0.01 / 0.8 - 1e-12 <= lo and hi <= 0.01 / 0.2 + 1e-12
+    gu, lou, hiu = stats.bootstrap_ci_two(x, y, stats.relative_gain, reps=2000, seed=0)
+    assert gu == pytest.approx(0.02) and lou < 0 < hiu
+
+
+def test_paired_resampling_uses_the_same_seeds_for_both():
+    # x == y: with shared indices every replicate is exactly 0 (and P(improvement) exactly 1/2);
+    # independent indices give nonzero gains.
+    x = np.array([0.2, 0.5, 0.8, 0.4])
+    assert stats.paired_bootstrap_ci(x, x.copy(), stats.relative_gain, reps=500) == (0.0, 0.0, 0.0)
+    assert stats.paired_bootstrap_ci(x, x.copy(), stats.paired_poi_statistic, reps=500) == (0.5, 0.5, 0.5)
+    _, lo, hi = stats.bootstrap_ci_two(x, x.copy(), stats.relative_gain, reps=500)
+    assert lo < 0 < hi
+    # stratified by task: each task column is resampled with one index set, shared by x and y
+    s = np.array([[0.2, 0.9], [0.6, 0.1]])
+    assert stats.paired_bootstrap_ci(s, s.copy(), stats.relative_gain, reps=200) == (0.0, 0.0, 0.0)
+    assert math.isnan(stats.paired_bootstrap_ci([0.5], [0.4], stats.relative_gain)[1])  # one seed: no CI
+    with pytest.raises(ValueError, match="same shape"):
+        stats.paired_bootstrap_ci([0.5, 0.6], [0.4], stats.relative_gain)
+
+
+def test_paired_probability_of_improvement():
+    # per seed: 1 > 0 wins, 2 == 2 ties (1/2), 3 < 5 loses, 4 > 3 wins -> (1 + 0.5 + 0 + 1) / 4
+    x, y = [1.0, 2.0, 3.0, 4.0], [0.0, 2.0, 5.0, 3.0]
+    assert stats.paired_poi(x, y) == 0.625
+    # unpaired compares all 16 pairs: x=1 beats 0 (1); x=2 beats 0, ties 2 (1.5); x=3 beats 0, 2,
+    # ties 3 (2.5); x=4 beats 0, 2, 3 (3) -> 8 / 16
+    assert stats.probability_of_improvement(x, y) == 0.5
+    p, lo, hi = stats.paired_bootstrap_ci(x, y, stats.paired_poi_statistic, reps=2000, seed=0)
+    assert p == 0.625 and 0 <= lo < p < hi <= 1
+    assert (lo * 8).is_integer() and (hi * 8).is_integer()  # a mean of 4 values in {0, 1/2, 1}
+    # two tasks: a mean over seeds and tasks; x wins on task 0 on both seeds, ties once on task 1
+    s_x, s_y = np.array([[0.5, 0.2], [0.7, 0.3]]), np.array([[0.4, 0.2], [0.6, 0.4]])
+    assert stats.paired_poi(s_x, s_y) == pytest.approx((1 + 0.5 + 1 + 0) / 4)

@@ -55,8 +55,9 @@ def test_search_table_golden():
             [na, na, na, "+48.5%", "+46.4%", na, na, "+33.3% [ABS]"],
             [na, na, na, "30.0 ± 0.0", "25.0 ± 0.0", na, na, na],
             [na, na, na, "45.0 ± 0.0", "37.5 ± 0.0", na, na, na],
-            [na, na, na, "+50.0% [+50.0, +50.0]", "+50.0% [+50.0, +50.0]", na, na, na],
-            [na, na, na, "1.00 [1.00, 1.00]", "1.00 [1.00, 1.00]", na, na, na],
+            [na, na, na, "+50.0% [+50.0, +50.0] (paired, 2 seeds)", "+50.0% [+50.0, +50.0] (paired, 2 seeds)"]
+            + [na, na, na],
+            [na, na, na, "1.00 [1.00, 1.00] (paired, 2 seeds)", "1.00 [1.00, 1.00] (paired, 2 seeds)", na, na, na],
         ],
         columns=cols,
         index=pd.Index(
@@ -78,6 +79,9 @@ def test_search_table_golden():
     assert num.loc[("GRPO — paper", "HotpotQA"), "source"] == "[ABS]"
     assert num.loc[("gain: EMA-PG vs GRPO — paper", "Average"), "value"] == pytest.approx(33.3)
     assert num.loc[("GRPO (k3) — ours, 2 seeds", "HotpotQA"), "value"] == pytest.approx(30.0)
+    gain = num.loc[(f"gain: {EMA} vs GRPO (k3)", "HotpotQA")]
+    assert (gain["n"], gain["source"]) == (2, "ours (paired, 2 seeds)")
+    assert tables.PAIRING_NOTE in t.notes
 
 
 def test_math_table_average_only_when_every_benchmark_is_there():
@@ -112,7 +116,57 @@ def test_tiny_table_layout():
     assert list(t.cells.columns) == ["policy acc", "policy pass@1", "anchor acc"]
     assert t.cells.loc["GRPO (k3) — ours, 1 seed"].tolist() == ["50.0", "40.0", "50.0"]  # no CI from 1 seed
     assert t.cells.loc[f"{EMA} — ours, 2 seeds", "policy acc"] == "75.0 ± 5.0"  # CI [70, 80]
-    assert t.cells.loc[f"gain: {EMA} vs GRPO (k3)", "policy acc"] == "+50.0%"  # no CI: 1 baseline seed
+    # 1 baseline seed: no CI, and no pairing (pairing needs 2 common seeds)
+    assert t.cells.loc[f"gain: {EMA} vs GRPO (k3)", "policy acc"] == "+50.0% (unpaired)"
+    assert f"{EMA} vs GRPO (k3): unpaired for policy acc, policy pass@1, anchor acc: 1 seed in common" in t.notes[0]
+
+
+def paired_runs(y: list[float], x: list[float], seeds_x: list[int] | None = None) -> pd.DataFrame:
+    """GRPO runs scoring `y` at seeds 0, 1, ... and EMA-PG runs scoring `x` (at `seeds_x` if given)."""
+    base = golden_runs().drop(columns=["final/eval/hotpotqa/acc", "final/eval/2wiki/acc"])
+    g = pd.concat([base.iloc[[0]]] * len(y)).assign(seed=list(range(len(y))), **{"final/eval/t/acc": y})
+    e = pd.concat([base.iloc[[1]]] * len(x)).assign(seed=seeds_x or list(range(len(x))), **{"final/eval/t/acc": x})
+    runs = pd.concat([g, e], ignore_index=True)
+    return runs.assign(task="t", run_id=[f"r{i}" for i in range(len(runs))])
+
+
+def test_gains_are_paired_over_common_seeds():
+    # x = y + 0.01 per seed with a large spread across seeds: the paired CI excludes 0, and
+    # P(improvement) is 1 (EMA-PG wins on every seed); the gain of the means is 0.01 / 0.5 = +2%
+    y = [0.2, 0.5, 0.8]
+    t = tables.tiny_table(paired_runs(y, [v + 0.01 for v in y]), "t", reps=500)
+    gain = t.cells.loc[f"gain: {EMA} vs GRPO (k3)", "policy acc"]
+    assert gain.startswith("+2.0% [+1.") and gain.endswith(" (paired, 3 seeds)")
+    assert t.cells.loc[f"P(improvement): {EMA} > GRPO (k3)", "policy acc"] == "1.00 [1.00, 1.00] (paired, 3 seeds)"
+    # only the common seeds 1 and 2 pair: seed 3 of EMA-PG has no GRPO run
+    x, y, why = tables.pair_by_seed(*_sides(paired_runs(y, [0.3, 0.6, 0.9], seeds_x=[1, 2, 3])), "final/eval/t/acc")
+    assert (x.tolist(), y.tolist(), why) == ([0.3, 0.6], [0.5, 0.8], None)
+
+
+def _sides(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    return runs[runs["method"] == "EMA-PG"], runs[runs["method"] == "GRPO"]
+
+
+def test_gains_fall_back_to_unpaired_when_seeds_do_not_match():
+    y = [0.2, 0.5, 0.8]
+    t = tables.tiny_table(paired_runs(y, [0.21, 0.51, 0.81], seeds_x=[3, 4, 5]), "t", reps=500)
+    gain = t.cells.loc[f"gain: {EMA} vs GRPO (k3)", "policy acc"]
+    assert gain.startswith("+2.0% [-") and gain.endswith(" (unpaired)")  # the unpaired CI straddles 0
+    # unpaired P(improvement): 0.21 beats 0.2 only, 0.51 beats 2, 0.81 beats 3 -> 6 / 9
+    assert t.cells.loc[f"P(improvement): {EMA} > GRPO (k3)", "policy acc"].startswith("0.67 [")
+    assert any("unpaired for policy acc: 0 seeds in common" in n for n in t.notes)
+    num = t.numbers.set_index(["row", "column"]).loc[(f"gain: {EMA} vs GRPO (k3)", "policy acc")]
+    assert (num["n"], num["source"]) == (6, "ours (unpaired)")
+    # same seeds but different data settings (data seed, task knobs) do not pair either
+    runs = paired_runs(y, [0.21, 0.51, 0.81]).assign(**{"cfg.task.data_seed": 1234, "cfg.task.knobs.digits": 3})
+    assert tables.pair_by_seed(*_sides(runs), "final/eval/t/acc")[2] is None
+    for col, other in (("cfg.task.data_seed", 99), ("cfg.task.knobs.digits", 4)):
+        changed = runs.assign(**{col: runs[col].where(runs["method"] == "GRPO", other)})
+        x, _, why = tables.pair_by_seed(*_sides(changed), "final/eval/t/acc")
+        assert len(x) == 0 and "0 seeds in common with the same task and data settings" in why
+    # two runs of one method at the same seed are ambiguous: that seed does not pair
+    dup = pd.concat([runs, runs.iloc[[3]].assign(run_id="dup")], ignore_index=True)
+    assert tables.pair_by_seed(*_sides(dup), "final/eval/t/acc")[0].tolist() == [0.51, 0.81]
 
 
 def test_gain_pairs_need_an_unambiguous_baseline():
