@@ -62,7 +62,7 @@ SCHEDULERS = ("none", "asha")
 BACKENDS = ("local", "verl")
 SET_BY_SWEEP = ("run_dir", "out_root", "resume", "sweep.name", "sweep.trial_id", "logger.group", "logger.tags")
 # Keys every run logs (docs/run-record.md); eval keys are per task below. Both equal what one iteration
-# of ema_pg_core.local.trainer logs (tests/sweeps/test_run_metrics.py).
+# of ema_pg_core.local.trainer logs (tests/core/test_local.py).
 RUN_METRICS = (
     "train/reward",
     "train/reward_std",

@@ -206,3 +206,22 @@ def test_k_larger_than_vocabulary_is_rejected(tmp_path):
     policy = build_model(TOK, hidden=32, layers=1, heads=2, seed=0)
     with pytest.raises(ValueError, match="algo.kl.k=999 exceeds the model's vocabulary size"):
         LocalTrainer(policy, TOK, Toy(), replace(make_cfg(), algo=AlgoConfig(kl=KLConfig(k=999))), tmp_path)
+
+
+def test_run_metrics_are_the_keys_one_local_iteration_logs(tmp_path):
+    """sweeps.spec.RUN_METRICS and EVAL_METRICS are exactly the keys the local trainer logs (one iteration)."""
+    from sweeps.spec import EVAL_METRICS, RUN_METRICS
+
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    cfg = LocalConfig(
+        algo=AlgoConfig(kl=KLConfig(k=4), anchor=AnchorConfig(tau=0.5, period=1)),  # KL on: kl/value
+        rollout=RolloutConfig(max_new_tokens=2, prompts_per_iter=2, group_size=2),
+        trainer=TrainerConfig(iterations=1, eval_size=2, eval_n=1, mini_batches=1),
+        seed=0,
+    )
+    trainer = LocalTrainer(build_model(tok, hidden=16, layers=1, heads=2, seed=0), tok, Toy(), cfg, tmp_path)
+    logged = trainer.step()
+    assert sorted(logged) == sorted(RUN_METRICS), set(logged) ^ set(RUN_METRICS)
+    evals, _ = trainer.evaluate()
+    assert sorted(evals) == sorted(f"{ns}/toy/{m}" for ns in ("eval", "eval_anchor") for m in EVAL_METRICS)
