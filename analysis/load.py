@@ -4,8 +4,9 @@
     evals = load_evals("outputs/sweeps/quickstart")          # per-problem outcomes (pass@k)
     runs, metrics = load_wandb("emapg", group="quickstart")  # the same frames from W&B
 
-`runs` has one row per run: ids, `status` (finished, running, interrupted, failed, or crashed: left
-`running` by a process that is gone), the flags `complete` / `failed` / `truncated` / `forced_resume`,
+`runs` has one row per run: ids, `status` (finished, running, interrupted, failed, stopped_unhealthy, or crashed:
+left `running` by a process that is gone), the flags `complete` / `failed` / `unhealthy` / `truncated` /
+`forced_resume`, `health_rule` / `health_iteration` / `health_message` for a run a health rule stopped,
 the knobs (experiment, task, seed, kl_*, anchor_*, sweep_name, ...; None where a knob has no
 effect, see `mask_inert_knobs`), a derived `method`
 ("GRPO" for a fixed anchor, "EMA-PG" for tau < 1) and `variant` (method + knobs), every scalar
@@ -231,8 +232,10 @@ def run_row(raw: RawRun, rows: list[dict[str, Any]], n_relogged: int) -> dict[st
         "status": raw.status,
         "complete": raw.status == "finished",
         "failed": raw.status == "failed",
+        "unhealthy": raw.status == records.UNHEALTHY,
         "truncated": raw.truncated,
         "error": _error_line(raw.error),
+        **_health_columns(summary.get("health")),
         **knobs,
         "method": method_of(knobs["anchor_tau"]),
         "variant": variant_of(knobs),
@@ -266,7 +269,9 @@ def frames(raw_runs: Iterable[RawRun]) -> tuple[pd.DataFrame, pd.DataFrame]:
     runs = (
         pd.DataFrame.from_records(run_rows)
         if run_rows
-        else pd.DataFrame(columns=["run_id", "status", "complete", "failed", "truncated", *KNOBS, "method", "variant"])
+        else pd.DataFrame(
+            columns=["run_id", "status", "complete", "failed", "unhealthy", "truncated", *KNOBS, "method", "variant"]
+        )
     )
     metrics = (
         pd.DataFrame.from_records(metric_rows)
@@ -288,17 +293,22 @@ def load_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def load_evals(root: str | Path) -> pd.DataFrame:
     """Per-problem eval outcomes (evals.jsonl) of every run below `root`, one row per
-    (run, iteration, model, benchmark, problem); with task/variant/seed for grouping."""
+    (run, iteration, model, benchmark, problem); with task/variant/seed for grouping. Rows of the
+    run's standalone evaluations (`emapg eval`, <run>/evals/<name>/) carry their name in `eval`
+    (None for training-time rows)."""
     parts = []
     for run_dir in find_run_dirs(root):
         rows, _ = records.scan_jsonl(run_dir / "evals.jsonl")
-        if not rows:
+        standalone = [(d.name, records.scan_jsonl(d / records.EVALS)[0]) for d in records.eval_dirs(run_dir)]
+        if not rows and not any(r for _, r in standalone):
             continue
         rr = run_row(read_run(run_dir), [], 0)
-        df = pd.DataFrame.from_records(rows)
         ids = {c: rr[c] for c in ("run_id", "task", "variant", "method", "seed", "complete")}
-        df = df.assign(**{c: v for c, v in ids.items() if c not in df})
-        parts.append(df[[*ids, *(c for c in df if c not in ids)]])
+        for name, these in [(None, rows), *standalone]:  # `eval`: None in training, else the `emapg eval` name
+            if these:
+                df = pd.DataFrame.from_records(these).assign(eval=name)
+                df = df.assign(**{c: v for c, v in ids.items() if c not in df})
+                parts.append(df[[*ids, *(c for c in df if c not in ids)]])
     cols = [
         "run_id",
         "task",
@@ -313,6 +323,7 @@ def load_evals(root: str | Path) -> pd.DataFrame:
         "n",
         "n_correct",
         "greedy_correct",
+        "eval",
     ]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
@@ -406,6 +417,17 @@ def _fmt(v: Any) -> str:
 def _last(rows: list[dict[str, Any]], key: str) -> Any:
     vals = [r[key] for r in rows if _is_num(r.get(key)) and not math.isnan(r[key])]
     return vals[-1] if vals else None
+
+
+def _health_columns(health: dict | None) -> dict[str, Any]:
+    """health_rule, health_iteration, health_message of a stopped_unhealthy run (summary.json["health"]), else {}."""
+    if not isinstance(health, dict):
+        return {}
+    return {
+        "health_rule": health.get("rule"),
+        "health_iteration": health.get("iteration"),
+        "health_message": health.get("message"),
+    }
 
 
 def _error_line(text: str | None) -> str | None:

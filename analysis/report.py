@@ -15,10 +15,13 @@ What `report` writes (per task; whatever the logged metrics support, the rest is
     <task>_curve_<benchmark>.{png,pdf}   policy and EMA-anchor eval vs iteration
     <task>_dynamics.{png,pdf}            KL value and anchor drift vs iteration
     <task>_ablation_<knob>.{png,pdf}     final metric vs τ / period / k / KL type
+    <task>_beta_tau_map.{png,pdf}        β × τ heatmaps (when both vary, τ = 1 among them): figures/beta_tau_map
     index.md, index.html, provenance.json  the front page: per task its tables inline and its figures,
                                          the provenance once per section (collapsed); then all runs
 
-Numbers use finished runs only unless `include_incomplete`; the excluded runs are listed.
+Numbers use finished runs only unless `include_incomplete`; the excluded runs are listed. Runs stopped by a
+health rule (status stopped_unhealthy) are never in a number, with or without `include_incomplete`: they get
+their own table, unhealthy.{md,tex,csv}, in a "Stopped unhealthy" section.
 This module never imports the core: `main_figures` receives the audit records from its caller.
 """
 
@@ -38,10 +41,13 @@ from analysis import audit_schema, load, tables
 from analysis.figures import (
     ablation,
     anchor_horizon,
+    beta_tau_map,
     estimator_bias,
+    kl_probe,
     learning_curves,
     stability_region,
     style,
+    topk_coverage,
     topk_variance,
     training_dynamics,
 )
@@ -104,21 +110,39 @@ def report_frames(
     all_runs = Output(
         "table", "All runs with status", tables.write_table(rt, out), run_provenance(runs), rt.cells, section="All runs"
     )  # last on the front page, after the results
-    keep = runs if include_incomplete else runs[runs["complete"].astype(bool)]
-    skipped += _left_out_notes(runs, keep)
+    unhealthy = _flag(runs, "unhealthy")  # stopped by a health rule: listed apart, never in a number
+    keep = runs[(runs["complete"].astype(bool) | include_incomplete) & ~unhealthy]
+    skipped += _left_out_notes(runs[~unhealthy], keep)
     for task in sorted(keep["task"].dropna().unique()):
         # columns logged only by other tasks are all-NaN here: drop them
         t_runs = keep[keep["task"] == task].dropna(axis=1, how="all")
         t_metrics = metrics[metrics["run_id"].isin(t_runs["run_id"])].dropna(axis=1, how="all")
         t_evals = evals[evals["run_id"].isin(t_runs["run_id"])] if evals is not None and not evals.empty else None
-        for build in (_task_tables, _task_curves, _task_ablations):
+        for build in (_task_tables, _task_curves, _task_ablations, _task_beta_tau_map, _task_telemetry):
             o, s = build(task, t_runs, t_metrics, t_evals, out, reps=reps, seed=seed, sweep_metric=sweep_metric)
             outputs += [replace(x, section=task) for x in o]
             skipped += s
+    outputs += _unhealthy_output(runs[unhealthy], out)
     outputs.append(all_runs)
     header = _report_header(runs, source, reps, seed, include_incomplete)
     index = write_index(out, "emapg report", header, outputs, skipped)
     return [p for o in outputs for p in o.paths] + index
+
+
+def _unhealthy_output(runs: pd.DataFrame, out: Path) -> list[Output]:
+    """The "Stopped unhealthy" section: a table of the runs a health rule stopped ([] when there are none)."""
+    if runs.empty:
+        return []
+    t = tables.unhealthy_table(runs)
+    title = "Stopped by a health rule (in no number)"
+    return [
+        Output("table", title, tables.write_table(t, out), run_provenance(runs), t.cells, section="Stopped unhealthy")
+    ]
+
+
+def _flag(runs: pd.DataFrame, col: str) -> pd.Series:
+    """A boolean column of the runs frame as a Series (all False when absent, e.g. frames from older loaders)."""
+    return runs[col].fillna(False).astype(bool) if col in runs else pd.Series(False, index=runs.index)
 
 
 def _left_out_notes(runs: pd.DataFrame, keep: pd.DataFrame) -> list[str]:
@@ -154,7 +178,8 @@ def _report_header(runs: pd.DataFrame, source: str, reps: int, seed: int, includ
         + ", ".join(f"{v} {k}" for k, v in sorted(n.items()))
         + ").",
         "Numbers use "
-        + ("all runs, including unfinished ones." if include_incomplete else "finished runs only.")
+        + ("all runs, including unfinished ones" if include_incomplete else "finished runs only")
+        + " (never runs stopped by a health rule: they are listed apart)."
         + f" Bootstrap: {reps} resamples, seed {seed}.",
         "Gains and P(improvement) are paired where the two methods ran the same seeds on the same task and "
         "data settings (same warm start, data order and sampling streams; seeds resampled jointly, marked "
@@ -187,6 +212,8 @@ def _task_tables(
         t = tables.tiny_table(runs, task, reps=reps, seed=seed)
         title = f"{task}: policy acc, pass@1 and anchor acc per method"
     outputs.append(Output("table", title, tables.write_table(t, out), run_provenance(runs), t.cells, notes=t.notes))
+    outputs += _eval_passk(task, runs, evals, out, reps, seed)
+    evals = evals[evals["eval"].isna()] if evals is not None and "eval" in evals else evals
     if evals is not None and not evals.empty:
         pk = tables.passk_table(evals, task, reps=reps, seed=seed)
         outputs.append(
@@ -202,6 +229,18 @@ def _task_tables(
     else:
         skipped.append(f"{task}: no evals.jsonl; no pass@k table")
     return outputs, skipped
+
+
+def _eval_passk(task: str, runs: pd.DataFrame, evals: pd.DataFrame | None, out: Path, reps: int, seed: int) -> list:
+    """The pass@k table of the runs' standalone evaluations (`emapg eval`, <run>/evals/<name>/), one row
+    per variant and evaluation name; [] when there are none."""
+    if evals is None or "eval" not in evals or evals["eval"].isna().all():
+        return []
+    ev = evals[evals["eval"].notna()]
+    ev = ev.assign(run_id=ev["run_id"] + "/" + ev["eval"], variant=ev["variant"] + " · eval " + ev["eval"])
+    pk = tables.passk_table(ev, task, reps=reps, seed=seed, name=f"{task}_passk_eval", when="by `emapg eval`")
+    title = f"{task}: unbiased pass@k of `emapg eval` (policy and anchor)"
+    return [Output("table", title, tables.write_table(pk, out), run_provenance(runs), pk.cells, notes=pk.notes)]
 
 
 def _task_curves(
@@ -289,6 +328,61 @@ def _task_ablations(
     if not varying:
         skipped.append(f"{task}: no knob varies across runs; no ablation figures")
     return outputs, skipped
+
+
+def _task_telemetry(
+    task: str,
+    runs: pd.DataFrame,
+    metrics: pd.DataFrame,
+    evals: pd.DataFrame | None,
+    out: Path,
+    *,
+    reps: int,
+    seed: int,
+    sweep_metric: str | None,
+) -> Built:
+    """KL telemetry: kl/exact vs kl/estimate_on_probe per method, and Top-k coverage vs k when k varies."""
+    outputs, skipped = [], []
+    try:
+        fig = kl_probe.make(metrics, reps=reps, seed=seed, title=f"{task}: exact KL vs its estimate on the probe")
+        paths = style.save(fig, out / _stem(f"{task}_kl_probe"))
+        outputs.append(Output("figure", f"{task}: kl/exact vs kl/estimate_on_probe", paths, run_provenance(runs)))
+    except ValueError as err:
+        skipped.append(f"{task}: KL probe figure: {err}")
+    if "kl_k" in runs and runs["kl_k"].dropna().nunique() > 1:
+        try:
+            fig = topk_coverage.make(metrics, runs, reps=reps, seed=seed, title=f"{task}: Top-k coverage vs k")
+            paths = style.save(fig, out / _stem(f"{task}_topk_coverage"))
+            outputs.append(Output("figure", f"{task}: Top-k head mass and coverage vs k", paths, run_provenance(runs)))
+        except ValueError as err:
+            skipped.append(f"{task}: Top-k coverage figure: {err}")
+    return outputs, skipped
+
+
+def _task_beta_tau_map(
+    task: str,
+    runs: pd.DataFrame,
+    metrics: pd.DataFrame,
+    evals: pd.DataFrame | None,
+    out: Path,
+    *,
+    reps: int,
+    seed: int,
+    sweep_metric: str | None,
+) -> Built:
+    """The β × τ heatmaps (figures/beta_tau_map) when both the KL coefficient and τ vary, τ = 1 among them."""
+    runs, score = _with_score(task, runs, sweep_metric)
+    knobs = ("kl_coef", "anchor_tau")
+    if score is None or not all(k in runs and runs[k].dropna().nunique() > 1 for k in knobs):
+        return [], []
+    if not (runs["anchor_tau"] == beta_tau_map.BASELINE_TAU).any():
+        return [], [f"{task}: β and τ vary but no run has τ = 1; no β × τ map (its gains are over τ = 1)"]
+    anchor = score.replace("final/eval/", "final/eval_anchor/", 1)
+    fig = beta_tau_map.make(
+        runs, score, anchor if anchor in runs else None, reps=reps, seed=seed, title=f"{task}: the β × τ map"
+    )
+    paths = style.save(fig, out / _stem(f"{task}_beta_tau_map"))
+    return [Output("figure", f"{task}: β × τ map ({score})", paths, run_provenance(runs))], []
 
 
 # ---------------------------------------------------------------- emapg figures

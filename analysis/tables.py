@@ -500,9 +500,12 @@ def passk_table(
     group: str = "variant",
     reps: int = 2000,
     seed: int = 0,
+    name: str | None = None,
+    when: str = "at each run's last evaluated iteration",
 ) -> Table | None:
     """Unbiased pass@k (%) at each run's last evaluated iteration, per model (policy, anchor),
-    averaged over problems and benchmarks, mean ± CI over seeds. None if evals are empty."""
+    averaged over problems and benchmarks, mean ± CI over seeds. None if evals are empty.
+    `name` (default <task>_passk) and `when` (the caption's) serve the `emapg eval` table."""
     if evals.empty:
         return None
     last = evals.groupby("run_id")["iteration"].transform("max")
@@ -516,12 +519,11 @@ def passk_table(
     models = sorted(per["model"].unique(), key=lambda m: (m != "policy", m))
     columns = {f"{m} pass@{k}": f"{m} pass@{k}" for m in models for k in ks}
     caption = (
-        f"{task}: unbiased pass@k (%) from n samples per problem (Codex estimator), at each "
-        f"run's last evaluated iteration, mean over problems; mean ± half-width of the 95% "
-        f"bootstrap CI over seeds."
+        f"{task}: unbiased pass@k (%) from n samples per problem (Codex estimator), {when}, "
+        f"mean over problems; mean ± half-width of the 95% bootstrap CI over seeds."
     )
     return assemble(
-        f"{task}_passk",
+        name or f"{task}_passk",
         caption,
         list(columns),
         [ours_rows(wide, columns, group, reps, seed)],
@@ -603,6 +605,22 @@ def runs_table(runs: pd.DataFrame) -> Table:
     return Table(
         "runs", f"All {len(runs)} runs found (status as recorded).", cells, runs[cols], [], runs["run_id"].tolist()
     )
+
+
+def unhealthy_table(runs: pd.DataFrame) -> Table:
+    """The runs a health rule stopped (status stopped_unhealthy): method, rule, iteration and why. They are in
+    no mean, CI or curve of the report; this table is where they show."""
+    cols = [
+        c
+        for c in ("run_id", "task", "variant", "seed", "health_rule", "health_iteration", "health_message")
+        if c in runs
+    ]
+    cells = runs[cols].astype(object).where(runs[cols].notna(), NA).set_index("run_id")
+    caption = (
+        f"{len(runs)} run(s) stopped by a health rule (status stopped_unhealthy): left out of every mean, CI, "
+        "gain and curve; rule, iteration and values are in each run's summary.json."
+    )
+    return Table("unhealthy", caption, cells, runs[cols], [], runs["run_id"].tolist())
 
 
 def _average(

@@ -169,6 +169,10 @@ class OptimConfig:
         _check(self.warmup_iters >= 0, f"optim.warmup_iters must be >= 0; got {self.warmup_iters!r}")
 
 
+PROBE_EVERY = 5
+"""``trainer.probe_every: null`` on the local backend: the KL probe every 5 iterations (about 1.5% of training
+time on math_tiny, docs/benchmarks.md)."""
+
 LOCAL_DEVICES = ("cpu", "cuda", "cuda:N", "auto")
 """``trainer.device`` values of the local trainer (N = a CUDA device index)."""
 DEVICE_PATTERN = r"cpu|cuda|cuda:[0-9]+|auto"
@@ -197,12 +201,23 @@ class TrainerConfig:
     """torch.set_num_threads."""
     dtype: str = "float32"
     """Policy dtype: float32 | bfloat16 | float64."""
+    probe_every: int | None = None
+    """Re-score the fixed KL probe set every this many iterations (``kl/exact``, ``kl/estimate_on_probe``,
+    ``kl/estimate_gap``; docs/run-record.md); 0 = no probe; null = the backend's default: every
+    ``PROBE_EVERY`` iterations on the local backend, off on verl (which has no probe yet and refuses > 0)."""
+    probe_size: int = 16
+    """Held-out prompts in the probe set (one response each, drawn by the initial policy and checkpointed)."""
     device: str = "cpu"
     """Where the local trainer runs: cpu | cuda | cuda:N | auto (cuda if available, else cpu). Model, batches,
     sampling generators, anchor and optimizer state all live there. Only the syntax is checked here (configs
     are validated on CPU head nodes); ``ema_pg_core.local.device.resolve_device`` checks that CUDA (and the
     index) exists when the run starts. The cuda path is covered by a gpu-marked test that has NOT been run
     on a GPU (none was available). The verl backend accepts cuda | cpu."""
+
+    @property
+    def probe_period(self) -> int:
+        """The local backend's probe cadence: probe_every, or PROBE_EVERY when it is null (0 = no probe)."""
+        return PROBE_EVERY if self.probe_every is None else self.probe_every
 
     def __post_init__(self):
         _check(self.iterations >= 0, f"trainer.iterations must be >= 0; got {self.iterations!r}")
@@ -211,8 +226,87 @@ class TrainerConfig:
         _check(self.eval_every >= 1, f"trainer.eval_every must be >= 1; got {self.eval_every!r}")
         _check(self.eval_n >= 1, f"trainer.eval_n must be >= 1; got {self.eval_n!r}")
         _check(self.save_every >= 0, f"trainer.save_every must be >= 0; got {self.save_every!r}")
+        _check(
+            self.probe_every is None or (isinstance(self.probe_every, int) and self.probe_every >= 0),
+            f"trainer.probe_every must be an integer >= 0 (0 = no KL probe) or null; got {self.probe_every!r}",
+        )
+        _check(
+            isinstance(self.probe_size, int) and self.probe_size >= 1,
+            f"trainer.probe_size must be an integer >= 1 (held-out prompts); got {self.probe_size!r}",
+        )
         _choice("trainer.dtype", self.dtype, ("float32", "bfloat16", "float64"))
         _check(
             isinstance(self.device, str) and re.fullmatch(DEVICE_PATTERN, self.device) is not None,
             f"trainer.device={self.device!r} is not allowed; allowed values: {', '.join(LOCAL_DEVICES)}",
         )
+
+
+# --------------------------------------------------------------------------------------
+# RL-health stops (ema_pg_core/health.py): one section per rule kind of HEALTH_RULES
+# --------------------------------------------------------------------------------------
+@dataclass
+class EntropyFloorRule:
+    floor: float | None = None
+    """Stop when train/entropy (nats per response token) stays below this; null = off."""
+    patience: int = 5
+    """... for this many consecutive iterations."""
+
+    def __post_init__(self):
+        _check(
+            self.floor is None or self.floor > 0, f"health.entropy_floor.floor must be > 0 or null; got {self.floor!r}"
+        )
+        _check(
+            _is_int(self.patience, 1), f"health.entropy_floor.patience must be an integer >= 1; got {self.patience!r}"
+        )
+
+
+@dataclass
+class KLSpikeRule:
+    factor: float | None = None
+    """Stop when kl/value exceeds this multiple of its running median; null = off. Must be > 1."""
+    window: int = 20
+    """The running median is over the previous this many iterations."""
+    min_history: int = 5
+    """No check before this many previous values exist (the median needs a scale)."""
+
+    def __post_init__(self):
+        _check(
+            self.factor is None or self.factor > 1, f"health.kl_spike.factor must be > 1 or null; got {self.factor!r}"
+        )
+        _check(_is_int(self.window, 1), f"health.kl_spike.window must be an integer >= 1; got {self.window!r}")
+        _check(
+            _is_int(self.min_history, 1) and self.min_history <= self.window,
+            f"health.kl_spike.min_history must be an integer in [1, health.kl_spike.window={self.window}]; "
+            f"got {self.min_history!r}",
+        )
+
+
+@dataclass
+class LengthCapRule:
+    frac: float | None = None
+    """Stop when at least this fraction of an iteration's responses hit the length cap (train/len_capped);
+    null = off. In (0, 1]."""
+    patience: int = 3
+    """... in this many consecutive iterations."""
+
+    def __post_init__(self):
+        _check(
+            self.frac is None or 0 < self.frac <= 1,
+            f"health.length_cap.frac must be in (0, 1] or null; got {self.frac!r}",
+        )
+        _check(_is_int(self.patience, 1), f"health.length_cap.patience must be an integer >= 1; got {self.patience!r}")
+
+
+@dataclass
+class HealthConfig:
+    """Rules that end a run as ``stopped_unhealthy`` (docs/run-record.md). A non-finite loss/total, loss/pg,
+    kl/value or train/grad_norm always stops the run (rule ``nonfinite``, no setting); the rules below are off
+    until their threshold is set. A sweep's ``health:`` section sets these keys for every trial."""
+
+    entropy_floor: EntropyFloorRule = field(default_factory=EntropyFloorRule)
+    kl_spike: KLSpikeRule = field(default_factory=KLSpikeRule)
+    length_cap: LengthCapRule = field(default_factory=LengthCapRule)
+
+
+def _is_int(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low

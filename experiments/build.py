@@ -136,6 +136,12 @@ def validate(cfg: DictConfig) -> LocalConfig:
     if cfg.logger.mode not in ("offline", "online", "disabled"):
         raise ValueError(f"logger.mode={cfg.logger.mode!r} is not allowed; allowed values: offline, online, disabled")
     local = local_config(cfg)
+    OmegaConf.to_object(cfg.health)  # each rule's section validates itself (health.<rule>.<field> in the error)
+    if cfg.health.kl_spike.factor is not None and cfg.algo.kl.coef == 0:  # a rule that could never fire
+        raise ValueError(
+            f"health.kl_spike.factor={cfg.health.kl_spike.factor} watches kl/value, which a run with algo.kl.coef=0 "
+            "does not compute; set health.kl_spike.factor=null or a KL coefficient > 0"
+        )
     if cfg.backend.name == "verl":  # verl reads model.path as an HF id or a directory on its workers
         from ema_pg_core.verl.config import to_verl  # the mapping only; imports no verl
 

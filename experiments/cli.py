@@ -4,12 +4,14 @@ imports ray and `emapg report` never imports torch.
     emapg train experiment=math_tiny_ema_pg [hydra overrides ...]
     emapg pretrain task=math_tiny
     emapg data prepare math --out ~/data/emapg/math [--from <dir with the source data sets>]
+    emapg eval <run dir | checkpoint | HF model dir> [--benchmarks ...] [--protocol readme|benchmark|in_training]
     emapg retriever serve --task search_tiny --port 8000
     emapg retriever serve --corpus wiki-18.jsonl --retriever e5 [--index e5_Flat.index]
     emapg retriever index --corpus wiki-18.jsonl --out e5_Flat.index
     emapg sweep sweeps/quickstart.yaml [--dry-run] [--resume] [--address ...]
     emapg rehearse experiment=math_deepscaler_ema_pg | sweeps/search_r1_ema_pg.yaml   (verl's loop on CPU)
     emapg report <runs-or-sweep-dir> --out <dir>
+    emapg dashboard <sweep-dir> [--entity E] [--project P] [--publish]   (W&B workspace + report)
     emapg figures --out <dir>
 """
 
@@ -35,6 +37,10 @@ def _train(argv: list[str]) -> int:
         print(
             "\ncommon overrides: seed=1 smoke=true algo.anchor.tau=0.95 algo.anchor.period=10 algo.kl.type=k3 "
             "algo.kl.k=32 algo.kl.tail=paper trainer.iterations=100 logger.mode=online run_dir=... resume=true"
+        )
+        print(
+            "staged runs (experiments/stages.py): stages=[8k,16k] | stage=16k (a task's stages) | "
+            "'stages=[{name: a, set: {trainer.iterations: 40}}, ...]' (any preset)"
         )
         return 0
     bad = [a for a in argv if "=" not in a]
@@ -71,6 +77,12 @@ def _pretrain(argv: list[str]) -> int:
     return main(argv) or 0
 
 
+def _eval(argv: list[str]) -> int:
+    from experiments.evaluate import main
+
+    return main(argv)
+
+
 def _data(argv: list[str]) -> int:
     from experiments.data import main
 
@@ -101,6 +113,20 @@ def _report(argv: list[str]) -> int:
     return main_report(argv) or 0
 
 
+def _dashboard(argv: list[str]) -> int:
+    from analysis.dashboard import main
+
+    return main(argv, load_sweep_info)
+
+
+def load_sweep_info(path):
+    """A sweep directory's sweep.yaml -> analysis.dashboard.SweepInfo (its own checks ran when the sweep started)."""
+    from analysis.dashboard import SweepInfo
+    from sweeps.spec import load
+
+    return SweepInfo.from_spec(load(path, check_config=False))
+
+
 def _figures(argv: list[str]) -> int:
     from analysis.report import main_figures
     from ema_pg_core import audit
@@ -118,9 +144,11 @@ COMMANDS = {
     "train": _train,
     "pretrain": _pretrain,
     "data": _data,
+    "eval": _eval,
     "retriever": _retriever,
     "sweep": _sweep,
     "report": _report,
+    "dashboard": _dashboard,
     "figures": _figures,
     "cluster": _cluster,
     "rehearse": _rehearse,

@@ -3,6 +3,7 @@
     user error   bad config field, file, path or port     one line, exit 2
     run failed   a run that started, then failed           one line, exit 1 (the run record has the rest)
     interrupted  SIGINT / SIGTERM, after a checkpoint      one line + the resume command, exit 130 / 143
+    unhealthy    a health rule ended the run               one line (rule, iteration, values), exit 3
     bug          anything else                              Python's traceback, exit 1
 
 ``EMAPG_DEBUG=1`` prints the traceback of every error too. Hydra's composition errors are turned
@@ -42,6 +43,22 @@ class RunInterrupted(Exception):
         return type(self), (str(self), self.signame, self.run_dir)
 
 
+UNHEALTHY_EXIT = 3
+"""Exit code of a run ended by a health rule: neither a failure (1) nor bad input (2), so scripts can tell it."""
+
+
+class StoppedUnhealthy(Exception):
+    """A run ended by an RL-health rule (ema_pg_core.health); its record says ``stopped_unhealthy`` and its
+    summary.json["health"] holds `breach` ({"rule", "iteration", "message", "values"})."""
+
+    def __init__(self, message: str, breach: dict, run_dir=None):
+        super().__init__(message)
+        self.breach, self.run_dir = breach, run_dir
+
+    def __reduce__(self):  # crosses process boundaries intact (a sweep trial's Ray worker -> Tune)
+        return type(self), (str(self), self.breach, self.run_dir)
+
+
 class Terminated(BaseException):
     """SIGTERM outside the trainer's own handler (e.g. while the model loads): like KeyboardInterrupt."""
 
@@ -69,6 +86,8 @@ def classify(exc: BaseException) -> tuple[str, int] | None:
         return "interrupted (SIGTERM)", 143
     if isinstance(exc, RunFailed):
         return f"run failed: {exc}", 1
+    if isinstance(exc, StoppedUnhealthy):
+        return f"stopped unhealthy: {exc}", UNHEALTHY_EXIT
     if _is_hydra(exc):
         return f"error: {hydra_message(exc)}", 2
     if isinstance(exc, (ValueError, KeyError)) and not isinstance(exc, UnicodeError):

@@ -5,11 +5,12 @@
         rec.log_evals(rows)                 # per-problem lines of evals.jsonl
         row = rec.log(iteration, metrics)   # one line of metrics.jsonl (+ iteration, time_s)
         rec.finish({"extra": 1.0})          # summary.json, then status=finished
+        # or rec.stop_unhealthy(breach.to_dict()): a health rule fired (status=stopped_unhealthy)
     # Ctrl-C / SIGTERM inside the block -> status=interrupted; any other exception -> status=failed
     # with the traceback; either is re-raised. read_state(run_dir) also tells `crashed`: a record left
     # `running` by a process that is gone (its pid, or a heartbeat older than STALE_S).
 
-A resume may change only RESUME_MAY_CHANGE (length, evaluation and checkpoint cadence, threads);
+A resume may change only RESUME_MAY_CHANGE (length, evaluation and checkpoint cadence, threads, health rules);
 any other change of the config is refused unless forced, and every resume is a line of resumes.jsonl.
 Every write error is a RecordWriteError naming the file.
 
@@ -46,14 +47,16 @@ from experiments.errors import RecordWriteError
 
 CONFIG, METRICS, EVALS, SUMMARY, STATUS = "config.yaml", "metrics.jsonl", "evals.jsonl", "summary.json", "status"
 RESUMES = "resumes.jsonl"  # one line per resume: config changes, forced or not, the checkpoint used, those skipped
-STATES = ("running", "finished", "interrupted", "failed")  # what the status file's first line says
+STAGES = "stages.jsonl"  # a staged run: one line per stage started (experiments.stages)
+UNHEALTHY = "stopped_unhealthy"  # ended by an RL-health rule (ema_pg_core.health): summary.json["health"] says why
+STATES = ("running", "finished", "interrupted", "failed", UNHEALTHY)  # what the status file's first line says
 CRASHED = "crashed"  # never written: read_state's name for a `running` record whose process is gone
 HEARTBEAT_S = 30.0  # a running record touches its status file this often
 STALE_S = 600.0  # a `running` status untouched this long (another host, or no pid) reads as crashed
 WANDB_STATE = "wandb_run.json"  # written by experiments.wandb_logger: {"id", "last_step", ...}
 RESERVED = ("iteration", "time_s")  # set by the record, never by the caller
 # Run-local keys that do not change what is trained: left out of config_hash.
-HASH_EXCLUDE = ("run_dir", "out_root", "resume", "logger", "sweep", "model.cache_dir")
+HASH_EXCLUDE = ("run_dir", "out_root", "resume", "resume_from", "logger", "sweep", "model.cache_dir")
 # Keys a resume may change (besides HASH_EXCLUDE): how long, how often to evaluate/save, how to run.
 # Any other change is refused unless resume=force (recorded in resumes.jsonl, flagged by the report).
 RESUME_MAY_CHANGE = (
@@ -66,6 +69,8 @@ RESUME_MAY_CHANGE = (
     "trainer.threads",
     "backend.verl.step_timeout_s",
     "backend.verl.max_failed_rollouts",
+    "stages",
+    "health",
 )
 _clock = time.monotonic  # wall seconds for time_s (a module attribute so tests can drive it)
 
@@ -258,6 +263,65 @@ def read_resumes(run_dir: str | Path) -> list[dict]:
     return read_jsonl(Path(run_dir) / RESUMES)
 
 
+def read_stages(run_dir: str | Path) -> list[dict]:
+    """The stages a staged run has started (stages.jsonl), in order; [] for a run without stages."""
+    return read_jsonl(Path(run_dir) / STAGES)
+
+
+def stage_progress(run_dir: str | Path) -> tuple[list[str], str | None]:
+    """(stages finished, the stage started but not finished or None) of a staged run's record: every
+    started stage before the last is finished, and the last one is when the record's status is."""
+    started = [r["stage"] for r in read_stages(run_dir)]
+    if not started:
+        return [], None
+    if (Path(run_dir) / STATUS).is_file() and read_status(run_dir)[0] == "finished":
+        return started, None
+    return started[:-1], started[-1]
+
+
+# ---------------------------------------------------------------- evaluations outside training (emapg eval)
+
+EVAL_ROOT = "evals"  # <run_dir>/evals/<name>/: one standalone evaluation of the run's models
+EVAL_SETTINGS, EVAL_SUMMARY = "eval.json", "eval_summary.json"
+EVAL_ROW_KEYS = ("iteration", "model", "benchmark", "problem_id", "n", "n_correct", "greedy_correct")
+
+
+def eval_dirs(run_dir: str | Path) -> list[Path]:
+    """The standalone evaluations of a run (`emapg eval`): <run_dir>/evals/<name>/ with eval.json."""
+    return sorted(p.parent for p in (Path(run_dir) / EVAL_ROOT).glob(f"*/{EVAL_SETTINGS}"))
+
+
+def start_eval(out_dir: str | Path, settings: Mapping[str, Any]) -> list[dict]:
+    """Open an evaluation directory: write eval.json, or check that the one there has the same
+    settings (a resumed evaluation must not mix two); return the rows already written."""
+    out_dir = Path(out_dir)
+    path = out_dir / EVAL_SETTINGS
+    settings = jsonable(dict(settings))
+    if path.is_file():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        if diff := sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k)):
+            listed = "; ".join(f"{k}: {old.get(k)!r} -> {settings.get(k)!r}" for k in diff)
+            raise ValueError(f"{out_dir} holds an evaluation with other settings ({listed}); use another --out")
+    else:
+        _writable(out_dir)
+        RunRecord._guard(path, atomic_write, path, json.dumps(settings, indent=1) + "\n")
+    return read_jsonl(out_dir / EVALS)
+
+
+def append_eval_rows(out_dir: str | Path, rows: list[Mapping[str, Any]]) -> None:
+    """Append per-problem rows (the schema of evals.jsonl, EVAL_ROW_KEYS) in one write."""
+    out = [jsonable(dict(r)) for r in rows]
+    if bad := [r for r in out if set(r) != set(EVAL_ROW_KEYS) or not isinstance(r["iteration"], int)]:
+        raise ValueError(f"eval rows need exactly {EVAL_ROW_KEYS} with an integer iteration; got {bad[0]!r}")
+    path = Path(out_dir) / EVALS
+    RunRecord._guard(path, _append, path, out)
+
+
+def write_eval_summary(out_dir: str | Path, summary: Mapping[str, Any]) -> None:
+    path = Path(out_dir) / EVAL_SUMMARY
+    RunRecord._guard(path, atomic_write, path, json.dumps(jsonable(dict(summary)), indent=1) + "\n")
+
+
 def read_summary(run_dir: str | Path) -> dict | None:
     path = Path(run_dir) / SUMMARY
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
@@ -348,6 +412,7 @@ class RunRecord:
         force: bool = False,
         checkpoint: str | None = None,
         skipped: list[dict] | tuple = (),
+        stage: Mapping[str, Any] | None = None,
     ) -> RunRecord:
         """Write config.yaml (resolved) and status=running; drop a stale summary.json.
 
@@ -358,22 +423,30 @@ class RunRecord:
         HASH_EXCLUDE): any other difference from the recorded config.yaml raises ValueError listing
         each key with both values, unless `force`. Each resume appends a line to resumes.jsonl: the
         changes, `force`, the `checkpoint` resumed from and the `skipped` ones ({"checkpoint", "error"}).
+        `stage` ({"stage", "index", "may_change": dotted keys}) starts a stage of a staged run instead: a
+        continuation that may also change the stage's own keys, recorded in stages.jsonl, not resumes.jsonl.
         """
         run_dir = Path(run_dir)
         config = resolved(cfg)
         changes = config_changes(run_dir / CONFIG, config) if resume else {}
-        refused = {k: v for k, v in changes.items() if not _may_change(k)}
+        stage_keys = ("stage", *(stage or {}).get("may_change", ()))
+        refused = {k: v for k, v in changes.items() if not (_may_change(k) or (stage and _under(k, stage_keys)))}
         if refused and not force:
             raise ValueError(_refusal(run_dir, refused))
+        if resume:
+            _check_unhealthy_resume(run_dir, changes, force)
         if not resume:
             _check_fresh(run_dir)
         _writable(run_dir)
-        for name in (SUMMARY,) if resume else (SUMMARY, METRICS, EVALS, WANDB_STATE, RESUMES):
+        for name in (SUMMARY,) if resume else (SUMMARY, METRICS, EVALS, WANDB_STATE, RESUMES, STAGES):
             (run_dir / name).unlink(missing_ok=True)
         rec = cls(run_dir, config)
         rec._write(run_dir / CONFIG, OmegaConf.to_yaml(config))
         if resume:
             rec.rewind(None)
+        if stage is not None:
+            rec._log_stage(stage, checkpoint, changes, bool(refused))
+        elif resume:
             entry = {
                 "time": dt.datetime.now().isoformat(timespec="seconds"),
                 "after_iteration": rec.last_iteration,
@@ -383,10 +456,24 @@ class RunRecord:
                 "changes": {k: list(v) for k, v in changes.items()},
             }
             rec._append(RESUMES, [jsonable(entry)])
-            rec.forced = any(r.get("forced") for r in read_resumes(run_dir))
+        if resume:
+            rec.forced = any(r.get("forced") for r in read_resumes(run_dir) + read_stages(run_dir))
         rec._write_status("running", f"pid={os.getpid()} host={socket.gethostname()}")
         rec._start_heartbeat()
         return rec
+
+    def _log_stage(self, stage: Mapping[str, Any], checkpoint: str | None, changes: dict, forced: bool) -> None:
+        """One line of stages.jsonl: this stage starts after `after_iteration`, from `checkpoint`."""
+        entry = {
+            "time": dt.datetime.now().isoformat(timespec="seconds"),
+            "stage": stage["stage"],
+            "index": int(stage["index"]),
+            "after_iteration": self.last_iteration,
+            "checkpoint": checkpoint,
+            "forced": forced,
+            "changes": {k: list(v) for k, v in changes.items()},
+        }
+        self._append(STAGES, [jsonable(entry)])
 
     # ------------------------------------------------------------ writing
     def elapsed(self) -> float:
@@ -446,6 +533,13 @@ class RunRecord:
     def interrupt(self, message: str, extra_summary: Mapping[str, Any] | None = None) -> dict:
         """Write summary.json, then status=interrupted followed by `message` (what stopped it, where to resume)."""
         return self._close("interrupted", message, extra_summary)
+
+    def stop_unhealthy(self, breach: Mapping[str, Any], extra_summary: Mapping[str, Any] | None = None) -> dict:
+        """Write summary.json with "health" = `breach` ({"rule", "iteration", "message", "values"}, see
+        ema_pg_core.health.Breach), then status=stopped_unhealthy followed by the message and the breach as JSON."""
+        breach = jsonable(dict(breach))
+        detail = f"{breach['message']}\n{json.dumps(breach, allow_nan=False)}"
+        return self._close(UNHEALTHY, detail, {**dict(extra_summary or {}), "health": breach})
 
     def fail(self, exc: BaseException | str, extra_summary: Mapping[str, Any] | None = None) -> dict:
         """Write summary.json, then status=failed followed by the error and its traceback."""
@@ -561,6 +655,29 @@ def _check_fresh(run_dir: Path) -> None:
             f"{run_dir} already holds a run record (status: {state}, metrics: {has_metrics}, "
             f"checkpoint: {has_ckpt}); continue it with resume=true or choose another run_dir"
         )
+
+
+def _check_unhealthy_resume(run_dir: Path, changes: dict[str, tuple], force: bool) -> None:
+    """A run stopped by a health rule resumes only with a change: of its health.* rules, or forced (e.g. a lower
+    optim.lr). With neither, an exact resume would replay the same metrics and stop at the same iteration."""
+    if not (run_dir / STATUS).is_file() or read_status(run_dir)[0] != UNHEALTHY:
+        return
+    if (force and changes) or any(_under(k, ("health",)) for k in changes):
+        return
+    health = (read_summary(run_dir) or {}).get("health") or {}
+    raise ValueError(
+        f"{run_dir} was stopped by health rule {health.get('rule', '?')} at iteration {health.get('iteration', '?')} "
+        f"({health.get('message', 'see its status file')}); an exact resume would stop there again: relax the "
+        "rule (health.* may change on resume), or change a setting with resume=force (e.g. a lower optim.lr), "
+        "or start a new run_dir"
+    )
+
+
+def read_health(run_dir: str | Path) -> dict | None:
+    """The breach that stopped a `stopped_unhealthy` run ({"rule", "iteration", "message", "values"}), else None."""
+    if read_status(run_dir)[0] != UNHEALTHY:
+        return None
+    return (read_summary(run_dir) or {}).get("health")
 
 
 def config_changes(old_path: Path, new: dict) -> dict[str, tuple]:

@@ -188,7 +188,7 @@ def rehearsal_overrides(
     o = [
         f"model.path={model_path}",
         f"run_dir={run_dir}",
-        "logger.name=none",
+        "logger.mode=offline",  # W&B as the target logs it, offline (into the run directory; WANDB_MODE too)
         "trainer.device=cpu",
         "backend.verl.rollout_engine=hf",
         "backend.verl.nnodes=1",
@@ -296,8 +296,13 @@ def run_attempt(
     inherited = ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")  # its own Ray; trainer.device decides
     env = {k: v for k, v in os.environ.items() if k not in inherited}
     env.update(
-        {"EMAPG_PROGRESS": "0", "PYTHONUNBUFFERED": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    )  # Ray binds 127.0.0.1: nothing leaves the machine
+        {
+            "EMAPG_PROGRESS": "0",
+            "PYTHONUNBUFFERED": "1",
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "WANDB_MODE": "offline",
+        }
+    )  # Ray binds 127.0.0.1 and W&B is offline: nothing leaves the machine
     cmd = [sys.executable, "-m", "experiments.cli", "train", *overrides]
     t0 = time.time()
     with open(log, "w") as out:
@@ -440,7 +445,43 @@ def check_resume(run_dir: Path, e: Expect) -> Check:
     )
 
 
-CHECKS = (check_steps, check_anchor_schedule, check_topk, check_checkpoints, check_resume)
+def check_evals(run_dir: Path, e: Expect) -> Check:
+    """Per-problem rows of the last step's validation for the policy and, evaluated with its own weights,
+    the EMA anchor, and the anchor's metrics beside the policy's."""
+    from experiments.records import read_evals
+
+    rows = [r for r in read_evals(run_dir) if r["iteration"] == e.steps]
+    per = {m: sorted(r["problem_id"] for r in rows if r["model"] == m) for m in ("policy", "anchor")}
+    anchor_keys = sorted(k for k in _metrics(run_dir).get(e.steps, {}) if k.startswith("eval_anchor/"))
+    ok = bool(per["policy"]) and per["policy"] == per["anchor"] and bool(anchor_keys)
+    detail = (
+        f"step {e.steps}: {len(per['policy'])} policy and {len(per['anchor'])} anchor rows in evals.jsonl "
+        f"(same problems: {per['policy'] == per['anchor']}); anchor metrics {anchor_keys}"
+    )
+    return Check("evaluation rows", ok, detail)
+
+
+def check_wandb(run_dir: Path, e: Expect) -> Check:
+    """verl's tracker wrote an offline W&B run per attempt, all under the run's one id (kept in wandb_run.json),
+    in the run's group; or none at all when the target's logger is none."""
+    import yaml
+
+    from experiments.records import read_wandb_state
+
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    lg, state = cfg.get("logger") or {}, read_wandb_state(run_dir)
+    found = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    if lg.get("name") == "none":
+        return Check("W&B", not found and not state, f"logger=none: {len(found)} W&B runs written (expected 0)")
+    group = lg.get("group") or (cfg.get("sweep") or {}).get("name") or cfg.get("experiment")
+    ids = sorted({p.parent.name.rsplit("-", 1)[1] for p in found})
+    named = all(str(group).encode() in p.read_bytes() for p in found)  # the run record inside names the group
+    ok = ids == [state.get("id")] and len(found) >= 2 and named and state.get("mode") == "offline"
+    detail = f"{len(found)} offline runs (one per attempt) with ids {ids}, wandb_run.json id {state.get('id')!r}"
+    return Check("W&B", ok, detail + f"; group {group!r} {'named' if named else 'MISSING'} in each")
+
+
+CHECKS = (check_steps, check_anchor_schedule, check_topk, check_checkpoints, check_resume, check_evals, check_wandb)
 
 
 # --------------------------------------------------------------------------------------

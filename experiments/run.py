@@ -17,8 +17,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import build, progress
-from experiments.errors import RunFailed, RunInterrupted, Terminated
+from experiments import build, progress, records
+from experiments.errors import RunFailed, RunInterrupted, StoppedUnhealthy, Terminated
 from experiments.records import RunRecord, make_run_id
 
 # (iteration, metrics row as recorded, checkpoint dir written at this iteration or None) -> None.
@@ -50,12 +50,39 @@ def _make_logger(cfg: DictConfig, run_dir: Path):
     )
 
 
+def _verl_wandb(cfg: DictConfig, run_dir: Path) -> dict[str, str]:
+    """The W&B run of a verl run, as the local backend's (_make_logger) but through verl's tracker:
+    WANDB_* settings (experiments.wandb_logger.verl_env); {} with logger=none or W&B disabled."""
+    from experiments.wandb_logger import verl_env
+
+    if cfg.logger.name == "none":
+        return {}
+    return verl_env(
+        run_dir,
+        project=cfg.logger.project,
+        group=cfg.logger.group or cfg.sweep.name or cfg.experiment,
+        tags=list(cfg.logger.tags),
+        config=OmegaConf.to_container(cfg, resolve=True),
+        mode=cfg.logger.mode,
+    )
+
+
 def run(cfg: DictConfig, callback: Callback | None = None) -> dict[str, float]:
-    """Train one run as configured; return {metric: final value} (+ best_<metric>)."""
+    """Train one run as configured; return {metric: final value} (+ best_<metric>). A staged run
+    (`stages` / `stage`, experiments.stages) trains its stages one after the other in one record."""
+    if cfg.get("stages") or cfg.get("stage") is not None or cfg.get("resume_from"):
+        from experiments import stages
+
+        return stages.run_staged(cfg, resolve_run_dir(cfg), build.validate, lambda c, s: _run_one(c, callback, s))
+    return _run_one(cfg, callback)
+
+
+def _run_one(cfg: DictConfig, callback: Callback | None, stage: dict | None = None) -> dict[str, float]:
+    """One run, or one stage of a staged run (`stage`: experiments.stages.start_info)."""
     local_cfg = build.validate(cfg)  # raises before any work
     build.check_k(cfg)
     if cfg.backend.name == "verl":
-        return _run_verl(cfg, callback)
+        return _run_verl(cfg, callback, stage)
     import torch
 
     from ema_pg_core.local import checkpoints
@@ -67,6 +94,8 @@ def run(cfg: DictConfig, callback: Callback | None = None) -> dict[str, float]:
     cfg = OmegaConf.merge(cfg, {"run_dir": str(run_dir)})
     ckpt_dir = run_dir / "checkpoints"
     found = checkpoints.load_newest(ckpt_dir) if cfg.resume else None  # (dir, state, skipped) or None
+    if found is None and cfg.get("resume_from"):  # a stage started from a checkpoint trained elsewhere
+        found = _external_checkpoint(cfg.resume_from)
     if cfg.resume and found is None and (run_dir / "metrics.jsonl").exists():
         raise ValueError(f"resume={cfg.resume} but {ckpt_dir} holds no checkpoint to continue from")
     for s in found[2] if found else ():
@@ -83,6 +112,7 @@ def run(cfg: DictConfig, callback: Callback | None = None) -> dict[str, float]:
         force=cfg.resume == "force",
         checkpoint=found[0].name if found else None,
         skipped=found[2] if found else (),
+        stage=stage,
     )
     with record:
         logger = _make_logger(cfg, run_dir)
@@ -102,6 +132,7 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
     policy, tok = build.model(cfg)
     bar = None
     rows: dict[int, dict] = {}
+    health = HealthCheck(cfg, record)
 
     def on_metrics(it: int, m: dict) -> None:
         rows[it] = record.log(it, m)
@@ -116,6 +147,7 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
                 },
                 refresh=False,
             )
+        health.observe(it, m)  # raises StoppedUnhealthy: no checkpoint of this iteration, nothing reported
 
     def on_iteration_end(it: int, m: dict, ckpt: Path | None) -> None:
         row = rows.pop(it, m)
@@ -127,6 +159,7 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
     if state is not None:
         trainer.load_state_dict(state)
         record.rewind(trainer.iteration)
+        health.replay(records.read_metrics(record.run_dir))  # the rules' state as the uninterrupted run had it
     bar = progress.bar(local_cfg.trainer.iterations, f"{cfg.experiment} s{cfg.seed}", initial=trainer.iteration)
     t0 = time.time()
     try:
@@ -140,11 +173,40 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
     return record.finish({"wandb_run_id": logger.wandb_run_id, "train_wall_time_s": time.time() - t0})
 
 
+class HealthCheck:
+    """The run's RL-health rules (``cfg.health``, ema_pg_core.health) over the metrics it logs, on either backend:
+    when a rule fires, `observe` closes the record as stopped_unhealthy (the rule, iteration and values) and raises
+    StoppedUnhealthy, which ends the run (exit code 3 for `emapg train`, that trial only in a sweep)."""
+
+    def __init__(self, cfg: DictConfig, record: RunRecord, before_stop: Callable[[], None] = lambda: None):
+        from ema_pg_core.health import HealthMonitor
+
+        self.monitor, self.record = HealthMonitor(OmegaConf.to_object(cfg.health)), record
+        self.before_stop = before_stop  # what must reach the record before it is closed (the verl evals)
+
+    def observe(self, iteration: int, metrics: dict, fire: bool = True) -> None:
+        """Add one iteration; with `fire`, raise when a rule fires on it (without: history only)."""
+        breach = self.monitor.observe(iteration, metrics)
+        if fire:
+            self._raise(breach)
+
+    def replay(self, rows: list[dict]) -> None:
+        """A resumed run's kept lines; a rule changed on resume may fire on them (then the run stops here)."""
+        self._raise(self.monitor.replay(rows))
+
+    def _raise(self, breach) -> None:
+        if breach is not None:
+            self.before_stop()
+            self.record.stop_unhealthy(breach.to_dict())
+            run_dir = self.record.run_dir
+            raise StoppedUnhealthy(f"{breach} (run record: {run_dir})", breach.to_dict(), run_dir)
+
+
 VERL_POLL_S = 10.0
 """How often a verl run's metrics files are read into the run record while verl runs (seconds)."""
 
 
-def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, float]:
+def _run_verl(cfg: DictConfig, callback: Callback | None = None, stage: dict | None = None) -> dict[str, float]:
     """The distributed backend: stock verl 0.9.x + our plugin (needs the [verl] extra and GPUs).
 
     verl logs to ``<run_dir>/verl_metrics.jsonl`` (one file per attempt, see
@@ -155,7 +217,7 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
     (verl keeps its own). The last poll starts after verl returned or failed, so every step verl
     logged is recorded and reported (``_in_thread``). time_s
     is when the follower saw a step (up to VERL_POLL_S late); per-step wall time is perf/iter_s
-    (verl's timing_s/step).
+    (verl's timing_s/step). A stage starts from the previous stage's checkpoint: ``stage_job_config``.
     """
     from ema_pg_core.verl import require_verl
 
@@ -164,12 +226,14 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
 
     run_dir = resolve_run_dir(cfg)
     cfg = OmegaConf.merge(cfg, {"run_dir": str(run_dir)}, agent_loops_path(cfg))
-    with RunRecord.create(run_dir, cfg, resume=bool(cfg.resume), force=cfg.resume == "force") as record:
+    job = stage_job_config(cfg, stage)
+    with RunRecord.create(run_dir, cfg, resume=bool(cfg.resume), force=cfg.resume == "force", stage=stage) as record:
         follower = _VerlFollower(record, cfg, callback)
+        wandb = _verl_wandb(cfg, run_dir)
 
         def work() -> int:
             try:
-                return run_config(OmegaConf.to_container(cfg, resolve=True))
+                return run_config(job, wandb)
             finally:
                 follower.done = True  # the last polls record what verl logged; nothing is left to watch
 
@@ -183,7 +247,7 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
 
             # verl may fail on its own after failed rollouts (e.g. a batch left empty): their cause comes first
             failure = first_failure(follower.tolerated) if isinstance(e, RayError) else None
-            stop_run()  # verl may still be running (a failed rollout, a timeout): stop its workers
+            stop_run()  # verl may still be running (a failed rollout, a timeout, a health stop): stop its workers
             if isinstance(e, RayError):  # verl raised in a Ray actor, or its actor died
                 then = f"verl failed: {_last_line(str(e))} (its traceback is in {record.run_dir}/status)"
                 raise RunFailed(f"{failure}\nThen {then}" if failure else then) from e
@@ -198,8 +262,35 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None) -> dict[str, fl
             raise
         if code:
             raise RunFailed(f"verl exited with status {code}")
-        summary = record.finish()
+        summary = record.finish({"wandb_run_id": wandb.get("WANDB_RUN_ID")})
     return _flat_summary(summary)
+
+
+def stage_job_config(cfg: DictConfig, stage: dict | None) -> dict:
+    """The resolved config verl gets: `cfg`, plus, on a stage's first attempt, the overrides that start it
+    from the previous stage's last ``global_step_N`` or ``resume_from`` (not recorded in config.yaml:
+    a resume of the same stage continues from its own newest checkpoint)."""
+    from experiments.stages import verl_resume_overrides
+
+    job = OmegaConf.to_container(cfg, resolve=True)
+    extra = verl_resume_overrides(job, stage)
+    if extra:
+        job["backend"]["verl"]["overrides"] = list(job["backend"]["verl"].get("overrides") or []) + extra
+    return job
+
+
+def _external_checkpoint(path: str) -> tuple[Path, dict, list]:
+    """(dir, state, []) of a local checkpoint directory given as resume_from (one with state.pt)."""
+    import torch
+
+    from ema_pg_core.local import checkpoints
+
+    step = Path(os.path.expanduser(path))
+    if not (step / checkpoints.STATE).is_file():
+        raise ValueError(
+            f"resume_from={path!r} is not a local checkpoint (a checkpoints/iter_N directory with state.pt)"
+        )
+    return step, torch.load(step / checkpoints.STATE, map_location="cpu", weights_only=False), []
 
 
 def _last_line(text: str) -> str:
@@ -241,7 +332,8 @@ class _VerlFollower:
     waits for the next poll) unless no file changed size or mtime since the last one. Steps past the
     last one recorded are appended; a step whose metrics changed (a resumed attempt replaying steps
     after its checkpoint) rewinds the record to just before it and appends again.
-    `callback` gets each iteration once, in increasing order.
+    `callback` gets each iteration once, in increasing order. The run's health rules see each recorded
+    step (``_check``); one that fires closes the record as stopped_unhealthy and ends the run.
     """
 
     def __init__(self, record: RunRecord, cfg: DictConfig, callback: Callback | None):
@@ -252,8 +344,11 @@ class _VerlFollower:
         self.done = False
         self.task, self.greedy = cfg.task.name, float(cfg.trainer.eval_temperature) == 0.0
         self.logged: dict[int, dict] = {}
+        self.eval_keys: set[tuple] = set()  # (iteration, model, benchmark, problem_id) of the rows in evals.jsonl
         self.reported = -1
         self._stamp: list[tuple] | None = None  # (name, size, mtime) of the files the last poll read
+        self.cfg, self.health, self.stopped = cfg, HealthCheck(cfg, record, self._record_evals), False
+        self.checked_until = record.last_iteration  # resumed: an earlier attempt checked the steps up to here
         record.rewind(-1)
 
     def poll(self, report: bool = True, watch: bool = True) -> None:
@@ -265,26 +360,62 @@ class _VerlFollower:
             self._watch()
 
     def _record(self, report: bool) -> None:
-        from experiments.verl_metrics import attempt_files, to_rows
+        from experiments.verl_metrics import attempt_files, read_attempts, to_rows
 
+        if self.stopped:  # a health rule ended the run: nothing after its step is recorded
+            return
         stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in attempt_files(self.record.run_dir)]
         if stamp == self._stamp:
             return
         self._stamp = stamp
         rows = [(step, m) for step, m in to_rows(self.record.run_dir, self.task, self.greedy) if m]
+        live = set(read_attempts(attempt_files(self.record.run_dir)[-1:]))  # steps the newest attempt logged
         changed = next((step for step, m in rows if step in self.logged and self.logged[step] != m), None)
         if changed is not None:
             self.record.rewind(changed - 1)
             self.logged = {s: m for s, m in self.logged.items() if s < changed}
+            self.eval_keys = {k for k in self.eval_keys if k[0] < changed}
+            self._rebuild_health(changed)
         for step, metrics in rows:
             if step in self.logged:
                 continue
             self.progress_t = time.time()
             self.logged[step] = metrics
             row = self.record.log(step, metrics)
+            self._check(step, metrics, step in live)
             if report and self.callback is not None and step > self.reported:
                 self.callback(step, {k: v for k, v in row.items() if k not in ("iteration", "time_s")}, None)
                 self.reported = step
+        self._record_evals()
+
+    def _record_evals(self) -> None:
+        """Per-problem rows of the steps recorded so far (verl_evals.jsonl, our trainer's) -> evals.jsonl."""
+        from experiments.verl_metrics import eval_rows
+
+        last = max(self.logged, default=-1)
+        new = [r for r in eval_rows(self.record.run_dir) if r["iteration"] <= last]
+        new = [r for r in new if (r["iteration"], r["model"], r["benchmark"], r["problem_id"]) not in self.eval_keys]
+        self.record.log_evals(new)
+        self.eval_keys |= {(r["iteration"], r["model"], r["benchmark"], r["problem_id"]) for r in new}
+
+    def _check(self, step: int, metrics: dict, live: bool) -> None:
+        """The health rules on a new step (StoppedUnhealthy, after which nothing more is recorded). Only a step of
+        the newest attempt fires, and in a resumed run only past what an earlier attempt checked (or replayed by
+        this one with new values); older attempts' steps feed the rules' history only."""
+        fire = live and (self.checked_until is None or step > self.checked_until)
+        try:
+            self.health.observe(step, metrics, fire=fire)
+        except StoppedUnhealthy:
+            self.stopped = True
+            raise
+
+    def _rebuild_health(self, changed: int) -> None:
+        """A resumed attempt replays steps from `changed` on: the rules restart from the steps kept before it."""
+        self.health = HealthCheck(self.cfg, self.record, self._record_evals)
+        for step in sorted(self.logged):
+            self.health.observe(step, self.logged[step], fire=False)
+        if self.checked_until is not None:
+            self.checked_until = min(self.checked_until, changed - 1)
 
     def _watch(self) -> None:
         from ema_pg_core.verl.failures import first_failure

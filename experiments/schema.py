@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ema_pg_core.config import AlgoConfig, OptimConfig, RolloutConfig, TrainerConfig
+from ema_pg_core.config import AlgoConfig, HealthConfig, OptimConfig, RolloutConfig, TrainerConfig
 from ema_pg_core.verl.config import VerlSettings
 
 
@@ -84,12 +84,23 @@ class RunConfig:
     in resumes.jsonl, flagged by `emapg report`)."""
     smoke: bool = False
     """Tiny sizes, 2 iterations: a seconds-long end-to-end check of any preset."""
+    stages: list[Any] = field(default_factory=list)
+    """A staged run (experiments.stages): each entry a stage name of the task's STAGES (e.g. 8k) or
+    {name, set: {dotted key: value}}; every stage continues the previous one's last checkpoint, anchor
+    included, in the same run_dir. Empty: one stage (or the task's STAGES when `stage` is set)."""
+    stage: str | None = None
+    """Run the stages up to and including this one (null: all of them)."""
+    resume_from: str | None = None
+    """With `stage`: the previous stage's last checkpoint, trained elsewhere (a local iter_N directory, or a
+    verl global_step_N directory); the stages before `stage` are then not run."""
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """RL-health stops (ema_pg_core/health.py): a rule that fires ends the run as stopped_unhealthy."""
     backend: BackendConfig = field(default_factory=BackendConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     sweep: SweepInfo = field(default_factory=SweepInfo)

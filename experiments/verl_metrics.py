@@ -12,16 +12,22 @@ Key mapping (verl 0.9.1 names on the left):
 
     critic/score/mean                    -> train/reward
     response_length/mean                 -> train/response_len
+    response_length/clip_ratio           -> train/len_capped (share of responses at the length cap)
     actor/pg_loss, actor/kl_loss         -> loss/pg, kl/value
     actor/pg_clipfrac(_lower)            -> loss/clip_frac, loss/dual_clip_frac
     actor/ppo_kl, actor/entropy          -> loss/approx_kl, train/entropy
     actor/grad_norm, timing_s/step       -> train/grad_norm, perf/iter_s
     train/dropped_truncated              -> train/dropped_truncated (logged by our trainer)
     anchor/*                             -> anchor/* (logged by our trainer)
+    actor/topk/*                         -> topk/* (Top-k telemetry of our loss; ema_pg_core.telemetry)
     val-core/<source>/<var>/mean@N       -> eval/<source>/acc    (greedy validation: T = 0)
                                             eval/<source>/pass@1 (sampled: mean over N samples)
     and eval/<task>/<acc|pass@1>         =  the unweighted mean over the sources of that step,
                                             as the paper's "average" column
+    val-anchor-core/...                  -> eval_anchor/... the same for the EMA anchor (our trainer)
+
+Per-problem rows: our trainer appends them to ``<run_dir>/verl_evals.jsonl`` (``ema_pg_core.verl.evals``)
+in the schema of evals.jsonl; ``eval_rows`` reads them for the run record.
 
 Everything else stays in the raw file only.
 """
@@ -40,6 +46,7 @@ FILE = "verl_metrics.jsonl"
 TRAIN_KEYS = {
     "critic/score/mean": "train/reward",
     "response_length/mean": "train/response_len",
+    "response_length/clip_ratio": "train/len_capped",
     "actor/pg_loss": "loss/pg",
     "actor/kl_loss": "kl/value",
     "actor/pg_clipfrac": "loss/clip_frac",
@@ -50,7 +57,8 @@ TRAIN_KEYS = {
     "timing_s/step": "perf/iter_s",
     "train/dropped_truncated": "train/dropped_truncated",
 }
-_VAL = re.compile(r"^val-core/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
+_VAL = re.compile(r"^val-(?P<who>core|anchor-core)/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
+_WHO = {"core": "eval", "anchor-core": "eval_anchor"}  # verl's validation of the policy / of the EMA anchor
 
 
 def attempt_files(run_dir: str | Path) -> list[Path]:
@@ -104,16 +112,31 @@ def convert(data: Mapping[str, Any], task: str, greedy: bool) -> dict[str, float
     """One step of verl metrics -> run-record metrics (see the module docstring)."""
     out = {ours: data[theirs] for theirs, ours in TRAIN_KEYS.items() if theirs in data}
     out.update({k: v for k, v in data.items() if k.startswith("anchor/")})
+    out.update({k[len("actor/") :]: v for k, v in data.items() if k.startswith("actor/topk/")})
     name = "acc" if greedy else "pass@1"
-    per_source = {}
+    per_source: dict[str, dict[str, float]] = {}
     for key, value in data.items():
         if (m := _VAL.match(key)) and m["var"] in ("acc", "reward"):
-            per_source[m["source"]] = float(value)
-    for source, value in sorted(per_source.items()):
-        out[f"eval/{source}/{name}"] = value
-    if per_source and task not in per_source:
-        out[f"eval/{task}/{name}"] = sum(per_source.values()) / len(per_source)
+            per_source.setdefault(_WHO[m["who"]], {})[m["source"]] = float(value)
+    for prefix, values in per_source.items():
+        for source, value in sorted(values.items()):
+            out[f"{prefix}/{source}/{name}"] = value
+        if task not in values:
+            out[f"{prefix}/{task}/{name}"] = sum(values.values()) / len(values)
     return out
+
+
+def eval_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The per-problem rows our verl trainer wrote (``ema_pg_core.verl.evals``), one per (iteration, model,
+    benchmark, problem): a step validated again by a resumed attempt keeps its latest rows. A trailing
+    partial line is dropped."""
+    from ema_pg_core.verl.evals import FILE as EVALS_FILE
+    from experiments.records import read_jsonl
+
+    rows: dict[tuple, dict[str, Any]] = {}
+    for r in read_jsonl(Path(run_dir) / EVALS_FILE):
+        rows[(r["iteration"], r["model"], r["benchmark"], r["problem_id"])] = r
+    return sorted(rows.values(), key=lambda r: (r["iteration"], r["model"] != "policy", r["benchmark"]))
 
 
 def to_rows(run_dir: str | Path, task: str, greedy: bool) -> list[tuple[int, dict[str, float]]]:

@@ -149,6 +149,48 @@ class WandbLogger:
         atomic_write(self.run_dir / WANDB_STATE, json.dumps(state) + "\n")
 
 
+VERL_CONFIG = "wandb_config.yaml"
+"""The run's config in W&B's config-file format, beside config.yaml, for verl's tracker (``verl_env``)."""
+
+
+def verl_env(
+    run_dir: str | Path,
+    *,
+    project: str,
+    group: str | None,
+    tags: Iterable[str],
+    config: Mapping[str, Any],
+    mode: str | None,
+) -> dict[str, str]:
+    """The W&B settings of a verl run as WANDB_* variables (ema_pg_core.verl.config.WANDB_ENV); {} when
+    disabled. verl 0.9.1's tracker passes wandb.init only project, name (the run id), entity and verl's
+    config, so the id (kept in <run_dir>/wandb_run.json, as WandbLogger keeps it: a resumed run continues
+    the same W&B run), resume, group, tags, mode and directory go through the environment, and the run's
+    own config through WANDB_CONFIG_PATHS (wandb puts those keys first; verl's own config adds its
+    sections, except `trainer`, which ours holds)."""
+    mode = resolve_mode(mode)
+    if mode == "disabled":
+        return {}
+    run_dir = Path(run_dir)
+    saved = read_wandb_state(run_dir)
+    state = {"id": saved.get("id") or new_run_id(), "last_step": saved.get("last_step"), "project": project}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(run_dir / WANDB_STATE, json.dumps({**state, "mode": mode}) + "\n")
+    import yaml
+
+    atomic_write(run_dir / VERL_CONFIG, yaml.safe_dump({k: {"value": v} for k, v in config.items()}, sort_keys=False))
+    env = {
+        "WANDB_RUN_ID": state["id"],
+        "WANDB_RESUME": "allow",
+        "WANDB_RUN_GROUP": group or "",
+        "WANDB_TAGS": ",".join(tags),
+        "WANDB_MODE": mode,
+        "WANDB_DIR": str(run_dir.resolve()),
+        "WANDB_CONFIG_PATHS": str((run_dir / VERL_CONFIG).resolve()),
+    }
+    return {k: v for k, v in env.items() if v}
+
+
 class NullLogger:
     """logger=none: the WandbLogger interface, doing nothing."""
 

@@ -12,9 +12,11 @@ sweep.csv, one row per trial:
     final/<metric>   every metric's last value (the sweep metric's first),
     best/<metric>    only where "best" means something (experiments.records.best_values): the max of
                      eval/* and eval_anchor/*, and the sweep metric by the sweep's mode,
+    health           a stopped_unhealthy trial's rule, iteration and why (its summary.json["health"])
     error            the last line of a failed trial's error
-status: finished | stopped (ended early by the scheduler or the time budget) | failed | interrupted
-(SIGTERM/SIGINT: --resume continues it) | crashed (its process was killed: --resume continues it) |
+status: finished | stopped (ended early by the scheduler or the time budget) | stopped_unhealthy (ended by a
+health rule, ema_pg_core.health: that trial only; `emapg report` lists it apart and never averages it) |
+failed | interrupted (SIGTERM/SIGINT: --resume continues it) | crashed (its process was killed: --resume continues it) |
 pending | paused (the sweep ended before the trial did).
 """
 
@@ -54,6 +56,8 @@ class Trial:
 def status(trial_state: str, run_state: str | None) -> str:
     """sweep.csv's status from Tune's trial state and the run record's (read_state, None without one)."""
     out = STATUS.get(trial_state, trial_state.lower())
+    if run_state == records.UNHEALTHY:  # the trial function returned after its run's health stop
+        return records.UNHEALTHY
     if out == "finished" and run_state not in (None, "finished"):
         return "stopped"  # ended early by the scheduler or the time budget
     if out == "failed" and run_state in ("interrupted", records.CRASHED):
@@ -83,6 +87,8 @@ def row(sweep_dir: str | Path, metric: str, mode: str, trial: Trial) -> dict[str
     }
     out.update({f"final/{k}": v for k, v in sorted(final.items())})
     out.update({f"best/{k}": v for k, v in sorted(best.items())})
+    if health := summary.get("health"):  # a stopped_unhealthy run: which rule, where, on what
+        out["health"] = f"{health.get('rule')} at iteration {health.get('iteration')}: {health.get('message')}"
     out["error"] = trial.error or error
     return out
 
@@ -133,9 +139,10 @@ def write_timing(
     (sweep_dir / "timing.json").write_text(json.dumps(t, indent=1) + "\n")
     if progress:
         n = {
-            s: sum(r["status"] == s for r in rows) for s in ("finished", "stopped", "failed", "interrupted", "crashed")
+            s: sum(r["status"] == s for r in rows)
+            for s in ("finished", "stopped", "failed", "interrupted", "crashed", records.UNHEALTHY)
         }
-        others = "".join(f", {n[s]} {s}" for s in ("interrupted", "crashed") if n[s])
+        others = "".join(f", {n[s]} {s}" for s in ("interrupted", "crashed", records.UNHEALTHY) if n[s])
         overhead = f"{t['overhead_fraction']:.0%}" if t["overhead_fraction"] is not None else "n/a"
         print(
             f"{name}: {n['finished']} finished, {n['stopped']} stopped early, {n['failed']} failed{others} of "

@@ -6,7 +6,7 @@
     spec.overrides_for(point, seed)         # the Hydra overrides of one trial (experiments.build.compose)
 
 A sweep YAML (only `name`, `base` and `metric` are required). The values below are examples; every
-default is a field default of `Spec` (and `Scheduler`) below, the one place `parse` reads them from
+default is a field default of `Spec` (and `Scheduler`, `Adaptive`) below, the one place `parse` reads them from
 (``SPEC_DEFAULTS``):
 
     name: quickstart                  # directory name (outputs/sweeps/<name>) and W&B group
@@ -19,7 +19,10 @@ default is a field default of `Spec` (and `Scheduler`) below, the one place `par
       algo.anchor.tau: {uniform: [0.8, 1.0]}                  # uniform / loguniform: [low, high]
       algo.anchor.period: {int: [1, 20]}                      # int: [low, high], both inclusive
       algo.kl.type,algo.kl.tail: {grid: [[k3, none], [topk_reverse, paper]]}  # keys varied together
-    seeds: [0, 1, 2]                  # every point runs once per seed (or put `seed` in space)
+    seeds: [0, 1, 2]                  # every point runs once per seed (or put `seed` in space), or adaptive:
+    # seeds: {adaptive: {compare: {key: algo.anchor.tau, baseline: 1.0}, start: 3, step: 2, max: 11,
+    #         stop_when: [ci_excludes_zero, {ci_width_below: 0.04}]}}   # more seeds only where unclear
+    #         (sweeps/adaptive.py; the fields and defaults: `Adaptive`; needs search: grid, scheduler: none)
     search: {type: optuna, seed: 7}   # grid | random | optuna, or {type: ..., seed: the sampler's seed}
     scheduler: {type: asha, grace_period: 2}  # none | asha, or {type: asha, ...the Scheduler fields}
                                       # (max_t: null = trainer.iterations)
@@ -31,6 +34,10 @@ default is a field default of `Spec` (and `Scheduler`) below, the one place `par
     backend: local                    # local | verl (a verl trial reserves only its CPUs; verl claims GPUs)
     max_failures: 2                   # retries of a failing trial, each from its last checkpoint
     max_trials: 500                   # refuse a sweep of more trials (grid points x seeds x num_samples)
+    health:                           # RL-health stops for every trial (the run config's health section,
+      entropy_floor: {floor: 0.05, patience: 5}   # ema_pg_core/health.py); a rule that fires ends that
+      kl_spike: {factor: 10}                      # trial only, as stopped_unhealthy. Non-finite loss or
+                                                  # gradient always stops a trial.
 
 A key given twice in one mapping is an error (plain YAML would keep the last). The trial count is
 computed from the axis sizes before anything is enumerated; over `max_trials` the spec is refused.
@@ -67,6 +74,7 @@ RUN_METRICS = (
     "train/reward",
     "train/reward_std",
     "train/response_len",
+    "train/len_capped",
     "train/turns",
     "train/entropy",
     "train/lr",
@@ -136,6 +144,34 @@ class Scheduler:
 
 
 @dataclass(frozen=True)
+class Adaptive:
+    """`seeds: {adaptive: ...}`: seeds added per comparison until its paired CI meets `stop_when` (sweeps.adaptive).
+
+    Every value of the grid key `key` other than `baseline` is compared with `baseline` at the same values of the
+    other keys. Round 0 runs seeds first .. first+start-1 everywhere; each later round adds `step` seeds to the
+    comparisons whose rule is not met yet (and to their baseline), up to `max` seeds."""
+
+    key: str  # compare.key: a grid key of space
+    baseline: Any  # compare.baseline: one of its values
+    start: int = 3
+    step: int = 2
+    max: int = 11
+    first: int = 0  # the first seed; seeds are first, first+1, ...
+    metric: str | None = None  # None = the sweep's metric; its final value (best_<key>: its best) is compared
+    stop_when: tuple[tuple[str, float | None], ...] = (("ci_excludes_zero", None),)
+    confidence: float = 0.95
+    reps: int = 2000
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """Every seed a comparison may use (the worst case)."""
+        return tuple(range(self.first, self.first + self.max))
+
+
+STOP_RULES = ("ci_excludes_zero", "ci_width_below")
+
+
+@dataclass(frozen=True)
 class Spec:
     """A validated sweep spec. The field defaults are the YAML's defaults (``SPEC_DEFAULTS``, read by
     ``parse``). Fields named unlike their YAML key: experiment, overrides = base.*; search_seed =
@@ -159,13 +195,16 @@ class Spec:
     backend: str = "local"
     max_failures: int = 1
     max_trials: int = MAX_TRIALS
+    adaptive: Adaptive | None = None  # `seeds: {adaptive: ...}`; then `seeds` holds every seed it may use
+    health: dict = field(default_factory=dict)
+    """`health:` as {dotted run-config key: value} (e.g. health.kl_spike.factor), set for every trial."""
     raw: dict = field(default_factory=dict, compare=False)
     """The YAML as loaded (written to <sweep_dir>/sweep.yaml; compared on --resume)."""
 
     def overrides_for(self, point: dict[str, Any], seed: int | None) -> list[str]:
         """Hydra overrides of one trial: base, the point, seed, and the sweep's bookkeeping keys."""
         exp = point.get("experiment", self.experiment)
-        fixed = {k: v for k, v in {**self.overrides, **point}.items() if k != "experiment"}
+        fixed = {k: v for k, v in {**self.health, **self.overrides, **point}.items() if k != "experiment"}
         if self.backend == "local" and "trainer.threads" not in fixed:
             fixed["trainer.threads"] = max(1, int(self.cpu))
         if seed is not None:
@@ -191,7 +230,9 @@ class Spec:
 
 
 SPEC_DEFAULTS = {f.name: f.default for f in fields(Spec) if f.default is not MISSING}
-"""The default of every optional key, by Spec field: the one home ``parse`` reads."""
+SPEC_DEFAULTS["seeds.adaptive"] = {f.name: f.default for f in fields(Adaptive) if f.default is not MISSING}
+"""The default of every optional key, by Spec field (and of `seeds.adaptive`, by Adaptive field): the one home
+``parse`` reads."""
 
 
 # ---------------------------------------------------------------------------- loading
@@ -244,6 +285,7 @@ SPEC_KEYS = (
     "backend",
     "max_failures",
     "max_trials",
+    "health",
 )
 """The top-level keys of a sweep YAML."""
 
@@ -261,6 +303,7 @@ def parse(data: Any, check_config: bool = True) -> Spec:
     resources = _sub_mapping(data, "resources", ("cpu", "gpu"))
     spec = _build(data, name, base, overrides, budget, resources)
     _check_search(spec)
+    _check_adaptive(spec)
     _check_size(spec)
     return check(spec) if check_config else spec
 
@@ -281,6 +324,8 @@ def _base(value) -> tuple[dict, dict]:
     for key in overrides:
         if key == "backend":
             raise SpecError("base.overrides.backend: use the spec's top-level `backend:` key")
+        if key == "health" or key.startswith("health."):
+            raise SpecError(f"base.overrides.{key}: use the spec's top-level `health:` key")
         if key in SET_BY_SWEEP or key == "seed":
             raise SpecError(
                 f"base.overrides.{key}: set by the sweep itself" + (" (use `seeds: [...]`)" if key == "seed" else "")
@@ -299,6 +344,7 @@ def _build(data: dict, name: str, base: dict, overrides: dict, budget: dict, res
     """The Spec of the remaining keys, each validated, a missing one taken from ``SPEC_DEFAULTS``."""
     d = SPEC_DEFAULTS
     search, search_seed = _search(data.get("search", d["search"]))
+    adaptive = _adaptive(data.get("seeds"))
     concurrent = data.get("max_concurrent", d["max_concurrent"])
     return Spec(
         name=name,
@@ -306,7 +352,8 @@ def _build(data: dict, name: str, base: dict, overrides: dict, budget: dict, res
         experiment=base.get("experiment"),
         overrides=dict(overrides),
         space=_space(data.get("space"), overrides),
-        seeds=_seeds(data.get("seeds", list(d["seeds"]))),
+        seeds=_seeds(data.get("seeds", list(d["seeds"])), adaptive),
+        adaptive=adaptive,
         search=search,
         search_seed=search_seed,
         scheduler=_scheduler(data.get("scheduler", d["scheduler"].type)),
@@ -319,6 +366,7 @@ def _build(data: dict, name: str, base: dict, overrides: dict, budget: dict, res
         backend=_one_of("backend", data.get("backend", d["backend"]), BACKENDS),
         max_failures=_int("max_failures", data.get("max_failures", d["max_failures"]), 0),
         max_trials=_int("max_trials", data.get("max_trials", d["max_trials"]), 1),
+        health=_health(data.get("health")),
         raw=data,
     )
 
@@ -406,16 +454,113 @@ def _param(name: str, entry, overrides: dict) -> Param:
     return Param(keys, kind, tuple(vals))
 
 
-def _seeds(value) -> tuple[int, ...]:
+def _health(value) -> dict[str, Any]:
+    """`health: {rule: {field: value}}` -> {"health.<rule>.<field>": value}; each rule's section is validated by
+    its run-config dataclass (ema_pg_core.config.HealthConfig), so the errors name the same fields."""
+    from ema_pg_core.config import HealthConfig
+
+    sections = {f.name: f.default_factory for f in fields(HealthConfig)}
+    given = _mapping(value or {}, "health")
+    _known(given, tuple(sections), "health.")
+    out: dict[str, Any] = {}
+    for rule, section in given.items():
+        section = _mapping(section if section is not None else {}, f"health.{rule}")
+        _known(section, tuple(f.name for f in fields(sections[rule])), f"health.{rule}.")
+        bad = [k for k, v in section.items() if v is not None and not _is_num(v)]
+        if bad:
+            raise SpecError(f"health.{rule}.{bad[0]} must be a number or null; got {section[bad[0]]!r}")
+        try:
+            sections[rule](**section)
+        except ValueError as e:
+            raise SpecError(str(e)) from None
+        out.update({f"health.{rule}.{k}": v for k, v in section.items()})
+    return out
+
+
+def _seeds(value, adaptive: Adaptive | None = None) -> tuple[int, ...]:
+    if adaptive is not None:
+        return adaptive.seeds
     if (
         not isinstance(value, list)
         or not value
         or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)
     ):
-        raise SpecError(f"seeds must be a non-empty list of integers; got {value!r}")
+        raise SpecError(f"seeds must be a non-empty list of integers or {{adaptive: {{...}}}}; got {value!r}")
     if len(set(value)) != len(value):
         raise SpecError(f"seeds lists a seed twice: {value}")
     return tuple(value)
+
+
+def _adaptive(value) -> Adaptive | None:
+    """`seeds: {adaptive: {...}}` -> Adaptive (None for a list of seeds); checked against the space later."""
+    if not isinstance(value, dict):
+        return None
+    _known(value, ("adaptive",), "seeds.")
+    a = _mapping(value["adaptive"], "seeds.adaptive")
+    d = SPEC_DEFAULTS["seeds.adaptive"]
+    _known(a, ("compare", *d), "seeds.adaptive.")
+    if "compare" not in a:
+        raise SpecError(
+            "seeds.adaptive.compare is required: {key: <a grid key of space>, baseline: <one of its values>}"
+        )
+    compare = _mapping(a["compare"], "seeds.adaptive.compare")
+    _known(compare, ("key", "baseline"), "seeds.adaptive.compare.")
+    if not isinstance(compare.get("key"), str) or "baseline" not in compare:
+        raise SpecError("seeds.adaptive.compare needs key (a grid key of space) and baseline (one of its values)")
+    start = _int("seeds.adaptive.start", a.get("start", d["start"]), 2)  # pairing needs two seeds
+    metric = a.get("metric", d["metric"])
+    confidence = _number("seeds.adaptive.confidence", a.get("confidence", d["confidence"]), 0)
+    if confidence >= 1:
+        raise SpecError(f"seeds.adaptive.confidence must be in (0, 1); got {confidence!r}")
+    return Adaptive(
+        key=compare["key"],
+        baseline=compare["baseline"],
+        start=start,
+        step=_int("seeds.adaptive.step", a.get("step", d["step"]), 1),
+        max=_int("seeds.adaptive.max", a.get("max", d["max"]), start),
+        first=_int("seeds.adaptive.first", a.get("first", d["first"]), 0),
+        metric=None if metric is None else _metric_syntax(metric),
+        stop_when=_stop_when(a.get("stop_when", [r for r, _ in d["stop_when"]])),
+        confidence=confidence,
+        reps=_int("seeds.adaptive.reps", a.get("reps", d["reps"]), 100),
+    )
+
+
+def _stop_when(value) -> tuple[tuple[str, float | None], ...]:
+    """ci_excludes_zero | {ci_width_below: X} | a list of them (any one met stops) -> ((rule, X or None), ...)."""
+    where, allowed = "seeds.adaptive.stop_when", "ci_excludes_zero, {ci_width_below: X} or a list of them"
+    rules = []
+    for item in value if isinstance(value, list) and value else [value]:
+        if item == "ci_excludes_zero":
+            rules.append((item, None))
+        elif isinstance(item, dict) and list(item) == ["ci_width_below"]:
+            rules.append(("ci_width_below", _number(f"{where}.ci_width_below", item["ci_width_below"], 0)))
+        else:
+            raise SpecError(f"{where}={item!r} is not a rule; allowed: {allowed}")
+    return tuple(rules)
+
+
+def _check_adaptive(spec: Spec) -> None:
+    """Adaptive seeds need a grid search without early stopping, and compare.key/baseline from the space."""
+    a = spec.adaptive
+    if a is None:
+        return
+    if spec.search != "grid" or spec.scheduler.type != "none":
+        raise SpecError(
+            "seeds.adaptive needs search: grid and scheduler: none (every trial must finish to be paired); "
+            f"got search: {spec.search}, scheduler: {spec.scheduler.type}"
+        )
+    grid = {p.keys[0]: p for p in spec.space if p.kind == "grid" and len(p.keys) == 1}
+    if a.key not in grid:
+        raise SpecError(
+            f"seeds.adaptive.compare.key={a.key!r} is not a single-key grid entry of space; allowed: {', '.join(grid)}"
+        )
+    values = grid[a.key].values
+    if a.baseline not in values or len(values) < 2:
+        raise SpecError(
+            f"seeds.adaptive.compare.baseline={a.baseline!r} must be one of space.{a.key}'s values {list(values)} "
+            "(which need at least one other value to compare)"
+        )
 
 
 def _check_search(spec: Spec) -> None:
@@ -490,6 +635,8 @@ def check(spec: Spec) -> Spec:
         iterations.add(int(cfg.trainer.iterations))
         tasks.add(str(cfg.task.name))
     _check_metric(spec.metric, tasks)
+    if spec.adaptive and spec.adaptive.metric:
+        _check_metric(spec.adaptive.metric, tasks)
     _check_vocab(build, spec)
     s = spec.scheduler
     if s.type == "asha":
@@ -648,8 +795,12 @@ def trials(spec: Spec) -> list[dict[str, Any]]:
 
 
 def table(spec: Spec) -> str:
-    """The dry-run view: the settings, every trial, and the exact overrides of the first one."""
+    """The dry-run view: the settings, every trial (adaptive seeds: those of the first round, and the plan),
+    and the exact overrides of the first one."""
     rows = trials(spec)
+    n = len(rows)  # with adaptive seeds: the worst case, every point at `max` seeds
+    if spec.adaptive:
+        rows = [r for r in rows if r["seed"] - spec.adaptive.first < spec.adaptive.start]
     cols = list(dict.fromkeys(k for r in rows for k in r))
     cells = [[str(i)] + [_fmt(r.get(c, "")) for c in cols] for i, r in enumerate(rows)]
     widths = [max(len(x) for x in col) for col in zip(["#"] + cols, *cells)]
@@ -662,9 +813,10 @@ def table(spec: Spec) -> str:
     )
     first = {k: v for k, v in rows[0].items() if k not in ("seed", "sample") and not str(v).startswith("~")}
     head = [
-        f"sweep {spec.name}: {len(rows)} trials, search={spec.search}"
+        f"sweep {spec.name}: {n} trials{' at most' if spec.adaptive else ''}, search={spec.search}"
         + (f" (seed {spec.search_seed})" if spec.search != "grid" else ""),
-        f"  metric {spec.metric} ({spec.mode}); scheduler {sched}",
+        f"  metric {spec.metric} ({spec.mode}); scheduler {sched}; health "
+        + (" ".join(f"{k[len('health.') :]}={v}" for k, v in spec.health.items()) or "non-finite loss/gradient only"),
         f"  per trial {spec.cpu:g} CPU {spec.gpu:g} GPU; max_concurrent {spec.max_concurrent or 'unlimited'}; "
         f"max_failures {spec.max_failures}; backend {spec.backend}"
         + (f"; time budget {spec.time_budget_s:g}s" if spec.time_budget_s else ""),
@@ -675,6 +827,10 @@ def table(spec: Spec) -> str:
         "",
         "trial 0 runs: emapg train " + " ".join(map(shlex.quote, spec.overrides_for(first, rows[0].get("seed")))),
     ]
+    if spec.adaptive:
+        from sweeps.adaptive import plan_text
+
+        head[3:3] = ["", plan_text(spec)]
     return "\n".join(head)
 
 

@@ -16,6 +16,8 @@ is retrained. sweep.csv and timing.json are written by sweeps.results from the r
     sweep.yaml       the spec (analysis.report reads its metric)
     runs/<run_id>/   one run record per trial; run_id = experiments.records.make_run_id(..., trial_id=tune trial id)
     tune/<name>/     Tune's experiment state, results and checkpoints (what --resume restores)
+                     (adaptive seeds: tune/round_<r>/<name>/, one Tune experiment per round)
+    adaptive.jsonl   adaptive seeds only: each round's plan and decisions (sweeps.adaptive owns the format)
     sweep.csv        one row per trial: knobs, status, final and best metrics (sweeps.results)
     timing.json      wall time of this invocation, summed trial training time, orchestration overhead
     report/          analysis.report.report(sweep_dir, ...) when the analysis package is importable
@@ -39,6 +41,9 @@ from ray import tune
 
 from sweeps import results
 from sweeps.spec import Spec, grid_points
+
+_ROUND_ENDED = ("finished", "stopped", "failed", "stopped_unhealthy")
+"""Trial statuses (sweep.csv) that end an adaptive round; stopped_unhealthy is experiments.records.UNHEALTHY."""
 
 TRIAL_INDEX = "__trial_index__"  # set by ray.tune.search.Repeater (optuna x seeds)
 _PRIMITIVE = (str, int, float, bool, type(None))
@@ -105,6 +110,7 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
     """One trial: compose its config, put back Tune's checkpoint if any, run experiments.run.run."""
     os.environ.setdefault("EMAPG_PROGRESS", "0")  # no per-trial progress bars in the sweep's output
     from experiments import build, records
+    from experiments.errors import StoppedUnhealthy
     from experiments.run import run
 
     point, seed = decode(spec, config)
@@ -114,7 +120,12 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
     carry = _restore(run_dir)
     cfg.sweep.trial_id, cfg.run_dir, cfg.resume = trial_id, str(run_dir), carry is not None
     reporter = _Reporter(spec.metric, spec.mode, carry, last=int(cfg.trainer.iterations))
-    run(cfg, callback=reporter)
+    try:
+        run(cfg, callback=reporter)
+    except StoppedUnhealthy:  # this trial only: it ends (TERMINATED in Tune, stopped_unhealthy in its record)
+        last = records.read_metrics(run_dir)[-1]  # the iteration the rule fired on
+        reporter.unhealthy(last["iteration"], {k: v for k, v in last.items() if k not in records.RESERVED})
+        return
     reporter.finish()
 
 
@@ -151,6 +162,12 @@ class _Reporter:
             self.held = (iteration, result, checkpoint, dict(self.carry))
         else:
             self._report(iteration, result, checkpoint, self.carry)
+
+    def unhealthy(self, iteration: int, metrics: dict) -> None:
+        """A health rule ended the run at `iteration`: report that iteration (no checkpoint, ``health/stopped``
+        = 1, which the sweep's progress lines show) instead of any held one; nothing follows."""
+        self.last, self.held = None, None
+        self(iteration, {**metrics, "health/stopped": 1.0}, None)
 
     def finish(self) -> None:
         """Report the last iteration, held until run() returned."""
@@ -250,6 +267,11 @@ class _Progress(tune.Callback):
         self._say(
             f"done    {describe(self.spec, trial.config)}  iteration {r.get('training_iteration', 0)}"
             + (f"  {self.spec.metric}={v:.4g}" if isinstance(v, (int, float)) else "")
+            + (
+                "  STOPPED UNHEALTHY (a health rule fired; its run record says which)"
+                if r.get("health/stopped")
+                else ""
+            )
             + f"  | {self._status(trials, trial, 'TERMINATED')}"
         )
 
@@ -358,8 +380,12 @@ def run_sweep(
     report: bool = True,
 ) -> Path:
     """Run (or with resume=True finish) the sweep; returns its directory. `num_cpus` sizes a local Ray
-    (default: all cores)."""
+    (default: all cores). Adaptive seeds (`spec.adaptive`) run in rounds: `run_adaptive`."""
     sweep_dir = Path(sweep_dir or Path("outputs") / "sweeps" / spec.name).resolve()
+    if spec.adaptive is not None:
+        return run_adaptive(
+            spec, sweep_dir, resume=resume, address=address, num_cpus=num_cpus, progress=progress, report=report
+        )
     exp_path = sweep_dir / "tune" / spec.name
     _prepare(spec, sweep_dir, exp_path, resume)
     started = _init_ray(address, num_cpus)
@@ -385,6 +411,7 @@ def run_sweep(
         print(hint, flush=True)
     elif report:
         _report(sweep_dir, progress)
+        _dashboard(spec, sweep_dir)
     return sweep_dir
 
 
@@ -409,7 +436,7 @@ def _tuner(spec: Spec, sweep_dir: Path, exp_path: Path, resume: bool, progress: 
         tune_config=_tune_config(spec),
         run_config=tune.RunConfig(
             name=spec.name,
-            storage_path=str(sweep_dir / "tune"),
+            storage_path=str(exp_path.parent),
             verbose=0,
             log_to_file=True,
             failure_config=tune.FailureConfig(max_failures=spec.max_failures),
@@ -433,6 +460,148 @@ def _unfinished_hint(spec: Spec, sweep_dir: Path, trials) -> str | None:
         f"{spec.name}: {len(unfinished)} trial(s) not finished; continue with: "
         f"emapg sweep <spec.yaml> --resume --out {sweep_dir}"
     )
+
+
+# ---------------------------------------------------------------------------- adaptive seeds, in rounds
+def run_adaptive(
+    spec: Spec,
+    sweep_dir: Path,
+    *,
+    resume: bool,
+    address: str | None,
+    num_cpus: int | None,
+    progress: bool,
+    report: bool,
+) -> Path:
+    """Adaptive seeds (sweeps.adaptive): one Tune experiment per round (<sweep_dir>/tune/round_<r>/<name>), each
+    round planned in adaptive.jsonl before it starts and decided there after it ends; --resume continues the
+    round the sweep was in (its Tune experiment restored), then plans the rest. sweep.csv holds every round."""
+    from sweeps import adaptive
+
+    _prepare_adaptive(spec, sweep_dir, resume)
+    started = _init_ray(address, num_cpus)
+    if started and not address:
+        _check_fits(spec)
+    _warm_start(spec)
+    _quiet_tune_env()
+    wall, rows, done, slots = 0.0, [], False, _slots(spec)
+    try:
+        while not done:
+            events = adaptive.read_events(sweep_dir)
+            rnd, planned = _round_to_run(spec, sweep_dir, events)
+            if planned is None:
+                break
+            t0 = time.time()
+            _run_round(spec, sweep_dir, rnd, planned, progress)
+            wall += time.time() - t0
+            rows = results.write_csv(sweep_dir, spec.metric, spec.mode, _adaptive_trials(spec, sweep_dir))
+            if any(r["status"] not in _ROUND_ENDED for r in rows):
+                print(
+                    f"{spec.name}: round {rnd} did not finish; continue with: emapg sweep <spec.yaml> --resume "
+                    f"--out {sweep_dir}",
+                    flush=True,
+                )
+                return sweep_dir
+            done = _decide_round(spec, sweep_dir, rnd, rows)
+    finally:
+        if started:
+            ray.shutdown()
+    rows = rows or results.write_csv(sweep_dir, spec.metric, spec.mode, _adaptive_trials(spec, sweep_dir))
+    results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress)
+    if report:
+        _report(sweep_dir, progress)
+        _dashboard(spec, sweep_dir)
+    return sweep_dir
+
+
+def _prepare_adaptive(spec: Spec, sweep_dir: Path, resume: bool) -> None:
+    """As `_prepare`, with adaptive.jsonl as the mark of a started sweep."""
+    from sweeps import adaptive
+
+    started = (sweep_dir / adaptive.FILE).is_file()
+    if resume and not started:
+        raise ValueError(f"--resume: {sweep_dir} holds no adaptive sweep {spec.name!r} to resume (no {adaptive.FILE})")
+    if not resume and started:
+        raise ValueError(
+            f"{sweep_dir} already holds sweep {spec.name!r}; finish it with --resume, or pass --out <new dir>"
+        )
+    _prepare(spec, sweep_dir, _round_path(sweep_dir, spec, 0), resume)
+
+
+def _round_path(sweep_dir: Path, spec: Spec, rnd: int) -> Path:
+    return sweep_dir / "tune" / f"round_{rnd}" / spec.name
+
+
+def _round_to_run(spec: Spec, sweep_dir: Path, events: list[dict]) -> tuple[int, list[dict] | None]:
+    """(round, its trials): the planned round not yet decided, or the next one (planned and recorded here);
+    (round, None) when the last decision asked for no more trials."""
+    from sweeps import adaptive
+
+    if not events:
+        planned = adaptive.first_round(spec)
+        adaptive.write_event(sweep_dir, {"event": "plan", "round": 0, "trials": planned})
+        return 0, planned
+    last = events[-1]
+    if last["event"] == "plan":
+        return last["round"], last["trials"]
+    rnd = last["round"] + 1
+    planned = adaptive.next_round(spec, last["comparisons"], adaptive.seeds_planned(events))
+    if not planned:
+        return rnd, None
+    adaptive.write_event(sweep_dir, {"event": "plan", "round": rnd, "trials": planned})
+    return rnd, planned
+
+
+def _round_spec(spec: Spec, planned: list[dict]) -> Spec:
+    """The spec of one round: a single joint grid entry over the point keys and `seed`, one value per trial."""
+    from dataclasses import replace
+
+    from sweeps.spec import Param
+
+    keys = tuple(dict.fromkeys(k for t in planned for k in t["point"]))
+    values = tuple(tuple(t["point"][k] for k in keys) + (t["seed"],) for t in planned)
+    return replace(spec, space=(Param((*keys, "seed"), "grid", values),), seeds=(0,), adaptive=None)
+
+
+def _run_round(spec: Spec, sweep_dir: Path, rnd: int, planned: list[dict], progress: bool) -> None:
+    """Run (or, if its Tune state exists, resume) one round's trials."""
+    exp_path = _round_path(sweep_dir, spec, rnd)
+    if progress:
+        print(f"{spec.name}: adaptive seeds, round {rnd}: {len(planned)} trial(s)", flush=True)
+    tuner = _tuner(_round_spec(spec, planned), sweep_dir, exp_path, tune.Tuner.can_restore(str(exp_path)), progress)
+    with _quiet():
+        tuner.fit()
+
+
+def _adaptive_trials(spec: Spec, sweep_dir: Path) -> list[results.Trial]:
+    """What Tune knows of every trial of every round so far, rounds in order, the seed back in its column."""
+    from dataclasses import replace
+
+    from sweeps import adaptive
+
+    out = []
+    for e in adaptive.read_events(sweep_dir):
+        exp_path = _round_path(sweep_dir, spec, e["round"])
+        if e["event"] != "plan" or not tune.Tuner.can_restore(str(exp_path)):
+            continue
+        with _quiet():
+            trials = tune.ExperimentAnalysis(str(exp_path)).trials
+        for t in _known(_round_spec(spec, e["trials"]), trials):
+            point = {k: v for k, v in t.point.items() if k != "seed"}
+            out.append(replace(t, point=point, seed=t.point["seed"]))
+    return out
+
+
+def _decide_round(spec: Spec, sweep_dir: Path, rnd: int, rows: list[dict]) -> bool:
+    """Decide every comparison after round `rnd`, record and print it; True when no trial is left to run."""
+    from sweeps import adaptive
+
+    seeds_of = adaptive.seeds_planned(adaptive.read_events(sweep_dir))  # every round planned so far
+    decided = adaptive.decide(spec, rows, seeds_of)
+    n_next = len(adaptive.next_round(spec, decided, seeds_of))
+    adaptive.write_event(sweep_dir, {"event": "decide", "round": rnd, "comparisons": decided, "next_trials": n_next})
+    print(adaptive.decision_lines(spec, rnd, decided, n_next), flush=True)
+    return n_next == 0
 
 
 # ---------------------------------------------------------------------------- Tune's state files
@@ -579,6 +748,17 @@ def _launch_index(trial) -> float:
     """Tune's trial counter: its experiment tag starts with it ("3_algo.anchor.tau=0.9,...")."""
     head = str(getattr(trial, "experiment_tag", "")).split("_", 1)[0]
     return int(head) if head.isdigit() else math.inf
+
+
+def _dashboard(spec: Spec, sweep_dir: Path) -> None:
+    """The sweep-summary W&B run and the W&B dashboard (analysis.dashboard.after_sweep): published when
+    W&B is online, else its spec is written with the commands that publish it; nothing with logger=none."""
+    try:
+        from analysis.dashboard import SweepInfo, after_sweep
+
+        after_sweep(sweep_dir, SweepInfo.from_spec(spec), say=lambda text: print(text, flush=True))
+    except Exception as e:  # the sweep's results stand; say why the dashboard is missing
+        print(f"W&B dashboard skipped: {type(e).__name__}: {e}; retry with: emapg dashboard {sweep_dir}", flush=True)
 
 
 def _report(sweep_dir: Path, progress: bool) -> None:

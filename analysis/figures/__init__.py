@@ -9,4 +9,5 @@ record lists of analysis.audit_schema (as lists of dicts or DataFrames).
     topk_variance     Top-k KL variance vs k, sampled (k=0) to exact (k=|V|)
     anchor_horizon    EMA anchor half-life and time constant vs τ and period
     stability_region  stable (α, βc) region of the toy quadratic model per η
+    beta_tau_map      heatmaps over (KL coef β, EMA τ): policy, anchor, paired gain over τ = 1 with CI
 """

@@ -35,6 +35,7 @@ class Trajectory:
     response_mask: list[int] = field(default_factory=list)  # 1 = sampled by the model, 0 = environment
     turns: int = 0  # tool calls answered
     text: str = ""  # decoded response (environment text included)
+    capped: bool = False  # its last turn was cut at max_new_tokens (neither eos nor the stop string)
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -155,6 +156,8 @@ def rollout(
             tr.response_ids += new
             tr.response_mask += [1] * len(new)
             text = decode(tr.response_ids)
+            stopped = (bool(new) and new[-1] == tokenizer.eos_token_id) or bool(stop and text.endswith(stop))
+            tr.capped = len(new) >= max_new_tokens and not stopped  # a cut turn gets no observation: it is the last
             obs = env.respond(text) if (stop and text.endswith(stop)) else None
             if obs is not None:
                 obs_ids = tokenizer(obs, add_special_tokens=False)["input_ids"][:max_obs_tokens]

@@ -44,6 +44,7 @@ from ema_pg_core.kl import KLInputs, get_estimator
 from ema_pg_core.local import checkpoints
 from ema_pg_core.local.batch import Batch, check_model, collate, forward_stats
 from ema_pg_core.local.device import resolve_device
+from ema_pg_core.local.probe import make_probe, score_probe
 from ema_pg_core.local.rollout import ToolEnv, Trajectory, rollout
 from ema_pg_core.loss import policy_loss
 
@@ -118,6 +119,7 @@ class LocalTrainer:
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)  # sampling and mini-batch order
         self.iteration, self.data_pos = 0, (0, 0)  # (epoch, cursor) into the train split
         self._stop: str | None = None
+        self.probe: dict[str, torch.Tensor] | None = None  # the KL probe set (local/probe.py), checkpointed
 
     # ------------------------------------------------------------------ data
     def next_examples(self) -> list:
@@ -160,6 +162,7 @@ class LocalTrainer:
         """
         cfg = self.cfg
         it = self.iteration + 1
+        self._ensure_probe()  # before the first update: drawn by the initial policy
         t0 = time.perf_counter()
         # --- algorithm: rollout, rewards, advantages
         examples = self.next_examples()  # P examples
@@ -189,6 +192,7 @@ class LocalTrainer:
             "train/reward": rewards.mean().item(),
             "train/reward_std": rewards.std().item(),
             "train/response_len": n_tok / len(trajs),
+            "train/len_capped": float(np.mean([t.capped for t in trajs])),  # share cut at max_new_tokens
             "train/turns": float(np.mean([t.turns for t in trajs])),
             "train/entropy": float((old.entropy * batch.mask).sum() / batch.mask.sum().clamp_min(1)),
             "train/lr": self.sched.get_last_lr()[0],
@@ -200,8 +204,26 @@ class LocalTrainer:
             "perf/update_s": t3 - t2,
             "perf/anchor_s": t4 - t3,
             "perf/iter_s": t4 - t0,
+            **self._probe_metrics(it),  # kl/exact ... and perf/probe_s, every probe_every iterations
             "perf/tokens_per_s": float(batch.attention_mask.sum()) / (t4 - t0),
         }
+
+    def _ensure_probe(self) -> None:
+        """Draw the KL probe set once (kept in checkpoints, so a resumed run scores the same tokens)."""
+        if self.cfg.trainer.probe_period and self.probe is None:
+            self.probe = make_probe(self)
+
+    def _probe_metrics(self, it: int) -> dict:
+        """kl/exact, kl/estimate_on_probe, kl/estimate_gap and perf/probe_s at iterations probe_every, 2*probe_every,
+        ...; {} otherwise (also measured when beta = 0: the anchor still exists)."""
+        tc, kl = self.cfg.trainer, self.cfg.algo.kl
+        if not tc.probe_period or it % tc.probe_period:
+            return {}
+        t0 = time.perf_counter()
+        m = score_probe(
+            self.policy, self.anchor.module, self.probe, kl, self.cfg.algo.loss.agg, self.cfg.rollout.temperature
+        )
+        return {**m, "perf/probe_s": time.perf_counter() - t0}
 
     def _topk_plan(self) -> tuple[int, int]:
         """(k for pi_old's own top-k, k for the anchor's own top-k) by the estimator's capability."""
@@ -343,6 +365,7 @@ class LocalTrainer:
                 "numpy": np.random.get_state(),
             },
             "hooks": self.hooks.state(),
+            "probe": self.probe,
         }
 
     def load_state_dict(self, s: dict) -> None:
@@ -364,6 +387,7 @@ class LocalTrainer:
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         self.iteration, self.data_pos = int(s["iteration"]), tuple(s["data_pos"])
+        self.probe = s.get("probe")
 
     def _cuda_rng(self) -> dict:
         """The global CUDA RNG state of the trainer's device (dropout etc.), when it is a CUDA device."""

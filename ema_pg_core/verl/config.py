@@ -51,6 +51,39 @@ OLD, REF = "emapg_old_", "emapg_ref_"
 # --------------------------------------------------------------------------------------
 SECTION_SCALARS = ("metrics_path", "mask_truncated", "device")
 """The emapg section's top-level keys that are values, not groups."""
+WANDB_ENV = {
+    "WANDB_RUN_ID": "run_id",
+    "WANDB_RESUME": "resume",
+    "WANDB_RUN_GROUP": "run_group",
+    "WANDB_TAGS": "run_tags",
+    "WANDB_MODE": "mode",
+    "WANDB_DIR": "root_dir",
+    "WANDB_CONFIG_PATHS": "config_paths",
+}
+"""The W&B settings verl 0.9.1's tracker cannot be told otherwise, by environment variable name -> the
+``wandb.Settings`` field. Its ``Tracking`` calls ``wandb.init(project, name, entity, config)`` only."""
+
+
+def apply_wandb_env(section: Any) -> dict[str, str]:
+    """Give this process's W&B the ``emapg.wandb`` settings (called in verl's TaskRunner, where verl's
+    ``Tracking`` later calls ``wandb.init``); returns them. `section`: a composed config's ``emapg`` node
+    or a plain mapping.
+
+    They go to ``wandb.setup`` as settings, not only as environment variables: wandb reads the variables
+    once per process (an earlier wandb use would hide them), and wandb 0.31 refuses WANDB_CONFIG_PATHS
+    given as a variable (a string where it wants a list). The variables are set too (minus that one)."""
+    env = {str(k): str(v) for k, v in dict(section.get("wandb") or {}).items()}
+    if not env:
+        return env
+    import wandb
+
+    settings = {WANDB_ENV[k]: v for k, v in env.items()}
+    for key in ("run_tags", "config_paths"):
+        if key in settings:
+            settings[key] = tuple(settings[key].split(","))
+    os.environ.update({k: v for k, v in env.items() if k != "WANDB_CONFIG_PATHS"})
+    wandb.setup(settings=wandb.Settings(**settings))
+    return env
 
 
 @dataclass
@@ -67,6 +100,9 @@ class EmaPGSection:
     (rLLM's mask_truncated_samples, the paper's 8k math stage; ``trainer.drop_truncated``)."""
     device: str = "cuda"
     """cuda (GPUs, verl's own platform detection) | cpu (``ema_pg_core.verl.cpu``: development, rehearsals)."""
+    wandb: dict[str, str] = field(default_factory=dict)
+    """W&B settings for verl's tracker, by WANDB_* variable name (``WANDB_ENV``); the TaskRunner applies them
+    in its own process before verl's ``Tracking`` calls ``wandb.init`` (``apply_wandb_env``). Empty: none."""
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -94,10 +130,17 @@ class EmaPGSection:
             if unknown:
                 raise ValueError(f"unknown emapg.{name} key(s) {unknown}; allowed: {', '.join(sorted(allowed))}")
             parts[name] = typ(**sub)
-        unknown = sorted(set(d) - {"kl", "anchor", "loss", *SECTION_SCALARS})
+        unknown = sorted(set(d) - {"kl", "anchor", "loss", "wandb", *SECTION_SCALARS})
         if unknown:
-            raise ValueError(f"unknown emapg key(s) {unknown}; allowed: kl, anchor, loss, {', '.join(SECTION_SCALARS)}")
-        return cls(**parts, **{k: d[k] for k in SECTION_SCALARS if d.get(k) is not None})
+            raise ValueError(
+                f"unknown emapg key(s) {unknown}; allowed: kl, anchor, loss, wandb, {', '.join(SECTION_SCALARS)}"
+            )
+        wandb = {str(k): str(v) for k, v in (d.get("wandb") or {}).items()}
+        if set(wandb) - set(WANDB_ENV):
+            raise ValueError(
+                f"unknown emapg.wandb key(s) {sorted(set(wandb) - set(WANDB_ENV))}; allowed: {', '.join(WANDB_ENV)}"
+            )
+        return cls(**parts, wandb=wandb, **{k: d[k] for k in SECTION_SCALARS if d.get(k) is not None})
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -105,6 +148,7 @@ class EmaPGSection:
             "anchor": asdict(self.anchor),
             "loss": asdict(self.loss),
             **{k: getattr(self, k) for k in SECTION_SCALARS},
+            "wandb": dict(self.wandb),
         }
 
     @classmethod
@@ -257,8 +301,10 @@ class VerlJob:
 A, R, T, D = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "trainer.", "data."
 
 
-def to_verl(run: Mapping[str, Any]) -> VerlJob:
-    """Compile a resolved run config (plain mapping of the experiments schema) into a verl launch."""
+def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> VerlJob:
+    """Compile a resolved run config (plain mapping of the experiments schema) into a verl launch. `wandb`:
+    the WANDB_* settings of the run's W&B run (``experiments.wandb_logger.verl_env``; {} = no W&B; None = W&B
+    as ``logger`` says, without them)."""
     from ema_pg_core.config import OptimConfig, RolloutConfig, TrainerConfig
 
     algo = run.get("algo", {})
@@ -271,6 +317,7 @@ def to_verl(run: Mapping[str, Any]) -> VerlJob:
             "metrics_path": metrics,
             "mask_truncated": vs.mask_truncated,
             "device": tr.device,
+            "wandb": dict(wandb or {}),
         }
     )
     adv = AdvantageConfig(**algo.get("adv", {}))
@@ -278,6 +325,11 @@ def to_verl(run: Mapping[str, Any]) -> VerlJob:
     model_path = (run.get("model") or {}).get("path")
     if not model_path:
         raise ValueError("the verl backend needs model.path (an HF model id or directory)")
+    if tr.probe_every:
+        raise ValueError(
+            f"trainer.probe_every={tr.probe_every} is not supported by the verl backend (the KL probe runs on the "
+            "local backend only); allowed values: null, 0"
+        )
     if ro.prompts_per_iter % tr.mini_batches:
         raise ValueError(
             f"rollout.prompts_per_iter={ro.prompts_per_iter} "
@@ -300,7 +352,7 @@ def to_verl(run: Mapping[str, Any]) -> VerlJob:
     if vs.checkpoint_dir:
         o[f"{T}default_local_dir"] = vs.checkpoint_dir
     o.update(_device_keys(section.device, vs))
-    o.update(_logger(run))
+    o.update(_logger(run, wandb))
     return VerlJob([f"{k}={hydra_value(v)}" for k, v in o.items()] + list(vs.overrides), section.to_dict())
 
 
@@ -431,17 +483,29 @@ def _multi_turn_keys(ro, vs: VerlSettings) -> dict[str, Any]:
     return o
 
 
-def _logger(run: Mapping[str, Any]) -> dict[str, Any]:
+def _logger(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """verl's loggers and names: the experiment name (W&B's run name, verl's checkpoint folder) is the run
+    id, the name of the run directory, as for the local backend (else task__experiment__seed)."""
     lg = run.get("logger") or {}
-    loggers = ["console", "file"] + (
-        ["wandb"] if lg.get("name", "none") == "wandb" and lg.get("mode") != "disabled" else []
-    )
+    on = bool(wandb) if wandb is not None else lg.get("name", "none") == "wandb" and lg.get("mode") != "disabled"
+    loggers = ["console", "file"] + (["wandb"] if on else [])
     name = f"{(run.get('task') or {}).get('name', 'task')}__{run.get('experiment', 'custom')}__{run.get('seed', 0)}"
+    name = os.path.basename(os.path.normpath(run["run_dir"])) if run.get("run_dir") else name
     return {
         "trainer.logger": loggers,
         "trainer.project_name": lg.get("project", "emapg"),
         "trainer.experiment_name": name,
     }
+
+
+def checkpoint_root(run: Mapping[str, Any]) -> str:
+    """Where verl writes ``global_step_N`` for this run: backend.verl.checkpoint_dir, else verl's default
+    ``checkpoints/<project>/<experiment name>`` (relative to the working directory)."""
+    vs = (run.get("backend") or {}).get("verl") or {}
+    if vs.get("checkpoint_dir"):
+        return str(vs["checkpoint_dir"])
+    names = _logger(run)
+    return os.path.join("checkpoints", names["trainer.project_name"], names["trainer.experiment_name"])
 
 
 def _dotted(prefix: str, d: Mapping[str, Any]) -> list[str]:

@@ -31,11 +31,13 @@ from verl.utils.torch_functional import logprobs_from_logits
 
 from ema_pg_core.config import KLConfig, LossConfig
 from ema_pg_core.kl import ImportanceWeight, KLInputs, get_estimator, kl_per_token
+from ema_pg_core.telemetry import topk_parts, topk_summary
 from ema_pg_core.topk import token_stats_from_logits
 from ema_pg_core.verl.config import VERL_AGG, head_keys
 from ema_pg_core.verl.layout import packed_to_response, padded_response, response_to_packed
 
 KL_KEY = "emapg_kl"  # per-token Top-k KL from the logits-processor pass, packed (nnz,)
+PARTS_PREFIX = "emapg_topk_"  # + each ``telemetry.topk_parts`` name but the estimate: per-token telemetry, (nnz,)
 
 
 def emapg_actor_loss(
@@ -51,7 +53,7 @@ def emapg_actor_loss(
 ):
     """verl loss function (bind ``config``, ``kl``, ``loss`` with functools.partial; module-level, picklable)."""
     if student_logits is not None:
-        return {KL_KEY: topk_kl_packed(student_logits, data, kl)}
+        return topk_kl_packed(student_logits, data, kl)
     return final_loss(config, model_output, data, kl, loss)
 
 
@@ -59,8 +61,9 @@ def _iw(kl: KLConfig) -> ImportanceWeight:
     return ImportanceWeight(kl.use_iw, kl.iw_clip_low, kl.iw_clip_high)
 
 
-def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> torch.Tensor:
-    """(1, nnz) per-token Top-k KL at the positions predicting response tokens (0 elsewhere)."""
+def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> dict[str, torch.Tensor]:
+    """{KL_KEY: (1, nnz) per-token Top-k KL at the positions predicting response tokens (0 elsewhere),
+    PARTS_PREFIX + part: (1, nnz) the ``topk/*`` telemetry per token (``ema_pg_core.telemetry.topk_parts``)}."""
     if student_logits.ndim != 3 or student_logits.shape[0] != 1:
         raise ValueError(f"expected (1, nnz, V) training logits; got {tuple(student_logits.shape)}")
     nnz = student_logits.shape[1]
@@ -83,7 +86,9 @@ def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> torch.Te
         ref_lse=packed_to_response(data[keys["ref_lse"]].values(), data).to(logp.dtype),
     )
     per_token = kl_per_token(kl.type, x, tail=kl.tail, iw=_iw(kl))  # (B, T)
-    return response_to_packed(per_token, data, nnz)[None]
+    parts = topk_parts(x, kl.type, tail=kl.tail, iw=_iw(kl))  # (B, T) each, no gradient
+    out = {PARTS_PREFIX + k: response_to_packed(v, data, nnz)[None] for k, v in parts.items() if k != "estimate"}
+    return {KL_KEY: response_to_packed(per_token, data, nnz)[None], **out}
 
 
 def _as_verl_logp(logp: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -100,6 +105,13 @@ def _as_verl_logp(logp: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor
     with torch.no_grad():  # same logits, labels and function as verl's log_probs right after this hook
         verl_logp = logprobs_from_logits(logits, tokens, inplace_backward=False).to(logp.dtype)  # (nnz,)
     return verl_logp + (logp - logp.detach())  # value: verl's exactly; gradient: d logp
+
+
+def _topk_metrics(model_output, data, kl_tok: torch.Tensor, mask: torch.Tensor, direction: str) -> dict[str, float]:
+    """The ``topk/*`` metrics of this micro-batch from the hook's per-token parts; kl_tok, mask: (B, T)."""
+    names = ("head_mass", "anchor_head_mass", "tail", "head")
+    parts = {n: packed_to_response(model_output[PARTS_PREFIX + n], data).to(kl_tok.dtype) for n in names}
+    return topk_summary({**parts, "estimate": kl_tok.detach()}, mask, direction)
 
 
 def final_loss(config, model_output, data, kl: KLConfig, loss: LossConfig):
@@ -141,6 +153,7 @@ def final_loss(config, model_output, data, kl: KLConfig, loss: LossConfig):
         if est.needs == "topk":
             kl_tok = packed_to_response(model_output[KL_KEY], data).to(logp.dtype)
             metrics["emapg/topk_k"] = float(data[head_keys(kl)["ids"]].values().shape[-1])  # the head the KL used
+            metrics.update(_topk_metrics(model_output, data, kl_tok, mask, est.direction))
         elif est.needs == "sampled":
             x = KLInputs(logp=logp, ref_logp=resp("ref_log_prob").to(logp.dtype), old_logp=old)
             kl_tok = kl_per_token(kl.type, x, tail=kl.tail, iw=_iw(kl))

@@ -57,7 +57,9 @@ class EmaPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
         import os
 
         import ema_pg_core.verl.trainer  # noqa: F401  registers trainer_mode "emapg_sync"
+        from ema_pg_core.verl.config import apply_wandb_env
 
+        apply_wandb_env(config.emapg)  # W&B group, tags, id, resume, mode, dir for verl's tracker (this process)
         if config.emapg.get("metrics_path"):  # verl's "file" logger (created in this process) writes here
             from ema_pg_core.verl.config import rotate
 
@@ -126,15 +128,16 @@ def check_resources(cfg) -> None:
         check_fits(need, *have)
 
 
-def run_config(run) -> int:
+def run_config(run, wandb: dict[str, str] | None = None) -> int:
     """Launch a resolved run config (plain mapping; ``backend.name == "verl"``) in this process.
 
-    Inside a Ray Tune trial Ray is already initialised, so verl's TaskRunner and workers join the
-    running cluster; elsewhere verl starts a local Ray (verl's ``ray_kwargs``).
+    `wandb`: the run's WANDB_* settings (``to_verl``). Inside a Ray Tune trial Ray is already initialised,
+    so verl's TaskRunner and workers join the running cluster; elsewhere verl starts a local Ray (verl's
+    ``ray_kwargs``).
     """
     from ema_pg_core.verl.config import to_verl
 
-    return main(to_verl(run).command()[3:])
+    return main(to_verl(run, wandb).command()[3:])
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from ema_pg_core.verl.config import TRAINER_MODE, EmaPGSection, anchor_due, topk_passes
 from ema_pg_core.verl.engine import DROP_KEY, set_pass
+from ema_pg_core.verl.evals import anchor_keys, append_rows, as_anchor, evals_path, problem_rows
 from ema_pg_core.verl.layout import token_rows
 from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
 
@@ -84,6 +85,8 @@ class EmaPGTrainerSync(PPOTrainerSync):
             config.actor_rollout_ref.emapg = config.emapg  # workers receive actor_rollout_ref only
         super().__init__(config)
         self._passes = topk_passes(self.emapg.kl)
+        self._evals = evals_path(self.emapg.metrics_path)
+        self._eval_as, self._val_samples, self._val_rows = "policy", ([], []), []
 
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
@@ -116,6 +119,42 @@ class EmaPGTrainerSync(PPOTrainerSync):
         else:
             metrics["anchor/updated"] = 0.0
         return batch
+
+    # ------------------------------------------------------------------ evaluation (ema_pg_core.verl.evals)
+    def _validate(self):
+        """verl's validation of the policy, then of the EMA anchor; per-problem rows of both."""
+        self._eval_as = "policy"
+        metrics = super()._validate()
+        if self.global_steps == 0:  # no update yet: the anchor is the policy
+            append_rows(self._evals, as_anchor(self._val_rows))
+            return {**metrics, **anchor_keys(metrics)}
+        return {**metrics, **self._validate_anchor()}
+
+    def _validate_anchor(self) -> dict:
+        """Validation with the anchor's weights in the rollout engine (verl's weight sync), then the actor's back."""
+        self.checkpoint_manager.sleep_replicas()
+        self.actor_rollout_wg.anchor_in_actor(True)
+        try:
+            self.checkpoint_manager.update_weights(self.global_steps)
+            self._eval_as = "anchor"
+            return anchor_keys(super()._validate())
+        finally:
+            self._eval_as = "policy"
+            self.checkpoint_manager.sleep_replicas()
+            self.actor_rollout_wg.anchor_in_actor(False)
+            self.checkpoint_manager.update_weights(self.global_steps)
+
+    def _maybe_log_val_generations(self, inputs, outputs, scores):
+        self._val_samples = (list(inputs), list(scores))  # per sample, in the order of the uids verl passes next
+        return super()._maybe_log_val_generations(inputs, outputs, scores)
+
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, **kwargs):
+        prompts, scores = self._val_samples
+        greedy = not self.config.actor_rollout_ref.rollout.val_kwargs.do_sample
+        rows = problem_rows(self.global_steps, self._eval_as, data_sources, sample_uids, prompts, scores, greedy)
+        append_rows(self._evals, rows)
+        self._val_rows = rows
+        return super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns, **kwargs)
 
     def _mask_truncated(self, batch, metrics) -> torch.Tensor:
         """Zero the response_mask of length-capped responses in TransferQueue; return the original.

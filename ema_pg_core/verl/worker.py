@@ -38,7 +38,8 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from ema_pg_core.verl.config import EmaPGSection, uses_topk
-from ema_pg_core.verl.ema import drift, ema_update_sharded_
+from ema_pg_core.verl.ema import drift, ema_update_sharded_, paired_local_shards
+from ema_pg_core.verl.evals import load_anchor_, restore_actor_
 
 ANCHOR_DIR = "anchor"
 ANCHOR_META = "emapg_anchor.json"
@@ -203,6 +204,18 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
             }
         )
         return metrics
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def anchor_in_actor(self, on: bool) -> None:
+        """on: the actor holds the anchor's weights (its own kept aside in host memory), so that verl's
+        weight sync sends the anchor to the rollout engine for its evaluation; off: the actor's restored."""
+        anchor, actor = paired_local_shards(self.ref.engine.module, self.actor.engine.module)
+        if on:
+            self._actor_aside = load_anchor_(actor, anchor)
+        elif getattr(self, "_actor_aside", None) is not None:
+            restore_actor_(actor, self._actor_aside)
+            self._actor_aside = None
+        _barrier()
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -210,6 +210,7 @@ def test_k_larger_than_vocabulary_is_rejected(tmp_path):
 
 def test_run_metrics_are_the_keys_one_local_iteration_logs(tmp_path):
     """sweeps.spec.RUN_METRICS and EVAL_METRICS are exactly the keys the local trainer logs (one iteration)."""
+    from ema_pg_core.telemetry import TOPK_KEYS
     from sweeps.spec import EVAL_METRICS, RUN_METRICS
 
     torch.manual_seed(0)
@@ -221,7 +222,8 @@ def test_run_metrics_are_the_keys_one_local_iteration_logs(tmp_path):
         seed=0,
     )
     trainer = LocalTrainer(build_model(tok, hidden=16, layers=1, heads=2, seed=0), tok, Toy(), cfg, tmp_path)
-    logged = trainer.step()
-    assert sorted(logged) == sorted(RUN_METRICS), set(logged) ^ set(RUN_METRICS)
+    logged = trainer.step()  # + the Top-k telemetry (default estimator topk_reverse); no probe at iteration 1
+    want = RUN_METRICS + TOPK_KEYS
+    assert sorted(logged) == sorted(want), set(logged) ^ set(want)
     evals, _ = trainer.evaluate()
     assert sorted(evals) == sorted(f"{ns}/toy/{m}" for ns in ("eval", "eval_anchor") for m in EVAL_METRICS)

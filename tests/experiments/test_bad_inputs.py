@@ -48,11 +48,26 @@ CASES = [
     (["train", "algo.anchor.period=0"], ["algo.anchor.period"]),
     (["train", "rollout.group_size=1"], ["rollout.group_size"]),
     (["train", "trainer.dtype=float8"], ["trainer.dtype"]),
+    (["train", "trainer.probe_every=-1"], ["trainer.probe_every", "0 = no KL probe"]),
+    (["train", "trainer.probe_size=0"], ["trainer.probe_size", ">= 1"]),
     (["train", "logger.mode=loud"], ["logger.mode"]),
     (["train", "backend.name=tpu"], ["backend.name"]),
     (["train", "run_dir={tmp}/a_file"], ["a_file", "not a directory"]),
     (["train", "run_dir={tmp}/finished"], ["finished", "resume=true"]),
     (["train", "run_dir={tmp}/bad_ckpt", "resume=true"], ["no intact checkpoint", "latest is empty"]),
+    # ---- emapg train: health rules (one case per field)
+    (["train", "health.entropy_floor.floor=0"], ["health.entropy_floor.floor must be > 0 or null"]),
+    (["train", "health.entropy_floor.floor=abc"], ["health.entropy_floor.floor", "not a number"]),
+    (["train", "health.entropy_floor.patience=0"], ["health.entropy_floor.patience must be an integer >= 1"]),
+    (["train", "health.kl_spike.factor=0.5"], ["health.kl_spike.factor must be > 1 or null"]),
+    (["train", "health.kl_spike.window=0"], ["health.kl_spike.window must be an integer >= 1"]),
+    (["train", "health.kl_spike.factor=5", "algo.kl.coef=0"], ["health.kl_spike.factor=5", "algo.kl.coef=0"]),
+    (["train", "health.kl_spike.min_history=50"], ["health.kl_spike.min_history", "[1, health.kl_spike.window=20]"]),
+    (["train", "health.length_cap.frac=1.5"], ["health.length_cap.frac must be in (0, 1] or null"]),
+    (["train", "health.length_cap.patience=-1"], ["health.length_cap.patience must be an integer >= 1"]),
+    (["train", "health.kl_spike.factr=3"], ["health.kl_spike.factr", "did you mean health.kl_spike.factor"]),
+    (["train", "health.nonfinite=false"], ["health.nonfinite is not a config key"]),
+    (["train", "run_dir={tmp}/unhealthy", "resume=true"], ["stopped by health rule kl_spike at iteration 7", "relax"]),
     # ---- emapg sweep --dry-run
     (["sweep", "{tmp}/missing.yaml", "--dry-run"], ["missing.yaml", "no such sweep spec"]),
     (["sweep", "{tmp}/dup.yaml", "--dry-run"], ["dup.yaml", "duplicate key", "lines"]),
@@ -60,12 +75,32 @@ CASES = [
     (["sweep", "{tmp}/big_k.yaml", "--dry-run"], ["algo.kl.k=5000", "vocabulary"]),
     (["sweep", "{tmp}/typo.yaml", "--dry-run"], ["typo.yaml", "trainer.iteratons"]),
     (["sweep", "{tmp}/a_file", "--dry-run"], ["a_file", "must be a mapping"]),
+    (["sweep", "{tmp}/health_value.yaml", "--dry-run"], ["health_value.yaml", "health.kl_spike.factor must be > 1"]),
+    (["sweep", "{tmp}/health_rule.yaml", "--dry-run"], ["unknown key health.entropy", "did you mean"]),
+    (["sweep", "{tmp}/health_base.yaml", "--dry-run"], ["base.overrides.health.kl_spike.factor", "`health:` key"]),
     # ---- emapg report
     (["report", "{tmp}/nope", "--out", "{tmp}/out"], ["not a directory", "nope"]),
     (["report", "{tmp}/a_file", "--out", "{tmp}/out"], ["a_file"]),
     (["report", "{tmp}/empty", "--out", "{tmp}/out"], ["no run records"]),
     (["report", "{tmp}/corrupt", "--out", "{tmp}/out"], ["metrics.jsonl:2", "corrupt"]),
     (["report", "{tmp}/empty", "--out", "{tmp}/out", "--reps", "0"], ["--reps", "integer >= 1"]),
+    # ---- emapg eval
+    (["eval", "{tmp}/run", "--benchmarks", "aime"], ["--benchmarks", "'aime'", "allowed: math_tiny"]),
+    (["eval", "{tmp}/run", "--protocol", "nope"], ["--protocol 'nope'", "readme, benchmark, in_training"]),
+    (["eval", "{tmp}/model", "--task", "nope"], ["--task 'nope'", "allowed: math, math_tiny"]),
+    (["eval", "{tmp}/model"], ["model directory", "--task"]),
+    (["eval", "{tmp}/empty"], ["empty", "not a run directory", "checkpoint", "Hugging Face model"]),
+    (["eval", "{tmp}/run", "--n", "0"], ["--n=0", "integer >= 1"]),
+    (["eval", "{tmp}/run", "--top-p", "1.5"], ["--top-p=1.5", "(0, 1]"]),
+    (["eval", "{tmp}/vrun"], ["verl run", "model_merger"]),
+    # ---- emapg train: staged runs
+    (["train", "stage=16k", "experiment=math_tiny_ema_pg"], ["stage='16k'", "math_tiny has no stages"]),
+    (["train", "stages=[8k]"], ["stages[0]='8k'", "not a stage of task math_tiny"]),
+    (["train", "experiment=math_deepscaler_ema_pg", "stage=32k"], ["stage='32k'", "allowed: 8k, 16k, 24k"]),
+    (["train", "experiment=math_deepscaler_ema_pg", "stages=[8k,16k,24k]"], ["stage '24k'", "trainer.iterations"]),
+    (["train", "stages=[{name: a, set: {trainer.iteratons: 2}}]"], ["stage 'a'", "trainer.iteratons"]),
+    (["train", "resume_from={tmp}/empty"], ["resume_from needs stage"]),
+    (["train", "experiment=math_deepscaler_ema_pg", "stage=16k", "resume_from={tmp}/empty"], ["resume_from", "verl"]),
     # ---- emapg retriever
     (["retriever", "serve", "--port", "99999"], ["--port", "0-65535"]),
     (["retriever", "serve", "--task", "nope"], ["unknown task 'nope'"]),
@@ -81,8 +116,18 @@ CASES = [
 
 def _setup(tmp) -> None:
     """The files the cases point at."""
+    import torch
+
     (tmp / "a_file").write_text("not a directory\n")
     (tmp / "empty").mkdir()
+    for name, backend in (("run", "local"), ("vrun", "verl")):  # a run with a final policy (nothing is loaded)
+        (tmp / name / "final" / "policy").mkdir(parents=True)
+        (tmp / name / "config.yaml").write_text(
+            yaml.safe_dump({"task": {"name": "math_tiny"}, "backend": {"name": backend}})
+        )
+        (tmp / name / "status").write_text("finished\n")
+    (tmp / "model").mkdir()
+    (tmp / "model" / "config.json").write_text("{}")
     corrupt = tmp / "corrupt" / "r"
     corrupt.mkdir(parents=True)
     (corrupt / "config.yaml").write_text("task: {name: math_tiny}\nseed: 0\n")
@@ -112,20 +157,28 @@ def _setup(tmp) -> None:
             }
         )
     )
+    unhealthy = tmp / "unhealthy"  # stopped by a health rule after iteration 7, a checkpoint at 5
+    (unhealthy / "checkpoints" / "iter_000005").mkdir(parents=True)
+    torch.save({"iteration": 5}, unhealthy / "checkpoints" / "iter_000005" / "state.pt")
+    (unhealthy / "metrics.jsonl").write_text('{"iteration": 0, "time_s": 0.0}\n')
+    (unhealthy / "status").write_text("stopped_unhealthy\nkl/value 9 > 10 x its running median\n")
+    health = {"rule": "kl_spike", "iteration": 7, "message": "kl/value 9 > 10 x its running median", "values": {}}
+    (unhealthy / "summary.json").write_text(json.dumps({"status": "stopped_unhealthy", "health": health}))
+    space = {"seed": {"grid": [0]}}
+    _spec(tmp / "health_value.yaml", "health_value", space, health={"kl_spike": {"factor": 0.5}})
+    _spec(tmp / "health_rule.yaml", "health_rule", space, health={"entropy": {"floor": 0.1}})
+    _spec(tmp / "health_base.yaml", "health_base", space, overrides={"health.kl_spike.factor": 3})
     (tmp / "site.yaml").write_text(yaml.safe_dump({"gpus_per_node": 8, "cpus_per_node": 64}))
 
 
-def _spec(path, name: str, space: dict) -> None:
-    path.write_text(
-        yaml.safe_dump(
-            {"name": name, "metric": "eval/math_tiny/acc", "base": {"experiment": "math_tiny_ema_pg"}, "space": space}
-        )
-    )
+def _spec(path, name: str, space: dict, overrides: dict | None = None, **top) -> None:
+    base = {"experiment": "math_tiny_ema_pg", **({"overrides": overrides} if overrides else {})}
+    path.write_text(yaml.safe_dump({"name": name, "metric": "eval/math_tiny/acc", "base": base, "space": space, **top}))
 
 
 def test_there_are_at_least_40_cases_over_every_command():
     assert len(CASES) >= 40
-    assert {c[0][0] for c in CASES} == {"train", "sweep", "report", "retriever", "cluster"}
+    assert {c[0][0] for c in CASES} == {"train", "sweep", "report", "retriever", "cluster", "eval"}
 
 
 @pytest.mark.parametrize("argv,words", CASES, ids=[" ".join(c[0]) for c in CASES])

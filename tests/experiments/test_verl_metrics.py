@@ -107,7 +107,7 @@ class FakeVerl:
     def __init__(self):
         self.steps, self.crash, self.calls = (1, 2), False, []
 
-    def run_config(self, run):
+    def run_config(self, run, wandb=None):
         self.calls.append(run)
         with open(rotate(f"{run['run_dir']}/{FILE}"), "w") as f:
             for s in self.steps:
@@ -165,7 +165,7 @@ def test_a_verl_run_is_recorded_and_reported_while_it_runs(monkeypatch, tmp_path
     seen_live = threading.Event()
     callers = set()
 
-    def run_config(run):  # logs step 1, then waits until step 1 was recorded and reported
+    def run_config(run, wandb=None):  # logs step 1, then waits until step 1 was recorded and reported
         with open(rotate(f"{run['run_dir']}/{FILE}"), "w") as f:
             f.write(json.dumps({"step": 1, "data": STEP}) + "\n")
             f.flush()
@@ -305,7 +305,7 @@ def test_a_stopped_verl_run_is_interrupted_not_failed(fake_verl, tmp_path, monke
     monkeypatch.setattr("ema_pg_core.verl.failures.stop_run", lambda: stopped.append(True))
     real = fake_verl.run_config
 
-    def run_config(run):
+    def run_config(run, wandb=None):
         real(run)
         raise Terminated(stop) if isinstance(stop, str) else stop
 
@@ -317,3 +317,83 @@ def test_a_stopped_verl_run_is_interrupted_not_failed(fake_verl, tmp_path, monke
     state, message = read_status(tmp_path / "run")
     assert state == "interrupted" and "verl's last checkpoint" in message
     assert [r["iteration"] for r in read_metrics(tmp_path / "run")] == [1, 2] and stopped == [True]
+
+
+# ---------------------------------------------------------------- per-problem rows and the anchor's evaluation
+def test_validation_samples_become_one_row_per_problem_and_model():
+    from ema_pg_core.verl.evals import anchor_keys, problem_id, problem_rows
+
+    # two prompts x 3 samples, interleaved as verl may return them; scores are the 0/1 reward
+    sources = ["aime2024", "amc", "aime2024", "amc", "aime2024", "amc"]
+    uids = ["u1", "u2", "u1", "u2", "u1", "u2"]
+    prompts = ["p1", "p2", "p1", "p2", "p1", "p2"]
+    scores = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    rows = problem_rows(4, "anchor", sources, uids, prompts, scores, greedy=False)
+    assert rows == [
+        {"iteration": 4, "model": "anchor", "benchmark": "aime2024", "problem_id": problem_id("aime2024", "p1"),
+         "n": 3, "n_correct": 2, "greedy_correct": None},
+        {"iteration": 4, "model": "anchor", "benchmark": "amc", "problem_id": problem_id("amc", "p2"),
+         "n": 3, "n_correct": 1, "greedy_correct": None},
+    ]  # fmt: skip
+    assert [r["greedy_correct"] for r in problem_rows(0, "policy", sources, uids, prompts, scores, True)] == [1, 0]
+    assert problem_id("amc", "p2") == problem_id("amc", "p2") != problem_id("amc", "p3")  # stable, per prompt
+    with pytest.raises(ValueError, match="misaligned"):
+        problem_rows(0, "policy", sources, uids[:-1], prompts, scores, False)
+    assert anchor_keys({"val-core/amc/reward/mean@3": 0.5, "val-aux/num_turns/min": 1, "x": 2}) == {
+        "val-anchor-core/amc/reward/mean@3": 0.5,
+        "val-anchor-aux/num_turns/min": 1,
+        "x": 2,
+    }
+
+
+def test_convert_maps_the_anchors_validation_to_eval_anchor():
+    data = {
+        "val-core/aime2024/reward/mean@8": 0.25,
+        "val-core/amc/reward/mean@8": 0.5,
+        "val-anchor-core/aime2024/reward/mean@8": 0.125,
+        "val-anchor-core/amc/reward/mean@8": 0.375,
+    }
+    out = convert(data, "math", greedy=False)
+    assert out["eval_anchor/aime2024/pass@1"] == 0.125 and out["eval_anchor/amc/pass@1"] == 0.375
+    assert out["eval_anchor/math/pass@1"] == pytest.approx(0.25) and out["eval/math/pass@1"] == pytest.approx(0.375)
+
+
+def test_anchor_weights_go_into_the_actor_and_the_actor_comes_back_exactly():
+    import torch
+
+    from ema_pg_core.verl.evals import load_anchor_, restore_actor_
+
+    g = torch.Generator().manual_seed(0)
+    actor = [torch.randn(3, 4, generator=g), torch.randn(5, generator=g, dtype=torch.float64)]
+    anchor = [torch.randn(3, 4, generator=g), torch.randn(5, generator=g, dtype=torch.float64)]
+    before = [a.clone() for a in actor]
+    saved = load_anchor_(actor, anchor)
+    assert all(torch.equal(a, r) for a, r in zip(actor, anchor))
+    restore_actor_(actor, saved)
+    assert all(torch.equal(a, b) for a, b in zip(actor, before))
+
+
+def test_follower_records_the_rows_of_the_steps_it_recorded(tmp_path):
+    from ema_pg_core.verl.evals import FILE as EVALS
+    from ema_pg_core.verl.evals import append_rows
+    from experiments.records import RunRecord, read_evals
+    from experiments.run import _VerlFollower
+
+    def row(it, model, pid, c):
+        return {"iteration": it, "model": model, "benchmark": "aime2024", "problem_id": pid, "n": 2,
+                "n_correct": c, "greedy_correct": None}  # fmt: skip
+
+    cfg = build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}", "logger=none"])
+    with RunRecord.create(tmp_path, cfg) as record:
+        follower = _VerlFollower(record, cfg, None)
+        append_rows(str(tmp_path / EVALS), [row(0, "policy", "a", 1), row(0, "anchor", "a", 1)])
+        append_rows(str(tmp_path / EVALS), [row(2, "policy", "a", 2), row(2, "anchor", "a", 0)])  # step 2 pending
+        _write(tmp_path / FILE, [(0, {"val-core/aime2024/reward/mean@2": 0.5}), (1, {"critic/score/mean": 0.1})])
+        follower.poll()
+        assert {(r["iteration"], r["model"]) for r in read_evals(tmp_path)} == {(0, "policy"), (0, "anchor")}
+        _write(tmp_path / FILE, [(0, {"val-core/aime2024/reward/mean@2": 0.5}), (1, {"critic/score/mean": 0.1}),
+                                 (2, {"critic/score/mean": 0.2})])  # fmt: skip
+        follower.poll()
+        follower.poll()
+    got = sorted((r["iteration"], r["model"], r["n_correct"]) for r in read_evals(tmp_path))
+    assert got == [(0, "anchor", 1), (0, "policy", 1), (2, "anchor", 0), (2, "policy", 2)]  # each once

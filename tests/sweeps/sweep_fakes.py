@@ -15,6 +15,7 @@ Behaviour knobs ride in `task.knobs` (free-form for the config; the fake never l
     fake: "run" (fake_run) or "fail_once" (the real trainer, killed once: real_run_failing_once)
     sleep: seconds per iteration    fail_at: raise at this iteration (before its metrics), fail_times times
     interrupt_at: end as `interrupted` (RunInterrupted) at this iteration, once
+    noise: see `score`
 The score grows with the iteration and is set by algo.anchor.tau (+ a small seed effect), so a
 sweep's ranking is known in advance: higher tau is better.
 """
@@ -57,8 +58,11 @@ def dispatch(real, cfg, callback=None) -> dict:
 
 
 def score(cfg, iteration: int) -> float:
-    its = int(cfg.trainer.iterations)
-    return float(cfg.algo.anchor.tau) * iteration / its + 0.001 * int(cfg.seed)
+    """tau * progress + 0.001 * seed; knob `noise`: + noise * progress for tau < 1, its sign alternating with the
+    seed (even +, odd -), which makes a paired tau < 1 vs tau = 1 comparison unclear when noise > 1 - tau."""
+    its, tau, seed = int(cfg.trainer.iterations), float(cfg.algo.anchor.tau), int(cfg.seed)
+    noise = float((cfg.task.get("knobs") or {}).get("noise", 0.0)) * (1 if seed % 2 == 0 else -1) * (tau < 1)
+    return (tau + noise) * iteration / its + 0.001 * seed
 
 
 def fake_run(cfg, callback=None) -> dict:

@@ -129,7 +129,8 @@ def _check(pair, tiny_path, kl_type, tail, use_iw, agg, dynamic, drop=(), drop_k
     # verl: value through infer_batch(compute_loss=True), gradients through forward_backward_batch
     td, padded, fields = _train_batch(actor, ref, kl_cfg, T, drop)
     tu.assign_non_tensor(td, compute_loss=True, **{DROP_KEY: bool(drop) and drop_key})
-    verl_loss = actor.infer_batch(td)["metrics"]["loss"]
+    verl_metrics = actor.infer_batch(td)["metrics"]
+    verl_loss = verl_metrics["loss"]
     td, _, _ = _train_batch(actor, ref, kl_cfg, T, drop)
     tu.assign_non_tensor(td, **{DROP_KEY: bool(drop) and drop_key})
     tu.assign_non_tensor(
@@ -166,11 +167,27 @@ def _check(pair, tiny_path, kl_type, tail, use_iw, agg, dynamic, drop=(), drop_k
     else:
         logp = torch.log_softmax(z, -1).gather(-1, sampled[..., None])[..., 0]
         x = KLInputs(logp=logp, ref_logp=ref_lp, old_logp=old)
-    core_loss, _ = policy_loss(logp, old, adv, mask, x, loss_cfg, kl_cfg)
+    core_loss, core_stats = policy_loss(logp, old, adv, mask, x, loss_cfg, kl_cfg)
     core_loss.backward()
     core_grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
 
     assert verl_loss == pytest.approx(core_loss.item(), rel=1e-4, abs=1e-6)
+    _check_topk_metrics(verl_metrics, core_stats, single=not dynamic and not drop)
     assert core_grads.keys() == verl_grads.keys()
     for n in core_grads:
         torch.testing.assert_close(verl_grads[n], core_grads[n], atol=2e-5, rtol=1e-3, msg=n)
+
+
+def _check_topk_metrics(verl_metrics, core_stats, single: bool):
+    """The topk/* telemetry: the same keys as the local backend's ``policy_loss``; with one micro-batch, the
+    same values (several micro-batches average per micro-batch, as verl does for every metric)."""
+    verl_topk = {k: v for k, v in verl_metrics.items() if k.startswith("topk/")}
+    core_topk = {k: v for k, v in core_stats.items() if k.startswith("topk/")}
+    assert verl_topk.keys() == core_topk.keys()
+    for k, v in core_topk.items():
+        got = verl_topk[k]
+        while single and isinstance(got, list):  # verl keeps per-micro-batch lists: [[value]] for one micro-batch
+            assert len(got) == 1, k
+            got = got[0]
+        if single:
+            assert got == pytest.approx(v, rel=1e-4, abs=1e-5), k

@@ -3,7 +3,9 @@
 Each rehearsal builds a tiny model and data in the real schema, runs verl 0.9.1's V1 trainer with our
 plugin (CPU platform, hf rollout engine) for 3 steps, kills the run after the checkpoint of step 2,
 resumes it to step 3 and checks the run directory (steps, anchor schedule, Top-k statistics,
-checkpoint retention, resume). About 2.5 minutes each on 2 cores.
+checkpoint retention, resume, per-problem evaluation rows of the policy and the anchor, one offline
+W&B run per attempt under the run's one id and group; for the
+math preset, the report's pass@k table from them). About 2.5 minutes each on 2 cores.
 """
 
 import subprocess
@@ -43,7 +45,15 @@ def test_rehearsal_passes_every_check(name, shared):
         "Top-k statistics",
         "checkpoints",
         "resume",
+        "evaluation rows",
+        "W&B",
     ]
+    if name == "math_deepscaler_ema_pg":  # the report's pass@k table from the per-problem rows, anchor included
+        from analysis.report import report
+
+        report(shared.root.parent / name, shared.root.parent / f"{name}_report", reps=10)
+        table = (shared.root.parent / f"{name}_report" / "math_passk.md").read_text()
+        assert "policy pass@1" in table and "anchor pass@1" in table
 
 
 def test_rehearse_refuses_a_local_preset_and_a_bad_step_count():

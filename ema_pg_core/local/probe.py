@@ -1,0 +1,101 @@
+"""The local backend's KL probe: fixed held-out rollouts re-scored with the exact KL and the estimator.
+
+Shapes: P probe sequences, T response tokens (padded), L prompt + response length, H hidden, V vocabulary,
+K top-k.
+
+``make_probe`` samples one response for each of the first ``trainer.probe_size`` held-out (test split)
+prompts with the initial policy, from its own generator (seeded from the run's seed, so the training
+stream of random numbers is the same with the probe on or off), and keeps the tokens and the log-probs
+of the policy that drew them. The trainer stores the probe in every checkpoint, so a resumed run scores
+the same tokens. ``score_probe`` then computes, every ``trainer.probe_every`` iterations, for the current
+policy pi and anchor pi_ref on those tokens:
+
+    kl/exact              the exact full-vocabulary KL in the estimator's direction (chunked, no (P*T, V))
+    kl/estimate_on_probe  the configured estimator, with the importance weight s = pi / pi_probe, where
+                          pi_probe is the initial policy that drew the tokens (clipped as configured), so
+                          that its expectation is the policy's KL although the tokens are fixed; its head
+                          (Top-k) is the current policy's own top-k (reverse) or the anchor's (forward)
+    kl/estimate_gap       the difference
+
+aggregated over the probe's response tokens as the loss aggregates the KL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+
+from ema_pg_core.config import KLConfig
+from ema_pg_core.kl import ImportanceWeight, KLInputs, get_estimator, kl_per_token
+from ema_pg_core.local.batch import Batch, collate, forward_stats, response_hidden
+from ema_pg_core.telemetry import exact_kl_from_hidden, probe_summary
+from ema_pg_core.topk import kl_inputs, token_stats_from_hidden
+
+PROBE_SEED_OFFSET = 7_000_003
+"""The probe's generator is seeded with seed + this offset (apart from the training and eval generators)."""
+
+
+def make_probe(trainer) -> dict[str, torch.Tensor]:
+    """{Batch fields (P, L) / (P, T), "logp" (P, T)}: the probe set, drawn by the trainer's current policy."""
+    n = trainer.cfg.trainer.probe_size
+    examples = trainer.task.test[:n]
+    if not examples:
+        raise ValueError("trainer.probe_every > 0 needs held-out (test split) prompts for the probe; the task has none")
+    g = torch.Generator(device=trainer.device).manual_seed(trainer.cfg.seed + PROBE_SEED_OFFSET)
+    trainer.policy.eval()
+    with torch.no_grad():
+        trajs = trainer._rollout(trainer.policy, [trainer.task.prompt(e) for e in examples], generator=g)
+        batch = collate(trajs, trainer.tok.pad_token_id, dtype=torch.float32, device=trainer.device)
+        stats, _ = forward_stats(trainer.policy, batch, temperature=trainer.cfg.rollout.temperature)
+    return {**asdict(batch), "logp": stats.logp}
+
+
+def probe_batch(probe: dict[str, torch.Tensor], device) -> Batch:
+    """The probe's Batch on ``device``."""
+    return Batch(*(probe[k].to(device) for k in ("input_ids", "attention_mask", "pred_pos", "tokens", "mask")))
+
+
+def _head(model):
+    head = model.get_output_embeddings()
+    return head.weight, head.bias
+
+
+def _estimate_inputs(name: str, k: int, h, h_ref, policy, anchor, batch: Batch, logp_probe, T: float) -> KLInputs:
+    """KLInputs of estimator ``name`` on the probe tokens; every tensor (P, T[, K | V])."""
+    est = get_estimator(name)
+    (w, b), (wr, br) = _head(policy), _head(anchor)
+
+    def stats(hh, ww, bb, **kw):
+        return token_stats_from_hidden(hh, ww, bb, batch.tokens, temperature=T, **kw)
+
+    if est.needs == "topk" and est.direction == "reverse":
+        pol = stats(h, w, b, k=k)
+        anc = stats(h_ref, wr, br, indices=pol.indices)
+    elif est.needs == "topk":
+        anc = stats(h_ref, wr, br, k=k)
+        pol = stats(h, w, b, indices=anc.indices)
+    else:
+        pol, anc = stats(h, w, b), stats(h_ref, wr, br)
+    x = kl_inputs(pol, anc, batch.tokens, old_logp=logp_probe)
+    if est.needs == "full":
+        x.logits, x.ref_logits = policy.get_output_embeddings()(h) / T, anchor.get_output_embeddings()(h_ref) / T
+    return x
+
+
+@torch.no_grad()
+def score_probe(policy, anchor, probe: dict[str, torch.Tensor], kl: KLConfig, agg: str, temperature: float) -> dict:
+    """The ``kl/exact``, ``kl/estimate_on_probe`` and ``kl/estimate_gap`` metrics of policy vs anchor on the probe."""
+    policy.eval()
+    anchor.eval()
+    device = next(policy.parameters()).device
+    batch = probe_batch(probe, device)
+    h, h_ref = response_hidden(policy, batch), response_hidden(anchor, batch)  # (P, T, H) each
+    est = get_estimator(kl.type)
+    (w, b), (wr, br) = _head(policy), _head(anchor)
+    exact = exact_kl_from_hidden(h, w, b, h_ref, wr, br, direction=est.direction, temperature=temperature)
+    x = _estimate_inputs(kl.type, kl.k, h, h_ref, policy, anchor, batch, probe["logp"].to(device), temperature)
+    iw = ImportanceWeight(True, kl.iw_clip_low, kl.iw_clip_high)
+    estimate = kl_per_token(kl.type, x, tail=kl.tail, iw=iw)  # (P, T)
+    policy.train()
+    return probe_summary(exact, estimate, batch.mask, agg)

@@ -1,0 +1,181 @@
+"""KL telemetry: the exact KL beside its estimate, and the Top-k head's coverage (docs/run-record.md).
+
+Shapes: B sequences, T positions, N = B*T flattened positions, V vocabulary, H hidden, K top-k.
+
+Both backends log the same keys from these pure functions:
+
+    kl/exact             exact full-vocabulary KL between policy and anchor, in the configured
+                         estimator's direction, on the probe set (``exact_kl_blocks`` and its wrappers)
+    kl/estimate_on_probe the configured estimator on the same probe tokens (``probe_inputs`` + kl_per_token)
+    kl/estimate_gap      estimate - exact
+    topk/head_mass       mean pi mass inside the top-k set q (``topk_parts``)
+    topk/anchor_head_mass  the anchor's mass inside q (forward Top-k, whose q is the anchor's)
+    topk/tail_frac       fraction of sampled tokens outside q
+    topk/tail_share      |tail| / (|head| + |tail|) of the estimate, summed over tokens
+
+The exact KL is computed in blocks of ``chunk_size`` positions x ``vocab_chunk_size`` columns, two
+passes over the vocabulary (first the two logsumexps, then sum_j p_j (log p_j - log r_j)), so it
+never holds (N, V); the Top-k quantities come from the (B, T, K) head logits and the two full
+logsumexps that the Top-k estimators already receive, so they cost O(K) per token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ema_pg_core.kl import ImportanceWeight, KLInputs, aggregate, get_estimator, kl_per_token, tail_mask
+from ema_pg_core.topk import (
+    DEFAULT_CHUNK,
+    ZBlock,
+    _acc_dtype,
+    _hidden_rows,
+    _logit_rows,
+    _row_slices,
+    _vocab_blocks,
+)
+
+PROBE_KEYS = ("kl/exact", "kl/estimate_on_probe", "kl/estimate_gap")
+"""Logged at iterations probe_every, 2*probe_every, ... (``trainer.probe_every``), with ``perf/probe_s``."""
+TOPK_KEYS = ("topk/head_mass", "topk/tail_frac", "topk/tail_share")
+"""Logged every iteration by the Top-k estimators (+ ``TOPK_FORWARD_KEYS`` for forward Top-k)."""
+TOPK_FORWARD_KEYS = ("topk/anchor_head_mass",)
+
+EXACT_VOCAB_CHUNK = 8192
+"""Vocabulary columns per block of the exact KL (a smaller vocabulary is one block)."""
+
+
+def _lse_pair(zp: ZBlock, zr: ZBlock, blocks) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n,), (n,): full-vocabulary logsumexp of both models, merged block by block."""
+    lse_p = lse_r = None
+    for v0, v1 in blocks:
+        bp, br = torch.logsumexp(zp(v0, v1), -1), torch.logsumexp(zr(v0, v1), -1)
+        lse_p = bp if lse_p is None else torch.logaddexp(lse_p, bp)
+        lse_r = br if lse_r is None else torch.logaddexp(lse_r, br)
+    return lse_p, lse_r
+
+
+def _rows_exact_kl(zp: ZBlock, zr: ZBlock, blocks, forward: bool) -> torch.Tensor:
+    """(n,) KL(p || r) per row (r and p swapped when ``forward``): sum_j p_j (log p_j - log r_j)."""
+    if forward:
+        zp, zr = zr, zp
+    lse_p, lse_r = _lse_pair(zp, zr, blocks)
+    out = torch.zeros_like(lse_p)
+    for v0, v1 in blocks:
+        lp = zp(v0, v1) - lse_p[:, None]  # (n, vc)
+        lr = zr(v0, v1) - lse_r[:, None]
+        out += (lp.exp() * (lp - lr)).sum(-1)
+    return out
+
+
+def exact_kl_blocks(rows_p, rows_r, N: int, V: int, direction: str, chunk_size: int, vocab_chunk_size) -> torch.Tensor:
+    """(N,) exact KL per position; rows_p / rows_r: slice -> ZBlock of the policy's / the anchor's scaled logits.
+
+    direction "reverse": KL(policy || anchor); "forward": KL(anchor || policy).
+    """
+    if direction not in ("reverse", "forward"):
+        raise ValueError(f"direction must be reverse or forward; got {direction!r}")
+    blocks = _vocab_blocks(V, vocab_chunk_size)
+    parts = [
+        _rows_exact_kl(rows_p(sl), rows_r(sl), blocks, direction == "forward") for sl in _row_slices(N, chunk_size)
+    ]
+    return torch.cat(parts)
+
+
+def exact_kl_from_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    ref_hidden: torch.Tensor,
+    ref_weight: torch.Tensor,
+    ref_bias: torch.Tensor | None,
+    *,
+    direction: str,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+    vocab_chunk_size: int | None = EXACT_VOCAB_CHUNK,
+) -> torch.Tensor:
+    """(B, T) exact KL from both models' hidden states (B, T, H) and LM heads (V, H) [+ bias (V,)].
+
+    No gradient; fp32 accumulation for half-precision inputs (fp64 stays fp64).
+    """
+    B, T, H = hidden.shape
+    if ref_hidden.shape[:2] != (B, T) or ref_weight.shape[0] != weight.shape[0]:
+        raise ValueError(
+            f"policy hidden {tuple(hidden.shape)} / head {tuple(weight.shape)} and anchor hidden "
+            f"{tuple(ref_hidden.shape)} / head {tuple(ref_weight.shape)} must share (B, T) and V"
+        )
+    acc = _acc_dtype(hidden.dtype)
+    with torch.no_grad():
+        rows_p = _hidden_rows(hidden.reshape(B * T, H), weight, bias, acc, temperature)
+        rows_r = _hidden_rows(ref_hidden.reshape(B * T, -1), ref_weight, ref_bias, acc, temperature)
+        out = exact_kl_blocks(rows_p, rows_r, B * T, weight.shape[0], direction, chunk_size, vocab_chunk_size)
+    return out.view(B, T)
+
+
+def exact_kl_from_logits(
+    logits: torch.Tensor,
+    ref_logits: torch.Tensor,
+    *,
+    direction: str,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+    vocab_chunk_size: int | None = EXACT_VOCAB_CHUNK,
+) -> torch.Tensor:
+    """(N,) exact KL from raw logits (N, V) of both models (the verl engine's packed layout). No gradient."""
+    if logits.shape != ref_logits.shape or logits.ndim != 2:
+        raise ValueError(f"logits {tuple(logits.shape)} and ref_logits {tuple(ref_logits.shape)} must be equal (N, V)")
+    acc = _acc_dtype(logits.dtype)
+    with torch.no_grad():
+        rows_p, rows_r = _logit_rows(logits, acc, temperature), _logit_rows(ref_logits, acc, temperature)
+        return exact_kl_blocks(
+            rows_p, rows_r, logits.shape[0], logits.shape[1], direction, chunk_size, vocab_chunk_size
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Top-k head coverage
+# --------------------------------------------------------------------------------------
+def topk_parts(x: KLInputs, name: str, *, tail: str, iw: ImportanceWeight) -> dict[str, torch.Tensor]:
+    """Per-token (B, T) Top-k telemetry of estimator ``name`` on Top-k inputs; no gradient.
+
+    head_mass:        sum_{j in q} pi(j)          (pi's full-vocabulary normalisation, lse)
+    anchor_head_mass: sum_{j in q} pi_ref(j)
+    tail:             1[sampled token not in q]
+    head:             the estimate's exact head (the estimator with tail "none")
+    estimate:         the whole estimate (head + tail term); estimate - head is the tail's part
+    """
+    with torch.no_grad():
+        return {
+            "head_mass": (x.logits_k - x.lse.unsqueeze(-1)).exp().sum(-1),
+            "anchor_head_mass": (x.ref_logits_k - x.ref_lse.unsqueeze(-1)).exp().sum(-1),
+            "tail": tail_mask(x.sampled, x.topk_idx).to(x.lse.dtype),
+            "head": kl_per_token(name, x, tail="none", iw=iw),
+            "estimate": kl_per_token(name, x, tail=tail, iw=iw),
+        }
+
+
+def topk_summary(parts: dict[str, torch.Tensor], mask: torch.Tensor, direction: str) -> dict[str, float]:
+    """Token means over ``mask`` (B, T) of ``topk_parts``: the ``topk/*`` metrics (anchor's mass: forward only)."""
+    mean = lambda t: float(aggregate(t, mask, "token-mean"))  # noqa: E731
+    m = mask.to(parts["head"].dtype)
+    tail_abs = float(((parts["estimate"] - parts["head"]).abs() * m).sum())
+    total_abs = float((parts["head"].abs() * m).sum()) + tail_abs
+    out = {
+        "topk/head_mass": mean(parts["head_mass"]),
+        "topk/tail_frac": mean(parts["tail"]),
+        "topk/tail_share": tail_abs / total_abs if total_abs > 0 else 0.0,
+    }
+    if direction == "forward":
+        out["topk/anchor_head_mass"] = mean(parts["anchor_head_mass"])
+    return out
+
+
+def is_topk(name: str) -> bool:
+    """The estimator takes Top-k inputs (capability flag, never the name)."""
+    return get_estimator(name).needs == "topk"
+
+
+def probe_summary(exact: torch.Tensor, estimate: torch.Tensor, mask: torch.Tensor, agg: str) -> dict[str, float]:
+    """``kl/exact``, ``kl/estimate_on_probe`` and their gap from (B, T) per-token values, aggregated as the loss."""
+    e, s = float(aggregate(exact, mask, agg)), float(aggregate(estimate, mask, agg))
+    return {"kl/exact": e, "kl/estimate_on_probe": s, "kl/estimate_gap": s - e}
