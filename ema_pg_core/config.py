@@ -169,6 +169,9 @@ class OptimConfig:
         _check(self.warmup_iters >= 0, f"optim.warmup_iters must be >= 0; got {self.warmup_iters!r}")
 
 
+OLD_LOGPROBS = ("auto", "rollout", "recompute")
+"""``trainer.old_logprobs`` values."""
+
 LOCAL_DEVICES = ("cpu", "cuda", "cuda:N", "auto")
 """``trainer.device`` values of the local trainer (N = a CUDA device index)."""
 DEVICE_PATTERN = r"cpu|cuda|cuda:[0-9]+|auto"
@@ -197,6 +200,12 @@ class TrainerConfig:
     """torch.set_num_threads."""
     dtype: str = "float32"
     """Policy dtype: float32 | bfloat16 | float64."""
+    old_logprobs: str = "auto"
+    """Where pi_old's per-token statistics (sampled log-prob, top-k head, logsumexp, entropy) come from:
+    rollout = the sampler's own logits, kept while decoding (saves one forward pass per iteration);
+    recompute = a separate no-grad forward pass over the batch; auto = rollout on the local backend,
+    recompute on verl (which always recomputes them). Both are pi_old at the rollout temperature, so
+    they differ only by float rounding (KV-cache decode vs full forward): docs/algorithm.md."""
     device: str = "cpu"
     """Where the local trainer runs: cpu | cuda | cuda:N | auto (cuda if available, else cpu). Model, batches,
     sampling generators, anchor and optimizer state all live there. Only the syntax is checked here (configs
@@ -212,6 +221,7 @@ class TrainerConfig:
         _check(self.eval_n >= 1, f"trainer.eval_n must be >= 1; got {self.eval_n!r}")
         _check(self.save_every >= 0, f"trainer.save_every must be >= 0; got {self.save_every!r}")
         _choice("trainer.dtype", self.dtype, ("float32", "bfloat16", "float64"))
+        _choice("trainer.old_logprobs", self.old_logprobs, OLD_LOGPROBS)
         _check(
             isinstance(self.device, str) and re.fullmatch(DEVICE_PATTERN, self.device) is not None,
             f"trainer.device={self.device!r} is not allowed; allowed values: {', '.join(LOCAL_DEVICES)}",

@@ -56,6 +56,22 @@ def collate(
     )
 
 
+def sampler_stats(trajs: list[Trajectory], device: torch.device | str = "cpu") -> TokenStats:
+    """The rollout's sampling-time pi_old statistics as (B, T) / (B, T, K) tensors, zero-padded like ``collate``."""
+    if any(t.stats is None for t in trajs):
+        raise ValueError("sampler_stats needs trajectories sampled with rollout(..., stats_k=...)")
+    T = max(1, max(len(t.response_ids) for t in trajs))
+
+    def pad(field: str) -> torch.Tensor:  # (B, T) or (B, T, K)
+        rows = [getattr(t.stats, field) for t in trajs]
+        out = rows[0].new_zeros((len(rows), T, *rows[0].shape[1:]))
+        for b, r in enumerate(rows):
+            out[b, : r.shape[0]] = r
+        return out.to(device)
+
+    return TokenStats(**{f: pad(f) for f in ("logp", "lse", "logits_k", "indices", "entropy")})
+
+
 def check_model(model) -> None:
     """The statistics are computed as lm_head(final hidden): refuse models that post-process logits."""
     cfg = model.config

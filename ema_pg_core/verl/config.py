@@ -278,6 +278,11 @@ def to_verl(run: Mapping[str, Any]) -> VerlJob:
     model_path = (run.get("model") or {}).get("path")
     if not model_path:
         raise ValueError("the verl backend needs model.path (an HF model id or directory)")
+    if tr.old_logprobs == "rollout":
+        raise ValueError(
+            "trainer.old_logprobs=rollout is not allowed with the verl backend (verl recomputes pi_old's "
+            "log-probs); allowed values: auto, recompute"
+        )
     if ro.prompts_per_iter % tr.mini_batches:
         raise ValueError(
             f"rollout.prompts_per_iter={ro.prompts_per_iter} "
