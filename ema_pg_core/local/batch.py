@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ema_pg_core.local.rollout import Trajectory
 from ema_pg_core.topk import TokenStats, token_stats_from_hidden, token_stats_from_logits
@@ -63,11 +64,8 @@ def sampler_stats(trajs: list[Trajectory], device: torch.device | str = "cpu") -
     T = max(1, max(len(t.response_ids) for t in trajs))
 
     def pad(field: str) -> torch.Tensor:  # (B, T) or (B, T, K)
-        rows = [getattr(t.stats, field) for t in trajs]
-        out = rows[0].new_zeros((len(rows), T, *rows[0].shape[1:]))
-        for b, r in enumerate(rows):
-            out[b, : r.shape[0]] = r
-        return out.to(device)
+        out = pad_sequence([getattr(t.stats, field) for t in trajs], batch_first=True)  # (B, max len, ...)
+        return torch.nn.functional.pad(out, (0, 0) * (out.ndim - 2) + (0, T - out.shape[1])).to(device)
 
     return TokenStats(**{f: pad(f) for f in ("logp", "lse", "logits_k", "indices", "entropy")})
 

@@ -176,6 +176,8 @@ def _zero_stats(n: int, like: TokenStats) -> TokenStats:
 
 
 def _cat_stats(parts: list[TokenStats]) -> TokenStats:
+    if len(parts) == 1:  # single-turn tasks
+        return parts[0]
     return TokenStats(**{f: torch.cat([getattr(p, f) for p in parts]) for f in _FIELDS})
 
 
@@ -202,7 +204,7 @@ def rollout(
     at ``temperature`` with its own top-``stats_k`` (0: no head), zeros for environment tokens.
     """
     decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
-    trajs = [Trajectory(prompt_ids=tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    trajs = [Trajectory(prompt_ids=ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
     parts: list[list[TokenStats]] = [[] for _ in trajs]  # per trajectory: stats of its segments, in order
     active = list(range(len(trajs)))
     for turn in range(max_turns + 1 if env is not None else 1):
@@ -230,7 +232,7 @@ def rollout(
             tr = trajs[i]
             tr.response_ids += new
             tr.response_mask += [1] * len(new)
-            text = decode(tr.response_ids)
+            text = decode(tr.response_ids) if stop else ""  # the last turn needs no text until the end
             obs = env.respond(text) if (stop and text.endswith(stop)) else None
             if obs is not None:
                 obs_ids = tokenizer(obs, add_special_tokens=False)["input_ids"][:max_obs_tokens]
