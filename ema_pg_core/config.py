@@ -173,6 +173,9 @@ PROBE_EVERY = 5
 """``trainer.probe_every: null`` on the local backend: the KL probe every 5 iterations (about 1.5% of training
 time on math_tiny, docs/benchmarks.md)."""
 
+OLD_LOGPROBS = ("auto", "rollout", "recompute")
+"""``trainer.old_logprobs`` values."""
+
 LOCAL_DEVICES = ("cpu", "cuda", "cuda:N", "auto")
 """``trainer.device`` values of the local trainer (N = a CUDA device index)."""
 DEVICE_PATTERN = r"cpu|cuda|cuda:[0-9]+|auto"
@@ -207,6 +210,13 @@ class TrainerConfig:
     ``PROBE_EVERY`` iterations on the local backend, off on verl (which has no probe yet and refuses > 0)."""
     probe_size: int = 16
     """Held-out prompts in the probe set (one response each, drawn by the initial policy and checkpointed)."""
+
+    old_logprobs: str = "auto"
+    """Where pi_old's per-token statistics (sampled log-prob, top-k head, logsumexp, entropy) come from:
+    rollout = the sampler's own logits, kept while decoding (saves one forward pass per iteration);
+    recompute = a separate no-grad forward pass over the batch; auto = rollout on the local backend,
+    recompute on verl (which always recomputes them). Both are pi_old at the rollout temperature, so
+    they differ only by float rounding (KV-cache decode vs full forward): docs/algorithm.md."""
     device: str = "cpu"
     """Where the local trainer runs: cpu | cuda | cuda:N | auto (cuda if available, else cpu). Model, batches,
     sampling generators, anchor and optimizer state all live there. Only the syntax is checked here (configs
@@ -235,6 +245,7 @@ class TrainerConfig:
             f"trainer.probe_size must be an integer >= 1 (held-out prompts); got {self.probe_size!r}",
         )
         _choice("trainer.dtype", self.dtype, ("float32", "bfloat16", "float64"))
+        _choice("trainer.old_logprobs", self.old_logprobs, OLD_LOGPROBS)
         _check(
             isinstance(self.device, str) and re.fullmatch(DEVICE_PATTERN, self.device) is not None,
             f"trainer.device={self.device!r} is not allowed; allowed values: {', '.join(LOCAL_DEVICES)}",

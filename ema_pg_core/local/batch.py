@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ema_pg_core.local.rollout import Trajectory
 from ema_pg_core.topk import TokenStats, token_stats_from_hidden, token_stats_from_logits
@@ -54,6 +55,19 @@ def collate(
         tokens=torch.tensor(_pad([t.response_ids for t in trajs], T, 0), **ints),  # (B, T)
         mask=torch.tensor(_pad([t.response_mask for t in trajs], T, 0), dtype=dtype, device=device),  # (B, T)
     )
+
+
+def sampler_stats(trajs: list[Trajectory], device: torch.device | str = "cpu") -> TokenStats:
+    """The rollout's sampling-time pi_old statistics as (B, T) / (B, T, K) tensors, zero-padded like ``collate``."""
+    if any(t.stats is None for t in trajs):
+        raise ValueError("sampler_stats needs trajectories sampled with rollout(..., stats_k=...)")
+    T = max(1, max(len(t.response_ids) for t in trajs))
+
+    def pad(field: str) -> torch.Tensor:  # (B, T) or (B, T, K)
+        out = pad_sequence([getattr(t.stats, field) for t in trajs], batch_first=True)  # (B, max len, ...)
+        return torch.nn.functional.pad(out, (0, 0) * (out.ndim - 2) + (0, T - out.shape[1])).to(device)
+
+    return TokenStats(**{f: pad(f) for f in ("logp", "lse", "logits_k", "indices", "entropy")})
 
 
 def check_model(model) -> None:

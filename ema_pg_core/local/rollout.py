@@ -5,6 +5,12 @@ appends an observation, generation continues; after ``max_turns`` tool calls one
 Shapes: B sequences, L context length. Environment tokens are part of the context but carry
 mask 0, so the PG and KL losses never see them (as Search-R1's "state_masking" does).
 
+Sampling-time statistics (``stats_k`` not None): the decode already computes the sampler's logits
+for every generated token, so ``rollout`` can return, per response token, the statistics the loss
+needs of pi_old (``TokenStats``: the sampled token's log-prob, the logsumexp, the own top-k indices
+and head logits, the entropy; all at the rollout temperature, without top-p) taken from those
+logits: one (B, V) block per step, never (B, T, V). Environment tokens get zeros (mask 0).
+
 Determinism: all randomness comes from the ``generator`` argument (its state is checkpointed by
 the trainer), so a resumed run samples exactly what an uninterrupted run samples. Inputs, KV cache
 and sampling live on the model's device; the generator must be on that device too.
@@ -12,10 +18,13 @@ and sampling live on the model's device; the generator must be on that device to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
+from ema_pg_core.topk import TokenStats, token_stats_from_logits
 
 
 class ToolEnv(Protocol):
@@ -36,6 +45,7 @@ class Trajectory:
     turns: int = 0  # tool calls answered
     text: str = ""  # decoded response (environment text included)
     capped: bool = False  # its last turn was cut at max_new_tokens (neither eos nor the stop string)
+    stats: TokenStats | None = None  # sampling-time pi_old statistics, (R,) / (R, K) per response token
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -59,6 +69,30 @@ def _pick(
     return torch.multinomial(_top_p_filter(probs, top_p), 1, generator=generator)[:, 0]
 
 
+StepHook = Callable[[torch.Tensor, torch.Tensor], None]
+"""Called once per decoding step with the (B, V) logits and the (B,) tokens picked from them."""
+
+
+def _stop_filter(stop: str | None, decode) -> Callable[[int], bool]:
+    """token id -> "may this token complete ``stop``?", a cached necessary condition.
+
+    The decoded tail can only end with ``stop`` when the newest token's own text holds its last
+    character (an ASCII character is one byte, and that byte belongs to the newest token); a token
+    that decodes to nothing (a skipped special token) leaves the text as it was, which did not end with
+    ``stop`` a step earlier. Non-ASCII last characters are always checked in full.
+    """
+    if not stop or not stop[-1].isascii():
+        return lambda _tok: True
+    cache: dict[int, bool] = {}
+
+    def may_end(tok: int) -> bool:
+        if tok not in cache:
+            cache[tok] = stop[-1] in decode([tok])
+        return cache[tok]
+
+    return may_end
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -73,43 +107,101 @@ def generate(
     generator: torch.Generator | None = None,
     stop: str | None = None,
     decode=None,
+    on_step: StepHook | None = None,
 ) -> list[list[int]]:
     """Sample continuations for a batch of token contexts (left-padded, KV cache).
 
     A sequence stops at eos (included), at ``stop`` (the decoded tail ends with it; included) or
-    after ``max_new_tokens``. ``decode`` maps token ids to text (needed with ``stop``).
+    after ``max_new_tokens``. ``decode`` maps token ids to text (needed with ``stop``). Finished rows
+    keep decoding (their tokens are dropped) until every row is done: one batched call per step.
     """
     B = len(contexts)
     L = max(len(c) for c in contexts)
     device = next(model.parameters()).device  # everything below (inputs, KV cache, sampling) lives here
-    left = [L - len(c) for c in contexts]  # left padding per row; ids and attn are (B, L)
+    left = [L - len(c) for c in contexts]  # left padding per row
     ids = torch.tensor([[pad_id] * n + list(c) for n, c in zip(left, contexts)], dtype=torch.long, device=device)
-    attn = torch.tensor([[0] * n + [1] * len(c) for n, c in zip(left, contexts)], dtype=torch.long, device=device)
-    pos = (attn.cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+    # (B, L + max_new_tokens), allocated once: step s attends to the view attn[:, : L + s]
+    attn = torch.tensor([[0] * n + [1] * (L - n + max_new_tokens) for n in left], dtype=torch.long, device=device)
+    pos = (attn[:, :L].cumsum(-1) - 1).clamp_min(0)  # (B, L)
+    out = model(input_ids=ids, attention_mask=attn[:, :L], position_ids=pos, use_cache=True)
     gen: list[list[int]] = [[] for _ in range(B)]
-    done = [False] * B
-    tail = len(stop) if stop else 0
-    for _ in range(max_new_tokens):
-        nxt = _pick(out.logits[:, -1], temperature, top_p, greedy, generator)  # (B,)
+    live, tail, may_end = list(range(B)), len(stop) if stop else 0, _stop_filter(stop, decode)
+    for s in range(max_new_tokens):
+        logits = out.logits[:, -1]  # (B, V)
+        nxt = _pick(logits, temperature, top_p, greedy, generator)  # (B,)
+        if on_step is not None:
+            on_step(logits, nxt)
         picked = nxt.tolist()  # one device -> host copy per step
-        for i in [i for i in range(B) if not done[i]]:
+        still = []
+        for i in live:
             gen[i].append(picked[i])
-            if picked[i] == eos_id or (stop and decode(gen[i][-tail:]).endswith(stop)):
-                done[i] = True
-        if all(done):
+            ended = picked[i] == eos_id or (stop and may_end(picked[i]) and decode(gen[i][-tail:]).endswith(stop))
+            if not ended:
+                still.append(i)
+        live = still
+        if not live:
             break
-        step_attn = torch.ones(B, 1, dtype=torch.long, device=device)
-        attn = torch.cat([attn, step_attn], 1)
         pos = pos[:, -1:] + 1
         out = model(
             input_ids=nxt[:, None],
-            attention_mask=attn,
+            attention_mask=attn[:, : L + s + 1],
             position_ids=pos,
             past_key_values=out.past_key_values,
             use_cache=True,
         )
     return gen
+
+
+class _SamplerStats:
+    """A StepHook keeping pi_old's statistics of every sampled token, one (B, V) block per step."""
+
+    def __init__(self, k: int, temperature: float):
+        self.k, self.temperature, self.steps = k, temperature, []
+
+    def __call__(self, logits: torch.Tensor, picked: torch.Tensor) -> None:  # (B, V), (B,)
+        z, tok = logits[:, None], picked[:, None]  # (B, 1, V), (B, 1)
+        self.steps.append(token_stats_from_logits(z, tok, k=self.k, temperature=self.temperature, entropy=True))
+
+    def rows(self, lengths: list[int]) -> list[TokenStats]:
+        """Row i's statistics for its first lengths[i] tokens: (n,) / (n, K)."""
+        cat = {f: torch.cat([getattr(st, f) for st in self.steps], 1) for f in _FIELDS}  # (B, S) / (B, S, K)
+        return [TokenStats(**{f: t[i, :n] for f, t in cat.items()}) for i, n in enumerate(lengths)]
+
+
+_FIELDS = ("logp", "lse", "logits_k", "indices", "entropy")
+
+
+def _zero_stats(n: int, like: TokenStats) -> TokenStats:
+    """Statistics of n environment tokens (mask 0): zeros shaped like ``like``'s rows."""
+    return TokenStats(**{f: getattr(like, f).new_zeros((n, *getattr(like, f).shape[1:])) for f in _FIELDS})
+
+
+def _cat_stats(parts: list[TokenStats]) -> TokenStats:
+    if len(parts) == 1:  # single-turn tasks
+        return parts[0]
+    return TokenStats(**{f: torch.cat([getattr(p, f) for p in parts]) for f in _FIELDS})
+
+
+def _end_turn(tr: Trajectory, parts: list, new: list[int], stop, env, tokenizer, decode, max_new, max_obs) -> bool:
+    """Append a turn's tokens to ``tr``, then the environment's observation when the turn ended at ``stop``.
+
+    Returns whether the trajectory continues (an observation was appended). ``parts``: its stats segments.
+    """
+    tr.response_ids += new
+    tr.response_mask += [1] * len(new)
+    text = decode(tr.response_ids) if stop else ""  # the last turn needs no text until the end
+    stopped = (bool(new) and new[-1] == tokenizer.eos_token_id) or bool(stop and text.endswith(stop))
+    tr.capped = len(new) >= max_new and not stopped  # a cut turn gets no observation: it is the last
+    obs = env.respond(text) if (stop and text.endswith(stop)) else None
+    if obs is None:
+        return False
+    obs_ids = tokenizer(obs, add_special_tokens=False)["input_ids"][:max_obs]
+    tr.response_ids += obs_ids
+    tr.response_mask += [0] * len(obs_ids)
+    tr.turns += 1
+    if parts:
+        parts.append(_zero_stats(len(obs_ids), parts[-1]))
+    return True
 
 
 def rollout(
@@ -125,18 +217,23 @@ def rollout(
     env: ToolEnv | None = None,
     max_turns: int = 0,
     max_obs_tokens: int = 160,
+    stats_k: int | None = None,
 ) -> list[Trajectory]:
     """One trajectory per prompt. Without ``env`` it is a single generation turn.
 
     With ``env``: up to ``max_turns`` turns ending at ``env.stop`` get an observation appended
     (mask 0, truncated to ``max_obs_tokens``); then one final turn without the stop string.
+    ``stats_k`` (not None, sampling only): fill ``Trajectory.stats`` with the sampler's statistics
+    at ``temperature`` with its own top-``stats_k`` (0: no head), zeros for environment tokens.
     """
     decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
-    trajs = [Trajectory(prompt_ids=tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    trajs = [Trajectory(prompt_ids=ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+    parts: list[list[TokenStats]] = [[] for _ in trajs]  # per trajectory: stats of its segments, in order
     active = list(range(len(trajs)))
     for turn in range(max_turns + 1 if env is not None else 1):
         stop = env.stop if (env is not None and turn < max_turns) else None
         ctx = [trajs[i].prompt_ids + trajs[i].response_ids for i in active]
+        hook = None if stats_k is None or greedy else _SamplerStats(stats_k, temperature)
         outs = generate(
             model,
             ctx,
@@ -149,25 +246,19 @@ def rollout(
             generator=generator,
             stop=stop,
             decode=decode,
+            on_step=hook,
         )
-        still = []
-        for i, new in zip(active, outs):
-            tr = trajs[i]
-            tr.response_ids += new
-            tr.response_mask += [1] * len(new)
-            text = decode(tr.response_ids)
-            stopped = (bool(new) and new[-1] == tokenizer.eos_token_id) or bool(stop and text.endswith(stop))
-            tr.capped = len(new) >= max_new_tokens and not stopped  # a cut turn gets no observation: it is the last
-            obs = env.respond(text) if (stop and text.endswith(stop)) else None
-            if obs is not None:
-                obs_ids = tokenizer(obs, add_special_tokens=False)["input_ids"][:max_obs_tokens]
-                tr.response_ids += obs_ids
-                tr.response_mask += [0] * len(obs_ids)
-                tr.turns += 1
-                still.append(i)
+        for i, st in zip(active, hook.rows([len(o) for o in outs]) if hook else ()):
+            parts[i].append(st)
+        still = [
+            i
+            for i, new in zip(active, outs)
+            if _end_turn(trajs[i], parts[i], new, stop, env, tokenizer, decode, max_new_tokens, max_obs_tokens)
+        ]
         active = still
         if not active:
             break
-    for tr in trajs:
+    for tr, ps in zip(trajs, parts):
         tr.text = decode(tr.response_ids)
+        tr.stats = _cat_stats(ps) if ps else None
     return trajs

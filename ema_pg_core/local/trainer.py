@@ -3,9 +3,10 @@
 One training iteration (docs/algorithm.md), read top to bottom in ``LocalTrainer.step``:
     1. rollout: prompts_per_iter prompts x group_size samples (tool loop for tool tasks)
     2. rewards and GRPO group advantages
-    3. no-grad passes: pi_old log-probs (+ its top-k indices for reverse Top-k), the anchor's
-       log-probs and its logits at those indices (its own top-k for forward Top-k; full logits
-       for exact KL) and logsumexp
+    3. no-grad statistics: pi_old's log-probs (+ its top-k indices for reverse Top-k), kept by the
+       sampler while decoding (trainer.old_logprobs=auto|rollout) or from a forward pass
+       (recompute); the anchor's log-probs and its logits at those indices (its own top-k for
+       forward Top-k; full logits for exact KL) and logsumexp, from a forward pass
     4. ppo_epochs x mini_batches PPO steps: clipped surrogate + beta * KL(policy, anchor)
     5. anchor.update(iteration): EMA after iterations period, 2*period, ...
 Evaluation (policy and anchor: greedy accuracy and pass@1 over n samples) runs before training
@@ -42,7 +43,7 @@ from ema_pg_core.anchor import EmaAnchor
 from ema_pg_core.config import AlgoConfig, OptimConfig, RolloutConfig, TrainerConfig
 from ema_pg_core.kl import KLInputs, get_estimator
 from ema_pg_core.local import checkpoints
-from ema_pg_core.local.batch import Batch, check_model, collate, forward_stats
+from ema_pg_core.local.batch import Batch, check_model, collate, forward_stats, sampler_stats
 from ema_pg_core.local.device import resolve_device
 from ema_pg_core.local.probe import make_probe, score_probe
 from ema_pg_core.local.rollout import ToolEnv, Trajectory, rollout
@@ -137,7 +138,9 @@ class LocalTrainer:
         return out
 
     # ------------------------------------------------------------------ rollout
-    def _rollout(self, model, prompts: list[str], greedy=False, generator=None, temperature=None) -> list[Trajectory]:
+    def _rollout(
+        self, model, prompts: list[str], greedy=False, generator=None, temperature=None, stats_k=None
+    ) -> list[Trajectory]:
         r = self.cfg.rollout
         return rollout(
             model,
@@ -151,6 +154,7 @@ class LocalTrainer:
             env=self.task.env,
             max_turns=r.max_turns,
             max_obs_tokens=r.max_obs_tokens,
+            stats_k=stats_k,
         )
 
     # ------------------------------------------------------------------ the iteration
@@ -169,7 +173,8 @@ class LocalTrainer:
         G = cfg.rollout.group_size
         per_sample = [e for e in examples for _ in range(G)]  # B examples, each prompt G times in a row
         self.policy.eval()
-        trajs = self._rollout(self.policy, [self.task.prompt(e) for e in per_sample], generator=self.gen)  # B
+        prompts = [self.task.prompt(e) for e in per_sample]
+        trajs = self._rollout(self.policy, prompts, generator=self.gen, stats_k=self._sampler_k())  # B
         scores = [self.task.reward(e, tr.text) for e, tr in zip(per_sample, trajs)]
         rewards = torch.tensor(scores, dtype=torch.float32, device=self.device)  # (B,)
         group = torch.arange(len(examples), device=self.device).repeat_interleave(G)  # (B,) prompt of each row
@@ -177,7 +182,8 @@ class LocalTrainer:
         batch = collate(trajs, self.tok.pad_token_id, dtype=torch.float32, device=self.device)  # (B, L), (B, T)
         t1 = time.perf_counter()
         # --- algorithm: pi_old and anchor statistics (no grad)
-        old, anc, anc_logits = self._reference_stats(batch)  # logp (B, T); head (B, T, k); logits (B, T, V) or None
+        # logp (B, T); head (B, T, k); logits (B, T, V) or None
+        old, anc, anc_logits = self._reference_stats(batch, trajs)
         t2 = time.perf_counter()
         # --- algorithm: PPO updates with beta * KL to the anchor
         self.policy.train()
@@ -231,12 +237,19 @@ class LocalTrainer:
             return 0, 0
         return (self.cfg.algo.kl.k, 0) if self.est.direction == "reverse" else (0, self.cfg.algo.kl.k)
 
+    def _sampler_k(self) -> int | None:
+        """pi_old's top-k size when its statistics come from the sampler (trainer.old_logprobs), else None."""
+        return self._topk_plan()[0] if self.cfg.trainer.old_logprobs in ("auto", "rollout") else None
+
     @torch.no_grad()
-    def _reference_stats(self, batch: Batch):
+    def _reference_stats(self, batch: Batch, trajs: list[Trajectory]):
         kl, T = self.cfg.algo.kl, self.cfg.rollout.temperature
         k_old, k_anc = self._topk_plan()
         self.policy.eval()
-        old, _ = forward_stats(self.policy, batch, k=k_old, temperature=T, fused=kl.fused, entropy=True)
+        if self._sampler_k() is None:
+            old, _ = forward_stats(self.policy, batch, k=k_old, temperature=T, fused=kl.fused, entropy=True)
+        else:  # the same pi_old, from the decode's logits (KV cache): equal up to float rounding
+            old = sampler_stats(trajs, self.device)
         if kl.coef == 0:
             return old, None, None
         idx = old.indices if (self.est.needs == "topk" and self.est.direction == "reverse") else None

@@ -330,6 +330,11 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
             f"trainer.probe_every={tr.probe_every} is not supported by the verl backend (the KL probe runs on the "
             "local backend only); allowed values: null, 0"
         )
+    if tr.old_logprobs == "rollout":
+        raise ValueError(
+            "trainer.old_logprobs=rollout is not allowed with the verl backend (verl recomputes pi_old's "
+            "log-probs); allowed values: auto, recompute"
+        )
     if ro.prompts_per_iter % tr.mini_batches:
         raise ValueError(
             f"rollout.prompts_per_iter={ro.prompts_per_iter} "

@@ -187,14 +187,18 @@ def test_smoke_training_changes_parameters_and_evaluates_the_anchor(tmp_path):
 
 def test_anchor_stats_use_pi_old_indices_for_reverse_and_own_for_forward(tmp_path):
     policy = build_model(TOK, hidden=32, layers=1, heads=2, seed=1)
-    trajs = rollout(policy, TOK, ["1>", "2>"], max_new_tokens=3, generator=torch.Generator().manual_seed(0))
-    batch = collate(trajs, TOK.pad_token_id)
-    for direction in ("reverse", "forward"):
-        tr = LocalTrainer(policy, TOK, Toy(), make_cfg(f"topk_{direction}"), tmp_path)
+    for direction, source in [(d, s) for d in ("reverse", "forward") for s in ("auto", "recompute")]:
+        cfg = make_cfg(f"topk_{direction}")
+        cfg = replace(cfg, trainer=replace(cfg.trainer, old_logprobs=source))
+        tr = LocalTrainer(policy, TOK, Toy(), cfg, tmp_path)
+        g = torch.Generator().manual_seed(0)
+        trajs = rollout(policy, TOK, ["1>", "2>"], max_new_tokens=3, generator=g, stats_k=tr._sampler_k())
+        assert (trajs[0].stats is None) == (source == "recompute")
+        batch = collate(trajs, TOK.pad_token_id)
         with torch.no_grad():
             for p in tr.anchor.module.parameters():
                 p.add_(0.3 * torch.randn_like(p))
-        old, anc, _ = tr._reference_stats(batch)
+        old, anc, _ = tr._reference_stats(batch, trajs)
         own_anchor, _ = forward_stats(tr.anchor.module, batch, k=4)
         if direction == "reverse":
             assert old.indices.shape[-1] == 4 and torch.equal(anc.indices, old.indices)
