@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
 
-PHASES = ("rollout", "logprob", "update", "anchor", "iter")
+PHASES = ("rollout", "reward", "logprob", "update", "anchor", "iter")
 
 
 def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str):
@@ -39,7 +39,12 @@ def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str):
     from experiments import build
 
     cfg = build.compose(
-        [f"experiment={preset}", f"trainer.old_logprobs={mode}", f"trainer.mini_batches={mini_batches}"]
+        [
+            f"experiment={preset}",
+            f"trainer.old_logprobs={mode}",
+            f"trainer.mini_batches={mini_batches}",
+            "trainer.probe_every=0",
+        ]
     )
     local = build.validate(cfg)
     policy, tok = build.model(cfg)
@@ -143,8 +148,15 @@ def ratios(r: dict) -> dict:
     }
 
 
-PHASE_COLUMNS = {"rollout": "rollout", "logprob": "pi_old + anchor passes", "update": "update",
-                 "raw_decode": "raw decode", "raw_fwd_bwd": "raw fwd+bwd", "anchor_fwd": "anchor fwd"}  # fmt: skip
+PHASE_COLUMNS = {
+    "rollout": "rollout",
+    "reward": "rewards + batch",
+    "logprob": "pi_old + anchor passes",
+    "update": "update",
+    "raw_decode": "raw decode",
+    "raw_fwd_bwd": "raw fwd+bwd",
+    "anchor_fwd": "anchor fwd",
+}
 RATIO_COLUMNS = {
     "rollout_vs_raw_decode": "rollout / raw decode",
     "iter_vs_raw_sum": "iteration / (raw decode + raw fwd+bwd + anchor fwd)",

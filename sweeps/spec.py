@@ -93,6 +93,7 @@ RUN_METRICS = (
     "perf/tokens_per_s",
     "perf/iter_s",
     "perf/rollout_s",
+    "perf/reward_s",
     "perf/logprob_s",
     "perf/update_s",
     "perf/anchor_s",

@@ -175,6 +175,7 @@ class LocalTrainer:
         self.policy.eval()
         prompts = [self.task.prompt(e) for e in per_sample]
         trajs = self._rollout(self.policy, prompts, generator=self.gen, stats_k=self._sampler_k())  # B
+        t_gen = time.perf_counter()
         scores = [self.task.reward(e, tr.text) for e, tr in zip(per_sample, trajs)]
         rewards = torch.tensor(scores, dtype=torch.float32, device=self.device)  # (B,)
         group = torch.arange(len(examples), device=self.device).repeat_interleave(G)  # (B,) prompt of each row
@@ -205,7 +206,8 @@ class LocalTrainer:
             **upd,
             **self.anchor.drift(self.policy),
             "anchor/updated": float(updated),
-            "perf/rollout_s": t1 - t0,
+            "perf/rollout_s": t_gen - t0,
+            "perf/reward_s": t1 - t_gen,
             "perf/logprob_s": t2 - t1,
             "perf/update_s": t3 - t2,
             "perf/anchor_s": t4 - t3,

@@ -19,6 +19,7 @@ problems, single-turn, no chat template, a ~0.5M-parameter char-level model.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import re
@@ -180,11 +181,15 @@ def evaluate(example: Example, response: str) -> int:
     answer = extract_answer(response)
     if answer is None or not _INT.fullmatch(answer):
         return 0
-    # Timeouts off: math-verify's timeout uses SIGALRM, which fails outside the main thread
-    # (Ray/uvicorn workers); inputs are short integer literals, so parsing cannot hang.
-    gold = parse(f"\\boxed{{{example.answer}}}", parsing_timeout=None)
-    pred = parse(f"\\boxed{{{answer}}}", parsing_timeout=None)
-    return int(verify(gold, pred, timeout_seconds=None))
+    return int(verify(_parsed(str(example.answer)), _parsed(answer), timeout_seconds=None))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(literal: str) -> list:
+    """math-verify's parse of ``\\boxed{literal}``, memoised: a batch repeats the same few integers, and parsing
+    (sympy) is most of a reward's cost. Timeouts off: math-verify's timeout uses SIGALRM, which fails outside
+    the main thread (Ray/uvicorn workers); the inputs are short integer literals, so parsing cannot hang."""
+    return parse(f"\\boxed{{{literal}}}", parsing_timeout=None)
 
 
 def reward(example: Example, response: str) -> float:
