@@ -15,22 +15,9 @@ import pytest
 from experiments import evaluate, records
 from experiments.cli import main
 from experiments.tasks import get_task
+from tests.experiments.small_run import small_run
 
-SMALL = [
-    "experiment=math_tiny_ema_pg",
-    "logger.name=none",
-    "trainer.threads=1",
-    "rollout.prompts_per_iter=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=12",
-    "trainer.eval_every=2",
-    "trainer.eval_size=4",
-    "trainer.eval_n=2",
-    "task.train_size=40",
-    "task.test_size=7",
-    "model.pretrain_steps=2",
-    "trainer.iterations=2",
-]
+SMALL = small_run({"trainer.eval_n": 2, "task.test_size": 7, "trainer.iterations": 2})
 EVAL = ["--protocol", "in_training", "--n", "4", "--max-tokens", "8", "--batch", "2", "--device", "cpu"]
 pytestmark = pytest.mark.filterwarnings("ignore:pretrain .* did not reach target_acc")
 

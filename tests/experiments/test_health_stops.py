@@ -11,26 +11,19 @@ import pytest
 
 from experiments import records
 from experiments.cli import main
+from tests.experiments.small_run import small_run
 
 # optim.lr=1.0 on the tiny model: one update makes the policy deterministic (train/entropy ~1e-6 at iteration 2,
 # 0 after; measured), the collapse an absurd learning rate causes
-COLLAPSING = [
-    "experiment=math_tiny_grpo",
-    "logger.name=none",
-    "trainer.threads=1",
-    "rollout.prompts_per_iter=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=12",
-    "trainer.eval_every=10",
-    "trainer.eval_size=4",
-    "trainer.eval_n=1",
-    "task.train_size=40",
-    "task.test_size=8",
-    "model.pretrain_steps=2",
-    "trainer.save_every=1",
-    "trainer.iterations=4",
-    "optim.lr=1.0",
-]
+COLLAPSING = small_run(
+    {
+        "experiment": "math_tiny_grpo",
+        "trainer.eval_every": 10,
+        "trainer.save_every": 1,
+        "trainer.iterations": 4,
+        "optim.lr": 1.0,
+    }
+)
 FLOOR = ["health.entropy_floor.floor=0.01", "health.entropy_floor.patience=1"]
 pytestmark = pytest.mark.filterwarnings("ignore:pretrain .* did not reach target_acc")  # 2 warm-start steps, on purpose
 

@@ -11,23 +11,9 @@ from omegaconf import OmegaConf
 from experiments import build, records, stages
 from experiments.cli import main
 from experiments.errors import UserError
+from tests.experiments.small_run import small_run
 
-SMALL = [
-    "experiment=math_tiny_ema_pg",
-    "logger.name=none",
-    "trainer.threads=1",
-    "rollout.prompts_per_iter=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=12",
-    "trainer.eval_every=2",
-    "trainer.eval_size=4",
-    "trainer.eval_n=2",
-    "task.train_size=40",
-    "task.test_size=8",
-    "model.pretrain_steps=2",
-    "trainer.save_every=1",
-    "algo.anchor.period=1",
-]
+SMALL = small_run({"trainer.eval_n": 2, "trainer.save_every": 1, "algo.anchor.period": 1})
 TWO = (
     "stages=[{name: a, set: {trainer.iterations: 2}},"
     " {name: b, set: {trainer.iterations: 4, rollout.max_new_tokens: 16}}]"

@@ -16,23 +16,9 @@ import pytest
 
 from experiments import records
 from experiments.cli import main
+from tests.experiments.small_run import small_run
 
-SMALL = [
-    "experiment=math_tiny_ema_pg",
-    "logger.name=none",
-    "trainer.threads=1",
-    "rollout.prompts_per_iter=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=12",
-    "trainer.eval_every=2",
-    "trainer.eval_size=4",
-    "trainer.eval_n=1",
-    "task.train_size=40",
-    "task.test_size=8",
-    "model.pretrain_steps=2",
-    "trainer.save_every=1",
-    "trainer.keep_checkpoints=2",
-]
+SMALL = small_run({"trainer.save_every": 1, "trainer.keep_checkpoints": 2})
 VOLATILE = ("time_s",)  # wall-clock; perf/* too
 pytestmark = pytest.mark.filterwarnings("ignore:pretrain .* did not reach target_acc")  # 2 warm-start steps, on purpose
 
