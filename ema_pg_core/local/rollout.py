@@ -153,16 +153,16 @@ def generate(
 
 
 def step_stats(logits: torch.Tensor, picked: torch.Tensor, k: int, temperature: float) -> dict[str, torch.Tensor]:
-    """pi_old's statistics of one decoding step, the quantities of ``token_stats_from_logits`` on one (B, V) block.
+    """pi_old's statistics of decoding steps, the quantities of ``token_stats_from_logits`` on (..., V) logits.
 
-    logits (B, V), picked (B,) -> logp, lse, entropy (B,); logits_k, indices (B, k): own top-k. No autograd:
-    the sampler runs under no_grad, and a plain computation costs a fraction of the generic blocked one.
+    logits (B, S, V), picked (B, S) -> logp, lse, entropy (B, S); logits_k, indices (B, S, k): own top-k. No
+    autograd: the sampler runs under no_grad, and a plain computation costs a fraction of the generic blocked one.
     """
-    z = logits.to(acc_dtype(logits.dtype)) / temperature  # (B, V)
-    lse = torch.logsumexp(z, -1)  # (B,)
-    head = torch.topk(z, k, -1) if k else (z.new_zeros(z.shape[0], 0), picked.new_zeros(z.shape[0], 0))
+    z = logits.to(acc_dtype(logits.dtype)) / temperature  # (B, S, V)
+    lse = torch.logsumexp(z, -1)  # (B, S)
+    head = torch.topk(z, k, -1) if k else (z.new_zeros(*z.shape[:-1], 0), picked.new_zeros(*z.shape[:-1], 0))
     return {
-        "logp": z.gather(-1, picked[:, None])[:, 0] - lse,
+        "logp": z.gather(-1, picked[..., None])[..., 0] - lse,
         "lse": lse,
         "logits_k": head[0],
         "indices": head[1],
@@ -170,18 +170,33 @@ def step_stats(logits: torch.Tensor, picked: torch.Tensor, k: int, temperature: 
     }
 
 
+STATS_BUFFER_BYTES = 64 * 2**20
+"""The sampler keeps up to this many bytes of step logits before computing their statistics in one batch
+(fewer, larger operations); a bound, never the whole (B, T, V)."""
+
+
 class _SamplerStats:
-    """A StepHook keeping pi_old's statistics of every sampled token, one (B, V) block per step."""
+    """A StepHook keeping pi_old's statistics of every sampled token, computed in batches of steps."""
 
     def __init__(self, k: int, temperature: float):
-        self.k, self.temperature, self.steps = k, temperature, []
+        self.k, self.temperature, self.done, self.pending = k, temperature, [], []
 
     def __call__(self, logits: torch.Tensor, picked: torch.Tensor) -> None:  # (B, V), (B,)
-        self.steps.append(step_stats(logits, picked, self.k, self.temperature))
+        self.pending.append((logits, picked))
+        if len(self.pending) * logits.numel() * 4 >= STATS_BUFFER_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            z = torch.stack([lg for lg, _ in self.pending], 1)  # (B, s, V)
+            tok = torch.stack([t for _, t in self.pending], 1)  # (B, s)
+            self.done.append(step_stats(z, tok, self.k, self.temperature))
+            self.pending = []
 
     def rows(self, lengths: list[int]) -> list[TokenStats]:
         """Row i's statistics for its first lengths[i] tokens: (n,) / (n, K)."""
-        cat = {f: torch.stack([st[f] for st in self.steps], 1) for f in _FIELDS}  # (B, S) / (B, S, K)
+        self._flush()
+        cat = {f: torch.cat([st[f] for st in self.done], 1) for f in _FIELDS}  # (B, S) / (B, S, K)
         return [TokenStats(**{f: t[i, :n] for f, t in cat.items()}) for i, n in enumerate(lengths)]
 
 

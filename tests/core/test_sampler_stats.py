@@ -135,3 +135,22 @@ def test_verl_refuses_sampler_statistics():
 def test_old_logprobs_is_validated():
     with pytest.raises(ValueError, match="trainer.old_logprobs='x' is not allowed; allowed values: auto, rollout"):
         replace(TrainerConfig(), old_logprobs="x")
+
+
+def test_statistics_do_not_depend_on_how_many_steps_are_buffered(monkeypatch):
+    import ema_pg_core.local.rollout as R
+
+    model = _model().eval()
+
+    def sample():
+        g = torch.Generator().manual_seed(0)
+        return rollout(model, TOK, ["1>", "23>", "4>"], max_new_tokens=10, generator=g, stats_k=3)
+
+    batched = sample()  # all steps in one batch (the buffer holds them all)
+    monkeypatch.setattr(R, "STATS_BUFFER_BYTES", 1)  # one step per batch
+    stepwise = sample()
+    for a, b in zip(batched, stepwise):
+        assert a.response_ids == b.response_ids
+        torch.testing.assert_close(a.stats.logp, b.stats.logp, rtol=0, atol=1e-6)
+        torch.testing.assert_close(a.stats.entropy, b.stats.entropy, rtol=0, atol=1e-6)
+        assert torch.equal(a.stats.indices, b.stats.indices)
