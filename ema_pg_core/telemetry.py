@@ -27,11 +27,11 @@ from ema_pg_core.kl import ImportanceWeight, KLInputs, aggregate, get_estimator,
 from ema_pg_core.topk import (
     DEFAULT_CHUNK,
     ZBlock,
+    _acc_dtype,
     _hidden_rows,
     _logit_rows,
     _row_slices,
     _vocab_blocks,
-    acc_dtype,
 )
 
 PROBE_KEYS = ("kl/exact", "kl/estimate_on_probe", "kl/estimate_gap")
@@ -104,7 +104,7 @@ def exact_kl_from_hidden(
             f"policy hidden {tuple(hidden.shape)} / head {tuple(weight.shape)} and anchor hidden "
             f"{tuple(ref_hidden.shape)} / head {tuple(ref_weight.shape)} must share (B, T) and V"
         )
-    acc = acc_dtype(hidden.dtype)
+    acc = _acc_dtype(hidden.dtype)
     with torch.no_grad():
         rows_p = _hidden_rows(hidden.reshape(B * T, H), weight, bias, acc, temperature)
         rows_r = _hidden_rows(ref_hidden.reshape(B * T, -1), ref_weight, ref_bias, acc, temperature)
@@ -124,7 +124,7 @@ def exact_kl_from_logits(
     """(N,) exact KL from raw logits (N, V) of both models (the verl engine's packed layout). No gradient."""
     if logits.shape != ref_logits.shape or logits.ndim != 2:
         raise ValueError(f"logits {tuple(logits.shape)} and ref_logits {tuple(ref_logits.shape)} must be equal (N, V)")
-    acc = acc_dtype(logits.dtype)
+    acc = _acc_dtype(logits.dtype)
     with torch.no_grad():
         rows_p, rows_r = _logit_rows(logits, acc, temperature), _logit_rows(ref_logits, acc, temperature)
         return exact_kl_blocks(

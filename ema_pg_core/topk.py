@@ -47,7 +47,7 @@ class TokenStats:
     entropy: torch.Tensor | None = None  # (B, T)
 
 
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """fp32 for half types, else the input dtype (fp64 stays fp64 for exact tests)."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
@@ -179,7 +179,7 @@ def _logit_rows(logits, acc, temperature) -> Callable[[slice], ZBlock]:
 class _FromLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, tokens, indices, k, temperature, chunk, vchunk, want_entropy):
-        zrows = _logit_rows(logits, acc_dtype(logits.dtype), temperature)
+        zrows = _logit_rows(logits, _acc_dtype(logits.dtype), temperature)
         blocks = _vocab_blocks(logits.shape[1], vchunk)
         cfg = (temperature, chunk, want_entropy)
         return _forward_all(ctx, (logits,), zrows, logits.shape[0], blocks, tokens, indices, k, cfg)
@@ -210,7 +210,7 @@ def _hidden_rows(hidden, weight, bias, acc, temperature) -> Callable[[slice], ZB
 class _FromHidden(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, tokens, indices, k, temperature, chunk, vchunk, want_entropy):
-        zrows = _hidden_rows(hidden, weight, bias, acc_dtype(hidden.dtype), temperature)
+        zrows = _hidden_rows(hidden, weight, bias, _acc_dtype(hidden.dtype), temperature)
         blocks = _vocab_blocks(weight.shape[0], vchunk)
         cfg = (temperature, chunk, want_entropy)
         return _forward_all(ctx, (hidden, weight, bias), zrows, hidden.shape[0], blocks, tokens, indices, k, cfg)

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-from ema_pg_core.topk import TokenStats, acc_dtype
+from ema_pg_core.topk import TokenStats, token_stats_from_logits
 
 
 class ToolEnv(Protocol):
@@ -152,24 +152,6 @@ def generate(
     return gen
 
 
-def step_stats(logits: torch.Tensor, picked: torch.Tensor, k: int, temperature: float) -> dict[str, torch.Tensor]:
-    """pi_old's statistics of decoding steps, the quantities of ``token_stats_from_logits`` on (..., V) logits.
-
-    logits (B, S, V), picked (B, S) -> logp, lse, entropy (B, S); logits_k, indices (B, S, k): own top-k. No
-    autograd: the sampler runs under no_grad, and a plain computation costs a fraction of the generic blocked one.
-    """
-    z = logits.to(acc_dtype(logits.dtype)) / temperature  # (B, S, V)
-    lse = torch.logsumexp(z, -1)  # (B, S)
-    head = torch.topk(z, k, -1) if k else (z.new_zeros(*z.shape[:-1], 0), picked.new_zeros(*z.shape[:-1], 0))
-    return {
-        "logp": z.gather(-1, picked[..., None])[..., 0] - lse,
-        "lse": lse,
-        "logits_k": head[0],
-        "indices": head[1],
-        "entropy": lse - (torch.softmax(z, -1) * z).sum(-1),
-    }
-
-
 STATS_BUFFER_BYTES = 64 * 2**20
 """The sampler keeps up to this many bytes of step logits before computing their statistics in one batch
 (fewer, larger operations); a bound, never the whole (B, T, V)."""
@@ -190,13 +172,13 @@ class _SamplerStats:
         if self.pending:
             z = torch.stack([lg for lg, _ in self.pending], 1)  # (B, s, V)
             tok = torch.stack([t for _, t in self.pending], 1)  # (B, s)
-            self.done.append(step_stats(z, tok, self.k, self.temperature))
+            self.done.append(token_stats_from_logits(z, tok, k=self.k, temperature=self.temperature, entropy=True))
             self.pending = []
 
     def rows(self, lengths: list[int]) -> list[TokenStats]:
         """Row i's statistics for its first lengths[i] tokens: (n,) / (n, K)."""
         self._flush()
-        cat = {f: torch.cat([st[f] for st in self.done], 1) for f in _FIELDS}  # (B, S) / (B, S, K)
+        cat = {f: torch.cat([getattr(st, f) for st in self.done], 1) for f in _FIELDS}  # (B, S) / (B, S, K)
         return [TokenStats(**{f: t[i, :n] for f, t in cat.items()}) for i, n in enumerate(lengths)]
 
 
