@@ -170,8 +170,11 @@ class OptimConfig:
 
 
 PROBE_EVERY = 5
-"""``trainer.probe_every: null`` on the local backend: the KL probe every 5 iterations (about 1.5% of training
+"""``trainer.probe_every: null``: the KL probe every 5 iterations, on either backend (about 1.5% of training
 time on math_tiny, docs/benchmarks.md)."""
+
+PROBE_SIZE = 16
+"""``trainer.probe_size: null``: 16 prompts in the KL probe (on verl at most ``rollout.prompts_per_iter``)."""
 
 OLD_LOGPROBS = ("auto", "rollout", "recompute")
 """``trainer.old_logprobs`` values."""
@@ -206,10 +209,11 @@ class TrainerConfig:
     """Policy dtype: float32 | bfloat16 | float64."""
     probe_every: int | None = None
     """Re-score the fixed KL probe set every this many iterations (``kl/exact``, ``kl/estimate_on_probe``,
-    ``kl/estimate_gap``; docs/run-record.md); 0 = no probe; null = the backend's default: every
-    ``PROBE_EVERY`` iterations on the local backend, off on verl (which has no probe yet and refuses > 0)."""
-    probe_size: int = 16
-    """Held-out prompts in the probe set (one response each, drawn by the initial policy and checkpointed)."""
+    ``kl/estimate_gap``; docs/run-record.md); 0 = no probe; null = every ``PROBE_EVERY`` iterations."""
+    probe_size: int | None = None
+    """Prompts in the probe set, one response each, drawn by the policy once and checkpointed: held-out (test
+    split) prompts on the local backend, the first training batch's on verl (ema_pg_core.verl.probe, so at
+    most ``rollout.prompts_per_iter`` there); null = ``PROBE_SIZE`` (on verl: capped at prompts_per_iter)."""
 
     old_logprobs: str = "auto"
     """Where pi_old's per-token statistics (sampled log-prob, top-k head, logsumexp, entropy) come from:
@@ -226,7 +230,7 @@ class TrainerConfig:
 
     @property
     def probe_period(self) -> int:
-        """The local backend's probe cadence: probe_every, or PROBE_EVERY when it is null (0 = no probe)."""
+        """The probe cadence: probe_every, or PROBE_EVERY when it is null (0 = no probe)."""
         return PROBE_EVERY if self.probe_every is None else self.probe_every
 
     def __post_init__(self):
@@ -241,8 +245,8 @@ class TrainerConfig:
             f"trainer.probe_every must be an integer >= 0 (0 = no KL probe) or null; got {self.probe_every!r}",
         )
         _check(
-            isinstance(self.probe_size, int) and self.probe_size >= 1,
-            f"trainer.probe_size must be an integer >= 1 (held-out prompts); got {self.probe_size!r}",
+            self.probe_size is None or (isinstance(self.probe_size, int) and self.probe_size >= 1),
+            f"trainer.probe_size must be an integer >= 1 (prompts in the KL probe) or null; got {self.probe_size!r}",
         )
         _choice("trainer.dtype", self.dtype, ("float32", "bfloat16", "float64"))
         _choice("trainer.old_logprobs", self.old_logprobs, OLD_LOGPROBS)

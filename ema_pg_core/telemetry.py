@@ -21,17 +21,22 @@ logsumexps that the Top-k estimators already receive, so they cost O(K) per toke
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ema_pg_core.kl import ImportanceWeight, KLInputs, aggregate, get_estimator, kl_per_token, tail_mask
 from ema_pg_core.topk import (
     DEFAULT_CHUNK,
+    TokenStats,
     ZBlock,
     _acc_dtype,
     _hidden_rows,
     _logit_rows,
     _row_slices,
     _vocab_blocks,
+    kl_inputs,
+    token_stats_from_logits,
 )
 
 PROBE_KEYS = ("kl/exact", "kl/estimate_on_probe", "kl/estimate_gap")
@@ -173,6 +178,65 @@ def topk_summary(parts: dict[str, torch.Tensor], mask: torch.Tensor, direction: 
 def is_topk(name: str) -> bool:
     """The estimator takes Top-k inputs (capability flag, never the name)."""
     return get_estimator(name).needs == "topk"
+
+
+def probe_inputs(
+    name: str,
+    k: int,
+    stats_p: Callable[..., TokenStats],
+    stats_r: Callable[..., TokenStats],
+    tokens: torch.Tensor,
+    probe_logp: torch.Tensor,
+) -> KLInputs:
+    """KLInputs of estimator ``name`` on the probe tokens (B, T); ``stats_p`` / ``stats_r`` (``k=`` or
+    ``indices=``) -> the policy's / the anchor's TokenStats there. The head is the policy's own top-k
+    (reverse Top-k) or the anchor's (forward Top-k); ``probe_logp`` (B, T) is the log-prob of the policy
+    that drew the tokens (the importance weight's denominator)."""
+    est = get_estimator(name)
+    if est.needs == "topk" and est.direction == "reverse":
+        pol = stats_p(k=k)
+        anc = stats_r(indices=pol.indices)
+    elif est.needs == "topk":
+        anc = stats_r(k=k)
+        pol = stats_p(indices=anc.indices)
+    else:
+        pol, anc = stats_p(), stats_r()
+    return kl_inputs(pol, anc, tokens, old_logp=probe_logp)
+
+
+@torch.no_grad()
+def probe_scores_from_logits(
+    logits: torch.Tensor,
+    ref_logits: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    name: str,
+    k: int,
+    tail: str,
+    iw: ImportanceWeight,
+    probe_logp: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """Per-token probe scores (B, T) from both models' logits (B, T, V), already divided by the temperature.
+
+    exact:    the exact KL in estimator ``name``'s direction
+    estimate: estimator ``name`` on ``tokens`` with the importance weight pi / pi_probe
+    logp:     the policy's log-prob of ``tokens`` (pi_probe when the policy drew them)
+    ``probe_logp`` None: the policy is the one that drew the tokens (the weight is 1).
+    Holds no more than the two (B, T, V) inputs (the verl backend's probe, per sequence); no gradient.
+    """
+    B, T, V = logits.shape
+    direction = get_estimator(name).direction
+    exact = exact_kl_from_logits(logits.reshape(B * T, V), ref_logits.reshape(B * T, V), direction=direction)
+
+    def stats(z):
+        return lambda **kw: token_stats_from_logits(z, tokens, **kw)
+
+    logp = stats(logits)().logp  # (B, T)
+    old = logp if probe_logp is None else probe_logp.to(logp.dtype)
+    x = probe_inputs(name, k, stats(logits), stats(ref_logits), tokens, old)
+    if get_estimator(name).needs == "full":
+        x.logits, x.ref_logits = logits, ref_logits
+    return {"exact": exact.view(B, T), "estimate": kl_per_token(name, x, tail=tail, iw=iw), "logp": logp}
 
 
 def probe_summary(exact: torch.Tensor, estimate: torch.Tensor, mask: torch.Tensor, agg: str) -> dict[str, float]:

@@ -14,13 +14,15 @@ target and replaces only what needs a GPU or a download (``rehearsal_overrides``
     sizes      prompts, responses, turns, batch sizes
     hardware   verl's CPU platform (trainer.device=cpu) and the hf rollout engine; one virtual GPU;
                1 TransferQueue storage unit, 1 agent-loop worker, 1 reward worker; no offloading
-    schedule   ``steps`` iterations, a checkpoint each, 2 kept; the anchor period shortened to 2
+    schedule   ``steps`` iterations, a checkpoint each, 2 kept; the anchor period shortened to 2; the KL
+               probe (when the target has one) every step, on 2 prompts
 
 It runs ``steps`` iterations in a child process, kills it once the checkpoint of step 2 is on disk,
 resumes to ``steps`` in a second process, and checks the run directory (``checks``): every step
 recorded, the anchor updated exactly at its scheduled steps, the Top-k statistics present when the
-estimator needs them, checkpoints with their anchor written and pruned, and the resume continuing
-the step count and the anchor. Exit status 0 only when every check passed.
+estimator needs them, the KL probe scored at every step on the same tokens across the kill,
+checkpoints with their anchor written and pruned, and the resume continuing the step count and the
+anchor. Exit status 0 only when every check passed.
 
 What a rehearsal proves and what it cannot: README, "Scaling out".
 """
@@ -54,6 +56,8 @@ PROMPT_TOKENS = {False: 128, True: 768}
 """backend.verl.max_prompt_length (single-turn math prompts; the Search-R1 template is ~630 tokens here)."""
 TURN_TOKENS = {False: 24, True: 40}
 """rollout.max_new_tokens: a boxed sum; a `<search> name </search>` or `<answer> name </answer>` turn."""
+PROBE_PROMPTS = 2
+"""trainer.probe_size of a rehearsal whose target runs the KL probe (then scored every step)."""
 STEP_TIMEOUT_S = 600
 """backend.verl.step_timeout_s of a rehearsal: start-up and each step take well under a minute on CPU."""
 
@@ -214,6 +218,8 @@ def rehearsal_overrides(
     ]
     if tau < 1.0:
         o.append(f"algo.anchor.period={ANCHOR_PERIOD}")
+    if cfg.trainer.probe_every != 0:  # the target's probe (null: the default cadence), every step
+        o += ["trainer.probe_every=1", f"trainer.probe_size={PROBE_PROMPTS}"]
     if multi:
         o += [
             "rollout.max_turns=2",
@@ -359,6 +365,7 @@ class Expect:
     k: int
     keep: int
     killed_at: int | None
+    probe: bool = False
 
 
 def _metrics(run_dir: Path) -> dict[int, dict]:
@@ -410,6 +417,31 @@ def check_topk(run_dir: Path, e: Expect) -> Check:
             else f"computed although the estimator does not need them: {sorted(keys)}",
         )
     return Check("Top-k statistics", ks == [float(e.k)], f"head size seen in the actor loss {ks}, expected [{e.k}]")
+
+
+def check_probe(run_dir: Path, e: Expect) -> Check:
+    """The KL probe: finite kl/exact >= 0 and its estimate at every step, and the same probe tokens in every
+    checkpoint, those written after the resume included (the resumed run scores the tokens it captured)."""
+    import math
+
+    import torch
+
+    from ema_pg_core.telemetry import PROBE_KEYS
+    from ema_pg_core.verl.probe import PROBE_FILE
+
+    m = _metrics(run_dir)
+    logged = [s for s, r in sorted(m.items()) if all(k in r for k in PROBE_KEYS)]
+    if not e.probe:
+        return Check("KL probe", not logged, f"the target runs none; scored at steps {logged} (expected none)")
+    values = [(s, m[s]["kl/exact"], m[s]["kl/estimate_on_probe"]) for s in logged]
+    sane = all(math.isfinite(x) and math.isfinite(y) and x >= -1e-6 for _, x, y in values)
+    files = sorted((run_dir / "checkpoints").glob(f"global_step_*/{PROBE_FILE}"))
+    tokens = [torch.load(f, weights_only=False)["data"]["input_ids"].values() for f in files]
+    same = bool(tokens) and all(torch.equal(t, tokens[0]) for t in tokens)
+    ok = logged == list(range(1, e.steps + 1)) and sane and same
+    shown = ", ".join(f"{s}: {x:.3g} / {y:.3g}" for s, x, y in values)
+    detail = f"kl/exact / estimate at steps {shown or 'none'}; {len(files)} checkpoints hold the probe"
+    return Check("KL probe", ok, detail + (", the same tokens in each" if same else ", NOT the same tokens"))
 
 
 def check_checkpoints(run_dir: Path, e: Expect) -> Check:
@@ -481,7 +513,16 @@ def check_wandb(run_dir: Path, e: Expect) -> Check:
     return Check("W&B", ok, detail + f"; group {group!r} {'named' if named else 'MISSING'} in each")
 
 
-CHECKS = (check_steps, check_anchor_schedule, check_topk, check_checkpoints, check_resume, check_evals, check_wandb)
+CHECKS = (
+    check_steps,
+    check_anchor_schedule,
+    check_topk,
+    check_probe,
+    check_checkpoints,
+    check_resume,
+    check_evals,
+    check_wandb,
+)
 
 
 # --------------------------------------------------------------------------------------
@@ -615,6 +656,7 @@ def rehearse_config(
         k=int(kl.k),
         keep=2,
         killed_at=first.killed_at,
+        probe=cfg.trainer.probe_every != 0,
     )
     return Result(name, [check(run_dir, expect) for check in CHECKS], time.time() - t0)
 

@@ -20,6 +20,8 @@ Key mapping (verl 0.9.1 names on the left):
     train/dropped_truncated              -> train/dropped_truncated (logged by our trainer)
     anchor/*                             -> anchor/* (logged by our trainer)
     actor/topk/*                         -> topk/* (Top-k telemetry of our loss; ema_pg_core.telemetry)
+    kl/exact, kl/estimate_on_probe,      -> the same (the KL probe, logged by our trainer every
+    kl/estimate_gap, perf/probe_s           probe_every steps; ema_pg_core.verl.probe)
     val-core/<source>/<var>/mean@N       -> eval/<source>/acc    (greedy validation: T = 0)
                                             eval/<source>/pass@1 (sampled: mean over N samples)
     and eval/<task>/<acc|pass@1>         =  the unweighted mean over the sources of that step,
@@ -40,6 +42,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ema_pg_core.telemetry import PROBE_KEYS
 from ema_pg_core.verl.config import rotate  # noqa: F401  (re-exported: the TaskRunner calls it)
 
 FILE = "verl_metrics.jsonl"
@@ -57,6 +60,8 @@ TRAIN_KEYS = {
     "timing_s/step": "perf/iter_s",
     "train/dropped_truncated": "train/dropped_truncated",
 }
+SAME_KEYS = (*PROBE_KEYS, "perf/probe_s")
+"""Logged by our trainer under their run-record names."""
 _VAL = re.compile(r"^val-(?P<who>core|anchor-core)/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
 _WHO = {"core": "eval", "anchor-core": "eval_anchor"}  # verl's validation of the policy / of the EMA anchor
 
@@ -111,7 +116,7 @@ def trained_step(data: Mapping[str, Any]) -> bool:
 def convert(data: Mapping[str, Any], task: str, greedy: bool) -> dict[str, float]:
     """One step of verl metrics -> run-record metrics (see the module docstring)."""
     out = {ours: data[theirs] for theirs, ours in TRAIN_KEYS.items() if theirs in data}
-    out.update({k: v for k, v in data.items() if k.startswith("anchor/")})
+    out.update({k: v for k, v in data.items() if k.startswith("anchor/") or k in SAME_KEYS})
     out.update({k[len("actor/") :]: v for k, v in data.items() if k.startswith("actor/topk/")})
     name = "acc" if greedy else "pass@1"
     per_source: dict[str, dict[str, float]] = {}

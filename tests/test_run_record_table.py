@@ -60,11 +60,10 @@ def _anchor_literals() -> set[str]:
 
 def verl_keys() -> set[str]:
     from ema_pg_core.telemetry import TOPK_FORWARD_KEYS, TOPK_KEYS
-    from experiments.verl_metrics import TRAIN_KEYS, convert
+    from experiments.verl_metrics import SAME_KEYS, TRAIN_KEYS, convert
 
-    data = dict.fromkeys(
-        [*TRAIN_KEYS, *_anchor_literals(), *(f"actor/{k}" for k in TOPK_KEYS + TOPK_FORWARD_KEYS)], 0.0
-    )
+    topk = [f"actor/{k}" for k in TOPK_KEYS + TOPK_FORWARD_KEYS]
+    data = dict.fromkeys([*TRAIN_KEYS, *_anchor_literals(), *topk, *SAME_KEYS], 0.0)
     data.update({f"val-{who}/toy/acc/mean@1": 0.0 for who in ("core", "anchor-core")})  # policy, anchor validation
     return set(convert(data, "toy", greedy=True)) | set(convert(data, "toy", greedy=False))
 

@@ -26,11 +26,11 @@ from dataclasses import asdict
 
 import torch
 
-from ema_pg_core.config import KLConfig
+from ema_pg_core.config import PROBE_SIZE, KLConfig
 from ema_pg_core.kl import ImportanceWeight, KLInputs, get_estimator, kl_per_token
 from ema_pg_core.local.batch import Batch, collate, forward_stats, response_hidden
-from ema_pg_core.telemetry import exact_kl_from_hidden, probe_summary
-from ema_pg_core.topk import kl_inputs, token_stats_from_hidden
+from ema_pg_core.telemetry import exact_kl_from_hidden, probe_inputs, probe_summary
+from ema_pg_core.topk import token_stats_from_hidden
 
 PROBE_SEED_OFFSET = 7_000_003
 """The probe's generator is seeded with seed + this offset (apart from the training and eval generators)."""
@@ -39,6 +39,7 @@ PROBE_SEED_OFFSET = 7_000_003
 def make_probe(trainer) -> dict[str, torch.Tensor]:
     """{Batch fields (P, L) / (P, T), "logp" (P, T)}: the probe set, drawn by the trainer's current policy."""
     n = trainer.cfg.trainer.probe_size
+    n = PROBE_SIZE if n is None else n
     examples = trainer.task.test[:n]
     if not examples:
         raise ValueError("trainer.probe_every > 0 needs held-out (test split) prompts for the probe; the task has none")
@@ -63,22 +64,13 @@ def _head(model):
 
 def _estimate_inputs(name: str, k: int, h, h_ref, policy, anchor, batch: Batch, logp_probe, T: float) -> KLInputs:
     """KLInputs of estimator ``name`` on the probe tokens; every tensor (P, T[, K | V])."""
-    est = get_estimator(name)
     (w, b), (wr, br) = _head(policy), _head(anchor)
 
-    def stats(hh, ww, bb, **kw):
-        return token_stats_from_hidden(hh, ww, bb, batch.tokens, temperature=T, **kw)
+    def stats(hh, ww, bb):
+        return lambda **kw: token_stats_from_hidden(hh, ww, bb, batch.tokens, temperature=T, **kw)
 
-    if est.needs == "topk" and est.direction == "reverse":
-        pol = stats(h, w, b, k=k)
-        anc = stats(h_ref, wr, br, indices=pol.indices)
-    elif est.needs == "topk":
-        anc = stats(h_ref, wr, br, k=k)
-        pol = stats(h, w, b, indices=anc.indices)
-    else:
-        pol, anc = stats(h, w, b), stats(h_ref, wr, br)
-    x = kl_inputs(pol, anc, batch.tokens, old_logp=logp_probe)
-    if est.needs == "full":
+    x = probe_inputs(name, k, stats(h, w, b), stats(h_ref, wr, br), batch.tokens, logp_probe)
+    if get_estimator(name).needs == "full":
         x.logits, x.ref_logits = policy.get_output_embeddings()(h) / T, anchor.get_output_embeddings()(h_ref) / T
     return x
 

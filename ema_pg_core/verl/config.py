@@ -49,7 +49,7 @@ OLD, REF = "emapg_old_", "emapg_ref_"
 # --------------------------------------------------------------------------------------
 # The emapg: section
 # --------------------------------------------------------------------------------------
-SECTION_SCALARS = ("metrics_path", "mask_truncated", "device")
+SECTION_SCALARS = ("metrics_path", "mask_truncated", "device", "probe_every", "probe_size")
 """The emapg section's top-level keys that are values, not groups."""
 WANDB_ENV = {
     "WANDB_RUN_ID": "run_id",
@@ -100,6 +100,10 @@ class EmaPGSection:
     (rLLM's mask_truncated_samples, the paper's 8k math stage; ``trainer.drop_truncated``)."""
     device: str = "cuda"
     """cuda (GPUs, verl's own platform detection) | cpu (``ema_pg_core.verl.cpu``: development, rehearsals)."""
+    probe_every: int = 0
+    """The KL probe every this many iterations (0 = none): ``trainer.probe_every`` resolved (ema_pg_core.verl.probe)."""
+    probe_size: int = 16
+    """Prompts in the probe: the first ones of the run's first training batch (``trainer.probe_size``)."""
     wandb: dict[str, str] = field(default_factory=dict)
     """W&B settings for verl's tracker, by WANDB_* variable name (``WANDB_ENV``); the TaskRunner applies them
     in its own process before verl's ``Tracking`` calls ``wandb.init`` (``apply_wandb_env``). Empty: none."""
@@ -109,6 +113,10 @@ class EmaPGSection:
             raise ValueError(
                 f"trainer.device={self.device!r} is not allowed with the verl backend; allowed: {', '.join(DEVICES)}"
             )
+        for name in ("probe_every", "probe_size"):
+            value, low = getattr(self, name), int(name == "probe_size")
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"emapg.{name} must be an integer >= {low}; got {value!r}")
         if not isinstance(self.mask_truncated, bool):
             raise ValueError(f"emapg.mask_truncated must be true or false; got {self.mask_truncated!r}")
         est = get_estimator(self.kl.type)
@@ -301,6 +309,14 @@ class VerlJob:
 A, R, T, D = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "trainer.", "data."
 
 
+def _probe_size(tr, run: Mapping[str, Any]) -> int:
+    """``trainer.probe_size``, or for null the smaller of ``PROBE_SIZE`` and the first batch's prompts."""
+    from ema_pg_core.config import PROBE_SIZE, RolloutConfig
+
+    prompts = RolloutConfig(**run.get("rollout", {})).prompts_per_iter
+    return tr.probe_size if tr.probe_size is not None else min(PROBE_SIZE, prompts)
+
+
 def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> VerlJob:
     """Compile a resolved run config (plain mapping of the experiments schema) into a verl launch. `wandb`:
     the WANDB_* settings of the run's W&B run (``experiments.wandb_logger.verl_env``; {} = no W&B; None = W&B
@@ -317,6 +333,8 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
             "metrics_path": metrics,
             "mask_truncated": vs.mask_truncated,
             "device": tr.device,
+            "probe_every": tr.probe_period,
+            "probe_size": _probe_size(tr, run),
             "wandb": dict(wandb or {}),
         }
     )
@@ -325,10 +343,11 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
     model_path = (run.get("model") or {}).get("path")
     if not model_path:
         raise ValueError("the verl backend needs model.path (an HF model id or directory)")
-    if tr.probe_every:
+    if tr.probe_period and section.probe_size > ro.prompts_per_iter:
         raise ValueError(
-            f"trainer.probe_every={tr.probe_every} is not supported by the verl backend (the KL probe runs on the "
-            "local backend only); allowed values: null, 0"
+            f"trainer.probe_size={tr.probe_size} > rollout.prompts_per_iter={ro.prompts_per_iter}: on the verl "
+            f"backend the KL probe is taken from the first batch's prompts; allowed: 1..{ro.prompts_per_iter}, "
+            "null (the smaller of 16 and prompts_per_iter), or trainer.probe_every=0 (no probe)"
         )
     if tr.old_logprobs == "rollout":
         raise ValueError(

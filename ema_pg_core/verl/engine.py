@@ -11,6 +11,10 @@ non-tensor flags on the batch (``set_pass``):
     mode "gather"  (anchor pass for reverse KL): logits at the ids under ``ids_key`` + logsumexp
     mode "train"   (actor update): turn on verl's logits-processor hook so the loss function sees
                    the training logits (``ema_pg_core.verl.loss``)
+    mode "keep"    (the KL probe, ``ema_pg_core.verl.probe``): append each micro-batch's (nnz, V) logits
+                   / temperature to the engine's ``probe_logits`` list, for the worker to pair with the other
+                   model's on the same tokens; the probe runs one sequence per micro-batch, in chunks
+                   whose logits fit its memory budget
 
 In "self"/"gather" the outputs are added to verl's own (log_probs, entropy) as nested tensors
 keyed ``<prefix>topk_ids`` (nnz, K) int32, ``<prefix>logits_k`` (nnz, K) fp32 and ``<prefix>lse``
@@ -39,7 +43,7 @@ from ema_pg_core.topk import token_stats_from_logits
 from ema_pg_core.verl.layout import token_rows
 
 MODE, K, IDS_KEY, PREFIX = "emapg_topk_mode", "emapg_topk_k", "emapg_topk_ids_key", "emapg_topk_prefix"
-MODES = ("off", "self", "gather", "train")
+MODES = ("off", "self", "gather", "train", "keep")
 DROP_KEY = "emapg_drop_masked_seqs"
 """Non-tensor flag: sequences with an all-zero loss mask leave verl's seq-mean denominator too."""
 
@@ -86,6 +90,11 @@ class EmaPGFSDPEngineWithLMHead(FSDPEngineWithLMHead):
         mode = _flag(micro_batch, MODE, "off")
         if mode == "train":
             tu.assign_non_tensor(micro_batch, distillation_use_topk=True)
+        if mode == "keep":
+            if output_args.get("pad_size", 0):
+                raise NotImplementedError("the KL probe supports Ulysses SP = 1 and pad_to_length = False only")
+            logits = _packed_scaled_logits(output, output_args, micro_batch).detach()  # (nnz, V)
+            self.probe_logits = [*getattr(self, "probe_logits", []), logits]
         extra = self._topk_outputs(output, output_args, micro_batch, mode) if mode in ("self", "gather") else {}
         model_output = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
         model_output.update(extra)

@@ -8,6 +8,9 @@ Registered as ``trainer.v1.trainer_mode=emapg_sync``. Per iteration (verl's ``_s
                                                 with emapg.mask_truncated, length-capped responses
                                                 masked out for the update only: ``drop_truncated``]
             -> EMA: after the update of iterations period, 2*period, ... (``anchor_due``)
+            -> KL probe: captured after the first pi_old pass (the first response of each of the
+               batch's first probe_size prompts, kept by the workers), scored after the EMA of
+               iterations probe_every, 2*probe_every, ... (``ema_pg_core.verl.probe``)
     -> checkpoint (verl's; our worker writes the anchor beside the actor) -> weight sync -> eval
 
 The EMA runs inside ``_update_actor`` so that it precedes verl's checkpoint of the same
@@ -18,6 +21,8 @@ tensors themselves travel through verl's TransferQueue under producer-prefixed k
 """
 
 from __future__ import annotations
+
+import time
 
 import ray
 import torch
@@ -30,6 +35,7 @@ from ema_pg_core.verl.config import TRAINER_MODE, EmaPGSection, anchor_due, topk
 from ema_pg_core.verl.engine import DROP_KEY, set_pass
 from ema_pg_core.verl.evals import anchor_keys, append_rows, as_anchor, evals_path, problem_rows
 from ema_pg_core.verl.layout import token_rows
+from ema_pg_core.verl.probe import pick
 from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
 
 
@@ -87,6 +93,7 @@ class EmaPGTrainerSync(PPOTrainerSync):
         self._passes = topk_passes(self.emapg.kl)
         self._evals = evals_path(self.emapg.metrics_path)
         self._eval_as, self._val_samples, self._val_rows = "policy", ([], []), []
+        self._probe_ready = False  # the workers hold the KL probe (captured, or loaded with a checkpoint)
 
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
@@ -96,7 +103,10 @@ class EmaPGTrainerSync(PPOTrainerSync):
 
     def _compute_old_log_prob(self, batch, metrics):
         set_pass(batch.extra_info, **self._passes["old"])
-        return super()._compute_old_log_prob(batch, metrics)
+        batch = super()._compute_old_log_prob(batch, metrics)
+        if self.emapg.probe_every and not self._probe_ready:
+            self._capture_probe(batch)
+        return batch
 
     def _compute_ref_log_prob(self, batch, metrics):
         set_pass(batch.extra_info, **self._passes["ref"])
@@ -118,7 +128,25 @@ class EmaPGTrainerSync(PPOTrainerSync):
             metrics.update(self.actor_rollout_wg.update_ref_ema(self.global_steps)[0])
         else:
             metrics["anchor/updated"] = 0.0
+        every = self.emapg.probe_every
+        if last_local and every and self.global_steps % every == 0:
+            t0 = time.perf_counter()
+            metrics.update(self.actor_rollout_wg.score_probe()[0])
+            metrics["perf/probe_s"] = time.perf_counter() - t0
         return batch
+
+    def _capture_probe(self, batch) -> None:
+        """Hand the probe's rows (``pick``) to every worker rank, which keeps them with pi_probe; a worker that
+        loaded a probe with its checkpoint keeps that one."""
+        import transfer_queue as tq
+        from transfer_queue import KVBatchMeta
+
+        uids = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid"])["uid"]
+        keys = pick(batch.keys, [str(u) for u in uids], batch.tags, self.emapg.probe_size)
+        tags = [batch.tags[batch.keys.index(k)] for k in keys]
+        meta = KVBatchMeta(keys=keys, tags=tags, partition_id=batch.partition_id, fields=batch.fields)
+        self.actor_rollout_wg.capture_probe(meta)
+        self._probe_ready = True
 
     # ------------------------------------------------------------------ evaluation (ema_pg_core.verl.evals)
     def _validate(self):

@@ -17,6 +17,9 @@ In verl 0.9.1 one Ray worker process holds the actor and the reference (``self.a
 - ``load_checkpoint``: verl restores the actor; with tau < 1 the anchor must be beside it. A
   missing anchor is an error (never a silent restart from the initial model, which is what the
   released code and stock verl do).
+- ``capture_probe`` / ``score_probe`` (RPC, every rank): the KL probe (``ema_pg_core.verl.probe``): every
+  rank keeps the probe's sequences and pi_probe, saved as ``global_step_N/emapg_probe.pt`` with each
+  checkpoint and loaded with it.
 
 The trainer passes the ``emapg:`` section as ``actor_rollout_ref.emapg`` (the worker only gets
 ``actor_rollout_ref``). Methods other than the RPC wrappers take no Ray state, so tests call them
@@ -40,6 +43,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 from ema_pg_core.verl.config import EmaPGSection, uses_topk
 from ema_pg_core.verl.ema import drift, ema_update_sharded_, paired_local_shards
 from ema_pg_core.verl.evals import load_anchor_, restore_actor_
+from ema_pg_core.verl.probe import PROBE_FILE
 
 ANCHOR_DIR = "anchor"
 ANCHOR_META = "emapg_anchor.json"
@@ -186,6 +190,7 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
         )
         self._emapg = section
         self._anchor_updates = 0
+        self._probe = None  # {"data": TensorDict, "logp": [(T_i,)]}: the KL probe (ema_pg_core.verl.probe)
 
     # ------------------------------------------------------------------ the EMA
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -217,6 +222,34 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
             self._actor_aside = None
         _barrier()
 
+    # ------------------------------------------------------------------ the KL probe
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def capture_probe(self, data) -> int:
+        """Keep ``data`` (the probe's rows; every rank gets all of them) and the policy's log-probs of them as
+        pi_probe; a probe already held (loaded with a checkpoint) is kept instead. Returns its size."""
+        from ema_pg_core.verl.probe import score
+
+        if self._probe is None:
+            probe = data.select(*[k for k, v in data.items() if isinstance(v, torch.Tensor)])
+            _, logp = score(self.actor, self.ref, probe, **self._probe_args())
+            self._probe = {"data": probe, "logp": logp}
+        return len(self._probe["logp"])
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def score_probe(self) -> dict[str, float]:
+        """kl/exact, kl/estimate_on_probe and kl/estimate_gap of the current policy and anchor on the probe."""
+        from ema_pg_core.verl.probe import score
+
+        if self._probe is None:
+            raise RuntimeError("score_probe before capture_probe: the trainer captures the probe at its first step")
+        probe = self._probe
+        metrics, _ = score(self.actor, self.ref, probe["data"], probe_logp=probe["logp"], **self._probe_args())
+        return metrics
+
+    def _probe_args(self) -> dict:
+        rollout_t = self.config.rollout.temperature
+        return {"kl": self._emapg.kl, "agg": self._emapg.loss.agg, "temperature": float(rollout_t)}
+
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
@@ -231,6 +264,10 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
         super().save_checkpoint(local_path, hdfs_path, global_step, verl_keep)
         if self._emapg.anchor.tau < 1.0:  # a fixed anchor is the initial model, which the run config names
             self._save_anchor(anchor_dir(local_path), global_step, verl_keep)
+        if self._probe is not None and _rank() == 0:
+            path = os.path.join(os.path.dirname(os.path.normpath(local_path)), PROBE_FILE)
+            torch.save(self._probe, path + ".tmp")
+            os.replace(path + ".tmp", path)
         if layout is not None and _rank() == 0:
             remove_old_step_dirs(layout[0], layout[1], max_ckpt_to_keep)
         _barrier()
@@ -265,4 +302,7 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
             self.ref.load_checkpoint(path, None, False)
             with open(meta_path) as f:
                 self._anchor_updates = int(json.load(f)["num_updates"])
+        probe = os.path.join(os.path.dirname(os.path.normpath(local_path)), PROBE_FILE)
+        if os.path.isfile(probe):  # else (a checkpoint written without the probe) the next step captures one
+            self._probe = torch.load(probe, weights_only=False)
         _barrier()

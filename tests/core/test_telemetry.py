@@ -177,11 +177,42 @@ def test_probe_settings_are_validated():
         TrainerConfig(probe_size=0)
 
 
-def test_probe_every_null_is_the_backends_default_and_verl_refuses_a_probe():
+def test_probe_every_null_is_every_5_iterations_on_both_backends():
     from ema_pg_core.config import PROBE_EVERY
     from ema_pg_core.verl.config import to_verl
 
     assert TrainerConfig().probe_period == PROBE_EVERY > 0 and TrainerConfig(probe_every=0).probe_period == 0
     assert TrainerConfig(probe_every=3).probe_period == 3
-    with pytest.raises(ValueError, match=r"trainer\.probe_every=5 is not supported by the verl backend.*null, 0"):
-        to_verl({"trainer": {"probe_every": 5}, "model": {"path": "m"}})
+    run = {"model": {"path": "m"}, "rollout": {"prompts_per_iter": 16}, "trainer": {"device": "cuda"}}
+    assert to_verl(run).emapg["probe_every"] == PROBE_EVERY and to_verl(run).emapg["probe_size"] == 16
+    assert to_verl({**run, "trainer": {"device": "cuda", "probe_every": 0}}).emapg["probe_every"] == 0
+    assert to_verl({**run, "rollout": {"prompts_per_iter": 4}}).emapg["probe_size"] == 4  # null: capped
+    with pytest.raises(ValueError, match=r"trainer\.probe_size=8 > rollout\.prompts_per_iter=4.*allowed: 1\.\.4"):
+        to_verl({**run, "rollout": {"prompts_per_iter": 4}, "trainer": {"device": "cuda", "probe_size": 8}})
+    off = {**run, "rollout": {"prompts_per_iter": 4}, "trainer": {"device": "cuda", "probe_every": 0}}
+    assert to_verl(off).emapg["probe_every"] == 0
+
+
+@pytest.mark.parametrize(
+    "kl_type,tail", [("topk_reverse", "unbiased"), ("topk_reverse", "paper"), ("topk_forward", "paper"),
+                     ("k3", "unbiased"), ("k4", "unbiased"), ("exact_forward", "unbiased")],
+)  # fmt: skip
+def test_probe_scores_from_logits_equal_the_direct_computation(tmp_path, kl_type, tail):
+    """The verl probe's per-sequence scoring (from both models' logits) against the same direct computation."""
+    from ema_pg_core.telemetry import probe_scores_from_logits
+
+    tr = _trainer(tmp_path, kl_type, tail=tail)
+    probe = make_probe(tr)
+    kl = tr.cfg.algo.kl
+    z, zr, mask, est = _direct_estimate(tr, probe, kl)
+    batch = probe_batch(probe, "cpu")
+    iw = ImportanceWeight(True, kl.iw_clip_low, kl.iw_clip_high)
+    with torch.no_grad():
+        got = probe_scores_from_logits(
+            z, zr, batch.tokens, name=kl.type, k=kl.k, tail=kl.tail, iw=iw, probe_logp=probe["logp"]
+        )
+    direction = "forward" if kl_type in ("topk_forward", "exact_forward") else "reverse"
+    m = mask.bool()
+    torch.testing.assert_close(got["exact"][m], _direct_kl(z, zr, direction)[m], atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(got["estimate"][m], est[m], atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(got["logp"][m], torch.log_softmax(z, -1).gather(-1, batch.tokens[..., None])[..., 0][m])
