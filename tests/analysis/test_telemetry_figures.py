@@ -45,10 +45,13 @@ def test_topk_coverage_means_per_run_and_the_inside_fraction():
     df = topk_coverage.per_run(_metrics(), _runs()).set_index("run_id")
     assert df.loc["r2", "topk/head_mass"] == pytest.approx(0.4 + 0.01 * 3.5)  # mean over iterations 1..6
     assert df.loc["r0", "inside_frac"] == pytest.approx(0.2) and df.loc["r3", "inside_frac"] == pytest.approx(0.8)
+    assert df.loc["r2", "tail_mass"] == pytest.approx(1 - 0.435)
     fig = topk_coverage.make(_metrics(), _runs(), reps=50)
-    (ax,) = fig.axes
+    ax, tail = fig.axes
     line = ax.get_lines()[0]
     assert list(line.get_xdata()) == [1, 4] and list(line.get_ydata()) == pytest.approx([0.135, 0.435])
+    assert list(tail.get_lines()[0].get_ydata()) == pytest.approx([1 - 0.135, 1 - 0.435])  # the tail's mass
+    assert tail.get_yscale() == "log" and ax.get_xscale() == "log"
 
 
 def test_topk_coverage_needs_two_values_of_k():
