@@ -175,6 +175,26 @@ def variant_of(knobs: dict[str, Any]) -> str:
     return f"GRPO ({kl})"
 
 
+def with_coef(variant: str, coef: Any) -> str:
+    """The label with the KL coefficient added inside its parentheses: "GRPO (k3)" -> "GRPO (k3, β=0.1)"."""
+    return f"{variant[:-1]}, β={_fmt(coef)})" if variant.endswith(")") else f"{variant} (β={_fmt(coef)})"
+
+
+def label_coefs(runs: pd.DataFrame) -> dict[str, str]:
+    """{run_id: variant with β} for the runs of every task whose runs differ in the KL coefficient (a β sweep:
+    without it, runs at different β would share a label and be pooled); {} when no task has two coefficients.
+    Runs without KL ("no KL", β = 0) keep their label."""
+    out = {}
+    for _, task_runs in runs.groupby("task", dropna=False):
+        coefs = task_runs["kl_coef"].dropna()
+        if coefs.nunique() < 2:
+            continue
+        for rid, variant, coef in task_runs[["run_id", "variant", "kl_coef"]].itertuples(index=False):
+            if _is_num(coef) and coef != 0:
+                out[rid] = with_coef(variant, coef)
+    return out
+
+
 def mask_inert_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
     """Knobs that cannot affect the run become None, so they neither split nor pool groups:
     kl_k / kl_tail unless the KL type is a Top-k one, anchor_period when the anchor is fixed.
@@ -278,6 +298,11 @@ def frames(raw_runs: Iterable[RawRun]) -> tuple[pd.DataFrame, pd.DataFrame]:
         if metric_rows
         else pd.DataFrame(columns=["run_id", *CURVE_KEYS, "iteration", "time_s"])
     )
+    relabel = label_coefs(runs) if len(runs) else {}
+    if relabel:
+        runs["variant"] = runs["run_id"].map(relabel).fillna(runs["variant"])
+        if len(metrics):
+            metrics["variant"] = metrics["run_id"].map(relabel).fillna(metrics["variant"])
     lead = ["run_id", *CURVE_KEYS, "iteration", "time_s"]
     metrics = metrics[[c for c in lead if c in metrics] + sorted(c for c in metrics if c not in lead)]
     return runs, metrics

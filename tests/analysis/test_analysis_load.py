@@ -157,3 +157,21 @@ def test_jsonl_reader_truncation_flag(tmp_path):
     p.write_text(json.dumps({"iteration": 0}))  # complete last line without newline
     assert records.scan_jsonl(p) == ([{"iteration": 0}], False)
     assert math.isnan(load.clean_rows([{"iteration": 0, "x": None}])[0][0]["x"])
+
+
+def test_runs_at_different_kl_coefficients_get_different_labels():
+    """A β sweep (the β × τ map): the label names β, so runs at different β are never pooled in one row."""
+    runs = pd.DataFrame(
+        {
+            "run_id": ["a", "b", "c", "d", "e"],
+            "task": ["t", "t", "t", "t", "u"],
+            "variant": ["GRPO (k3)", "GRPO (k3)", "EMA-PG (τ=0.9, P=10; k3)", "no KL", "GRPO (k3)"],
+            "kl_coef": [0.1, 1.0, 1.0, 0.0, 0.5],
+        }
+    )
+    assert load.label_coefs(runs) == {
+        "a": "GRPO (k3, β=0.1)",
+        "b": "GRPO (k3, β=1)",
+        "c": "EMA-PG (τ=0.9, P=10; k3, β=1)",
+    }  # d: no KL keeps its label; e: the only coefficient of its task
+    assert load.label_coefs(runs[runs["run_id"].isin(["a", "e"])]) == {}
