@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 
-from experiments import errors
+from experiments import errors, progress
 from experiments.errors import RunInterrupted, UserError, raise_terminated
 
 
@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args, rest = parser.parse_known_args(argv[:1])
     try:
+        progress.quiet_libraries()  # EMAPG_PROGRESS=0: no Hugging Face bars either
         return COMMANDS[args.command](argv[1:])
     except BaseException as e:  # noqa: BLE001  the one error path: experiments.errors
         if isinstance(e, SystemExit):  # argparse's usage errors (exit 2) and --help

@@ -2,7 +2,8 @@
 
 On a terminal a bar redraws live. On a file or a pipe (a SLURM log, ``emapg cluster logs``, CI)
 tqdm would write a line ten times a second; there it writes one every `LOG_INTERVAL_S`.
-``EMAPG_PROGRESS=0`` turns every bar off (sweeps set it for their trials).
+``EMAPG_PROGRESS=0`` turns every bar off (sweeps set it for their trials), Hugging Face's own
+("Loading weights", downloads) too: ``quiet_libraries``, called by the CLI and ``experiments.run.run``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,17 @@ LOG_INTERVAL_S = 30.0
 def enabled() -> bool:
     """False when the user (or a sweep) set ``EMAPG_PROGRESS=0``."""
     return os.environ.get("EMAPG_PROGRESS", "1") != "0"
+
+
+def quiet_libraries() -> None:
+    """With bars off, also turn off the bars transformers and huggingface_hub draw themselves."""
+    if enabled():
+        return
+    import huggingface_hub.utils
+    import transformers.utils.logging
+
+    transformers.utils.logging.disable_progress_bar()
+    huggingface_hub.utils.disable_progress_bars()
 
 
 def bar(total: int | None, desc: str, *, initial: int = 0, unit: str = "it", show: bool = True):

@@ -70,6 +70,7 @@ def _verl_wandb(cfg: DictConfig, run_dir: Path) -> dict[str, str]:
 def run(cfg: DictConfig, callback: Callback | None = None) -> dict[str, float]:
     """Train one run as configured; return {metric: final value} (+ best_<metric>). A staged run
     (`stages` / `stage`, experiments.stages) trains its stages one after the other in one record."""
+    progress.quiet_libraries()
     if cfg.get("stages") or cfg.get("stage") is not None or cfg.get("resume_from"):
         from experiments import stages
 

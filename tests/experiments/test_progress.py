@@ -48,3 +48,20 @@ def test_a_stderr_without_isatty_counts_as_a_log_file(monkeypatch):
         assert bar.mininterval == progress.LOG_INTERVAL_S
         bar.update(3)
     assert "3/3" in tee.buf.getvalue()
+
+
+def test_emapg_progress_0_silences_the_hugging_face_bars_too(monkeypatch):
+    """transformers' "Loading weights" bar (and huggingface_hub's) follow EMAPG_PROGRESS=0."""
+    import huggingface_hub.utils
+    import transformers.utils.logging as hf_logging
+
+    monkeypatch.setenv("EMAPG_PROGRESS", "1")
+    progress.quiet_libraries()
+    assert hf_logging.is_progress_bar_enabled()
+    monkeypatch.setenv("EMAPG_PROGRESS", "0")
+    try:
+        progress.quiet_libraries()
+        assert not hf_logging.is_progress_bar_enabled() and huggingface_hub.utils.are_progress_bars_disabled()
+    finally:
+        hf_logging.enable_progress_bar()
+        huggingface_hub.utils.enable_progress_bars()
