@@ -343,23 +343,7 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
     model_path = (run.get("model") or {}).get("path")
     if not model_path:
         raise ValueError("the verl backend needs model.path (an HF model id or directory)")
-    if tr.probe_period and section.probe_size > ro.prompts_per_iter:
-        raise ValueError(
-            f"trainer.probe_size={tr.probe_size} > rollout.prompts_per_iter={ro.prompts_per_iter}: on the verl "
-            f"backend the KL probe is taken from the first batch's prompts; allowed: 1..{ro.prompts_per_iter}, "
-            "null (the smaller of 16 and prompts_per_iter), or trainer.probe_every=0 (no probe)"
-        )
-    if tr.old_logprobs == "rollout":
-        raise ValueError(
-            "trainer.old_logprobs=rollout is not allowed with the verl backend (verl recomputes pi_old's "
-            "log-probs); allowed values: auto, recompute"
-        )
-    if ro.prompts_per_iter % tr.mini_batches:
-        raise ValueError(
-            f"rollout.prompts_per_iter={ro.prompts_per_iter} "
-            f"must be divisible by trainer.mini_batches={tr.mini_batches} "
-            "(verl counts ppo_mini_batch_size in prompts)"
-        )
+    _refuse(tr, ro, section)
     o = {
         **_algorithm_keys(section, adv),
         **_rollout_data_keys(ro, tr, vs),
@@ -378,6 +362,27 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
     o.update(_device_keys(section.device, vs))
     o.update(_logger(run, wandb))
     return VerlJob([f"{k}={hydra_value(v)}" for k, v in o.items()] + list(vs.overrides), section.to_dict())
+
+
+def _refuse(tr, ro, section: EmaPGSection) -> None:
+    """Settings the verl backend cannot honour, refused before any work."""
+    if tr.probe_period and section.probe_size > ro.prompts_per_iter:
+        raise ValueError(
+            f"trainer.probe_size={tr.probe_size} > rollout.prompts_per_iter={ro.prompts_per_iter}: on the verl "
+            f"backend the KL probe is taken from the first batch's prompts; allowed: 1..{ro.prompts_per_iter}, "
+            "null (the smaller of 16 and prompts_per_iter), or trainer.probe_every=0 (no probe)"
+        )
+    if tr.old_logprobs == "rollout":
+        raise ValueError(
+            "trainer.old_logprobs=rollout is not allowed with the verl backend (verl recomputes pi_old's "
+            "log-probs); allowed values: auto, recompute"
+        )
+    if ro.prompts_per_iter % tr.mini_batches:
+        raise ValueError(
+            f"rollout.prompts_per_iter={ro.prompts_per_iter} "
+            f"must be divisible by trainer.mini_batches={tr.mini_batches} "
+            "(verl counts ppo_mini_batch_size in prompts)"
+        )
 
 
 def _algorithm_keys(section: EmaPGSection, adv: AdvantageConfig) -> dict[str, Any]:

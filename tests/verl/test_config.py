@@ -212,7 +212,7 @@ def test_split_argv_and_formatting():
     assert args == ["trainer.nnodes=2"]
     assert section.kl.type == "topk_forward" and section.anchor.tau == 0.95 and section.kl.iw_clip_high is None
     assert split_argv(["emapg.mask_truncated=true"])[1].mask_truncated is True
-    with pytest.raises(ValueError, match=r"emapg.<metrics_path\|mask_truncated\|device>"):
+    with pytest.raises(ValueError, match=r"emapg.<metrics_path\|mask_truncated\|device\|probe_every\|probe_size>"):
         split_argv(["emapg.bogus=1"])
     with pytest.raises(ValueError, match="unknown emapg.kl"):
         EmaPGSection.from_dict({"kl": {"kk": 1}})
