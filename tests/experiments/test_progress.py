@@ -55,9 +55,11 @@ def test_emapg_progress_0_silences_the_hugging_face_bars_too(monkeypatch):
     import huggingface_hub.utils
     import transformers.utils.logging as hf_logging
 
+    hf_logging.enable_progress_bar()  # earlier runs in this process may have turned them off (their effect is global)
+    huggingface_hub.utils.enable_progress_bars()
     monkeypatch.setenv("EMAPG_PROGRESS", "1")
     progress.quiet_libraries()
-    assert hf_logging.is_progress_bar_enabled()
+    assert hf_logging.is_progress_bar_enabled() and not huggingface_hub.utils.are_progress_bars_disabled()
     monkeypatch.setenv("EMAPG_PROGRESS", "0")
     try:
         progress.quiet_libraries()
