@@ -141,3 +141,37 @@ def plain_model(path: str):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
+
+
+def emapg_worker(model_path: str, section, rollout_temperature: float = 1.0):
+    """Our ``EmaPGActorRolloutRefWorker`` outside Ray: an actor and a reference ``training_worker`` on the tiny
+    model, verl's PPO loss config, then ``emapg_setup(section)`` (the RPC methods need only these attributes)."""
+    from functools import partial
+
+    from omegaconf import OmegaConf
+    from verl.workers.config import FSDPActorConfig
+    from verl.workers.utils.losses import ppo_loss
+
+    from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
+
+    w = object.__new__(EmaPGActorRolloutRefWorker)
+    w.role, w.distillation_enabled = "actor_rollout_ref", False
+    w.config = OmegaConf.create({"rollout": {"temperature": rollout_temperature}})
+    w.actor = training_worker(model_path, forward_only=False)
+    w.ref = training_worker(model_path, forward_only=True)
+    w.loss_fn = partial(
+        ppo_loss,
+        config=FSDPActorConfig(strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, rollout_n=1),
+    )
+    w.actor.set_loss_fn(w.loss_fn)
+    w.emapg_setup(section)
+    return w
+
+
+def perturb(module, scale: float, seed: int) -> None:
+    """Add scale * N(0, 1) noise to every local shard of ``module``'s parameters, in place."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            loc = p.to_local()
+            loc.add_(scale * torch.randn(loc.shape, generator=g))

@@ -10,12 +10,9 @@ FSDP2 engines (fp32; the worker built outside Ray as in test_worker_checkpoint):
 - ``pick`` and ``chunks``: which responses form the probe, and the memory budget's grouping.
 """
 
-from functools import partial
-
 import engines
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.verl
 
@@ -23,34 +20,15 @@ T = 0.7  # the rollout temperature
 
 
 def _worker(tiny_path, kl_type="topk_reverse", tail="unbiased", agg="token-mean"):
-    from verl.workers.config import FSDPActorConfig
-    from verl.workers.utils.losses import ppo_loss
-
     from ema_pg_core.config import AnchorConfig, KLConfig, LossConfig
     from ema_pg_core.verl.config import EmaPGSection
-    from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
 
-    w = object.__new__(EmaPGActorRolloutRefWorker)  # the RPC methods need only these attributes
-    w.role, w.distillation_enabled = "actor_rollout_ref", False
-    w.config = OmegaConf.create({"rollout": {"temperature": T}})
-    w.actor = engines.training_worker(tiny_path, forward_only=False)
-    w.ref = engines.training_worker(tiny_path, forward_only=True)
-    w.loss_fn = partial(
-        ppo_loss,
-        config=FSDPActorConfig(strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, rollout_n=1),
-    )
-    w.actor.set_loss_fn(w.loss_fn)
     kl = KLConfig(type=kl_type, k=8, tail=tail, coef=0.1)
-    w.emapg_setup(EmaPGSection(kl=kl, anchor=AnchorConfig(tau=0.9, period=10), loss=LossConfig(agg=agg)))
-    return w
+    section = EmaPGSection(kl=kl, anchor=AnchorConfig(tau=0.9, period=10), loss=LossConfig(agg=agg))
+    return engines.emapg_worker(tiny_path, section, rollout_temperature=T)
 
 
-def _perturb(module, scale, seed):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            loc = p.to_local()
-            loc.add_(scale * torch.randn(loc.shape, generator=g))
+_perturb = engines.perturb
 
 
 def _logits(tiny_path, worker, padded):

@@ -11,7 +11,6 @@
 """
 
 import os
-from functools import partial
 
 import engines
 import pytest
@@ -27,32 +26,13 @@ def _full(module):
 
 
 def _worker(tiny_path, tau=0.9):
-    from verl.workers.config import FSDPActorConfig
-    from verl.workers.utils.losses import ppo_loss
-
     from ema_pg_core.config import AnchorConfig
     from ema_pg_core.verl.config import EmaPGSection
-    from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
 
-    w = object.__new__(EmaPGActorRolloutRefWorker)  # the RPC methods need only these attributes
-    w.role, w.distillation_enabled = "actor_rollout_ref", False
-    w.actor = engines.training_worker(tiny_path, forward_only=False)
-    w.ref = engines.training_worker(tiny_path, forward_only=True)
-    w.loss_fn = partial(
-        ppo_loss,
-        config=FSDPActorConfig(strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, rollout_n=1),
-    )
-    w.actor.set_loss_fn(w.loss_fn)
-    w.emapg_setup(EmaPGSection(anchor=AnchorConfig(tau=tau, period=10)))
-    return w
+    return engines.emapg_worker(tiny_path, EmaPGSection(anchor=AnchorConfig(tau=tau, period=10)))
 
 
-def _perturb(module, scale, seed):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            loc = p.to_local()
-            loc.add_(scale * torch.randn(loc.shape, generator=g))
+_perturb = engines.perturb
 
 
 def test_setup_installs_engine_and_loss(tiny_path):
