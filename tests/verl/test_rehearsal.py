@@ -43,6 +43,7 @@ def test_rehearsal_passes_every_check(name, shared):
         "steps recorded",
         "anchor schedule",
         "Top-k statistics",
+        "KL probe",
         "checkpoints",
         "resume",
         "evaluation rows",
