@@ -231,12 +231,11 @@ def probe_scores_from_logits(
     def stats(z):
         return lambda **kw: token_stats_from_logits(z, tokens, **kw)
 
-    logp = stats(logits)().logp  # (B, T)
-    old = logp if probe_logp is None else probe_logp.to(logp.dtype)
-    x = probe_inputs(name, k, stats(logits), stats(ref_logits), tokens, old)
+    x = probe_inputs(name, k, stats(logits), stats(ref_logits), tokens, probe_logp)
+    x.old_logp = x.logp if probe_logp is None else probe_logp.to(x.logp.dtype)  # (B, T)
     if get_estimator(name).needs == "full":
         x.logits, x.ref_logits = logits, ref_logits
-    return {"exact": exact.view(B, T), "estimate": kl_per_token(name, x, tail=tail, iw=iw), "logp": logp}
+    return {"exact": exact.view(B, T), "estimate": kl_per_token(name, x, tail=tail, iw=iw), "logp": x.logp}
 
 
 def probe_summary(exact: torch.Tensor, estimate: torch.Tensor, mask: torch.Tensor, agg: str) -> dict[str, float]:

@@ -309,12 +309,11 @@ class VerlJob:
 A, R, T, D = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "trainer.", "data."
 
 
-def _probe_size(tr, run: Mapping[str, Any]) -> int:
+def _probe_size(tr, prompts_per_iter: int) -> int:
     """``trainer.probe_size``, or for null the smaller of ``PROBE_SIZE`` and the first batch's prompts."""
-    from ema_pg_core.config import PROBE_SIZE, RolloutConfig
+    from ema_pg_core.config import PROBE_SIZE
 
-    prompts = RolloutConfig(**run.get("rollout", {})).prompts_per_iter
-    return tr.probe_size if tr.probe_size is not None else min(PROBE_SIZE, prompts)
+    return tr.probe_size if tr.probe_size is not None else min(PROBE_SIZE, prompts_per_iter)
 
 
 def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> VerlJob:
@@ -327,6 +326,7 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
     vs = VerlSettings(**(run.get("backend", {}).get("verl") or {}))
     metrics = os.path.join(run["run_dir"], "verl_metrics.jsonl") if run.get("run_dir") else None
     tr = TrainerConfig(**run.get("trainer", {}))
+    ro, opt = RolloutConfig(**run.get("rollout", {})), OptimConfig(**run.get("optim", {}))
     section = EmaPGSection.from_dict(
         {
             **{k: algo.get(k, {}) for k in ("kl", "anchor", "loss")},
@@ -334,12 +334,11 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
             "mask_truncated": vs.mask_truncated,
             "device": tr.device,
             "probe_every": tr.probe_period,
-            "probe_size": _probe_size(tr, run),
+            "probe_size": _probe_size(tr, ro.prompts_per_iter),
             "wandb": dict(wandb or {}),
         }
     )
     adv = AdvantageConfig(**algo.get("adv", {}))
-    ro, opt = RolloutConfig(**run.get("rollout", {})), OptimConfig(**run.get("optim", {}))
     model_path = (run.get("model") or {}).get("path")
     if not model_path:
         raise ValueError("the verl backend needs model.path (an HF model id or directory)")

@@ -91,18 +91,13 @@ class EmaPGFSDPEngineWithLMHead(FSDPEngineWithLMHead):
         if mode == "train":
             tu.assign_non_tensor(micro_batch, distillation_use_topk=True)
         if mode == "keep":
-            if output_args.get("pad_size", 0):
-                raise NotImplementedError("the KL probe supports Ulysses SP = 1 and pad_to_length = False only")
-            logits = _packed_scaled_logits(output, output_args, micro_batch).detach()  # (nnz, V)
-            self.probe_logits = [*getattr(self, "probe_logits", []), logits]
+            self.probe_logits.append(_packed_scaled_logits(output, output_args, micro_batch).detach())  # (nnz, V)
         extra = self._topk_outputs(output, output_args, micro_batch, mode) if mode in ("self", "gather") else {}
         model_output = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
         model_output.update(extra)
         return model_output
 
     def _topk_outputs(self, output, output_args, micro_batch, mode) -> dict[str, torch.Tensor]:
-        if output_args.get("pad_size", 0):
-            raise NotImplementedError("Top-k KL supports Ulysses SP = 1 and pad_to_length = False only")
         logits = _packed_scaled_logits(output, output_args, micro_batch)  # (nnz, V)
         tokens = output_args["input_ids_rmpad_rolled"].reshape(-1)  # (nnz,) the token each position predicts
         if mode == "gather":
@@ -120,7 +115,12 @@ class EmaPGFSDPEngineWithLMHead(FSDPEngineWithLMHead):
 
 
 def _packed_scaled_logits(output, output_args, micro_batch) -> torch.Tensor:
-    """(nnz, V) logits / temperature in verl's packed order, for either input layout."""
+    """(nnz, V) logits / temperature in verl's packed order, for either input layout.
+
+    Sequence-parallel padding (Ulysses SP > 1, pad_to_length) would shift the positions; ``check_verl``
+    refuses those settings before any work, and this raises if an engine still hands padded outputs."""
+    if output_args.get("pad_size", 0):
+        raise NotImplementedError("EMA-PG's logits (Top-k KL, KL probe) need Ulysses SP = 1 and pad_to_length=False")
     logits = output.logits
     if type(logits).__name__ == "DTensor":  # tensor parallel: vocab-sharded
         logits = logits.full_tensor()
@@ -146,3 +146,4 @@ def reclass(engine) -> None:
             f"EMA-PG's Top-k KL needs verl's FSDPEngineWithLMHead (strategy fsdp2); got {type(engine).__name__}"
         )
     engine.__class__ = EmaPGFSDPEngineWithLMHead
+    engine.probe_logits = []  # filled in pass mode "keep" (the KL probe), emptied by its reader

@@ -39,14 +39,14 @@ PROBE_LOGITS_BYTES = 2**30
 """Logits held per model at once while scoring the probe (at least one sequence): 1 GiB."""
 
 
-def pick(keys: list[str], uids: list[str], tags: list[dict], n: int) -> list[str]:
-    """The first response of each of the first ``n`` distinct prompts (uids), in batch order; padding skipped."""
+def pick(uids: list[str], tags: list[dict], n: int) -> list[int]:
+    """Batch positions of the first response of each of the first ``n`` distinct prompts (uids); padding skipped."""
     seen, out = set(), []
-    for key, uid, tag in zip(keys, uids, tags):
+    for i, (uid, tag) in enumerate(zip(uids, tags)):
         if tag.get("is_padding", False) or uid in seen:
             continue
         seen.add(uid)
-        out.append(key)
+        out.append(i)
         if len(out) == n:
             break
     return out
@@ -87,7 +87,6 @@ def _keep(worker, probe, idx: list[int], temperature: float) -> list[torch.Tenso
         global_token_num=[int(x) for x in offsets.diff()],
     )
     engine = worker.engine
-    engine.probe_logits = []
     try:
         worker.infer_batch(sub)
         kept = engine.probe_logits
@@ -127,5 +126,5 @@ def score(
             estimate.append(s["estimate"][0].cpu())
             logp.append(s["logp"][0].cpu())
     pad = lambda xs: torch.nn.utils.rnn.pad_sequence(xs, batch_first=True)  # noqa: E731  [(T_i,)] -> (P, T)
-    mask = pad([m.to(torch.float32) for m in masks])
-    return probe_summary(pad(exact), pad(estimate), mask.to(pad(exact).dtype), agg), logp
+    exact_, estimate_ = pad(exact), pad(estimate)
+    return probe_summary(exact_, estimate_, pad([m.to(exact_.dtype) for m in masks]), agg), logp

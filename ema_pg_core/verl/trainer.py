@@ -142,8 +142,8 @@ class EmaPGTrainerSync(PPOTrainerSync):
         from transfer_queue import KVBatchMeta
 
         uids = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid"])["uid"]
-        keys = pick(batch.keys, [str(u) for u in uids], batch.tags, self.emapg.probe_size)
-        tags = [batch.tags[batch.keys.index(k)] for k in keys]
+        rows = pick([str(u) for u in uids], batch.tags, self.emapg.probe_size)
+        keys, tags = [batch.keys[i] for i in rows], [batch.tags[i] for i in rows]
         meta = KVBatchMeta(keys=keys, tags=tags, partition_id=batch.partition_id, fields=batch.fields)
         self.actor_rollout_wg.capture_probe(meta)
         self._probe_ready = True

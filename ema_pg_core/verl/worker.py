@@ -58,6 +58,11 @@ def anchor_dir(actor_path: str) -> str:
     return os.path.join(os.path.dirname(os.path.normpath(actor_path)), ANCHOR_DIR)
 
 
+def probe_path(actor_path: str) -> str:
+    """``.../global_step_N/actor`` -> ``.../global_step_N/emapg_probe.pt`` (the KL probe)."""
+    return os.path.join(os.path.dirname(os.path.normpath(actor_path)), PROBE_FILE)
+
+
 def step_of(name: str) -> int | None:
     """``"global_step_12"`` -> 12; None for any other name."""
     m = _STEP_DIR.fullmatch(name)
@@ -265,7 +270,7 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
         if self._emapg.anchor.tau < 1.0:  # a fixed anchor is the initial model, which the run config names
             self._save_anchor(anchor_dir(local_path), global_step, verl_keep)
         if self._probe is not None and _rank() == 0:
-            path = os.path.join(os.path.dirname(os.path.normpath(local_path)), PROBE_FILE)
+            path = probe_path(local_path)
             torch.save(self._probe, path + ".tmp")
             os.replace(path + ".tmp", path)
         if layout is not None and _rank() == 0:
@@ -302,7 +307,7 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
             self.ref.load_checkpoint(path, None, False)
             with open(meta_path) as f:
                 self._anchor_updates = int(json.load(f)["num_updates"])
-        probe = os.path.join(os.path.dirname(os.path.normpath(local_path)), PROBE_FILE)
+        probe = probe_path(local_path)
         if os.path.isfile(probe):  # else (a checkpoint written without the probe) the next step captures one
             self._probe = torch.load(probe, weights_only=False)
         _barrier()

@@ -121,11 +121,10 @@ def test_score_before_capture_is_an_error(tiny_path):
 def test_pick_takes_the_first_response_of_each_prompt_and_skips_padding():
     from ema_pg_core.verl.probe import pick
 
-    keys = ["a0", "a1", "p", "b0", "c0", "b1", "d0"]
     uids = ["a", "a", "x", "b", "c", "b", "d"]
     tags = [{}, {}, {"is_padding": True}, {}, {}, {}, {}]
-    assert pick(keys, uids, tags, 3) == ["a0", "b0", "c0"]
-    assert pick(keys, uids, tags, 10) == ["a0", "b0", "c0", "d0"]
+    assert pick(uids, tags, 3) == [0, 3, 4]
+    assert pick(uids, tags, 10) == [0, 3, 4, 6]
 
 
 def test_chunks_keep_each_group_within_the_budget():
