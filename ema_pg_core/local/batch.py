@@ -82,12 +82,85 @@ def check_model(model) -> None:
 
 
 def response_hidden(model, batch: Batch) -> torch.Tensor:
-    """(B, T, H) final hidden states at the positions predicting each response token."""
+    """(B, T, H) final hidden states at the positions predicting each response token.
+
+    Rows that share a prompt (GRPO's G samples of it) share its forward: see ``_shared_prompt_hidden``.
+    """
+    groups = prompt_groups(batch)
+    if groups is not None and _plain_cache(model):
+        return _shared_prompt_hidden(model, batch, *groups)
     hidden = model.base_model(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask
     ).last_hidden_state  # (B, L, H)
     H = hidden.shape[-1]
     return hidden.gather(1, batch.pred_pos.unsqueeze(-1).expand(-1, -1, H))
+
+
+def prompt_groups(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(one row per distinct prompt (U,), each row's prompt index into them (B,)), or None if no prompt repeats.
+
+    A row's prompt is its first ``pred_pos[b, 0] + 1`` tokens; None too when a row's prompt length cannot be
+    read that way (``pred_pos[b, 0] == 0``: a one-token prompt or an empty response).
+    """
+    P = batch.pred_pos[:, 0] + 1  # (B,) prompt lengths
+    if bool((P == 1).any()):
+        return None
+    Pm = int(P.max())
+    cols = torch.arange(Pm, device=P.device)  # (Pm,)
+    prompts = batch.input_ids[:, :Pm].masked_fill(cols >= P[:, None], -1)  # (B, Pm), -1 past each prompt
+    uniq, inverse = torch.unique(prompts, dim=0, return_inverse=True)  # (U, Pm), (B,)
+    if len(uniq) == len(prompts):
+        return None
+    B = len(prompts)
+    rows = torch.full((len(uniq),), B, device=P.device).scatter_reduce(
+        0, inverse, torch.arange(B, device=P.device), "amin"
+    )  # (U,) first row holding each prompt
+    return rows, inverse
+
+
+def _plain_cache(model) -> bool:
+    """Does the model's KV cache hold every past position (no sliding window, no linear-attention state)?"""
+    cfg = model.config.get_text_config()
+    return not getattr(cfg, "use_sliding_window", False) and set(getattr(cfg, "layer_types", None) or ()) <= {
+        "full_attention"
+    }
+
+
+def _shared_prompt_hidden(model, batch: Batch, rows: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """``response_hidden`` with each distinct prompt run once: the same numbers up to float rounding.
+
+    The U distinct prompts (right-padded to the longest, Pm) go through the model once with a KV cache; the
+    cache is gathered back to the B rows (a differentiable index: gradients from all rows that share a prompt
+    add up in it), and the B responses (right-padded to T) continue from it at positions P_b + j. The
+    attention mask has a hole between a short prompt's end and column Pm; positions and mask make every
+    response token see exactly what it sees in the full forward. Cost: U * Pm + B * T token positions
+    instead of B * L.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    P = batch.pred_pos[:, 0] + 1  # (B,) prompt lengths
+    Pm, T = int(P.max()), batch.tokens.shape[1]
+    cols = torch.arange(Pm, device=P.device)  # (Pm,)
+    prompt_mask = (cols < P[:, None]).long()  # (B, Pm)
+    out = model.base_model(input_ids=batch.input_ids[rows, :Pm], attention_mask=prompt_mask[rows], use_cache=True)
+    cache = out.past_key_values
+    if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
+        raise TypeError(f"shared-prompt forward needs a plain DynamicCache, got {type(cache).__name__}")
+    cache.batch_select_indices(inverse)  # (U, ...) -> (B, ...)
+    j = torch.arange(T, device=P.device)  # (T,)
+    resp_pos = (P[:, None] + j).clamp_max(batch.input_ids.shape[1] - 1)  # (B, T) column of response token j
+    resp_ids = batch.input_ids.gather(1, resp_pos)  # (B, T) (padding past each response: masked below)
+    resp_mask = batch.attention_mask.gather(1, resp_pos) * (P[:, None] + j < batch.input_ids.shape[1])  # (B, T)
+    tail = model.base_model(
+        input_ids=resp_ids,
+        attention_mask=torch.cat([prompt_mask, resp_mask], 1),  # (B, Pm + T)
+        position_ids=P[:, None] + j,  # (B, T)
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state  # (B, T, H): output at P_b + j predicts response token j + 1
+    H = tail.shape[-1]
+    last_prompt = out.last_hidden_state[inverse].gather(1, (P - 1)[:, None, None].expand(-1, 1, H))  # (B, 1, H)
+    return torch.cat([last_prompt, tail[:, : T - 1]], 1)  # (B, T, H)
 
 
 def forward_stats(

@@ -112,8 +112,12 @@ def generate(
     """Sample continuations for a batch of token contexts (left-padded, KV cache).
 
     A sequence stops at eos (included), at ``stop`` (the decoded tail ends with it; included) or
-    after ``max_new_tokens``. ``decode`` maps token ids to text (needed with ``stop``). Finished rows
-    keep decoding (their tokens are dropped) until every row is done: one batched call per step.
+    after ``max_new_tokens``. ``decode`` maps token ids to text (needed with ``stop``).
+
+    Finished rows leave the model's batch once the live ones are at most ``SHRINK_AT`` of it (a step
+    costs less with fewer rows; the KV-cache gathers stay rare). Sampling still draws for all B rows,
+    finished ones from zero logits, so the generator's stream, and hence every live row's token, does
+    not depend on which rows are still in the model's batch.
     """
     B = len(contexts)
     L = max(len(c) for c in contexts)
@@ -126,8 +130,11 @@ def generate(
     out = model(input_ids=ids, attention_mask=attn[:, :L], position_ids=pos, use_cache=True)
     gen: list[list[int]] = [[] for _ in range(B)]
     live, tail, may_end = list(range(B)), len(stop) if stop else 0, _stop_filter(stop, decode)
+    rows, sel = list(range(B)), None  # the batch row of each of the model's b rows; sel: rows as a tensor
+    pos = pos[:, -1:]  # (b, 1)
     for s in range(max_new_tokens):
-        logits = out.logits[:, -1]  # (B, V)
+        z = out.logits[:, -1]  # (b, V)
+        logits = z if sel is None else z.new_zeros(B, z.shape[-1]).index_copy_(0, sel, z)  # (B, V)
         nxt = _pick(logits, temperature, top_p, greedy, generator)  # (B,)
         if on_step is not None:
             on_step(logits, nxt)
@@ -141,15 +148,34 @@ def generate(
         live = still
         if not live:
             break
-        pos = pos[:, -1:] + 1
+        cache = out.past_key_values
+        if len(live) <= len(rows) * SHRINK_AT and _prunable(cache):  # drop the finished rows from the model's batch
+            alive = set(live)
+            keep = torch.tensor([j for j, r in enumerate(rows) if r in alive], device=device)  # (b',) of the b rows
+            cache.batch_select_indices(keep)
+            rows, pos = live, pos[keep]
+            sel = torch.tensor(rows, device=device)
+        pos = pos + 1
         out = model(
-            input_ids=nxt[:, None],
-            attention_mask=attn[:, : L + s + 1],
+            input_ids=(nxt if sel is None else nxt[sel])[:, None],
+            attention_mask=attn[:, : L + s + 1] if sel is None else attn[sel, : L + s + 1],
             position_ids=pos,
-            past_key_values=out.past_key_values,
+            past_key_values=cache,
             use_cache=True,
         )
     return gen
+
+
+SHRINK_AT = 7 / 8
+"""generate drops finished rows from the model's batch once the live rows are at most this fraction of it (0: never)."""
+
+
+def _prunable(cache) -> bool:
+    """Can the KV cache drop batch rows? (transformers' per-layer key/value caches can; other kinds are left alone.)"""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(isinstance(layer, DynamicLayer) for layer in layers)
 
 
 STATS_BUFFER_BYTES = 64 * 2**20
