@@ -15,22 +15,34 @@ at the sampled tokens), and one no-grad forward of the anchor. Every figure is a
 measured in the same run: rollout / raw decode; iteration / (raw decode + raw forward-backward per
 optimizer step + anchor forward); old iteration / new iteration. Medians over iterations; the first
 iteration is dropped as warm-up. ``--write`` replaces the section in docs/benchmarks.md.
+
+The switch isolates the pi_old pass only: both paths share today's rollout loop. To measure what the
+whole change bought, ``--before COMMIT`` (default: the main branch just before the change, ``BEFORE``)
+also runs that commit's own trainer, extracted with ``git archive`` into a temporary directory, in a
+child process stepped in the same interleaving (same preset, seed and threads). Iteration times are
+wall-clock seconds around ``step()`` for every path, so the three are timed alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
 
-PHASES = ("rollout", "reward", "logprob", "update", "anchor", "iter")
+PHASES = ("rollout", "reward", "logprob", "update", "anchor")
+# main just before the first commit of the sampler statistics and the lean rollout loop (c1cb8f3):
+# the trainer whose iteration the issue measured at rollout 1.26x the raw decode plus a pi_old pass
+BEFORE = "803cb71"
 
 
 def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str):
@@ -59,6 +71,63 @@ def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str):
 
     tr._rollout = keep
     return tr
+
+
+def extract(commit: str, dest: str) -> str:
+    """The repository's tree at `commit` in dest (git archive: no worktree bookkeeping); returns dest."""
+    archive = subprocess.run(["git", "-C", str(C.ROOT), "archive", commit], capture_output=True, check=False)
+    if archive.returncode:
+        sys.exit(f"--before {commit}: git archive failed: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", dest], input=archive.stdout, check=True)
+    return dest
+
+
+class BeforeTrainer:
+    """The trainer of an earlier commit in a child process (serve mode), stepped one iteration per call."""
+
+    def __init__(self, tree: str, preset: str, threads: int, mini_batches: int, ckpt_dir: str):
+        cmd = [sys.executable, __file__, "--serve", tree, preset, str(threads), str(mini_batches), ckpt_dir]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._read()  # "ready": the child has built its trainer
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            sys.exit(f"the --before trainer exited with status {self.proc.wait()} (its error is above)")
+        return json.loads(line)
+
+    def step(self) -> dict:
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def serve(tree: str, preset: str, threads: int, mini_batches: int, ckpt_dir: str) -> None:
+    """Child side of BeforeTrainer: that commit's own build and LocalTrainer, one JSON line per step."""
+    sys.path.insert(0, tree)  # the old tree's packages shadow this checkout's
+    import torch
+
+    from ema_pg_core.local.trainer import LocalTrainer, seed_everything
+    from experiments import build
+
+    assert Path(build.__file__).is_relative_to(tree), build.__file__
+    torch.set_num_threads(threads)
+    cfg = build.compose([f"experiment={preset}", f"trainer.mini_batches={mini_batches}"])
+    local = build.validate(cfg)
+    policy, tok = build.model(cfg)
+    seed_everything(int(cfg.seed))
+    tr = LocalTrainer(policy, tok, build.task(cfg), local, ckpt_dir)
+    print(json.dumps({"ready": True}), flush=True)
+    for _ in sys.stdin:
+        t = time.perf_counter()
+        m = tr.step()
+        row = {"iter": time.perf_counter() - t, "response_len": m["train/response_len"]}
+        row.update({p: m[f"perf/{p}_s"] for p in ("rollout", "logprob", "update", "anchor")})  # rollout: + rewards
+        print(json.dumps(row), flush=True)
 
 
 def _timed(fn) -> float:
@@ -119,21 +188,38 @@ def replay(tr) -> dict:
     }
 
 
-def measure(preset: str, iterations: int, threads: int, mini_batches: int) -> dict:
-    """{mode: {phase or raw op: median seconds}} for the new and old path, interleaved."""
+def step_in_process(tr) -> dict:
+    """One iteration of an in-process trainer, then the raw operations replayed on its batch."""
+    t = time.perf_counter()
+    m = tr.step()
+    row = {"iter": time.perf_counter() - t, **{p: m[f"perf/{p}_s"] for p in PHASES}}
+    return {**row, "response_len": m["train/response_len"], **replay(tr)}
+
+
+def measure(preset: str, iterations: int, threads: int, mini_batches: int, before_tree: str | None) -> dict:
+    """{path: {phase or raw op: median seconds}} for the new and old path (and the commit before), interleaved.
+
+    The order of the paths rotates every iteration, so none always runs first after the child process.
+    """
     import torch
 
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as d:
-        trs = {m: trainer(preset, m, mini_batches, f"{d}/{m}") for m in ("rollout", "recompute")}
-        rows: dict[str, list[dict]] = {m: [] for m in trs}
+        steps = {
+            m: partial(step_in_process, trainer(preset, m, mini_batches, f"{d}/{m}")) for m in ("rollout", "recompute")
+        }
+        before = BeforeTrainer(before_tree, preset, threads, mini_batches, f"{d}/before") if before_tree else None
+        if before is not None:
+            steps["before"] = before.step
+        rows: dict[str, list[dict]] = {m: [] for m in steps}
+        order = list(steps)
         for it in range(iterations):
-            for mode, tr in trs.items():
-                m = tr.step()
-                row = {p: m[f"perf/{p}_s"] for p in PHASES}
-                row.update(replay(tr))
+            for mode in order[it % len(order) :] + order[: it % len(order)]:
+                row = steps[mode]()
                 if it > 0:  # the first iteration is warm-up
                     rows[mode].append(row)
+        if before is not None:
+            before.close()
     return {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in rows.items()}
 
 
@@ -145,10 +231,17 @@ def ratios(r: dict) -> dict:
         "iter_vs_raw_sum": new["iter"] / base,
         "old_vs_new_iter": old["iter"] / new["iter"],
         "old_rollout_vs_raw_decode": old["rollout"] / old["raw_decode"],
+        **({"before_vs_new_iter": r["before"]["iter"] / new["iter"]} if "before" in r else {}),
     }
 
 
+PATHS = {
+    "recompute": "old (recompute)",
+    "rollout": "new (from the sampler)",
+    "before": "before the change",  # rollout column: rollout + rewards + batch (one timer then)
+}
 PHASE_COLUMNS = {
+    "response_len": "tokens / response",
     "rollout": "rollout",
     "reward": "rewards + batch",
     "logprob": "pi_old + anchor passes",
@@ -162,20 +255,23 @@ RATIO_COLUMNS = {
     "iter_vs_raw_sum": "iteration / (raw decode + raw fwd+bwd + anchor fwd)",
     "old_vs_new_iter": "old iteration / new iteration",
     "old_rollout_vs_raw_decode": "old rollout / raw decode",
+    "before_vs_new_iter": "before-the-change iteration / new iteration",
 }
 
 
 def report(results: dict, args, machine: dict) -> str:
     rows, rat = [], []
     for preset, r in results.items():
-        for mode, label in (("recompute", "old (recompute)"), ("rollout", "new (from the sampler)")):
+        for mode in (m for m in PATHS if m in r):
             x = r[mode]
-            rows.append([preset, label, f"{x['iter']:.3f}", *(f"{x[k]:.3f}" for k in PHASE_COLUMNS)])
+            label = PATHS[mode] + (f" ({args.before})" if mode == "before" else "")
+            cells = [f"{x[k]:.3f}" if k in x else "—" for k in PHASE_COLUMNS]
+            rows.append([preset, label, f"{x['iter']:.3f}", *cells])
         q = ratios(r)
-        rat.append([preset, *(f"{q[k]:.2f}x" for k in RATIO_COLUMNS)])
+        rat.append([preset, *(f"{q[k]:.2f}x" if k in q else "—" for k in RATIO_COLUMNS)])
     command = (
         f"python benchmarks/iteration_breakdown.py --iterations {args.iterations} --threads {args.threads} "
-        f"--mini-batches {args.mini_batches} --write"
+        f"--mini-batches {args.mini_batches}{'' if args.before else ' --before none'} --write"
     )
     parts = [
         "## Local-trainer iteration vs the model's raw operations (`benchmarks/iteration_breakdown.py`)",
@@ -183,7 +279,8 @@ def report(results: dict, args, machine: dict) -> str:
         f"Command: `{command}` (warm model cache; W&B off; medians over iterations 2..N).",
         C.machine_line(machine, args.threads),
         "",
-        "Seconds per iteration and phase (the raw operations replay the same batch at the same shapes):",
+        "Seconds per iteration (wall clock around `step()`) and phase; the raw operations replay the new path's",
+        "batch at the same shapes; the commit before the change timed rollout, rewards and batch as one phase:",
         "",
         C.md_table(["preset", "path", "iteration (s)", *PHASE_COLUMNS.values()], rows),
         "",
@@ -200,11 +297,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mini-batches", type=int, default=1)
     ap.add_argument("--presets", nargs="+", default=["math_tiny_grpo", "math_tiny_ema_pg"])
+    ap.add_argument("--before", default=BEFORE, help="also time this commit's trainer ('none': skip)")
     ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
+    ap.add_argument("--serve", nargs=5, metavar=("TREE", "PRESET", "THREADS", "MINI", "CKPT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("EMAPG_PROGRESS", "0")
+    if args.serve:
+        tree, preset, threads, mini, ckpt = args.serve
+        return serve(tree, preset, int(threads), int(mini), ckpt)
+    args.before = None if args.before == "none" else args.before
     machine = C.machine()
-    results = {p: measure(p, args.iterations, args.threads, args.mini_batches) for p in args.presets}
+    with tempfile.TemporaryDirectory() as tree:
+        before = extract(args.before, tree) if args.before else None
+        results = {p: measure(p, args.iterations, args.threads, args.mini_batches, before) for p in args.presets}
     text = report(results, args, machine)
     print(text)
     if args.write:
