@@ -87,8 +87,9 @@ def response_hidden(model, batch: Batch) -> torch.Tensor:
     Rows that share a prompt (GRPO's G samples of it) share its forward: see ``_shared_prompt_hidden``.
     """
     groups = prompt_groups(batch)
-    if groups is not None and _plain_cache(model):
-        return _shared_prompt_hidden(model, batch, *groups)
+    shared = _shared_prompt_hidden(model, batch, *groups) if groups is not None and _plain_cache(model) else None
+    if shared is not None:
+        return shared
     hidden = model.base_model(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask
     ).last_hidden_state  # (B, L, H)
@@ -126,7 +127,7 @@ def _plain_cache(model) -> bool:
     }
 
 
-def _shared_prompt_hidden(model, batch: Batch, rows: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+def _shared_prompt_hidden(model, batch: Batch, rows: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor | None:
     """``response_hidden`` with each distinct prompt run once: the same numbers up to float rounding.
 
     The U distinct prompts (right-padded to the longest, Pm) go through the model once with a KV cache; the
@@ -145,7 +146,7 @@ def _shared_prompt_hidden(model, batch: Batch, rows: torch.Tensor, inverse: torc
     out = model.base_model(input_ids=batch.input_ids[rows, :Pm], attention_mask=prompt_mask[rows], use_cache=True)
     cache = out.past_key_values
     if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
-        raise TypeError(f"shared-prompt forward needs a plain DynamicCache, got {type(cache).__name__}")
+        return None  # a cache kind this does not know how to gather: the caller runs the full forward
     cache.batch_select_indices(inverse)  # (U, ...) -> (B, ...)
     j = torch.arange(T, device=P.device)  # (T,)
     resp_pos = (P[:, None] + j).clamp_max(batch.input_ids.shape[1] - 1)  # (B, T) column of response token j

@@ -120,18 +120,12 @@ def generate(
     not depend on which rows are still in the model's batch.
     """
     B = len(contexts)
-    L = max(len(c) for c in contexts)
     device = next(model.parameters()).device  # everything below (inputs, KV cache, sampling) lives here
-    left = [L - len(c) for c in contexts]  # left padding per row
-    ids = torch.tensor([[pad_id] * n + list(c) for n, c in zip(left, contexts)], dtype=torch.long, device=device)
-    # (B, L + max_new_tokens), allocated once: step s attends to the view attn[:, : L + s]
-    attn = torch.tensor([[0] * n + [1] * (L - n + max_new_tokens) for n in left], dtype=torch.long, device=device)
-    pos = (attn[:, :L].cumsum(-1) - 1).clamp_min(0)  # (B, L)
-    out = model(input_ids=ids, attention_mask=attn[:, :L], position_ids=pos, use_cache=True)
+    out, attn, L = _prefill(model, contexts, pad_id, max_new_tokens, device)  # attn: (B, L + max_new_tokens)
     gen: list[list[int]] = [[] for _ in range(B)]
-    live, tail, may_end = list(range(B)), len(stop) if stop else 0, _stop_filter(stop, decode)
+    live, ends = list(range(B)), _ender(eos_id, stop, decode)
     rows, sel = list(range(B)), None  # the batch row of each of the model's b rows; sel: rows as a tensor
-    pos = pos[:, -1:]  # (b, 1)
+    pos = attn[:, :L].sum(-1, keepdim=True) - 1  # (b, 1) position of each row's last token
     for s in range(max_new_tokens):
         z = out.logits[:, -1]  # (b, V)
         logits = z if sel is None else z.new_zeros(B, z.shape[-1]).index_copy_(0, sel, z)  # (B, V)
@@ -139,13 +133,9 @@ def generate(
         if on_step is not None:
             on_step(logits, nxt)
         picked = nxt.tolist()  # one device -> host copy per step
-        still = []
         for i in live:
             gen[i].append(picked[i])
-            ended = picked[i] == eos_id or (stop and may_end(picked[i]) and decode(gen[i][-tail:]).endswith(stop))
-            if not ended:
-                still.append(i)
-        live = still
+        live = [i for i in live if not ends(gen[i])]
         if not live:
             break
         cache = out.past_key_values
@@ -164,6 +154,25 @@ def generate(
             use_cache=True,
         )
     return gen
+
+
+def _prefill(model, contexts: list[list[int]], pad_id: int, max_new_tokens: int, device):
+    """(model output on the left-padded contexts, attention mask (B, L + max_new_tokens), L).
+
+    The mask is allocated once for the whole generation: step s attends to the view attn[:, : L + s].
+    """
+    L = max(len(c) for c in contexts)
+    left = [L - len(c) for c in contexts]  # left padding per row
+    ids = torch.tensor([[pad_id] * n + list(c) for n, c in zip(left, contexts)], dtype=torch.long, device=device)
+    attn = torch.tensor([[0] * n + [1] * (L - n + max_new_tokens) for n in left], dtype=torch.long, device=device)
+    pos = (attn[:, :L].cumsum(-1) - 1).clamp_min(0)  # (B, L)
+    return model(input_ids=ids, attention_mask=attn[:, :L], position_ids=pos, use_cache=True), attn, L
+
+
+def _ender(eos_id: int, stop: str | None, decode) -> Callable[[list[int]], bool]:
+    """tokens so far -> has the sequence ended (its newest token is eos, or its decoded tail ends with stop)?"""
+    tail, may_end = len(stop) if stop else 0, _stop_filter(stop, decode)
+    return lambda g: g[-1] == eos_id or bool(stop and may_end(g[-1]) and decode(g[-tail:]).endswith(stop))
 
 
 SHRINK_AT = 7 / 8
