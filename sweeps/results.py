@@ -122,19 +122,34 @@ def write_csv(sweep_dir: str | Path, metric: str, mode: str, trials: list[Trial]
 
 
 def write_timing(
-    sweep_dir: str | Path, name: str, rows: list[dict], wall: float, slots: int, progress: bool = True
+    sweep_dir: str | Path,
+    name: str,
+    rows: list[dict],
+    wall: float,
+    slots: int,
+    progress: bool = True,
+    resumed: bool = False,
 ) -> dict[str, Any]:
     """timing.json: overhead = 1 - (summed trial training time) / (wall time x trial slots); with
-    `progress`, a closing line (counts by status, time, overhead) is printed. Returns what was written."""
+    `progress`, a closing line (counts by status, time, overhead) is printed. Returns what was written.
+
+    The training time is summed over every trial's record, whichever invocation trained it, so with
+    `resumed` the wall time is too: this invocation's `wall` is added to the total already in timing.json
+    (`invocations` counts them; `last_wall_s` is this one's).
+    """
     sweep_dir = Path(sweep_dir)
+    before = _previous_timing(sweep_dir) if resumed else {}
+    total = float(before.get("wall_s", 0.0)) + wall
     train = sum(float(r["train_time_s"]) for r in rows if isinstance(r["train_time_s"], (int, float)))
     slots = max(1, min(slots, len(rows)))
     t = {
-        "wall_s": round(wall, 2),
+        "wall_s": round(total, 2),
+        "invocations": int(before.get("invocations", 1 if before else 0)) + 1,
+        "last_wall_s": round(wall, 2),
         "trials": len(rows),
         "slots": slots,
         "train_s_sum": round(train, 2),
-        "overhead_fraction": round(1 - train / (wall * slots), 4) if wall > 0 else None,
+        "overhead_fraction": round(1 - train / (total * slots), 4) if total > 0 else None,
     }
     (sweep_dir / "timing.json").write_text(json.dumps(t, indent=1) + "\n")
     if progress:
@@ -146,8 +161,21 @@ def write_timing(
         overhead = f"{t['overhead_fraction']:.0%}" if t["overhead_fraction"] is not None else "n/a"
         print(
             f"{name}: {n['finished']} finished, {n['stopped']} stopped early, {n['failed']} failed{others} of "
-            f"{len(rows)} trials in {wall:.0f}s (training {train:.0f}s over {slots} slot(s); orchestration "
-            f"overhead {overhead})\n  {sweep_dir / 'sweep.csv'}",
+            f"{len(rows)} trials in {total:.0f}s{_over(t['invocations'])} (training {train:.0f}s over {slots} "
+            f"slot(s); orchestration overhead {overhead})\n  {sweep_dir / 'sweep.csv'}",
             flush=True,
         )
     return t
+
+
+def _previous_timing(sweep_dir: Path) -> dict[str, Any]:
+    """The timing.json an earlier invocation wrote, or {} (none, or unreadable: its time is then not counted)."""
+    try:
+        t = json.loads((sweep_dir / "timing.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return t if isinstance(t, dict) and isinstance(t.get("wall_s"), (int, float)) else {}
+
+
+def _over(invocations: int) -> str:
+    return f" over {invocations} invocations" if invocations > 1 else ""

@@ -19,7 +19,7 @@ is retrained. sweep.csv and timing.json are written by sweeps.results from the r
                      (adaptive seeds: tune/round_<r>/<name>/, one Tune experiment per round)
     adaptive.jsonl   adaptive seeds only: each round's plan and decisions (sweeps.adaptive owns the format)
     sweep.csv        one row per trial: knobs, status, final and best metrics (sweeps.results)
-    timing.json      wall time of this invocation, summed trial training time, orchestration overhead
+    timing.json      wall time summed over invocations (--resume adds), summed trial training time, overhead
     report/          analysis.report.report(sweep_dir, ...) when the analysis package is importable
 """
 
@@ -405,7 +405,7 @@ def run_sweep(
     finally:
         if started:
             ray.shutdown()
-    results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress)
+    results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume)
     hint = _unfinished_hint(spec, sweep_dir, trials)
     if hint:
         print(hint, flush=True)
@@ -496,6 +496,7 @@ def run_adaptive(
             wall += time.time() - t0
             rows = results.write_csv(sweep_dir, spec.metric, spec.mode, _adaptive_trials(spec, sweep_dir))
             if any(r["status"] not in _ROUND_ENDED for r in rows):
+                results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume)
                 print(
                     f"{spec.name}: round {rnd} did not finish; continue with: emapg sweep <spec.yaml> --resume "
                     f"--out {sweep_dir}",
@@ -507,7 +508,7 @@ def run_adaptive(
         if started:
             ray.shutdown()
     rows = rows or results.write_csv(sweep_dir, spec.metric, spec.mode, _adaptive_trials(spec, sweep_dir))
-    results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress)
+    results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume)
     if report:
         _report(sweep_dir, progress)
         _dashboard(spec, sweep_dir)

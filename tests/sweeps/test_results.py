@@ -104,6 +104,36 @@ def test_a_corrupt_record_is_named_not_fatal(tmp_path):
 def test_timing(tmp_path, capsys):
     rows = [{"status": "finished", "train_time_s": 30.0}, {"status": "crashed", "train_time_s": ""}]
     t = results.write_timing(tmp_path, "s", rows, wall=40.0, slots=4)
-    assert t == {"wall_s": 40.0, "trials": 2, "slots": 2, "train_s_sum": 30.0, "overhead_fraction": 0.625}
+    assert t == {
+        "wall_s": 40.0, "invocations": 1, "last_wall_s": 40.0, "trials": 2, "slots": 2, "train_s_sum": 30.0,
+        "overhead_fraction": 0.625,
+    }  # fmt: skip
     assert json.loads((tmp_path / "timing.json").read_text()) == t
-    assert "s: 1 finished, 0 stopped early, 0 failed, 1 crashed of 2 trials in 40s" in capsys.readouterr().out
+    assert "s: 1 finished, 0 stopped early, 0 failed, 1 crashed of 2 trials in 40s (" in capsys.readouterr().out
+
+
+def test_timing_of_a_resumed_sweep_adds_the_invocations_wall_times(tmp_path, capsys):
+    """Training time is summed over all trials whichever invocation ran them, so the wall time must be too
+    (counting the last invocation only gave a negative overhead)."""
+    first = [{"status": "interrupted", "train_time_s": 50.0}, {"status": "interrupted", "train_time_s": 50.0}]
+    results.write_timing(tmp_path, "s", first, wall=60.0, slots=2)
+    done = [{"status": "finished", "train_time_s": 80.0}, {"status": "finished", "train_time_s": 80.0}]
+    t = results.write_timing(tmp_path, "s", done, wall=40.0, slots=2, resumed=True)
+    assert (t["wall_s"], t["invocations"], t["last_wall_s"]) == (100.0, 2, 40.0)
+    assert t["overhead_fraction"] == 0.2  # 1 - 160 / (100 * 2); the last invocation alone: 1 - 160 / 80 = -1
+    assert "of 2 trials in 100s over 2 invocations" in capsys.readouterr().out.splitlines()[-2]
+    again = results.write_timing(tmp_path, "s", done, wall=10.0, slots=2)  # a fresh start counts anew
+    assert (again["wall_s"], again["invocations"]) == (10.0, 1)
+
+
+def test_timing_resumed_over_a_record_without_invocations(tmp_path):
+    (tmp_path / "timing.json").write_text(json.dumps({"wall_s": 30.0, "trials": 1}))  # written by older code
+    t = results.write_timing(
+        tmp_path, "s", [{"status": "finished", "train_time_s": 5.0}], wall=5.0, slots=1, resumed=True
+    )
+    assert (t["wall_s"], t["invocations"]) == (35.0, 2)
+    (tmp_path / "timing.json").write_text("{not json")
+    t = results.write_timing(
+        tmp_path, "s", [{"status": "finished", "train_time_s": 5.0}], wall=5.0, slots=1, resumed=True
+    )
+    assert (t["wall_s"], t["invocations"]) == (5.0, 1)  # unreadable: only what is known
