@@ -131,37 +131,75 @@ def _shared_prompt_hidden(model, batch: Batch, rows: torch.Tensor, inverse: torc
     """``response_hidden`` with each distinct prompt run once: the same numbers up to float rounding.
 
     The U distinct prompts (right-padded to the longest, Pm) go through the model once with a KV cache; the
-    cache is gathered back to the B rows (a differentiable index: gradients from all rows that share a prompt
-    add up in it), and the B responses (right-padded to T) continue from it at positions P_b + j. The
-    attention mask has a hole between a short prompt's end and column Pm; positions and mask make every
-    response token see exactly what it sees in the full forward. Cost: U * Pm + B * T token positions
-    instead of B * L.
+    cache is gathered back to the response rows (a differentiable index: gradients from all rows that share a
+    prompt add up in it), and the responses continue from it at positions P_b + j. The attention mask has a
+    hole between a short prompt's end and column Pm; positions and mask make every response token see exactly
+    what it sees in the full forward. The responses go in chunks of similar length (``length_chunks``), each
+    padded to its own longest. Cost: U * Pm + sum over chunks of rows * longest, instead of B * L.
     """
-    from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DynamicCache, DynamicLayer
 
     P = batch.pred_pos[:, 0] + 1  # (B,) prompt lengths
     Pm, T = int(P.max()), batch.tokens.shape[1]
-    cols = torch.arange(Pm, device=P.device)  # (Pm,)
-    prompt_mask = (cols < P[:, None]).long()  # (B, Pm)
+    prompt_mask = (torch.arange(Pm, device=P.device) < P[:, None]).long()  # (B, Pm)
     out = model.base_model(input_ids=batch.input_ids[rows, :Pm], attention_mask=prompt_mask[rows], use_cache=True)
-    cache = out.past_key_values
-    if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
+    layers = getattr(out.past_key_values, "layers", [None])
+    if not all(type(layer) is DynamicLayer for layer in layers):
         return None  # a cache kind this does not know how to gather: the caller runs the full forward
-    cache.batch_select_indices(inverse)  # (U, ...) -> (B, ...)
-    j = torch.arange(T, device=P.device)  # (T,)
-    resp_pos = (P[:, None] + j).clamp_max(batch.input_ids.shape[1] - 1)  # (B, T) column of response token j
-    resp_ids = batch.input_ids.gather(1, resp_pos)  # (B, T) (padding past each response: masked below)
-    resp_mask = batch.attention_mask.gather(1, resp_pos) * (P[:, None] + j < batch.input_ids.shape[1])  # (B, T)
-    tail = model.base_model(
-        input_ids=resp_ids,
-        attention_mask=torch.cat([prompt_mask, resp_mask], 1),  # (B, Pm + T)
-        position_ids=P[:, None] + j,  # (B, T)
-        past_key_values=cache,
-        use_cache=True,
-    ).last_hidden_state  # (B, T, H): output at P_b + j predicts response token j + 1
+    resp_len = batch.attention_mask.sum(1) - P  # (B,)
+    parts, order = [], []
+    for chunk in length_chunks(resp_len.tolist()):
+        idx = torch.tensor(chunk, device=P.device)  # (c,) rows of this chunk
+        cache = DynamicCache([(layer.keys[inverse[idx]], layer.values[inverse[idx]]) for layer in layers])
+        tail = _continue(model, batch, idx, P[idx], prompt_mask[idx], cache, int(resp_len[idx].max()))  # (c, t, H)
+        parts.append(torch.nn.functional.pad(tail, (0, 0, 0, T - tail.shape[1])))  # (c, T, H)
+        order.append(idx)
+    tail = parts[0] if len(parts) == 1 else torch.cat(parts)[torch.cat(order).argsort()]  # (B, T, H), row order
     H = tail.shape[-1]
     last_prompt = out.last_hidden_state[inverse].gather(1, (P - 1)[:, None, None].expand(-1, 1, H))  # (B, 1, H)
     return torch.cat([last_prompt, tail[:, : T - 1]], 1)  # (B, T, H)
+
+
+def _continue(model, batch: Batch, idx, P, prompt_mask, cache, t: int) -> torch.Tensor:
+    """(c, t, H) hidden states of rows idx's first t response tokens after their prompts' cache; the output
+    at j predicts response token j + 1. P (c,) prompt lengths, prompt_mask (c, Pm)."""
+    j = torch.arange(t, device=P.device)  # (t,)
+    L = batch.input_ids.shape[1]
+    col = (P[:, None] + j).clamp_max(L - 1)  # (c, t) column of response token j
+    resp_mask = batch.attention_mask[idx].gather(1, col) * (P[:, None] + j < L)  # (c, t), 0 past each response
+    return model.base_model(
+        input_ids=batch.input_ids[idx].gather(1, col),
+        attention_mask=torch.cat([prompt_mask, resp_mask], 1),  # (c, Pm + t)
+        position_ids=P[:, None] + j,  # (c, t)
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
+
+
+def length_chunks(lengths: list[int], max_chunks: int = 4) -> list[list[int]]:
+    """Row ids split into at most ``max_chunks`` groups of similar length, shortest group first, each in row order.
+
+    Each group is padded to its own longest, so a split saves rows * (longest - own longest) positions; it
+    must save more than an eighth of the one-chunk cost (len * max) per extra chunk, since every chunk is one
+    more model call. Exact over the sorted rows (dynamic programming over the distinct lengths).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    L = [lengths[i] for i in order]
+    n, call = len(L), len(L) * max(L, default=0) / 8
+    cuts = [j for j in range(n + 1) if j in (0, n) or L[j] != L[j - 1]]  # splitting equal lengths never pays
+    best = {(0, 0): (0.0, 0)}  # (chunks, rows covered) -> (cost, where the last chunk starts)
+    for c in range(1, max_chunks + 1):
+        for j in cuts[1:]:
+            options = [(best[c - 1, i][0] + (j - i) * L[j - 1] + call, i) for i in cuts if i < j and (c - 1, i) in best]
+            if options:
+                best[c, j] = min(options)
+    c = min((c for c in range(1, max_chunks + 1) if (c, n) in best), key=lambda c: best[c, n][0], default=0)
+    chunks, j = [], n
+    while c:
+        i = best[c, j][1]
+        chunks.append(sorted(order[i:j]))  # rows in batch order within a chunk
+        c, j = c - 1, i
+    return chunks[::-1]
 
 
 def forward_stats(

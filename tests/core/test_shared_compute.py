@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ema_pg_core.local import rollout as rollout_mod
-from ema_pg_core.local.batch import collate, prompt_groups, response_hidden
+from ema_pg_core.local.batch import collate, length_chunks, prompt_groups, response_hidden
 from ema_pg_core.local.rollout import Trajectory, rollout
 from ema_pg_core.local.tiny import build_model, build_tokenizer
 from tests.core.test_sampler_stats import _OnHash
@@ -49,6 +49,16 @@ def test_prompt_groups_none_without_repeats_or_with_one_token_prompts():
     assert prompt_groups(collate([_traj([5], [7]), _traj([5], [8])], 0)) is None  # length not readable
 
 
+def test_length_chunks_by_hand():
+    assert length_chunks([5, 5, 6, 6]) == [[0, 1, 2, 3]]  # a split would save 2 of 24 positions: not worth a call
+    assert length_chunks([10, 1, 10, 1]) == [[1, 3], [0, 2]]  # saves 18 of 40 positions, one call costs 5
+    lengths = [3, 40, 4, 41, 3, 90, 42, 4]
+    chunks = length_chunks(lengths)
+    assert chunks == [[0, 2, 4, 7], [1, 3, 6], [5]]  # 16 + 126 + 90 + 3 calls * 90 = 502 < 720 + 90 in one
+    assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+    assert len(length_chunks(list(range(1, 100)), max_chunks=2)) == 2 and length_chunks([]) == []
+
+
 # ------------------------------------------------------------------ the shared-prompt forward
 def _grouped_batch(model, env=None):
     """G = 3 samples of prompts of different lengths (right padding and mask holes exercised)."""
@@ -63,8 +73,9 @@ def _grouped_batch(model, env=None):
 def test_shared_prompt_forward_equals_the_full_forward(tool_loop):
     model = _model().eval()
     batch, trajs = _grouped_batch(model, _OnHash() if tool_loop else None)
-    if tool_loop:
-        assert any(t.turns > 0 for t in trajs)  # environment tokens inside the responses
+    lengths = [len(t.response_ids) for t in trajs]
+    if tool_loop:  # environment tokens inside the responses, lengths far apart: responses in several chunks
+        assert any(t.turns > 0 for t in trajs) and len(length_chunks(lengths)) > 1
     assert len({len(t.response_ids) for t in trajs}) > 1 and prompt_groups(batch) is not None
     real = torch.arange(batch.tokens.shape[1]) < torch.tensor([len(t.response_ids) for t in trajs])[:, None]
     w = torch.randn(*batch.tokens.shape, 32, generator=torch.Generator().manual_seed(1)) * real[..., None]
