@@ -1,6 +1,7 @@
 """Where an iteration of the local trainer spends its time, against the model's own raw operations.
 
     python benchmarks/iteration_breakdown.py [--iterations 12] [--threads 2] [--mini-batches 1] [--write]
+    python benchmarks/iteration_breakdown.py --presets search_tiny_grpo search_tiny_ema_pg --section NAME --write
 
 For each preset (default: the math_tiny presets) two trainers run side by side, interleaved
 iteration by iteration on the same seed, so they sample the same batches:
@@ -14,7 +15,9 @@ shapes, in the same process: a KV-cache decode of the same contexts for the same
 at the sampled tokens), and one no-grad forward of the anchor. Every figure is a ratio to those,
 measured in the same run: rollout / raw decode; iteration / (raw decode + raw forward-backward per
 optimizer step + anchor forward); old iteration / new iteration. Medians over iterations; the first
-iteration is dropped as warm-up. ``--write`` replaces the section in docs/benchmarks.md.
+iteration is dropped as warm-up. ``--write`` replaces the section in docs/benchmarks.md. For a
+multi-turn preset (search_tiny) the raw decode is one turn as long as the longest response, environment
+tokens included: not the rollout's work (which stops at each tool call), so only its other ratios carry.
 
 The switch isolates the pi_old pass only: both paths share today's rollout loop. To measure what the
 whole change bought, ``--before COMMIT`` (default: the main branch just before the change, ``BEFORE``)
@@ -43,6 +46,7 @@ PHASES = ("rollout", "reward", "logprob", "update", "anchor")
 # main just before the first commit of the sampler statistics and the lean rollout loop (c1cb8f3):
 # the trainer whose iteration the issue measured at rollout 1.26x the raw decode plus a pi_old pass
 BEFORE = "803cb71"
+PRESETS = ["math_tiny_grpo", "math_tiny_ema_pg"]  # the acceptance measurement of the issue
 
 
 def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str):
@@ -269,12 +273,14 @@ def report(results: dict, args, machine: dict) -> str:
             rows.append([preset, label, f"{x['iter']:.3f}", *cells])
         q = ratios(r)
         rat.append([preset, *(f"{q[k]:.2f}x" if k in q else "—" for k in RATIO_COLUMNS)])
+    extra = "" if args.presets == PRESETS else f" --presets {' '.join(args.presets)} --section {args.section}"
     command = (
         f"python benchmarks/iteration_breakdown.py --iterations {args.iterations} --threads {args.threads} "
-        f"--mini-batches {args.mini_batches}{'' if args.before else ' --before none'} --write"
+        f"--mini-batches {args.mini_batches}{'' if args.before else ' --before none'}{extra} --write"
     )
+    on = "" if args.presets == PRESETS else f" on {', '.join(args.presets)}"
     parts = [
-        "## Local-trainer iteration vs the model's raw operations (`benchmarks/iteration_breakdown.py`)",
+        f"## Local-trainer iteration{on} vs the model's raw operations (`benchmarks/iteration_breakdown.py`)",
         "",
         f"Command: `{command}` (warm model cache; W&B off; medians over iterations 2..N).",
         C.machine_line(machine, args.threads),
@@ -296,15 +302,19 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mini-batches", type=int, default=1)
-    ap.add_argument("--presets", nargs="+", default=["math_tiny_grpo", "math_tiny_ema_pg"])
+    ap.add_argument("--presets", nargs="+", default=PRESETS)
+    ap.add_argument("--section", default="iteration_breakdown", help="the docs/benchmarks.md section --write replaces")
     ap.add_argument("--before", default=BEFORE, help="also time this commit's trainer ('none': skip)")
     ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
     ap.add_argument("--serve", nargs=5, metavar=("TREE", "PRESET", "THREADS", "MINI", "CKPT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("EMAPG_PROGRESS", "0")
-    if args.serve:
+    if args.serve:  # before any import of this checkout's packages: the child imports the old tree's
         tree, preset, threads, mini, ckpt = args.serve
         return serve(tree, preset, int(threads), int(mini), ckpt)
+    from experiments import progress
+
+    progress.quiet_libraries()  # no progress bars of the model loads
     args.before = None if args.before == "none" else args.before
     machine = C.machine()
     with tempfile.TemporaryDirectory() as tree:
@@ -313,7 +323,7 @@ def main() -> None:
     text = report(results, args, machine)
     print(text)
     if args.write:
-        C.write_section("iteration_breakdown", text)
+        C.write_section(args.section, text)
 
 
 if __name__ == "__main__":
