@@ -51,6 +51,10 @@ STAGES = "stages.jsonl"  # a staged run: one line per stage started (experiments
 UNHEALTHY = "stopped_unhealthy"  # ended by an RL-health rule (ema_pg_core.health): summary.json["health"] says why
 STATES = ("running", "finished", "interrupted", "failed", UNHEALTHY)  # what the status file's first line says
 CRASHED = "crashed"  # never written: read_state's name for a `running` record whose process is gone
+STOPPED_BY_EXIT = (
+    "stopped by sys.exit(0) during the run: in a sweep, Ray Tune ended the trial (its scheduler stopped it early, "
+    "or the sweep was interrupted); the last checkpoint is kept"
+)
 HEARTBEAT_S = 30.0  # a running record touches its status file this often
 STALE_S = 600.0  # a `running` status untouched this long (another host, or no pid) reads as crashed
 WANDB_STATE = "wandb_run.json"  # written by experiments.wandb_logger: {"id", "last_step", ...}
@@ -553,8 +557,9 @@ class RunRecord:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        """A clean exit finishes the record, Ctrl-C / SIGTERM interrupts it, any other exception fails it;
-        a record already closed is left as it is. The exception, if any, propagates."""
+        """A clean exit finishes the record; Ctrl-C, SIGTERM and sys.exit(0) (Ray Tune stopping a trial from
+        inside its report: a scheduler's early stop, or the sweep interrupted) interrupt it; any other exception
+        fails it. A record already closed is left as it is. The exception, if any, propagates."""
         if self.status == "running":
             try:
                 if exc is None:
@@ -565,6 +570,8 @@ class RunRecord:
                     self.interrupt(f"interrupted by {exc}")
                 elif type(exc).__name__ == "RunInterrupted":
                     self.interrupt(str(exc))
+                elif isinstance(exc, SystemExit) and exc.code in (0, None):  # how Ray Tune ends a trial's function
+                    self.interrupt(STOPPED_BY_EXIT)
                 else:
                     self.fail(exc)
             except Exception as err:  # keep the original exception; it is re-raised below

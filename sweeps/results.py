@@ -60,8 +60,8 @@ def status(trial_state: str, run_state: str | None) -> str:
         return records.UNHEALTHY
     if out == "finished" and run_state not in (None, "finished"):
         return "stopped"  # ended early by the scheduler or the time budget
-    if out == "failed" and run_state in ("interrupted", records.CRASHED):
-        return run_state  # SIGTERM/SIGINT or a killed trial process: --resume continues it
+    if out in ("failed", "pending") and run_state in ("interrupted", records.CRASHED):
+        return run_state  # SIGTERM/SIGINT, the sweep interrupted, or a killed trial process: --resume continues it
     return out
 
 

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -232,6 +233,27 @@ def test_writes_are_atomic_a_crash_before_replace_leaves_the_old_file(tmp_path, 
     assert read_status(run_dir)[0] == "running"  # status untouched, not half-written
     assert read_summary(run_dir) is None
     assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "metrics.jsonl", "status"]  # temp removed
+
+
+@pytest.mark.parametrize("code", [0, None])
+def test_sys_exit_0_inside_the_run_is_an_interruption_not_a_failure(tmp_path, code):
+    """Ray Tune ends a trial's function by sys.exit(0) inside tune.report (an ASHA stop, or the sweep
+    interrupted by Ctrl-C): the run stopped where it was, with its checkpoint, and did not fail."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        with RunRecord.create(run_dir, cfg()) as rec:
+            rec.log(1, {"train/reward": 0.2})
+            sys.exit(code)
+    state, detail = read_status(run_dir)
+    assert state == "interrupted" and "Ray Tune ended the trial" in detail
+    assert read_summary(run_dir)["status"] == "interrupted"
+
+
+def test_sys_exit_with_an_error_code_is_a_failure(tmp_path):
+    with pytest.raises(SystemExit):
+        with RunRecord.create(tmp_path / "run", cfg()):
+            sys.exit(3)
+    assert read_status(tmp_path / "run")[0] == "failed"
 
 
 def test_failed_run_keeps_its_error_and_summary(tmp_path):

@@ -82,6 +82,8 @@ def test_best_columns_only_where_best_means_something(tmp_path):
         ("ERROR", "interrupted", "interrupted"),
         ("ERROR", "crashed", "crashed"),
         ("RUNNING", None, "interrupted"),
+        ("PENDING", "interrupted", "interrupted"),  # put back by Tune when the sweep was interrupted
+        ("PENDING", None, "pending"),  # not started yet
         ("PAUSED", "running", "paused"),
     ],
 )
