@@ -42,6 +42,8 @@ from ray import tune
 from sweeps import results
 from sweeps.spec import Spec, grid_points
 
+SETTLE_S = 15.0
+"""After an interrupted Tune run, how long the driver waits for stopped trials to close their run records."""
 _ROUND_ENDED = ("finished", "stopped", "failed", "stopped_unhealthy")
 """Trial statuses (sweep.csv) that end an adaptive round; stopped_unhealthy is experiments.records.UNHEALTHY."""
 
@@ -401,7 +403,9 @@ def run_sweep(
             tuner.fit()
             wall = time.time() - t0
             trials = tune.ExperimentAnalysis(str(exp_path)).trials
-        rows = results.write_csv(sweep_dir, spec.metric, spec.mode, _known(spec, trials))
+        known = _known(spec, trials)
+        _settle(sweep_dir, known)
+        rows = results.write_csv(sweep_dir, spec.metric, spec.mode, known)
     finally:
         if started:
             ray.shutdown()
@@ -494,7 +498,9 @@ def run_adaptive(
             t0 = time.time()
             _run_round(spec, sweep_dir, rnd, planned, progress)
             wall += time.time() - t0
-            rows = results.write_csv(sweep_dir, spec.metric, spec.mode, _adaptive_trials(spec, sweep_dir))
+            known = _adaptive_trials(spec, sweep_dir)
+            _settle(sweep_dir, known)
+            rows = results.write_csv(sweep_dir, spec.metric, spec.mode, known)
             if any(r["status"] not in _ROUND_ENDED for r in rows):
                 results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume)
                 print(
@@ -743,6 +749,24 @@ def _known(spec: Spec, trials) -> list[results.Trial]:
         )
         for t in sorted(trials, key=_launch_index)
     ]
+
+
+def _settle(sweep_dir: Path, trials: list[results.Trial], timeout_s: float = SETTLE_S) -> None:
+    """Wait (at most timeout_s) for the run records of trials Tune stopped mid-run to record how they ended.
+
+    When a sweep is interrupted, Tune returns as soon as it has asked the trials to stop; a trial process may
+    still be writing its record (interrupted, with the reason) while the driver would read it for sweep.csv.
+    """
+    from experiments import records
+
+    runs = sweep_dir / "runs"
+    stopped = [records.find_trial_run(runs, t.trial_id) for t in trials if t.state in ("RUNNING", "PENDING", "PAUSED")]
+    open_ = [d for d in stopped if d is not None]
+    deadline = time.monotonic() + timeout_s
+    while open_ and time.monotonic() < deadline:
+        open_ = [d for d in open_ if records.read_state(d) == "running"]
+        if open_:
+            time.sleep(0.2)
 
 
 def _launch_index(trial) -> float:

@@ -452,3 +452,31 @@ def test_shipped_spec_smoke_runs(local_ray, tmp_path, name):
     out = T.run_sweep(parse(smoke_variant(raw)), tmp_path / name, report=False)
     got = rows(out)
     assert len(got) == 2 and {r["status"] for r in got} <= {"finished", "stopped"}, got
+
+
+def test_settle_waits_for_stopped_trials_to_close_their_records(tmp_path):
+    """After an interruption the driver reads sweep.csv only once the stopped trials' records say how they ended
+    (or after SETTLE_S): a record still `running` in a live process is waited for; a finished trial is not."""
+    import socket
+    import threading
+
+    from sweeps.results import Trial
+
+    def run(name, state):
+        d = tmp_path / "runs" / f"x__{name}"
+        d.mkdir(parents=True)
+        (d / "status").write_text(state)
+        return d
+
+    live = f"running\npid={os.getpid()} host={socket.gethostname()}\n"
+    closing, done = run("t_0", live), run("t_1", "finished\n")
+    timer = threading.Timer(0.5, lambda: (closing / "status").write_text("interrupted\nstopped by the sweep\n"))
+    timer.start()
+    t0 = time.monotonic()
+    T._settle(tmp_path, [Trial("t_0", "PENDING"), Trial("t_1", "TERMINATED"), Trial("t_2", "PENDING")], 10.0)
+    assert 0.4 < time.monotonic() - t0 < 5.0  # waited for t_0 only (t_2 never started a run)
+    assert (closing / "status").read_text().startswith("interrupted") and done.exists()
+    run("t_3", live)
+    t0 = time.monotonic()
+    T._settle(tmp_path, [Trial("t_3", "RUNNING")], 0.6)  # never closes: bounded by the timeout
+    assert 0.5 < time.monotonic() - t0 < 3.0
