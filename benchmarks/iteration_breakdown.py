@@ -80,8 +80,9 @@ def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str):
 def extract(commit: str, dest: str) -> str:
     """The repository's tree at `commit` in dest (git archive: no worktree bookkeeping); returns dest."""
     archive = subprocess.run(["git", "-C", str(C.ROOT), "archive", commit], capture_output=True, check=False)
-    if archive.returncode:
-        sys.exit(f"--before {commit}: git archive failed: {archive.stderr.decode().strip()}")
+    if archive.returncode:  # a bad --before: one line, exit 2, before any measurement
+        print(f"--before {commit}: git archive failed: {archive.stderr.decode().strip()}", file=sys.stderr)
+        sys.exit(2)
     subprocess.run(["tar", "-x", "-C", dest], input=archive.stdout, check=True)
     return dest
 
