@@ -49,23 +49,23 @@ BEFORE = "803cb71"
 PRESETS = ["math_tiny_grpo", "math_tiny_ema_pg"]  # the acceptance measurement of the issue
 
 
-def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str):
-    """A LocalTrainer for the preset (warm-started tiny model from the cache), W&B and checkpoints off."""
+def build_trainer(overrides: list[str], ckpt_dir: str):
+    """A LocalTrainer from config overrides (warm-started tiny model from the cache), as whichever
+    `experiments` / `ema_pg_core` come first on sys.path build it (this checkout's, or --serve's old tree)."""
     from ema_pg_core.local.trainer import LocalTrainer, seed_everything
     from experiments import build
 
-    cfg = build.compose(
-        [
-            f"experiment={preset}",
-            f"trainer.old_logprobs={mode}",
-            f"trainer.mini_batches={mini_batches}",
-            "trainer.probe_every=0",
-        ]
-    )
+    cfg = build.compose(overrides)
     local = build.validate(cfg)
     policy, tok = build.model(cfg)
     seed_everything(int(cfg.seed))
-    tr = LocalTrainer(policy, tok, build.task(cfg), local, ckpt_dir)
+    return LocalTrainer(policy, tok, build.task(cfg), local, ckpt_dir)
+
+
+def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str):
+    """This checkout's trainer for the preset and pi_old mode, probe off; it keeps its last rollout in `seen`."""
+    overrides = [f"experiment={preset}", f"trainer.old_logprobs={mode}", f"trainer.mini_batches={mini_batches}"]
+    tr = build_trainer([*overrides, "trainer.probe_every=0"], ckpt_dir)
     tr.seen = []  # the last rollout's trajectories, for the raw replay
 
     def keep(*a, **kw):
@@ -116,16 +116,11 @@ def serve(tree: str, preset: str, threads: int, mini_batches: int, ckpt_dir: str
     sys.path.insert(0, tree)  # the old tree's packages shadow this checkout's
     import torch
 
-    from ema_pg_core.local.trainer import LocalTrainer, seed_everything
     from experiments import build
 
     assert Path(build.__file__).is_relative_to(tree), build.__file__
     torch.set_num_threads(threads)
-    cfg = build.compose([f"experiment={preset}", f"trainer.mini_batches={mini_batches}"])
-    local = build.validate(cfg)
-    policy, tok = build.model(cfg)
-    seed_everything(int(cfg.seed))
-    tr = LocalTrainer(policy, tok, build.task(cfg), local, ckpt_dir)
+    tr = build_trainer([f"experiment={preset}", f"trainer.mini_batches={mini_batches}"], ckpt_dir)
     print(json.dumps({"ready": True}), flush=True)
     for _ in sys.stdin:
         t = time.perf_counter()
