@@ -96,6 +96,10 @@ def _retriever(argv: list[str]) -> int:
 
 
 def _rehearse(argv: list[str]) -> int:
+    if any(a.endswith((".yaml", ".yml")) for a in argv):  # a sweep: through Ray Tune on a two-node cluster
+        from sweeps.rehearse import main as sweep_main
+
+        return sweep_main(argv)
     from experiments.rehearse import main
 
     return main(argv)

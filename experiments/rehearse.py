@@ -366,6 +366,8 @@ class Expect:
     keep: int
     killed_at: int | None
     probe: bool = False
+    attempts: int = 2
+    """verl attempts the run had at least (one offline W&B run each)."""
 
 
 def _metrics(run_dir: Path) -> dict[int, dict]:
@@ -508,7 +510,7 @@ def check_wandb(run_dir: Path, e: Expect) -> Check:
     group = lg.get("group") or (cfg.get("sweep") or {}).get("name") or cfg.get("experiment")
     ids = sorted({p.parent.name.rsplit("-", 1)[1] for p in found})
     named = all(str(group).encode() in p.read_bytes() for p in found)  # the run record inside names the group
-    ok = ids == [state.get("id")] and len(found) >= 2 and named and state.get("mode") == "offline"
+    ok = ids == [state.get("id")] and len(found) >= e.attempts and named and state.get("mode") == "offline"
     detail = f"{len(found)} offline runs (one per attempt) with ids {ids}, wandb_run.json id {state.get('id')!r}"
     return Check("W&B", ok, detail + f"; group {group!r} {'named' if named else 'MISSING'} in each")
 

@@ -244,7 +244,7 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None, stage: dict | N
             follower.poll(report=False, watch=False)  # keep what verl logged (a failed poll, Ctrl-C, a verl error)
             from ray.exceptions import RayError
 
-            from ema_pg_core.verl.failures import first_failure, stop_run
+            from ema_pg_core.verl.failures import VerlExited, first_failure, stop_run
 
             # verl may fail on its own after failed rollouts (e.g. a batch left empty): their cause comes first
             failure = first_failure(follower.tolerated) if isinstance(e, RayError) else None
@@ -252,6 +252,8 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None, stage: dict | N
             if isinstance(e, RayError):  # verl raised in a Ray actor, or its actor died
                 then = f"verl failed: {_last_line(str(e))} (its traceback is in {record.run_dir}/status)"
                 raise RunFailed(f"{failure}\nThen {then}" if failure else then) from e
+            if isinstance(e, VerlExited):  # a sweep trial's verl job (a child process) failed
+                raise RunFailed(str(e)) from None
             if isinstance(e, (KeyboardInterrupt, Terminated)):  # verl resumes from its own last checkpoint
                 name = "SIGINT" if isinstance(e, KeyboardInterrupt) else str(e)
                 raise RunInterrupted(

@@ -31,7 +31,7 @@ default is a field default of `Spec` (and `Scheduler`, `Adaptive`) below, the on
     budget: {num_samples: 4, time_budget_s: 3600}   # samples per seed (random/optuna); wall-clock cap
     resources: {cpu: 2, gpu: 0}       # per trial; a local trial sets trainer.threads to its CPUs
     max_concurrent: 4                 # trials at once (null: as many as the resources allow)
-    backend: local                    # local | verl (a verl trial reserves only its CPUs; verl claims GPUs)
+    backend: local                    # local | verl (a verl trial reserves its verl job; no `resources`)
     max_failures: 2                   # retries of a failing trial, each from its last checkpoint
     max_trials: 500                   # refuse a sweep of more trials (grid points x seeds x num_samples)
     health:                           # RL-health stops for every trial (the run config's health section,
@@ -302,6 +302,11 @@ def parse(data: Any, check_config: bool = True) -> Spec:
     base, overrides = _base(data["base"])
     budget = _sub_mapping(data, "budget", ("num_samples", "time_budget_s"))
     resources = _sub_mapping(data, "resources", ("cpu", "gpu"))
+    if data.get("backend") == "verl" and "resources" in data:
+        raise SpecError(
+            "resources: a verl trial reserves its whole verl job, computed from the trial's config (one bundle of "
+            "3 CPUs + 1 GPU per rank, trainer.nnodes x n_gpus_per_node, and the TaskRunner's); remove resources"
+        )
     spec = _build(data, name, base, overrides, budget, resources)
     _check_search(spec)
     _check_adaptive(spec)
@@ -564,6 +569,12 @@ def _check_adaptive(spec: Spec) -> None:
         )
 
 
+def _per_trial(spec: Spec) -> str:
+    if spec.backend == "verl":
+        return "its verl job (a placement group of one 3-CPU + 1-GPU bundle per rank, from the trial's config)"
+    return f"{spec.cpu:g} CPU {spec.gpu:g} GPU"
+
+
 def _check_search(spec: Spec) -> None:
     if spec.backend == "verl" and spec.scheduler.type != "none":
         raise SpecError(
@@ -818,7 +829,7 @@ def table(spec: Spec) -> str:
         + (f" (seed {spec.search_seed})" if spec.search != "grid" else ""),
         f"  metric {spec.metric} ({spec.mode}); scheduler {sched}; health "
         + (" ".join(f"{k[len('health.') :]}={v}" for k, v in spec.health.items()) or "non-finite loss/gradient only"),
-        f"  per trial {spec.cpu:g} CPU {spec.gpu:g} GPU; max_concurrent {spec.max_concurrent or 'unlimited'}; "
+        f"  per trial {_per_trial(spec)}; max_concurrent {spec.max_concurrent or 'unlimited'}; "
         f"max_failures {spec.max_failures}; backend {spec.backend}"
         + (f"; time budget {spec.time_budget_s:g}s" if spec.time_budget_s else ""),
         "",

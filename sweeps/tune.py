@@ -26,6 +26,7 @@ is retrained. sweep.csv and timing.json are written by sweeps.results from the r
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -119,8 +120,14 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
     trial_id = tune.get_context().get_trial_id()
     cfg = build.compose(spec.overrides_for(point, seed))
     run_dir = Path(sweep_dir) / "runs" / records.make_run_id(cfg.task.name, cfg.experiment, cfg.seed, trial_id=trial_id)
-    carry = _restore(run_dir)
-    cfg.sweep.trial_id, cfg.run_dir, cfg.resume = trial_id, str(run_dir), carry is not None
+    if spec.backend == "verl":  # verl keeps its own checkpoints, in the run directory unless the config says where
+        carry, resume = None, (run_dir / records.CONFIG).is_file()
+        if cfg.backend.verl.checkpoint_dir is None:
+            cfg.backend.verl.checkpoint_dir = str(run_dir / "checkpoints")
+    else:
+        carry = _restore(run_dir)
+        resume = carry is not None
+    cfg.sweep.trial_id, cfg.run_dir, cfg.resume = trial_id, str(run_dir), resume
     reporter = _Reporter(spec.metric, spec.mode, carry, last=int(cfg.trainer.iterations))
     try:
         run(cfg, callback=reporter)
@@ -240,6 +247,11 @@ class _Progress(tune.Callback):
             f"{n['PENDING'] + n['PAUSED']} waiting{best}"
         )
 
+    @property
+    def _again(self) -> str:
+        """A restarted trial without a Tune checkpoint: verl resumes from its own, a local run starts over."""
+        return " from verl's last checkpoint in its run directory" if self.spec.backend == "verl" else " from scratch"
+
     def on_trial_start(self, iteration, trials, trial, **info):
         again = trial.trial_id in self.started or trial.latest_checkpoint_result is not None
         self.started.add(trial.trial_id)
@@ -247,7 +259,7 @@ class _Progress(tune.Callback):
         it = ckpt.metrics.get("training_iteration", 0) if ckpt is not None else 0
         self._say(
             f"{'resume ' if again else 'start  '} {describe(self.spec, trial.config)}  [{trial.trial_id}]"
-            + (f" from its checkpoint at iteration {it}" if it else (" from scratch" if again else ""))
+            + (f" from its checkpoint at iteration {it}" if it else (self._again if again else ""))
         )
 
     def _consider(self, v, config) -> None:
@@ -261,7 +273,14 @@ class _Progress(tune.Callback):
     def on_step(self, iteration, trials, **info):
         if time.time() - self.last >= self.every:
             self.last = time.time()
-            self._say(self._status(trials))
+            self._say(self._status(trials) + self._waiting(trials))
+
+    def _waiting(self, trials) -> str:
+        """For trials Tune cannot start yet: what one reserves, and what each node has free (every status line)."""
+        pending = [t for t in trials if t.status == "PENDING"]
+        if not pending:
+            return ""
+        return "\n          " + waiting_line(self.spec, pending[0].config, free_per_node(), len(pending))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         r = trial.last_result or {}
@@ -294,6 +313,29 @@ class _Progress(tune.Callback):
         self._say(self._status(trials))
 
 
+def waiting_line(spec: Spec, config: dict, free: dict[str, dict[str, float]], n: int) -> str:
+    """`n` trials wait: what the first reserves (its whole verl job, or the spec's resources) and what is free."""
+    if spec.backend == "verl":
+        need = verl_placement(spec, *decode(spec, config)).describe()
+    else:
+        need = f"{spec.cpu:g} CPUs and {spec.gpu:g} GPUs"
+    nodes = "; ".join(f"{ip}: {r.get('CPU', 0):g} CPUs, {r.get('GPU', 0):g} GPUs" for ip, r in sorted(free.items()))
+    return f"{n} trial(s) wait for room: each reserves {need}. Free now: {nodes or 'no node'}"
+
+
+def free_per_node() -> dict[str, dict[str, float]]:
+    """Unreserved CPUs and GPUs of each alive node, by address (Ray's own per-node view, as verl reads it)."""
+    from ray._private.state import available_resources_per_node
+
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    out: dict[str, dict[str, float]] = {}
+    for node, res in available_resources_per_node().items():
+        if node in ips:
+            key = ips[node] if ips[node] not in out else f"{ips[node]} ({node[:8]})"
+            out[key] = {k: float(v) for k, v in res.items() if k in ("CPU", "GPU")}
+    return out
+
+
 def _error_line(trial) -> str:
     path = trial.error_file
     if not path or not os.path.exists(path):
@@ -320,7 +362,16 @@ def _init_ray(address: str | None, num_cpus: int | None) -> bool:
 def _check_fits(spec: Spec) -> None:
     """A local Ray never grows: a trial asking for more than the machine has would wait forever."""
     have = ray.cluster_resources()
-    for name, need in (("CPU", spec.cpu), ("GPU", spec.gpu if spec.backend == "local" else 0)):
+    if spec.backend == "verl":
+        p = verl_placement(spec, grid_points(spec)[0], spec.seed_axis[0])
+        if p.cpus > have.get("CPU", 0) or p.gpus > have.get("GPU", 0):
+            ray.shutdown()
+            raise ValueError(
+                f"a verl trial reserves {p.describe()}, but this machine's Ray has {have.get('CPU', 0):g} CPUs and "
+                f"{have.get('GPU', 0):g} GPUs; pass --address of a Ray cluster that holds it"
+            )
+        return
+    for name, need in (("CPU", spec.cpu), ("GPU", spec.gpu)):
         if need > have.get(name, 0):
             ray.shutdown()
             raise ValueError(
@@ -429,7 +480,9 @@ def _quiet_tune_env() -> None:
 
 def _tuner(spec: Spec, sweep_dir: Path, exp_path: Path, resume: bool, progress: bool) -> tune.Tuner:
     """A new Tuner for the spec, or (resume) the one restored from ``exp_path`` after repairing its state."""
-    resources = {"cpu": spec.cpu, "gpu": spec.gpu if spec.backend == "local" else 0}  # verl claims its own GPUs
+    resources = {"cpu": spec.cpu, "gpu": spec.gpu}
+    if spec.backend == "verl":  # the whole verl job, one placement group per trial
+        resources = functools.partial(_verl_resources, spec)
     fn = tune.with_resources(tune.with_parameters(_trial, spec=spec, sweep_dir=str(sweep_dir)), resources)
     if resume:
         _repair_state(exp_path)
@@ -451,8 +504,37 @@ def _tuner(spec: Spec, sweep_dir: Path, exp_path: Path, resume: bool, progress: 
 
 
 def _slots(spec: Spec) -> int:
-    """Trials that can run at once: the cluster's CPUs / a trial's, at most max_concurrent, at least 1."""
-    return max(1, min(spec.max_concurrent or 10**6, int(ray.cluster_resources().get("CPU", 1) // spec.cpu)))
+    """Trials that can run at once: the cluster's CPUs (verl: GPUs) / a trial's, at most max_concurrent, at least 1."""
+    have = ray.cluster_resources()
+    if spec.backend == "verl":
+        p = verl_placement(spec, grid_points(spec)[0], spec.seed_axis[0])
+        fit = int(have.get("GPU", 0) // p.gpus) if p.gpus else 1
+    else:
+        fit = int(have.get("CPU", 1) // spec.cpu)
+    return max(1, min(spec.max_concurrent or 10**6, fit))
+
+
+def verl_placement(spec: Spec, point: dict, seed: int | None):
+    """What a verl trial of (point, seed) reserves (``ema_pg_core.verl.resources.TrialPlacement``), from its
+    composed config; cached, since Tune asks once per trial."""
+    return _placement(tuple(spec.overrides_for(point, seed)))
+
+
+@functools.lru_cache(maxsize=64)
+def _placement(overrides: tuple[str, ...]):
+    from omegaconf import OmegaConf
+
+    from ema_pg_core.verl.main import placement_for
+    from experiments import build
+
+    cfg = build.compose(list(overrides))
+    return placement_for(OmegaConf.to_container(cfg, resolve=True))
+
+
+def _verl_resources(spec: Spec, config: dict) -> tune.PlacementGroupFactory:
+    """Tune's resources of a verl trial: one placement group for its whole verl job (``verl_placement``)."""
+    p = verl_placement(spec, *decode(spec, config))
+    return tune.PlacementGroupFactory([dict(b) for b in p.bundles], strategy=p.strategy)
 
 
 def _unfinished_hint(spec: Spec, sweep_dir: Path, trials) -> str | None:

@@ -26,7 +26,28 @@ SETUP_HOOK = "ema_pg_core.verl.failures.setup_worker"
 """Ray ``worker_process_setup_hook`` for runs on GPUs (on CPU: ``ema_pg_core.verl.cpu.SETUP_HOOK``)."""
 MAX_KEPT = 5
 RUNNING: dict = {}
-"""In the process that launched a run: its TaskRunner ("runner") and ``FailureLog`` ("failure_log") handles."""
+"""In the process that launched a run: its TaskRunner ("runner") and ``FailureLog`` ("failure_log") handles;
+inside a sweep trial, the child process running verl ("process") and its Ray namespace ("namespace")."""
+STOP_GRACE_S = 10.0
+"""How long a verl child process gets to exit after SIGTERM before it is killed."""
+
+
+class VerlExited(RuntimeError):
+    """The verl job a sweep trial ran as a child process exited with a non-zero status."""
+
+    def __init__(self, code: int, log):
+        self.code, self.log = code, log
+        super().__init__(f"verl exited with status {code}: {_cause(log)} (its output: {log})")
+
+
+def _cause(log) -> str:
+    """The last line of the child's output that names an error, else its last line."""
+    try:
+        lines = [ln.strip() for ln in open(log, errors="replace").read().splitlines() if ln.strip()]
+    except OSError:
+        return "no output"
+    errors = [ln for ln in lines if "Error" in ln or "error:" in ln or ln.startswith("emapg ")]
+    return ((errors or lines or ["no output"])[-1])[:300]
 
 
 class FailureLog:
@@ -90,8 +111,12 @@ def install_handler() -> None:
 
 
 def setup_worker() -> None:
-    """Ray ``worker_process_setup_hook`` of a run on GPUs."""
+    """Ray ``worker_process_setup_hook`` of a run on GPUs: failure forwarding, and a TransferQueue of the
+    run's own (``ema_pg_core.verl.placement``)."""
+    from ema_pg_core.verl.placement import isolate_transfer_queue
+
     install_handler()
+    isolate_transfer_queue()
 
 
 def first_failure(tolerated: int = 0) -> str | None:
@@ -101,7 +126,7 @@ def first_failure(tolerated: int = 0) -> str | None:
 
     if not ray.is_initialized():
         return None
-    actor = RUNNING.get("failure_log")
+    actor = RUNNING.get("failure_log") or _child_failure_log()
     if actor is None:
         return None
     try:
@@ -118,12 +143,42 @@ def first_failure(tolerated: int = 0) -> str | None:
     )
 
 
+def _child_failure_log():
+    """The ``FailureLog`` of the verl child process this trial started (in its namespace), once it exists."""
+    import ray
+
+    namespace = RUNNING.get("namespace")
+    if namespace is None:
+        return None
+    try:
+        RUNNING["failure_log"] = actor = ray.get_actor(ACTOR, namespace=namespace)
+    except ValueError:  # not created yet
+        return None
+    return actor
+
+
 def stop_run() -> None:
     """Kill the TaskRunner this process launched, if any (``emapg train`` does when a rollout failed or a
     step timed out). By handle: looking the actor up by name from the driver can block on its class."""
     import ray
 
+    _stop_child(RUNNING.pop("process", None))
+    RUNNING.pop("namespace", None)
     handle = RUNNING.pop("runner", None)
     RUNNING.pop("failure_log", None)
     if handle is not None and ray.is_initialized():
         ray.kill(handle)
+
+
+def _stop_child(proc) -> None:
+    """SIGTERM the verl child process, SIGKILL it after STOP_GRACE_S; its Ray job ends with it."""
+    import subprocess
+
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -18,7 +18,9 @@ Ulysses SP = 1, no evaluation of the EMA anchor through vLLM.
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import ray
 from omegaconf import OmegaConf, open_dict
@@ -29,7 +31,13 @@ require_verl()  # before verl's trainer modules detect the platform (VERL_PLATFO
 from verl.trainer.main_ppo import TaskRunnerV1  # noqa: E402
 
 from ema_pg_core.verl.config import split_argv  # noqa: E402
-from ema_pg_core.verl.resources import TASK_RUNNER_CPUS  # noqa: E402
+from ema_pg_core.verl.placement import trial_placement_group  # noqa: E402
+from ema_pg_core.verl.resources import PLACEMENT_GROUP_ENV, TASK_RUNNER_CPUS  # noqa: E402
+
+NAMESPACE_ENV = "EMAPG_RAY_NAMESPACE"
+"""The Ray namespace of a verl job launched inside a sweep trial (one per launch: named actors never meet)."""
+DRIVER_LOG = "verl_driver.log"
+"""Output of the verl job a sweep trial runs as a child process (in the run directory)."""
 
 
 def compose(argv: list[str]):
@@ -88,10 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     if dry:
         print(OmegaConf.to_yaml(cfg))
         return 0
-    check_resources(cfg)
+    if trial_placement_group() is not None:
+        join_trial(cfg)  # the trial reserved everything already
+    else:
+        check_resources(cfg)
     from verl.trainer.main_ppo import run_ppo
 
-    run_ppo(cfg, task_runner_class=_Launch(ray.remote(num_cpus=TASK_RUNNER_CPUS)(EmaPGTaskRunner)))
+    run_ppo(cfg, task_runner_class=_Launch(ray.remote(num_cpus=TASK_RUNNER_CPUS)(EmaPGTaskRunner), cfg))
     return 0
 
 
@@ -99,18 +110,56 @@ class _Launch:
     """What verl's ``run_ppo`` calls ``.remote()`` on: starts the TaskRunner and keeps its handle, so that
     ``failures.stop_run`` can kill it (its workers, servers and TransferQueue share its fate)."""
 
-    def __init__(self, actor_class):
-        self._cls = actor_class
+    def __init__(self, actor_class, config):
+        self._cls, self.config = actor_class, config
 
     def options(self, **kwargs):
-        return _Launch(self._cls.options(**kwargs))
+        return _Launch(self._cls.options(**kwargs), self.config)
 
     def remote(self, *args, **kwargs):
         from ema_pg_core.verl.failures import RUNNING, create_actor
 
         create_actor()  # before any worker exists: their failed rollouts are reported there
-        RUNNING["runner"] = handle = self._cls.remote(*args, **kwargs)
+        cls, pg = self._cls, trial_placement_group()
+        if pg is not None:  # rank 0's bundle holds the TaskRunner; what it starts stays in the group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            _check_trial_group(pg, self.config)
+
+            cls = cls.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+                )
+            )
+        RUNNING["runner"] = handle = cls.remote(*args, **kwargs)
         return handle
+
+
+def _check_trial_group(pg, cfg) -> None:
+    """The trial's placement group is the one this job needs (``resources.trial_placement``)."""
+    from ema_pg_core.verl.resources import trial_placement
+
+    want, have = trial_placement(cfg), pg.bundle_specs
+    if [b for b in want.bundles if b] != have:
+        raise ValueError(
+            f"the sweep trial reserved {have}, but this verl job needs {want.describe()}; the sweep computes the "
+            "reservation from the same config (sweeps.tune), so the trial's config and this job's differ"
+        )
+
+
+def join_trial(cfg) -> None:
+    """In the child process ``run_config`` starts inside a sweep trial: verl's own ``ray.init`` joins the
+    trial's cluster (``RAY_ADDRESS``) as a job of its own, in the namespace ``NAMESPACE_ENV`` names, with
+    verl's runtime environment and the trial's placement group in every worker's environment."""
+    with open_dict(cfg):  # nothing here may call Ray: RAY_ADDRESS would connect it, without this config
+        init = cfg.ray_kwargs.ray_init
+        runtime_env = OmegaConf.to_container(init.get("runtime_env") or OmegaConf.create({}), resolve=True)
+        runtime_env.setdefault("env_vars", {})[PLACEMENT_GROUP_ENV] = os.environ[PLACEMENT_GROUP_ENV]
+        cfg.ray_kwargs.ray_init = {
+            "address": os.environ["RAY_ADDRESS"],
+            "namespace": os.environ[NAMESPACE_ENV],
+            "runtime_env": runtime_env,
+        }
 
 
 def check_resources(cfg) -> None:
@@ -128,6 +177,15 @@ def check_resources(cfg) -> None:
         check_fits(need, *have)
 
 
+def placement_for(run):
+    """What a sweep trial of the resolved run config ``run`` reserves for its verl job
+    (``ema_pg_core.verl.resources.trial_placement``); composes verl's config, starts nothing."""
+    from ema_pg_core.verl.config import to_verl
+    from ema_pg_core.verl.resources import trial_placement
+
+    return trial_placement(compose(to_verl(run).command()[3:]))
+
+
 def run_config(run, wandb: dict[str, str] | None = None) -> int:
     """Launch a resolved run config (plain mapping; ``backend.name == "verl"``) in this process.
 
@@ -137,7 +195,64 @@ def run_config(run, wandb: dict[str, str] | None = None) -> int:
     """
     from ema_pg_core.verl.config import to_verl
 
-    return main(to_verl(run, wandb).command()[3:])
+    argv = to_verl(run, wandb).command()[3:]
+    pg = _trial_group()
+    if pg is None:
+        return main(argv)
+    return _run_in_trial(argv, pg, Path(run["run_dir"]))
+
+
+def _trial_group():
+    """The placement group this process runs in: a Ray Tune trial's (``sweeps.tune``), None elsewhere."""
+    return ray.util.get_current_placement_group() if ray.is_initialized() else None
+
+
+def _run_in_trial(argv: list[str], pg, run_dir: Path) -> int:
+    """verl as a Ray job of its own, in a child process (``python -m ema_pg_core.verl.main``), its actors in
+    the trial's placement group ``pg`` (``ema_pg_core.verl.placement``). The child's output goes to
+    ``<run_dir>/verl_driver.log``; it dies with this process. Raises ``VerlExited`` on a non-zero exit."""
+    import subprocess
+    import uuid
+
+    from ema_pg_core.verl.failures import RUNNING, VerlExited
+
+    namespace = f"emapg_{uuid.uuid4().hex[:12]}"
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+        PLACEMENT_GROUP_ENV: pg.id.hex(),
+        NAMESPACE_ENV: namespace,
+        "PYTHONUNBUFFERED": "1",
+        "RAY_ENABLE_AUTO_CONNECT": "0",  # only verl's own ray.init (join_trial) connects the child
+    }
+    env.pop("RAY_JOB_CONFIG_JSON_ENV_VAR", None)  # the trial's job config is not the child's
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / DRIVER_LOG
+    with open(log, "a") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ema_pg_core.verl.main", *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
+    RUNNING.update(process=proc, namespace=namespace)
+    code = proc.wait()
+    if code:
+        raise VerlExited(code, log)
+    return 0
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the thread that started it dies (Linux ``PR_SET_PDEATHSIG``),
+    so that a killed trial never leaves a verl job holding its placement group."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:  # not glibc: Ray still ends the job's actors when the trial's group is removed
+        pass
 
 
 if __name__ == "__main__":

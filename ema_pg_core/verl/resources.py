@@ -249,3 +249,96 @@ def cluster_size(
     cpus = _get(config, "ray_kwargs.ray_init.num_cpus")
     gpus = _get(config, "ray_kwargs.ray_init." + ("num_gpus" if accelerator == "GPU" else f"resources.{accelerator}"))
     return (float(detect("CPU") if cpus is None else cpus), float(detect(accelerator) if gpus is None else gpus))
+
+
+# ---------------------------------------------------------------------------- a verl job inside a Ray Tune trial
+PLACEMENT_GROUP_ENV = "EMAPG_PLACEMENT_GROUP"
+"""Hex id of the trial's placement group, in the environment of a verl job launched inside a Tune trial."""
+
+
+@dataclass(frozen=True)
+class TrialPlacement:
+    """The one placement group a Ray Tune trial reserves for its whole verl job (``trial_placement``).
+
+    ``bundles[0]`` is Tune's head bundle, empty: the trial's own process (which only follows verl's metrics
+    files) holds nothing, and Ray drops the empty bundle, so rank r's bundle is index r of the group. Bundle
+    0 (rank 0's) also holds the TaskRunner and the TransferQueue controller, which the TaskRunner starts;
+    TransferQueue's storage unit i is in rank ``storage_bundle(i)``'s bundle.
+    """
+
+    bundles: tuple[dict[str, float], ...]
+    strategy: str
+    world: int
+    """Ranks (= GPUs) of the job: trainer.nnodes x trainer.n_gpus_per_node."""
+    outside: tuple[Item, ...]
+    """What the job starts outside the group (placed on nodes by verl or TransferQueue themselves)."""
+
+    @property
+    def cpus(self) -> float:
+        return sum(b.get("CPU", 0.0) for b in self.bundles)
+
+    @property
+    def gpus(self) -> float:
+        return sum(v for b in self.bundles for k, v in b.items() if k != "CPU")
+
+    def describe(self) -> str:
+        rank = f"{self.world} x {{{BUNDLE_CPUS} CPUs + 1 GPU}} (one per rank)"
+        held = f"{_amount(self.cpus, 'CPU')} and {_amount(self.gpus, 'GPU')} in one {self.strategy} placement group"
+        extra = "; ".join(i.describe() for i in self.outside if i.cpus or i.gpus)
+        return (
+            f"{held}: {rank}, + {TASK_RUNNER_CPUS + TQ_ACTOR_CPUS} CPUs on rank 0's for the TaskRunner and "
+            f"TransferQueue's controller, + {self.storage_units} TransferQueue storage unit(s) of {TQ_ACTOR_CPUS} "
+            "CPU on the ranks' bundles in turn" + (f"; outside it: {extra}" if extra else "")
+        )
+
+    @property
+    def storage_units(self) -> int:
+        return sum(1 for i in range(len(self.bundles) - 1) for _ in range(self._units_at(i)))
+
+    def _units_at(self, rank: int) -> int:
+        extra = self.bundles[1 + rank].get("CPU", 0.0) - BUNDLE_CPUS - (TASK_RUNNER_CPUS + TQ_ACTOR_CPUS) * (rank == 0)
+        return int(round(extra / TQ_ACTOR_CPUS))
+
+
+def storage_bundle(unit: int, ranks: int) -> int:
+    """The bundle (rank) of a trial's placement group that holds TransferQueue storage unit `unit`."""
+    return unit % ranks
+
+
+def trial_placement(config) -> TrialPlacement:
+    """The placement group a Tune trial reserves for a verl job of ``config`` (a composed verl config).
+
+    One bundle per rank, {3 CPUs + 1 GPU} as verl's own per-node groups have them; rank 0's also holds the
+    TaskRunner and TransferQueue's controller. Strategy: STRICT_PACK on one node (verl's own for a node's
+    ranks); with several nodes of one rank each STRICT_SPREAD (one rank per node, as trainer.nnodes asks);
+    else PACK: Ray fills one node before the next, so each node's ranks land together when nodes have
+    n_gpus_per_node free GPUs (verl's own per-node groups do not promise distinct nodes either).
+
+    Refused (ValueError): separate reward-model or teacher pools, and a rollout replica spanning nodes
+    (its tensor parallelism above n_gpus_per_node), which verl places by node and a trial's single group
+    cannot express.
+    """
+    nnodes, per_node = int(_get(config, "trainer.nnodes")), int(_get(config, "trainer.n_gpus_per_node"))
+    for key, what in (
+        ("reward.reward_model.enable_resource_pool", "a separate reward-model pool"),
+        ("distillation.enabled", "a teacher pool"),
+    ):
+        if _get(config, key, False):
+            raise ValueError(f"{key}=true: {what} is not supported inside a sweep trial (backend: verl)")
+    tp = int(_get(config, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1))
+    if tp > per_node:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} spans nodes "
+            f"(trainer.n_gpus_per_node={per_node}); inside a sweep trial a rollout replica must fit one node"
+        )
+    accelerator, world = _accelerator(config), nnodes * per_node
+    need = ray_demand(config)
+    units = next((i.count for i in need if i.what == "TransferQueue storage units"), 0)
+    cpus = [
+        BUNDLE_CPUS + TQ_ACTOR_CPUS * sum(storage_bundle(u, world) == r for u in range(units)) for r in range(world)
+    ]
+    cpus[0] += TASK_RUNNER_CPUS + TQ_ACTOR_CPUS
+    bundles = ({}, *({"CPU": float(c), accelerator: 1.0} for c in cpus))
+    strategy = "STRICT_PACK" if nnodes == 1 else "STRICT_SPREAD" if per_node == 1 else "PACK"
+    inside = ("TaskRunner", "TransferQueue controller", "TransferQueue storage units", "actor/rollout/ref placement")
+    return TrialPlacement(bundles, strategy, world, tuple(i for i in need if not i.what.startswith(inside)))

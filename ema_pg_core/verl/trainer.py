@@ -35,6 +35,7 @@ from ema_pg_core.verl.config import TRAINER_MODE, EmaPGSection, anchor_due, topk
 from ema_pg_core.verl.engine import DROP_KEY, set_pass
 from ema_pg_core.verl.evals import anchor_keys, append_rows, as_anchor, evals_path, problem_rows
 from ema_pg_core.verl.layout import token_rows
+from ema_pg_core.verl.placement import trial_pool_manager
 from ema_pg_core.verl.probe import pick
 from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
 
@@ -100,6 +101,7 @@ class EmaPGTrainerSync(PPOTrainerSync):
         if Role.ActorRolloutRef not in self.role_worker_mapping:
             raise ValueError("EMA-PG needs verl's actor_rollout_ref role (use_kl_loss=true, no LoRA, hybrid engine)")
         self.role_worker_mapping[Role.ActorRolloutRef] = ray.remote(EmaPGActorRolloutRefWorker)
+        self.resource_pool_manager = trial_pool_manager(self.resource_pool_manager)  # in a sweep trial: its group
 
     def _compute_old_log_prob(self, batch, metrics):
         set_pass(batch.extra_info, **self._passes["old"])

@@ -1,0 +1,406 @@
+"""``emapg rehearse sweeps/<name>.yaml``: a verl sweep through Ray Tune, as ``emapg sweep`` runs it, on a local
+two-node Ray cluster, at world size 2, two trials at once, with a node lost and the driver killed.
+
+    emapg rehearse sweeps/math_deepscaler_ema_pg.yaml --layout across   # nnodes=2, one rank on each node
+    emapg rehearse sweeps/search_r1_ema_pg.yaml                         # --layout within: 1 node x 2 ranks
+
+1. The tiny model, the data in the real schema and (search) the retriever: ``experiments.rehearse.Shared``.
+2. The rehearsal spec (``rehearsal_spec``): the sweep's grid points at its first seed, each with the rehearsal
+   overrides of a single-config rehearsal (``experiments.rehearse.rehearsal_overrides``: CPU platform, hf
+   rollout, tiny sizes, a checkpoint every step, the anchor period 2) and world size 2 (``LAYOUTS``).
+3. A local Ray cluster of two nodes (``ray.cluster_utils.Cluster``: two raylets on this machine, each with
+   ``NODE_CPUS`` CPUs and ``NODE_GPUS`` virtual GPUs, on 127.0.0.1).
+4. ``emapg sweep <spec> --address <cluster> --out <dir>``, the command a user runs, in its own process group.
+5. Once a trial has logged a step and written its checkpoint: the second node's processes are killed (a node
+   lost) and a fresh node joins; Tune retries the trials that were on it (``max_failures``) from verl's last
+   checkpoint.
+6. Once a retried trial has logged a step of its new attempt: the sweep's driver is SIGKILLed, then
+   ``emapg sweep ... --resume`` finishes the sweep.
+7. Every trial's run directory is checked (``checks``); the exit status is 0 only when every check passed.
+
+What this proves and what only GPUs can show: README, "Scaling out".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+LAYOUTS = {
+    "across": {"backend.verl.nnodes": 2, "backend.verl.n_gpus_per_node": 1},
+    "within": {"backend.verl.nnodes": 1, "backend.verl.n_gpus_per_node": 2},
+}
+"""World size 2: one rank on each of two nodes, or two ranks on one node."""
+NODE_CPUS, NODE_GPUS = 16, 2
+"""Each node of the rehearsal cluster: Ray CPUs (reservations, not cores) and virtual GPUs (verl's CPU platform)."""
+STEPS = 4
+"""Training steps per trial: the anchor updates after steps 2 and 4 (period 2), checkpoints 3 and 4 are kept."""
+TIMEOUT_S = 1800.0
+"""A phase (the sweep to a kill point, or the resumed sweep to its end) that takes longer fails the rehearsal."""
+SKIP = ("run_dir", "backend.verl.checkpoint_dir")
+"""Rehearsal overrides a sweep trial sets itself (its run directory; verl's checkpoints inside it)."""
+
+
+# ---------------------------------------------------------------------------- the rehearsal spec
+def rehearsal_spec(spec_path: str, out: Path, shared, layout: str, steps: int = STEPS) -> dict:
+    """The sweep YAML (as a mapping) that rehearses `spec_path`: its grid points at its first seed, each with the
+    rehearsal overrides of its config and world size 2 (`layout`). Overrides all points share go to
+    ``base.overrides``; the others join the point in one joint grid entry."""
+    from omegaconf import OmegaConf
+
+    from experiments import build
+    from experiments.rehearse import rehearsal_overrides
+    from sweeps import spec as sweep_spec
+
+    s = sweep_spec.load(spec_path)
+    if s.backend != "verl" or s.search != "grid":
+        raise ValueError(
+            f"{spec_path}: emapg rehearse takes verl sweeps with search: grid (got {s.backend}, {s.search})"
+        )
+    points = []
+    for point in sweep_spec.grid_points(s):
+        cfg = build.compose([o for o in s.overrides_for(point, s.seeds[0]) if not o.startswith(("sweep.", "logger."))])
+        data = shared.data(str(cfg.task.name))
+        url = shared.retriever(data.corpus) if cfg.backend.verl.multi_turn and data.corpus else None
+        o = rehearsal_overrides(cfg, shared.model(str(cfg.task.name)), data, out / "unused", steps, url)
+        points.append((point, {**_as_mapping(o), **LAYOUTS[layout]}, cfg))
+    common = {k: v for k, v in points[0][1].items() if all(p[1].get(k) == v for p in points)}
+    keys = list(
+        dict.fromkeys([k for p, *_ in points for k in p] + [k for _, o, _ in points for k in o if k not in common])
+    )
+    raw = {k: v for k, v in s.raw.items() if k not in ("space", "seeds", "max_concurrent")}
+    raw["base"] = {**s.raw["base"], "overrides": {**(s.raw["base"].get("overrides") or {}), **common}}
+    grid = [[{**p, **o}[k] if k in {**p, **o} else OmegaConf.select(cfg, k) for k in keys] for p, o, cfg in points]
+    raw["space"] = {",".join(keys): {"grid": grid}}
+    raw["seeds"] = [s.seeds[0]]
+    return raw
+
+
+def _as_mapping(overrides: list[str]) -> dict:
+    """Hydra ``key=value`` overrides -> {key: value} for a sweep YAML (lists of verl overrides kept as strings)."""
+    out = {}
+    for o in overrides:
+        key, value = o.split("=", 1)
+        if key in SKIP:
+            continue
+        if key == "backend.verl.overrides":
+            out[key] = [x.replace("\\'", "'") for x in value[2:-2].split("','")] if value != "[]" else []
+        else:
+            out[key] = yaml.safe_load(value)
+    return out
+
+
+# ---------------------------------------------------------------------------- the cluster
+class LocalCluster:
+    """Two raylets on this machine (``ray.cluster_utils.Cluster``); the second can be lost and replaced."""
+
+    def __init__(self, root: Path):
+        import ray.cluster_utils
+
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        self.root = root
+        self.cluster = ray.cluster_utils.Cluster(
+            initialize_head=True, head_node_args=self._node_args("head"), shutdown_at_exit=True
+        )
+        self.worker = self.cluster.add_node(**self._node_args("node1"))
+        self.added = 1
+
+    def _node_args(self, name: str) -> dict:
+        return {
+            "num_cpus": NODE_CPUS,
+            "num_gpus": NODE_GPUS,
+            "node_ip_address": "127.0.0.1",
+            "object_store_memory": 200 * 1024**2,
+            "include_dashboard": False,
+            "resources": {f"rehearsal_{name}": 1.0},
+        }
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def lose_node(self) -> None:
+        """Kill the second node's raylet and every process on it, without warning; then a fresh node joins."""
+        self.cluster.remove_node(self.worker, allow_graceful=False)
+        self.added += 1
+        self.worker = self.cluster.add_node(**self._node_args(f"node{self.added}"))
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+
+# ---------------------------------------------------------------------------- the driver, as a user runs it
+def _sweep(spec_file: Path, address: str, out: Path, log: Path, resume: bool = False) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "experiments.cli", "sweep", str(spec_file), "--address", address, "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")}
+    env.update({"EMAPG_PROGRESS": "0", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline"})
+    with open(log, "a") as f:
+        return subprocess.Popen(
+            cmd + (["--resume"] if resume else []), stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+
+def _runs(out: Path) -> list[Path]:
+    return sorted(p for p in (out / "runs").glob("*") if p.is_dir())
+
+
+def _wait(what: str, ready: Callable[[], bool], proc: subprocess.Popen | None, timeout_s: float = TIMEOUT_S) -> None:
+    t0 = time.time()
+    while not ready():
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: `emapg sweep` exited with status {proc.returncode} first")
+        if time.time() - t0 > timeout_s:
+            raise RuntimeError(f"{what}: not within {timeout_s:.0f} s")
+        time.sleep(1.0)
+
+
+def _progress(run_dir: Path) -> int:
+    """The last step the run's current verl attempt logged with its checkpoint written (0: none yet)."""
+    from experiments.rehearse import latest_checkpoint, logged_step
+
+    return min(latest_checkpoint(run_dir), logged_step(run_dir))
+
+
+def _attempts(run_dir: Path) -> int:
+    from experiments.verl_metrics import attempt_files
+
+    return len(attempt_files(run_dir))
+
+
+@dataclass
+class Events:
+    """What the rehearsal did to the sweep, for its report."""
+
+    lost_at: dict[str, int]
+    """Per run: its last logged step with a checkpoint when the node was lost."""
+    killed_at: dict[str, int]
+    """Per run: the same when the driver was killed."""
+    seconds: float = 0.0
+
+
+def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], None]) -> Events:
+    """The sweep through the node loss and the driver kill to its end (``emapg sweep --resume``)."""
+    log, sweep_dir, t0 = out / "sweep.log", out / "sweep", time.time()
+    proc = _sweep(spec_file, cluster.address, sweep_dir, log)
+    try:
+        say("  waiting for a trial's first step and checkpoint ...")
+        _wait("a first checkpoint", lambda: any(_progress(r) >= 1 for r in _runs(sweep_dir)), proc)
+        lost_at = {r.name: _progress(r) for r in _runs(sweep_dir)}
+        say(f"  node lost (its processes killed) at steps {lost_at}; a fresh node joins")
+        cluster.lose_node()
+        retried = lambda: [r for r in _runs(sweep_dir) if _attempts(r) > 1]  # noqa: E731
+        _wait("a retry after the node loss", lambda: any(_progress(r) >= 1 for r in retried()), proc)
+        killed_at = {r.name: _progress(r) for r in _runs(sweep_dir)}
+        say(f"  driver (`emapg sweep`) SIGKILLed at steps {killed_at}")
+    finally:
+        _kill_group(proc)
+    say("  emapg sweep --resume ...")
+    proc = _sweep(spec_file, cluster.address, sweep_dir, log, resume=True)
+    try:
+        code = proc.wait(TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        _kill_group(proc)
+    if code != 0:
+        raise RuntimeError(f"emapg sweep --resume exited with status {code} (see {log})")
+    return Events(lost_at, killed_at, time.time() - t0)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+# ---------------------------------------------------------------------------- the checks
+def checks(sweep_dir: Path, raw: dict, events: Events) -> dict[str, list]:
+    """Per trial: the single-config rehearsal's checks (``experiments.rehearse.CHECKS``, the resume check as
+    ``check_attempts``) and the world-size-2 checks; plus one line for the sweep (sweep.csv, the report)."""
+    from experiments import rehearse
+    from experiments.rehearse import Check
+
+    out = {}
+    for run_dir in _runs(sweep_dir):
+        e = _expect(run_dir)
+        got = [c(run_dir, e) for c in rehearse.CHECKS if c is not rehearse.check_resume]
+        got += [check_attempts(run_dir, e), check_sharded(run_dir, e)]
+        out[run_dir.name] = got
+    rows = list(_csv(sweep_dir / "sweep.csv"))
+    finished = [r["status"] for r in rows]
+    report = (sweep_dir / "report" / "index.md").is_file()
+    ok = bool(rows) and all(s == "finished" for s in finished) and report and len(rows) == len(out)
+    hit = sorted(n for n in out if _attempts(sweep_dir / "runs" / n) > 1)
+    out["sweep"] = [
+        Check(
+            "sweep",
+            ok,
+            f"sweep.csv: {finished}; report/index.md written: {report}; trials with more than one "
+            f"attempt (node loss, driver kill): {hit}",
+        )
+    ]
+    return out
+
+
+def _csv(path: Path):
+    import csv
+
+    if path.is_file():
+        with open(path) as f:
+            yield from csv.DictReader(f)
+
+
+def _expect(run_dir: Path):
+    """What a trial's rehearsal must show, from its recorded config."""
+    from ema_pg_core.config import KLConfig
+    from ema_pg_core.verl.config import uses_topk
+    from experiments.rehearse import ANCHOR_PERIOD, Expect
+
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    tau, kl = float(cfg["algo"]["anchor"]["tau"]), cfg["algo"]["kl"]
+    return Expect(
+        steps=int(cfg["trainer"]["iterations"]),
+        tau=tau,
+        period=ANCHOR_PERIOD if tau < 1 else int(cfg["algo"]["anchor"]["period"]),
+        topk=uses_topk(KLConfig(**kl)),
+        k=int(kl["k"]),
+        keep=int(cfg["trainer"]["keep_checkpoints"]),
+        killed_at=None,
+        probe=cfg["trainer"]["probe_every"] != 0,
+        attempts=1,
+    )
+
+
+def check_attempts(run_dir: Path, e):
+    """No step lost or trained twice across attempts: each attempt of verl starts right after the last step the
+    earlier ones logged; the anchor's update count at the end is the schedule's, counted across attempts."""
+    from experiments.rehearse import Check, _raw_attempts
+    from experiments.verl_metrics import trained_step
+
+    steps = [sorted(int(r["step"]) for r in rows if trained_step(r.get("data", {}))) for rows in _raw_attempts(run_dir)]
+    done, ok = 0, bool(steps)
+    for s in steps:
+        ok = ok and (not s or (s[0] == done + 1 and s == list(range(s[0], s[-1] + 1))))
+        done = max([done, *s])
+    ok = ok and done == e.steps
+    detail = f"{len(steps)} attempt(s) trained steps {steps}"
+    if e.tau < 1.0:
+        meta = run_dir / "checkpoints" / f"global_step_{e.steps}" / "anchor" / "emapg_anchor.json"
+        updates = json.loads(meta.read_text())["num_updates"] if meta.is_file() else None
+        ok = ok and updates == e.steps // e.period
+        detail += f"; anchor updates at step {e.steps}: {updates} (scheduled {e.steps // e.period})"
+    return Check("attempts", ok, detail)
+
+
+def check_sharded(run_dir: Path, e, world: int = 2):
+    """The kept checkpoints were written by `world` ranks (policy and anchor); for tau < 1 the anchor of the last
+    step, gathered from both ranks' shards, equals the EMA of the gathered policy and the anchor of the step before
+    (tau * anchor + (1 - tau) * policy after an update step, else unchanged) to 1e-6."""
+    from experiments.rehearse import Check
+
+    root = run_dir / "checkpoints"
+    last, prev = root / f"global_step_{e.steps}", root / f"global_step_{e.steps - 1}"
+    parts = [d / "actor" for d in (prev, last)] + ([d / "anchor" for d in (prev, last)] if e.tau < 1 else [])
+    missing = [
+        str(p.relative_to(root)) for p in parts if len(list(p.glob(f"model_world_size_{world}_rank_*.pt"))) != world
+    ]
+    if missing:
+        return Check("world size 2", False, f"not written by {world} ranks: {missing}")
+    if e.tau >= 1:
+        return Check("world size 2", True, f"steps {e.steps - 1} and {e.steps}: policy shards of {world} ranks")
+    policy, anchor, before = (_gathered(p, world) for p in (last / "actor", last / "anchor", prev / "anchor"))
+    update = e.steps % e.period == 0
+    err = max(
+        float((anchor[k] - (e.tau * before[k] + (1 - e.tau) * policy[k] if update else before[k])).abs().max())
+        for k in anchor
+    )
+    moved = max(float((anchor[k] - before[k]).abs().max()) for k in anchor)
+    what = "tau * anchor + (1 - tau) * policy" if update else "the anchor before"
+    return Check(
+        "world size 2",
+        err < 1e-6 and (moved > 0) == update,
+        f"steps {e.steps - 1} and {e.steps}: {world} ranks' shards; anchor at {e.steps} vs {what}: max |diff| "
+        f"{err:.2e} (anchor moved by {moved:.2e})",
+    )
+
+
+def _gathered(path: Path, world: int) -> dict:
+    """The full tensors of an FSDP2 checkpoint: each rank's Shard(0) pieces concatenated in rank order."""
+    import torch
+
+    shards = [
+        torch.load(path / f"model_world_size_{world}_rank_{r}.pt", map_location="cpu", weights_only=False)
+        for r in range(world)
+    ]
+    local = [{k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in s.items()} for s in shards]
+    return {k: torch.cat([s[k].double() for s in local]) for k in local[0]}
+
+
+# ---------------------------------------------------------------------------- the command
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="emapg rehearse",
+        description="Rehearse a verl sweep through Ray Tune on a local two-node Ray cluster (CPU): world size 2, "
+        "two trials at once, a node lost, the driver killed and resumed. README: 'Scaling out'.",
+    )
+    p.add_argument("spec", help="a verl sweep spec (sweeps/*.yaml)")
+    p.add_argument(
+        "--layout", choices=sorted(LAYOUTS), default="within", help="world size 2 across two nodes or within one"
+    )
+    p.add_argument("--out", default="outputs/rehearsals", help="where the sweep, its logs and the shared files go")
+    args = p.parse_args(argv)
+    from ema_pg_core.verl import require_verl
+    from experiments.rehearse import Shared
+
+    require_verl()
+    out = Path(args.out) / (Path(args.spec).stem + f"__{args.layout}")
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    shared = Shared(Path(args.out) / "_shared")
+    cluster = None
+    try:
+        print(
+            f"{args.spec}: the rehearsal spec (CPU platform, tiny model, world size 2: {args.layout}) ...", flush=True
+        )
+        raw = rehearsal_spec(args.spec, out, shared, args.layout)
+        spec_file = out / "rehearsal.yaml"
+        spec_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+        print(f"  a local Ray cluster of two nodes, {NODE_CPUS} CPUs and {NODE_GPUS} virtual GPUs each", flush=True)
+        cluster = LocalCluster(out)
+        print(f"  emapg sweep {spec_file} --address {cluster.address} --out {out / 'sweep'}", flush=True)
+        events = run(spec_file, out, cluster, lambda m: print(m, flush=True))
+        results = checks(out / "sweep", raw, events)
+    except RuntimeError as e:
+        print(f"FAILED: {e}", flush=True)
+        return 1
+    finally:
+        shared.close()
+        if cluster is not None:
+            cluster.shutdown()
+    ok = all(c.ok for cs in results.values() for c in cs)
+    for name, cs in results.items():
+        print(f"{name}: {'passed' if all(c.ok for c in cs) else 'FAILED'}")
+        for c in cs:
+            print(c.line())
+    print(f"{args.spec} ({events.seconds:.0f} s): {'passed' if ok else 'FAILED'}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
