@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint test-all test-verl figures clean
+.PHONY: setup demo test lint test-all test-verl rehearse-verl figures clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ $(VERL_STAMP): pyproject.toml constraints.txt
 
 test-verl: $(VERL_STAMP)
 	$(VERL_VENV)/bin/python -m pytest -m verl tests/verl
+
+# Both shipped GPU sweeps through Ray Tune on a local two-node CPU cluster at world size 2: two trials at
+# once, a node lost, the driver killed and resumed (README, "Scaling out"). About 8 minutes each on 2 cores.
+rehearse-verl: $(VERL_STAMP)
+	$(VERL_VENV)/bin/emapg rehearse sweeps/math_deepscaler_ema_pg.yaml --layout across
+	$(VERL_VENV)/bin/emapg rehearse sweeps/search_r1_ema_pg.yaml --layout within
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -m "not gpu and not verl"

@@ -9,7 +9,8 @@ imports ray and `emapg report` never imports torch.
     emapg retriever serve --corpus wiki-18.jsonl --retriever e5 [--index e5_Flat.index]
     emapg retriever index --corpus wiki-18.jsonl --out e5_Flat.index
     emapg sweep sweeps/quickstart.yaml [--dry-run] [--resume] [--address ...]
-    emapg rehearse experiment=math_deepscaler_ema_pg | sweeps/search_r1_ema_pg.yaml   (verl's loop on CPU)
+    emapg rehearse experiment=math_deepscaler_ema_pg                (verl's loop on CPU, killed and resumed)
+    emapg rehearse sweeps/search_r1_ema_pg.yaml [--layout across]   (the sweep through Tune, two nodes)
     emapg report <runs-or-sweep-dir> --out <dir>
     emapg dashboard <sweep-dir> [--entity E] [--project P] [--publish]   (W&B workspace + report)
     emapg figures --out <dir>

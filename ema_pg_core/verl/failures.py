@@ -36,8 +36,11 @@ class VerlExited(RuntimeError):
     """The verl job a sweep trial ran as a child process exited with a non-zero status."""
 
     def __init__(self, code: int, log):
-        self.code, self.log = code, log
-        super().__init__(f"verl exited with status {code}: {_cause(log)} (its output: {log})")
+        super().__init__(code, log)  # args stay (code, log): Ray and Tune copy and pickle exceptions
+        self.code, self.log, self.cause = code, log, _cause(log)
+
+    def __str__(self) -> str:
+        return f"verl exited with status {self.code}: {self.cause} (its output: {self.log})"
 
 
 def _cause(log) -> str:

@@ -207,10 +207,11 @@ def _trial_group():
     return ray.util.get_current_placement_group() if ray.is_initialized() else None
 
 
-def _run_in_trial(argv: list[str], pg, run_dir: Path) -> int:
+def _run_in_trial(argv: list[str], pg, run_dir: Path, launcher: tuple[str, ...] = ()) -> int:
     """verl as a Ray job of its own, in a child process (``python -m ema_pg_core.verl.main``), its actors in
     the trial's placement group ``pg`` (``ema_pg_core.verl.placement``). The child's output goes to
-    ``<run_dir>/verl_driver.log``; it dies with this process. Raises ``VerlExited`` on a non-zero exit."""
+    ``<run_dir>/verl_driver.log``; it dies with this process. Raises ``VerlExited`` on a non-zero exit.
+    `launcher`: the command before `argv` (tests replace the entry point)."""
     import subprocess
     import uuid
 
@@ -230,7 +231,7 @@ def _run_in_trial(argv: list[str], pg, run_dir: Path) -> int:
     log = run_dir / DRIVER_LOG
     with open(log, "a") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ema_pg_core.verl.main", *argv],
+            [*(launcher or (sys.executable, "-m", "ema_pg_core.verl.main")), *argv],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
