@@ -38,7 +38,7 @@ $(VERL_STAMP): pyproject.toml constraints.txt
 	touch $(VERL_STAMP)
 
 test-verl: $(VERL_STAMP)
-	$(VERL_VENV)/bin/python -m pytest -m verl tests/verl
+	$(VERL_VENV)/bin/python -m pytest -m "verl and not gpu" tests/verl
 
 # Both shipped GPU sweeps through Ray Tune on a local two-node CPU cluster at world size 2: two trials at
 # once, a node lost, the driver killed and resumed (README, "Scaling out"). About 8 minutes each on 2 cores.

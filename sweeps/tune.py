@@ -280,6 +280,8 @@ class _Progress(tune.Callback):
         pending = [t for t in trials if t.status == "PENDING"]
         if not pending:
             return ""
+        from ema_pg_core.verl.resources import free_per_node
+
         return "\n          " + waiting_line(self.spec, pending[0].config, free_per_node(), len(pending))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
@@ -315,25 +317,13 @@ class _Progress(tune.Callback):
 
 def waiting_line(spec: Spec, config: dict, free: dict[str, dict[str, float]], n: int) -> str:
     """`n` trials wait: what the first reserves (its whole verl job, or the spec's resources) and what is free."""
+    from ema_pg_core.verl.resources import free_line
+
     if spec.backend == "verl":
         need = verl_placement(spec, *decode(spec, config)).describe()
     else:
         need = f"{spec.cpu:g} CPUs and {spec.gpu:g} GPUs"
-    nodes = "; ".join(f"{ip}: {r.get('CPU', 0):g} CPUs, {r.get('GPU', 0):g} GPUs" for ip, r in sorted(free.items()))
-    return f"{n} trial(s) wait for room: each reserves {need}. Free now: {nodes or 'no node'}"
-
-
-def free_per_node() -> dict[str, dict[str, float]]:
-    """Unreserved CPUs and GPUs of each alive node, by address (Ray's own per-node view, as verl reads it)."""
-    from ray._private.state import available_resources_per_node
-
-    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
-    out: dict[str, dict[str, float]] = {}
-    for node, res in available_resources_per_node().items():
-        if node in ips:
-            key = ips[node] if ips[node] not in out else f"{ips[node]} ({node[:8]})"
-            out[key] = {k: float(v) for k, v in res.items() if k in ("CPU", "GPU")}
-    return out
+    return f"{n} trial(s) wait for room: each reserves {need}. Free now: {free_line(free)}"
 
 
 def _error_line(trial) -> str:

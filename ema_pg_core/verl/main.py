@@ -121,7 +121,11 @@ class _Launch:
 
         create_actor()  # before any worker exists: their failed rollouts are reported there
         cls, pg = self._cls, trial_placement_group()
-        if pg is not None:  # rank 0's bundle holds the TaskRunner; what it starts stays in the group
+        if pg is None:  # Ray is up now: on a shared cluster, wait (visibly) until the run's demand is free
+            from ema_pg_core.verl.resources import _accelerator, ray_demand, wait_for_room
+
+            wait_for_room(ray_demand(self.config), _accelerator(self.config), say=lambda m: print(m, flush=True))
+        else:  # rank 0's bundle holds the TaskRunner; what it starts stays in the group
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             _check_trial_group(pg, self.config)

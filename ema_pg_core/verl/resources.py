@@ -26,6 +26,7 @@ when every CPU is reserved. They are listed with 0 CPUs, because they are proces
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -342,3 +343,63 @@ def trial_placement(config) -> TrialPlacement:
     strategy = "STRICT_PACK" if nnodes == 1 else "STRICT_SPREAD" if per_node == 1 else "PACK"
     inside = ("TaskRunner", "TransferQueue controller", "TransferQueue storage units", "actor/rollout/ref placement")
     return TrialPlacement(bundles, strategy, world, tuple(i for i in need if not i.what.startswith(inside)))
+
+
+# ---------------------------------------------------------------------------- waiting for room on a shared cluster
+WAIT_SAY_S = 30.0
+"""How often a run waiting for room on a shared Ray cluster says what it waits for."""
+
+
+def free_per_node() -> dict[str, dict[str, float]]:
+    """Unreserved CPUs and GPUs of each alive node, by address (Ray's own per-node view, as verl reads it)."""
+    import ray
+    from ray._private.state import available_resources_per_node
+
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    out: dict[str, dict[str, float]] = {}
+    for node, res in available_resources_per_node().items():
+        if node in ips:
+            key = ips[node] if ips[node] not in out else f"{ips[node]} ({node[:8]})"
+            out[key] = {k: float(v) for k, v in res.items() if k in ("CPU", "GPU", "NPU")}
+    return out
+
+
+def free_line(free: Mapping[str, Mapping[str, float]]) -> str:
+    """'10.0.0.1: 30 CPUs, 4 GPUs; ...' (or 'no node')."""
+    nodes = [f"{ip}: {r.get('CPU', 0):g} CPUs, {r.get('GPU', 0):g} GPUs" for ip, r in sorted(free.items())]
+    return "; ".join(nodes) or "no node"
+
+
+def wait_for_room(
+    need: Sequence[Item],
+    accelerator: str = "GPU",
+    *,
+    say: Callable[[str], None] = print,
+    every_s: float = WAIT_SAY_S,
+    free: Callable[[], Mapping[str, Mapping[str, float]]] = free_per_node,
+    total: Callable[[], Mapping[str, float]] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Return once the cluster's free CPUs and GPUs hold `need` (a run joining a shared cluster, where other jobs
+    hold part of it); say what it waits for at once and every `every_s` seconds until then. A demand larger than
+    the whole cluster is refused (``check_fits``): it would wait forever. Returns the seconds waited."""
+    import ray
+
+    have = (total or ray.cluster_resources)()
+    check_fits(need, float(have.get("CPU", 0)), float(have.get(accelerator, 0)))
+    cpus, gpus = sum(i.cpus for i in need), sum(i.gpus for i in need)
+    t0, said = time.monotonic(), None
+    while True:
+        now = free()
+        if (
+            sum(r.get("CPU", 0) for r in now.values()) >= cpus
+            and sum(r.get(accelerator, 0) for r in now.values()) >= gpus
+        ):
+            return time.monotonic() - t0
+        if said is None or time.monotonic() - said >= every_s:
+            said = time.monotonic()
+            say(
+                f"waiting for room on the Ray cluster ({said - t0:.0f} s): this run reserves {_amount(cpus, 'CPU')} "
+                f"and {_amount(gpus, accelerator)}, other jobs hold the rest. Free now: {free_line(now)}"
+            )
+        sleep(min(5.0, every_s))

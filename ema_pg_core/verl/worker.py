@@ -53,6 +53,15 @@ _STEP_DIR = re.compile(r"global_step_(0|[1-9][0-9]*)")  # the names verl's train
 logger = logging.getLogger(__name__)
 
 
+def wait_for_offload() -> None:
+    """Before host code reads the actor's weights: verl offloads them with ``module.to("cpu", non_blocking=True)``
+    (``verl.utils.fsdp_utils.offload_fsdp2_model_to_cpu``), and host memory holds the values only once the
+    device-to-host copies finished. A no-op without an accelerator (verl's CPU platform included)."""
+    from verl.utils.device import get_torch_device
+
+    get_torch_device().synchronize()
+
+
 def anchor_dir(actor_path: str) -> str:
     """``.../global_step_N/actor`` -> ``.../global_step_N/anchor``."""
     return os.path.join(os.path.dirname(os.path.normpath(actor_path)), ANCHOR_DIR)
@@ -201,6 +210,7 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update_ref_ema(self, iteration: int) -> dict[str, float]:
         """anchor <- tau*anchor + (1-tau)*actor on every rank's shards; returns anchor/* metrics."""
+        wait_for_offload()
         ema_update_sharded_(self.ref.engine.module, self.actor.engine.module, self._emapg.anchor.tau)
         self._anchor_updates += 1
         _barrier()
@@ -219,6 +229,7 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
     def anchor_in_actor(self, on: bool) -> None:
         """on: the actor holds the anchor's weights (its own kept aside in host memory), so that verl's
         weight sync sends the anchor to the rollout engine for its evaluation; off: the actor's restored."""
+        wait_for_offload()
         anchor, actor = paired_local_shards(self.ref.engine.module, self.actor.engine.module)
         if on:
             self._actor_aside = load_anchor_(actor, anchor)

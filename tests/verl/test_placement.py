@@ -166,3 +166,41 @@ def test_waiting_trials_say_what_they_reserve_and_what_each_node_has_free():
     line = waiting_line(s, {"experiment": "math_deepscaler_ema_pg"}, free, 1)
     assert line.startswith("1 trial(s) wait for room: each reserves 34 CPUs and 8 GPUs in one STRICT_PACK")
     assert line.endswith("Free now: 10.0.0.1: 30 CPUs, 4 GPUs; 10.0.0.2: 2 CPUs, 0 GPUs")
+
+
+def test_a_run_on_a_shared_cluster_says_what_it_waits_for_until_its_demand_is_free():
+    from ema_pg_core.verl.resources import Item, wait_for_room
+
+    need = [Item("TaskRunner", (), 1, 1.0), Item("workers", (), 2, 6.0, 2.0)]
+    frees = iter(
+        [{"a": {"CPU": 3.0, "GPU": 0.0}, "b": {"CPU": 2.0, "GPU": 1.0}}] * 13 + [{"a": {"CPU": 7.0, "GPU": 2.0}}]
+    )
+    clock, said = [0.0], []
+
+    def sleep(s):  # a fake clock: each poll advances it
+        clock[0] += s
+
+    import ema_pg_core.verl.resources as resources
+
+    real = resources.time.monotonic
+    resources.time.monotonic = lambda: clock[0]
+    try:
+        waited = wait_for_room(
+            need,
+            say=said.append,
+            every_s=30.0,
+            free=lambda: next(frees),
+            total=lambda: {"CPU": 16, "GPU": 4},
+            sleep=sleep,
+        )
+    finally:
+        resources.time.monotonic = real
+    assert waited == 65.0  # 13 polls 5 s apart
+    assert len(said) == 3  # at once, after 30 s, after 60 s
+    assert said[0] == (
+        "waiting for room on the Ray cluster (0 s): this run reserves 7 CPUs and 2 GPUs, other jobs hold the rest. "
+        "Free now: a: 3 CPUs, 0 GPUs; b: 2 CPUs, 1 GPUs"
+    )
+    assert said[1].startswith("waiting for room on the Ray cluster (30 s)")
+    with pytest.raises(ValueError, match="Ray would wait for them forever"):  # never fits: refused, not awaited
+        wait_for_room(need, free=lambda: {}, total=lambda: {"CPU": 4, "GPU": 4}, sleep=sleep)
