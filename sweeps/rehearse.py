@@ -178,9 +178,12 @@ def _progress(run_dir: Path) -> int:
 
 
 def _attempts(run_dir: Path) -> int:
-    from experiments.verl_metrics import attempt_files
+    """How many times the trial has started its run: once, plus one line of resumes.jsonl per resume (verl's
+    metrics files do not count them: an attempt that logged nothing leaves no file of its own)."""
+    from experiments.records import RESUMES
 
-    return len(attempt_files(run_dir))
+    path = run_dir / RESUMES
+    return 1 + (len(path.read_text().splitlines()) if path.is_file() else 0)
 
 
 @dataclass

@@ -120,10 +120,10 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
     trial_id = tune.get_context().get_trial_id()
     cfg = build.compose(spec.overrides_for(point, seed))
     run_dir = Path(sweep_dir) / "runs" / records.make_run_id(cfg.task.name, cfg.experiment, cfg.seed, trial_id=trial_id)
-    if spec.backend == "verl":  # verl keeps its own checkpoints, in the run directory unless the config says where
+    if spec.backend == "verl":  # verl keeps its own checkpoints: <run_dir>/checkpoints, or <checkpoint_dir>/<run id>
         carry, resume = None, (run_dir / records.CONFIG).is_file()
-        if cfg.backend.verl.checkpoint_dir is None:
-            cfg.backend.verl.checkpoint_dir = str(run_dir / "checkpoints")
+        root = cfg.backend.verl.checkpoint_dir
+        cfg.backend.verl.checkpoint_dir = str(run_dir / "checkpoints" if root is None else Path(root) / run_dir.name)
     else:
         carry = _restore(run_dir)
         resume = carry is not None
@@ -223,8 +223,8 @@ def _restore(run_dir: Path) -> dict | None:
 class _Progress(tune.Callback):
     """One readable line per trial event, and a status line (counts, best so far) every `every` s."""
 
-    def __init__(self, spec: Spec, every: float = 15.0):
-        self.spec, self.every = spec, every
+    def __init__(self, spec: Spec, every: float = 15.0, sweep_dir: Path | None = None):
+        self.spec, self.every, self.sweep_dir = spec, every, sweep_dir
         self.t0 = self.last = time.time()
         self.best: tuple[float, str] | None = None
         self.started: set[str] = set()
@@ -252,8 +252,15 @@ class _Progress(tune.Callback):
         """A restarted trial without a Tune checkpoint: verl resumes from its own, a local run starts over."""
         return " from verl's last checkpoint in its run directory" if self.spec.backend == "verl" else " from scratch"
 
+    def _recorded(self, trial) -> bool:
+        """An earlier driver ran this trial (a resumed sweep): its run record exists."""
+        from experiments import records
+
+        root = getattr(self, "sweep_dir", None)
+        return root is not None and records.find_trial_run(Path(root) / "runs", trial.trial_id) is not None
+
     def on_trial_start(self, iteration, trials, trial, **info):
-        again = trial.trial_id in self.started or trial.latest_checkpoint_result is not None
+        again = trial.trial_id in self.started or trial.latest_checkpoint_result is not None or self._recorded(trial)
         self.started.add(trial.trial_id)
         ckpt = trial.latest_checkpoint_result
         it = ckpt.metrics.get("training_iteration", 0) if ckpt is not None else 0
@@ -488,7 +495,7 @@ def _tuner(spec: Spec, sweep_dir: Path, exp_path: Path, resume: bool, progress: 
             log_to_file=True,
             failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=[_StateBackup(str(exp_path))] + ([_Progress(spec)] if progress else []),
+            callbacks=[_StateBackup(str(exp_path))] + ([_Progress(spec, sweep_dir=sweep_dir)] if progress else []),
         ),
     )
 

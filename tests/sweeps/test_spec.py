@@ -222,6 +222,10 @@ def test_metric_must_be_logged_by_every_task():
         ({"scheduler": {"type": "asha", "time_attr": "time_total_s"}}, ["scheduler.time_attr", "training_iteration"]),
         ({"mode": "maximize"}, ["mode='maximize'", "max, min"]),
         ({"backend": "slurm"}, ["backend='slurm'", "local, verl"]),
+        (
+            {"backend": "verl", "resources": {"cpu": 8, "gpu": 8}},
+            ["resources: a verl trial reserves its whole verl job", "remove resources"],
+        ),
         ({"budget": {"num_samples": 0}}, ["budget.num_samples", ">= 1"]),
         ({"budget": {"num_samples": 2}}, ["num_samples must be 1 with search: grid"]),
         ({"resources": {"cpu": 0}}, ["resources.cpu", "> 0"]),
