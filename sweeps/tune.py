@@ -277,7 +277,7 @@ class _Progress(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self._consider(result.get(self.spec.metric), trial.config)
 
-    def on_step(self, iteration, trials, **info):
+    def on_step_end(self, iteration, trials, **info):
         if time.time() - self.last >= self.every:
             self.last = time.time()
             self._say(self._status(trials) + self._waiting(trials))

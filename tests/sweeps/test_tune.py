@@ -480,3 +480,21 @@ def test_settle_waits_for_stopped_trials_to_close_their_records(tmp_path):
     t0 = time.monotonic()
     T._settle(tmp_path, [Trial("t_3", "RUNNING")], 0.6)  # never closes: bounded by the timeout
     assert 0.5 < time.monotonic() - t0 < 3.0
+
+
+def test_every_status_line_says_what_waiting_trials_reserve_and_what_each_node_has_free(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    import ema_pg_core.verl.resources as resources
+    from sweeps import spec as sweep_spec
+    from sweeps import tune as sweep_tune
+
+    s = sweep_spec.load("sweeps/quickstart.yaml")
+    monkeypatch.setattr(resources, "free_per_node", lambda: {"127.0.0.1": {"CPU": 0.0, "GPU": 0.0}})
+    progress = sweep_tune._Progress(s, every=0.0)  # a status line at every controller step
+    trials = [SimpleNamespace(status=st, config={}, last_result=None) for st in ("RUNNING", "PENDING", "PENDING")]
+    progress.on_step_end(iteration=1, trials=trials)
+    out = capsys.readouterr().out
+    assert f"{s.name}: 1 running, 0 done, 0 failed, 2 waiting" in out
+    need = f"each reserves {s.cpu:g} CPUs and {s.gpu:g} GPUs"
+    assert f"2 trial(s) wait for room: {need}. Free now: 127.0.0.1: 0 CPUs, 0 GPUs" in out
