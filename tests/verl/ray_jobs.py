@@ -63,7 +63,8 @@ def _meet(barrier: str, stage: str, name: str, jobs: int = 2) -> None:
 def probe_main(probe_out: str, argv: list[str]) -> int:
     """What ``ema_pg_core.verl.main`` does in a sweep trial's child, with a TaskRunner that only reports what
     its workers see: the composed verl config joins the trial (``join_trial``) and verl's ``run_ppo`` starts Ray
-    and the TaskRunner (``_Launch``: in the trial's group)."""
+    and the TaskRunner (``_Launch``: in the trial's group). The TaskRunner then logs a failed rollout and waits
+    until the trial has seen it (``<output>.seen``)."""
     import ray
     from omegaconf import open_dict
     from verl.trainer.main_ppo import run_ppo
@@ -97,6 +98,11 @@ def probe_main(probe_out: str, argv: list[str]) -> int:
 
             out = ray.get(child.remote())
             Path(os.environ["PROBE_OUT"]).write_text(json.dumps(out))
+            # a failed rollout, as verl's agent loop logs it; wait until the trial's driver has seen it
+            logging.getLogger("agent_loop").error("Error in _run_prompt: probe failure")
+            seen, t0 = Path(os.environ["PROBE_OUT"] + ".seen"), time.time()
+            while not seen.exists() and time.time() - t0 < 120:
+                time.sleep(0.2)
 
     run_ppo(cfg, task_runner_class=_Launch(ray.remote(num_cpus=1)(Probe), cfg))
     return 0

@@ -7,7 +7,8 @@
   rollout reported in one job is not seen by the other;
 - a real Tune trial that reserves a job's placement group and launches it as ``run_config`` does (a child
   Ray job joining with ``join_trial``): a worker of that job sees verl's runtime environment (its env vars,
-  NCCL_DEBUG), ran the setup hook, runs inside the trial's placement group, in its own namespace;
+  NCCL_DEBUG), ran the setup hook, runs inside the trial's placement group, in its own namespace, and a
+  failed rollout it reports reaches the trial's driver (``failures.first_failure``);
 - the line a sweep prints while trials wait: what one reserves and what each node has free.
 """
 
@@ -136,12 +137,24 @@ def test_a_trial_runs_its_verl_job_as_a_ray_job_of_its_own_in_the_trials_group(l
     probe_out = tmp_path / "probe.json"
     launcher = (sys.executable, str(HERE / "ray_jobs.py"), "probe", str(probe_out))
 
-    def trial(config):
+    def trial(config):  # as experiments.run._run_verl: verl in a thread, failures polled from here
+        import threading
+        import time
+
         import ray
 
+        from ema_pg_core.verl.failures import first_failure
+
         pg = ray.util.get_current_placement_group()
-        _run_in_trial(argv, pg, tmp_path / "run", launcher=launcher)
-        tune.report({"group": pg.id.hex()})
+        job = threading.Thread(target=_run_in_trial, args=(argv, pg, tmp_path / "run", launcher))
+        job.start()
+        failure, t0 = None, time.time()
+        while failure is None and job.is_alive() and time.time() - t0 < 180:
+            failure = first_failure(0)
+            time.sleep(0.5)
+        Path(str(probe_out) + ".seen").touch()
+        job.join()
+        tune.report({"group": pg.id.hex(), "failure": failure or ""})
 
     factory = tune.PlacementGroupFactory([dict(b) for b in p.bundles], strategy=p.strategy)
     grid = tune.Tuner(
@@ -155,6 +168,8 @@ def test_a_trial_runs_its_verl_job_as_a_ray_job_of_its_own_in_the_trials_group(l
     assert seen["hook"] and seen["isolated"]  # the setup hook ran in the worker
     assert seen["group"] == result.metrics["group"]  # inside the trial's placement group
     assert seen["namespace"].startswith("emapg_")
+    assert "a rollout failed in verl's agent loop" in result.metrics["failure"]  # the trial's driver was told
+    assert "probe failure" in result.metrics["failure"]
 
 
 def test_waiting_trials_say_what_they_reserve_and_what_each_node_has_free():
