@@ -67,6 +67,10 @@ def probe_main(probe_out: str, argv: list[str]) -> int:
     until the trial has seen it (``<output>.seen``)."""
     import ray
     from omegaconf import open_dict
+
+    from ema_pg_core.verl import require_verl
+
+    require_verl()  # before verl detects a platform: registers ours when VERL_PLATFORM=cpu (as main does)
     from verl.trainer.main_ppo import run_ppo
 
     from ema_pg_core.verl.main import _Launch, compose, join_trial
