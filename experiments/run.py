@@ -272,11 +272,14 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None, stage: dict | N
 def stage_job_config(cfg: DictConfig, stage: dict | None) -> dict:
     """The resolved config verl gets: `cfg`, plus, on a stage's first attempt, the overrides that start it
     from the previous stage's last ``global_step_N`` or ``resume_from`` (not recorded in config.yaml:
-    a resume of the same stage continues from its own newest checkpoint)."""
-    from experiments.stages import verl_resume_overrides
+    a resume of the same stage continues from its own newest checkpoint whose step verl logged,
+    ``experiments.stages.verl_logged_resume``)."""
+    from experiments.stages import verl_logged_resume, verl_resume_overrides
 
     job = OmegaConf.to_container(cfg, resolve=True)
     extra = verl_resume_overrides(job, stage)
+    if not extra and cfg.resume:  # resumed mid-way: from the newest checkpoint of a step in the record
+        extra = verl_logged_resume(job, Path(job["run_dir"]))
     if extra:
         job["backend"]["verl"]["overrides"] = list(job["backend"]["verl"].get("overrides") or []) + extra
     return job

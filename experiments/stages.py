@@ -163,6 +163,33 @@ def verl_resume_overrides(run: Mapping[str, Any], start: Mapping[str, Any] | Non
     return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={os.path.abspath(os.path.expanduser(path))}"]
 
 
+def verl_logged_resume(run: Mapping[str, Any], run_dir: Path) -> list[str]:
+    """verl overrides that resume a verl run from the newest checkpoint whose step verl also logged; [] when that is
+    the newest checkpoint (verl's resume_mode=auto takes it).
+
+    verl saves a step's checkpoint before it logs the step's metrics: an attempt killed between the two (a node lost,
+    a driver killed) leaves a checkpoint of a step the run record never saw, and resuming from it would leave that
+    step out of the record for good. Resuming from the step before trains it again and logs it (verl keeps the
+    last ``trainer.keep_checkpoints`` >= 1 checkpoints; when the one needed is gone, [] and the step stays missing)."""
+    from ema_pg_core.verl.config import checkpoint_root
+    from experiments.verl_metrics import attempt_files, read_attempts, trained_step
+
+    root = Path(checkpoint_root(run))
+    try:
+        newest = int((root / "latest_checkpointed_iteration.txt").read_text().strip() or 0)
+    except (OSError, ValueError):
+        return []
+    logged = max((s for s, m in read_attempts(attempt_files(run_dir)).items() if trained_step(m)), default=0)
+    if newest <= logged:
+        return []
+    if logged == 0:
+        return ["trainer.resume_mode=disable"]
+    path = root / f"global_step_{logged}"
+    if not (path / "actor").is_dir():
+        return []
+    return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={path.resolve()}"]
+
+
 def check_resume_from(cfg: DictConfig) -> None:
     """resume_from names a checkpoint of the run's backend (refused before any work otherwise)."""
     path = Path(os.path.expanduser(str(cfg.resume_from)))

@@ -317,7 +317,7 @@ def check_sharded(run_dir: Path, e, world: int = 2):
     """The kept checkpoints were written by `world` ranks (policy and anchor); for tau < 1 the anchor of the last
     step, gathered from both ranks' shards, is the EMA of the gathered policy and the anchor of the step before
     (tau * anchor + (1 - tau) * policy after an update step, else unchanged), to ``ULPS`` float32 units in the last
-    place of each weight (a tau off by 0.01 misses by millions of them)."""
+    place of each weight (``_ulps``; a tau off by 0.01 misses by about 1e5 of them)."""
     from experiments.rehearse import Check
 
     root = run_dir / "checkpoints"
@@ -333,7 +333,8 @@ def check_sharded(run_dir: Path, e, world: int = 2):
     policy, anchor, before = (_gathered(p, world) for p in (last / "actor", last / "anchor", prev / "anchor"))
     update = e.steps % e.period == 0
     want = {k: e.tau * before[k] + (1 - e.tau) * policy[k] if update else before[k] for k in anchor}
-    err, moved = max(_ulps(anchor[k], want[k]) for k in anchor), max(_ulps(anchor[k], before[k]) for k in anchor)
+    err = max(_ulps(anchor[k], want[k], before[k], policy[k]) for k in anchor)
+    moved = max(_ulps(anchor[k], before[k], policy[k]) for k in anchor)
     what = "tau * anchor + (1 - tau) * policy" if update else "the anchor before"
     return Check(
         "world size 2",
@@ -347,12 +348,17 @@ ULPS = 4.0
 """Float32 rounding the anchor's EMA may differ by from the same EMA computed in float64 (units in the last place)."""
 
 
-def _ulps(got, want) -> float:
-    """max |got - want| in float32 units in the last place of `want` (float64 tensors)."""
+def _ulps(got, want, *operands) -> float:
+    """max |got - want| in float32 units in the last place of the largest of |want| and the |operands| it was computed
+    from, element by element (float64 tensors): float32 rounding of tau * a + (1 - tau) * p is within a few of them,
+    also where the two terms cancel."""
     import torch
 
+    scale = want.abs()
+    for t in operands:
+        scale = torch.maximum(scale, t.abs())
     tiny = torch.finfo(torch.float32).tiny
-    return float(((got - want).abs() / (torch.finfo(torch.float32).eps * want.abs().clamp_min(tiny))).max())
+    return float(((got - want).abs() / (torch.finfo(torch.float32).eps * scale.clamp_min(tiny))).max())
 
 
 def _gathered(path: Path, world: int) -> dict:
@@ -386,6 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.rehearse import Shared
 
     require_verl()
+    # the cluster's raylets, and so every trial, inherit this environment: W&B offline whatever WANDB_MODE says (the
+    # W&B check reads the offline runs), and no Ray address or verl platform of the caller's
+    os.environ["WANDB_MODE"] = "offline"
+    for key in ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE"):
+        os.environ.pop(key, None)
     out = Path(args.out) / (Path(args.spec).stem + f"__{args.layout}")
     if out.exists():
         import shutil

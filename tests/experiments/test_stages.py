@@ -154,3 +154,33 @@ def test_a_sweep_spec_gives_its_trials_stages(tmp_path):
         ("short", 2, 48),  # the preset's length
         ("long", 4, 16),
     ]
+
+
+def _verl_attempt(run_dir, steps):
+    """A verl metrics file of one attempt: validation at step 0, training metrics at `steps`."""
+    import json
+
+    lines = [{"step": 0, "data": {"val-core/math/acc/mean@1": 0.0}}]
+    lines += [{"step": s, "data": {"actor/pg_loss": 0.1, "timing_s/step": 1.0}} for s in steps]
+    (run_dir / "verl_metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+@pytest.mark.parametrize(
+    "kept, newest, logged, want",
+    [
+        ([1, 2], 2, [1, 2], []),  # the newest checkpoint's step is in the record: verl's resume_mode=auto
+        ([1, 2], 2, [1], ["trainer.resume_mode=resume_path", "global_step_1"]),  # killed between save and log
+        ([1], 1, [], ["trainer.resume_mode=disable"]),  # not one step logged: train from the start again
+        ([3, 4], 4, [2], []),  # the checkpoint needed was pruned: nothing better than verl's own choice
+    ],
+)
+def test_a_resumed_verl_run_continues_from_the_newest_checkpoint_of_a_logged_step(tmp_path, kept, newest, logged, want):
+    root = tmp_path / "ckpt"
+    for s in kept:
+        (root / f"global_step_{s}" / "actor").mkdir(parents=True)
+    (root / "latest_checkpointed_iteration.txt").write_text(str(newest))
+    _verl_attempt(tmp_path, logged)
+    got = stages.verl_logged_resume({"backend": {"verl": {"checkpoint_dir": str(root)}}}, tmp_path)
+    assert got[:1] == want[:1] and all(w in " ".join(got) for w in want)
+    if len(want) > 1:
+        assert got[1] == f"trainer.resume_from_path={(root / 'global_step_1').resolve()}"
