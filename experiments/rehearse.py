@@ -327,12 +327,12 @@ def run_attempt(
                     on_wait(elapsed)
                 time.sleep(1.0)
         finally:
-            _kill_group(proc)  # also what outlives the driver in its group (Ray's processes after a crash)
+            kill_group(proc)  # also what outlives the driver in its group (Ray's processes after a crash)
     code = None if killed is not None or timed_out else proc.returncode
     return Attempt(t0, code, killed, time.time() - t0, log, timed_out)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL every process of `proc`'s group (it was started as a session leader), then reap it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -585,7 +585,7 @@ class Shared:
 
     def close(self) -> None:
         if self._retriever is not None:
-            _kill_group(self._retriever)
+            kill_group(self._retriever)
             self._retriever = None
 
 

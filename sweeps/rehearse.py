@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -110,11 +109,10 @@ def _as_mapping(overrides: list[str]) -> dict:
 class LocalCluster:
     """Two raylets on this machine (``ray.cluster_utils.Cluster``); the second can be lost and replaced."""
 
-    def __init__(self, root: Path):
+    def __init__(self):
         import ray.cluster_utils
 
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        self.root = root
         self.cluster = ray.cluster_utils.Cluster(
             initialize_head=True, head_node_args=self._node_args("head"), shutdown_at_exit=True
         )
@@ -199,6 +197,8 @@ class Events:
 
 def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], None]) -> Events:
     """The sweep through the node loss and the driver kill to its end (``emapg sweep --resume``)."""
+    from experiments.rehearse import kill_group
+
     log, sweep_dir, t0 = out / "sweep.log", out / "sweep", time.time()
     proc = _sweep(spec_file, cluster.address, sweep_dir, log)
     try:
@@ -212,7 +212,7 @@ def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], 
         killed_at = {r.name: _progress(r) for r in _runs(sweep_dir)}
         say(f"  driver (`emapg sweep`) SIGKILLed at steps {killed_at}")
     finally:
-        _kill_group(proc)
+        kill_group(proc)
     say("  emapg sweep --resume ...")
     proc = _sweep(spec_file, cluster.address, sweep_dir, log, resume=True)
     try:
@@ -220,22 +220,14 @@ def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], 
     except subprocess.TimeoutExpired:
         code = None
     finally:
-        _kill_group(proc)
+        kill_group(proc)
     if code != 0:
         raise RuntimeError(f"emapg sweep --resume exited with status {code} (see {log})")
     return Events(lost_at, killed_at, time.time() - t0)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
 # ---------------------------------------------------------------------------- the checks
-def checks(sweep_dir: Path, raw: dict, events: Events) -> dict[str, list]:
+def checks(sweep_dir: Path) -> dict[str, list]:
     """Per trial: the single-config rehearsal's checks (``experiments.rehearse.CHECKS``, the resume check as
     ``check_attempts``) and the world-size-2 checks; plus one line for the sweep (sweep.csv, the report)."""
     from experiments import rehearse
@@ -413,10 +405,10 @@ def main(argv: list[str] | None = None) -> int:
         spec_file = out / "rehearsal.yaml"
         spec_file.write_text(yaml.safe_dump(raw, sort_keys=False))
         print(f"  a local Ray cluster of two nodes, {NODE_CPUS} CPUs and {NODE_GPUS} virtual GPUs each", flush=True)
-        cluster = LocalCluster(out)
+        cluster = LocalCluster()
         print(f"  emapg sweep {spec_file} --address {cluster.address} --out {out / 'sweep'}", flush=True)
         events = run(spec_file, out, cluster, lambda m: print(m, flush=True))
-        results = checks(out / "sweep", raw, events)
+        results = checks(out / "sweep")
     except RuntimeError as e:
         print(f"FAILED: {e}", flush=True)
         return 1

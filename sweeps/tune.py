@@ -360,7 +360,7 @@ def _check_fits(spec: Spec) -> None:
     """A local Ray never grows: a trial asking for more than the machine has would wait forever."""
     have = ray.cluster_resources()
     if spec.backend == "verl":
-        p = verl_placement(spec, grid_points(spec)[0], spec.seed_axis[0])
+        p = _first_placement(spec)
         if p.cpus > have.get("CPU", 0) or p.gpus > have.get("GPU", 0):
             ray.shutdown()
             raise ValueError(
@@ -504,7 +504,7 @@ def _slots(spec: Spec) -> int:
     """Trials that can run at once: the cluster's CPUs (verl: GPUs) / a trial's, at most max_concurrent, at least 1."""
     have = ray.cluster_resources()
     if spec.backend == "verl":
-        p = verl_placement(spec, grid_points(spec)[0], spec.seed_axis[0])
+        p = _first_placement(spec)
         fit = int(have.get("GPU", 0) // p.gpus) if p.gpus else 1
     else:
         fit = int(have.get("CPU", 1) // spec.cpu)
@@ -526,6 +526,11 @@ def _placement(overrides: tuple[str, ...]):
 
     cfg = build.compose(list(overrides))
     return placement_for(OmegaConf.to_container(cfg, resolve=True))
+
+
+def _first_placement(spec: Spec):
+    """What the sweep's first verl trial reserves (sizes the slots and the local-Ray check)."""
+    return verl_placement(spec, grid_points(spec)[0], spec.seed_axis[0])
 
 
 def _verl_resources(spec: Spec, config: dict) -> tune.PlacementGroupFactory:

@@ -273,6 +273,8 @@ class TrialPlacement:
     """Ranks (= GPUs) of the job: trainer.nnodes x trainer.n_gpus_per_node."""
     outside: tuple[Item, ...]
     """What the job starts outside the group (placed on nodes by verl or TransferQueue themselves)."""
+    storage_units: int
+    """TransferQueue storage units, one CPU each, in rank ``storage_bundle(i, world)``'s bundle."""
 
     @property
     def cpus(self) -> float:
@@ -291,14 +293,6 @@ class TrialPlacement:
             f"TransferQueue's controller, + {self.storage_units} TransferQueue storage unit(s) of {TQ_ACTOR_CPUS} "
             "CPU on the ranks' bundles in turn" + (f"; outside it: {extra}" if extra else "")
         )
-
-    @property
-    def storage_units(self) -> int:
-        return sum(1 for i in range(len(self.bundles) - 1) for _ in range(self._units_at(i)))
-
-    def _units_at(self, rank: int) -> int:
-        extra = self.bundles[1 + rank].get("CPU", 0.0) - BUNDLE_CPUS - (TASK_RUNNER_CPUS + TQ_ACTOR_CPUS) * (rank == 0)
-        return int(round(extra / TQ_ACTOR_CPUS))
 
 
 def storage_bundle(unit: int, ranks: int) -> int:
@@ -342,7 +336,7 @@ def trial_placement(config) -> TrialPlacement:
     bundles = ({}, *({"CPU": float(c), accelerator: 1.0} for c in cpus))
     strategy = "STRICT_PACK" if nnodes == 1 else "STRICT_SPREAD" if per_node == 1 else "PACK"
     inside = ("TaskRunner", "TransferQueue controller", "TransferQueue storage units", "actor/rollout/ref placement")
-    return TrialPlacement(bundles, strategy, world, tuple(i for i in need if not i.what.startswith(inside)))
+    return TrialPlacement(bundles, strategy, world, tuple(i for i in need if not i.what.startswith(inside)), units)
 
 
 # ---------------------------------------------------------------------------- waiting for room on a shared cluster
