@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint test-all test-verl rehearse-verl figures clean
+.PHONY: setup demo test lint test-all test-verl test-gpu rehearse-verl figures clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ test-verl: $(VERL_STAMP)
 rehearse-verl: $(VERL_STAMP)
 	$(VERL_VENV)/bin/emapg rehearse sweeps/math_deepscaler_ema_pg.yaml --layout across
 	$(VERL_VENV)/bin/emapg rehearse sweeps/search_r1_ema_pg.yaml --layout within
+
+# Every gpu-marked test (the local trainer on CUDA, the fused Top-k and the EMA update against their CPU
+# references, verl's offload then the EMA) with whatever Python has the CUDA build of torch: the .venv above
+# holds the CPU build. Needs torch and transformers only. `make test-gpu PYTHON=/path/to/python GPU_ARGS=--allow-skip`
+test-gpu:
+	$(PYTHON) tests/run_gpu.py $(GPU_ARGS)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -m "not gpu and not verl"

@@ -29,7 +29,8 @@ def _floating_state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-SLICE = 1 << 20  # elements per slice when dtypes differ: the cast slice (4 MB in fp32) stays in cache
+SLICE = 1 << 20  # elements per slice when dtypes differ: on a CPU the cast slice (4 MB in fp32) stays in cache
+DEVICE_SLICE = 1 << 26  # on an accelerator: few kernel launches per tensor, a cast temporary of at most 256 MB
 
 
 def _same(a: torch.Tensor, p: torch.Tensor) -> bool:
@@ -41,7 +42,8 @@ def _lerp_cast_(a: torch.Tensor, p: torch.Tensor, w: float, out: torch.Tensor | 
     """a <- lerp(a, p cast to a's dtype/device, w) [then out <- a], over flat slices of SLICE elements.
 
     Casting the whole policy first would allocate a full copy of it (page faults included) and
-    stream it through memory twice more; per slice, the cast stays in cache.
+    stream it through memory twice more; per slice, the cast stays in cache. On an accelerator the cost is
+    the kernel launches (three per slice), so slices there are 64x larger (``DEVICE_SLICE``).
     """
     if a.shape != p.shape:
         raise ValueError(f"anchor tensor shape {tuple(a.shape)} != policy tensor shape {tuple(p.shape)}")
@@ -51,8 +53,9 @@ def _lerp_cast_(a: torch.Tensor, p: torch.Tensor, w: float, out: torch.Tensor | 
             out.copy_(a)
         return
     fa, fp, fo = a.view(-1), p.view(-1), None if out is None else out.view(-1)
-    for i in range(0, fa.numel(), SLICE):
-        sl = slice(i, i + SLICE)
+    step = SLICE if a.device.type == "cpu" else DEVICE_SLICE
+    for i in range(0, fa.numel(), step):
+        sl = slice(i, i + step)
         fa[sl].lerp_(fp[sl].to(a.device, a.dtype), w)
         if fo is not None:
             fo[sl].copy_(fa[sl])

@@ -73,6 +73,14 @@ def paired_local_shards(anchor: nn.Module, policy: nn.Module) -> tuple[list[torc
 
 
 @torch.no_grad()
+def wait_for_offload() -> None:
+    """Before host code reads the actor's weights. verl offloads them with ``module.to("cpu", non_blocking=True)``
+    (``verl.utils.fsdp_utils.offload_fsdp2_model_to_cpu``): the host tensors hold the values only once the
+    device-to-host copies finished. A no-op without an accelerator (verl's CPU platform included)."""
+    if torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+
+
 def ema_update_sharded_(anchor: nn.Module, policy: nn.Module, tau: float) -> None:
     """In place on this rank's shards: anchor <- tau * anchor + (1 - tau) * policy (tau = paper's eta).
 

@@ -41,7 +41,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from ema_pg_core.verl.config import EmaPGSection, uses_topk
-from ema_pg_core.verl.ema import drift, ema_update_sharded_, paired_local_shards
+from ema_pg_core.verl.ema import drift, ema_update_sharded_, paired_local_shards, wait_for_offload
 from ema_pg_core.verl.evals import load_anchor_, restore_actor_
 from ema_pg_core.verl.probe import PROBE_FILE
 
@@ -51,15 +51,6 @@ TRACKER = "latest_checkpointed_iteration.txt"  # verl's trainer writes it after 
 _STEP_DIR = re.compile(r"global_step_(0|[1-9][0-9]*)")  # the names verl's trainer gives (no zero padding)
 
 logger = logging.getLogger(__name__)
-
-
-def wait_for_offload() -> None:
-    """Before host code reads the actor's weights: verl offloads them with ``module.to("cpu", non_blocking=True)``
-    (``verl.utils.fsdp_utils.offload_fsdp2_model_to_cpu``), and host memory holds the values only once the
-    device-to-host copies finished. A no-op without an accelerator (verl's CPU platform included)."""
-    from verl.utils.device import get_torch_device
-
-    get_torch_device().synchronize()
 
 
 def anchor_dir(actor_path: str) -> str:

@@ -1,0 +1,167 @@
+"""The EMA update and the Top-k KL on one CUDA GPU: time and peak device memory, as ratios to baselines.
+
+    python benchmarks/cuda_kernels.py --json /tmp/cuda_kernels.json   # on a GPU machine: measure
+    python benchmarks/cuda_kernels.py --from-json benchmarks/cuda_kernels_h200.json   # anywhere: write the doc
+
+The same problems as the CPU benchmarks beside it, on the device:
+
+- EMA update (``benchmarks/ema_update.py``): the 290 parameter shapes of Qwen2.5-0.5B (494M parameters).
+  ``ema_update_`` (one ``_foreach_lerp_``) and ``EmaAnchor.update`` with a bf16 module and an fp32 shadow,
+  against ``_foreach_copy_`` of the same tensors. Throughput = accounted bytes (read + written operands, as in
+  ``ema_update.py``) / median time of 20 interleaved rounds, CUDA-synchronised.
+- Top-k KL value + backward (``benchmarks/topk_kl_memory.py``): V = 151,936, H = 1536 (Qwen2.5-1.5B's head),
+  fp32, k = 32, N response tokens: the naive path (logits and log-softmax materialised), the chunked one
+  (logits materialised), the fused one (``token_stats_from_hidden``, blocks of 1024 rows x 8192 columns, or
+  whole-vocabulary blocks). Peak = ``torch.cuda.max_memory_allocated`` above the inputs (gradients
+  included); time = median of 5 after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import _common as C  # noqa: E402
+from benchmarks.ema_update import TAU, Params, qwen25_05b_shapes  # noqa: E402
+from benchmarks.topk_kl_memory import make_inputs, value_and_backward  # noqa: E402
+from ema_pg_core.anchor import EmaAnchor, ema_update_  # noqa: E402
+from ema_pg_core.topk import TokenStats  # noqa: E402
+
+SECTION = "EMA update and Top-k KL on a GPU"
+TOPK_VARIANTS = ["naive_topk", "chunked_topk", "fused_topk", "fused_topk_wholeV"]
+NS = [4096, 16384]
+
+
+def _timed(fn, reps: int) -> list[float]:
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def _ema_group(dtype: torch.dtype, shadow: bool, reps: int) -> list[dict]:
+    """Copy, then the update, of the same tensors: median ms, GB/s, ratio to the copy."""
+    policy = Params(qwen25_05b_shapes(), dtype).cuda()
+    anchor = EmaAnchor(policy, TAU, period=1, fp32_shadow=shadow)
+    pol, anc = [p.detach() for p in policy.parameters()], [p.detach() for p in anchor.module.parameters()]
+    n, size, name = sum(p.numel() for p in pol), pol[0].element_size(), str(dtype)[6:]
+    fns = {f"copy ({name}, _foreach_copy_)": (lambda: torch._foreach_copy_(anc, pol), 2 * size * n)}
+    if shadow:
+        fns["EmaAnchor.update (bf16 module + fp32 shadow)"] = (lambda: anchor.update(1, policy), 16 * n)
+    else:
+        fns["ema_update_ (fp32, one _foreach_lerp_)"] = (lambda: ema_update_(anc, pol, TAU), 3 * size * n)
+    times = {k: [] for k in fns}
+    for _ in range(reps):  # interleaved rounds
+        for k, (fn, _) in fns.items():
+            times[k] += _timed(fn, 1)
+    base = statistics.median(next(iter(times.values())))
+    rows = []
+    for k, (_, nbytes) in fns.items():
+        med = statistics.median(times[k])
+        rows.append({"op": k, "params": n, "ms": 1e3 * med, "GBps": nbytes / med / 1e9, "x_copy": med / base})
+    return rows
+
+
+def ema_rows(reps: int = 20) -> list[dict]:
+    rows = _ema_group(torch.float32, False, reps)
+    torch.cuda.empty_cache()
+    return rows + _ema_group(torch.bfloat16, True, reps)
+
+
+def _to_cuda(x: dict) -> dict:
+    out = {}
+    for k, v in x.items():
+        if isinstance(v, TokenStats):
+            out[k] = TokenStats(*(None if f is None else f.cuda() for f in vars(v).values()))
+        else:
+            out[k] = v.detach().cuda().requires_grad_(v.requires_grad)
+    return out
+
+
+def _topk_row(variant: str, N: int, reps: int) -> dict:
+    """Median ms and peak device memory above the inputs of one variant's value + backward."""
+    x = _to_cuda(make_inputs(variant, N, 32))
+
+    def fn():
+        value_and_backward(variant, x)
+        x["h"].grad, x["W"].grad = None, None
+
+    fn()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    times = _timed(fn, reps)
+    peak = torch.cuda.max_memory_allocated() - base
+    return {"variant": variant, "N": N, "ms": 1e3 * statistics.median(times), "peak_GiB": peak / C.GiB}
+
+
+def topk_rows(reps: int = 5) -> list[dict]:
+    rows = []
+    for N in NS:
+        for variant in TOPK_VARIANTS:
+            rows.append(_topk_row(variant, N, reps))
+            torch.cuda.empty_cache()
+    return rows
+
+
+def render(data: dict) -> str:
+    m = data["machine"]
+    lines = [
+        f"Measured on {m['gpu']}, torch {m['torch']}, driver {m['driver']} ({data['date']}):",
+        "`python benchmarks/cuda_kernels.py --json F` there, then `--from-json F` here. Ratios are to the first row",
+        "of each group, measured in the same process.",
+        "",
+        "| EMA update, Qwen2.5-0.5B shapes | ms | GB/s | × copy |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    lines += [f"| {r['op']} | {r['ms']:.2f} | {r['GBps']:.0f} | {r['x_copy']:.2f} |" for r in data["ema"]]
+    lines += [
+        "",
+        "| Top-k KL value + backward (V=151,936, H=1536, k=32, fp32) | N | ms | peak GiB | × naive time |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    naive = {r["N"]: r["ms"] for r in data["topk"] if r["variant"] == "naive_topk"}
+    lines += [
+        f"| {r['variant']} | {r['N']} | {r['ms']:.1f} | {r['peak_GiB']:.2f} | {r['ms'] / naive[r['N']]:.2f} |"
+        for r in data["topk"]
+    ]
+    lines += [""] + [f"- {n}" for n in data.get("notes", [])]  # what the figures say, added to the JSON by hand
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", help="measure on this machine's GPU and save the measurements here")
+    p.add_argument("--from-json", help="write the docs/benchmarks.md section from these measurements")
+    p.add_argument("--print", dest="print_only", action="store_true", help="print the section, do not write it")
+    args = p.parse_args()
+    if args.from_json:
+        text = render(json.loads(Path(args.from_json).read_text()))
+        print(text) if args.print_only else C.write_section(SECTION, text)
+        return 0
+    if not torch.cuda.is_available():
+        print("no CUDA device: this benchmark measures the GPU path; --from-json F renders earlier measurements")
+        return 1
+    from tests.run_gpu import describe
+
+    data = {"machine": describe(torch), "date": time.strftime("%Y-%m-%d"), "ema": ema_rows(), "topk": topk_rows()}
+    print(render(data))
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
