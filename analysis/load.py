@@ -21,6 +21,7 @@ If a resumed run re-logged iterations, the last line for each iteration wins (`n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -260,6 +261,7 @@ def run_row(raw: RawRun, rows: list[dict[str, Any]], n_relogged: int) -> dict[st
         "method": method_of(knobs["anchor_tau"]),
         "variant": variant_of(knobs),
         "config_hash": summary.get("config_hash"),
+        "config_key": config_key(raw.config),
         "git_sha": summary.get("git_sha"),
         "wandb_run_id": summary.get("wandb_run_id", raw.extra.get("wandb_run_id")),
         "iterations_done": summary.get("iterations_done", rows[-1]["iteration"] if rows else None),
@@ -275,6 +277,17 @@ def run_row(raw: RawRun, rows: list[dict[str, Any]], n_relogged: int) -> dict[st
     row.update({f"final/{k}": v for k, v in sorted(final.items())})
     row.update({f"best/{k}": v for k, v in sorted(best.items())})
     return row
+
+
+def config_key(config: dict[str, Any]) -> str | None:
+    """Equal for two runs that train the same thing, seed included: the flattened config without the keys a
+    run's identity ignores (``experiments.records.HASH_EXCLUDE``: where it is written, how it is logged, its
+    sweep trial). Computed for every run alike (killed runs have no summary.json and its config_hash)."""
+    if not config:
+        return None
+    free = records.HASH_EXCLUDE
+    kept = sorted((k, repr(v)) for k, v in config.items() if not any(k == x or k.startswith(x + ".") for x in free))
+    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()[:12]
 
 
 def frames(raw_runs: Iterable[RawRun]) -> tuple[pd.DataFrame, pd.DataFrame]:

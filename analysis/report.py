@@ -113,6 +113,10 @@ def report_frames(
     unhealthy = _flag(runs, "unhealthy")  # stopped by a health rule: listed apart, never in a number
     keep = runs[(runs["complete"].astype(bool) | include_incomplete) & ~unhealthy]
     skipped += _left_out_notes(runs[~unhealthy], keep)
+    keep, repeats = one_per_config(keep)
+    skipped += repeats
+    for note in repeats:  # also in the index's notes
+        print(note, flush=True)
     for task in sorted(keep["task"].dropna().unique()):
         # columns logged only by other tasks are all-NaN here: drop them
         t_runs = keep[keep["task"] == task].dropna(axis=1, how="all")
@@ -143,6 +147,25 @@ def _unhealthy_output(runs: pd.DataFrame, out: Path) -> list[Output]:
 def _flag(runs: pd.DataFrame, col: str) -> pd.Series:
     """A boolean column of the runs frame as a Series (all False when absent, e.g. frames from older loaders)."""
     return runs[col].fillna(False).astype(bool) if col in runs else pd.Series(False, index=runs.index)
+
+
+def one_per_config(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Each (config, seed) once: of runs with the same ``config_key`` (two sweeps into one directory, a point
+    run again after a driver was killed) the finished one with the most iterations is kept. Returns the kept
+    runs and one note per repeated config naming what was kept and what was not counted."""
+    if "config_key" not in runs or runs.empty:
+        return runs, []
+    order = runs.assign(_done=runs["complete"].astype(bool), _its=runs["iterations_done"].fillna(-1))
+    order = order.sort_values(["_done", "_its", "run_id"], ascending=[False, False, True])
+    keyed = order[order["config_key"].notna()]
+    repeated = keyed[keyed.duplicated("config_key", keep="first")]
+    notes = [
+        f"runs {', '.join(group['run_id'])} train the same config and seed as {first}: counted once, as {first}"
+        for first, group in (
+            (keyed[keyed["config_key"] == key]["run_id"].iloc[0], g) for key, g in repeated.groupby("config_key")
+        )
+    ]
+    return runs[~runs["run_id"].isin(repeated["run_id"])], notes
 
 
 def _left_out_notes(runs: pd.DataFrame, keep: pd.DataFrame) -> list[str]:

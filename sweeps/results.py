@@ -129,16 +129,21 @@ def write_timing(
     slots: int,
     progress: bool = True,
     resumed: bool = False,
+    killed_s: float | None = None,
 ) -> dict[str, Any]:
     """timing.json: overhead = 1 - (summed trial training time) / (wall time x trial slots); with
     `progress`, a closing line (counts by status, time, overhead) is printed. Returns what was written.
 
     The training time is summed over every trial's record, whichever invocation trained it, so with
     `resumed` the wall time is too: this invocation's `wall` is added to the total already in timing.json
-    (`invocations` counts them; `last_wall_s` is this one's).
+    (`invocations` counts them; `last_wall_s` is this one's). `killed_s`: an earlier invocation killed before
+    it wrote this file (sweeps.lock: its start to its last heartbeat), counted as one more invocation.
     """
     sweep_dir = Path(sweep_dir)
     before = _previous_timing(sweep_dir) if resumed else {}
+    if killed_s is not None:
+        done = int(before.get("invocations", 1 if before else 0))
+        before = {**before, "wall_s": float(before.get("wall_s", 0.0)) + killed_s, "invocations": done + 1}
     total = float(before.get("wall_s", 0.0)) + wall
     train = sum(float(r["train_time_s"]) for r in rows if isinstance(r["train_time_s"], (int, float)))
     slots = max(1, min(slots, len(rows)))

@@ -40,7 +40,7 @@ import ray
 import yaml
 from ray import tune
 
-from sweeps import results
+from sweeps import lock, results
 from sweeps.spec import Spec, grid_points
 
 SETTLE_S = 15.0
@@ -125,7 +125,7 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
         root = cfg.backend.verl.checkpoint_dir
         cfg.backend.verl.checkpoint_dir = str(run_dir / "checkpoints" if root is None else Path(root) / run_dir.name)
     else:
-        carry = _restore(run_dir)
+        carry = _restore(run_dir, _Reporter(spec.metric, spec.mode))
         resume = carry is not None
     cfg.sweep.trial_id, cfg.run_dir, cfg.resume = trial_id, str(run_dir), resume
     reporter = _Reporter(spec.metric, spec.mode, carry, last=int(cfg.trainer.iterations))
@@ -156,16 +156,22 @@ class _Reporter:
         self.carry: dict[str, float] = dict(carry or {})
         self.last, self.held = last, None
 
-    def __call__(self, iteration: int, metrics: dict, checkpoint: Path | None) -> None:
+    def absorb(self, metrics: dict) -> None:
+        """Carry the metric's latest value and its running best forward from one iteration's metrics."""
         value = metrics.get(self.key)
         if isinstance(value, (int, float)) and not math.isnan(value):
             self.carry[self.key] = float(value)
             best = self.carry.get("best_" + self.key)
             self.carry["best_" + self.key] = float(value) if best is None else self.better(best, float(value))
+
+    def __call__(self, iteration: int, metrics: dict, checkpoint: Path | None) -> None:
+        self.absorb(metrics)
         if iteration == 0:
             return
         result = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        # training_iteration: the run's iteration, also for a trial Tune restarted without its checkpoint
         result.update({k: v for k, v in self.carry.items() if k not in metrics}, iteration=iteration)
+        result["training_iteration"] = iteration
         result.setdefault(self.metric, float("nan"))  # never seen yet: NaN passes Tune's metric check
         if iteration == self.last:
             self.held = (iteration, result, checkpoint, dict(self.carry))
@@ -194,15 +200,18 @@ class _Reporter:
         tune.report(result, checkpoint=ckpt)
 
 
-def _restore(run_dir: Path) -> dict | None:
+def _restore(run_dir: Path, reporter: _Reporter) -> dict | None:
     """Put Tune's checkpoint of this trial back as the run's latest checkpoint and return the reporter's
-    carried values; None = a fresh start (what an earlier attempt left without a checkpoint is removed)."""
+    carried values. Without one from Tune, the run's own newest checkpoint is resumed (``_own_checkpoint``);
+    None = a fresh start (what an earlier attempt left without a checkpoint is removed)."""
     from ema_pg_core.local import checkpoints
 
     ckpt = tune.get_checkpoint()
     if ckpt is None:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return None
+        carry = _own_checkpoint(run_dir, reporter)
+        if carry is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return carry
     meta = ckpt.get_metadata()
     root = run_dir / "checkpoints"
     step = checkpoints.step_dir(root, int(meta["iteration"]))
@@ -217,6 +226,26 @@ def _restore(run_dir: Path) -> dict | None:
             shutil.rmtree(newer, ignore_errors=True)
     checkpoints.point_latest(root, step)
     return dict(meta.get("carry") or {})
+
+
+def _own_checkpoint(run_dir: Path, reporter: _Reporter) -> dict | None:
+    """The carried values at the run's own newest checkpoint, or None when the run has none.
+
+    Tune saves its experiment state every few seconds: a driver killed between two saves (SIGKILL, a lost head
+    node) leaves a state without the trial's newest checkpoints, and ``--resume`` restarts the trial with none.
+    The run directory still holds them (a checkpoint is complete before the run reports it), so the run
+    resumes from there, and its record keeps every row up to that checkpoint."""
+    from ema_pg_core.local import checkpoints
+    from experiments import records
+
+    steps = checkpoints.candidates(run_dir / "checkpoints")
+    if not steps or not (run_dir / records.CONFIG).is_file():
+        return None
+    last = int(steps[0].name.removeprefix("iter_"))
+    for row in records.read_metrics(run_dir):
+        if row.get("iteration", last + 1) <= last:
+            reporter.absorb(row)
+    return dict(reporter.carry)
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -247,10 +276,16 @@ class _Progress(tune.Callback):
             f"{n['PENDING'] + n['PAUSED']} waiting{best}"
         )
 
-    @property
-    def _again(self) -> str:
-        """A restarted trial without a Tune checkpoint: verl resumes from its own, a local run starts over."""
-        return " from verl's last checkpoint in its run directory" if self.spec.backend == "verl" else " from scratch"
+    def _again(self, trial) -> str:
+        """A restarted trial without a Tune checkpoint resumes from its run's own, if it has one."""
+        if self.spec.backend == "verl":
+            return " from verl's last checkpoint in its run directory"
+        from ema_pg_core.local import checkpoints
+        from experiments import records
+
+        run_dir = records.find_trial_run(Path(self.sweep_dir or ".") / "runs", trial.trial_id)
+        steps = checkpoints.candidates(run_dir / "checkpoints") if run_dir else []
+        return f" from its run's checkpoint {steps[0].name}" if steps else " from scratch"
 
     def _recorded(self, trial) -> bool:
         """An earlier driver ran this trial (a resumed sweep): its run record exists."""
@@ -266,7 +301,7 @@ class _Progress(tune.Callback):
         it = ckpt.metrics.get("training_iteration", 0) if ckpt is not None else 0
         self._say(
             f"{'resume ' if again else 'start  '} {describe(self.spec, trial.config)}  [{trial.trial_id}]"
-            + (f" from its checkpoint at iteration {it}" if it else (self._again if again else ""))
+            + (f" from its checkpoint at iteration {it}" if it else (self._again(trial) if again else ""))
         )
 
     def _consider(self, v, config) -> None:
@@ -432,10 +467,24 @@ def run_sweep(
     """Run (or with resume=True finish) the sweep; returns its directory. `num_cpus` sizes a local Ray
     (default: all cores). Adaptive seeds (`spec.adaptive`) run in rounds: `run_adaptive`."""
     sweep_dir = Path(sweep_dir or Path("outputs") / "sweeps" / spec.name).resolve()
-    if spec.adaptive is not None:
-        return run_adaptive(
-            spec, sweep_dir, resume=resume, address=address, num_cpus=num_cpus, progress=progress, report=report
-        )
+    with lock.held(sweep_dir, resume=resume) as killed:  # one driver per directory, before anything is written
+        killed_s = lock.killed_wall_s(killed) if resume and killed else None
+        if spec.adaptive is not None:
+            return run_adaptive(
+                spec,
+                sweep_dir,
+                resume=resume,
+                address=address,
+                num_cpus=num_cpus,
+                progress=progress,
+                report=report,
+                killed_s=killed_s,
+            )
+        return _run_tune(spec, sweep_dir, resume, address, num_cpus, progress, report, killed_s)
+
+
+def _run_tune(spec, sweep_dir, resume, address, num_cpus, progress, report, killed_s) -> Path:
+    """run_sweep without adaptive seeds: one Tune experiment (the directory's lock held by the caller)."""
     exp_path = sweep_dir / "tune" / spec.name
     _prepare(spec, sweep_dir, exp_path, resume)
     started = _init_ray(address, num_cpus)
@@ -453,11 +502,13 @@ def run_sweep(
             trials = tune.ExperimentAnalysis(str(exp_path)).trials
         known = _known(spec, trials)
         _settle(sweep_dir, known)
+        if resume:
+            _set_aside_orphans(sweep_dir, {t.trial_id for t in known})
         rows = results.write_csv(sweep_dir, spec.metric, spec.mode, known)
     finally:
         if started:
             ray.shutdown()
-    results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume)
+    results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume, killed_s=killed_s)
     hint = _unfinished_hint(spec, sweep_dir, trials)
     if hint:
         print(hint, flush=True)
@@ -467,8 +518,16 @@ def run_sweep(
     return sweep_dir
 
 
+STATE_PERIOD_S = "2"
+"""How often Tune saves its experiment state (TUNE_GLOBAL_CHECKPOINT_S; Tune's "auto" waits 10 s or more). A trial
+started after the last save is unknown to a driver resumed after a kill: it runs again under a new trial id, and
+the killed attempt's run directory moves to orphaned/ (``_set_aside_orphans``)."""
+
+
 def _quiet_tune_env() -> None:
-    """Environment defaults that keep Tune's own output quiet (``_Progress`` reports instead)."""
+    """Environment defaults that keep Tune's own output quiet (``_Progress`` reports instead), and its state
+    fresh (``STATE_PERIOD_S``)."""
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", STATE_PERIOD_S)
     # num_to_keep forces a state snapshot whenever a trial has replaced its checkpoints (cheap, and what
     # keeps --resume exact); Tune warns about that on every fast iteration unless told not to.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -560,6 +619,7 @@ def run_adaptive(
     num_cpus: int | None,
     progress: bool,
     report: bool,
+    killed_s: float | None = None,
 ) -> Path:
     """Adaptive seeds (sweeps.adaptive): one Tune experiment per round (<sweep_dir>/tune/round_<r>/<name>), each
     round planned in adaptive.jsonl before it starts and decided there after it ends; --resume continues the
@@ -586,7 +646,9 @@ def run_adaptive(
             _settle(sweep_dir, known)
             rows = results.write_csv(sweep_dir, spec.metric, spec.mode, known)
             if any(r["status"] not in _ROUND_ENDED for r in rows):
-                results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume)
+                results.write_timing(
+                    sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume, killed_s=killed_s
+                )
                 print(
                     f"{spec.name}: round {rnd} did not finish; continue with: emapg sweep <spec.yaml> --resume "
                     f"--out {sweep_dir}",
@@ -598,7 +660,7 @@ def run_adaptive(
         if started:
             ray.shutdown()
     rows = rows or results.write_csv(sweep_dir, spec.metric, spec.mode, _adaptive_trials(spec, sweep_dir))
-    results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume)
+    results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume, killed_s=killed_s)
     if report:
         _report(sweep_dir, progress)
         _dashboard(spec, sweep_dir)
@@ -821,6 +883,25 @@ def _prepare(spec: Spec, sweep_dir: Path, exp_path: Path, resume: bool) -> None:
 
 
 # ---------------------------------------------------------------------------- after the sweep
+def _set_aside_orphans(sweep_dir: Path, trial_ids: set[str]) -> list[Path]:
+    """Move run directories of trials the resumed Tune does not know (started by a killed driver after Tune's
+    last state save; their points ran again as new trials) to <sweep_dir>/orphaned/, so that runs/ holds each
+    trial once. Returns the new paths."""
+    moved = []
+    for run_dir in sorted(p for p in (sweep_dir / "runs").glob("*__*") if p.is_dir()):
+        if run_dir.name.rsplit("__", 1)[-1] not in trial_ids:
+            dest = sweep_dir / "orphaned" / run_dir.name
+            dest.parent.mkdir(exist_ok=True)
+            os.replace(run_dir, dest)
+            moved.append(dest)
+            print(
+                f"{run_dir.name}: started by the killed driver after Tune last saved its state; its point ran again "
+                f"as a new trial, and this partial record is kept in {dest.parent}",
+                flush=True,
+            )
+    return moved
+
+
 def _known(spec: Spec, trials) -> list[results.Trial]:
     """What Tune knows of each trial, in launch order, for sweeps.results."""
     return [

@@ -138,3 +138,19 @@ def test_bootstrap_reps_have_one_default(sweep_dir, tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(report, "report", lambda runs_dir, out, **kw: seen.append(kw["reps"]) or [])
     assert report.main_report([str(sweep_dir), "--out", str(tmp_path)]) == 0 and seen == [report.REPS]
+
+
+def test_a_config_and_seed_run_twice_counts_once(sweep_dir, tmp_path, synth, capsys):
+    """Two sweeps into one directory: the same (config, seed) under two run ids (another trial id and run
+    directory) is one seed, not two; the report says which run it counted."""
+    for seed in (0, 1):
+        cfg = synth.config("math_tiny", seed, 1.0, "k3", None, None, experiment="grpo_tiny")
+        cfg["sweep"]["trial_id"], cfg["run_dir"] = f"again{seed}", f"/elsewhere/{seed}"
+        rows = synth.metric_rows("math_tiny", seed, 1.0)
+        synth.write_run(sweep_dir / "runs", synth.rid("math_tiny", "grpo_tiny", seed, 50 + seed), cfg, rows)
+    report.report(sweep_dir, tmp_path, reps=50)
+    main = (tmp_path / "math_tiny_main.md").read_text()
+    assert "| GRPO (k3) — ours, 3 seeds |" in main and "4 seeds" not in main and "5 seeds" not in main
+    notes = [n for n in capsys.readouterr().out.splitlines() if "train the same config and seed" in n]
+    assert len(notes) == 2 and all(n.endswith(f"counted once, as {n.split(' as ')[-1]}") for n in notes)
+    assert sum("train the same config and seed" in line for line in (tmp_path / "index.md").read_text().splitlines())

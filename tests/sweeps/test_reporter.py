@@ -4,6 +4,7 @@ and the search space's encoding for Tune / Optuna decoded back into config value
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -157,12 +158,25 @@ def test_restore_puts_the_checkpoint_back(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     for it in (3, 4):
         ckpt(run_dir, it)
-    assert T._restore(run_dir) == {ACC: 0.3}  # the reporter's carried values
+    assert T._restore(run_dir, T._Reporter(ACC, "max")) == {ACC: 0.3}  # the reporter's carried values
     root = run_dir / "checkpoints"
     assert (root / "latest").read_text() == "iter_000003" and (root / "iter_000003" / "state.pt").read_text() == "3"
     assert not (root / "iter_000004").exists()
     monkeypatch.setattr(T.tune, "get_checkpoint", lambda: None)
-    assert T._restore(run_dir) is None and not run_dir.exists()  # no checkpoint: a fresh start
+    (run_dir / "config.yaml").write_text("seed: 0\n")  # a run record: its own checkpoints are resumed
+    rows = [
+        {"iteration": 0, ACC: 0.1},
+        {"iteration": 2, ACC: 0.5},
+        {"iteration": 3, ACC: 0.2},
+        {"iteration": 4, ACC: 1},
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert T._restore(run_dir, T._Reporter(ACC, "max")) == {ACC: 0.2, "best_" + ACC: 0.5}  # rows up to iteration 3
+    assert (root / "iter_000003").is_dir()
+    (run_dir / "config.yaml").unlink()  # checkpoints without a run record: a fresh start
+    assert T._restore(run_dir, T._Reporter(ACC, "max")) is None and not run_dir.exists()
+    run_dir.mkdir()
+    assert T._restore(run_dir, T._Reporter(ACC, "max")) is None and not run_dir.exists()  # no checkpoint at all
 
 
 def test_results_get_what_tune_knows_in_launch_order():

@@ -300,20 +300,20 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(fakes, tmp_path
     )
     out = tmp_path / "kill"
     code = f"import sweep_fakes; sweep_fakes.drive({str(spec_path)!r}, {str(out)!r}, {fakes!r})"
-    # Tune saves its experiment state at most every 10 s by default ("auto"), so a driver killed 2 s into
-    # a trial may not have recorded that trial's checkpoints yet; save it at every step here.
+    # Tune's state as the sweep saves it (every 2 s): killed once the third trial is in it (a trial that is not
+    # runs again under a new id: test_orphaned_runs_are_set_aside); its newest checkpoints may be missing from it
     driver = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        env={**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0"},
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
+
+    def in_state(trial_id: str) -> bool:
+        return any(trial_id in p.read_text() for p in (out / "tune" / "kill").glob("experiment_state-*.json"))
+
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
             runs = executed(out)
-            if len(runs) >= 3 and max(runs[list(runs)[2]]) >= 3:
+            if len(runs) >= 3 and max(runs[list(runs)[2]]) >= 3 and in_state(list(runs)[2]):
                 break
             time.sleep(0.2)
         else:
@@ -339,6 +339,61 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(fakes, tmp_path
     first, again = attempts(out, interrupted)
     assert again[0] > 1 and again[-1] == 6  # continued from a checkpoint, not from scratch
     assert record_iterations(out, interrupted) == list(range(7))
+
+
+def test_a_trial_in_flight_when_the_driver_is_killed_resumes_from_its_own_checkpoint(fakes, tmp_path):
+    """Tune saves its experiment state every few seconds (and after every 2 checkpoints of a trial): a driver
+    SIGKILLed between two saves leaves a state that knows the trial but not its newest checkpoint. --resume
+    continues the trial from the checkpoint in its run directory: the rows recorded up to that checkpoint are
+    kept as they were, nothing before it is trained again, and timing.json counts the killed invocation."""
+    spec_path = tmp_path / "inflight.yaml"
+    spec = fake_spec("inflight", iterations=12, sleep=0.3, max_concurrent=1, space={"algo.anchor.tau": {"grid": [0.9]}})
+    spec["base"]["overrides"]["trainer.save_every"] = 3
+    spec_path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "inflight"
+    code = f"import sweep_fakes; sweep_fakes.drive({str(spec_path)!r}, {str(out)!r}, {fakes!r})"
+    env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "600"}  # a state saved long before the kill
+    driver = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and max(sum(executed(out).values(), [-1])) < 5:
+            time.sleep(0.1)
+        assert max(sum(executed(out).values(), [-1])) >= 5, "the trial did not reach iteration 5"
+    finally:
+        os.killpg(driver.pid, 9)
+        driver.wait()
+    (trial,) = executed(out)
+    (run_dir,) = (out / "runs").glob(f"*__{trial}")
+    before = (run_dir / "metrics.jsonl").read_text().splitlines()
+    saved = int((run_dir / "checkpoints" / "latest").read_text().strip().split("_")[-1])
+    assert saved >= 3 and len(before) >= 6
+    _wait_for_free_cpus(2)
+    T.run_sweep(load(spec_path), out, resume=True, report=False)
+    (first, again) = attempts(out, trial)
+    assert again[0] == saved + 1 and again[-1] == 12  # from the run's checkpoint, not from iteration 0
+    after = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert after[: saved + 1] == before[: saved + 1] and record_iterations(out, trial) == list(range(13))
+    timing = json.loads((out / "timing.json").read_text())
+    assert timing["invocations"] == 2 and timing["wall_s"] - timing["last_wall_s"] >= 1.0
+
+
+def test_orphaned_runs_are_set_aside(tmp_path, capsys):
+    """A run directory of a trial the resumed Tune does not know moves to orphaned/, the others stay."""
+    for name in ("math_tiny_grpo__s0__aaaaa_00000", "math_tiny_grpo__s0__aaaaa_00001", "math_tiny__s1__bbbbb_00000"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+    moved = T._set_aside_orphans(tmp_path, {"aaaaa_00000", "bbbbb_00000"})
+    assert moved == [tmp_path / "orphaned" / "math_tiny_grpo__s0__aaaaa_00001"] and moved[0].is_dir()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
+        "math_tiny__s1__bbbbb_00000",
+        "math_tiny_grpo__s0__aaaaa_00000",
+    ]
+    assert "started by the killed driver after Tune last saved its state" in capsys.readouterr().out
 
 
 def test_state_backup_keeps_the_last_complete_copy_and_repair_restores_it(tmp_path, capsys):
