@@ -133,7 +133,15 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
     policy, tok = build.model(cfg)
     bar = None
     rows: dict[int, dict] = {}
-    health = HealthCheck(cfg, record)
+    stepped: dict[int, dict] = {}  # a step the health rules are looking at, before its evaluation
+    health = HealthCheck(cfg, record, lambda: [on_metrics(it, m) for it, m in stepped.items()])
+
+    def on_step_end(it: int, m: dict) -> None:
+        """The health rules see the update before anything else runs on it: a non-finite update is recorded
+        and stops the run (StoppedUnhealthy) before an evaluation would sample from NaN probabilities."""
+        stepped[it] = m
+        health.observe(it, m)
+        stepped.clear()
 
     def on_metrics(it: int, m: dict) -> None:
         rows[it] = record.log(it, m)
@@ -148,14 +156,19 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
                 },
                 refresh=False,
             )
-        health.observe(it, m)  # raises StoppedUnhealthy: no checkpoint of this iteration, nothing reported
 
     def on_iteration_end(it: int, m: dict, ckpt: Path | None) -> None:
         row = rows.pop(it, m)
         if callback is not None:
             callback(it, row, ckpt)
 
-    hooks = Hooks(metrics=on_metrics, evals=record.log_evals, iteration_end=on_iteration_end, state=record.state)
+    hooks = Hooks(
+        metrics=on_metrics,
+        step_end=on_step_end,
+        evals=record.log_evals,
+        iteration_end=on_iteration_end,
+        state=record.state,
+    )
     trainer = LocalTrainer(policy, tok, task, local_cfg, ckpt_dir, hooks)
     if state is not None:
         trainer.load_state_dict(state)

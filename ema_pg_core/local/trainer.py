@@ -85,6 +85,8 @@ class Hooks:
     """How the trainer reports; experiments.run wires these to the run record and W&B."""
 
     metrics: Callable[[int, dict], None] = lambda it, m: None
+    # after the update, before any evaluation of it: where a non-finite update is stopped (the health rules)
+    step_end: Callable[[int, dict], None] = lambda it, m: None
     evals: Callable[[list[dict]], None] = lambda rows: None
     checkpoint: Callable[[int, Path], None] = lambda it, path: None
     iteration_end: Callable[[int, dict, Path | None], None] = lambda it, m, ckpt: None  # after any checkpoint of it
@@ -460,6 +462,7 @@ class LocalTrainer:
             last = {}
             while self.iteration < tc.iterations:
                 m = self.step()
+                self.hooks.step_end(self.iteration, m)
                 if self.iteration % tc.eval_every == 0 or self.iteration == tc.iterations:
                     em, rows = self.evaluate()
                     m.update(em)

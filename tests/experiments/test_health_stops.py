@@ -65,3 +65,29 @@ def test_an_entropy_collapse_stops_the_run_and_only_a_changed_rule_resumes_it(tm
     (resume,) = records.read_resumes(run)
     assert resume["checkpoint"] == f"iter_{stop - 1:06d}" and not resume["forced"]
     assert resume["changes"] == {"health.entropy_floor.floor": [0.01, None], "health.entropy_floor.patience": [1, 5]}
+
+
+def test_a_non_finite_update_on_an_evaluation_iteration_stops_the_run_before_the_evaluation(
+    tmp_path, capsys, monkeypatch
+):
+    """NaN advantages at iteration 2 (what algo.adv.eps=0 gives on a group of equal rewards: 0/0), an iteration
+    that evaluates: the NaN loss makes the parameters NaN, and an evaluation would sample from NaN
+    probabilities. The health stop comes first: the step is recorded, the run ends stopped_unhealthy, exit 3."""
+    import ema_pg_core.local.trainer as trainer_module
+
+    real, calls = trainer_module.compute_advantages, []
+
+    def poisoned(*args, **kwargs):
+        adv = real(*args, **kwargs)
+        calls.append(1)
+        return adv * float("nan") if len(calls) == 2 else adv
+
+    monkeypatch.setattr(trainer_module, "compute_advantages", poisoned)
+    run = tmp_path / "run"
+    assert main(["train", *small_run({"trainer.iterations": 4, "trainer.eval_every": 2}), f"run_dir={run}"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("emapg train: stopped unhealthy: health rule nonfinite fired at iteration 2"), err
+    assert records.read_status(run)[0] == "stopped_unhealthy"
+    rows = records.read_metrics(run)
+    assert [r["iteration"] for r in rows] == [0, 1, 2] and rows[-1]["loss/total"] is None  # NaN, recorded
+    assert not any(k.startswith("eval/") for k in rows[-1])  # no evaluation of the NaN parameters
