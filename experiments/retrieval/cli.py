@@ -7,8 +7,7 @@ import argparse
 import os
 from collections.abc import Sequence
 
-import yaml
-
+from experiments import user_yaml
 from experiments.retrieval import check_file, load_corpus
 from experiments.retrieval.bm25 import BM25Retriever
 from experiments.retrieval.service import DEFAULT_HOST, serve
@@ -109,7 +108,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         key, sep, value = item.partition("=")
         if not sep:
             parser.error(f"knob {item!r} must look like key=value")
-        knobs[key] = yaml.safe_load(value)  # "300" -> 300, "0.5" -> 0.5, "abc" -> "abc"
+        try:
+            knobs[key] = user_yaml.loads(value)  # "300" -> 300, "0.5" -> 0.5, "abc" -> "abc"
+        except ValueError as e:
+            raise ValueError(f"knob {key}=...: {e}") from None
     if args.retriever == "e5":
         from experiments.retrieval.dense import DenseRetriever
 
