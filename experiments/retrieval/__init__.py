@@ -39,6 +39,8 @@ import os
 from collections.abc import Sequence
 from typing import Protocol
 
+from experiments.errors import undecodable
+
 
 class Retriever(Protocol):
     """Anything that returns the top-k passages for a query."""
@@ -65,18 +67,21 @@ def load_corpus(path: str) -> list[str]:
     """Passages of a corpus file: JSONL objects with a "contents" field, or one passage per text line."""
     path = check_file("--corpus", path)
     passages = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            if path.endswith((".jsonl", ".json")):
-                try:
-                    passages.append(str(json.loads(line)["contents"]))
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise ValueError(f"{path}:{i}: expected a JSON object with a 'contents' field") from None
-            else:
-                passages.append(line)
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                line = line.rstrip("\n")
+                if not line.strip():
+                    continue
+                if path.endswith((".jsonl", ".json")):
+                    try:
+                        passages.append(str(json.loads(line)["contents"]))
+                    except (json.JSONDecodeError, KeyError, TypeError):
+                        raise ValueError(f"{path}:{i}: expected a JSON object with a 'contents' field") from None
+                else:
+                    passages.append(line)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--corpus {path!r}: {undecodable(e)}; a corpus is JSONL or plain text") from None
     if not passages:
         raise ValueError(f"--corpus {path!r} holds no passages")
     return passages

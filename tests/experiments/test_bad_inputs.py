@@ -109,6 +109,8 @@ CASES = [
     (["retriever", "serve", "--task", "nope"], ["unknown task 'nope'"]),
     (["retriever", "serve", "--corpus", "{tmp}/nope.jsonl"], ["--corpus", "nope.jsonl"]),
     (["retriever", "index", "--corpus", "{tmp}/nope.jsonl", "--out", "{tmp}/i"], ["--corpus", "nope.jsonl"]),
+    (["retriever", "serve", "--corpus", "{tmp}/binary.yaml"], ["--corpus", "binary.yaml", "not a text file"]),
+    (["retriever", "index", "--corpus", "{tmp}/binary.yaml", "--out", "{tmp}/i"], ["--corpus", "not a text file"]),
     # ---- emapg cluster
     (["cluster", "submit"], ["give a sweep spec"]),
     (["cluster", "slurm", "--site", "{tmp}/site.yaml", "--nodes", "0"], ["--nodes must be >= 1"]),
