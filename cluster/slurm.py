@@ -5,14 +5,18 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-import yaml
+from experiments.user_yaml import read
 
 TEMPLATE = Path(__file__).with_name("slurm.sbatch")
 REQUIRED = ("partition", "time", "gpus_per_node", "cpus_per_node")
 
 
 def load_site(path: str | Path) -> dict:
-    site = yaml.safe_load(Path(path).read_text()) or {}
+    """The site file's settings; ValueError naming the file when it is unreadable, holds a YAML alias
+    (experiments.user_yaml) or lacks a required key."""
+    site = read(path, "site file") or {}
+    if not isinstance(site, dict):
+        raise ValueError(f"site file {path}: must be a mapping of settings; got {type(site).__name__}")
     missing = [k for k in REQUIRED if site.get(k) in (None, "")]
     if missing:
         raise ValueError(f"site file {path} lacks {', '.join(missing)}")

@@ -8,6 +8,9 @@
 
 ``EMAPG_DEBUG=1`` prints the traceback of every error too. Hydra's composition errors are turned
 into user errors here (``hydra_message``), with a "did you mean" for near-misses.
+
+A message shows a value the user gave through ``shown`` (at most ``SHOWN_CHARS`` long, however large
+the value), and ``handle`` prints every line of a message at most ``MESSAGE_CHARS`` long.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import reprlib
 import signal
 import sys
 import traceback
@@ -73,6 +77,36 @@ def raise_terminated(signum, frame) -> None:
     raise Terminated(signal.Signals(signum).name)
 
 
+SHOWN_CHARS = 200
+"""The longest a value is shown in an error message (``shown``)."""
+MESSAGE_CHARS = 2000
+"""The longest a line of an error message is printed (``handle``); the rest is counted, not printed."""
+
+
+def shown(value, limit: int = SHOWN_CHARS) -> str:
+    """repr(value) for an error message, at most `limit` characters: reprlib's bounded repr (the first items
+    of each container, a few levels deep), so a huge value is never formatted whole."""
+    r = reprlib.Repr()
+    r.maxlevel = 3
+    r.maxlist = r.maxtuple = r.maxset = r.maxfrozenset = r.maxdeque = r.maxdict = 20
+    r.maxstring = r.maxlong = r.maxother = limit
+    text = r.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def bounded(message: str, limit: int = MESSAGE_CHARS) -> str:
+    """`message` with each line cut to `limit` characters and the cut counted."""
+    return "\n".join(
+        line if len(line) <= limit else f"{line[:limit]}... ({len(line) - limit:,} more characters)"
+        for line in message.split("\n")
+    )
+
+
+def undecodable(exc: UnicodeDecodeError) -> str:
+    """'not a text file (byte 0xf8 at offset 8 is not UTF-8)': the message for a file that is not text."""
+    return f"not a text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} is not {exc.encoding.upper()})"
+
+
 USER_OS_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
@@ -108,7 +142,7 @@ def handle(prog: str, exc: BaseException) -> int:
     if kind is None:
         return 1
     message, code = kind
-    print(f"{prog}: {message}", file=sys.stderr)
+    print(bounded(f"{prog}: {message}"), file=sys.stderr)
     return code
 
 

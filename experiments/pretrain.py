@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from ema_pg_core.local.tiny import CHARSET, build_model, build_tokenizer
+from experiments import user_yaml
 from experiments.progress import bar as progress_bar
 from experiments.tasks import Example, get_task, make_knobs
 
@@ -371,7 +371,10 @@ def _parse_overrides(argv: Sequence[str]) -> dict[str, Any]:
         node = out
         for p in parents:
             node = node.setdefault(p, {})
-        node[leaf] = yaml.safe_load(value)
+        try:
+            node[leaf] = user_yaml.loads(value)
+        except ValueError as e:
+            raise ValueError(f"argument {key}=...: {e}") from None
     return out
 
 

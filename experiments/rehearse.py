@@ -598,18 +598,27 @@ def _free_port() -> int:
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Wait for the retriever's GET /health (asked by the client the runs use: it sends $EMAPG_RETRIEVER_TOKEN,
+    which the server, started with this environment, then requires)."""
     import httpx
 
+    from experiments.retrieval.service import HTTPRetriever
+
+    client = HTTPRetriever(url, timeout=2.0)
     t0 = time.time()
-    while time.time() - t0 < timeout_s:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the rehearsal's retriever exited with status {proc.returncode} (see retriever.log)")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+    try:
+        while time.time() - t0 < timeout_s:
+            if proc.poll() is not None:
+                status = proc.returncode
+                raise RuntimeError(f"the rehearsal's retriever exited with status {status} (see retriever.log)")
+            try:
+                client.health()
                 return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+    finally:
+        client.close()
     raise RuntimeError(f"the rehearsal's retriever did not answer at {url} within {timeout_s:.0f} s")
 
 

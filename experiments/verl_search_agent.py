@@ -19,7 +19,8 @@ Settings come from verl's rollout config:
 
     multi_turn.max_assistant_turns   = rollout.max_turns + 1  (searches + the final answer turn)
     multi_turn.max_tool_response_length                       (information tokens kept per search)
-    custom.retriever_url             = backend.verl.retriever_url  (an `emapg retriever serve` URL)
+    custom.retriever_url             = backend.verl.retriever_url  (an `emapg retriever serve` URL; the
+                                       client sends $EMAPG_RETRIEVER_TOKEN of the worker's environment)
     custom.max_turn_tokens           = rollout.max_new_tokens  (tokens per generation turn; Search-R1's
                                        max_response_length, 500; unset = no per-turn cap)
     response_length                  (all turns and information tokens together)

@@ -18,6 +18,7 @@ import csv
 import sys
 from pathlib import Path
 
+from experiments.errors import bounded
 from sweeps.spec import load, table
 
 
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sweep_dir = run_sweep(spec, args.out, resume=args.resume, address=args.address, num_cpus=args.num_cpus)
     except ValueError as e:  # an invalid spec or sweep directory: one clear line
-        print(f"emapg sweep: error: {e}", file=sys.stderr)
+        print(bounded(f"emapg sweep: error: {e}"), file=sys.stderr)
         return 2
     with open(Path(sweep_dir) / "sweep.csv", newline="", encoding="utf-8") as f:
         statuses = [row["status"] for row in csv.DictReader(f)]

@@ -39,7 +39,8 @@ default is a field default of `Spec` (and `Scheduler`, `Adaptive`) below, the on
       kl_spike: {factor: 10}                      # trial only, as stopped_unhealthy. Non-finite loss or
                                                   # gradient always stops a trial.
 
-A key given twice in one mapping is an error (plain YAML would keep the last). The trial count is
+A key given twice in one mapping is an error (plain YAML would keep the last), and so is any YAML alias
+(``*name``; experiments.user_yaml: a few nested aliases can expand to billions of values). The trial count is
 computed from the axis sizes before anything is enumerated; over `max_trials` the spec is refused.
 Config keys are checked against the composed Hydra config (``experiments.build.compose``); a
 config group (task, experiment, algo, ...) takes the group's option names. Every grid point /
@@ -59,9 +60,9 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ema_pg_core.overrides import hydra_value
+from experiments.errors import UserError, shown
+from experiments.user_yaml import NoAliasLoader, read
 
 KINDS = ("grid", "choice", "uniform", "loguniform", "int")
 SEARCHES = ("grid", "random", "optuna")
@@ -237,13 +238,13 @@ SPEC_DEFAULTS["seeds.adaptive"] = {f.name: f.default for f in fields(Adaptive) i
 
 
 # ---------------------------------------------------------------------------- loading
-class UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a key given twice in one mapping (at any depth)."""
+class UniqueKeyLoader(NoAliasLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (at any depth), and every alias."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may be overridden, as YAML intends
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: {...}` may be overridden, as YAML intends
                 continue
             key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
             try:
@@ -260,15 +261,12 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 def load(path: str | Path, check_config: bool = True) -> Spec:
     """Read and validate a sweep YAML; errors are prefixed with the file name."""
-    path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"{path}: no such sweep spec")
     try:
-        return parse(yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader), check_config=check_config)
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not valid YAML: {e}") from None
+        return parse(read(path, "sweep spec", UniqueKeyLoader), check_config=check_config)
     except SpecError as e:
         raise SpecError(f"{path}: {e}") from None
+    except UserError as e:  # missing, a directory, not text, not YAML, an alias (the message names the file)
+        raise SpecError(str(e)) from None
 
 
 SPEC_KEYS = (
@@ -317,7 +315,7 @@ def parse(data: Any, check_config: bool = True) -> Spec:
 def _name(name) -> str:
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise SpecError(
-            f"name={name!r} must be a non-empty string of letters, digits, '_', '.', '-' (it names a directory)"
+            f"name={shown(name)} must be a non-empty string of letters, digits, '_', '.', '-' (it names a directory)"
         )
     return name
 
@@ -384,7 +382,7 @@ def _search(value) -> tuple[str, int | None]:
     _known(value, ("type", "seed"), "search.")
     seed = value.get("seed", SPEC_DEFAULTS["search_seed"])
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise SpecError(f"search.seed={seed!r} must be an integer (the sampler seed) or null")
+        raise SpecError(f"search.seed={shown(seed)} must be an integer (the sampler seed) or null")
     return _one_of("search.type", value.get("type"), SEARCHES), seed
 
 
@@ -443,20 +441,20 @@ def _param(name: str, entry, overrides: dict) -> Param:
             bad = [v for v in vals if not isinstance(v, list) or len(v) != len(keys)]
             if bad:
                 raise SpecError(
-                    f"{where}.{kind}: every value must be a list of {len(keys)} (one per key); got {bad[0]!r}"
+                    f"{where}.{kind}: every value must be a list of {len(keys)} (one per key); got {shown(bad[0])}"
                 )
             vals = [tuple(v) for v in vals]
         if len({repr(v) for v in vals}) != len(vals):
-            raise SpecError(f"{where}.{kind} lists a value twice: {vals}")
+            raise SpecError(f"{where}.{kind} lists a value twice: {shown(vals)}")
         return Param(keys, kind, tuple(vals))
     if len(keys) > 1:
         raise SpecError(f"{where}: keys varied together take grid or choice, not {kind}")
     if len(vals) != 2 or not all(_is_num(v) for v in vals) or not vals[0] < vals[1]:
-        raise SpecError(f"{where}.{kind} must be [low, high] numbers with low < high; got {vals}")
+        raise SpecError(f"{where}.{kind} must be [low, high] numbers with low < high; got {shown(vals)}")
     if kind == "int" and not all(isinstance(v, int) for v in vals):
-        raise SpecError(f"{where}.int bounds must be integers; got {vals}")
+        raise SpecError(f"{where}.int bounds must be integers; got {shown(vals)}")
     if kind == "loguniform" and vals[0] <= 0:
-        raise SpecError(f"{where}.loguniform needs low > 0; got {vals}")
+        raise SpecError(f"{where}.loguniform needs low > 0; got {shown(vals)}")
     return Param(keys, kind, tuple(vals))
 
 
@@ -474,7 +472,7 @@ def _health(value) -> dict[str, Any]:
         _known(section, tuple(f.name for f in fields(sections[rule])), f"health.{rule}.")
         bad = [k for k, v in section.items() if v is not None and not _is_num(v)]
         if bad:
-            raise SpecError(f"health.{rule}.{bad[0]} must be a number or null; got {section[bad[0]]!r}")
+            raise SpecError(f"health.{rule}.{bad[0]} must be a number or null; got {shown(section[bad[0]])}")
         try:
             sections[rule](**section)
         except ValueError as e:
@@ -491,7 +489,7 @@ def _seeds(value, adaptive: Adaptive | None = None) -> tuple[int, ...]:
         or not value
         or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)
     ):
-        raise SpecError(f"seeds must be a non-empty list of integers or {{adaptive: {{...}}}}; got {value!r}")
+        raise SpecError(f"seeds must be a non-empty list of integers or {{adaptive: {{...}}}}; got {shown(value)}")
     if len(set(value)) != len(value):
         raise SpecError(f"seeds lists a seed twice: {value}")
     return tuple(value)
@@ -517,7 +515,7 @@ def _adaptive(value) -> Adaptive | None:
     metric = a.get("metric", d["metric"])
     confidence = _number("seeds.adaptive.confidence", a.get("confidence", d["confidence"]), 0)
     if confidence >= 1:
-        raise SpecError(f"seeds.adaptive.confidence must be in (0, 1); got {confidence!r}")
+        raise SpecError(f"seeds.adaptive.confidence must be in (0, 1); got {shown(confidence)}")
     return Adaptive(
         key=compare["key"],
         baseline=compare["baseline"],
@@ -542,7 +540,7 @@ def _stop_when(value) -> tuple[tuple[str, float | None], ...]:
         elif isinstance(item, dict) and list(item) == ["ci_width_below"]:
             rules.append(("ci_width_below", _number(f"{where}.ci_width_below", item["ci_width_below"], 0)))
         else:
-            raise SpecError(f"{where}={item!r} is not a rule; allowed: {allowed}")
+            raise SpecError(f"{where}={shown(item)} is not a rule; allowed: {allowed}")
     return tuple(rules)
 
 
@@ -559,12 +557,14 @@ def _check_adaptive(spec: Spec) -> None:
     grid = {p.keys[0]: p for p in spec.space if p.kind == "grid" and len(p.keys) == 1}
     if a.key not in grid:
         raise SpecError(
-            f"seeds.adaptive.compare.key={a.key!r} is not a single-key grid entry of space; allowed: {', '.join(grid)}"
+            f"seeds.adaptive.compare.key={shown(a.key)} is not a single-key grid entry of space; "
+            f"allowed: {', '.join(grid)}"
         )
     values = grid[a.key].values
     if a.baseline not in values or len(values) < 2:
         raise SpecError(
-            f"seeds.adaptive.compare.baseline={a.baseline!r} must be one of space.{a.key}'s values {list(values)} "
+            f"seeds.adaptive.compare.baseline={shown(a.baseline)} must be one of space.{a.key}'s values "
+            f"{shown(list(values))} "
             "(which need at least one other value to compare)"
         )
 
@@ -627,7 +627,9 @@ def check(spec: Spec) -> Spec:
     if spec.experiment is None and not any("experiment" in p.keys for p in spec.space):
         raise SpecError(f"base.experiment is required (allowed: {', '.join(build.presets())})")
     if spec.experiment is not None and spec.experiment not in build.presets():
-        raise SpecError(f"base.experiment={spec.experiment!r} is not a preset; allowed: {', '.join(build.presets())}")
+        raise SpecError(
+            f"base.experiment={shown(spec.experiment)} is not a preset; allowed: {', '.join(build.presets())}"
+        )
     plain = build.compose([f"experiment={spec.experiment}"] if spec.experiment else [])
     for key, value in spec.overrides.items():
         _check_key(f"base.overrides.{key}", key, groups, [value], plain)
@@ -639,7 +641,7 @@ def check(spec: Spec) -> Spec:
             if p.kind in ("uniform", "loguniform") and isinstance(node, int) and not isinstance(node, bool):
                 raise SpecError(f"space.{p.name}: {key} is an integer; use int: [low, high]")
             if p.kind in ("uniform", "loguniform", "int") and not _is_num(node):
-                raise SpecError(f"space.{p.name}: {key}={node!r} is not numeric; use grid or choice")
+                raise SpecError(f"space.{p.name}: {key}={shown(node)} is not numeric; use grid or choice")
     iterations, tasks = set(), set()
     for point in _check_points(spec.space):
         where = "space point " + ", ".join(f"{k}={v}" for k, v in point.items())
@@ -671,7 +673,7 @@ def _check_key(where: str, key: str, groups: dict, values: list, base):
     if key in groups:
         bad = [v for v in values if v not in groups[key]]
         if bad:
-            raise SpecError(f"{where}: {bad[0]!r} is not a {key} option; allowed: {', '.join(groups[key])}")
+            raise SpecError(f"{where}: {shown(bad[0])} is not a {key} option; allowed: {', '.join(groups[key])}")
         return None
     from omegaconf import DictConfig, OmegaConf
 
@@ -679,7 +681,7 @@ def _check_key(where: str, key: str, groups: dict, values: list, base):
     if node is _ABSENT:
         near = difflib.get_close_matches(key, _leaves(OmegaConf.to_container(base)) + list(groups), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(near)}?" if near else f"; config groups: {', '.join(groups)}"
-        raise SpecError(f"{where}: unknown config key {key!r}{hint}")
+        raise SpecError(f"{where}: unknown config key {shown(key)}{hint}")
     if isinstance(node, DictConfig) and is_dataclass(OmegaConf.get_type(node)):  # a section, not a dict value
         raise SpecError(
             f"{where}: {key} is a config section; vary one of its keys: {', '.join(f'{key}.{k}' for k in node)}"
@@ -764,12 +766,12 @@ def _check_metric(metric: str, tasks: set[str]) -> None:
     missing = [t for t, keys in per_task.items() if key not in keys]
     if key.startswith(("eval/", "eval_anchor/")) and missing and len(missing) < len(tasks):
         raise SpecError(
-            f"metric={metric!r} is not logged by trials with task {', '.join(sorted(missing))}; a sweep over "
+            f"metric={shown(metric)} is not logged by trials with task {', '.join(sorted(missing))}; a sweep over "
             "several tasks must optimise a metric every task logs (e.g. train/reward), or be split per task"
         )
     near = difflib.get_close_matches(key, sorted(allowed), n=3, cutoff=0.5)
     raise SpecError(
-        f"metric={metric!r} is not a metric the runs log (docs/run-record.md)"
+        f"metric={shown(metric)} is not a metric the runs log (docs/run-record.md)"
         + (f"; did you mean {', '.join(near)}?" if near else "")
         + f" Allowed: {', '.join(sorted(allowed))}, each also as best_<key>"
     )
@@ -777,7 +779,7 @@ def _check_metric(metric: str, tasks: set[str]) -> None:
 
 def _metric_syntax(value) -> str:
     if not isinstance(value, str) or not value:
-        raise SpecError(f"metric must be a metric key such as eval/math_tiny/acc; got {value!r}")
+        raise SpecError(f"metric must be a metric key such as eval/math_tiny/acc; got {shown(value)}")
     return value
 
 
@@ -853,8 +855,7 @@ def _fmt(v) -> str:
 
 def _mapping(value, where: str) -> dict:
     if not isinstance(value, dict):
-        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        raise SpecError(f"{where} must be a mapping; got {type(value).__name__}: {shown}")
+        raise SpecError(f"{where} must be a mapping; got {type(value).__name__}: {shown(value, 60)}")
     return value
 
 
@@ -871,7 +872,7 @@ def _known(data: dict, allowed, prefix: str) -> None:
 
 def _one_of(where: str, value, allowed) -> str:
     if value not in allowed:
-        raise SpecError(f"{where}={value!r} is not allowed; allowed values: {', '.join(allowed)}")
+        raise SpecError(f"{where}={shown(value)} is not allowed; allowed values: {', '.join(allowed)}")
     return value
 
 
@@ -881,7 +882,7 @@ def _is_num(v) -> bool:
 
 def _int(where: str, value, low: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise SpecError(f"{where} must be an integer >= {low}; got {value!r}")
+        raise SpecError(f"{where} must be an integer >= {low}; got {shown(value)}")
     return value
 
 
@@ -890,6 +891,7 @@ def _number(where: str, value, low: float, none_ok: bool = False, zero_ok: bool 
         return None
     if not _is_num(value) or value < low or (value == low and not zero_ok):
         raise SpecError(
-            f"{where} must be a number {'>=' if zero_ok else '>'} {low:g}{' or null' if none_ok else ''}; got {value!r}"
+            f"{where} must be a number {'>=' if zero_ok else '>'} {low:g}{' or null' if none_ok else ''}; "
+            f"got {shown(value)}"
         )
     return float(value)

@@ -9,19 +9,25 @@
                                         `HTTPRetriever`
     experiments/retrieval/cli.py        `emapg retriever serve|index`
 
-Dependencies point one way: bm25, dense and service import only this module; cli imports them
-(and, for `serve --task`, the task registry); a task (search_tiny, search) imports bm25 or service.
+Dependencies point one way: bm25, dense and service import only this module (which imports
+experiments.errors for its messages); cli imports them (and, for `serve --task`, the task
+registry); a task (search_tiny, search) imports bm25 or service.
 
 The local trainer can call `BM25Retriever` in process; the verl backend (and anyone running the
 retriever on another machine) needs a service, so the same retriever is served over HTTP with the
 request/response shape of Search-R1's retrieval server:
 
     emapg retriever serve --task search_tiny --port 8000        # host defaults to 127.0.0.1
+    emapg retriever serve --task search_tiny --host 0.0.0.0 --allow-remote   # other machines: set a token
     emapg retriever serve --corpus wiki-18.jsonl --port 8000    # BM25 over a local corpus file
     emapg retriever serve --corpus wiki-18.jsonl --retriever e5 --index e5_Flat.index   # Search-R1's setup
     emapg retriever index --corpus wiki-18.jsonl --out e5_Flat.index    # encode once, serve with --index
     POST /retrieve  {"queries": ["Bara Kovin"], "topk": 3}  ->  {"result": [["passage", ...]]}
     GET  /health    -> {"status": "ok", "num_docs": 1234}
+
+With EMAPG_RETRIEVER_TOKEN set (or --token), every request needs `Authorization: Bearer <token>`
+(401), which `HTTPRetriever` sends from the same variable. A request's body size, query count and
+topk are bounded (413 / 422; `service.Limits`, flags --max-body-bytes, --max-queries, --max-topk).
 
 The dense retriever is the paper's (Search-R1's). `--index` reads a prebuilt FAISS index such as
 Search-R1's `e5_Flat.index` instead of encoding the corpus (encoding wiki-18's 21M passages takes
@@ -38,6 +44,8 @@ import json
 import os
 from collections.abc import Sequence
 from typing import Protocol
+
+from experiments.errors import undecodable
 
 
 class Retriever(Protocol):
@@ -65,18 +73,21 @@ def load_corpus(path: str) -> list[str]:
     """Passages of a corpus file: JSONL objects with a "contents" field, or one passage per text line."""
     path = check_file("--corpus", path)
     passages = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            if path.endswith((".jsonl", ".json")):
-                try:
-                    passages.append(str(json.loads(line)["contents"]))
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise ValueError(f"{path}:{i}: expected a JSON object with a 'contents' field") from None
-            else:
-                passages.append(line)
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                line = line.rstrip("\n")
+                if not line.strip():
+                    continue
+                if path.endswith((".jsonl", ".json")):
+                    try:
+                        passages.append(str(json.loads(line)["contents"]))
+                    except (json.JSONDecodeError, KeyError, TypeError):
+                        raise ValueError(f"{path}:{i}: expected a JSON object with a 'contents' field") from None
+                else:
+                    passages.append(line)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--corpus {path!r}: {undecodable(e)}; a corpus is JSONL or plain text") from None
     if not passages:
         raise ValueError(f"--corpus {path!r} holds no passages")
     return passages

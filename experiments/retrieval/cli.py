@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import sys
 from collections.abc import Sequence
 
-import yaml
-
+from experiments import user_yaml
 from experiments.retrieval import check_file, load_corpus
 from experiments.retrieval.bm25 import BM25Retriever
-from experiments.retrieval.service import DEFAULT_HOST, serve
+from experiments.retrieval.service import DEFAULT_HOST, TOKEN_ENV, Limits, bind, configured_token, is_loopback, serve
 
 DESCRIPTION = "Retrieval for search tasks: one interface, BM25 and e5 dense retrievers, an HTTP server/client pair."
 
 
 RETRIEVERS = ("bm25", "e5")
 E5_FLAGS = ("model", "index", "batch_size")  # argparse dests that apply to --retriever e5 only
+LIMITS = Limits()  # the defaults of --max-body-bytes, --max-queries, --max-topk
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,6 +36,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive_int, help="e5 only: texts per encoder batch (default: 64)")
     p.add_argument("--host", default=DEFAULT_HOST, help="bind address (default: loopback only)")
     p.add_argument("--port", type=_port, default=8000, help="TCP port, 0-65535 (0: any free port; default 8000)")
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a --host other than loopback (reachable from other machines: give it a token)",
+    )
+    p.add_argument(
+        "--token",
+        help=f"require 'Authorization: Bearer <token>' on every request (default: ${TOKEN_ENV}, which is "
+        "better: a flag shows in the process list; clients send the variable's value)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=LIMITS.max_body_bytes,
+        help=f"largest request body, else 413 (default {LIMITS.max_body_bytes})",
+    )
+    p.add_argument(
+        "--max-queries",
+        type=_positive_int,
+        default=LIMITS.max_queries,
+        help=f"most queries in one POST /retrieve, else 422 (default {LIMITS.max_queries})",
+    )
+    p.add_argument(
+        "--max-topk",
+        type=_positive_int,
+        default=LIMITS.max_topk,
+        help=f"largest topk of a POST /retrieve, else 422 (default {LIMITS.max_topk})",
+    )
     p.add_argument("knobs", nargs="*", metavar="knob=value", help="task knobs, e.g. n_people=300")
     p = sub.add_parser("index", help="encode a corpus file with e5 and write a FAISS IndexFlatIP (needs faiss)")
     p.add_argument("--corpus", required=True, help="JSONL with 'contents', or one passage per line")
@@ -58,6 +88,14 @@ def _check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
     if args.index is not None:
         check_file("--index", args.index)
         _require_faiss()
+    if not args.allow_remote and not is_loopback(args.host):
+        raise ValueError(
+            f"--host {args.host} is not a loopback address: the retriever would be reachable from other "
+            f"machines; add --allow-remote (and set {TOKEN_ENV}), or leave --host at {DEFAULT_HOST}"
+        )
+    token = configured_token(args.token)
+    if token is not None and not re.fullmatch(r"[!-~]+", token):
+        raise ValueError(f"--token / ${TOKEN_ENV}: must be printable ASCII without spaces (it goes in an HTTP header)")
 
 
 def _check_index_args(args: argparse.Namespace) -> None:
@@ -109,24 +147,52 @@ def main(argv: Sequence[str] | None = None) -> None:
         key, sep, value = item.partition("=")
         if not sep:
             parser.error(f"knob {item!r} must look like key=value")
-        knobs[key] = yaml.safe_load(value)  # "300" -> 300, "0.5" -> 0.5, "abc" -> "abc"
+        try:
+            knobs[key] = user_yaml.loads(value)  # "300" -> 300, "0.5" -> 0.5, "abc" -> "abc"
+        except ValueError as e:
+            raise ValueError(f"knob {key}=...: {e}") from None
+    sock = bind(args.host, args.port)  # the port is checked (and held) before anything is loaded or announced
+    try:
+        env, what = _retriever(args, knobs)
+    except BaseException:
+        sock.close()
+        raise
+    token = configured_token(args.token)
+    port = sock.getsockname()[1]
+    if not is_loopback(args.host):
+        print(f"emapg retriever: warning: {_remote_warning(args.host, port, token)}", file=sys.stderr, flush=True)
+    url_host = f"[{args.host}]" if ":" in args.host else args.host
+    print(
+        f"serving {what} ({len(env.docs)} passages) on http://{url_host}:{port}"
+        + (" (requests need the token)" if token else ""),
+        flush=True,
+    )
+    limits = Limits(max_body_bytes=args.max_body_bytes, max_queries=args.max_queries, max_topk=args.max_topk)
+    serve(env, sock, limits=limits, token=token)
+
+
+def _retriever(args: argparse.Namespace, knobs: dict):
+    """(the retriever `serve` serves, what it serves in words)."""
     if args.retriever == "e5":
         from experiments.retrieval.dense import DenseRetriever
 
         env = DenseRetriever(load_corpus(args.corpus), index_path=args.index, **_dense_kwargs(args))
-        what = f"{args.corpus} with e5 ({env.backend} search)"
-    elif args.corpus:
-        env, what = BM25Retriever(load_corpus(args.corpus)), args.corpus
-    else:
-        from experiments.tasks import get_task
+        return env, f"{args.corpus} with e5 ({env.backend} search)"
+    if args.corpus:
+        return BM25Retriever(load_corpus(args.corpus)), args.corpus
+    from experiments.tasks import get_task
 
-        env, what = get_task(args.task).make_env(**knobs), args.task
-        if env is None or not hasattr(env, "docs"):
-            raise ValueError(
-                f"task {args.task!r} has no local corpus to serve; use --task search_tiny or --corpus FILE"
-            )
-    print(f"serving {what} ({len(env.docs)} passages) on http://{args.host}:{args.port}", flush=True)
-    serve(env, args.host, args.port)
+    env = get_task(args.task).make_env(**knobs)
+    if env is None or not hasattr(env, "docs"):
+        raise ValueError(f"task {args.task!r} has no local corpus to serve; use --task search_tiny or --corpus FILE")
+    return env, args.task
+
+
+def _remote_warning(host: str, port: int, token: str | None) -> str:
+    reach = f"--host {host}: the retriever on port {port} is reachable from other machines"
+    if token:
+        return f"{reach}; every request must carry the token"
+    return f"{reach} and anyone reaching it can query it; set {TOKEN_ENV} (server and clients) to require a token"
 
 
 if __name__ == "__main__":

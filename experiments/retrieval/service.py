@@ -1,28 +1,63 @@
 """The retrieval HTTP service: a server for any `Retriever` and its client, with the request and
-response shape of Search-R1's retrieval server (POST /retrieve, GET /health; see experiments.retrieval)."""
+response shape of Search-R1's retrieval server (POST /retrieve, GET /health; see experiments.retrieval).
+
+What one request may ask is bounded (`Limits`; its field defaults are `emapg retriever serve`'s):
+a body over `max_body_bytes` is answered 413 (refused on its Content-Length, or as soon as the
+streamed body passes the limit, without reading the rest), more than `max_queries` queries or a
+topk outside 1..`max_topk` 422, each with a message naming the flag. With a token (`--token`, or
+the environment variable `TOKEN_ENV`), every request must carry ``Authorization: Bearer <token>``
+(else 401); the client `HTTPRetriever` sends the token of that variable when it is set.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hmac
+import ipaddress
+import json
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from experiments.retrieval import Retriever, check_k
 
 DEFAULT_HOST = "127.0.0.1"
+TOKEN_ENV = "EMAPG_RETRIEVER_TOKEN"
+"""The environment variable holding the retriever's token: read by `emapg retriever serve` (unless
+--token is given) and by every client (`HTTPRetriever`: the search task, the verl agent loop, emapg eval)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask of the server; the field defaults are `emapg retriever serve`'s."""
+
+    max_body_bytes: int = 8 * 2**20  # a request body: 413 beyond (--max-body-bytes)
+    max_queries: int = 4096  # queries in one POST /retrieve: 422 beyond (--max-queries)
+    max_topk: int = 100  # topk of a POST /retrieve: 422 outside 1..max_topk (--max-topk)
+
+
+def configured_token(given: str | None = None) -> str | None:
+    """`given`, else the value of $EMAPG_RETRIEVER_TOKEN; None when neither is set (or both are empty)."""
+    return given or os.environ.get(TOKEN_ENV) or None
 
 
 class HTTPRetriever:
-    """Client for a retrieval server started by `serve` (or Search-R1-compatible ones)."""
+    """Client for a retrieval server started by `serve` (or Search-R1-compatible ones). It sends the token
+    `token`, else that of $EMAPG_RETRIEVER_TOKEN, when there is one."""
 
-    def __init__(self, url: str, timeout: float = 30.0):
+    def __init__(self, url: str, timeout: float = 30.0, token: str | None = None):
         import httpx
 
         self.url = url.rstrip("/")
-        self._client = httpx.Client(timeout=timeout)
+        token = configured_token(token)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(timeout=timeout, headers=headers)
 
     def search(self, query: str, k: int = 3) -> list[str]:
         return self.batch_search([query], k)[0]
@@ -46,62 +81,188 @@ class HTTPRetriever:
 
 
 class RetrieveRequest(BaseModel):
-    """Body of POST /retrieve (Search-R1's field names)."""
+    """Body of POST /retrieve (Search-R1's field names); `request_problem` checks it against `Limits`."""
 
     queries: list[str]
-    topk: int = Field(default=3, ge=1, le=100)
+    topk: int = 3
 
 
-def make_app(retriever: Retriever, num_docs: int | None = None):
-    """The FastAPI app serving `retriever` (POST /retrieve, GET /health)."""
-    from fastapi import FastAPI
+def request_problem(n_queries: int, topk: int, limits: Limits) -> str | None:
+    """Why a POST /retrieve of `n_queries` queries and `topk` asks too much (answered 422), or None."""
+    if n_queries > limits.max_queries:
+        return f"{n_queries} queries in one request; at most {limits.max_queries} (emapg retriever serve --max-queries)"
+    if not 1 <= topk <= limits.max_topk:
+        return f"topk={topk}; allowed: 1..{limits.max_topk} (emapg retriever serve --max-topk)"
+    return None
+
+
+def authorized(header: bytes | None, token: str) -> bool:
+    """Whether an Authorization header value carries `token` (compared in constant time)."""
+    return header is not None and hmac.compare_digest(header, f"Bearer {token}".encode())
+
+
+def make_app(retriever: Retriever, num_docs: int | None = None, limits: Limits = Limits(), token: str | None = None):
+    """The ASGI app serving `retriever` (POST /retrieve, GET /health), behind `guarded`."""
+    from fastapi import FastAPI, HTTPException
 
     app = FastAPI(title="emapg retriever")
 
     @app.post("/retrieve")
     def retrieve(request: RetrieveRequest) -> dict:
+        problem = request_problem(len(request.queries), request.topk, limits)
+        if problem:
+            raise HTTPException(status_code=422, detail=problem)
         return {"result": retriever.batch_search(request.queries, request.topk)}
 
     @app.get("/health")
     def health() -> dict:
         return {"status": "ok", "num_docs": num_docs}
 
-    return app
+    return guarded(app, limits, token)
 
 
-def _server(retriever: Retriever, host: str, port: int):
+def guarded(app, limits: Limits, token: str | None):
+    """`app` behind the token (401 without it) and the body limit (413): a request is refused on its
+    headers when it can be, and its body is read up to `limits.max_body_bytes` at most, never further."""
+    too_big = f"request body over {limits.max_body_bytes} bytes (emapg retriever serve --max-body-bytes)"
+    no_token = f"missing or wrong token: send 'Authorization: Bearer <token>' (clients read ${TOKEN_ENV})"
+
+    async def guard(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if token and not authorized(headers.get(b"authorization"), token):
+            await _refuse(send, 401, no_token, [(b"www-authenticate", b"Bearer")])
+            return
+        length = headers.get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > limits.max_body_bytes:
+            await _refuse(send, 413, too_big)
+            return
+        body = await _read_body(receive, limits.max_body_bytes)
+        if body is None:
+            await _refuse(send, 413, too_big)
+            return
+        await app(scope, _replay(body, receive), send)
+
+    return guard
+
+
+async def _read_body(receive, limit: int) -> bytes | None:
+    """The request body, read chunk by chunk; None as soon as it passes `limit` bytes (the rest unread)."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """An ASGI `receive` that hands the app the body read already, then the connection's own events."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay():
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+async def _refuse(send, status: int, detail: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    """A JSON {"detail": ...} response that closes the connection (whatever the client still sends is unread)."""
+    body = json.dumps({"detail": detail}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` names is a loopback one (127.0.0.0/8, ::1); ValueError naming --host
+    when it is neither an address nor a name this machine resolves."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        raise ValueError(f"--host {host!r}: not an address, nor a name this machine resolves") from None
+    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` (0: any free port) for `serve`; ValueError naming --port when the
+    port is in use, or --host when the address cannot be had, before anything is served."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart reuses its port
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ValueError(
+                f"--port {port}: in use on {host} (another server listens there); pick another, or --port 0"
+            ) from None
+        raise ValueError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
+    return sock
+
+
+def _server(retriever: Retriever, limits: Limits, token: str | None):
     import uvicorn
 
     num_docs = len(retriever.docs) if hasattr(retriever, "docs") else None
-    config = uvicorn.Config(make_app(retriever, num_docs), host=host, port=port, log_level="warning")
+    config = uvicorn.Config(make_app(retriever, num_docs, limits, token), log_level="warning")
     return uvicorn.Server(config)
 
 
-def serve(retriever: Retriever, host: str = DEFAULT_HOST, port: int = 8000) -> None:
-    """Serve `retriever` over HTTP until interrupted (blocking)."""
-    _server(retriever, host, port).run()
+def serve(retriever: Retriever, sock: socket.socket, limits: Limits = Limits(), token: str | None = None) -> None:
+    """Serve `retriever` on the socket `bind` returned, until interrupted (blocking)."""
+    _server(retriever, limits, token).run(sockets=[sock])
 
 
 @contextlib.contextmanager
 def running_server(
-    retriever: Retriever, host: str = DEFAULT_HOST, port: int = 0, startup_timeout: float = 10.0
+    retriever: Retriever,
+    host: str = DEFAULT_HOST,
+    port: int = 0,
+    startup_timeout: float = 10.0,
+    limits: Limits = Limits(),
+    token: str | None = None,
 ) -> Iterator[str]:
     """Serve `retriever` in a background thread; yields its base URL and shuts it down on exit.
 
     `port=0` lets the OS pick a free port.
     """
-    server = _server(retriever, host, port)
-    thread = threading.Thread(target=server.run, daemon=True)
+    sock = bind(host, port)
+    server = _server(retriever, limits, token)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + startup_timeout
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
+            sock.close()
             raise RuntimeError(f"retriever server did not start on {host}:{port}")
         time.sleep(0.02)
-    bound_port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://{host}:{bound_port}"
+        yield f"http://{host}:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout=startup_timeout)
+        sock.close()

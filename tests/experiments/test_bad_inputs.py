@@ -78,6 +78,9 @@ CASES = [
     (["sweep", "{tmp}/health_value.yaml", "--dry-run"], ["health_value.yaml", "health.kl_spike.factor must be > 1"]),
     (["sweep", "{tmp}/health_rule.yaml", "--dry-run"], ["unknown key health.entropy", "did you mean"]),
     (["sweep", "{tmp}/health_base.yaml", "--dry-run"], ["base.overrides.health.kl_spike.factor", "`health:` key"]),
+    (["sweep", "{tmp}/binary.yaml", "--dry-run"], ["binary.yaml", "not a text file"]),
+    (["sweep", "{tmp}/empty", "--dry-run"], ["empty", "is a directory"]),
+    (["sweep", "{tmp}/alias.yaml", "--dry-run"], ["alias.yaml", "line 4", "alias *n", "not allowed"]),
     # ---- emapg report
     (["report", "{tmp}/nope", "--out", "{tmp}/out"], ["not a directory", "nope"]),
     (["report", "{tmp}/a_file", "--out", "{tmp}/out"], ["a_file"]),
@@ -106,10 +109,14 @@ CASES = [
     (["retriever", "serve", "--task", "nope"], ["unknown task 'nope'"]),
     (["retriever", "serve", "--corpus", "{tmp}/nope.jsonl"], ["--corpus", "nope.jsonl"]),
     (["retriever", "index", "--corpus", "{tmp}/nope.jsonl", "--out", "{tmp}/i"], ["--corpus", "nope.jsonl"]),
+    (["retriever", "serve", "--corpus", "{tmp}/binary.yaml"], ["--corpus", "binary.yaml", "not a text file"]),
+    (["retriever", "index", "--corpus", "{tmp}/binary.yaml", "--out", "{tmp}/i"], ["--corpus", "not a text file"]),
     # ---- emapg cluster
     (["cluster", "submit"], ["give a sweep spec"]),
     (["cluster", "slurm", "--site", "{tmp}/site.yaml", "--nodes", "0"], ["--nodes must be >= 1"]),
     (["cluster", "slurm", "--site", "{tmp}/nope.yaml"], ["nope.yaml"]),
+    (["cluster", "slurm", "--site", "{tmp}/alias_site.yaml"], ["alias_site.yaml", "alias *g", "not allowed"]),
+    (["cluster", "slurm", "--site", "{tmp}/binary.yaml"], ["binary.yaml", "not a text file"]),
     (["cluster", "list", "--address", "not-a-url"], ["not-a-url"]),
 ]
 
@@ -169,6 +176,12 @@ def _setup(tmp) -> None:
     _spec(tmp / "health_rule.yaml", "health_rule", space, health={"entropy": {"floor": 0.1}})
     _spec(tmp / "health_base.yaml", "health_base", space, overrides={"health.kl_spike.factor": 3})
     (tmp / "site.yaml").write_text(yaml.safe_dump({"gpus_per_node": 8, "cpus_per_node": 64}))
+    (tmp / "alias_site.yaml").write_text("partition: p\ntime: 1:00:00\ngpus_per_node: &g 8\ncpus_per_node: *g\n")
+    (tmp / "binary.yaml").write_bytes(b"name: x\n\xf8\xff\x00\x01 not text")
+    (tmp / "alias.yaml").write_text(
+        "name: alias\nmetric: train/reward\nspace: {algo.anchor.tau: {grid: [1.0, 0.9]}}\n"
+        "base: {experiment: math_tiny_ema_pg, overrides: {trainer.iterations: &n 2, trainer.eval_every: *n}}\n"
+    )
 
 
 def _spec(path, name: str, space: dict, overrides: dict | None = None, **top) -> None:
@@ -218,6 +231,20 @@ def test_a_bug_keeps_its_traceback(monkeypatch, capsys):
     monkeypatch.setitem(cli.COMMANDS, "report", broken)
     assert main(["report"]) == 1
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_a_message_is_printed_at_most_message_chars_long(monkeypatch, capsys):
+    """Whatever an error's text holds, the one error path prints a bounded line (errors.MESSAGE_CHARS)."""
+    import experiments.cli as cli
+    from experiments.errors import MESSAGE_CHARS
+
+    def huge(argv):
+        raise ValueError(f"value {'x' * 10**6} is not allowed")
+
+    monkeypatch.setitem(cli.COMMANDS, "report", huge)
+    assert main(["report"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) <= MESSAGE_CHARS + 100 and "more characters" in err, err[:300]
 
 
 def test_the_message_is_json_safe_for_a_bad_corpus_line(tmp_path, capsys):

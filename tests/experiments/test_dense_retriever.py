@@ -176,7 +176,7 @@ def test_cli_index_then_serve_with_index_matches_in_process(tiny, tmp_path, monk
     out = str(tmp_path / "e5_Flat.index")
     main(["index", "--corpus", corpus, "--out", out, "--model", tiny[0], "--batch-size", "3"])
     served = []
-    monkeypatch.setattr(cli, "serve", lambda env, host, port: served.append(env))
+    monkeypatch.setattr(cli, "serve", lambda env, sock, **kw: served.append(env))
     main(["serve", "--corpus", corpus, "--retriever", "e5", "--model", tiny[0], "--index", out, "--port", "0"])
     (env,) = served
     assert env.backend == "faiss"
@@ -234,8 +234,10 @@ def test_cli_serves_e5_over_a_corpus_file_on_loopback(tiny, tmp_path, monkeypatc
     corpus = _write_jsonl(tmp_path / "wiki-18.jsonl", DOCS)
     answers = []
 
-    def serve_and_ask(env, host, port):  # what `serve` would do, in a background thread, then one request
-        with running_server(env, host=host, port=0) as url:
+    def serve_and_ask(env, sock, **kw):  # what `serve` would do, in a background thread, then one request
+        host = sock.getsockname()[0]
+        sock.close()
+        with running_server(env, host=host, port=0, **kw) as url:
             assert url.startswith("http://127.0.0.1:")
             health = httpx.get(f"{url}/health").json()
             body = httpx.post(f"{url}/retrieve", json={"queries": QUERIES, "topk": 3}).json()

@@ -84,9 +84,9 @@ def test_cli_serves_bm25_over_a_corpus_file(tmp_path, monkeypatch):
         + "\n"
     )
     served = []
-    monkeypatch.setattr(cli, "serve", lambda env, host, port: served.append((env, host, port)))
+    monkeypatch.setattr(cli, "serve", lambda env, sock, **kw: served.append((env, sock.getsockname()[0])))
     main(["serve", "--corpus", str(wiki), "--port", "0"])
-    ((env, host, _),) = served
+    ((env, host),) = served
     assert host == "127.0.0.1" and len(env.docs) == 2
     assert env.search("where is the eiffel tower", k=1) == ['"Eiffel Tower"\nThe Eiffel Tower is in Paris.']
     lines = tmp_path / "passages.txt"
@@ -100,3 +100,135 @@ def test_cli_serves_bm25_over_a_corpus_file(tmp_path, monkeypatch):
         main(["serve", "--corpus", str(tmp_path / "missing.jsonl")])
     with pytest.raises(SystemExit):  # knobs belong to --task
         main(["serve", "--corpus", str(wiki), "n_people=3"])
+
+
+# ---------------------------------------------------------------- limits, token, bind address, port
+
+
+def test_limits_answer_413_and_422_with_a_message():
+    from experiments.retrieval.service import Limits
+
+    limits = Limits(max_body_bytes=2000, max_queries=5, max_topk=10)
+    with running_server(BM25Retriever(DOCS), port=0, limits=limits) as url:
+        ok = httpx.post(f"{url}/retrieve", json={"queries": ["Tesmo"] * 5, "topk": 10})
+        assert ok.status_code == 200 and len(ok.json()["result"]) == 5
+        many = httpx.post(f"{url}/retrieve", json={"queries": ["Tesmo"] * 6, "topk": 3})
+        assert many.status_code == 422 and "6 queries" in many.text and "--max-queries" in many.text, many.text
+        for k in (0, 11):
+            bad_k = httpx.post(f"{url}/retrieve", json={"queries": ["Tesmo"], "topk": k})
+            assert bad_k.status_code == 422 and f"topk={k}" in bad_k.text and "1..10" in bad_k.text, bad_k.text
+        big = httpx.post(f"{url}/retrieve", json={"queries": ["x" * 5000], "topk": 3})
+        assert big.status_code == 413 and "2000 bytes" in big.text and "--max-body-bytes" in big.text, big.text
+        assert httpx.get(f"{url}/health").status_code == 200  # the server is still up
+
+
+def test_a_streamed_body_is_read_no_further_than_the_limit():
+    """Without Content-Length (chunked), reading stops at the first chunk past the limit: 413, the rest unread."""
+    import asyncio
+
+    from experiments.retrieval.service import Limits, guarded
+
+    reached = []
+
+    async def app(scope, receive, send):  # never reached
+        reached.append(scope)
+
+    read, sent = [], []
+
+    async def receive():  # an endless body of 1000-byte chunks
+        read.append(1)
+        return {"type": "http.request", "body": b"x" * 1000, "more_body": True}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/retrieve", "headers": []}
+    asyncio.run(guarded(app, Limits(max_body_bytes=5000), None)(scope, receive, send))
+    assert not reached and len(read) == 6
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
+
+
+def test_a_token_is_checked_on_every_request_and_the_client_sends_it(monkeypatch):
+    from experiments.retrieval.service import TOKEN_ENV
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with running_server(BM25Retriever(DOCS), port=0, token="s3cret-token") as url:
+        for response in (
+            httpx.get(f"{url}/health"),
+            httpx.post(f"{url}/retrieve", json={"queries": ["Tesmo"], "topk": 1}),
+            httpx.get(f"{url}/health", headers={"Authorization": "Bearer wrong"}),
+        ):
+            assert response.status_code == 401 and TOKEN_ENV in response.text, response.text
+            assert "s3cret-token" not in response.text
+        with pytest.raises(httpx.HTTPStatusError, match="401"):
+            HTTPRetriever(url).health()
+        monkeypatch.setenv(TOKEN_ENV, "s3cret-token")  # the search task's client (local and verl) reads it
+        from experiments.tasks import search
+
+        client = search.make_env(retriever_url=url)
+        assert client.health()["status"] == "ok"
+        assert client.search("Tesmo", k=1) == ["Tesmo is a city in Valdoria."]
+
+
+def _serve_calls(monkeypatch):
+    from experiments.retrieval import cli
+
+    served = []
+    monkeypatch.setattr(cli, "serve", lambda env, sock, **kw: served.append((sock.getsockname(), kw)))
+    return served
+
+
+def test_cli_refuses_a_remote_bind_address_without_allow_remote(monkeypatch, capsys):
+    from experiments.cli import main as emapg
+
+    served = _serve_calls(monkeypatch)
+    assert emapg(["retriever", "serve", "--host", "0.0.0.0", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--host 0.0.0.0" in err and "--allow-remote" in err, err
+    assert not served
+
+
+def test_cli_warns_on_a_remote_bind_address_and_passes_limits_and_token(monkeypatch, capsys):
+    import socket
+
+    from experiments.retrieval import cli
+    from experiments.retrieval.service import TOKEN_ENV
+
+    served = _serve_calls(monkeypatch)
+    bound = []
+
+    def fake_bind(host, port):  # nothing listens beyond loopback in the tests
+        bound.append(host)
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        return s
+
+    monkeypatch.setattr(cli, "bind", fake_bind)
+    monkeypatch.setenv(TOKEN_ENV, "from-the-env")
+    argv = ["serve", "--host", "0.0.0.0", "--allow-remote", "--port", "0", "--max-queries", "7", "--max-topk", "9"]
+    main(argv + ["--max-body-bytes", "12345"])
+    out, err = capsys.readouterr()
+    assert bound == ["0.0.0.0"] and "warning" in err and "0.0.0.0" in err and "other machines" in err, err
+    assert "from-the-env" not in out + err
+    ((_, kw),) = served
+    assert kw["token"] == "from-the-env"
+    assert (kw["limits"].max_queries, kw["limits"].max_topk, kw["limits"].max_body_bytes) == (7, 9, 12345)
+    main(["serve", "--port", "0", "--token", "from-the-flag"])  # the flag wins; loopback: no warning
+    out, err = capsys.readouterr()
+    assert served[-1][1]["token"] == "from-the-flag" and "warning" not in err and "from-the-flag" not in out + err
+
+
+def test_cli_names_a_port_in_use_before_serving(capsys):
+    import socket
+
+    from experiments.cli import main as emapg
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            raise SystemExit(emapg(["retriever", "serve", "--host", "127.0.0.1", "--port", str(port)]))
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and "serving" not in out, out + err
+    assert err.count("\n") == 1 and f"--port {port}" in err and "in use" in err, err

@@ -560,3 +560,75 @@ def test_vocab_size_reads_configs_only(tmp_path):
     assert build.vocab_size(build.compose([f"model.path={hf_dir(tmp_path, 77)}"])) == 77
     hub_id = build.compose(["experiment=search_r1_ema_pg", "model.path=no-such-org/no-such-model"])
     assert build.vocab_size(hub_id) is None  # not on this machine: verl downloads it, nothing to check here
+
+
+# ------------------------------------------------------------------ hostile files: aliases, bytes, directories
+def _bomb(levels: int = 9) -> str:
+    """A billion-laughs value in flow style: level i lists nine aliases of level i-1 (9**levels ones)."""
+    text = "[&l0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"
+    for i in range(1, levels):
+        text += f", &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]"
+    return text + "]"
+
+
+BOMB_SPEC = "name: bomb\nbase: BASE\nspace: {algo.anchor.tau: {grid: GRID}}\nseeds: SEEDS\nmetric: train/reward\n"
+PLAIN = {"BASE": "{experiment: math_tiny_ema_pg}", "GRID": "[1.0, 0.9]", "SEEDS": "[0]"}
+
+
+@pytest.mark.timeout(60)  # a guard: on a loader that expands the aliases this runs for minutes
+@pytest.mark.parametrize(
+    "where,value",
+    [
+        ("SEEDS", _bomb()),
+        ("GRID", _bomb()),
+        ("BASE", "{experiment: math_tiny_ema_pg, overrides: {trainer.iterations: " + _bomb() + "}}"),
+    ],
+    ids=["seeds", "grid", "base-overrides"],
+)
+def test_yaml_aliases_are_refused_before_validation(tmp_path, capsys, where, value):
+    text = BOMB_SPEC
+    for key, plain in {**PLAIN, where: value}.items():
+        text = text.replace(key, plain)
+    code, err, path = dry_run(tmp_path, capsys, text)
+    assert code == 2, err
+    assert err.startswith(f"emapg sweep: error: {path}: ") and err.count("\n") == 1, err
+    assert "alias *l0" in err and "line" in err and len(err) < 400, err
+
+
+def test_a_single_alias_is_refused_too(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(spec_yaml(seeds=[0, 1]).replace("seeds:", "seeds: &s") + "x_seeds: *s\n")
+    with pytest.raises(SpecError, match=r"s\.yaml: line \d+, column \d+: YAML alias \*s: aliases are not allowed"):
+        load(p)
+
+
+def test_binary_directory_and_broken_files_are_named_in_one_line(tmp_path, capsys):
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"name: x\n\xf8\xff\x00\x01 not text")
+    folder = tmp_path / "folder.yaml"
+    folder.mkdir()
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [x\nbase: {")
+    control = tmp_path / "control.yaml"
+    control.write_text("name: x\n\x00\x01 foo")
+    for path, words in (
+        (binary, ["not a text file", "byte 0xf8 at offset 8"]),
+        (folder, ["is a directory"]),
+        (broken, ["not valid YAML", "line 2, column 5"]),
+        (control, ["not valid YAML", "unacceptable character #x0000"]),
+    ):
+        assert cli.main([str(path), "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"emapg sweep: error: {path}: ") and err.count("\n") == 1, err
+        for w in words:
+            assert w in err, err
+
+
+def test_error_messages_bound_the_values_they_show():
+    """A value is shown at most errors.SHOWN_CHARS long, however large (here 2 MB of seeds)."""
+    from experiments.errors import SHOWN_CHARS
+
+    message = rejects(spec_with(seeds=["s" * 1000] * 2000), "seeds must be a non-empty list of integers")
+    assert len(message) < SHOWN_CHARS + 200, len(message)
+    message = rejects(spec_with(base=list(range(10**6))), "base must be a mapping")
+    assert len(message) < SHOWN_CHARS + 200, len(message)
