@@ -379,17 +379,20 @@ class _VerlFollower:
             self._watch()
 
     def _record(self, report: bool) -> None:
-        from experiments.verl_metrics import attempt_files, read_attempts, to_rows
+        from experiments.verl_metrics import attempt_files, read_consistent, stamp, to_rows
 
         if self.stopped:  # a health rule ended the run: nothing after its step is recorded
             return
-        stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in attempt_files(self.record.run_dir)]
-        if stamp == self._stamp:
+        if stamp(attempt_files(self.record.run_dir)) == self._stamp:
             return
-        self._stamp = stamp
-        rows = [(step, m) for step, m in to_rows(self.record.run_dir, self.task, self.greedy) if m]
-        live = set(read_attempts(attempt_files(self.record.run_dir)[-1:]))  # steps the newest attempt logged
-        changed = next((step for step, m in rows if step in self.logged and self.logged[step] != m), None)
+        read = read_consistent(self.record.run_dir)
+        if read is None:  # the files changed during every read: the next poll reads them
+            return
+        self._stamp, steps, live = read  # live: the steps the newest attempt logged
+        rows = [(step, m) for step, m in to_rows(self.record.run_dir, self.task, self.greedy, steps) if m]
+        # the first step that is new or changed below one already recorded: rewind to just before it
+        last = max(self.logged, default=-1)
+        changed = next((s for s, m in rows if s <= last and self.logged.get(s) != m), None)
         if changed is not None:
             self.record.rewind(changed - 1)
             self.logged = {s: m for s, m in self.logged.items() if s < changed}

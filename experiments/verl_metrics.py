@@ -144,7 +144,34 @@ def eval_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     return sorted(rows.values(), key=lambda r: (r["iteration"], r["model"] != "policy", r["benchmark"]))
 
 
-def to_rows(run_dir: str | Path, task: str, greedy: bool) -> list[tuple[int, dict[str, float]]]:
-    """(iteration, metrics) of every step in `run_dir`'s verl metrics files, in step order."""
-    steps = read_attempts(attempt_files(run_dir))
+def to_rows(
+    run_dir: str | Path, task: str, greedy: bool, steps: dict[int, dict[str, Any]] | None = None
+) -> list[tuple[int, dict[str, float]]]:
+    """(iteration, metrics) of every step in `run_dir`'s verl metrics files (or of `steps`, as read_attempts
+    gives them), in step order."""
+    steps = read_attempts(attempt_files(run_dir)) if steps is None else steps
     return [(step, convert(steps[step], task, greedy)) for step in sorted(steps)]
+
+
+def stamp(files: Iterable[Path]) -> list[tuple[str, int, int]]:
+    """(name, size, mtime) of each file: what changes when verl appends a line or an attempt rotates."""
+    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
+def read_consistent(run_dir: str | Path, tries: int = 20) -> tuple[list[tuple], dict[int, dict], set[int]] | None:
+    """(the files' stamp, read_attempts of them, the steps of the newest attempt's file) from a read during which
+    no file changed, or None after
+    `tries` reads that each raced a change. A new attempt renames the live file (``rotate``) and starts a new
+    one: a read that listed the files before that and read them after would take the new attempt for the old
+    one and miss the old one's steps."""
+    run_dir = Path(run_dir)
+    for _ in range(tries):
+        try:
+            files = attempt_files(run_dir)
+            before = stamp(files)
+            steps, newest = read_attempts(files), set(read_attempts(files[-1:]))
+            if stamp(attempt_files(run_dir)) == before:
+                return before, steps, newest
+        except FileNotFoundError:  # renamed between the listing and the read
+            pass
+    return None

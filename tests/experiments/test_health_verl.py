@@ -110,3 +110,33 @@ def test_verls_share_of_capped_responses_is_what_length_cap_reads():
 
     # verl 0.9.1's compute_data_metrics: mean of (response_length == max_response_length)
     assert convert({"response_length/clip_ratio": 0.25}, task="math", greedy=False) == {"train/len_capped": 0.25}
+
+
+def test_a_poll_that_races_a_new_attempt_reads_a_consistent_set_of_files(tmp_path, monkeypatch):
+    """verl rotates its metrics file when an attempt starts (rotate: the live file moves to .1, a new one is
+    written). A poll that listed the files before the rotation and read them after it would see the new attempt
+    under the live name and miss the old one (here: steps 2, 3 without step 1), then find step 1 on the next
+    poll, below what it had recorded (seen under load in `make test`: "iteration 1 <= 3")."""
+    import experiments.verl_metrics as vm
+
+    cfg = _cfg(tmp_path)
+    _write(tmp_path / FILE, [(1, TRAIN), (2, TRAIN), (3, TRAIN)])  # an earlier attempt
+    real, raced = vm.read_attempts, []
+
+    def racing(files):
+        if not raced:  # the new attempt starts between the listing and the reading of the files
+            raced.append(1)
+            rotate(tmp_path / FILE)
+            _write(tmp_path / FILE, [(2, {**TRAIN, "actor/grad_norm": 0.5}), (3, TRAIN)])
+        return real(files)
+
+    monkeypatch.setattr(vm, "read_attempts", racing)
+    with RunRecord.create(tmp_path, cfg) as record:
+        follower = _VerlFollower(record, cfg, None)
+        follower.poll(watch=False)
+        follower.poll(watch=False)
+    assert raced and [(r["iteration"], r["train/grad_norm"]) for r in read_metrics(tmp_path)] == [
+        (1, 0.4),
+        (2, 0.5),
+        (3, 0.4),
+    ]
