@@ -485,7 +485,7 @@ def main_report(argv: Sequence[str] | None = None) -> int:
                     f"no W&B runs matched project={a.wandb_project} group={a.wandb_group} tags={a.wandb_tag}"
                 )
             paths = report_frames(runs, metrics, a.out, source=f"W&B {a.wandb_project}", **kw)
-    except (FileNotFoundError, ValueError) as err:  # no records, corrupt record: a clear message
+    except (OSError, ValueError) as err:  # no records, corrupt record: a clear message
         p.error(str(err))
     print(f"wrote {len(paths)} files; open {Path(a.out) / 'index.html'}")
     return 0

@@ -66,10 +66,28 @@ def _train(argv: list[str]) -> int:
 
 
 def resume_command(argv: list[str], stop: RunInterrupted) -> str:
-    """The same `emapg train` command with resume=true and the run directory the stopped run used."""
+    """The same `emapg train` command with resume=true and the run directory the stopped run used, quoted twice:
+    for Hydra (a path with spaces or special characters) and for the shell."""
     keep = [a for a in argv if not a.startswith(("resume=", "run_dir="))]
     run_dir = getattr(stop, "run_dir", None)
-    return shlex.join(["emapg", "train", *keep, *([f"run_dir={run_dir}"] if run_dir else []), "resume=true"])
+    where = [_run_dir_override(str(run_dir))] if run_dir else []
+    return shlex.join(["emapg", "train", *keep, *where, "resume=true"])
+
+
+def _run_dir_override(path: str) -> str:
+    """run_dir=<path>, quoted for Hydra only where Hydra would not read the path back as it is."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from ema_pg_core.overrides import hydra_value
+
+    plain = f"run_dir={path}"
+    try:
+        (parsed,) = OverridesParser.create().parse_overrides([plain])
+        if parsed.value() == path:
+            return plain
+    except Exception:  # noqa: BLE001  Hydra's lexer refuses it: quote it
+        pass
+    return f"run_dir={hydra_value(path, quote=chr(34))}"
 
 
 def _pretrain(argv: list[str]) -> int:

@@ -16,6 +16,7 @@ the value), and ``handle`` prints every line of a message at most ``MESSAGE_CHAR
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import re
 import reprlib
@@ -108,6 +109,12 @@ def undecodable(exc: UnicodeDecodeError) -> str:
 
 
 USER_OS_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+PATH_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG, errno.EACCES})
+"""OS errors that say a path given is unusable (read-only, full, too long): the user's to fix, in one line."""
+
+
+def is_path_error(exc: BaseException) -> bool:
+    return isinstance(exc, USER_OS_ERRORS) or (isinstance(exc, OSError) and exc.errno in PATH_ERRNOS)
 
 
 def classify(exc: BaseException) -> tuple[str, int] | None:
@@ -126,7 +133,7 @@ def classify(exc: BaseException) -> tuple[str, int] | None:
         return f"error: {hydra_message(exc)}", 2
     if isinstance(exc, (ValueError, KeyError)) and not isinstance(exc, UnicodeError):
         return f"error: {_text(exc)}", 2
-    if isinstance(exc, USER_OS_ERRORS):
+    if is_path_error(exc):
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
         return f"error: {where}{exc.strerror or exc}", 2
     if isinstance(exc, ImportError) and exc.name is None:  # an optional extra that is not installed: the hint

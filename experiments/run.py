@@ -178,12 +178,14 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
     t0 = time.time()
     try:
         trainer.train()
+        final = Path(cfg.run_dir) / "final"
+        policy.save_pretrained(final / "policy")
+        tok.save_pretrained(final / "policy")
+        trainer.anchor.module.save_pretrained(final / "anchor")
+    except OSError as e:  # a full disk, a read-only or vanished directory: the run fails, saying where and why
+        raise RunFailed(f"cannot write {e.filename or cfg.run_dir}: {e.strerror or e}") from e
     finally:
         bar.close()
-    final = Path(cfg.run_dir) / "final"
-    policy.save_pretrained(final / "policy")
-    tok.save_pretrained(final / "policy")
-    trainer.anchor.module.save_pretrained(final / "anchor")
     return record.finish({"wandb_run_id": logger.wandb_run_id, "train_wall_time_s": time.time() - t0})
 
 

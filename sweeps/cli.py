@@ -18,7 +18,7 @@ import csv
 import sys
 from pathlib import Path
 
-from experiments.errors import bounded
+from experiments.errors import bounded, is_path_error
 from sweeps.spec import load, table
 
 
@@ -48,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         sweep_dir = run_sweep(spec, args.out, resume=args.resume, address=args.address, num_cpus=args.num_cpus)
     except ValueError as e:  # an invalid spec or sweep directory: one clear line
         print(bounded(f"emapg sweep: error: {e}"), file=sys.stderr)
+        return 2
+    except OSError as e:
+        if not is_path_error(e):
+            raise
+        print(bounded(f"emapg sweep: error: {e.filename or args.out}: {e.strerror or e}"), file=sys.stderr)
         return 2
     with open(Path(sweep_dir) / "sweep.csv", newline="", encoding="utf-8") as f:
         statuses = [row["status"] for row in csv.DictReader(f)]
