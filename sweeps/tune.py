@@ -207,12 +207,12 @@ def _restore(run_dir: Path, reporter: _Reporter) -> dict | None:
     from ema_pg_core.local import checkpoints
 
     ckpt = tune.get_checkpoint()
-    if ckpt is None:
+    meta = ckpt.get_metadata() if ckpt is not None else {}
+    if ckpt is None or _own_iteration(run_dir) > int(meta["iteration"]):  # Tune's is older than the run's own
         carry = _own_checkpoint(run_dir, reporter)
         if carry is None:
             shutil.rmtree(run_dir, ignore_errors=True)
         return carry
-    meta = ckpt.get_metadata()
     root = run_dir / "checkpoints"
     step = checkpoints.step_dir(root, int(meta["iteration"]))
     root.mkdir(parents=True, exist_ok=True)
@@ -228,6 +228,17 @@ def _restore(run_dir: Path, reporter: _Reporter) -> dict | None:
     return dict(meta.get("carry") or {})
 
 
+def _own_iteration(run_dir: Path) -> int:
+    """The iteration of the newest checkpoint in a run record's own directory; -1 without one (or no record)."""
+    from ema_pg_core.local import checkpoints
+    from experiments import records
+
+    steps = checkpoints.candidates(run_dir / "checkpoints")
+    if not steps or not (run_dir / records.CONFIG).is_file():
+        return -1
+    return int(steps[0].name.removeprefix("iter_"))
+
+
 def _own_checkpoint(run_dir: Path, reporter: _Reporter) -> dict | None:
     """The carried values at the run's own newest checkpoint, or None when the run has none.
 
@@ -235,13 +246,11 @@ def _own_checkpoint(run_dir: Path, reporter: _Reporter) -> dict | None:
     node) leaves a state without the trial's newest checkpoints, and ``--resume`` restarts the trial with none.
     The run directory still holds them (a checkpoint is complete before the run reports it), so the run
     resumes from there, and its record keeps every row up to that checkpoint."""
-    from ema_pg_core.local import checkpoints
     from experiments import records
 
-    steps = checkpoints.candidates(run_dir / "checkpoints")
-    if not steps or not (run_dir / records.CONFIG).is_file():
+    last = _own_iteration(run_dir)
+    if last < 0:
         return None
-    last = int(steps[0].name.removeprefix("iter_"))
     for row in records.read_metrics(run_dir):
         if row.get("iteration", last + 1) <= last:
             reporter.absorb(row)
