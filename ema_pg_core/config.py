@@ -199,6 +199,8 @@ class TrainerConfig:
     eval_n: int = 4
     """Samples per problem for pass@1 (mean accuracy over n samples); greedy is separate."""
     eval_temperature: float = 1.0
+    """Temperature of the n evaluation samples; 0 = greedy (argmax, so pass@1 = greedy accuracy), on both
+    backends (verl: val_kwargs.do_sample=false)."""
     save_every: int = 10
     """Checkpoint every this many iterations (and on SIGTERM/SIGINT); 0 = only at the end."""
     keep_checkpoints: int = 2

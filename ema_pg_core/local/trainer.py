@@ -141,13 +141,14 @@ class LocalTrainer:
     def _rollout(
         self, model, prompts: list[str], greedy=False, generator=None, temperature=None, stats_k=None
     ) -> list[Trajectory]:
+        """Trajectories of `model` for `prompts`: at `temperature` (None: rollout.temperature; 0: greedy)."""
         r = self.cfg.rollout
         return rollout(
             model,
             self.tok,
             prompts,
             max_new_tokens=r.max_new_tokens,
-            temperature=temperature or r.temperature,
+            temperature=r.temperature if temperature is None else temperature,
             top_p=1.0 if greedy else r.top_p,
             greedy=greedy,
             generator=generator,
@@ -317,7 +318,8 @@ class LocalTrainer:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self) -> tuple[dict, list[dict]]:
-        """Greedy accuracy and pass@1 (mean over eval_n samples) for the policy and the anchor."""
+        """Greedy accuracy and pass@1 (mean over eval_n samples at trainer.eval_temperature; 0 = greedy, so each
+        sample is the greedy answer) for the policy and the anchor."""
         tc, name = self.cfg.trainer, self.task.name
         exs = self.task.test[: tc.eval_size]
         metrics, rows, cache = {}, [], None
@@ -328,12 +330,15 @@ class LocalTrainer:
                 model.eval()
                 g = torch.Generator(device=self.device).manual_seed(self.cfg.seed * 1_000_003 + self.iteration)
                 greedy = self._rollout(model, [self.task.prompt(e) for e in exs], greedy=True)
-                sampled = self._rollout(
-                    model,
-                    [self.task.prompt(e) for e in exs for _ in range(tc.eval_n)],
-                    generator=g,
-                    temperature=tc.eval_temperature,
-                )
+                if tc.eval_temperature == 0:  # greedy samples: the greedy answers, n times (decoded once)
+                    sampled = [t for t in greedy for _ in range(tc.eval_n)]
+                else:
+                    sampled = self._rollout(
+                        model,
+                        [self.task.prompt(e) for e in exs for _ in range(tc.eval_n)],
+                        generator=g,
+                        temperature=tc.eval_temperature,
+                    )
                 res = cache = (
                     [self.task.evaluate(e, t.text) for e, t in zip(exs, greedy)],
                     np.array(

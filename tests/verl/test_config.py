@@ -205,6 +205,14 @@ def test_invalid_run_configs_fail_clearly(bad, match):
         to_verl(run)
 
 
+@pytest.mark.parametrize("temperature,sample", [(0.0, "false"), (0.6, "true")])
+def test_eval_temperature_zero_is_greedy_on_verl_too(temperature, sample):
+    """trainer.eval_temperature means the same on both backends: 0 = greedy (verl: do_sample=false)."""
+    o = _overrides(to_verl({"model": {"path": "m"}, "trainer": {"eval_temperature": temperature, "device": "cuda"}}))
+    assert o["actor_rollout_ref.rollout.val_kwargs.temperature"] == hydra_value(temperature)
+    assert o["actor_rollout_ref.rollout.val_kwargs.do_sample"] == sample
+
+
 def test_split_argv_and_formatting():
     args, section = split_argv(
         ["trainer.nnodes=2", "emapg.kl.type=topk_forward", "emapg.anchor.tau=0.95", "emapg.kl.iw_clip_high=null"]
