@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ema_pg_core.config import eval_problems, probe_prompts
 from ema_pg_core.local.trainer import LocalConfig
 from experiments import progress
 from experiments.schema import RunConfig, register
@@ -135,7 +136,10 @@ def validate(cfg: DictConfig) -> LocalConfig:
         raise ValueError(f"logger.name={cfg.logger.name!r} is not allowed; allowed values: wandb, none")
     if cfg.logger.mode not in ("offline", "online", "disabled"):
         raise ValueError(f"logger.mode={cfg.logger.mode!r} is not allowed; allowed values: offline, online, disabled")
+    OmegaConf.to_object(cfg.task), OmegaConf.to_object(cfg.model)  # each section validates itself
     local = local_config(cfg)
+    if cfg.backend.name == "local":  # eval and probe prompts come from the held-out split (verl: its val files)
+        eval_problems(local.trainer, int(cfg.task.test_size)), probe_prompts(local.trainer, int(cfg.task.test_size))
     OmegaConf.to_object(cfg.health)  # each rule's section validates itself (health.<rule>.<field> in the error)
     if cfg.health.kl_spike.factor is not None and cfg.algo.kl.coef == 0:  # a rule that could never fire
         raise ValueError(

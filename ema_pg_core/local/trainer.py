@@ -40,7 +40,15 @@ import torch
 
 from ema_pg_core.advantages import compute_advantages
 from ema_pg_core.anchor import EmaAnchor
-from ema_pg_core.config import AlgoConfig, OptimConfig, RolloutConfig, TrainerConfig
+from ema_pg_core.config import (
+    AlgoConfig,
+    OptimConfig,
+    RolloutConfig,
+    TrainerConfig,
+    check_batch_split,
+    check_seed,
+    eval_problems,
+)
 from ema_pg_core.kl import KLInputs, get_estimator
 from ema_pg_core.local import checkpoints
 from ema_pg_core.local.batch import Batch, check_model, collate, forward_stats, sampler_stats
@@ -70,6 +78,11 @@ class LocalConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     seed: int = 0
+    """In [0, ema_pg_core.config.SEED_MAX]."""
+
+    def __post_init__(self):
+        check_seed("seed", self.seed)
+        check_batch_split(self.rollout, self.trainer)
 
 
 class Interrupted(RuntimeError):
@@ -321,7 +334,7 @@ class LocalTrainer:
         """Greedy accuracy and pass@1 (mean over eval_n samples at trainer.eval_temperature; 0 = greedy, so each
         sample is the greedy answer) for the policy and the anchor."""
         tc, name = self.cfg.trainer, self.task.name
-        exs = self.task.test[: tc.eval_size]
+        exs = self.task.test[: eval_problems(tc, len(self.task.test))]
         metrics, rows, cache = {}, [], None
         for who, model in (("policy", self.policy), ("anchor", self.anchor.module)):
             if who == "anchor" and self.iteration == 0:

@@ -37,7 +37,7 @@ def test_presets_encode_the_paper_choices():
     "overrides,message",
     [
         (["task.name=chess"], "task.name='chess' is not a known task; allowed: "),
-        (["rollout.group_size=1"], "rollout.group_size must be >= 2 for GRPO"),
+        (["rollout.group_size=1"], "rollout.group_size must be an integer >= 2 for GRPO"),
         (["algo.anchor.tau=1.5"], r"algo.anchor.tau must be in \[0, 1\]"),
         (["algo.anchor.period=0"], "algo.anchor.period must be an integer >= 1"),
         (["algo.kl.type=k7"], "algo.kl.type='k7' is not allowed; allowed values: "),
