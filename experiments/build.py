@@ -35,7 +35,9 @@ SMOKE = {  # smoke=true: tiny sizes, 2 iterations; a key given on the command li
 }
 
 
-RESUME_VALUES = (False, True, "force")
+RESUME_VALUES = (False, True, "auto", "force")
+"""``resume``: false (a new run) | true (continue the run in run_dir, which must hold one) | auto (continue it if
+run_dir holds one, else start it) | force (as true, accepting config changes). ``experiments.run.resume_mode``."""
 
 
 def presets() -> list[str]:
@@ -129,7 +131,7 @@ def validate(cfg: DictConfig) -> LocalConfig:
     ):
         raise ValueError(f"model.path={cfg.model.path!r} does not exist (expected a local HF model directory)")
     if cfg.resume not in RESUME_VALUES:
-        raise ValueError(f"resume={cfg.resume!r} is not allowed; allowed values: false, true, force")
+        raise ValueError(f"resume={cfg.resume!r} is not allowed; allowed values: false, true, auto, force")
     if cfg.model.name == "hf" and cfg.model.path is None:
         raise ValueError("model=hf needs model.path (a local Hugging Face model directory), e.g. model.path=~/models/x")
     if cfg.logger.name not in ("wandb", "none"):

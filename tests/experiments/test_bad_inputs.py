@@ -40,7 +40,7 @@ CASES = [
     (["train", "trainer.device=cuda"], ["trainer.device='cuda'", "CUDA is not available"]),
     (["train", "model=hf"], ["model=hf needs model.path"]),
     (["train", "model.path={tmp}/nope"], ["model.path="]),
-    (["train", "resume=yes"], ["resume='yes'", "false, true, force"]),
+    (["train", "resume=yes"], ["resume='yes'", "false, true, auto, force"]),
     (["train", "algo.kl.type=k9"], ["algo.kl.type='k9'"]),
     (["train", "algo.kl.k=1000"], ["algo.kl.k=1000", "vocabulary", "100"]),
     (["train", "algo.kl.tail=maybe"], ["algo.kl.tail"]),
@@ -77,6 +77,8 @@ CASES = [
     (["train", "seed=12345678901234567890"], ["seed must be an integer in [0, 4294967295]"]),
     (["train", "seed=-1"], ["seed must be an integer in [0, 4294967295]"]),
     (["train", "task.data_seed=4294967296"], ["task.data_seed must be an integer in [0, 4294967295]"]),
+    (["train", "run_dir={tmp}/nope", "resume=true"], ["resume=true", "nope", "holds no run", "resume=auto"]),
+    (["train", "run_dir={tmp}/empty", "resume=force"], ["resume=force", "empty", "holds no run"]),
     (["train", "task=search_tiny", "task.retriever_url=ftp://x"], ["task.retriever_url='ftp://x'", "http://"]),
     # ---- emapg train: health rules (one case per field)
     (["train", "health.entropy_floor.floor=0"], ["health.entropy_floor.floor must be > 0 or null"]),
