@@ -155,6 +155,36 @@ def validate(cfg: DictConfig) -> LocalConfig:
     return local
 
 
+RETRIEVER_TIMEOUT_S = 4.0
+"""How long a run waits for task.retriever_url to connect, and then to answer, before refusing to start (seconds;
+so at most twice this in all)."""
+
+
+def check_retriever(cfg: DictConfig) -> None:
+    """A tool task's task.retriever_url must answer (any HTTP response: Search-R1-compatible servers may have no
+    /health) before any work, or the run is refused naming the URL (within 2 x RETRIEVER_TIMEOUT_S seconds)."""
+    from experiments.tasks import get_task
+
+    url = cfg.task.retriever_url
+    if not url or not get_task(cfg.task.name).STOP_STRINGS:
+        return
+    import httpx
+
+    try:
+        httpx.get(f"{str(url).rstrip('/')}/health", timeout=RETRIEVER_TIMEOUT_S)
+    except (httpx.HTTPError, httpx.InvalidURL) as e:
+        raise ValueError(
+            f"task.retriever_url={url} is not reachable ({type(e).__name__}: {_first_line(e)}); start it with "
+            f"`emapg retriever serve --task {cfg.task.name} --port <port>`, or set task.retriever_url=null "
+            "(in-process BM25)"
+        ) from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "no answer"
+
+
 # ------------------------------------------------------------------------------ tasks
 def task(cfg: DictConfig):
     """The task the trainer consumes (experiments.tasks.TaskAdapter): the seeded train/test splits and

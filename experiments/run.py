@@ -113,6 +113,7 @@ def _run_one(cfg: DictConfig, callback: Callback | None, stage: dict | None = No
     resolve_device(local_cfg.trainer.device)  # cuda without CUDA: refused before any work
     run_dir = resolve_run_dir(cfg)
     cfg = OmegaConf.merge(cfg, run_keys(cfg, run_dir))
+    build.check_retriever(cfg)  # an unreachable retriever: refused before any work
     ckpt_dir = run_dir / "checkpoints"
     found = checkpoints.load_newest(ckpt_dir) if cfg.resume else None  # (dir, state, skipped) or None
     if found is None and cfg.get("resume_from"):  # a stage started from a checkpoint trained elsewhere

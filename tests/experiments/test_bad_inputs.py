@@ -79,6 +79,7 @@ CASES = [
     (["train", "task.data_seed=4294967296"], ["task.data_seed must be an integer in [0, 4294967295]"]),
     (["train", "run_dir={tmp}/nope", "resume=true"], ["resume=true", "nope", "holds no run", "resume=auto"]),
     (["train", "run_dir={tmp}/empty", "resume=force"], ["resume=force", "empty", "holds no run"]),
+    (["train", "task=search_tiny", "task.retriever_url=http://127.0.0.1:1"], ["task.retriever_url", "not reachable"]),
     (["train", "task=search_tiny", "task.retriever_url=ftp://x"], ["task.retriever_url='ftp://x'", "http://"]),
     # ---- emapg train: health rules (one case per field)
     (["train", "health.entropy_floor.floor=0"], ["health.entropy_floor.floor must be > 0 or null"]),
