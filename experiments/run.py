@@ -28,9 +28,10 @@ Callback = Callable[[int, dict, "Path | None"], None]
 
 
 def resolve_run_dir(cfg: DictConfig) -> Path:
+    """run_dir, or out_root/<run id> when it is null (a leading ~ expanded in either)."""
     if cfg.run_dir:
-        return Path(cfg.run_dir)
-    return Path(cfg.out_root) / make_run_id(cfg.task.name, cfg.experiment, int(cfg.seed))
+        return Path(os.path.expanduser(cfg.run_dir))
+    return Path(os.path.expanduser(cfg.out_root)) / make_run_id(cfg.task.name, cfg.experiment, int(cfg.seed))
 
 
 def run_keys(cfg: DictConfig, run_dir: Path) -> dict:

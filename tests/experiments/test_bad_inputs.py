@@ -77,6 +77,8 @@ CASES = [
     (["train", "seed=12345678901234567890"], ["seed must be an integer in [0, 4294967295]"]),
     (["train", "seed=-1"], ["seed must be an integer in [0, 4294967295]"]),
     (["train", "task.data_seed=4294967296"], ["task.data_seed must be an integer in [0, 4294967295]"]),
+    (["train", "run_dir={tmp}/" + "r" * 300], ["run_dir", "300 bytes long", "at most 255"]),
+    (["train", "run_dir={tmp}/my run (1)"], ["cannot parse the override", "quote its value", 'run_dir="']),
     (["train", "run_dir={tmp}/nope", "resume=true"], ["resume=true", "nope", "holds no run", "resume=auto"]),
     (["train", "run_dir={tmp}/empty", "resume=force"], ["resume=force", "empty", "holds no run"]),
     (["train", "task=search_tiny", "task.retriever_url=http://127.0.0.1:1"], ["task.retriever_url", "not reachable"]),

@@ -126,3 +126,12 @@ def test_any_http_answer_counts_as_a_reachable_retriever():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_quoted_run_dir_with_a_leading_tilde_is_under_home(monkeypatch, tmp_path):
+    """`run_dir="~/runs/x"` (quoted, as Hydra needs a leading ~) is the home directory's, not ./~/runs/x."""
+    from experiments.run import resolve_run_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_run_dir(build.compose(['run_dir="~/runs/x"'])) == tmp_path / "runs" / "x"
+    assert resolve_run_dir(build.compose(['out_root="~/o"'])).parent == tmp_path / "o"
