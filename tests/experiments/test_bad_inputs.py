@@ -106,6 +106,10 @@ CASES = [
     (["sweep", "{tmp}/health_value.yaml", "--dry-run"], ["health_value.yaml", "health.kl_spike.factor must be > 1"]),
     (["sweep", "{tmp}/health_rule.yaml", "--dry-run"], ["unknown key health.entropy", "did you mean"]),
     (["sweep", "{tmp}/health_base.yaml", "--dry-run"], ["base.overrides.health.kl_spike.factor", "`health:` key"]),
+    (["sweep", "{tmp}/inf_range.yaml", "--dry-run"], ["space.algo.kl.coef.uniform", "finite numbers", "inf"]),
+    (["sweep", "{tmp}/big_seed.yaml", "--dry-run"], ["seeds[1] must be an integer in [0, 4294967295]"]),
+    (["sweep", "{tmp}/long_name.yaml", "--dry-run"], ["name=", "1 to 58", "W&B tag"]),
+    (["sweep", "{tmp}/seed_axis.yaml", "--dry-run"], ["seed must be an integer in [0, 4294967295]"]),
     # ---- emapg report
     (["report", "{tmp}/nope", "--out", "{tmp}/out"], ["not a directory", "nope"]),
     (["report", "{tmp}/a_file", "--out", "{tmp}/out"], ["a_file"]),
@@ -197,6 +201,10 @@ def _setup(tmp) -> None:
     _spec(tmp / "health_rule.yaml", "health_rule", space, health={"entropy": {"floor": 0.1}})
     _spec(tmp / "health_base.yaml", "health_base", space, overrides={"health.kl_spike.factor": 3})
     (tmp / "site.yaml").write_text(yaml.safe_dump({"gpus_per_node": 8, "cpus_per_node": 64}))
+    _spec(tmp / "inf_range.yaml", "inf_range", {"algo.kl.coef": {"uniform": [0.0, float("inf")]}}, search="random")
+    _spec(tmp / "big_seed.yaml", "big_seed", {"algo.anchor.tau": {"grid": [0.9]}}, seeds=[0, 12345678901234567890])
+    _spec(tmp / "long_name.yaml", "n" * 300, {"algo.anchor.tau": {"grid": [0.9]}})
+    _spec(tmp / "seed_axis.yaml", "seed_axis", {"seed": {"grid": [0, 2**32]}})
 
 
 def _spec(path, name: str, space: dict, overrides: dict | None = None, **top) -> None:
