@@ -6,6 +6,7 @@ and the allowed values. Paper values are noted where a default differs from them
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -22,6 +23,62 @@ def _choice(name: str, value, allowed) -> None:
     _check(value in allowed, f"{name}={value!r} is not allowed; allowed values: {', '.join(map(str, allowed))}")
 
 
+def _real(value) -> bool:
+    """A finite int or float (not a bool): NaN and +-inf are refused by every numeric field."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def check_number(
+    name: str,
+    value,
+    low: float,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    null: bool = False,
+    why: str = "",
+) -> None:
+    """Refuse unless `value` is a finite number in the interval (or None where `null`): the message names the field,
+    the interval and `why` (e.g. " (0 = off)"), e.g. "optim.beta1 must be in [0, 1); got 1.5"."""
+    if value is None and null:
+        return
+    above = value > low if low_open else value >= low
+    below = high is None or (value < high if high_open else value <= high)
+    if _real(value) and above and below:
+        return
+    if high is None:
+        interval = f"{'>' if low_open else '>='} {low:g}"
+    else:
+        interval = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    number = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
+    raise ValueError(f"{name} must be {number}{interval}{why}{' or null' if null else ''}; got {value!r}")
+
+
+def check_integer(name: str, value, low: int, *, null: bool = False, why: str = "") -> None:
+    """Refuse unless `value` is an integer >= low (or None where `null`)."""
+    _check(
+        (value is None and null) or _is_int(value, low),
+        f"{name} must be an integer >= {low}{why}{' or null' if null else ''}; got {value!r}",
+    )
+
+
+SEED_MAX = 2**32 - 1
+"""Seeds (``seed``, ``task.data_seed``, a sweep's ``seeds:`` and ``search.seed``) are integers in [0, SEED_MAX]: the
+range of the tightest consumer, numpy's ``np.random.seed`` (the local trainer's numpy state, Optuna's and Ray Tune's
+samplers, and vLLM, which verl's rollout seeds with ``seed``). ``torch.manual_seed`` takes [-2**63, 2**64) and
+Python's ``random`` any integer."""
+
+
+def check_seed(name: str, value) -> None:
+    """Refuse a seed outside [0, SEED_MAX] (one line naming the field and the range)."""
+    _check(_is_int(value, 0) and value <= SEED_MAX, f"{name} must be an integer in [0, {SEED_MAX}]; got {value!r}")
+
+
 @dataclass
 class KLConfig:
     type: str = "topk_reverse"
@@ -31,13 +88,13 @@ class KLConfig:
     tail: str = "unbiased"
     """Top-k tail: unbiased (corrected gradient), paper (Alg 1/2 as written), none (Truncated KL)."""
     coef: float = 0.001
-    """beta, the KL coefficient. Paper: 0.001 (both recipes)."""
+    """beta, the KL coefficient, >= 0 (0 = no KL term). Paper: 0.001 (both recipes)."""
     use_iw: bool = False
     """Importance weight s = sg(pi/pi_old) (tail only for Top-k). Paper: true for search, false for math."""
     iw_clip_low: float | None = None
-    """Lower clip of s; None = no clip (paper)."""
+    """Lower clip of s, > 0; None = no clip (paper)."""
     iw_clip_high: float | None = None
-    """Upper clip of s; None = no clip (paper)."""
+    """Upper clip of s, > 0 (and >= iw_clip_low); None = no clip (paper)."""
     fused: bool = True
     """Compute Top-k from hidden states + LM head in chunks (never holds (N, V)) when the model allows."""
 
@@ -45,10 +102,11 @@ class KLConfig:
         allowed = sorted(KL_ESTIMATORS) + sorted(ALIASES)
         _choice("algo.kl.type", self.type, allowed)
         _choice("algo.kl.tail", self.tail, TAILS)
-        _check(isinstance(self.k, int) and self.k >= 0, f"algo.kl.k must be an integer >= 0; got {self.k!r}")
-        _check(self.coef >= 0, f"algo.kl.coef (beta) must be >= 0; got {self.coef!r}")
+        check_integer("algo.kl.k", self.k, 0)
+        check_number("algo.kl.coef (beta)", self.coef, 0)
         lo, hi = self.iw_clip_low, self.iw_clip_high
-        _check(lo is None or lo > 0, f"algo.kl.iw_clip_low must be > 0 or null; got {lo!r}")
+        check_number("algo.kl.iw_clip_low", lo, 0, low_open=True, null=True)
+        check_number("algo.kl.iw_clip_high", hi, 0, low_open=True, null=True)
         _check(lo is None or hi is None or lo <= hi, f"algo.kl.iw_clip_low={lo} > iw_clip_high={hi}")
 
 
@@ -63,36 +121,32 @@ class AnchorConfig:
     """Keep an fp32 copy of the anchor and mix in fp32 (for bf16 models; the paper mixes in bf16)."""
 
     def __post_init__(self):
-        _check(0.0 <= self.tau <= 1.0, f"algo.anchor.tau must be in [0, 1]; got {self.tau!r}")
-        _check(
-            isinstance(self.period, int) and self.period >= 1,
-            f"algo.anchor.period must be an integer >= 1 (iterations); got {self.period!r}",
-        )
+        check_number("algo.anchor.tau", self.tau, 0, 1)
+        check_integer("algo.anchor.period", self.period, 1, why=" (iterations)")
 
 
 @dataclass
 class LossConfig:
     clip_low: float = 0.2
-    """PPO epsilon_low: ratio clipped below at 1 - clip_low."""
+    """PPO epsilon_low, in [0, 1): ratio clipped below at 1 - clip_low (0 = at 1)."""
     clip_high: float = 0.28
-    """PPO epsilon_high ("clip-higher"): ratio clipped above at 1 + clip_high. Paper: 0.28."""
+    """PPO epsilon_high ("clip-higher"), >= 0: ratio clipped above at 1 + clip_high (0 = at 1). Paper: 0.28."""
     dual_clip_c: float | None = 3.0
     """Dual clip for A < 0: loss capped at -c*A; None disables (search recipe). Must be > 1."""
     entropy_coef: float = 0.0
-    """Entropy bonus coefficient. Paper: 0."""
+    """Entropy bonus coefficient, >= 0 (0 = no bonus). Paper: 0."""
     agg: str = "token-mean"
     """Aggregation of PG, KL and entropy (token-mean: search; seq-mean-token-mean: math)."""
     log_ratio_clamp: float = 20.0
-    """log(pi/pi_old) clamped to [-x, x] before exp (math recipe)."""
+    """log(pi/pi_old) clamped to [-x, x] before exp (math recipe); x > 0."""
 
     def __post_init__(self):
-        _check(0 <= self.clip_low < 1, f"algo.loss.clip_low must be in [0, 1); got {self.clip_low!r}")
-        _check(self.clip_high >= 0, f"algo.loss.clip_high must be >= 0; got {self.clip_high!r}")
-        _check(
-            self.dual_clip_c is None or self.dual_clip_c > 1,
-            f"algo.loss.dual_clip_c must be > 1 or null; got {self.dual_clip_c!r}",
-        )
+        check_number("algo.loss.clip_low", self.clip_low, 0, 1, high_open=True)
+        check_number("algo.loss.clip_high", self.clip_high, 0)
+        check_number("algo.loss.dual_clip_c", self.dual_clip_c, 1, low_open=True, null=True)
+        check_number("algo.loss.entropy_coef", self.entropy_coef, 0)
         _choice("algo.loss.agg", self.agg, list(LOSS_AGG))
+        check_number("algo.loss.log_ratio_clamp", self.log_ratio_clamp, 0, low_open=True)
 
 
 ADVANTAGE_MODES = tuple(ADVANTAGES)
@@ -104,10 +158,11 @@ class AdvantageConfig:
     mode: str = "grpo"
     """grpo: (R - mean_g) / (std_g + eps); dr_grpo: R - mean_g (mean-only, Dr. GRPO)."""
     eps: float = 1e-6
-    """Added to the group std."""
+    """Added to the group std, > 0 (a group of equal rewards has std 0)."""
 
     def __post_init__(self):
         _choice("algo.adv.mode", self.mode, ADVANTAGE_MODES)
+        check_number("algo.adv.eps", self.eps, 0, low_open=True)
 
 
 @dataclass
@@ -130,43 +185,52 @@ class RolloutConfig:
     max_new_tokens: int = 48
     """Cap on generated tokens per turn."""
     temperature: float = 1.0
-    """Sampling temperature; every log-prob and KL uses logits / temperature. Paper: 1.0."""
+    """Sampling temperature of training rollouts, > 0: every log-prob and KL uses logits / temperature, so the
+    policy gradient needs sampled tokens (greedy decoding, T = 0, has no log-probs to train on). Paper: 1.0."""
     top_p: float = 1.0
-    """Nucleus sampling. Paper: 1.0 math, 0.95 search (the KL ignores the truncation, as the code does)."""
+    """Nucleus sampling, in (0, 1]. Paper: 1.0 math, 0.95 search (the KL ignores the truncation, as the code does)."""
     max_turns: int = 3
-    """Tool calls allowed before the final answer turn (tool tasks only). Paper: 4."""
+    """Tool calls allowed before the final answer turn (tool tasks only), >= 0 (0 = answer at once). Paper: 4."""
     max_obs_tokens: int = 160
-    """Cap on injected environment tokens per turn (tool tasks only)."""
+    """Cap on injected environment tokens per turn (tool tasks only), >= 1."""
 
     def __post_init__(self):
-        _check(
-            self.group_size >= 2,
-            f"rollout.group_size must be >= 2 for GRPO (group advantages); got {self.group_size!r}",
+        check_integer("rollout.group_size", self.group_size, 2, why=" for GRPO (group advantages)")
+        check_integer("rollout.prompts_per_iter", self.prompts_per_iter, 1)
+        check_integer("rollout.max_new_tokens", self.max_new_tokens, 1)
+        check_number(
+            "rollout.temperature",
+            self.temperature,
+            0,
+            low_open=True,
+            why=" (the policy gradient needs sampled tokens; greedy is trainer.eval_temperature=0)",
         )
-        _check(self.prompts_per_iter >= 1, f"rollout.prompts_per_iter must be >= 1; got {self.prompts_per_iter!r}")
-        _check(self.max_new_tokens >= 1, f"rollout.max_new_tokens must be >= 1; got {self.max_new_tokens!r}")
-        _check(self.temperature > 0, f"rollout.temperature must be > 0; got {self.temperature!r}")
-        _check(0 < self.top_p <= 1, f"rollout.top_p must be in (0, 1]; got {self.top_p!r}")
-        _check(self.max_turns >= 0, f"rollout.max_turns must be >= 0; got {self.max_turns!r}")
+        check_number("rollout.top_p", self.top_p, 0, 1, low_open=True)
+        check_integer("rollout.max_turns", self.max_turns, 0)
+        check_integer("rollout.max_obs_tokens", self.max_obs_tokens, 1)
 
 
 @dataclass
 class OptimConfig:
     lr: float = 1e-4
-    """AdamW learning rate (tiny models; the paper's 1e-6 is for 1.5B/3B models)."""
+    """AdamW learning rate, > 0 (tiny models; the paper's 1e-6 is for 1.5B/3B models)."""
     beta1: float = 0.9
     beta2: float = 0.999
-    """AdamW betas. Paper: (0.9, 0.999) math, (0.9, 0.95) search."""
+    """AdamW betas, each in [0, 1). Paper: (0.9, 0.999) math, (0.9, 0.95) search."""
     weight_decay: float = 0.01
+    """AdamW (decoupled) weight decay, >= 0 (0 = none)."""
     grad_clip: float = 1.0
-    """Global gradient-norm clip."""
+    """Global gradient-norm clip, > 0."""
     warmup_iters: int = 0
-    """Linear warmup (iterations), then constant."""
+    """Linear warmup (iterations), then constant; 0 = none."""
 
     def __post_init__(self):
-        _check(self.lr > 0, f"optim.lr must be > 0; got {self.lr!r}")
-        _check(self.grad_clip > 0, f"optim.grad_clip must be > 0; got {self.grad_clip!r}")
-        _check(self.warmup_iters >= 0, f"optim.warmup_iters must be >= 0; got {self.warmup_iters!r}")
+        check_number("optim.lr", self.lr, 0, low_open=True)
+        check_number("optim.beta1", self.beta1, 0, 1, high_open=True)
+        check_number("optim.beta2", self.beta2, 0, 1, high_open=True)
+        check_number("optim.weight_decay", self.weight_decay, 0)
+        check_number("optim.grad_clip", self.grad_clip, 0, low_open=True)
+        check_integer("optim.warmup_iters", self.warmup_iters, 0, why=" (0 = no warmup)")
 
 
 PROBE_EVERY = 5
@@ -187,24 +251,28 @@ DEVICE_PATTERN = r"cpu|cuda|cuda:[0-9]+|auto"
 @dataclass
 class TrainerConfig:
     iterations: int = 60
-    """Training iterations (rollout batches)."""
+    """Training iterations (rollout batches), >= 0 (0 = evaluate the initial model only)."""
     ppo_epochs: int = 1
     """Passes over each rollout batch. Paper: 1."""
     mini_batches: int = 2
-    """Optimizer steps per epoch (the batch is split into this many mini-batches). Paper: ~2 math, 10 search."""
+    """Optimizer steps per epoch: the batch is split into this many equal mini-batches, so it must divide the batch
+    (``check_batch_split``: rollout.prompts_per_iter x rollout.group_size sequences on the local backend,
+    rollout.prompts_per_iter prompts on verl). Paper: ~2 math, 10 search."""
     eval_every: int = 10
     """Evaluate policy and anchor every this many iterations (and before training)."""
     eval_size: int = 64
-    """Held-out problems evaluated."""
+    """Held-out problems evaluated, >= 1 (local backend: at most task.test_size)."""
     eval_n: int = 4
     """Samples per problem for pass@1 (mean accuracy over n samples); greedy is separate."""
     eval_temperature: float = 1.0
+    """Temperature of the n evaluation samples, >= 0; 0 = greedy (argmax, so pass@1 = greedy accuracy), on both
+    backends (verl: val_kwargs.do_sample=false)."""
     save_every: int = 10
     """Checkpoint every this many iterations (and on SIGTERM/SIGINT); 0 = only at the end."""
     keep_checkpoints: int = 2
-    """How many checkpoints to keep (oldest removed)."""
+    """How many checkpoints to keep (oldest removed), >= 1: the newest is what a resume continues from."""
     threads: int = 2
-    """torch.set_num_threads."""
+    """torch.set_num_threads, >= 1."""
     dtype: str = "float32"
     """Policy dtype: float32 | bfloat16 | float64."""
     probe_every: int | None = None
@@ -213,7 +281,8 @@ class TrainerConfig:
     probe_size: int | None = None
     """Prompts in the probe set, one response each, drawn by the policy once and checkpointed: held-out (test
     split) prompts on the local backend, the first training batch's on verl (ema_pg_core.verl.probe, so at
-    most ``rollout.prompts_per_iter`` there); null = ``PROBE_SIZE`` (on verl: capped at prompts_per_iter)."""
+    most ``rollout.prompts_per_iter`` there); null = ``PROBE_SIZE``, capped at the held-out split (local:
+    ``probe_prompts``) or at prompts_per_iter (verl). A value above that is refused, not cut."""
 
     old_logprobs: str = "auto"
     """Where pi_old's per-token statistics (sampled log-prob, top-k head, logsumexp, entropy) come from:
@@ -234,26 +303,61 @@ class TrainerConfig:
         return PROBE_EVERY if self.probe_every is None else self.probe_every
 
     def __post_init__(self):
-        _check(self.iterations >= 0, f"trainer.iterations must be >= 0; got {self.iterations!r}")
-        _check(self.ppo_epochs >= 1, f"trainer.ppo_epochs must be >= 1; got {self.ppo_epochs!r}")
-        _check(self.mini_batches >= 1, f"trainer.mini_batches must be >= 1; got {self.mini_batches!r}")
-        _check(self.eval_every >= 1, f"trainer.eval_every must be >= 1; got {self.eval_every!r}")
-        _check(self.eval_n >= 1, f"trainer.eval_n must be >= 1; got {self.eval_n!r}")
-        _check(self.save_every >= 0, f"trainer.save_every must be >= 0; got {self.save_every!r}")
-        _check(
-            self.probe_every is None or (isinstance(self.probe_every, int) and self.probe_every >= 0),
-            f"trainer.probe_every must be an integer >= 0 (0 = no KL probe) or null; got {self.probe_every!r}",
-        )
-        _check(
-            self.probe_size is None or (isinstance(self.probe_size, int) and self.probe_size >= 1),
-            f"trainer.probe_size must be an integer >= 1 (prompts in the KL probe) or null; got {self.probe_size!r}",
-        )
+        check_integer("trainer.iterations", self.iterations, 0)
+        check_integer("trainer.ppo_epochs", self.ppo_epochs, 1)
+        check_integer("trainer.mini_batches", self.mini_batches, 1)
+        check_integer("trainer.eval_every", self.eval_every, 1)
+        check_integer("trainer.eval_size", self.eval_size, 1)
+        check_integer("trainer.eval_n", self.eval_n, 1)
+        check_number("trainer.eval_temperature", self.eval_temperature, 0, why=" (0 = greedy)")
+        check_integer("trainer.save_every", self.save_every, 0, why=" (0 = only at the end)")
+        check_integer("trainer.keep_checkpoints", self.keep_checkpoints, 1, why=" (a resume needs the newest)")
+        check_integer("trainer.threads", self.threads, 1)
+        check_integer("trainer.probe_every", self.probe_every, 0, null=True, why=" (0 = no KL probe)")
+        check_integer("trainer.probe_size", self.probe_size, 1, null=True, why=" (prompts in the KL probe)")
         _choice("trainer.dtype", self.dtype, ("float32", "bfloat16", "float64"))
         _choice("trainer.old_logprobs", self.old_logprobs, OLD_LOGPROBS)
         _check(
             isinstance(self.device, str) and re.fullmatch(DEVICE_PATTERN, self.device) is not None,
             f"trainer.device={self.device!r} is not allowed; allowed values: {', '.join(LOCAL_DEVICES)}",
         )
+
+
+def check_batch_split(rollout: RolloutConfig, trainer: TrainerConfig) -> None:
+    """The local backend splits each batch of rollout.prompts_per_iter x rollout.group_size sequences into
+    trainer.mini_batches equal mini-batches, one optimizer step each: refuse a count that does not divide it (a
+    split into unequal parts, or fewer, would silently change the number of optimizer steps)."""
+    P, G, m = rollout.prompts_per_iter, rollout.group_size, trainer.mini_batches
+    B = P * G
+    divisors = [d for d in range(1, B + 1) if B % d == 0]
+    shown = ", ".join(map(str, divisors)) if len(divisors) <= 16 else f"{len(divisors)} divisors"
+    _check(
+        B % m == 0,
+        f"trainer.mini_batches={m} must divide the batch of rollout.prompts_per_iter x rollout.group_size = "
+        f"{P} x {G} = {B} sequences (equal mini-batches, one optimizer step each); allowed: {shown}",
+    )
+
+
+def eval_problems(trainer: TrainerConfig, test_size: int) -> int:
+    """Problems the local backend evaluates from a held-out split of `test_size`: trainer.eval_size, refused (naming
+    the split) when it exceeds the split (never cut silently)."""
+    _within_split("eval_size", trainer.eval_size, test_size)
+    return trainer.eval_size
+
+
+def probe_prompts(trainer: TrainerConfig, test_size: int) -> int:
+    """Prompts in the local backend's KL probe, from a held-out split of `test_size`: trainer.probe_size (refused,
+    naming the split, when it exceeds it), or for null the smaller of PROBE_SIZE and the split."""
+    _within_split("probe_size", trainer.probe_size, test_size)
+    return min(PROBE_SIZE, test_size) if trainer.probe_size is None else trainer.probe_size
+
+
+def _within_split(name: str, value: int | None, test_size: int) -> None:
+    _check(
+        value is None or value <= test_size,
+        f"trainer.{name}={value} exceeds the held-out split (task.test_size={test_size} problems); "
+        f"allowed: 1..{test_size}" + (", or null" if name == "probe_size" else ""),
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -267,12 +371,8 @@ class EntropyFloorRule:
     """... for this many consecutive iterations."""
 
     def __post_init__(self):
-        _check(
-            self.floor is None or self.floor > 0, f"health.entropy_floor.floor must be > 0 or null; got {self.floor!r}"
-        )
-        _check(
-            _is_int(self.patience, 1), f"health.entropy_floor.patience must be an integer >= 1; got {self.patience!r}"
-        )
+        check_number("health.entropy_floor.floor", self.floor, 0, low_open=True, null=True)
+        check_integer("health.entropy_floor.patience", self.patience, 1)
 
 
 @dataclass
@@ -285,10 +385,8 @@ class KLSpikeRule:
     """No check before this many previous values exist (the median needs a scale)."""
 
     def __post_init__(self):
-        _check(
-            self.factor is None or self.factor > 1, f"health.kl_spike.factor must be > 1 or null; got {self.factor!r}"
-        )
-        _check(_is_int(self.window, 1), f"health.kl_spike.window must be an integer >= 1; got {self.window!r}")
+        check_number("health.kl_spike.factor", self.factor, 1, low_open=True, null=True)
+        check_integer("health.kl_spike.window", self.window, 1)
         _check(
             _is_int(self.min_history, 1) and self.min_history <= self.window,
             f"health.kl_spike.min_history must be an integer in [1, health.kl_spike.window={self.window}]; "
@@ -305,11 +403,8 @@ class LengthCapRule:
     """... in this many consecutive iterations."""
 
     def __post_init__(self):
-        _check(
-            self.frac is None or 0 < self.frac <= 1,
-            f"health.length_cap.frac must be in (0, 1] or null; got {self.frac!r}",
-        )
-        _check(_is_int(self.patience, 1), f"health.length_cap.patience must be an integer >= 1; got {self.patience!r}")
+        check_number("health.length_cap.frac", self.frac, 0, 1, low_open=True, null=True)
+        check_integer("health.length_cap.patience", self.patience, 1)
 
 
 @dataclass
@@ -321,7 +416,3 @@ class HealthConfig:
     entropy_floor: EntropyFloorRule = field(default_factory=EntropyFloorRule)
     kl_spike: KLSpikeRule = field(default_factory=KLSpikeRule)
     length_cap: LengthCapRule = field(default_factory=LengthCapRule)
-
-
-def _is_int(value, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low

@@ -9,10 +9,12 @@ model(cfg)           (policy, tokenizer): a local HF path, or the cached warm-st
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ema_pg_core.config import eval_problems, probe_prompts
 from ema_pg_core.local.trainer import LocalConfig
 from experiments import progress
 from experiments.schema import RunConfig, register
@@ -34,7 +36,12 @@ SMOKE = {  # smoke=true: tiny sizes, 2 iterations; a key given on the command li
 }
 
 
-RESUME_VALUES = (False, True, "force")
+RESUME_VALUES = (False, True, "auto", "force")
+"""``resume``: false (a new run) | true (continue the run in run_dir, which must hold one) | auto (continue it if
+run_dir holds one, else start it) | force (as true, accepting config changes). ``experiments.run.resume_mode``."""
+
+NAME_MAX_BYTES, PATH_MAX_BYTES = 255, 4095
+"""The longest path component and path, in bytes, that file systems accept (Linux: NAME_MAX, PATH_MAX - 1)."""
 
 
 def presets() -> list[str]:
@@ -63,13 +70,42 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 
         if not _is_hydra(e):
             raise
-        raise UserError(hydra_message(e)) from e
+        raise UserError(unquoted_value(overrides) or hydra_message(e)) from e
     if cfg.smoke:  # smoke sizes, except where the command line sets the key itself
         given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
         for key, value in SMOKE.items():
             if key not in given:
                 OmegaConf.update(cfg, key, value, merge=False)
     return cfg
+
+
+def unquoted_value(overrides: list[str]) -> str | None:
+    """For the first override Hydra cannot parse but would with its value quoted (spaces with brackets, a leading
+    ~, a quote, ...: Hydra's lexer), one line saying how to quote it; None when quoting would not help."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        quote = "'" if '"' in value else '"'
+        if not eq or quote in value or not _fails(parser, override):
+            continue
+        if not _fails(parser, f"{key}={quote}{value}{quote}"):
+            shell = f"{key}={quote}{value}{quote}"
+            return (
+                f"cannot parse the override {override!r}: quote its value for Hydra, e.g. {shell} "
+                f"(in a shell: {shlex.quote(shell)})"
+            )
+    return None
+
+
+def _fails(parser, override: str) -> bool:
+    """Does Hydra's override parser reject `override`?"""
+    try:
+        parser.parse_override(override)
+    except Exception:  # noqa: BLE001  Hydra's lexer and parser errors
+        return True
+    return False
 
 
 def schema_keys() -> list[str]:
@@ -128,14 +164,19 @@ def validate(cfg: DictConfig) -> LocalConfig:
     ):
         raise ValueError(f"model.path={cfg.model.path!r} does not exist (expected a local HF model directory)")
     if cfg.resume not in RESUME_VALUES:
-        raise ValueError(f"resume={cfg.resume!r} is not allowed; allowed values: false, true, force")
+        raise ValueError(f"resume={cfg.resume!r} is not allowed; allowed values: false, true, auto, force")
+    for key in ("run_dir", "out_root"):
+        check_path(key, cfg[key])
     if cfg.model.name == "hf" and cfg.model.path is None:
         raise ValueError("model=hf needs model.path (a local Hugging Face model directory), e.g. model.path=~/models/x")
     if cfg.logger.name not in ("wandb", "none"):
         raise ValueError(f"logger.name={cfg.logger.name!r} is not allowed; allowed values: wandb, none")
     if cfg.logger.mode not in ("offline", "online", "disabled"):
         raise ValueError(f"logger.mode={cfg.logger.mode!r} is not allowed; allowed values: offline, online, disabled")
+    OmegaConf.to_object(cfg.task), OmegaConf.to_object(cfg.model)  # each section validates itself
     local = local_config(cfg)
+    if cfg.backend.name == "local":  # eval and probe prompts come from the held-out split (verl: its val files)
+        eval_problems(local.trainer, int(cfg.task.test_size)), probe_prompts(local.trainer, int(cfg.task.test_size))
     OmegaConf.to_object(cfg.health)  # each rule's section validates itself (health.<rule>.<field> in the error)
     if cfg.health.kl_spike.factor is not None and cfg.algo.kl.coef == 0:  # a rule that could never fire
         raise ValueError(
@@ -147,6 +188,52 @@ def validate(cfg: DictConfig) -> LocalConfig:
 
         to_verl(OmegaConf.to_container(cfg, resolve=True))  # e.g. batch sizes verl cannot split
     return local
+
+
+def check_path(key: str, path) -> None:
+    """Refuse a path no file system takes (a component over NAME_MAX_BYTES, the whole over PATH_MAX_BYTES) before
+    any work, naming the key; None passes."""
+    if path is None:
+        return
+    full = os.path.abspath(os.path.expanduser(str(path)))
+    long = [part for part in Path(full).parts if len(os.fsencode(part)) > NAME_MAX_BYTES]
+    if long:
+        raise ValueError(
+            f"{key}: the path component {long[0][:40]!r}... is {len(os.fsencode(long[0]))} bytes long; "
+            f"file systems allow at most {NAME_MAX_BYTES} bytes per directory or file name"
+        )
+    if len(os.fsencode(full)) > PATH_MAX_BYTES:
+        raise ValueError(f"{key}: the path is {len(os.fsencode(full))} bytes long; at most {PATH_MAX_BYTES} allowed")
+
+
+RETRIEVER_TIMEOUT_S = 4.0
+"""How long a run waits for task.retriever_url to connect, and then to answer, before refusing to start (seconds;
+so at most twice this in all)."""
+
+
+def check_retriever(cfg: DictConfig) -> None:
+    """A tool task's task.retriever_url must answer (any HTTP response: Search-R1-compatible servers may have no
+    /health) before any work, or the run is refused naming the URL (within 2 x RETRIEVER_TIMEOUT_S seconds)."""
+    from experiments.tasks import get_task
+
+    url = cfg.task.retriever_url
+    if not url or not get_task(cfg.task.name).STOP_STRINGS:
+        return
+    import httpx
+
+    try:
+        httpx.get(f"{str(url).rstrip('/')}/health", timeout=RETRIEVER_TIMEOUT_S)
+    except (httpx.HTTPError, httpx.InvalidURL) as e:
+        raise ValueError(
+            f"task.retriever_url={url} is not reachable ({type(e).__name__}: {_first_line(e)}); start it with "
+            f"`emapg retriever serve --task {cfg.task.name} --port <port>`, or set task.retriever_url=null "
+            "(in-process BM25)"
+        ) from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "no answer"
 
 
 # ------------------------------------------------------------------------------ tasks

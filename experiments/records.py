@@ -272,6 +272,11 @@ def read_stages(run_dir: str | Path) -> list[dict]:
     return read_jsonl(Path(run_dir) / STAGES)
 
 
+def holds_run(run_dir: str | Path) -> bool:
+    """Does `run_dir` hold a run to continue (its config.yaml, status, metrics or checkpoints)?"""
+    return any((Path(run_dir) / name).exists() for name in (CONFIG, STATUS, METRICS, "checkpoints"))
+
+
 def stage_progress(run_dir: str | Path) -> tuple[list[str], str | None]:
     """(stages finished, the stage started but not finished or None) of a staged run's record: every
     started stage before the last is finished, and the last one is when the record's status is."""

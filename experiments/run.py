@@ -18,7 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import build, progress, records
-from experiments.errors import RunFailed, RunInterrupted, StoppedUnhealthy, Terminated
+from experiments.errors import RunFailed, RunInterrupted, StoppedUnhealthy, Terminated, UserError
 from experiments.records import RunRecord, make_run_id
 
 # (iteration, metrics row as recorded, checkpoint dir written at this iteration or None) -> None.
@@ -28,9 +28,30 @@ Callback = Callable[[int, dict, "Path | None"], None]
 
 
 def resolve_run_dir(cfg: DictConfig) -> Path:
+    """run_dir, or out_root/<run id> when it is null (a leading ~ expanded in either)."""
     if cfg.run_dir:
-        return Path(cfg.run_dir)
-    return Path(cfg.out_root) / make_run_id(cfg.task.name, cfg.experiment, int(cfg.seed))
+        return Path(os.path.expanduser(cfg.run_dir))
+    return Path(os.path.expanduser(cfg.out_root)) / make_run_id(cfg.task.name, cfg.experiment, int(cfg.seed))
+
+
+def run_keys(cfg: DictConfig, run_dir: Path) -> dict:
+    """The run's directory and what its `resume` means there (`resume_mode`), as a merge delta."""
+    return {"run_dir": str(run_dir), "resume": resume_mode(cfg.resume, run_dir)}
+
+
+def resume_mode(resume, run_dir: Path) -> bool | str:
+    """What `resume` (experiments.build.RESUME_VALUES) means for `run_dir`: auto -> whether it holds a run
+    (records.holds_run); true and force need one there (UserError naming run_dir: a mistyped or empty run_dir
+    would otherwise quietly start a new run from iteration 0); false stays false."""
+    present = records.holds_run(run_dir)
+    if resume == "auto":
+        return present
+    if resume and not present:
+        raise UserError(
+            f"resume={str(resume).lower()}: run_dir={str(run_dir)!r} holds no run to continue (no config.yaml, "
+            "metrics or checkpoints); check the path, or use resume=auto to start a new run when none is there"
+        )
+    return resume
 
 
 def _make_logger(cfg: DictConfig, run_dir: Path):
@@ -92,7 +113,8 @@ def _run_one(cfg: DictConfig, callback: Callback | None, stage: dict | None = No
 
     resolve_device(local_cfg.trainer.device)  # cuda without CUDA: refused before any work
     run_dir = resolve_run_dir(cfg)
-    cfg = OmegaConf.merge(cfg, {"run_dir": str(run_dir)})
+    cfg = OmegaConf.merge(cfg, run_keys(cfg, run_dir))
+    build.check_retriever(cfg)  # an unreachable retriever: refused before any work
     ckpt_dir = run_dir / "checkpoints"
     found = checkpoints.load_newest(ckpt_dir) if cfg.resume else None  # (dir, state, skipped) or None
     if found is None and cfg.get("resume_from"):  # a stage started from a checkpoint trained elsewhere
@@ -241,7 +263,7 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None, stage: dict | N
     from ema_pg_core.verl.main import run_config
 
     run_dir = resolve_run_dir(cfg)
-    cfg = OmegaConf.merge(cfg, {"run_dir": str(run_dir)}, agent_loops_path(cfg))
+    cfg = OmegaConf.merge(cfg, run_keys(cfg, run_dir), agent_loops_path(cfg))
     job = stage_job_config(cfg, stage)
     with RunRecord.create(run_dir, cfg, resume=bool(cfg.resume), force=cfg.resume == "force", stage=stage) as record:
         follower = _VerlFollower(record, cfg, callback)

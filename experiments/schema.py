@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ema_pg_core.config import AlgoConfig, HealthConfig, OptimConfig, RolloutConfig, TrainerConfig
+from ema_pg_core.config import (
+    AlgoConfig,
+    HealthConfig,
+    OptimConfig,
+    RolloutConfig,
+    TrainerConfig,
+    check_integer,
+    check_seed,
+)
 from ema_pg_core.verl.config import VerlSettings
 
 
@@ -20,15 +28,26 @@ class TaskConfig:
     name: str = "math_tiny"
     """A task of experiments.tasks.TASKS (a module of experiments/tasks/, by its NAME)."""
     train_size: int = 4000
-    """Training problems generated (seeded, disjoint from the test split)."""
+    """Training problems generated (seeded, disjoint from the test split), >= 1."""
     test_size: int = 200
-    """Held-out problems generated; the first trainer.eval_size are evaluated."""
+    """Held-out problems generated, >= 1; the first trainer.eval_size are evaluated (and the KL probe's prompts
+    drawn), so on the local backend both are at most test_size."""
     data_seed: int = 1234
-    """Seed of the problem generator (fixed across run seeds, so every seed sees the same data)."""
+    """Seed of the problem generator (fixed across run seeds, so every seed sees the same data); in
+    [0, ema_pg_core.config.SEED_MAX]."""
     knobs: dict[str, Any] = field(default_factory=dict)
     """Task difficulty knobs passed to the task's loader (e.g. digits, steps, hops)."""
     retriever_url: str | None = None
-    """Tool tasks: an `emapg retriever serve` URL; null = in-process BM25."""
+    """Tool tasks: an `emapg retriever serve` URL (http:// or https://; a run checks that it answers before
+    any work: experiments.build.check_retriever); null = in-process BM25."""
+
+    def __post_init__(self):
+        check_integer("task.train_size", self.train_size, 1)
+        check_integer("task.test_size", self.test_size, 1)
+        check_seed("task.data_seed", self.data_seed)
+        url = self.retriever_url
+        if not (url is None or (isinstance(url, str) and url.startswith(("http://", "https://")))):
+            raise ValueError(f"task.retriever_url={url!r} is not an http:// or https:// URL (or null: in-process BM25)")
 
 
 @dataclass
@@ -37,12 +56,22 @@ class ModelConfig:
     path: str | None = None
     """A local HF causal-LM directory; null = the tiny model warm-started on the task (cached)."""
     hidden: int = 128
+    """The tiny model's hidden size, >= 1 and divisible by heads (model.path null only, as the next three)."""
     layers: int = 2
+    """Its transformer layers, >= 1."""
     heads: int = 4
+    """Its attention heads, >= 1."""
     pretrain_steps: int | None = None
-    """Warm-start SFT steps; null = the task's calibrated default."""
+    """Warm-start SFT steps, >= 1; null = the task's calibrated default."""
     cache_dir: str = "${oc.env:EMAPG_CACHE,${oc.env:HOME}/.cache/emapg}"
     """Where warm-started tiny models are cached (keyed by a content hash of their config)."""
+
+    def __post_init__(self):
+        for name in ("hidden", "layers", "heads"):
+            check_integer(f"model.{name}", getattr(self, name), 1)
+        if self.hidden % self.heads:
+            raise ValueError(f"model.hidden={self.hidden} must be divisible by model.heads={self.heads}")
+        check_integer("model.pretrain_steps", self.pretrain_steps, 1, null=True)
 
 
 @dataclass
@@ -75,6 +104,7 @@ class RunConfig:
     experiment: str = "custom"
     """Preset name (set by experiment/*.yaml)."""
     seed: int = 0
+    """In [0, ema_pg_core.config.SEED_MAX] (checked by ema_pg_core.local.trainer.LocalConfig)."""
     run_dir: str | None = None
     """Where the run record goes; null = ${out_root}/<run_id>."""
     out_root: str = "outputs/runs"

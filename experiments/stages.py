@@ -217,7 +217,7 @@ def run_staged(cfg: DictConfig, run_dir: Path, validate, run_one: Callable[[Dict
             continue
         first = stage.name != current  # this stage has not started in run_dir yet
         transition = first and (index > 0 or bool(done))  # continues the previous stage's checkpoint
-        resume = (cfg.resume or True) if transition else cfg.resume
+        resume = (cfg.resume or "auto") if transition else cfg.resume  # auto: a stage after resume_from starts
         scfg = OmegaConf.merge(scfg, {"run_dir": str(run_dir), "resume": resume})
         summary = run_one(scfg, start_info(stage, index, previous, cfg) if first else None)
         previous, current = scfg, None

@@ -9,20 +9,21 @@ A sweep YAML (only `name`, `base` and `metric` are required). The values below a
 default is a field default of `Spec` (and `Scheduler`, `Adaptive`) below, the one place `parse` reads them from
 (``SPEC_DEFAULTS``):
 
-    name: quickstart                  # directory name (outputs/sweeps/<name>) and W&B group
+    name: quickstart                  # directory name (outputs/sweeps/<name>) and W&B group; <= 58 characters
     base:
       experiment: math_tiny_grpo      # a preset of experiments/conf/experiment/
       overrides: {trainer.iterations: 20, logger: none}  # fixed config keys (and config groups)
     space:                            # config key -> exactly one of:
       experiment: {grid: [math_tiny_grpo, math_tiny_ema_pg]}  # grid: every value is run
       algo.kl.type: {choice: [k3, topk_reverse]}              # choice: sampled (random, optuna)
-      algo.anchor.tau: {uniform: [0.8, 1.0]}                  # uniform / loguniform: [low, high]
+      algo.anchor.tau: {uniform: [0.8, 1.0]}                  # uniform / loguniform: [low, high], finite
       algo.anchor.period: {int: [1, 20]}                      # int: [low, high], both inclusive
       algo.kl.type,algo.kl.tail: {grid: [[k3, none], [topk_reverse, paper]]}  # keys varied together
     seeds: [0, 1, 2]                  # every point runs once per seed (or put `seed` in space), or adaptive:
     # seeds: {adaptive: {compare: {key: algo.anchor.tau, baseline: 1.0}, start: 3, step: 2, max: 11,
     #         stop_when: [ci_excludes_zero, {ci_width_below: 0.04}]}}   # more seeds only where unclear
     #         (sweeps/adaptive.py; the fields and defaults: `Adaptive`; needs search: grid, scheduler: none)
+    #         every seed (and search.seed) is an integer in [0, 2**32 - 1] (ema_pg_core.config.SEED_MAX)
     search: {type: optuna, seed: 7}   # grid | random | optuna, or {type: ..., seed: the sampler's seed}
     scheduler: {type: asha, grace_period: 2}  # none | asha, or {type: asha, ...the Scheduler fields}
                                       # (max_t: null = trainer.iterations)
@@ -312,10 +313,16 @@ def parse(data: Any, check_config: bool = True) -> Spec:
     return check(spec) if check_config else spec
 
 
+NAME_MAX = 58
+"""The longest sweep name: it names a directory and goes into every trial's W&B tag ``sweep:<name>``, which W&B
+allows up to 64 characters."""
+
+
 def _name(name) -> str:
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) or len(name) > NAME_MAX:
         raise SpecError(
-            f"name={shown(name)} must be a non-empty string of letters, digits, '_', '.', '-' (it names a directory)"
+            f"name={shown(name)} must be 1 to {NAME_MAX} letters, digits, '_', '.', '-' (it names a directory and the "
+            f"W&B tag sweep:<name>, at most 64 characters)"
         )
     return name
 
@@ -381,8 +388,8 @@ def _search(value) -> tuple[str, int | None]:
     value = _mapping(value, "search")
     _known(value, ("type", "seed"), "search.")
     seed = value.get("seed", SPEC_DEFAULTS["search_seed"])
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise SpecError(f"search.seed={shown(seed)} must be an integer (the sampler seed) or null")
+    if seed is not None:
+        _seed("search.seed", seed, " (the sampler seed) or null")
     return _one_of("search.type", value.get("type"), SEARCHES), seed
 
 
@@ -449,8 +456,8 @@ def _param(name: str, entry, overrides: dict) -> Param:
         return Param(keys, kind, tuple(vals))
     if len(keys) > 1:
         raise SpecError(f"{where}: keys varied together take grid or choice, not {kind}")
-    if len(vals) != 2 or not all(_is_num(v) for v in vals) or not vals[0] < vals[1]:
-        raise SpecError(f"{where}.{kind} must be [low, high] numbers with low < high; got {shown(vals)}")
+    if len(vals) != 2 or not all(_is_finite(v) for v in vals) or not vals[0] < vals[1]:
+        raise SpecError(f"{where}.{kind} must be [low, high] finite numbers with low < high; got {shown(vals)}")
     if kind == "int" and not all(isinstance(v, int) for v in vals):
         raise SpecError(f"{where}.int bounds must be integers; got {shown(vals)}")
     if kind == "loguniform" and vals[0] <= 0:
@@ -484,15 +491,22 @@ def _health(value) -> dict[str, Any]:
 def _seeds(value, adaptive: Adaptive | None = None) -> tuple[int, ...]:
     if adaptive is not None:
         return adaptive.seeds
-    if (
-        not isinstance(value, list)
-        or not value
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)
-    ):
+    if not isinstance(value, list) or not value:
         raise SpecError(f"seeds must be a non-empty list of integers or {{adaptive: {{...}}}}; got {shown(value)}")
+    for i, seed in enumerate(value):
+        _seed(f"seeds[{i}]", seed)
     if len(set(value)) != len(value):
         raise SpecError(f"seeds lists a seed twice: {value}")
     return tuple(value)
+
+
+def _seed(where: str, value, alternative: str = "") -> int:
+    """A seed in the range every consumer takes (ema_pg_core.config.SEED_MAX, the one home of that bound)."""
+    from ema_pg_core.config import SEED_MAX
+
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= SEED_MAX:
+        raise SpecError(f"{where} must be an integer in [0, {SEED_MAX}]{alternative}; got {shown(value)}")
+    return value
 
 
 def _adaptive(value) -> Adaptive | None:
@@ -516,13 +530,16 @@ def _adaptive(value) -> Adaptive | None:
     confidence = _number("seeds.adaptive.confidence", a.get("confidence", d["confidence"]), 0)
     if confidence >= 1:
         raise SpecError(f"seeds.adaptive.confidence must be in (0, 1); got {shown(confidence)}")
+    top = _int("seeds.adaptive.max", a.get("max", d["max"]), start)
+    first = _seed("seeds.adaptive.first", a.get("first", d["first"]))
+    _seed("seeds.adaptive.first + max - 1 (its last seed)", first + top - 1)
     return Adaptive(
         key=compare["key"],
         baseline=compare["baseline"],
         start=start,
         step=_int("seeds.adaptive.step", a.get("step", d["step"]), 1),
-        max=_int("seeds.adaptive.max", a.get("max", d["max"]), start),
-        first=_int("seeds.adaptive.first", a.get("first", d["first"]), 0),
+        max=top,
+        first=first,
         metric=None if metric is None else _metric_syntax(metric),
         stop_when=_stop_when(a.get("stop_when", [r for r, _ in d["stop_when"]])),
         confidence=confidence,
@@ -862,9 +879,10 @@ def _mapping(value, where: str) -> dict:
 def _known(data: dict, allowed, prefix: str) -> None:
     unknown = [k for k in data if k not in allowed]
     if unknown:
-        near = difflib.get_close_matches(str(unknown[0]), list(allowed), n=1)
+        key = str(unknown[0])
+        near = difflib.get_close_matches(key[:200], list(allowed), n=1)
         raise SpecError(
-            f"unknown key {prefix}{unknown[0]}"
+            f"unknown key {prefix}{key if len(key) <= 200 else shown(key)}"
             + (f" (did you mean {prefix}{near[0]}?)" if near else "")
             + f"; allowed: {', '.join(allowed)}"
         )
@@ -880,6 +898,11 @@ def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _is_finite(v) -> bool:
+    """A number other than NaN and +-inf."""
+    return _is_num(v) and math.isfinite(v)
+
+
 def _int(where: str, value, low: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise SpecError(f"{where} must be an integer >= {low}; got {shown(value)}")
@@ -889,9 +912,10 @@ def _int(where: str, value, low: int) -> int:
 def _number(where: str, value, low: float, none_ok: bool = False, zero_ok: bool = False):
     if value is None and none_ok:
         return None
-    if not _is_num(value) or value < low or (value == low and not zero_ok):
+    if not _is_finite(value) or value < low or (value == low and not zero_ok):
+        number = "a finite number" if _is_num(value) and not math.isfinite(value) else "a number"
         raise SpecError(
-            f"{where} must be a number {'>=' if zero_ok else '>'} {low:g}{' or null' if none_ok else ''}; "
+            f"{where} must be {number} {'>=' if zero_ok else '>'} {low:g}{' or null' if none_ok else ''}; "
             f"got {shown(value)}"
         )
     return float(value)

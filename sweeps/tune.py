@@ -121,7 +121,7 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
     cfg = build.compose(spec.overrides_for(point, seed))
     run_dir = Path(sweep_dir) / "runs" / records.make_run_id(cfg.task.name, cfg.experiment, cfg.seed, trial_id=trial_id)
     if spec.backend == "verl":  # verl keeps its own checkpoints: <run_dir>/checkpoints, or <checkpoint_dir>/<run id>
-        carry, resume = None, (run_dir / records.CONFIG).is_file()
+        carry, resume = None, "auto"  # continue the record an earlier attempt left, else start
         root = cfg.backend.verl.checkpoint_dir
         cfg.backend.verl.checkpoint_dir = str(run_dir / "checkpoints" if root is None else Path(root) / run_dir.name)
     else:

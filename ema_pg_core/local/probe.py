@@ -4,8 +4,9 @@ Shapes: P probe sequences, T response tokens (padded), L prompt + response lengt
 K top-k.
 
 ``make_probe`` samples one response for each of the first ``trainer.probe_size`` held-out (test split)
-prompts with the initial policy, from its own generator (seeded from the run's seed, so the training
-stream of random numbers is the same with the probe on or off), and keeps the tokens and the log-probs
+prompts (null: ``PROBE_SIZE``, or the whole split when it is smaller: ``ema_pg_core.config.probe_prompts``)
+with the initial policy, from its own generator (seeded from the run's seed, so the training stream of
+random numbers is the same with the probe on or off), and keeps the tokens and the log-probs
 of the policy that drew them. The trainer stores the probe in every checkpoint, so a resumed run scores
 the same tokens. ``score_probe`` then computes, every ``trainer.probe_every`` iterations, for the current
 policy pi and anchor pi_ref on those tokens:
@@ -26,7 +27,7 @@ from dataclasses import asdict
 
 import torch
 
-from ema_pg_core.config import PROBE_SIZE, KLConfig
+from ema_pg_core.config import KLConfig, probe_prompts
 from ema_pg_core.kl import ImportanceWeight, KLInputs, get_estimator, kl_per_token
 from ema_pg_core.local.batch import Batch, collate, forward_stats, response_hidden
 from ema_pg_core.telemetry import exact_kl_from_hidden, probe_inputs, probe_summary
@@ -38,11 +39,9 @@ PROBE_SEED_OFFSET = 7_000_003
 
 def make_probe(trainer) -> dict[str, torch.Tensor]:
     """{Batch fields (P, L) / (P, T), "logp" (P, T)}: the probe set, drawn by the trainer's current policy."""
-    n = trainer.cfg.trainer.probe_size
-    n = PROBE_SIZE if n is None else n
-    examples = trainer.task.test[:n]
-    if not examples:
+    if not trainer.task.test:
         raise ValueError("trainer.probe_every > 0 needs held-out (test split) prompts for the probe; the task has none")
+    examples = trainer.task.test[: probe_prompts(trainer.cfg.trainer, len(trainer.task.test))]
     g = torch.Generator(device=trainer.device).manual_seed(trainer.cfg.seed + PROBE_SEED_OFFSET)
     trainer.policy.eval()
     with torch.no_grad():

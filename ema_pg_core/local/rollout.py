@@ -62,9 +62,11 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 def _pick(
     logits: torch.Tensor, temperature: float, top_p: float, greedy: bool, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """(B,) next tokens from (B, V) logits."""
-    if greedy:
+    """(B,) next tokens from (B, V) logits: argmax when `greedy` or at temperature 0, else sampled."""
+    if greedy or temperature == 0:
         return logits.argmax(-1)
+    if not temperature > 0:  # logits / T < 0 would sample the inverted distribution
+        raise ValueError(f"temperature must be >= 0 (0 = greedy); got {temperature!r}")
     probs = torch.softmax(logits.float() / temperature, -1)
     return torch.multinomial(_top_p_filter(probs, top_p), 1, generator=generator)[:, 0]
 
@@ -109,7 +111,7 @@ def generate(
     decode=None,
     on_step: StepHook | None = None,
 ) -> list[list[int]]:
-    """Sample continuations for a batch of token contexts (left-padded, KV cache).
+    """Sample continuations for a batch of token contexts (left-padded, KV cache; temperature 0 = greedy).
 
     A sequence stops at eos (included), at ``stop`` (the decoded tail ends with it; included) or
     after ``max_new_tokens``. ``decode`` maps token ids to text (needed with ``stop``).
@@ -274,7 +276,9 @@ def rollout(
     (mask 0, truncated to ``max_obs_tokens``); then one final turn without the stop string.
     ``stats_k`` (not None, sampling only): fill ``Trajectory.stats`` with the sampler's statistics
     at ``temperature`` with its own top-``stats_k`` (0: no head), zeros for environment tokens.
+    ``temperature`` 0 decodes greedily (as ``greedy``; no statistics then).
     """
+    greedy = greedy or temperature == 0
     decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
     trajs = [Trajectory(prompt_ids=ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
     parts: list[list[TokenStats]] = [[] for _ in trajs]  # per trajectory: stats of its segments, in order

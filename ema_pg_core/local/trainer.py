@@ -40,7 +40,15 @@ import torch
 
 from ema_pg_core.advantages import compute_advantages
 from ema_pg_core.anchor import EmaAnchor
-from ema_pg_core.config import AlgoConfig, OptimConfig, RolloutConfig, TrainerConfig
+from ema_pg_core.config import (
+    AlgoConfig,
+    OptimConfig,
+    RolloutConfig,
+    TrainerConfig,
+    check_batch_split,
+    check_seed,
+    eval_problems,
+)
 from ema_pg_core.kl import KLInputs, get_estimator
 from ema_pg_core.local import checkpoints
 from ema_pg_core.local.batch import Batch, check_model, collate, forward_stats, sampler_stats
@@ -70,6 +78,11 @@ class LocalConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     seed: int = 0
+    """In [0, ema_pg_core.config.SEED_MAX]."""
+
+    def __post_init__(self):
+        check_seed("seed", self.seed)
+        check_batch_split(self.rollout, self.trainer)
 
 
 class Interrupted(RuntimeError):
@@ -143,13 +156,14 @@ class LocalTrainer:
     def _rollout(
         self, model, prompts: list[str], greedy=False, generator=None, temperature=None, stats_k=None
     ) -> list[Trajectory]:
+        """Trajectories of `model` for `prompts`: at `temperature` (None: rollout.temperature; 0: greedy)."""
         r = self.cfg.rollout
         return rollout(
             model,
             self.tok,
             prompts,
             max_new_tokens=r.max_new_tokens,
-            temperature=temperature or r.temperature,
+            temperature=r.temperature if temperature is None else temperature,
             top_p=1.0 if greedy else r.top_p,
             greedy=greedy,
             generator=generator,
@@ -319,9 +333,10 @@ class LocalTrainer:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self) -> tuple[dict, list[dict]]:
-        """Greedy accuracy and pass@1 (mean over eval_n samples) for the policy and the anchor."""
+        """Greedy accuracy and pass@1 (mean over eval_n samples at trainer.eval_temperature; 0 = greedy, so each
+        sample is the greedy answer) for the policy and the anchor."""
         tc, name = self.cfg.trainer, self.task.name
-        exs = self.task.test[: tc.eval_size]
+        exs = self.task.test[: eval_problems(tc, len(self.task.test))]
         metrics, rows, cache = {}, [], None
         for who, model in (("policy", self.policy), ("anchor", self.anchor.module)):
             if who == "anchor" and self.iteration == 0:
@@ -330,12 +345,15 @@ class LocalTrainer:
                 model.eval()
                 g = torch.Generator(device=self.device).manual_seed(self.cfg.seed * 1_000_003 + self.iteration)
                 greedy = self._rollout(model, [self.task.prompt(e) for e in exs], greedy=True)
-                sampled = self._rollout(
-                    model,
-                    [self.task.prompt(e) for e in exs for _ in range(tc.eval_n)],
-                    generator=g,
-                    temperature=tc.eval_temperature,
-                )
+                if tc.eval_temperature == 0:  # greedy samples: the greedy answers, n times (decoded once)
+                    sampled = [t for t in greedy for _ in range(tc.eval_n)]
+                else:
+                    sampled = self._rollout(
+                        model,
+                        [self.task.prompt(e) for e in exs for _ in range(tc.eval_n)],
+                        generator=g,
+                        temperature=tc.eval_temperature,
+                    )
                 res = cache = (
                     [self.task.evaluate(e, t.text) for e, t in zip(exs, greedy)],
                     np.array(

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ema_pg_core.config import AdvantageConfig, AnchorConfig, KLConfig, LossConfig
+from ema_pg_core.config import AdvantageConfig, AnchorConfig, KLConfig, LossConfig, check_integer, check_number
 from ema_pg_core.kl import get_estimator
 from ema_pg_core.overrides import hydra_value
 
@@ -204,6 +204,19 @@ def anchor_due(iteration: int, anchor: AnchorConfig) -> bool:
 # --------------------------------------------------------------------------------------
 # verl-only settings (backend.verl.*)
 # --------------------------------------------------------------------------------------
+VERL_COUNTS = (
+    "nnodes",
+    "n_gpus_per_node",
+    "max_prompt_length",
+    "tensor_parallel_size",
+    "max_token_len_per_gpu",
+    "micro_batch_size_per_gpu",
+    "max_tool_response_length",
+    "total_epochs",
+)
+"""The integer settings of ``VerlSettings`` that must be >= 1 (counts and lengths)."""
+
+
 @dataclass
 class VerlSettings:
     """Settings only the verl backend has. Paper values: 8xH100 per run."""
@@ -223,6 +236,7 @@ class VerlSettings:
     """vllm | sglang (GPUs) | hf (``ema_pg_core.verl.hf_rollout``: HF generate, the engine of trainer.device=cpu)."""
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.6
+    """Share of each GPU's memory the rollout engine may take, in (0, 1]."""
     use_dynamic_bsz: bool = True
     max_token_len_per_gpu: int = 16384
     """Token budget per GPU for dynamic micro-batches (training and log-prob passes)."""
@@ -249,7 +263,7 @@ class VerlSettings:
     tolerates; one more ends it with that exception (verl alone logs them and may wait forever)."""
     step_timeout_s: float = 7200.0
     """`emapg train` stops a verl run (status failed) when no training step completes for this long
-    (start-up included): the last line of defence against a hang."""
+    (start-up included; finite, > 0): the last line of defence against a hang."""
     mask_truncated: bool = False
     """Drop responses that hit max_response_length from the actor update, after the advantages (the
     paper's 8k math stage, rLLM's mask_truncated_samples; emapg.mask_truncated)."""
@@ -275,12 +289,12 @@ class VerlSettings:
                 "backend.verl.agent_loop=search_r1 needs backend.verl.retriever_url (an `emapg retriever "
                 "serve` URL reachable from every rollout node, e.g. http://127.0.0.1:8000)"
             )
-        if not (isinstance(self.max_failed_rollouts, int) and self.max_failed_rollouts >= 0):
-            raise ValueError(
-                f"backend.verl.max_failed_rollouts must be an integer >= 0; got {self.max_failed_rollouts!r}"
-            )
-        if not self.step_timeout_s > 0:
-            raise ValueError(f"backend.verl.step_timeout_s must be > 0 (seconds); got {self.step_timeout_s!r}")
+        for name in VERL_COUNTS:
+            check_integer(f"backend.verl.{name}", getattr(self, name), 1)
+        check_integer("backend.verl.max_response_length", self.max_response_length, 1, null=True)
+        check_number("backend.verl.gpu_memory_utilization", self.gpu_memory_utilization, 0, 1, low_open=True)
+        check_integer("backend.verl.max_failed_rollouts", self.max_failed_rollouts, 0)
+        check_number("backend.verl.step_timeout_s", self.step_timeout_s, 0, low_open=True, why=" (seconds)")
         if ":" not in self.reward_fn:
             raise ValueError(f"backend.verl.reward_fn={self.reward_fn!r} must be 'module:function'")
 

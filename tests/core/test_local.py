@@ -231,3 +231,39 @@ def test_run_metrics_are_the_keys_one_local_iteration_logs(tmp_path):
     assert sorted(logged) == sorted(want), set(logged) ^ set(want)
     evals, _ = trainer.evaluate()
     assert sorted(evals) == sorted(f"{ns}/toy/{m}" for ns in ("eval", "eval_anchor") for m in EVAL_METRICS)
+
+
+# ------------------------------------------------------------------ temperature 0 = greedy (issue #28)
+def test_temperature_zero_decodes_greedily_and_a_negative_one_is_refused():
+    model = build_model(TOK, hidden=32, layers=1, heads=2, seed=0).eval()
+    prompts = ["1>", "2>", "3>", "4>"]
+    greedy = rollout(model, TOK, prompts, max_new_tokens=6, greedy=True)
+    zero = rollout(model, TOK, prompts, max_new_tokens=6, temperature=0.0, generator=torch.Generator().manual_seed(0))
+    assert [t.response_ids for t in zero] == [t.response_ids for t in greedy]
+    with pytest.raises(ValueError, match=r"temperature must be >= 0 \(0 = greedy\); got -1.0"):
+        rollout(model, TOK, prompts, max_new_tokens=2, temperature=-1.0, generator=torch.Generator())
+
+
+@pytest.mark.parametrize("eval_temperature", [0.0, 0.7])
+def test_eval_temperature_is_honoured_and_zero_means_greedy(eval_temperature, tmp_path, monkeypatch):
+    """trainer.eval_temperature=0 evaluates greedily (it used to become the rollout temperature, 1.0); any other value
+    samples at that temperature."""
+    import ema_pg_core.local.trainer as trainer_module
+
+    calls = []
+
+    def spy(*args, **kw):
+        calls.append((kw["greedy"], kw["temperature"]))
+        return rollout(*args, **kw)
+
+    monkeypatch.setattr(trainer_module, "rollout", spy)
+    cfg = make_cfg(iterations=0)
+    cfg = replace(cfg, trainer=replace(cfg.trainer, eval_temperature=eval_temperature, eval_n=3, probe_every=0))
+    tr = LocalTrainer(build_model(TOK, hidden=32, layers=1, heads=2, seed=0), TOK, Toy(), cfg, tmp_path)
+    metrics, rows = tr.evaluate()
+    if eval_temperature == 0:
+        assert all(greedy or t == 0 for greedy, t in calls), calls
+        assert metrics["eval/toy/pass@1"] == metrics["eval/toy/acc"]
+        assert all(r["n_correct"] == r["n"] * r["greedy_correct"] for r in rows)
+    else:
+        assert (False, eval_temperature) in calls

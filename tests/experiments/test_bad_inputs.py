@@ -40,7 +40,7 @@ CASES = [
     (["train", "trainer.device=cuda"], ["trainer.device='cuda'", "CUDA is not available"]),
     (["train", "model=hf"], ["model=hf needs model.path"]),
     (["train", "model.path={tmp}/nope"], ["model.path="]),
-    (["train", "resume=yes"], ["resume='yes'", "false, true, force"]),
+    (["train", "resume=yes"], ["resume='yes'", "false, true, auto, force"]),
     (["train", "algo.kl.type=k9"], ["algo.kl.type='k9'"]),
     (["train", "algo.kl.k=1000"], ["algo.kl.k=1000", "vocabulary", "100"]),
     (["train", "algo.kl.tail=maybe"], ["algo.kl.tail"]),
@@ -55,6 +55,34 @@ CASES = [
     (["train", "run_dir={tmp}/a_file"], ["a_file", "not a directory"]),
     (["train", "run_dir={tmp}/finished"], ["finished", "resume=true"]),
     (["train", "run_dir={tmp}/bad_ckpt", "resume=true"], ["no intact checkpoint", "latest is empty"]),
+    # ---- emapg train: numeric domains, sizes and seeds (issue #28)
+    (["train", "trainer.eval_temperature=-1"], ["trainer.eval_temperature must be >= 0 (0 = greedy)"]),
+    (["train", "rollout.temperature=0"], ["rollout.temperature must be > 0", "trainer.eval_temperature=0"]),
+    (["train", "algo.loss.log_ratio_clamp=-1"], ["algo.loss.log_ratio_clamp must be > 0"]),
+    (["train", "algo.kl.iw_clip_high=-1"], ["algo.kl.iw_clip_high must be > 0 or null"]),
+    (["train", "rollout.max_obs_tokens=-5"], ["rollout.max_obs_tokens must be an integer >= 1"]),
+    (["train", "algo.kl.coef=inf"], ["algo.kl.coef", "must be a finite number >= 0", "got inf"]),
+    (["train", "algo.anchor.tau=nan"], ["algo.anchor.tau must be a finite number in [0, 1]"]),
+    (["train", "trainer.mini_batches=3"], ["trainer.mini_batches=3 must divide", "2 x 2 = 4", "allowed: 1, 2, 4"]),
+    (["train", "trainer.mini_batches=8"], ["trainer.mini_batches=8 must divide", "= 4 sequences"]),
+    (["train", "trainer.keep_checkpoints=0"], ["trainer.keep_checkpoints must be an integer >= 1"]),
+    (["train", "trainer.probe_size=9"], ["trainer.probe_size=9 exceeds the held-out split", "task.test_size=8"]),
+    (["train", "trainer.eval_size=9"], ["trainer.eval_size=9 exceeds the held-out split", "task.test_size=8"]),
+    (["train", "trainer.eval_size=0"], ["trainer.eval_size must be an integer >= 1"]),
+    (["train", "trainer.threads=0"], ["trainer.threads must be an integer >= 1"]),
+    (["train", "optim.beta1=1.5"], ["optim.beta1 must be in [0, 1); got 1.5"]),
+    (["train", "optim.weight_decay=-5"], ["optim.weight_decay must be >= 0; got -5"]),
+    (["train", "task.train_size=0"], ["task.train_size must be an integer >= 1"]),
+    (["train", "model.heads=3"], ["model.hidden=128 must be divisible by model.heads=3"]),
+    (["train", "seed=12345678901234567890"], ["seed must be an integer in [0, 4294967295]"]),
+    (["train", "seed=-1"], ["seed must be an integer in [0, 4294967295]"]),
+    (["train", "task.data_seed=4294967296"], ["task.data_seed must be an integer in [0, 4294967295]"]),
+    (["train", "run_dir={tmp}/" + "r" * 300], ["run_dir", "300 bytes long", "at most 255"]),
+    (["train", "run_dir={tmp}/my run (1)"], ["cannot parse the override", "quote its value", 'run_dir="']),
+    (["train", "run_dir={tmp}/nope", "resume=true"], ["resume=true", "nope", "holds no run", "resume=auto"]),
+    (["train", "run_dir={tmp}/empty", "resume=force"], ["resume=force", "empty", "holds no run"]),
+    (["train", "task=search_tiny", "task.retriever_url=http://127.0.0.1:1"], ["task.retriever_url", "not reachable"]),
+    (["train", "task=search_tiny", "task.retriever_url=ftp://x"], ["task.retriever_url='ftp://x'", "http://"]),
     # ---- emapg train: health rules (one case per field)
     (["train", "health.entropy_floor.floor=0"], ["health.entropy_floor.floor must be > 0 or null"]),
     (["train", "health.entropy_floor.floor=abc"], ["health.entropy_floor.floor", "not a number"]),
@@ -81,6 +109,10 @@ CASES = [
     (["sweep", "{tmp}/binary.yaml", "--dry-run"], ["binary.yaml", "not a text file"]),
     (["sweep", "{tmp}/empty", "--dry-run"], ["empty", "is a directory"]),
     (["sweep", "{tmp}/alias.yaml", "--dry-run"], ["alias.yaml", "line 4", "alias *n", "not allowed"]),
+    (["sweep", "{tmp}/inf_range.yaml", "--dry-run"], ["space.algo.kl.coef.uniform", "finite numbers", "inf"]),
+    (["sweep", "{tmp}/big_seed.yaml", "--dry-run"], ["seeds[1] must be an integer in [0, 4294967295]"]),
+    (["sweep", "{tmp}/long_name.yaml", "--dry-run"], ["name=", "1 to 58", "W&B tag"]),
+    (["sweep", "{tmp}/seed_axis.yaml", "--dry-run"], ["seed must be an integer in [0, 4294967295]"]),
     # ---- emapg report
     (["report", "{tmp}/nope", "--out", "{tmp}/out"], ["not a directory", "nope"]),
     (["report", "{tmp}/a_file", "--out", "{tmp}/out"], ["a_file"]),
@@ -182,6 +214,10 @@ def _setup(tmp) -> None:
         "name: alias\nmetric: train/reward\nspace: {algo.anchor.tau: {grid: [1.0, 0.9]}}\n"
         "base: {experiment: math_tiny_ema_pg, overrides: {trainer.iterations: &n 2, trainer.eval_every: *n}}\n"
     )
+    _spec(tmp / "inf_range.yaml", "inf_range", {"algo.kl.coef": {"uniform": [0.0, float("inf")]}}, search="random")
+    _spec(tmp / "big_seed.yaml", "big_seed", {"algo.anchor.tau": {"grid": [0.9]}}, seeds=[0, 12345678901234567890])
+    _spec(tmp / "long_name.yaml", "n" * 300, {"algo.anchor.tau": {"grid": [0.9]}})
+    _spec(tmp / "seed_axis.yaml", "seed_axis", {"seed": {"grid": [0, 2**32]}})
 
 
 def _spec(path, name: str, space: dict, overrides: dict | None = None, **top) -> None:

@@ -37,7 +37,7 @@ def test_presets_encode_the_paper_choices():
     "overrides,message",
     [
         (["task.name=chess"], "task.name='chess' is not a known task; allowed: "),
-        (["rollout.group_size=1"], "rollout.group_size must be >= 2 for GRPO"),
+        (["rollout.group_size=1"], "rollout.group_size must be an integer >= 2 for GRPO"),
         (["algo.anchor.tau=1.5"], r"algo.anchor.tau must be in \[0, 1\]"),
         (["algo.anchor.period=0"], "algo.anchor.period must be an integer >= 1"),
         (["algo.kl.type=k7"], "algo.kl.type='k7' is not allowed; allowed values: "),
@@ -83,3 +83,55 @@ def test_console_script_entry_point():
         [sys.executable, "-m", "experiments.cli", "--help"], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0 and "train" in out.stdout
+
+
+# ---------------------------------------------------------------- a tool task's retriever answers before any work
+def test_an_unreachable_retriever_is_refused_within_seconds(monkeypatch):
+    """A server that accepts the connection and never answers: refused once the read times out, naming the URL (the
+    default timeouts keep it within 10 s: connect, then read)."""
+    import socket
+    import time
+
+    assert 2 * build.RETRIEVER_TIMEOUT_S <= 10
+    monkeypatch.setattr(build, "RETRIEVER_TIMEOUT_S", 0.5)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        cfg = build.compose(["task=search_tiny", f"task.retriever_url={url}"])
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match=rf"task.retriever_url={url} is not reachable \(ReadTimeout"):
+            build.check_retriever(cfg)
+        assert time.monotonic() - t0 < 3
+
+
+def test_any_http_answer_counts_as_a_reachable_retriever():
+    """Search-R1-compatible servers may have no /health: a 404 is an answer. A task without tools is not checked."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class NoHealth(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), NoHealth)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        build.check_retriever(build.compose(["task=search_tiny", f"task.retriever_url={url}"]))
+        build.check_retriever(build.compose(["task=math_tiny", "task.retriever_url=http://127.0.0.1:1"]))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_quoted_run_dir_with_a_leading_tilde_is_under_home(monkeypatch, tmp_path):
+    """`run_dir="~/runs/x"` (quoted, as Hydra needs a leading ~) is the home directory's, not ./~/runs/x."""
+    from experiments.run import resolve_run_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_run_dir(build.compose(['run_dir="~/runs/x"'])) == tmp_path / "runs" / "x"
+    assert resolve_run_dir(build.compose(['out_root="~/o"'])).parent == tmp_path / "o"

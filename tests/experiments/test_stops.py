@@ -80,6 +80,18 @@ def test_resume_extending_iterations_is_allowed_recorded_and_exact(tmp_path):
     assert_same_from(tmp_path / "run", tmp_path / "straight", 0)
 
 
+def test_resume_auto_starts_a_missing_run_and_continues_a_present_one(tmp_path):
+    """resume=auto: start when run_dir holds no run, continue (exactly, recorded) when it holds one; resume=true on
+    a run_dir without a run is refused (tests/experiments/test_bad_inputs.py), never a quiet fresh start."""
+    run_dir = tmp_path / "run"
+    assert train(run_dir, "trainer.iterations=2", "resume=auto") == 0
+    assert records.read_resumes(run_dir) == [] and records.read_summary(run_dir)["status"] == "finished"
+    assert train(run_dir, "trainer.iterations=3", "resume=auto") == 0
+    (entry,) = records.read_resumes(run_dir)
+    assert (entry["checkpoint"], entry["after_iteration"]) == ("iter_000002", 2)
+    assert records.read_summary(run_dir)["status"] == "finished"
+
+
 def test_resume_force_is_recorded_and_flagged_in_the_report(tmp_path):
     run_dir = tmp_path / "runs" / "run"
     assert train(run_dir, "trainer.iterations=2") == 0

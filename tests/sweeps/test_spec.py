@@ -628,7 +628,9 @@ def test_error_messages_bound_the_values_they_show():
     """A value is shown at most errors.SHOWN_CHARS long, however large (here 2 MB of seeds)."""
     from experiments.errors import SHOWN_CHARS
 
-    message = rejects(spec_with(seeds=["s" * 1000] * 2000), "seeds must be a non-empty list of integers")
+    message = rejects(spec_with(seeds=["s" * 10**6] * 2), "seeds[0] must be an integer in [0, ")
+    assert len(message) < SHOWN_CHARS + 200, len(message)
+    message = rejects(spec_with(seeds={"x" * 10**6: 1}), "unknown key seeds.'xxxx", "allowed: adaptive")
     assert len(message) < SHOWN_CHARS + 200, len(message)
     message = rejects(spec_with(base=list(range(10**6))), "base must be a mapping")
     assert len(message) < SHOWN_CHARS + 200, len(message)

@@ -195,6 +195,11 @@ def test_anchor_schedule_matches_core():
         ),
         ({"trainer": {"device": "cuda"}, "backend": {"verl": {"step_timeout_s": 0}}}, r"step_timeout_s must be > 0"),
         ({"backend": {"verl": {"bogus": 1}}}, "bogus"),
+        ({"trainer": {"eval_temperature": -1.0}}, r"trainer.eval_temperature must be >= 0 \(0 = greedy\)"),
+        ({"trainer": {"keep_checkpoints": 0}}, r"trainer.keep_checkpoints must be an integer >= 1"),
+        ({"backend": {"verl": {"gpu_memory_utilization": 0}}}, r"gpu_memory_utilization must be in \(0, 1\]"),
+        ({"backend": {"verl": {"step_timeout_s": float("inf")}}}, r"step_timeout_s must be a finite number > 0"),
+        ({"backend": {"verl": {"n_gpus_per_node": 0}}}, r"backend.verl.n_gpus_per_node must be an integer >= 1"),
         ({"backend": {"verl": {"mask_truncated": "yes"}}}, r"emapg.mask_truncated must be true or false"),
         ({"backend": {"verl": {"multi_turn": True, "agent_loop": "search_r1"}}}, r"needs backend\.verl\.retriever_url"),
     ],
@@ -203,6 +208,14 @@ def test_invalid_run_configs_fail_clearly(bad, match):
     run = {"model": {"path": "m"}, **bad}
     with pytest.raises((ValueError, TypeError), match=match):
         to_verl(run)
+
+
+@pytest.mark.parametrize("temperature,sample", [(0.0, "false"), (0.6, "true")])
+def test_eval_temperature_zero_is_greedy_on_verl_too(temperature, sample):
+    """trainer.eval_temperature means the same on both backends: 0 = greedy (verl: do_sample=false)."""
+    o = _overrides(to_verl({"model": {"path": "m"}, "trainer": {"eval_temperature": temperature, "device": "cuda"}}))
+    assert o["actor_rollout_ref.rollout.val_kwargs.temperature"] == hydra_value(temperature)
+    assert o["actor_rollout_ref.rollout.val_kwargs.do_sample"] == sample
 
 
 def test_split_argv_and_formatting():
