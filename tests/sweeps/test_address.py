@@ -1,0 +1,35 @@
+"""`emapg sweep --address` against a cluster whose token authentication refuses this driver: one line, exit 2."""
+
+import ray
+import yaml
+
+from experiments.cli import main
+from sweeps import tune as T
+
+
+def test_a_refused_token_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsys):
+    def refuse(*args, **kwargs):  # what ray.init raised against a `ray start` head (Ray 2.60, token auth on)
+        raise ray.exceptions.AuthenticationError("InvalidAuthToken: Authentication token is missing or incorrect")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "s",
+                "base": {"experiment": "math_tiny_grpo", "overrides": {"trainer.iterations": 1}},
+                "space": {"algo.anchor.tau": {"grid": [1.0]}},
+                "metric": "eval/math_tiny/acc",
+            }
+        )
+    )
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--address", "127.0.0.1:6399"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--address 127.0.0.1:6399: the Ray cluster refused this driver's authentication" in err[0]
+    assert "RAY_AUTH_TOKEN_PATH=" in err[0] and "RAY_AUTH_MODE=disabled" in err[0] and T.TOKEN_AUTH_DOCS in err[0]
+
+
+def test_other_connection_errors_are_not_called_authentication():
+    assert not T.is_auth_error(ConnectionError("Could not find any running Ray instance"))
+    assert T.is_auth_error(RuntimeError("grpc: InvalidAuthToken"))
