@@ -148,6 +148,15 @@ def _run_one(cfg: DictConfig, callback: Callback | None, stage: dict | None = No
     return _flat_summary(summary)
 
 
+def _advance(bar, it: int, m: dict) -> None:
+    """The progress bar to iteration `it`, with its reward, KL and anchor drift."""
+    if bar is None or it == 0:
+        return
+    bar.update(it - bar.n)
+    postfix = {"reward": f"{m.get('train/reward', 0):.2f}", "kl": f"{m.get('kl/value', 0):.2e}"}
+    bar.set_postfix({**postfix, "drift": f"{m.get('anchor/drift', 0):.1e}"}, refresh=False)
+
+
 def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, callback: Callback | None) -> dict:
     from ema_pg_core.local.trainer import Hooks, LocalTrainer
 
@@ -168,16 +177,7 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
     def on_metrics(it: int, m: dict) -> None:
         rows[it] = record.log(it, m)
         logger.log(it, rows[it])
-        if bar is not None and it > 0:
-            bar.update(it - bar.n)
-            bar.set_postfix(
-                {
-                    "reward": f"{m.get('train/reward', 0):.2f}",
-                    "kl": f"{m.get('kl/value', 0):.2e}",
-                    "drift": f"{m.get('anchor/drift', 0):.1e}",
-                },
-                refresh=False,
-            )
+        _advance(bar, it, m)
 
     def on_iteration_end(it: int, m: dict, ckpt: Path | None) -> None:
         row = rows.pop(it, m)
