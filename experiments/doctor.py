@@ -100,7 +100,6 @@ class Demand:
     gpu_memory_utilization: float | None = None
     attn: str | None = None
     """verl's attn_implementation (flash_attention_2 unless the config sets another)."""
-    remove_padding: bool = False
     model: str | None = None
     """model.path: a directory, or (verl) an HF id; None = the tiny model, built here."""
     files: tuple[tuple[str, str], ...] = ()
@@ -168,7 +167,6 @@ def _verl_demand(cfg) -> Demand:
         rollout=str(verl.get("actor_rollout_ref.rollout.name")),
         gpu_memory_utilization=verl.get("actor_rollout_ref.rollout.gpu_memory_utilization"),
         attn=str(verl.get("actor_rollout_ref.model.override_config.attn_implementation", VERL_ATTN_DEFAULT)),
-        remove_padding=bool(verl.get("actor_rollout_ref.model.use_remove_padding", False)),
         model=run["model"]["path"],
         files=tuple((k, str(v)) for k, v in files),
         checkpoints=os.path.abspath(os.path.expanduser(checkpoint_root(run))),
@@ -295,7 +293,7 @@ class Context:
 def _no_gpu_needed(ctx: Context) -> str:
     d = ctx.demand
     if d.gpus_per_node:
-        return "this node is not one of the run's GPU nodes (--address: the cluster is checked below)"
+        return "with --address this node need not hold the run's GPUs (the gpus check counts the cluster's)"
     if d.backend == "verl":
         return "trainer.device=cpu: verl's CPU mode, virtual GPUs"
     return f"trainer.device={d.device} needs no GPU"
@@ -316,7 +314,7 @@ def check_driver(ctx: Context) -> Result:
     try:
         drivers = sorted(set(ctx.probes.nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"]).split()))
     except (OSError, subprocess.SubprocessError) as e:
-        why = "nvidia-smi not found" if isinstance(e, FileNotFoundError) else f"nvidia-smi failed: {_first_line(e)}"
+        why = "nvidia-smi not found" if isinstance(e, FileNotFoundError) else f"nvidia-smi failed: {_smi_reason(e)}"
         if not ctx.gpu_here:
             return Result("N/A", f"no NVIDIA driver here ({why}); {_no_gpu_needed(ctx)}")
         return Result(
@@ -343,6 +341,12 @@ def check_driver(ctx: Context) -> Result:
         found,
         f"upgrade the driver to R{need}+, or install a torch built for an older CUDA ({older})",
     )
+
+
+def _smi_reason(e: BaseException) -> str:
+    """What a failed nvidia-smi said (it prints its errors on stdout), else the exception's first line."""
+    said = (getattr(e, "stdout", None) or getattr(e, "stderr", None) or "").strip()
+    return _first_line(RuntimeError(said)) if said else _first_line(e)
 
 
 def check_cuda(ctx: Context) -> Result:
@@ -498,7 +502,10 @@ def check_rollout(ctx: Context) -> Result:
 
 
 def check_flash_attn(ctx: Context) -> Result:
-    """flash-attn imports where the verl config asks for attn_implementation=flash_attention_2 (verl's default)."""
+    """flash-attn imports where the verl config asks for attn_implementation=flash_attention_2 (verl's default).
+
+    use_remove_padding=true (always, ``to_verl``) does not need it by itself: verl 0.9.1 falls back to torch
+    versions of flash-attn's padding helpers (verl/utils/attention_utils.py)."""
     d = ctx.demand
     if d.backend != "verl":
         return Result("N/A", "backend=local loads the model with transformers' default attention")
@@ -508,8 +515,8 @@ def check_flash_attn(ctx: Context) -> Result:
         ctx,
         "flash_attn",
         f"attn_implementation={d.attn}",
-        "pip install flash-attn --no-build-isolation (a wheel for this "
-        "torch and CUDA), or set attn_implementation=sdpa through backend.verl.overrides",
+        "pip install flash-attn --no-build-isolation (built for this torch and CUDA), or another attention: "
+        "backend.verl.overrides=['+actor_rollout_ref.model.override_config.attn_implementation=sdpa']",
     )
 
 

@@ -88,7 +88,7 @@ def test_demand_of_the_local_and_verl_configs(cfgs):
     assert local.checkpoints.endswith("/checkpoints") and os.path.isabs(local.checkpoints)
     assert doctor.demand(build.compose(["trainer.device=cuda:1"])).gpus_per_node == 2  # cuda:1 needs two devices
     v = doctor.demand(cfgs["verl"])
-    assert (v.gpus_per_node, v.nodes, v.rollout, v.attn, v.remove_padding) == (8, 1, "vllm", "flash_attention_2", True)
+    assert (v.gpus_per_node, v.nodes, v.rollout, v.attn) == (8, 1, "vllm", "flash_attention_2")
     assert v.sizes == "trainer.nnodes=1 x trainer.n_gpus_per_node=8"  # ema_pg_core.verl.resources.worker_pool
     assert v.gpu_memory_utilization == 0.85 and v.model == "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
     assert dict(v.files) == {
@@ -135,9 +135,9 @@ def test_raw_verl_overrides_win(cfgs):
         ("13.0", FileNotFoundError(2, "No such file", "nvidia-smi"), "FAIL", ["nvidia-smi not found"]),
         (
             "13.0",
-            subprocess.CalledProcessError(9, "nvidia-smi", stderr="NVIDIA-SMI has failed"),
+            subprocess.CalledProcessError(9, "nvidia-smi", output="NVIDIA-SMI has failed because it couldn't talk\n"),
             "FAIL",
-            ["nvidia-smi failed"],
+            ["nvidia-smi failed: NVIDIA-SMI has failed because it couldn't talk"],
         ),
         (None, "580.159.04\n", "FAIL", ["CPU build", "8 GPU(s) per node"]),
     ],
@@ -417,6 +417,16 @@ def test_checkpoint_dir_shared_by_every_node(cfgs, tmp_path):
     assert "not shared" in results[2].found and "every node mounts" in results[2].fix
     assert "no answer within 60 s" in results[3].found
     assert leftovers(tmp_path) == []  # the driver's probe is removed after the nodes looked
+
+
+def test_node_checkpoint_reads_the_token(tmp_path):
+    probe = tmp_path / f"{doctor.PROBE_PREFIX}abc"
+    probe.write_text("abc")
+    seen, detail = doctor.node_checkpoint(str(tmp_path), str(probe), "abc")
+    assert seen and "(shared)" in detail and "writable" in detail
+    probe.write_text("another doctor's")  # same name, another file: not the directory the driver wrote in
+    seen, detail = doctor.node_checkpoint(str(tmp_path), str(probe), "abc")
+    assert not seen and "other content" in detail
 
 
 # ---------------------------------------------------------------------------------------------- wandb
