@@ -15,6 +15,11 @@ one line and exit 2, like every command. The GPU checks describe this machine: r
 ``--address`` the GPU count is checked against the cluster's nodes and the paths and checkpoint checks also
 run on every node as Ray tasks (one line per node); the checkpoint directory must then be shared.
 
+Not checked: Ray's CPU reservations (``emapg train`` refuses a cluster too small for them before launch,
+``ema_pg_core.verl.resources.check_fits``), the driver, imports and NCCL settings of nodes other than this one,
+the environment Ray's workers get (that of ``ray start``, not of this shell), the retriever service, and a staged
+run's later stages (the config is checked as composed).
+
 Each check is one function ``Context -> Result | list[Result]``; everything it asks the machine goes through
 ``Probes`` (nvidia-smi, torch, imports, environment, network interfaces), so tests replace each answer.
 """
@@ -535,12 +540,13 @@ def check_nccl(ctx: Context) -> Result:
         return Result("N/A", "no NCCL: " + ("one process" if d.backend == "local" else "verl on CPU talks over gloo"))
     env = ctx.probes.environ
     shown_vars = sorted(k for k in env if k.startswith("NCCL_") or k in SOCKET_IFNAME_VARS)
+    settings = ", ".join(f"{k}={env[k]}" for k in shown_vars) or "no NCCL_* variable set (NCCL's defaults)"
     version = ctx.probes.nccl_version()
-    found = f"NCCL {version or '(not in this torch)'}; " + (
-        ", ".join(f"{k}={env[k]}" for k in shown_vars) if shown_vars else "no NCCL_* variable set (NCCL's defaults)"
-    )
     if version is None and ctx.gpu_here:
-        return Result("FAIL", f"{found}; this torch has no NCCL, which verl's ranks talk over", "see the driver check")
+        return Result(
+            "FAIL", f"this torch has no NCCL, which verl's ranks talk over; {settings}", "see the driver check"
+        )
+    found = f"NCCL {version or '(not in this torch)'}; {settings}"
     problems = nccl_problems(env, ctx.probes.interfaces(), d.nodes)
     if problems:
         return Result("WARN", f"{found}; {'; '.join(p for p, _ in problems)}", "; ".join(f for _, f in problems))
