@@ -523,7 +523,8 @@ def test_help_lists_every_check(capsys):
 def test_end_to_end_on_this_machine():
     """The command as a user runs it, here (CPU torch, no GPU): the default local run passes with the GPU checks
     N/A; the paper's verl preset fails its GPU demand, as it must on this machine."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": ""}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env["WANDB_MODE"] = ""
     env.pop("RAY_ADDRESS", None)
     run = subprocess.run(
         [sys.executable, "-m", "experiments.cli", "doctor", "logger=none"],
