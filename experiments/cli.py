@@ -14,6 +14,7 @@ imports ray and `emapg report` never imports torch.
     emapg report <runs-or-sweep-dir> --out <dir>
     emapg dashboard <sweep-dir> [--entity E] [--project P] [--publish]   (W&B workspace + report)
     emapg figures --out <dir>
+    emapg doctor experiment=math_deepscaler_ema_pg [--address HOST:PORT]  (preflight of a node or a Ray cluster)
 """
 
 from __future__ import annotations
@@ -157,6 +158,12 @@ def _figures(argv: list[str]) -> int:
     return main_figures(argv, audit.records) or 0
 
 
+def _doctor(argv: list[str]) -> int:
+    from experiments.doctor import main
+
+    return main(argv)
+
+
 def _cluster(argv: list[str]) -> int:
     from cluster.submit import main
 
@@ -175,6 +182,7 @@ COMMANDS = {
     "figures": _figures,
     "cluster": _cluster,
     "rehearse": _rehearse,
+    "doctor": _doctor,
 }
 
 

@@ -133,6 +133,13 @@ def _reward(config) -> list[Item]:
     return items
 
 
+def worker_pool(config) -> Item:
+    """The actor/rollout/ref workers' placement groups: ``trainer.nnodes`` groups of ``trainer.n_gpus_per_node``
+    {3 CPUs + 1 GPU} bundles, each group on one node (what a node's GPUs are checked against: ``emapg doctor``).
+    `config`: a composed verl config, or any mapping with those two keys."""
+    return _bundles("actor/rollout/ref placement groups", config, "trainer.nnodes", "trainer.n_gpus_per_node")
+
+
 def ray_demand(config) -> list[Item]:
     """What a launch of ``config`` (a composed verl config) reserves in Ray, item by item.
 
@@ -144,7 +151,7 @@ def ray_demand(config) -> list[Item]:
     items = [
         Item("TaskRunner", (), 1, TASK_RUNNER_CPUS, note="ray.remote(num_cpus=1) in ema_pg_core.verl.main"),
         *_transfer_queue(config),
-        _bundles("actor/rollout/ref placement groups", config, "trainer.nnodes", "trainer.n_gpus_per_node"),
+        worker_pool(config),
     ]
     if _get(config, "reward.reward_model.enable_resource_pool", False):
         items.append(

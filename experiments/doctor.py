@@ -1,0 +1,990 @@
+"""``emapg doctor``: a preflight of one machine (or, with ``--address``, of a Ray cluster) against a run's config.
+
+    emapg doctor experiment=math_deepscaler_ema_pg [hydra overrides ...] [--address HOST:PORT]
+
+It composes the run config as ``emapg train`` does (``experiments.build.compose`` + ``validate``), works out
+what the run needs (``Demand``: GPUs per node, rollout engine, attention kernel, files, checkpoint directory),
+then runs every check of ``CHECKS`` in order and prints one line per result::
+
+    PASS  driver      what was found
+    FAIL  gpus        what was found  fix: what to do
+
+PASS: ready; WARN: it may work, read the line; FAIL: the run cannot work as configured; N/A: the config does
+not need it here. Exit status 0 when no check FAILs, 1 otherwise; bad input (an override, ``--address``) is
+one line and exit 2, like every command. The GPU checks describe this machine: run it on a GPU node. With
+``--address`` the GPU count is checked against the cluster's nodes and the paths and checkpoint checks also
+run on every node as Ray tasks (one line per node); the checkpoint directory must then be shared.
+
+Not checked: Ray's CPU reservations (``emapg train`` refuses a cluster too small for them before launch,
+``ema_pg_core.verl.resources.check_fits``), the driver, imports and NCCL settings of nodes other than this one,
+the environment Ray's workers get (that of ``ray start``, not of this shell), the retriever service, and a staged
+run's later stages (the config is checked as composed).
+
+Each check is one function ``Context -> Result | list[Result]``; everything it asks the machine goes through
+``Probes`` (nvidia-smi, torch, imports, environment, network interfaces), so tests replace each answer.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from experiments.errors import UserError
+
+STATUSES = ("PASS", "WARN", "FAIL", "N/A")
+USAGE = "usage: emapg doctor [experiment=<preset>] [key=value ...] [--address HOST:PORT]"
+NVIDIA_SMI_TIMEOUT_S = 20
+"""How long `nvidia-smi` may take before the driver check gives up on it."""
+NODE_TIMEOUT_S = 60.0
+"""How long, with --address, each node has to answer its Ray task (paths and checkpoint directory)."""
+CONNECT_TIMEOUT_S = 5.0
+"""How long --address may take to accept a TCP connection before doctor says nothing answers there."""
+PROBE_PREFIX = ".emapg-doctor-"
+"""Name prefix of the probe files the checkpoint check writes and deletes."""
+CUDA_MIN_DRIVER = {11: 450, 12: 525, 13: 580}
+"""CUDA major version of torch's build -> the oldest NVIDIA driver branch that runs it (CUDA minor version
+compatibility: https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html)."""
+TORCH_CUDA_WHEELS = "https://download.pytorch.org/whl/"
+VERL_ATTN_DEFAULT = "flash_attention_2"
+"""verl 0.9.1's attn_implementation when the config sets none (verl/workers/config/model.py, HFModelConfig)."""
+ROLLOUT_MODULES = {"vllm": "vllm", "sglang": "sglang"}
+"""verl rollout engine -> the module it needs (the hf engine is ours: ema_pg_core.verl.hf_rollout)."""
+SOCKET_IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+"""Variables naming the network interfaces NCCL / gloo bind to (a comma list; ^ excludes, = is exact)."""
+
+
+# ---------------------------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class Result:
+    """One line of the report: PASS/WARN/FAIL/N/A, what was found, and for WARN/FAIL what to do."""
+
+    status: str
+    found: str
+    fix: str = ""
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"Result.status={self.status!r}; allowed: {', '.join(STATUSES)}")
+
+    def line(self, check: str) -> str:
+        """'FAIL  gpus        found  fix: ...' (the fix only on WARN/FAIL lines)."""
+        fix = f"  fix: {self.fix}" if self.fix and self.status in ("WARN", "FAIL") else ""
+        return f"{self.status:<4}  {check:<11} {self.found}{fix}"
+
+
+def exit_code(results: Sequence[Result]) -> int:
+    """0 when no result FAILs (WARN and N/A allowed), else 1."""
+    return int(any(r.status == "FAIL" for r in results))
+
+
+# ---------------------------------------------------------------------------------------------- what the run needs
+@dataclass(frozen=True)
+class Demand:
+    """What a composed run config needs from a node (``demand``)."""
+
+    backend: str
+    device: str
+    """trainer.device: cpu | cuda | cuda:N | auto (local); cuda | cpu (verl)."""
+    gpus_per_node: int
+    """CUDA devices each node must have (0: none)."""
+    nodes: int = 1
+    sizes: str = ""
+    """The settings behind the GPU demand, e.g. 'trainer.nnodes=1 x trainer.n_gpus_per_node=8'."""
+    rollout: str | None = None
+    """verl's rollout engine (vllm | sglang | hf); None on the local backend."""
+    gpu_memory_utilization: float | None = None
+    attn: str | None = None
+    """verl's attn_implementation (flash_attention_2 unless the config sets another)."""
+    model: str | None = None
+    """model.path: a directory, or (verl) an HF id; None = the tiny model, built here."""
+    files: tuple[tuple[str, str], ...] = ()
+    """(setting, path) of the data and config files the workers read."""
+    checkpoints: str = ""
+    """The checkpoint directory, absolute."""
+    checkpoint_key: str = "run_dir"
+    """The setting that moves it."""
+
+
+def demand(cfg) -> Demand:
+    """What `cfg` (a composed, validated run config) needs: the local or the verl backend's demand."""
+    return _verl_demand(cfg) if cfg.backend.name == "verl" else _local_demand(cfg)
+
+
+def _local_demand(cfg) -> Demand:
+    from experiments.run import resolve_run_dir
+
+    device = str(cfg.trainer.device)
+    gpus = 0 if device in ("cpu", "auto") else int(device.partition(":")[2] or 0) + 1
+    ckpt = resolve_run_dir(cfg) / "checkpoints"
+    return Demand(
+        "local",
+        device,
+        gpus,
+        sizes=f"trainer.device={device}",
+        model=cfg.model.path,
+        checkpoints=os.path.abspath(os.path.expanduser(ckpt)),
+        checkpoint_key="run_dir (checkpoints go to <run_dir>/checkpoints)",
+    )
+
+
+def verl_settings(overrides: Sequence[str]) -> dict[str, Any]:
+    """verl's Hydra overrides (``to_verl(run).overrides``) -> {dotted key: value}, the last one winning."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(list(overrides))}
+
+
+def _verl_demand(cfg) -> Demand:
+    from omegaconf import OmegaConf
+
+    from ema_pg_core.verl.config import checkpoint_root, to_verl
+    from ema_pg_core.verl.resources import worker_pool
+    from experiments.run import agent_loops_path, resolve_run_dir
+
+    run = OmegaConf.to_container(
+        OmegaConf.merge(cfg, {"run_dir": str(resolve_run_dir(cfg))}, agent_loops_path(cfg)), resolve=True
+    )
+    verl = verl_settings(to_verl(run).overrides)
+    tree = OmegaConf.create()
+    for key, value in verl.items():
+        OmegaConf.update(tree, key, value, force_add=True)
+    pool = worker_pool(tree)
+    per_node = dict(pool.settings)["trainer.n_gpus_per_node"]
+    vs = run["backend"]["verl"]
+    files = [(f"backend.verl.{k}", vs[k]) for k in ("train_files", "val_files") if vs.get(k)]
+    files += [(f"backend.verl.{k}", vs[k]) for k in ("tool_config_path", "agent_loop_config_path") if vs.get(k)]
+    return Demand(
+        "verl",
+        str(cfg.trainer.device),
+        per_node if cfg.trainer.device == "cuda" else 0,
+        nodes=int(tree.trainer.nnodes),
+        sizes=pool.sizes,
+        rollout=str(verl.get("actor_rollout_ref.rollout.name")),
+        gpu_memory_utilization=verl.get("actor_rollout_ref.rollout.gpu_memory_utilization"),
+        attn=str(verl.get("actor_rollout_ref.model.override_config.attn_implementation", VERL_ATTN_DEFAULT)),
+        model=run["model"]["path"],
+        files=tuple((k, str(v)) for k, v in files),
+        checkpoints=os.path.abspath(os.path.expanduser(checkpoint_root(run))),
+        checkpoint_key="backend.verl.checkpoint_dir",
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the machine
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    total: int
+    """Bytes."""
+    free: int
+
+
+def _torch_build() -> tuple[str, str | None]:
+    """(torch.__version__, torch.version.cuda): the CUDA version torch was built for, None for a CPU build."""
+    import torch
+
+    return str(torch.__version__), torch.version.cuda
+
+
+def _gpus() -> list[Gpu]:
+    """The CUDA devices torch sees, with their memory; [] without any. A CUDA build that cannot use the
+    driver raises torch's own reason (e.g. 'The NVIDIA driver on your system is too old')."""
+    import torch
+
+    if not torch.cuda.is_available():
+        if torch.version.cuda is not None and _nvidia_present():
+            torch.cuda.init()  # raises the reason is_available() keeps to itself
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(i)
+        out.append(Gpu(i, torch.cuda.get_device_properties(i).name, int(total), int(free)))
+    return out
+
+
+def _nvidia_present() -> bool:
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")
+
+
+def matmul(device: str) -> None:
+    """Allocate two small tensors on `device`, multiply them there and compare with the CPU's product."""
+    import torch
+
+    a = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    on_device = (a.to(device) @ a.to(device).T).cpu()
+    if not torch.equal(on_device, a @ a.T):
+        raise RuntimeError(f"a 4x4 matmul on {device} differs from the CPU's")
+
+
+def _nvidia_smi(args: Sequence[str]) -> str:
+    """stdout of `nvidia-smi *args`; raises FileNotFoundError / CalledProcessError / TimeoutExpired."""
+    return subprocess.run(
+        ["nvidia-smi", *args], capture_output=True, text=True, check=True, timeout=NVIDIA_SMI_TIMEOUT_S
+    ).stdout
+
+
+def _nccl_version() -> str | None:
+    import torch
+
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001  a CPU build has no NCCL
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def _interfaces() -> list[str]:
+    return sorted(name for _, name in socket.if_nameindex())
+
+
+@dataclass(frozen=True)
+class Probes:
+    """Everything the checks ask the machine; tests replace fields (``dataclasses.replace``)."""
+
+    torch_build: Callable[[], tuple[str, str | None]] = _torch_build
+    gpus: Callable[[], list[Gpu]] = _gpus
+    matmul: Callable[[str], None] = matmul
+    nvidia_smi: Callable[[Sequence[str]], str] = _nvidia_smi
+    nccl_version: Callable[[], str | None] = _nccl_version
+    import_module: Callable[[str], Any] = importlib.import_module
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    interfaces: Callable[[], list[str]] = _interfaces
+
+
+# ---------------------------------------------------------------------------------------------- the cluster
+@dataclass(frozen=True)
+class Node:
+    name: str
+    """Its address (with a node id prefix where two share one)."""
+    gpus: float
+
+
+class Cluster(Protocol):
+    """What --address gives the checks: the nodes, and a function run once on each (``RayCluster``)."""
+
+    def nodes(self) -> list[Node]: ...
+
+    def on_each_node(self, fn: Callable, *args) -> dict[str, Any]:
+        """{node name: fn(*args) run on that node, or the exception it raised there}."""
+        ...
+
+
+@dataclass(frozen=True)
+class Context:
+    cfg: Any
+    demand: Demand
+    probes: Probes = field(default_factory=Probes)
+    cluster: Cluster | None = None
+    token: str = field(default_factory=lambda: secrets.token_hex(6))
+    """Names this doctor's probe files."""
+
+    @property
+    def gpu_here(self) -> bool:
+        """Whether this machine itself must have the GPUs (not so on a Ray head checking a cluster)."""
+        return self.demand.gpus_per_node > 0 and self.cluster is None
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def _no_gpu_needed(ctx: Context) -> str:
+    d = ctx.demand
+    if d.gpus_per_node:
+        return "with --address this node need not hold the run's GPUs (the gpus check counts the cluster's)"
+    if d.backend == "verl":
+        return "trainer.device=cpu: verl's CPU mode, virtual GPUs"
+    return f"trainer.device={d.device} needs no GPU"
+
+
+def check_driver(ctx: Context) -> Result:
+    """The NVIDIA driver runs the CUDA version torch was built for (CUDA_MIN_DRIVER)."""
+    version, cuda = ctx.probes.torch_build()
+    if cuda is None:
+        if ctx.gpu_here:
+            return Result(
+                "FAIL",
+                f"torch {version} is a CPU build; the run needs {ctx.demand.gpus_per_node} GPU(s) per node",
+                f"install torch's CUDA build ({TORCH_CUDA_WHEELS}cu130 for R580+ drivers; README 'Scaling out')",
+            )
+        return Result("N/A", f"torch {version} is a CPU build; {_no_gpu_needed(ctx)}")
+    major = int(cuda.split(".")[0])
+    try:
+        drivers = sorted(set(ctx.probes.nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"]).split()))
+    except (OSError, subprocess.SubprocessError) as e:
+        why = "nvidia-smi not found" if isinstance(e, FileNotFoundError) else f"nvidia-smi failed: {_smi_reason(e)}"
+        if not ctx.gpu_here:
+            return Result("N/A", f"no NVIDIA driver here ({why}); {_no_gpu_needed(ctx)}")
+        return Result(
+            "FAIL",
+            f"torch {version} (CUDA {cuda}) but no usable NVIDIA driver ({why})",
+            f"install an NVIDIA driver >= {CUDA_MIN_DRIVER.get(major, '?')} on this node",
+        )
+    if not drivers:
+        return Result("FAIL" if ctx.gpu_here else "N/A", "nvidia-smi lists no GPU", "check the GPUs with nvidia-smi")
+    need = CUDA_MIN_DRIVER.get(major)
+    if need is None:
+        return Result(
+            "WARN",
+            f"driver {', '.join(drivers)}; torch {version} is built for CUDA {cuda}, which doctor has no entry for",
+            "check NVIDIA's CUDA compatibility table for that CUDA version",
+        )
+    old = [d for d in drivers if int(d.split(".")[0]) < need]
+    found = f"NVIDIA driver {', '.join(drivers)}; torch {version} is built for CUDA {cuda} (needs a driver >= {need})"
+    if not old:
+        return Result("PASS", found)
+    older = {13: f"{TORCH_CUDA_WHEELS}cu128", 12: f"{TORCH_CUDA_WHEELS}cu118"}.get(major, TORCH_CUDA_WHEELS)
+    return Result(
+        "FAIL" if ctx.gpu_here else "WARN",
+        found,
+        f"upgrade the driver to R{need}+, or install a torch built for an older CUDA ({older})",
+    )
+
+
+def _smi_reason(e: BaseException) -> str:
+    """What a failed nvidia-smi said (it prints its errors on stdout), else the exception's first line."""
+    said = (getattr(e, "stdout", None) or getattr(e, "stderr", None) or "").strip()
+    return _first_line(RuntimeError(said)) if said else _first_line(e)
+
+
+def check_cuda(ctx: Context) -> Result:
+    """torch.cuda works: every visible device allocates and multiplies a small matrix."""
+    version, cuda = ctx.probes.torch_build()
+    if cuda is None:
+        why = f"torch {version} is a CPU build"
+        if ctx.gpu_here:
+            return Result("FAIL", f"torch.cuda is unusable: {why}", "see the driver check")
+        return Result("N/A", f"{why}; {_no_gpu_needed(ctx)}")
+    try:
+        gpus = ctx.probes.gpus()
+    except Exception as e:  # noqa: BLE001  torch's CUDA initialisation error, in one line
+        return Result("FAIL" if ctx.gpu_here else "WARN", f"torch.cuda fails: {_first_line(e)}", "see the driver check")
+    if not gpus:
+        if ctx.gpu_here:
+            return Result("FAIL", "torch.cuda sees no device", "check CUDA_VISIBLE_DEVICES and nvidia-smi")
+        return Result("N/A", f"torch.cuda sees no device; {_no_gpu_needed(ctx)}")
+    for g in gpus:
+        try:
+            ctx.probes.matmul(f"cuda:{g.index}")
+        except Exception as e:  # noqa: BLE001  a broken device, an arch torch was not built for, ...
+            return Result(
+                "FAIL",
+                f"cuda:{g.index} ({g.name}): a 4x4 matmul failed: {_first_line(e)}",
+                "check the device with nvidia-smi; a torch build for this GPU's architecture",
+            )
+    return Result("PASS", f"a 4x4 matmul ran on each of {len(gpus)} device(s) (cuda:0..{len(gpus) - 1})")
+
+
+def check_gpus(ctx: Context) -> Result:
+    """GPU count (and, for vLLM, free memory) against the run's demand: this node, or every node with --address."""
+    d = ctx.demand
+    if d.gpus_per_node == 0 and d.device != "auto":
+        return Result("N/A", _no_gpu_needed(ctx))
+    if ctx.cluster is not None:
+        return _cluster_gpus(ctx)
+    try:
+        gpus = ctx.probes.gpus() if ctx.probes.torch_build()[1] else []
+    except Exception as e:  # noqa: BLE001
+        return Result("FAIL", f"torch.cuda fails: {_first_line(e)}", "see the driver check")
+    if d.device == "auto":
+        if not gpus:
+            return Result(
+                "WARN",
+                "trainer.device=auto and no CUDA device: the run will use the CPU",
+                "trainer.device=cpu to say so, or run on a GPU node",
+            )
+        return Result("PASS", f"trainer.device=auto runs on cuda:0 ({_describe(gpus[:1])})")
+    need = f"the run needs {d.gpus_per_node} per node [{d.sizes}]"
+    if len(gpus) < d.gpus_per_node:
+        return Result("FAIL", f"this node has {len(gpus)} CUDA device(s); {need}", _fewer_gpus_fix(d, len(gpus)))
+    found = f"{_describe(gpus)}; {need}"
+    short = _short_of_memory(gpus[: d.gpus_per_node], d)
+    if short:
+        return Result(
+            "WARN",
+            f"{found}; {short}",
+            "free the GPUs (nvidia-smi lists what holds them), or lower backend.verl.gpu_memory_utilization",
+        )
+    if d.nodes > 1:
+        return Result(
+            "WARN",
+            f"{found}; checked this node only, the run needs {d.nodes} nodes",
+            "pass --address HOST:PORT (the Ray head) to check every node",
+        )
+    return Result("PASS", found)
+
+
+def _fewer_gpus_fix(d: Demand, have: int) -> str:
+    if d.backend == "local":
+        return "run on a GPU node, or trainer.device=cpu"
+    if have:
+        return f"run on a node with {d.gpus_per_node} GPUs, or backend.verl.n_gpus_per_node={have}"
+    return "run on a GPU node (verl's loop on CPU: trainer.device=cpu backend.verl.rollout_engine=hf)"
+
+
+def _describe(gpus: Sequence[Gpu]) -> str:
+    names = sorted({g.name for g in gpus})
+    free = min(g.free for g in gpus)
+    return f"{len(gpus)} x {'/'.join(names)} ({_gib(max(g.total for g in gpus))} GiB, >= {_gib(free)} GiB free)"
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f}"
+
+
+def _short_of_memory(gpus: Sequence[Gpu], d: Demand) -> str:
+    """'' or why vLLM would refuse to start: it needs gpu_memory_utilization x total free on each GPU."""
+    if d.rollout != "vllm" or not d.gpu_memory_utilization:
+        return ""
+    low = [g for g in gpus if g.free < d.gpu_memory_utilization * g.total]
+    if not low:
+        return ""
+    shown_low = ", ".join(f"cuda:{g.index} {_gib(g.free)} of {_gib(g.total)} GiB free" for g in low)
+    return (
+        f"vLLM reserves gpu_memory_utilization={d.gpu_memory_utilization} of each GPU at start and refuses "
+        f"with less free: {shown_low}"
+    )
+
+
+def _cluster_gpus(ctx: Context) -> Result:
+    d = ctx.demand
+    nodes = ctx.cluster.nodes()
+    have = ", ".join(f"{n.name}: {n.gpus:g}" for n in nodes) or "no node"
+    fit = [n for n in nodes if n.gpus >= d.gpus_per_node]
+    found = f"GPUs per node: {have}; the run needs {d.nodes} node(s) with {d.gpus_per_node} each [{d.sizes}]"
+    if len(fit) >= d.nodes:
+        return Result("PASS", found)
+    return Result("FAIL", found, "add GPU nodes, or lower backend.verl.nnodes / backend.verl.n_gpus_per_node")
+
+
+def check_verl(ctx: Context) -> Result:
+    """The verl backend's [verl] extra: verl at the version the plugin is written for."""
+    if ctx.demand.backend != "verl":
+        return Result("N/A", "backend=local does not use verl")
+    from ema_pg_core.verl import VERL_VERSION
+
+    try:
+        module = ctx.probes.import_module("verl")
+    except Exception as e:  # noqa: BLE001  not installed, or broken
+        return Result(
+            "FAIL",
+            f"verl is not importable: {_first_line(e)}",
+            f"pip install -e '.[verl]' (verl=={VERL_VERSION}; README 'Scaling out')",
+        )
+    version = getattr(module, "__version__", "unknown")
+    if version != VERL_VERSION:
+        return Result(
+            "FAIL",
+            f"verl {version}; the plugin is written for verl {VERL_VERSION}",
+            f"pip install verl=={VERL_VERSION}",
+        )
+    return Result("PASS", f"verl {version}")
+
+
+def check_rollout(ctx: Context) -> Result:
+    """The rollout engine the verl config names (vLLM or SGLang) imports."""
+    d = ctx.demand
+    if d.backend != "verl":
+        return Result("N/A", "backend=local generates with Hugging Face")
+    module = ROLLOUT_MODULES.get(d.rollout or "")
+    if module is None:
+        return Result("N/A", f"backend.verl.rollout_engine={d.rollout}: emapg's own engine, nothing to install")
+    return _importable(
+        ctx,
+        module,
+        f"backend.verl.rollout_engine={d.rollout}",
+        "pip install \"verl[verl-core,vllm,fsdp]==0.9.1\" (README 'Scaling out')"
+        if module == "vllm"
+        else f"pip install {module} (the version verl 0.9.1 supports)",
+    )
+
+
+def check_flash_attn(ctx: Context) -> Result:
+    """flash-attn imports where the verl config asks for attn_implementation=flash_attention_2 (verl's default).
+
+    use_remove_padding=true (always, ``to_verl``) does not need it by itself: verl 0.9.1 falls back to torch
+    versions of flash-attn's padding helpers (verl/utils/attention_utils.py)."""
+    d = ctx.demand
+    if d.backend != "verl":
+        return Result("N/A", "backend=local loads the model with transformers' default attention")
+    if d.attn != VERL_ATTN_DEFAULT:
+        return Result("N/A", f"attn_implementation={d.attn}")
+    return _importable(
+        ctx,
+        "flash_attn",
+        f"attn_implementation={d.attn}",
+        "pip install flash-attn --no-build-isolation (built for this torch and CUDA), or another attention: "
+        "backend.verl.overrides=['+actor_rollout_ref.model.override_config.attn_implementation=sdpa']",
+    )
+
+
+def _importable(ctx: Context, module: str, why: str, fix: str) -> Result:
+    try:
+        m = ctx.probes.import_module(module)
+    except Exception as e:  # noqa: BLE001  missing, or built for another torch (undefined symbol, ...)
+        return Result("FAIL", f"{why} needs {module}, which does not import: {_first_line(e)}", fix)
+    return Result("PASS", f"{why}: {module} {getattr(m, '__version__', '(no version)')} imports")
+
+
+def check_nccl(ctx: Context) -> Result:
+    """NCCL's environment (NCCL_*, the socket interfaces), with a WARN on settings that are likely mistakes."""
+    d = ctx.demand
+    if d.backend != "verl" or d.gpus_per_node == 0:
+        return Result("N/A", "no NCCL: " + ("one process" if d.backend == "local" else "verl on CPU talks over gloo"))
+    env = ctx.probes.environ
+    shown_vars = sorted(k for k in env if k.startswith("NCCL_") or k in SOCKET_IFNAME_VARS)
+    settings = ", ".join(f"{k}={env[k]}" for k in shown_vars) or "no NCCL_* variable set (NCCL's defaults)"
+    version = ctx.probes.nccl_version()
+    if version is None and ctx.gpu_here:
+        return Result(
+            "FAIL", f"this torch has no NCCL, which verl's ranks talk over; {settings}", "see the driver check"
+        )
+    found = f"NCCL {version or '(not in this torch)'}; {settings}"
+    problems = nccl_problems(env, ctx.probes.interfaces(), d.nodes)
+    if problems:
+        return Result("WARN", f"{found}; {'; '.join(p for p, _ in problems)}", "; ".join(f for _, f in problems))
+    return Result("PASS", found)
+
+
+def nccl_problems(env: Mapping[str, str], interfaces: Sequence[str], nodes: int) -> list[tuple[str, str]]:
+    """(what, fix) for each NCCL setting that is likely a mistake here: an interface list that matches none of
+    this node's interfaces; P2P disabled on one node; InfiniBand disabled across nodes."""
+    out = []
+    for var in SOCKET_IFNAME_VARS:
+        if env.get(var) and not interface_matches(env[var], interfaces):
+            out.append(
+                (
+                    f"{var}={env[var]} matches none of this node's interfaces ({', '.join(interfaces)})",
+                    f"set {var} to this node's network interface, or unset it",
+                )
+            )
+    if env.get("NCCL_P2P_DISABLE", "0") not in ("0", "") and nodes == 1:
+        out.append(
+            (
+                "NCCL_P2P_DISABLE is set on a one-node run: GPU-to-GPU traffic goes through host memory",
+                "unset NCCL_P2P_DISABLE unless it works around a P2P hang on this machine",
+            )
+        )
+    if env.get("NCCL_IB_DISABLE", "0") not in ("0", "") and nodes > 1:
+        out.append(
+            (
+                f"NCCL_IB_DISABLE is set on a {nodes}-node run: traffic between nodes goes over TCP sockets",
+                "unset NCCL_IB_DISABLE if the nodes have InfiniBand/RoCE",
+            )
+        )
+    return out
+
+
+def interface_matches(spec: str, interfaces: Sequence[str]) -> bool:
+    """Whether NCCL's interface list `spec` selects one of `interfaces`: comma-separated prefixes, '=' for exact
+    names; a '^' list excludes, so it always leaves some (NCCL's NCCL_SOCKET_IFNAME syntax)."""
+    if spec.startswith("^"):
+        return True
+    exact = spec.startswith("=")
+    names = [n.strip() for n in spec.lstrip("=").split(",") if n.strip()]
+    return any(i == n if exact else i.startswith(n) for n in names for i in interfaces)
+
+
+def check_paths(ctx: Context) -> list[Result]:
+    """model.path and the data files are readable here (and, with --address, on every node)."""
+    items = _path_items(ctx.demand)
+    if not items:
+        return [Result("N/A", "no model or data files: the tiny model and the task's problems are built here")]
+    here = [summarize_paths(look(items))]
+    if ctx.cluster is None:
+        return here
+    answers = ctx.cluster.on_each_node(look, items)
+    return here + [_node_result(node, a, summarize_paths) for node, a in sorted(answers.items())]
+
+
+def _path_items(d: Demand) -> list[tuple[str, str]]:
+    return ([("model.path", d.model)] if d.model else []) + list(d.files)
+
+
+def _node_result(node: str, answer: Any, judge: Callable[[Any], Result]) -> Result:
+    """A node's line: its answer judged, or why it did not answer."""
+    if isinstance(answer, BaseException):
+        return Result(
+            "FAIL",
+            f"node {node}: no answer: {_first_line(answer)}",
+            "install emapg at the same path on every node, and check the node with `ray status`",
+        )
+    r = judge(answer)
+    return Result(r.status, f"node {node}: {r.found}", r.fix)
+
+
+HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def look(items: Sequence[tuple[str, str]]) -> list[tuple[str, str, str, str]]:
+    """(setting, path, state, detail) for each (setting, path): state ok | missing | unreadable | hf_cached |
+    hf_remote | hf_offline. Standard library and huggingface_hub only: it also runs as a Ray task on each node."""
+    out = []
+    for key, path in items:
+        local = os.path.expanduser(path)
+        if key == "model.path" and not os.path.exists(local) and HF_ID.match(path):
+            out.append((key, path, *_hf_state(path)))
+            continue
+        try:
+            if os.path.isdir(local):
+                os.listdir(local)
+            else:
+                with open(local, "rb") as f:
+                    f.read(1)
+            out.append((key, path, "ok", ""))
+        except FileNotFoundError:
+            out.append((key, path, "missing", "does not exist"))
+        except OSError as e:
+            out.append((key, path, "unreadable", e.strerror or str(e)))
+    return out
+
+
+def _hf_state(repo: str) -> tuple[str, str]:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = isinstance(try_to_load_from_cache(repo, "config.json"), str)
+    except Exception:  # noqa: BLE001  no huggingface_hub, or a bad id
+        cached = False
+    if cached:
+        return "hf_cached", "an HF id, in this node's HF cache"
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", ""):
+        return "hf_offline", "an HF id, not in this node's HF cache, and HF_HUB_OFFLINE is set"
+    return "hf_remote", "an HF id, not in this node's HF cache: each worker downloads it from the hub"
+
+
+def summarize_paths(looked: Sequence[tuple[str, str, str, str]]) -> Result:
+    """One line for ``look``'s answer: FAIL when a path is missing or unreadable, WARN for an HF id to download."""
+    bad = [f"{k}={p} {detail}" for k, p, state, detail in looked if state in ("missing", "unreadable", "hf_offline")]
+    remote = [f"{k}={p} is {detail}" for k, p, state, detail in looked if state == "hf_remote"]
+    ok = sum(state in ("ok", "hf_cached") for _, _, state, _ in looked)
+    found = f"{ok} of {len(looked)} readable"
+    if bad:
+        return Result(
+            "FAIL",
+            "; ".join([found, *bad, *remote]),
+            "fix the paths (`emapg data prepare` writes the data "
+            "files; model.path is a local directory or an HF id), on storage every node reads",
+        )
+    if remote:
+        return Result(
+            "WARN",
+            f"{found}; " + "; ".join(remote),
+            "download it once where every node reads it "
+            "(`hf download <id>` with a shared HF_HOME), or set model.path to a local copy",
+        )
+    return Result("PASS", f"{found}: " + ", ".join(f"{k}={p}" for k, p, _, _ in looked))
+
+
+def check_checkpoint(ctx: Context) -> list[Result]:
+    """The checkpoint directory is writable here (a probe file written, read back, deleted) and, with --address,
+    writable on every node and shared: each node sees a file written here."""
+    d = ctx.demand
+    where = existing_parent(d.checkpoints)
+    probe = os.path.join(where, f"{PROBE_PREFIX}{ctx.token}") if where else ""
+    try:
+        here = writable(d.checkpoints, ctx.token)
+    except OSError as e:
+        return [
+            Result(
+                "FAIL", f"{shown_path(d.checkpoints)}: {_os_reason(e)}", f"make it writable, or set {d.checkpoint_key}"
+            )
+        ]
+    if ctx.cluster is None:
+        return [Result("PASS", f"{shown_path(d.checkpoints)}: {here}")]
+    try:
+        _write(probe, ctx.token)  # kept until every node has looked
+        answers = ctx.cluster.on_each_node(node_checkpoint, d.checkpoints, probe, ctx.token)
+    finally:
+        _remove(probe)
+    results = [Result("PASS", f"{shown_path(d.checkpoints)}: {here}")]
+    return results + [_node_result(n, a, lambda a: _judge_shared(a, d)) for n, a in sorted(answers.items())]
+
+
+def _judge_shared(answer: tuple[bool, str], d: Demand) -> Result:
+    seen, detail = answer
+    if not seen:
+        return Result(
+            "FAIL",
+            detail,
+            f"put {d.checkpoint_key} on storage every node mounts at the same path "
+            "(every rank writes its shards there)",
+        )
+    return Result("PASS", detail)
+
+
+def existing_parent(path: str) -> str:
+    """`path`, or its nearest ancestor that exists (the directory a run would create it in)."""
+    p = Path(os.path.expanduser(path)).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return str(p)
+
+
+def writable(path: str, token: str) -> str:
+    """Write, read back and delete a probe file in `path` (or its nearest existing ancestor, where the run would
+    create it); what was done, or OSError."""
+    where = existing_parent(path)
+    if not os.path.isdir(where):
+        raise NotADirectoryError(errno.ENOTDIR, f"{where} is a file, not a directory", where)
+    probe = os.path.join(where, f"{PROBE_PREFIX}{token}-{socket.gethostname()}")
+    try:
+        _write(probe, token)
+        with open(probe, encoding="utf-8") as f:
+            if f.read() != token:
+                raise OSError(errno.EIO, f"{probe} read back differently")
+    finally:
+        _remove(probe)
+    made = (
+        ""
+        if where == os.path.abspath(os.path.expanduser(path))
+        else f" in {shown_path(where)}, its nearest existing directory"
+    )
+    return f"writable (a probe file written, read back and deleted{made})"
+
+
+def shown_path(path: str) -> str:
+    """`path` relative to the current directory when it lies below it (./ for the directory itself), else as is."""
+    here = os.getcwd()
+    if path == here:
+        return "./"
+    return os.path.relpath(path, here) if path.startswith(here.rstrip(os.sep) + os.sep) else path
+
+
+def node_checkpoint(path: str, probe: str, token: str) -> tuple[bool, str]:
+    """On a node (a Ray task): (whether it sees `probe` with `token` and can write in `path`, what it found)."""
+    try:
+        with open(probe, encoding="utf-8") as f:
+            seen = f.read() == token
+    except OSError as e:
+        return False, f"does not see {probe}, written on the driver's node ({_os_reason(e)}): not shared"
+    if not seen:
+        return False, f"sees {probe} with other content: not the same directory"
+    try:
+        return True, f"sees the probe file written on the driver's node (shared); {writable(path, token)}"
+    except OSError as e:
+        return False, f"sees the probe file, but cannot write there: {_os_reason(e)}"
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _os_reason(e: OSError) -> str:
+    where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+    return f"{where}{e.strerror or e}"
+
+
+def check_wandb(ctx: Context) -> Result:
+    """W&B's mode (WANDB_MODE over logger.mode) and whether wandb imports; no API key is read."""
+    cfg, env = ctx.cfg, ctx.probes.environ
+    if cfg.logger.name == "none":
+        return Result("N/A", "logger=none: no W&B run")
+    source = "WANDB_MODE" if env.get("WANDB_MODE") else "logger.mode"
+    raw = env.get("WANDB_MODE") or cfg.logger.mode
+    mode = {"dryrun": "offline", "run": "online"}.get(raw, raw)
+    if mode not in ("online", "offline", "disabled"):
+        return Result("FAIL", f"W&B mode {raw!r} from {source}", "allowed: online, offline, disabled")
+    if mode == "disabled":
+        return Result("PASS", f"disabled ({source}={raw}): nothing is logged to W&B")
+    try:
+        module = ctx.probes.import_module("wandb")
+    except Exception as e:  # noqa: BLE001
+        return Result(
+            "FAIL",
+            f"{mode} ({source}) but wandb does not import: {_first_line(e)}",
+            "pip install wandb, or logger=none",
+        )
+    what = {
+        "offline": "written under the run directory; `wandb sync` uploads them later",
+        "online": "uploaded as the run goes: the node that logs needs `wandb login` (or WANDB_API_KEY) and the "
+        "network (on verl, verl's TaskRunner logs)",
+    }[mode]
+    return Result("PASS", f"{mode} ({source}={raw}), wandb {getattr(module, '__version__', '?')}: runs are {what}")
+
+
+CHECKS: dict[str, Callable[[Context], Result | list[Result]]] = {
+    "driver": check_driver,
+    "cuda": check_cuda,
+    "gpus": check_gpus,
+    "verl": check_verl,
+    "rollout": check_rollout,
+    "flash-attn": check_flash_attn,
+    "nccl": check_nccl,
+    "paths": check_paths,
+    "checkpoint": check_checkpoint,
+    "wandb": check_wandb,
+}
+"""Every check, in the order of the report."""
+
+
+def run_checks(ctx: Context, checks: Mapping[str, Callable] = CHECKS) -> list[tuple[str, Result]]:
+    """(check name, result) for every check; a check that raises is a FAIL naming the exception (a bug here, or
+    an answer of the machine nobody expected), and the other checks still run."""
+    out = []
+    for name, fn in checks.items():
+        try:
+            got = fn(ctx)
+        except Exception as e:  # noqa: BLE001
+            if os.environ.get("EMAPG_DEBUG"):
+                import traceback
+
+                traceback.print_exc()
+            got = Result("FAIL", f"the check raised {type(e).__name__}: {_first_line(e)}", "EMAPG_DEBUG=1 shows where")
+        out += [(name, r) for r in (got if isinstance(got, list) else [got])]
+    return out
+
+
+def _first_line(e: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (its type when it has none), at most `limit` characters."""
+    line = (str(e).strip() or type(e).__name__).splitlines()[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------- Ray (--address)
+class RayCluster:
+    """The Ray cluster this process is connected to (``connect``): its alive nodes, and a task pinned to each."""
+
+    def __init__(self, timeout_s: float = NODE_TIMEOUT_S):
+        import ray
+
+        self.ray, self.timeout_s = ray, timeout_s
+
+    def _alive(self) -> list[tuple[str, str, float]]:
+        """(node id, display name, GPUs) of each alive node."""
+        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
+        ips = [n["NodeManagerAddress"] for n in nodes]
+        return [
+            (
+                n["NodeID"],
+                ip if ips.count(ip) == 1 else f"{ip} ({n['NodeID'][:8]})",
+                float(n["Resources"].get("GPU", 0)),
+            )
+            for n, ip in zip(nodes, ips)
+        ]
+
+    def nodes(self) -> list[Node]:
+        return [Node(name, gpus) for _, name, gpus in self._alive()]
+
+    def on_each_node(self, fn: Callable, *args) -> dict[str, Any]:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = self.ray.remote(num_cpus=0, max_retries=0)(fn)
+        refs = {
+            name: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(*args)
+            for node_id, name, _ in self._alive()
+        }
+        ready, _ = self.ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s)
+        out: dict[str, Any] = {}
+        for name, ref in refs.items():
+            if ref not in ready:
+                self.ray.cancel(ref, force=True)
+                out[name] = TimeoutError(f"no answer within {self.timeout_s:g} s")
+                continue
+            try:
+                out[name] = self.ray.get(ref)
+            except Exception as e:  # noqa: BLE001  the task failed there (e.g. emapg not importable)
+                out[name] = getattr(e, "cause", None) or e
+        return out
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """HOST:PORT -> (host, port), or UserError naming --address."""
+    host, sep, port = address.rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise UserError(f"--address={address!r}: expected HOST:PORT, the Ray head's GCS address (e.g. 10.0.0.1:6379)")
+    return host.strip("[]"), int(port)
+
+
+def connect(address: str) -> RayCluster:
+    """Join the Ray cluster at `address` (HOST:PORT) as a driver; UserError when nothing answers there."""
+    host, port = parse_address(address)
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise UserError(
+            f"--address={address}: nothing answers there ({e.strerror or e}); expected the Ray head's GCS address "
+            "(`ray status` on the head shows it)"
+        ) from None
+    import ray
+
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    except Exception as e:  # noqa: BLE001  e.g. another Ray version on the head
+        raise UserError(f"--address={address}: cannot join the Ray cluster there: {_first_line(e)}") from None
+    return RayCluster()
+
+
+# ---------------------------------------------------------------------------------------------- the command
+def parse_argv(argv: Sequence[str]) -> tuple[list[str], str | None]:
+    """(Hydra overrides, --address or None); UserError on anything else."""
+    overrides, address, rest = [], None, list(argv)
+    while rest:
+        a = rest.pop(0)
+        if a == "--address" and rest:
+            address = rest.pop(0)
+        elif a.startswith("--address="):
+            address = a.split("=", 1)[1]
+        elif a.startswith("-") or "=" not in a:
+            raise UserError(
+                f"emapg doctor takes Hydra overrides key=value and --address HOST:PORT; got {a!r} ({USAGE})"
+            )
+        else:
+            overrides.append(a)
+    if address is not None:
+        parse_address(address)
+    return overrides, address
+
+
+def header(cfg, d: Demand, address: str | None) -> str:
+    """The first line: what was checked against what."""
+    need = f"{d.gpus_per_node} GPU(s) per node [{d.sizes}]" if d.gpus_per_node else "no GPU"
+    nodes = f" x {d.nodes} nodes" if d.nodes > 1 else ""
+    where = f"the Ray cluster at {address}" if address else f"this machine ({socket.gethostname()})"
+    return f"emapg doctor: experiment={cfg.experiment} backend={d.backend} needs {need}{nodes}; checking {where}"
+
+
+def print_help() -> None:
+    print(__doc__.split("\n\n")[0])
+    print(f"\n{USAGE}\n\nchecks (one line each; --address adds a line per node to paths and checkpoint):")
+    for name, fn in CHECKS.items():
+        print(f"  {name:<11} {(fn.__doc__ or '').strip().splitlines()[0]}")
+    print("\nexit status: 0 when no check FAILs, 1 otherwise, 2 for bad input")
+
+
+def main(argv: Sequence[str], probes: Probes | None = None, cluster: Cluster | None = None) -> int:
+    """`emapg doctor`: compose and validate the config, run every check, print one line each; the exit status."""
+    if any(a in ("-h", "--help") for a in argv):
+        print_help()
+        return 0
+    overrides, address = parse_argv(argv)
+    from experiments import build
+
+    cfg = build.compose(overrides)
+    build.validate(cfg)
+    d = demand(cfg)
+    if address and cluster is None:
+        cluster = connect(address)
+    print(header(cfg, d, address), flush=True)
+    results = run_checks(Context(cfg, d, probes or Probes(), cluster))
+    for name, r in results:
+        print(r.line(name), flush=True)
+    counts = ", ".join(f"{sum(r.status == s for _, r in results)} {s}" for s in STATUSES)
+    print(f"{len(results)} lines: {counts}")
+    sys.stdout.flush()
+    return exit_code([r for _, r in results])

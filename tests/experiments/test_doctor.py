@@ -1,0 +1,600 @@
+"""`emapg doctor` (experiments/doctor.py): every check's PASS and FAIL (and WARN / N/A) paths, each against
+fakes of what it asks the machine (``Probes``: nvidia-smi, torch.cuda, imports, environment, interfaces) or
+of the cluster (a fake ``Cluster`` whose nodes run the real node functions, one with a disk of its own); one
+test joins a real local Ray on 127.0.0.1; the command end to end on this (CPU-only) machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from experiments import build, doctor
+from experiments.cli import main as cli_main
+from experiments.doctor import Context, Demand, Gpu, Node, Probes, Result
+
+REPO = Path(__file__).resolve().parents[2]
+GIB = 2**30
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture(scope="module")
+def cfgs():
+    """Composed configs: the default local run, and the paper's math preset on verl (8 GPUs, vLLM)."""
+    return {"local": build.compose([]), "verl": build.compose(["experiment=math_deepscaler_ema_pg"])}
+
+
+def gpus(n: int, free: float = 79.0, total: float = 80.0) -> list[Gpu]:
+    return [Gpu(i, H100, int(total * GIB), int(free * GIB)) for i in range(n)]
+
+
+def fake_probes(
+    cuda: str | None = "13.0",
+    drivers: str | Exception = "580.159.04\n",
+    devices: list[Gpu] | Exception = (),
+    matmul=None,
+    modules: dict | None = None,
+    env: dict | None = None,
+    interfaces=("lo", "eth0"),
+    nccl: str | None = "2.27.3",
+) -> Probes:
+    """Probes answering as a machine with these properties (nothing real is asked)."""
+
+    def nvidia_smi(args):
+        if isinstance(drivers, Exception):
+            raise drivers
+        return drivers
+
+    def gpu_list():
+        if isinstance(devices, Exception):
+            raise devices
+        return list(devices)
+
+    def import_module(name):
+        found = (modules or {}).get(name)
+        if found is None or isinstance(found, Exception):
+            raise found or ModuleNotFoundError(f"No module named {name!r}")
+        return types.SimpleNamespace(__version__=found)
+
+    return Probes(
+        torch_build=lambda: ("2.11.0" + (f"+cu{cuda.replace('.', '')}" if cuda else "+cpu"), cuda),
+        gpus=gpu_list,
+        matmul=matmul or (lambda device: None),
+        nvidia_smi=nvidia_smi,
+        nccl_version=lambda: nccl,
+        import_module=import_module,
+        environ=env or {},
+        interfaces=lambda: list(interfaces),
+    )
+
+
+def ctx(cfg, d: Demand | None = None, cluster=None, **probe_kwargs) -> Context:
+    return Context(cfg, d or doctor.demand(cfg), fake_probes(**probe_kwargs), cluster)
+
+
+# ---------------------------------------------------------------------------------------------- demand
+def test_demand_of_the_local_and_verl_configs(cfgs):
+    local = doctor.demand(cfgs["local"])
+    assert (local.backend, local.device, local.gpus_per_node, local.model, local.files) == ("local", "cpu", 0, None, ())
+    assert local.checkpoints.endswith("/checkpoints") and os.path.isabs(local.checkpoints)
+    assert doctor.demand(build.compose(["trainer.device=cuda:1"])).gpus_per_node == 2  # cuda:1 needs two devices
+    v = doctor.demand(cfgs["verl"])
+    assert (v.gpus_per_node, v.nodes, v.rollout, v.attn) == (8, 1, "vllm", "flash_attention_2")
+    assert v.sizes == "trainer.nnodes=1 x trainer.n_gpus_per_node=8"  # ema_pg_core.verl.resources.worker_pool
+    assert v.gpu_memory_utilization == 0.85 and v.model == "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
+    assert dict(v.files) == {
+        "backend.verl.train_files": "~/data/emapg/math/train.parquet",
+        "backend.verl.val_files": "~/data/emapg/math/val.parquet",
+    }
+    assert (
+        "/checkpoints/emapg-math/math__math_deepscaler_ema_pg__s0__" in v.checkpoints
+        and v.checkpoint_key == "backend.verl.checkpoint_dir"
+    )
+    two = doctor.demand(
+        build.compose(["experiment=math_deepscaler_ema_pg", "backend.verl.nnodes=2", "backend.verl.n_gpus_per_node=4"])
+    )
+    assert (two.nodes, two.gpus_per_node) == (2, 4)
+    cpu = doctor.demand(
+        build.compose(["experiment=math_deepscaler_ema_pg", "trainer.device=cpu", "backend.verl.rollout_engine=hf"])
+    )
+    assert (cpu.gpus_per_node, cpu.rollout, cpu.attn) == (0, "hf", "eager")  # verl's CPU mode: virtual GPUs
+    search = doctor.demand(build.compose(["experiment=search_r1_ema_pg"]))
+    loops = dict(search.files)["backend.verl.agent_loop_config_path"]
+    assert os.path.isabs(loops) and os.path.isfile(loops)  # made absolute, as `emapg train` does
+
+
+def test_raw_verl_overrides_win(cfgs):
+    cfg = build.compose(
+        [
+            "experiment=math_deepscaler_ema_pg",
+            "backend.verl.overrides=['+actor_rollout_ref.model.override_config.attn_implementation=sdpa']",
+        ]
+    )
+    assert doctor.demand(cfg).attn == "sdpa"
+    assert doctor.check_flash_attn(ctx(cfg)).status == "N/A"
+
+
+# ---------------------------------------------------------------------------------------------- driver
+@pytest.mark.parametrize(
+    "cuda, drivers, status, words",
+    [
+        ("13.0", "580.159.04\n580.159.04\n", "PASS", ["driver 580.159.04", "CUDA 13.0", ">= 580"]),
+        ("13.0", "570.124.06\n", "FAIL", ["570.124.06", ">= 580"]),
+        ("12.8", "570.124.06\n", "PASS", ["CUDA 12.8", ">= 525"]),
+        ("12.8", "470.82.01\n", "FAIL", ["470.82.01", ">= 525"]),
+        ("14.0", "600.1\n", "WARN", ["CUDA 14.0", "no entry"]),
+        ("13.0", FileNotFoundError(2, "No such file", "nvidia-smi"), "FAIL", ["nvidia-smi not found"]),
+        (
+            "13.0",
+            subprocess.CalledProcessError(9, "nvidia-smi", output="NVIDIA-SMI has failed because it couldn't talk\n"),
+            "FAIL",
+            ["nvidia-smi failed: NVIDIA-SMI has failed because it couldn't talk"],
+        ),
+        (None, "580.159.04\n", "FAIL", ["CPU build", "8 GPU(s) per node"]),
+    ],
+)
+def test_driver_against_the_torch_build(cfgs, cuda, drivers, status, words):
+    r = doctor.check_driver(ctx(cfgs["verl"], cuda=cuda, drivers=drivers))
+    assert r.status == status and all(w in r.found for w in words), r
+    if status == "FAIL":
+        assert r.fix
+
+
+def test_driver_fix_names_the_driver_branch(cfgs):
+    r = doctor.check_driver(ctx(cfgs["verl"], cuda="13.0", drivers="570.124.06\n"))
+    assert "R580+" in r.fix and "cu128" in r.fix
+
+
+def test_driver_is_na_where_no_gpu_is_needed(cfgs):
+    assert doctor.check_driver(ctx(cfgs["local"], cuda=None)).status == "N/A"  # this machine: CPU torch, no GPU
+    missing = FileNotFoundError(2, "No such file", "nvidia-smi")
+    assert doctor.check_driver(ctx(cfgs["local"], cuda="13.0", drivers=missing)).status == "N/A"
+    # an old driver on a node that does not itself need the GPUs (a Ray head, --address): a warning only
+    old = doctor.check_driver(ctx(cfgs["verl"], cluster=FakeCluster({}), cuda="13.0", drivers="570.1\n"))
+    assert old.status == "WARN"
+
+
+# ---------------------------------------------------------------------------------------------- cuda
+def test_cuda_passes_when_every_device_multiplies(cfgs):
+    seen = []
+    r = doctor.check_cuda(ctx(cfgs["verl"], devices=gpus(2), matmul=seen.append))
+    assert r.status == "PASS" and seen == ["cuda:0", "cuda:1"] and "2 device(s)" in r.found
+
+
+def test_cuda_fails_on_a_broken_device_or_initialisation(cfgs):
+    def broken(device):
+        if device == "cuda:1":
+            raise RuntimeError("CUDA error: no kernel image is available for execution on the device\nmore")
+
+    r = doctor.check_cuda(ctx(cfgs["verl"], devices=gpus(2), matmul=broken))
+    assert r.status == "FAIL" and "cuda:1" in r.found and "no kernel image" in r.found and "more" not in r.found
+    too_old = RuntimeError("The NVIDIA driver on your system is too old (found version 12020).")
+    r = doctor.check_cuda(ctx(cfgs["verl"], devices=too_old))
+    assert r.status == "FAIL" and "too old" in r.found
+    assert doctor.check_cuda(ctx(cfgs["verl"], devices=[])).status == "FAIL"  # needs 8, sees none
+    assert doctor.check_cuda(ctx(cfgs["verl"], cuda=None)).status == "FAIL"
+    assert doctor.check_cuda(ctx(cfgs["local"], cuda=None)).status == "N/A"
+    assert doctor.check_cuda(ctx(cfgs["local"], devices=[])).status == "N/A"
+
+
+def test_the_real_matmul_runs_on_the_cpu():
+    doctor.matmul("cpu")  # the code the cuda check runs on each device, here on the one device this machine has
+    with pytest.raises(Exception):  # noqa: B017  a device that is not there (CPU torch: AssertionError)
+        doctor.matmul("cuda:99")
+
+
+# ---------------------------------------------------------------------------------------------- gpus
+def test_gpu_count_against_the_verl_demand(cfgs):
+    ok = doctor.check_gpus(ctx(cfgs["verl"], devices=gpus(8)))
+    assert ok.status == "PASS" and f"8 x {H100}" in ok.found and "trainer.n_gpus_per_node=8" in ok.found
+    few = doctor.check_gpus(ctx(cfgs["verl"], devices=gpus(4)))
+    assert few.status == "FAIL" and "4 CUDA device(s)" in few.found and "backend.verl.n_gpus_per_node=4" in few.fix
+    none = doctor.check_gpus(ctx(cfgs["verl"], cuda=None))
+    assert none.status == "FAIL" and "trainer.device=cpu" in none.fix and "0 CUDA device(s)" in none.found
+
+
+def test_gpu_memory_against_vllm_utilization(cfgs):
+    busy = gpus(8)
+    busy[3] = Gpu(3, H100, 80 * GIB, 40 * GIB)  # 0.85 x 80 GiB = 68 GiB must be free
+    r = doctor.check_gpus(ctx(cfgs["verl"], devices=busy))
+    assert r.status == "WARN" and "cuda:3 40.0 of 80.0 GiB free" in r.found and "gpu_memory_utilization" in r.fix
+    hf = dataclasses.replace(doctor.demand(cfgs["verl"]), rollout="sglang")  # only vLLM's rule is known here
+    assert doctor.check_gpus(ctx(cfgs["verl"], hf, devices=busy)).status == "PASS"
+
+
+def test_gpus_of_several_nodes(cfgs):
+    two = dataclasses.replace(doctor.demand(cfgs["verl"]), nodes=2)
+    alone = doctor.check_gpus(ctx(cfgs["verl"], two, devices=gpus(8)))
+    assert alone.status == "WARN" and "--address" in alone.fix  # this node is fine; the others are unknown
+    fits = FakeCluster({"10.0.0.1": None, "10.0.0.2": None}, gpus={"10.0.0.1": 8, "10.0.0.2": 8})
+    assert doctor.check_gpus(ctx(cfgs["verl"], two, cluster=fits, cuda=None)).status == "PASS"
+    short = FakeCluster({"10.0.0.1": None, "10.0.0.2": None}, gpus={"10.0.0.1": 8, "10.0.0.2": 4})
+    r = doctor.check_gpus(ctx(cfgs["verl"], two, cluster=short, cuda=None))
+    assert r.status == "FAIL" and "10.0.0.2: 4" in r.found and "backend.verl.nnodes" in r.fix
+
+
+def test_gpus_of_the_local_backend():
+    cuda1 = build.compose(["trainer.device=cuda:1"])
+    assert doctor.check_gpus(ctx(cuda1, devices=gpus(2))).status == "PASS"
+    r = doctor.check_gpus(ctx(cuda1, devices=gpus(1)))
+    assert r.status == "FAIL" and "trainer.device=cpu" in r.fix
+    auto = build.compose(["trainer.device=auto"])
+    assert doctor.check_gpus(ctx(auto, cuda=None)).status == "WARN"  # auto, and it will be the CPU
+    assert doctor.check_gpus(ctx(auto, devices=gpus(1))).status == "PASS"
+    assert doctor.check_gpus(ctx(build.compose([]), cuda=None)).status == "N/A"
+
+
+# ---------------------------------------------------------------------------------------------- imports
+def test_verl_rollout_engine_and_flash_attn_imports(cfgs):
+    good = {"verl": "0.9.1", "vllm": "0.12.0", "flash_attn": "2.8.3"}
+    c = ctx(cfgs["verl"], modules=good)
+    assert [f(c).status for f in (doctor.check_verl, doctor.check_rollout, doctor.check_flash_attn)] == ["PASS"] * 3
+    c = ctx(cfgs["verl"], modules={"verl": "0.8.0", "vllm": ImportError("undefined symbol: _ZN3c10")})
+    verl, vllm, flash = doctor.check_verl(c), doctor.check_rollout(c), doctor.check_flash_attn(c)
+    assert verl.status == "FAIL" and "verl 0.8.0" in verl.found and "verl==0.9.1" in verl.fix
+    assert vllm.status == "FAIL" and "undefined symbol" in vllm.found and "vllm" in vllm.fix
+    assert flash.status == "FAIL" and "flash_attention_2" in flash.found and "flash-attn" in flash.fix
+    assert doctor.check_verl(ctx(cfgs["verl"])).status == "FAIL"  # not installed
+    local = ctx(cfgs["local"])
+    assert {f(local).status for f in (doctor.check_verl, doctor.check_rollout, doctor.check_flash_attn)} == {"N/A"}
+    cpu = build.compose(["experiment=math_deepscaler_ema_pg", "trainer.device=cpu", "backend.verl.rollout_engine=hf"])
+    assert doctor.check_rollout(ctx(cpu)).status == "N/A" and doctor.check_flash_attn(ctx(cpu)).status == "N/A"
+
+
+# ---------------------------------------------------------------------------------------------- nccl
+def test_nccl_environment(cfgs):
+    plain = doctor.check_nccl(ctx(cfgs["verl"]))
+    assert plain.status == "PASS" and "NCCL 2.27.3" in plain.found and "no NCCL_* variable" in plain.found
+    env = {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "PATH": "/bin"}
+    set_ok = doctor.check_nccl(ctx(cfgs["verl"], env=env))
+    assert set_ok.status == "PASS" and "NCCL_DEBUG=INFO" in set_ok.found and "PATH" not in set_ok.found
+    wrong = doctor.check_nccl(ctx(cfgs["verl"], env={"NCCL_SOCKET_IFNAME": "ib9", "NCCL_P2P_DISABLE": "1"}))
+    assert wrong.status == "WARN" and "ib9 matches none" in wrong.found and "lo, eth0" in wrong.found
+    assert "NCCL_P2P_DISABLE" in wrong.found and "unset NCCL_P2P_DISABLE" in wrong.fix
+    assert doctor.check_nccl(ctx(cfgs["verl"], nccl=None)).status == "FAIL"  # a CPU torch on a GPU run
+    assert doctor.check_nccl(ctx(cfgs["local"])).status == "N/A"
+
+
+def test_nccl_problems_and_interface_syntax():
+    assert doctor.nccl_problems({"NCCL_IB_DISABLE": "1"}, ["eth0"], nodes=2)[0][0].startswith("NCCL_IB_DISABLE")
+    assert doctor.nccl_problems({"NCCL_IB_DISABLE": "1", "NCCL_P2P_DISABLE": "0"}, ["eth0"], nodes=1) == []
+    assert doctor.nccl_problems({"GLOO_SOCKET_IFNAME": "enp"}, ["lo", "enp5s0"], nodes=1) == []
+    assert doctor.interface_matches("eth", ["eth0"]) and doctor.interface_matches("ib0,eth1", ["eth1"])
+    assert doctor.interface_matches("=eth0", ["eth0"]) and not doctor.interface_matches("=eth", ["eth0"])
+    assert doctor.interface_matches("^docker,lo", ["lo"]) and not doctor.interface_matches("ib", ["lo", "eth0"])
+
+
+# ---------------------------------------------------------------------------------------------- paths
+@pytest.fixture
+def data(tmp_path):
+    """A model directory and two data files under tmp_path/shared."""
+    shared = tmp_path / "shared"
+    (shared / "model").mkdir(parents=True)
+    (shared / "model" / "config.json").write_text("{}")
+    for name in ("train", "val"):
+        (shared / f"{name}.parquet").write_bytes(b"PAR1")
+    return shared
+
+
+def with_files(cfg, shared: Path, **changes) -> Demand:
+    return dataclasses.replace(
+        doctor.demand(cfg),
+        model=str(shared / "model"),
+        files=(
+            ("backend.verl.train_files", str(shared / "train.parquet")),
+            ("backend.verl.val_files", str(shared / "val.parquet")),
+        ),
+        **changes,
+    )
+
+
+def test_paths_readable_or_not(cfgs, data, monkeypatch):
+    d = with_files(cfgs["verl"], data)
+    (ok,) = doctor.check_paths(ctx(cfgs["verl"], d))
+    assert ok.status == "PASS" and "3 of 3 readable" in ok.found
+    (data / "val.parquet").unlink()
+    real_open = open
+
+    def deny(path, *a, **k):
+        if str(path).endswith("train.parquet"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(doctor, "open", deny, raising=False)  # root reads everything: deny one file here
+    (bad,) = doctor.check_paths(ctx(cfgs["verl"], d))
+    assert bad.status == "FAIL" and "1 of 3 readable" in bad.found
+    assert "val.parquet does not exist" in bad.found and "train.parquet Permission denied" in bad.found
+    assert "emapg data prepare" in bad.fix
+    assert doctor.check_paths(ctx(cfgs["local"]))[0].status == "N/A"  # the tiny model, generated problems
+
+
+def test_an_hf_id_is_looked_up_in_the_cache(cfgs, monkeypatch):
+    import huggingface_hub
+
+    d = dataclasses.replace(doctor.demand(cfgs["verl"]), files=())
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: None)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    (remote,) = doctor.check_paths(ctx(cfgs["verl"], d))
+    assert remote.status == "WARN" and "each worker downloads it" in remote.found and "hf download" in remote.fix
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert doctor.check_paths(ctx(cfgs["verl"], d))[0].status == "FAIL"
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: f"/cache/{repo}/config.json")
+    assert doctor.check_paths(ctx(cfgs["verl"], d))[0].status == "PASS"
+
+
+class FakeCluster:
+    """Nodes that run the real node functions in this process: `nodes` maps a name to None (same disk as the
+    driver), a directory (its own disk: every path under the driver's `root` is read there instead), or an
+    exception (the node does not answer)."""
+
+    def __init__(self, nodes: dict, gpus: dict | None = None, root: Path | None = None):
+        self.nodes_, self.gpus, self.root = nodes, gpus or {}, root
+
+    def nodes(self) -> list[Node]:
+        return [Node(name, self.gpus.get(name, 0)) for name in self.nodes_]
+
+    def on_each_node(self, fn, *args):
+        out = {}
+        for name, how in self.nodes_.items():
+            if isinstance(how, BaseException):
+                out[name] = how
+            else:
+                out[name] = fn(*(self._moved(a, how) for a in args))
+        return out
+
+    def _moved(self, value, disk):
+        if disk is None:
+            return value
+        if isinstance(value, str):
+            return value.replace(str(self.root), str(disk))
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._moved(v, disk) for v in value)
+        return value
+
+
+def test_paths_on_every_node(cfgs, data, tmp_path):
+    other = tmp_path / "node_b_disk"
+    other.mkdir()
+    cluster = FakeCluster(
+        {"10.0.0.1": None, "10.0.0.2": other, "10.0.0.3": ModuleNotFoundError("No module named 'experiments'")},
+        root=data,
+    )
+    results = doctor.check_paths(ctx(cfgs["verl"], with_files(cfgs["verl"], data), cluster=cluster))
+    assert [r.status for r in results] == ["PASS", "PASS", "FAIL", "FAIL"]  # here, then one line per node
+    assert results[1].found.startswith("node 10.0.0.1: 3 of 3 readable")
+    assert results[2].found.startswith("node 10.0.0.2: 0 of 3 readable") and "does not exist" in results[2].found
+    assert "no answer" in results[3].found and "experiments" in results[3].found and "every node" in results[3].fix
+
+
+# ---------------------------------------------------------------------------------------------- checkpoint
+def leftovers(path: Path) -> list[str]:
+    return [p.name for p in path.rglob(f"{doctor.PROBE_PREFIX}*")]
+
+
+def test_checkpoint_dir_writable(cfgs, tmp_path):
+    d = dataclasses.replace(doctor.demand(cfgs["local"]), checkpoints=str(tmp_path / "runs" / "x" / "checkpoints"))
+    (r,) = doctor.check_checkpoint(ctx(cfgs["local"], d))
+    assert (
+        r.status == "PASS" and f"in {tmp_path}, its nearest existing directory" in r.found and leftovers(tmp_path) == []
+    )
+    assert not (tmp_path / "runs").exists()  # nothing created
+    (tmp_path / "file").write_text("x")
+    under_file = dataclasses.replace(d, checkpoints=str(tmp_path / "file" / "checkpoints"))
+    (r,) = doctor.check_checkpoint(ctx(cfgs["local"], under_file))
+    assert r.status == "FAIL" and "is a file, not a directory" in r.found and "run_dir" in r.fix
+
+
+def test_a_read_only_checkpoint_dir_fails(cfgs, tmp_path, monkeypatch):
+    def read_only(path, text):
+        raise OSError(errno.EROFS, "Read-only file system", path)
+
+    monkeypatch.setattr(doctor, "_write", read_only)  # root writes everywhere: the file system says no here
+    d = dataclasses.replace(doctor.demand(cfgs["verl"]), checkpoints=str(tmp_path))
+    (r,) = doctor.check_checkpoint(ctx(cfgs["verl"], d))
+    assert r.status == "FAIL" and "Read-only file system" in r.found and "backend.verl.checkpoint_dir" in r.fix
+
+
+def test_checkpoint_dir_shared_by_every_node(cfgs, tmp_path):
+    shared, other = tmp_path / "ckpt", tmp_path / "node_b_disk"
+    shared.mkdir()
+    other.mkdir()
+    cluster = FakeCluster(
+        {"10.0.0.1": None, "10.0.0.2": other, "10.0.0.3": TimeoutError("no answer within 60 s")}, root=shared
+    )
+    d = dataclasses.replace(doctor.demand(cfgs["verl"]), checkpoints=str(shared))
+    results = doctor.check_checkpoint(ctx(cfgs["verl"], d, cluster=cluster))
+    assert [r.status for r in results] == ["PASS", "PASS", "FAIL", "FAIL"]
+    assert "node 10.0.0.1: sees the probe file" in results[1].found and "(shared)" in results[1].found
+    assert "not shared" in results[2].found and "every node mounts" in results[2].fix
+    assert "no answer within 60 s" in results[3].found
+    assert leftovers(tmp_path) == []  # the driver's probe is removed after the nodes looked
+
+
+def test_node_checkpoint_reads_the_token(tmp_path):
+    probe = tmp_path / f"{doctor.PROBE_PREFIX}abc"
+    probe.write_text("abc")
+    seen, detail = doctor.node_checkpoint(str(tmp_path), str(probe), "abc")
+    assert seen and "(shared)" in detail and "writable" in detail
+    probe.write_text("another doctor's")  # same name, another file: not the directory the driver wrote in
+    seen, detail = doctor.node_checkpoint(str(tmp_path), str(probe), "abc")
+    assert not seen and "other content" in detail
+
+
+# ---------------------------------------------------------------------------------------------- wandb
+def test_wandb_mode(cfgs):
+    r = doctor.check_wandb(ctx(cfgs["local"], modules={"wandb": "0.31.0"}, env={"WANDB_API_KEY": "s3cret-key"}))
+    assert r.status == "PASS" and r.found.startswith("offline (logger.mode=offline)") and "s3cret" not in r.found
+    online = doctor.check_wandb(ctx(cfgs["local"], modules={"wandb": "0.31.0"}, env={"WANDB_MODE": "online"}))
+    assert online.status == "PASS" and "online (WANDB_MODE=online)" in online.found and "wandb login" in online.found
+    bad = doctor.check_wandb(ctx(cfgs["local"], modules={"wandb": "0.31.0"}, env={"WANDB_MODE": "loud"}))
+    assert bad.status == "FAIL" and "'loud' from WANDB_MODE" in bad.found and "offline" in bad.fix
+    missing = doctor.check_wandb(ctx(cfgs["local"]))
+    assert missing.status == "FAIL" and "wandb does not import" in missing.found
+    assert doctor.check_wandb(ctx(cfgs["local"], env={"WANDB_MODE": "disabled"})).status == "PASS"  # no import
+    assert doctor.check_wandb(ctx(build.compose(["logger=none"]))).status == "N/A"
+
+
+# ---------------------------------------------------------------------------------------------- the report
+def test_a_check_that_raises_is_one_fail_and_the_rest_still_run(cfgs):
+    def broken(ctx):
+        raise KeyError("surprise")
+
+    checks = {"first": broken, "second": lambda ctx: Result("PASS", "fine")}
+    out = doctor.run_checks(ctx(cfgs["local"]), checks)
+    assert [(n, r.status) for n, r in out] == [("first", "FAIL"), ("second", "PASS")]
+    assert "KeyError" in out[0][1].found
+    assert doctor.exit_code([r for _, r in out]) == 1
+    assert doctor.exit_code([Result("PASS", ""), Result("WARN", ""), Result("N/A", "")]) == 0
+    with pytest.raises(ValueError, match="allowed: PASS, WARN, FAIL, N/A"):
+        Result("OK", "")
+    assert Result("PASS", "x", "never shown").line("gpus") == "PASS  gpus        x"
+    assert Result("WARN", "x", "do y").line("gpus") == "WARN  gpus        x  fix: do y"
+
+
+def test_the_command_with_fakes_and_a_fake_cluster(cfgs, data, tmp_path, capsys):
+    argv = [
+        "experiment=math_deepscaler_ema_pg",
+        f"model.path={data / 'model'}",
+        f"backend.verl.train_files={data / 'train.parquet'}",
+        f"backend.verl.val_files={data / 'val.parquet'}",
+        f"backend.verl.checkpoint_dir={data / 'ckpt'}",
+        "--address",
+        "10.0.0.1:6379",
+    ]
+    good = {"verl": "0.9.1", "vllm": "0.12.0", "flash_attn": "2.8.3", "wandb": "0.31.0"}
+    cluster = FakeCluster({"10.0.0.1": None}, gpus={"10.0.0.1": 8})
+    code = doctor.main(argv, fake_probes(devices=gpus(8), modules=good), cluster)
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0, "\n".join(out)
+    assert out[0].startswith("emapg doctor: experiment=math_deepscaler_ema_pg backend=verl needs 8 GPU(s)")
+    assert "the Ray cluster at 10.0.0.1:6379" in out[0]
+    names = [line.split()[1] for line in out[1:-1]]
+    assert names == [*doctor.CHECKS][:8] + ["paths", "checkpoint", "checkpoint", "wandb"]
+    assert out[-1] == f"{len(out) - 2} lines: {len(out) - 2} PASS, 0 WARN, 0 FAIL, 0 N/A"
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["doctor", "oops"], ["key=value", "'oops'"]),
+        (["doctor", "--verbose"], ["--address HOST:PORT", "'--verbose'"]),
+        (["doctor", "--address", "nohost"], ["--address='nohost'", "HOST:PORT"]),
+        (["doctor", "--address=h:99999"], ["--address='h:99999'"]),
+        (["doctor", "trainer.iteratons=5"], ["did you mean trainer.iterations"]),
+        (["doctor", "backend.verl.rollout_engine=hf", "experiment=math_deepscaler_ema_pg"], ["trainer.device=cpu"]),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, words, capsys):
+    assert cli_main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("emapg doctor: error:"), captured.err
+    assert all(w in lines[0] for w in words), lines[0]
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_an_address_where_nothing_answers(capsys):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # a port nobody listens on
+    assert cli_main(["doctor", "--address", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--address=127.0.0.1:{port}: nothing answers there" in err[0]
+
+
+def test_help_lists_every_check(capsys):
+    assert cli_main(["doctor", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: emapg doctor" in out and all(f"  {name} " in out for name in doctor.CHECKS)
+    assert cli_main(["--help"]) == 0 and "doctor" in capsys.readouterr().out
+
+
+def test_end_to_end_on_this_machine():
+    """The command as a user runs it, here (CPU torch, no GPU): the default local run passes with the GPU checks
+    N/A; the paper's verl preset fails its GPU demand, as it must on this machine."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env["WANDB_MODE"] = ""
+    env.pop("RAY_ADDRESS", None)
+    run = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "doctor", "logger=none"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert len(lines) == len(doctor.CHECKS) + 2 and lines[0].startswith("emapg doctor: experiment=custom")
+    status = {line.split()[1]: line.split()[0] for line in lines[1:-1]}
+    if "+cpu" in __import__("torch").__version__:
+        assert {status[c] for c in ("driver", "cuda", "gpus", "nccl")} == {"N/A"}
+    assert status["checkpoint"] == "PASS" and "FAIL" not in status.values()
+
+
+def test_a_verl_gpu_preset_fails_here_when_there_is_no_gpu(capsys, data):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    code = cli_main(["doctor", "experiment=math_deepscaler_ema_pg", f"backend.verl.checkpoint_dir={data / 'c'}"])
+    lines = capsys.readouterr().out.splitlines()
+    status = {line.split()[1]: line.split()[0] for line in lines[1:-1]}
+    assert code == 1 and status["gpus"] == "FAIL" and status["checkpoint"] == "PASS"
+    assert "this node has 0 CUDA device(s); the run needs 8 per node" in "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- a real Ray
+def test_a_real_local_ray_runs_the_node_checks(cfgs, data, tmp_path, monkeypatch):
+    """RayCluster against a one-node Ray on 127.0.0.1 (2 CPUs, no dashboard, no auth): the node lists its
+    GPUs (none), and the paths and checkpoint functions run there as Ray tasks."""
+    ray = pytest.importorskip("ray")
+    for key, value in {
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "disabled",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    temp = tempfile_dir()
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        _temp_dir=temp,
+    )
+    try:
+        cluster = doctor.RayCluster(timeout_s=120)
+        (node,) = cluster.nodes()
+        assert node.gpus == 0
+        d = with_files(cfgs["verl"], data, checkpoints=str(data / "ckpt"))
+        paths = doctor.check_paths(ctx(cfgs["verl"], d, cluster=cluster))
+        ckpt = doctor.check_checkpoint(ctx(cfgs["verl"], d, cluster=cluster))
+        gpus_line = doctor.check_gpus(ctx(cfgs["verl"], d, cluster=cluster, cuda=None))
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+    assert [r.status for r in paths] == ["PASS", "PASS"] and paths[1].found.startswith(f"node {node.name}: 3 of 3")
+    assert [r.status for r in ckpt] == ["PASS", "PASS"] and "(shared)" in ckpt[1].found
+    assert gpus_line.status == "FAIL" and f"{node.name}: 0" in gpus_line.found
+    assert leftovers(data) == []
+
+
+def tempfile_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="emapg_ray_", dir="/tmp")  # short: Ray's unix sockets live here
