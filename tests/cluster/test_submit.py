@@ -191,9 +191,10 @@ def test_slurm_render(tmp_path):
     )
     assert rc == 0
     assert "#SBATCH --nodes=3" in out and "#SBATCH --partition=gpu" in out and "#SBATCH --gpus-per-node=8" in out
-    assert "ray start --head" in out and 'ray start --address="$head_ip:6379"' in out
-    assert out.rstrip().endswith("emapg sweep sweeps/math_deepscaler_ema_pg.yaml --address auto")
-    assert "{" not in out.replace("${", "").replace("{print", "")  # every placeholder filled
+    assert "ray start --block" in out and '--head --port="$port"' in out and 'role=(--address="$RAY_ADDRESS")' in out
+    assert "#SBATCH --requeue" in out and "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=" in out
+    assert "emapg sweep sweeps/math_deepscaler_ema_pg.yaml --address auto $resume &" in out
+    assert "base, stride, slots = 20000, 400, 100" in out and "{port_base}" not in out  # site values filled
     bad = tmp_path / "bad.yaml"
     bad.write_text("partition: gpu\n")
     assert _run("slurm", "--site", str(bad))[0] == 2
