@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint test-all test-verl test-gpu rehearse-verl figures clean
+.PHONY: setup demo test lint test-all test-verl test-gpu test-cluster rehearse-verl figures clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ rehearse-verl: $(VERL_STAMP)
 # holds the CPU build. Needs torch and transformers only. `make test-gpu PYTHON=/path/to/python GPU_ARGS=--allow-skip`
 test-gpu:
 	$(PYTHON) tests/run_gpu.py $(GPU_ARGS)
+
+# The rendered SLURM job under stub srun/scontrol that start real local Ray nodes: two jobs at once, a worker
+# lost (about 80 s on 2 cores; README "Scaling out").
+test-cluster: $(STAMP)
+	$(BIN)/python -m pytest -m slow tests/cluster/test_slurm_job.py
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -m "not gpu and not verl"

@@ -57,10 +57,14 @@ sys.exit(int(sys.argv[1]))
 """
 
 
-def _host_ip():
-    import ray.util
-
-    return ray.util.get_node_ip_address()  # what `ray start --node-ip-address=127.0.0.1` turns into
+def _host_ip() -> str:
+    """What `ray start --node-ip-address=127.0.0.1` turns into, asked in the jobs' environment: with
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (as .ci/run sets it) this process's Ray would answer 127.0.0.1."""
+    code = "import ray.util; print(ray.util.get_node_ip_address())"
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 @pytest.fixture
