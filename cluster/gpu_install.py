@@ -21,8 +21,10 @@ CUDA wheel) for the machine the install is written for, not this one:
   ``--python-version`` (its tags and Requires-Python, but environment markers evaluated for this
   interpreter: said so in the output).
 
-A target fails when pip cannot resolve, when flash-attn is in the set, or when anything but the local wheels of
-``SDIST_ONLY`` comes from elsewhere than an index. Exit status 1 then, with pip's last lines.
+This checkout (``-e ".[verl]"``) is resolved as the requirements pyproject.toml lists for it (``expand_checkout``).
+A target fails when pip cannot resolve within ``TIMEOUT_S``, when flash-attn is in the set, when anything would
+be built from an sdist, or when a local wheel other than ``SDIST_ONLY``'s is used. Exit status 1 then, with
+pip's last lines.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ HEADLINE = ("verl", "torch", "vllm", "transformers", "ray", "hydra-core", "cupy-
 NEVER = ("flash-attn",)
 """What the install must not contain (docs/verl-plugin.md, "Installing on GPUs")."""
 TIMEOUT_S = 240
-"""Per target Python: a resolve that backtracks longer than this fails (it took 35-50 s when it resolves)."""
+"""Per target Python: a resolve that backtracks longer than this fails (47-71 s here when it resolves)."""
 NOISE = "is ignored: it is neither a file nor a directory"  # a pip.conf's missing local index folders
 
 
@@ -195,7 +197,7 @@ def _check_report(report: dict, wheels: Path, versions: dict[str, str]) -> str |
         if not url.endswith(".whl"):
             return f"{name} {versions[name]} would be built from {url}"
         if url.startswith(local) and name not in SDIST_ONLY:
-            return f"{name} {versions[name]} came from the local wheels of SDIST_ONLY"
+            return f"{name} {versions[name]} came from the local wheels, which only SDIST_ONLY's may"
     return None
 
 
@@ -206,6 +208,14 @@ def available_pythons() -> list[str]:
 
 
 def check(pythons: list[str] | None = None, script: Path = SCRIPT) -> int:
+    import platform
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":  # pip evaluates markers for this host
+        print(
+            f"check-gpu-install runs on Linux x86_64 (pip reads environment markers from the host); not on "
+            f"{sys.platform} {platform.machine()}"
+        )
+        return 2
     pythons = pythons or available_pythons()
     installs = pip_installs(readme_lines(script))
     if not installs:
@@ -219,7 +229,11 @@ def check(pythons: list[str] | None = None, script: Path = SCRIPT) -> int:
         tmp = Path(d)
         wheels = tmp / "wheels"
         wheels.mkdir()
-        _sdist_wheels(wheels)
+        try:
+            _sdist_wheels(wheels)
+        except subprocess.CalledProcessError as e:
+            print(f"building {', '.join(SDIST_ONLY)} failed (exit {e.returncode}):\n{(e.stderr or '')[-2000:]}")
+            return 1
         print(f"  pure-Python wheels built from sdists: {', '.join(sorted(p.name for p in wheels.glob('*.whl')))}")
         rows = [resolve(v, installs, wheels, tmp) for v in pythons]  # one at a time: pip's cache helps the next
     for r in rows:
