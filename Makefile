@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint test-all test-verl test-gpu test-cluster rehearse-verl figures clean
+.PHONY: setup demo test lint check-gpu-install test-all test-verl test-gpu test-cluster rehearse-verl figures clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,13 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# The README's GPU install (cluster/gpu-install.sh, its one source) resolved for a Linux x86_64 CUDA 13 machine
+# with wheels only: pip --dry-run reads the wheels' metadata and downloads no CUDA wheel. For this .venv's Python
+# and each python3.10-3.12 on PATH that runs, about a minute each (cluster/gpu_install.py). Fails when it does
+# not resolve, would build anything but antlr4's pure-Python sdist, or would install flash-attn.
+check-gpu-install: $(STAMP)
+	$(BIN)/python -m cluster.gpu_install
 
 # The verl plugin's CPU tests (marked `verl`) in their own venv: the [verl] extra adds ~2.2 GB
 # (verl 0.9.1 and its stack, still on the CPU torch of constraints.txt) that `make test` does not need.

@@ -42,6 +42,8 @@ DEVICES = ("cuda", "cpu")
 """``trainer.device`` values of the verl backend: GPUs, or verl's loop on CPU (``ema_pg_core.verl.cpu``)."""
 ROLLOUT_ENGINES = ("vllm", "sglang", "hf")
 """``backend.verl.rollout_engine``: verl's GPU engines, or ``ema_pg_core.verl.hf_rollout`` (any device)."""
+ATTN_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "eager")
+"""``backend.verl.attn_implementation``: the transformers attention of the actor and the reference."""
 OLD, REF = "emapg_old_", "emapg_ref_"
 """Prefixes of the Top-k tensors produced by the pi_old pass and by the anchor (reference) pass."""
 
@@ -245,6 +247,12 @@ class VerlSettings:
     param_offload: bool = False
     optimizer_offload: bool = False
     gradient_checkpointing: bool = True
+    attn_implementation: str | None = None
+    """Attention of the actor and the reference (verl's ``actor_rollout_ref.model.override_config.
+    attn_implementation``): sdpa | flash_attention_2 | eager; null = sdpa on GPUs, eager on CPU. verl's own
+    default, flash_attention_2, needs the flash-attn package, which the README's GPU install leaves out (no
+    wheel for torch 2.11 + CUDA 13; docs/verl-plugin.md, "Installing on GPUs"); set flash_attention_2 where
+    it is installed (verl's image), for speed."""
     multi_turn: bool = False
     """A multi-turn agent loop (search): rollout.max_turns tool calls, then one answer turn."""
     tool_config_path: str | None = None
@@ -279,6 +287,11 @@ class VerlSettings:
         if self.rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(
                 f"backend.verl.rollout_engine={self.rollout_engine!r}; allowed: {', '.join(ROLLOUT_ENGINES)}"
+            )
+        if self.attn_implementation is not None and self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise ValueError(
+                f"backend.verl.attn_implementation={self.attn_implementation!r}; allowed: "
+                f"{', '.join(ATTN_IMPLEMENTATIONS)}, null (sdpa on GPUs, eager on CPU)"
             )
         if self.multi_turn and self.agent_loop == "tool_agent" and not self.tool_config_path:
             raise ValueError(
@@ -479,15 +492,22 @@ def _device_keys(device: str, vs: VerlSettings) -> dict[str, Any]:
 
     The local Ray cluster verl starts advertises one virtual GPU per rank, every Ray worker process
     installs the CPU platform (a ``worker_process_setup_hook``), and the model runs with eager
-    attention and without torch.compile. Ray binds to 127.0.0.1.
+    attention (unless ``backend.verl.attn_implementation`` says sdpa) and without torch.compile. Ray binds
+    to 127.0.0.1. On GPUs the attention is sdpa unless set: verl's default needs flash-attn.
     """
     from ema_pg_core.verl import cpu, failures
 
     hook = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
+    attn = "+actor_rollout_ref.model.override_config.attn_implementation"
     if device == "cuda":
         if vs.rollout_engine == "hf":
             raise ValueError("backend.verl.rollout_engine=hf runs with trainer.device=cpu (on GPUs use vllm or sglang)")
-        return {hook: failures.SETUP_HOOK}
+        return {hook: failures.SETUP_HOOK, attn: vs.attn_implementation or "sdpa"}
+    if vs.attn_implementation == "flash_attention_2":
+        raise ValueError(
+            "backend.verl.attn_implementation=flash_attention_2 needs CUDA (flash-attn); with trainer.device=cpu "
+            "use sdpa, eager or null (eager)"
+        )
     if vs.rollout_engine != "hf":
         raise ValueError(
             f"trainer.device=cpu needs backend.verl.rollout_engine=hf (got {vs.rollout_engine!r}: "
@@ -499,7 +519,7 @@ def _device_keys(device: str, vs: VerlSettings) -> dict[str, Any]:
         hook: cpu.SETUP_HOOK,
         "+ray_kwargs.ray_init._node_ip_address": "127.0.0.1",
         "+ray_kwargs.ray_init.include_dashboard": False,
-        "+actor_rollout_ref.model.override_config.attn_implementation": "eager",
+        attn: vs.attn_implementation or "eager",
         f"{A}use_torch_compile": False,
     }
 

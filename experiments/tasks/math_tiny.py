@@ -108,7 +108,13 @@ def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
     Walks reasoning-gym's chain_sum stream for `seed` and keeps the problems whose prompt hashes
     into `split`, so train and test never share a problem whatever the seeds.
     """
-    import reasoning_gym  # lazy: ~0.6 s import
+    try:
+        import reasoning_gym  # lazy: ~0.6 s import
+    except ImportError as e:
+        raise ImportError(
+            "math_tiny's problems come from reasoning-gym, an optional dependency: pip install -e '.[tiny]' "
+            "(`make setup` installs it; the GPU install leaves it out)"
+        ) from e
 
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test'; got {split!r}")

@@ -14,3 +14,17 @@ def test_scoring_prints_no_math_verify_timeout_notice():
     )
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stderr
     assert "Timeout is disabled" not in err and "Timeout during parsing: x" in err
+
+
+def test_without_reasoning_gym_math_tiny_names_the_extra(monkeypatch):
+    """reasoning-gym is the [tiny] extra (it pins pycosat, a C extension with no wheel, which the GPU install
+    must not compile): without it, math_tiny says which extra to install."""
+    import sys
+
+    import pytest
+
+    from experiments.tasks import math_tiny
+
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # `import reasoning_gym` raises ImportError
+    with pytest.raises(ImportError, match=r"reasoning-gym, an optional dependency: pip install -e '\.\[tiny\]'"):
+        math_tiny.load("test", n=1)

@@ -30,13 +30,14 @@ def training_worker(
     micro: int = 4,
     dynamic_tokens: int | None = None,
     verl_precision: bool = False,
+    attn: str = "eager",
 ):
     """A verl TrainingWorker (outside Ray) with an FSDP2 engine; the shim must be installed.
 
     ``dynamic_tokens``: verl's dynamic micro-batches (token budget per micro-batch; they are
     re-ordered by length and restored afterwards), else fixed micro-batches of ``micro`` sequences.
     ``verl_precision``: verl's default mixed precision (no ``mixed_precision`` given: bf16 compute
-    under autocast, fp32 master weights) instead of fp32 throughout.
+    under autocast, fp32 master weights) instead of fp32 throughout. ``attn``: the transformers attention.
     """
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
@@ -44,7 +45,7 @@ def training_worker(
 
     mc = HFModelConfig(
         path=model_path,
-        override_config={"attn_implementation": "eager"},
+        override_config={"attn_implementation": attn},
         use_remove_padding=remove_padding,
         enable_gradient_checkpointing=False,
     )

@@ -202,6 +202,17 @@ def test_anchor_schedule_matches_core():
         ({"backend": {"verl": {"n_gpus_per_node": 0}}}, r"backend.verl.n_gpus_per_node must be an integer >= 1"),
         ({"backend": {"verl": {"mask_truncated": "yes"}}}, r"emapg.mask_truncated must be true or false"),
         ({"backend": {"verl": {"multi_turn": True, "agent_loop": "search_r1"}}}, r"needs backend\.verl\.retriever_url"),
+        (
+            {"backend": {"verl": {"attn_implementation": "flash_attention_3"}}},
+            r"attn_implementation='flash_attention_3'; allowed: sdpa, flash_attention_2, eager, null",
+        ),
+        (
+            {
+                "trainer": {"device": "cpu"},
+                "backend": {"verl": {"rollout_engine": "hf", "attn_implementation": "flash_attention_2"}},
+            },
+            r"flash_attention_2 needs CUDA",
+        ),
     ],
 )
 def test_invalid_run_configs_fail_clearly(bad, match):
@@ -298,3 +309,54 @@ def test_cpu_device_compiles_to_verls_cpu_mode_and_every_run_gets_the_failure_ho
     assert o["+ray_kwargs.ray_init._node_ip_address"] == "'127.0.0.1'"
     assert o["+actor_rollout_ref.model.override_config.attn_implementation"] == "eager"
     assert job.emapg["device"] == "cpu"
+
+
+ATTN = "+actor_rollout_ref.model.override_config.attn_implementation"
+
+
+@pytest.mark.parametrize(
+    "device,setting,composed",
+    [
+        ("cuda", None, "sdpa"),  # verl's default, flash_attention_2, needs flash-attn: the GPU install has none
+        ("cuda", "flash_attention_2", "flash_attention_2"),  # where flash-attn is installed (verl's image)
+        ("cuda", "eager", "eager"),
+        ("cpu", None, "eager"),
+        ("cpu", "sdpa", "sdpa"),
+    ],
+)
+def test_attention_is_sdpa_on_gpus_unless_set(device, setting, composed):
+    """The actor's and the reference's attention (one verl key, actor_rollout_ref.model, read by both) is sdpa on
+    GPUs unless backend.verl.attn_implementation says otherwise: docs/verl-plugin.md, "Installing on GPUs"."""
+    run = yaml.safe_load((GOLDEN / "math_deepscaler_8k.run.yaml").read_text())
+    run["trainer"]["device"] = device
+    run["backend"]["verl"].update(
+        {"attn_implementation": setting, **({"rollout_engine": "hf"} if device == "cpu" else {})}
+    )
+    job = to_verl(run)
+    assert [a for a in job.overrides if "attn_implementation" in a] == [f"{ATTN}={composed}"]
+    # verl's own keys stay as the engine needs them: packed batches, no fused kernels
+    o = _overrides(job)
+    assert o["actor_rollout_ref.model.use_remove_padding"] == "true"
+    assert o["actor_rollout_ref.model.use_fused_kernels"] == "false"
+
+
+@pytest.mark.parametrize("preset", sorted(PRESET_GOLDEN))
+def test_shipped_gpu_presets_run_sdpa(preset):
+    golden, extra = PRESET_GOLDEN[preset]
+    assert _overrides(_composed_job([f"experiment={preset}", *extra]))[ATTN] == "sdpa"
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("drop_ours", [False, True])
+def test_verl_builds_the_models_with_the_composed_attention(drop_ours, tiny_path):
+    """verl 0.9.1 reads the attention from actor_rollout_ref.model.override_config (HFModelConfig, for the actor
+    and the reference alike) and defaults to flash_attention_2 without it: the key is what keeps flash-attn out."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from ema_pg_core.verl.main import compose
+
+    argv = [a for a in _job("math_deepscaler_8k").command()[3:] if not (drop_ours and a.startswith(ATTN))]
+    cfg = compose(argv + [f"actor_rollout_ref.model.path={tiny_path}"])
+    model = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
+    assert model.hf_config._attn_implementation == ("flash_attention_2" if drop_ours else "sdpa")
+    assert model.use_remove_padding and not model.use_fused_kernels

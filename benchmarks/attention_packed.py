@@ -1,0 +1,261 @@
+"""sdpa in place of flash-attn for verl's packed batches (use_remove_padding) on one CUDA GPU: time and memory.
+
+    python benchmarks/attention_packed.py --json /tmp/attention_packed.json   # on a GPU machine: measure
+    python benchmarks/attention_packed.py --from-json F                        # anywhere: write the doc
+
+With ``use_remove_padding=True`` verl 0.9.1's FSDP engine packs a micro-batch into one row of N tokens
+(attention_mask None, position ids restarting at 0 for each sequence). With ``attn_implementation=sdpa``
+transformers turns those position ids into a block-diagonal causal mask of N x N and runs
+``scaled_dot_product_attention`` with it (a masked kernel: the whole N x N product, no flash kernel); with
+flash-attn, verl's patched ``_flash_attention_forward`` runs the varlen kernel over each sequence only.
+
+- attention of one layer, Qwen2.5-7B's heads (28 query, 4 key/value heads of 128), bf16, forward + backward,
+  N packed tokens made of sequences of L tokens: transformers' ``sdpa_attention_forward`` with the packed mask;
+  the same sequences as a (N/L, L) batch with ``is_causal`` (PyTorch's flash kernel: the work within sequences
+  only); PyTorch's own FlashAttention-2 varlen kernel (``torch.nn.attention.varlen.varlen_attn``) where present;
+  flash-attn's ``flash_attn_varlen_func`` where installed.
+- a whole model: a Qwen2.5-1.5B-shaped Qwen2 (random weights, bf16, gradient checkpointing as the presets),
+  forward + backward of N tokens, sdpa packed vs the same sequences as a padded (N/L, L) batch; and the largest
+  |logit| difference between the packed forward and the batch one (the packing is exact, up to bf16).
+
+Time = median of 3 after a warm-up, CUDA-synchronised; peak = ``torch.cuda.max_memory_allocated`` above what
+was allocated before the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import _common as C  # noqa: E402
+
+SECTION = "sdpa for packed batches on a GPU"
+HQ, HKV, D = 28, 4, 128  # Qwen2.5-7B's attention
+CASES = [(16384, 1024), (16384, 4096), (8192, 512)]  # (N packed tokens, L tokens per sequence)
+MODEL_CASES = [(16384, 1024)]
+
+
+def _timed(fn, reps: int = 3) -> tuple[float, float]:
+    """(median ms, peak GiB above the start) of fn()."""
+    fn()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def _packed_mask(n: int, seq: int) -> torch.Tensor:
+    """(1, 1, N, N) bool: causal within each run of `seq` tokens (what transformers builds for sdpa)."""
+    seg = torch.arange(n, device="cuda") // seq
+    pos = torch.arange(n, device="cuda")
+    return ((seg[:, None] == seg[None, :]) & (pos[:, None] >= pos[None, :]))[None, None]
+
+
+def _per_sequence(q, k, v, seq: int) -> torch.Tensor:
+    """(1, H, N, D) tensors as an (N/seq, H, seq, D) batch, causal attention within each row."""
+    q, k, v = (t[0].reshape(t.shape[1], -1, seq, D).transpose(0, 1) for t in (q, k, v))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def _torch_varlen():
+    """PyTorch's varlen attention as f(q, k, v, cu_seqlens, max_len) (causal, GQA), or None where absent."""
+    import inspect
+
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    gqa = {"enable_gqa": True} if "enable_gqa" in params else None
+
+    def f(q, k, v, cu, max_len):
+        if gqa is None:
+            k, v = (t.repeat_interleave(HQ // HKV, 1) for t in (k, v))
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **causal, **(gqa or {}))
+
+    return f
+
+
+def attention_rows() -> list[dict]:
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module = SimpleNamespace(num_key_value_groups=HQ // HKV, is_causal=True, training=True)
+    varlen = _torch_varlen()
+    rows = []
+    for n, seq in CASES:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q0 = torch.randn(1, HQ, n, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k0 = torch.randn(1, HKV, n, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        v0 = torch.randn(1, HKV, n, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        mask = _packed_mask(n, seq)
+        cu = torch.arange(0, n + 1, seq, device="cuda", dtype=torch.int32)
+
+        def run(f, q0=q0, k0=k0, v0=v0):
+            q, k, v = (t.detach().requires_grad_() for t in (q0, k0, v0))
+            f(q, k, v).float().sum().backward()
+
+        variants = {
+            "sdpa, packed (block-diagonal mask)": lambda q, k, v, m=mask: sdpa_attention_forward(
+                module, q, k, v, m, dropout=0.0
+            )[0],
+            "sdpa, per sequence (is_causal, flash kernel)": lambda q, k, v, s=seq: _per_sequence(q, k, v, s),
+        }
+        if varlen is not None:
+            variants["torch varlen_attn (FlashAttention-2 in PyTorch)"] = lambda q, k, v, s=seq, c=cu, f=varlen: f(
+                *(t[0].transpose(0, 1) for t in (q, k, v)), c, s
+            )
+        try:
+            from flash_attn import flash_attn_varlen_func
+
+            variants["flash-attn flash_attn_varlen_func"] = lambda q, k, v, s=seq, c=cu: flash_attn_varlen_func(
+                *(t[0].transpose(0, 1) for t in (q, k, v)), c, c, s, s, causal=True
+            )
+        except ImportError:
+            pass
+        for name, f in variants.items():
+            try:
+                ms, peak = _timed(lambda f=f: run(f))
+                rows.append({"N": n, "L": seq, "variant": name, "ms": ms, "peak_GiB": peak})
+            except Exception as e:  # noqa: BLE001 - a kernel this torch lacks is a row saying so
+                rows.append({"N": n, "L": seq, "variant": name, "error": f"{type(e).__name__}: {e}"[:200]})
+            torch.cuda.empty_cache()
+        del q0, k0, v0, mask
+    return rows
+
+
+def model_rows() -> list[dict]:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+    )
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    rows = []
+    for n, seq in MODEL_CASES:
+        ids = torch.randint(0, cfg.vocab_size, (n,), device="cuda")
+        pos = (torch.arange(n, device="cuda") % seq)[None]
+
+        def packed(ids=ids, pos=pos):
+            return model(input_ids=ids[None], position_ids=pos, use_cache=False).logits
+
+        def batch(ids=ids, seq=seq):
+            return model(input_ids=ids.view(-1, seq), use_cache=False).logits
+
+        for name, f in (("sdpa, packed (use_remove_padding)", packed), ("sdpa, (N/L, L) batch", batch)):
+
+            def step(f=f):
+                model.zero_grad(set_to_none=True)
+                f().float().mean().backward()
+
+            ms, peak = _timed(step)
+            rows.append({"N": n, "L": seq, "variant": name, "ms": ms, "peak_GiB": peak})
+            torch.cuda.empty_cache()
+        with torch.no_grad():
+            model.eval()
+            diff = (packed().view(-1, seq, cfg.vocab_size).float() - batch().float()).abs().max().item()
+            model.train()
+        rows.append({"N": n, "L": seq, "variant": "max abs logit difference, packed vs batch", "value": diff})
+        torch.cuda.empty_cache()
+    return rows
+
+
+def render(data: dict) -> str:
+    m = data["machine"]
+    lines = [
+        f"Measured on {m['gpu']}, torch {m['torch']}, transformers {data.get('transformers', '?')}, "
+        f"flash-attn {data.get('flash_attn') or 'not installed'}, driver {m['driver']} ({data['date']}):",
+        "`python benchmarks/attention_packed.py --json F` there, then `--from-json F` here.",
+        "",
+        "| attention, one layer, 28/4 heads of 128, bf16, fwd + bwd | N | L | ms | peak GiB | × per sequence |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    ref = {(r["N"], r["L"]): r["ms"] for r in data["attention"] if r["variant"].startswith("sdpa, per sequence")}
+    for r in data["attention"]:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['error']} | | |")
+            continue
+        x = r["ms"] / ref[(r["N"], r["L"])] if (r["N"], r["L"]) in ref else float("nan")
+        lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['ms']:.2f} | {r['peak_GiB']:.2f} | {x:.2f} |")
+    lines += [
+        "",
+        "| Qwen2.5-1.5B shape, bf16, gradient checkpointing, fwd + bwd | N | L | ms | peak GiB |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in data["model"]:
+        if "value" in r:
+            lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['value']:.3g} | |")
+        else:
+            lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['ms']:.0f} | {r['peak_GiB']:.2f} |")
+    lines += [""] + [f"- {n}" for n in data.get("notes", [])]  # what the figures say, added to the JSON by hand
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", help="measure on this machine's GPU and save the measurements here")
+    p.add_argument("--from-json", help="write the docs/benchmarks.md section from these measurements")
+    p.add_argument("--print", dest="print_only", action="store_true", help="print the section, do not write it")
+    args = p.parse_args()
+    if args.from_json:
+        text = render(json.loads(Path(args.from_json).read_text()))
+        print(text) if args.print_only else C.write_section(SECTION, text)
+        return 0
+    if not torch.cuda.is_available():
+        print("no CUDA device: this benchmark measures the GPU path; --from-json F renders earlier measurements")
+        return 1
+    import transformers
+
+    from tests.run_gpu import describe
+
+    try:
+        import flash_attn
+
+        fa = flash_attn.__version__
+    except ImportError:
+        fa = None
+    data = {
+        "machine": describe(torch),
+        "date": time.strftime("%Y-%m-%d"),
+        "transformers": transformers.__version__,
+        "flash_attn": fa,
+        "attention": attention_rows(),
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+    data["model"] = model_rows()
+    print(render(data))
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

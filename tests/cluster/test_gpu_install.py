@@ -1,0 +1,111 @@
+"""The README's GPU install has one source, cluster/gpu-install.sh: the README quotes its lines, the Ray cluster
+launcher runs the file, CI resolves its lines (`make check-gpu-install`, cluster/gpu_install.py). Offline: the
+resolution itself is CI's step; here, that the three read the same lines and that the check's verdicts hold."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster import gpu_install as G
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fenced_blocks(text: str) -> list[list[str]]:
+    return [b.splitlines() for b in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)]
+
+
+def test_readme_quotes_the_install_script_verbatim():
+    lines = G.readme_lines()
+    assert lines and any(a[:2] == ["-e", ".[verl]"] for a in G.pip_installs(lines))
+    blocks = [b for b in _fenced_blocks((ROOT / "README.md").read_text()) if any("verl" in x for x in b)]
+    assert lines in blocks, "README's GPU install block differs from cluster/gpu-install.sh (BEGIN..END)"
+    readme = (ROOT / "README.md").read_text()
+    assert "vllm,fsdp]" not in readme and "cluster/gpu-install.sh" in readme
+
+
+def test_the_script_runs_exactly_its_readme_lines():
+    text = G.SCRIPT.read_text().splitlines()
+    body = text[text.index(G.BEGIN) + 1 : text.index(G.END)]
+    assert body == G.readme_lines()
+    code = [x for x in text if x.strip() and not x.startswith("#")]
+    assert code[:2] == ["set -euo pipefail", 'cd "$(dirname "$0")/.."'] and code[2:] == [
+        x for x in body if not x.startswith("#")
+    ]
+    subprocess.run(["bash", "-n", str(G.SCRIPT)], check=True)
+
+
+def test_ray_cluster_setup_runs_the_script_and_nothing_else_installs():
+    cfg = yaml.safe_load((ROOT / "cluster" / "ray-cluster.yaml").read_text())
+    setup = cfg["setup_commands"]
+    assert setup[0] == "bash ~/emapg/cluster/gpu-install.sh"
+    assert not [c for c in setup if "pip" in c], "installs belong in cluster/gpu-install.sh"
+    assert any("source ~/emapg/.venv/bin/activate" in c for c in setup)  # the venv the script makes
+    assert cfg["file_mounts"] == {"~/emapg": "."} and ".gitignore" in cfg["rsync_filter"]  # no local .venv up
+
+
+def test_ci_resolves_the_same_lines():
+    make = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^check-gpu-install:.*\n((?:\t.*\n)+)", make, re.M).group(1).split()
+    assert recipe == ["$(BIN)/python", "-m", "cluster.gpu_install"]  # which reads G.SCRIPT
+    steps = [x for x in (ROOT / ".ci" / "run").read_text().splitlines() if x.startswith("make ")]
+    assert steps[:2] == ["make lint", "make check-gpu-install"]
+
+
+def test_pip_lines_parse_and_the_checkout_expands_to_its_requirements():
+    assert G.pip_installs(["python3 -m venv v && . v/bin/activate && pip install -U pip", "# pip install x"]) == []
+    assert G.pip_installs(['pip install -e ".[verl]" "a==1" \\', '    "b>=2"']) == [["-e", ".[verl]", "a==1", "b>=2"]]
+    reqs = G.expand_checkout(["-e", ".[verl]", "a==1"])
+    assert reqs[-1] == "a==1" and "verl[verl-core]==0.9.1" in reqs and "-e" not in reqs
+    assert any(r.startswith("torch") for r in reqs)  # the core dependencies come along with the extra
+    assert G.expand_checkout(["x"]) == ["x"]
+
+
+def test_no_core_or_verl_dependency_needs_a_compiler():
+    """reasoning-gym pins pycosat 0.6.6 (C, an sdist only): it is the [tiny] extra, not pulled by the GPU install."""
+    reqs = G.expand_checkout(["-e", ".[verl]"])
+    assert not [r for r in reqs if r.startswith("reasoning-gym")]
+    assert "reasoning-gym>=0.1.19" in G._project_requirements(["tiny"])
+
+
+def _report(*items):
+    return {"install": [{"metadata": {"name": n, "version": v}, "download_info": {"url": u}} for n, v, u in items]}
+
+
+def test_the_report_verdicts(tmp_path):
+    pypi = "https://files.pythonhosted.org/packages/x/"
+    local = tmp_path.resolve().as_uri() + "/"
+    ok = _report(("torch", "2.11.0", pypi + "torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl"))
+    versions = {}
+    assert G._check_report(ok, tmp_path, versions) is None and versions == {"torch": "2.11.0"}
+    antlr = ("antlr4-python3-runtime", "4.9.3", local + "antlr4_python3_runtime-4.9.3-py3-none-any.whl")
+    assert G._check_report(_report(antlr), tmp_path, {}) is None
+    fa = _report(("flash_attn", "2.8.3", pypi + "flash_attn-2.8.3-cp312-cp312-linux_x86_64.whl"))
+    assert "flash-attn 2.8.3 is in the install" in G._check_report(fa, tmp_path, {})
+    sdist = _report(("pycosat", "0.6.6", pypi + "pycosat-0.6.6.tar.gz"))
+    assert "pycosat 0.6.6 would be built from" in G._check_report(sdist, tmp_path, {})
+    other = _report(("zss", "1.2.0", local + "zss-1.2.0-py3-none-any.whl"))
+    assert "came from the local wheels, which only SDIST_ONLY's may" in G._check_report(other, tmp_path, {})
+
+
+def test_the_target_platform_tags_cover_glibc_2_31_and_older():
+    assert G.PLATFORMS[0] == "manylinux_2_31_x86_64" and G.PLATFORMS[-1] == "manylinux2014_x86_64"
+    assert len(G.PLATFORMS) == 31 - 17 + 2  # manylinux_2_31 .. _2_17, and the legacy name (2014 -> 2010, 1)
+
+
+@pytest.mark.parametrize("site", sorted((ROOT / "cluster" / "sites").glob("*.yaml")), ids=lambda p: p.name)
+def test_site_files_load_no_cuda_12_module(site):
+    lines = yaml.safe_load(site.read_text())["setup"]
+    modules = [m for x in lines for m in re.findall(r"module load (cuda/\S+)", x)]
+    assert all(m.startswith("cuda/13") for m in modules), modules  # torch 2.11 + cu130: CUDA 13, R580+ driver
+
+
+def test_check_cli_offers_the_projects_pythons():
+    assert G.PYTHONS == ("3.10", "3.11", "3.12")
+    req = re.search(r'requires-python = "(.*)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert req == ">=3.10,<3.13"
+    with pytest.raises(SystemExit):
+        G.main(["--python", "3.9"])
