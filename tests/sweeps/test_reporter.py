@@ -203,3 +203,22 @@ def test_results_get_what_tune_knows_in_launch_order():
         results.Trial("a_0", "TERMINATED", {"algo.anchor.tau": 1.0}, 0, iterations=3),
         results.Trial("a_1", "ERROR", {"algo.anchor.tau": 0.9}, 0, iterations=1),
     ]
+
+
+def test_restore_prefers_the_runs_own_checkpoint_when_it_is_newer_than_tunes(tmp_path, monkeypatch):
+    """A driver killed a few seconds after Tune last saved its state: Tune restores the trial with the checkpoint
+    of iteration 3, the run directory holds iteration 4 (complete, and its rows): the run continues from 4."""
+    src = tmp_path / "tune_ckpt"
+    src.mkdir()
+    (src / "state.pt").write_text("3")
+    c = T.tune.Checkpoint.from_directory(str(src))
+    c.set_metadata({"iteration": 3, "name": "iter_000003", "carry": {ACC: 0.3}})
+    monkeypatch.setattr(T.tune, "get_checkpoint", lambda: c)
+    run_dir = tmp_path / "run"
+    for it in (3, 4):
+        ckpt(run_dir, it)
+    (run_dir / "config.yaml").write_text("seed: 0\n")
+    rows = [{"iteration": 2, ACC: 0.2}, {"iteration": 4, ACC: 0.6}, {"iteration": 5, ACC: 0.9}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert T._restore(run_dir, T._Reporter(ACC, "max")) == {ACC: 0.6, "best_" + ACC: 0.6}
+    assert (run_dir / "checkpoints" / "iter_000004").is_dir()  # kept: the run resumes from it
