@@ -476,7 +476,8 @@ def check_verl(ctx: Context) -> Result:
         return Result(
             "FAIL",
             f"verl is not importable: {_first_line(e)}",
-            f"pip install -e '.[verl]' (verl=={VERL_VERSION}; README 'Scaling out')",
+            f"cluster/gpu-install.sh on a GPU node, pip install -e '.[verl]' on CPU (verl=={VERL_VERSION}; "
+            "README 'Scaling out')",
         )
     version = getattr(module, "__version__", "unknown")
     if version != VERL_VERSION:
@@ -500,14 +501,15 @@ def check_rollout(ctx: Context) -> Result:
         ctx,
         module,
         f"backend.verl.rollout_engine={d.rollout}",
-        "pip install \"verl[verl-core,vllm,fsdp]==0.9.1\" (README 'Scaling out')"
+        "install verl's vllm stack: cluster/gpu-install.sh (README 'Scaling out')"
         if module == "vllm"
         else f"pip install {module} (the version verl 0.9.1 supports)",
     )
 
 
 def check_flash_attn(ctx: Context) -> Result:
-    """flash-attn imports where the verl config asks for attn_implementation=flash_attention_2 (verl's default).
+    """flash-attn imports where the verl config asks for attn_implementation=flash_attention_2 (verl's own default;
+    the GPU presets compose sdpa, ``backend.verl.attn_implementation``).
 
     use_remove_padding=true (always, ``to_verl``) does not need it by itself: verl 0.9.1 falls back to torch
     versions of flash-attn's padding helpers (verl/utils/attention_utils.py)."""
@@ -515,13 +517,13 @@ def check_flash_attn(ctx: Context) -> Result:
     if d.backend != "verl":
         return Result("N/A", "backend=local loads the model with transformers' default attention")
     if d.attn != VERL_ATTN_DEFAULT:
-        return Result("N/A", f"attn_implementation={d.attn}")
+        return Result("N/A", f"attn_implementation={d.attn} needs no flash-attn")
     return _importable(
         ctx,
         "flash_attn",
         f"attn_implementation={d.attn}",
-        "pip install flash-attn --no-build-isolation (built for this torch and CUDA), or another attention: "
-        "backend.verl.overrides=['+actor_rollout_ref.model.override_config.attn_implementation=sdpa']",
+        "a flash-attn built for this torch and CUDA (verl's container image: docs/verl-plugin.md, 'Installing on "
+        "GPUs'), or backend.verl.attn_implementation=sdpa (the GPU presets' default)",
     )
 
 

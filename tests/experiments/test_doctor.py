@@ -30,7 +30,12 @@ H100 = "NVIDIA H100 80GB HBM3"
 @pytest.fixture(scope="module")
 def cfgs():
     """Composed configs: the default local run, and the paper's math preset on verl (8 GPUs, vLLM)."""
-    return {"local": build.compose([]), "verl": build.compose(["experiment=math_deepscaler_ema_pg"])}
+    flash = ["experiment=math_deepscaler_ema_pg", "backend.verl.attn_implementation=flash_attention_2"]
+    return {
+        "local": build.compose([]),
+        "verl": build.compose(["experiment=math_deepscaler_ema_pg"]),
+        "verl_flash": build.compose(flash),  # the presets compose sdpa; flash-attn only when asked for
+    }
 
 
 def gpus(n: int, free: float = 79.0, total: float = 80.0) -> list[Gpu]:
@@ -88,7 +93,8 @@ def test_demand_of_the_local_and_verl_configs(cfgs):
     assert local.checkpoints.endswith("/checkpoints") and os.path.isabs(local.checkpoints)
     assert doctor.demand(build.compose(["trainer.device=cuda:1"])).gpus_per_node == 2  # cuda:1 needs two devices
     v = doctor.demand(cfgs["verl"])
-    assert (v.gpus_per_node, v.nodes, v.rollout, v.attn) == (8, 1, "vllm", "flash_attention_2")
+    assert (v.gpus_per_node, v.nodes, v.rollout, v.attn) == (8, 1, "vllm", "sdpa")
+    assert doctor.demand(cfgs["verl_flash"]).attn == "flash_attention_2"
     assert v.sizes == "trainer.nnodes=1 x trainer.n_gpus_per_node=8"  # ema_pg_core.verl.resources.worker_pool
     assert v.gpu_memory_utilization == 0.85 and v.model == "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
     assert dict(v.files) == {
@@ -236,9 +242,11 @@ def test_gpus_of_the_local_backend():
 # ---------------------------------------------------------------------------------------------- imports
 def test_verl_rollout_engine_and_flash_attn_imports(cfgs):
     good = {"verl": "0.9.1", "vllm": "0.12.0", "flash_attn": "2.8.3"}
-    c = ctx(cfgs["verl"], modules=good)
+    c = ctx(cfgs["verl_flash"], modules=good)
     assert [f(c).status for f in (doctor.check_verl, doctor.check_rollout, doctor.check_flash_attn)] == ["PASS"] * 3
-    c = ctx(cfgs["verl"], modules={"verl": "0.8.0", "vllm": ImportError("undefined symbol: _ZN3c10")})
+    sdpa = doctor.check_flash_attn(ctx(cfgs["verl"]))  # the presets' attention: no flash-attn needed
+    assert sdpa.status == "N/A" and "attn_implementation=sdpa" in sdpa.found
+    c = ctx(cfgs["verl_flash"], modules={"verl": "0.8.0", "vllm": ImportError("undefined symbol: _ZN3c10")})
     verl, vllm, flash = doctor.check_verl(c), doctor.check_rollout(c), doctor.check_flash_attn(c)
     assert verl.status == "FAIL" and "verl 0.8.0" in verl.found and "verl==0.9.1" in verl.fix
     assert vllm.status == "FAIL" and "undefined symbol" in vllm.found and "vllm" in vllm.fix
@@ -463,6 +471,7 @@ def test_a_check_that_raises_is_one_fail_and_the_rest_still_run(cfgs):
 def test_the_command_with_fakes_and_a_fake_cluster(cfgs, data, tmp_path, capsys):
     argv = [
         "experiment=math_deepscaler_ema_pg",
+        "backend.verl.attn_implementation=flash_attention_2",
         f"model.path={data / 'model'}",
         f"backend.verl.train_files={data / 'train.parquet'}",
         f"backend.verl.val_files={data / 'val.parquet'}",
