@@ -124,3 +124,34 @@ def md_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def gpu_main(section: str, description: str, render, measure) -> int:
+    """The command line of the GPU benchmarks: ``--json F`` measures on this machine's GPU (``measure(save)``
+    returns the data; ``save(data)`` keeps what is measured so far) and prints the section, ``--from-json F``
+    writes the docs/benchmarks.md section from earlier measurements (``--print``: prints it instead)."""
+    import argparse
+
+    import torch
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--json", help="measure on this machine's GPU and save the measurements here")
+    p.add_argument("--from-json", help="write the docs/benchmarks.md section from these measurements")
+    p.add_argument("--print", dest="print_only", action="store_true", help="print the section, do not write it")
+    args = p.parse_args()
+    if args.from_json:
+        text = render(json.loads(Path(args.from_json).read_text()))
+        print(text) if args.print_only else write_section(section, text)
+        return 0
+    if not torch.cuda.is_available():
+        print("no CUDA device: this benchmark measures the GPU path; --from-json F renders earlier measurements")
+        return 1
+
+    def save(data: dict) -> None:
+        if args.json:
+            Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+
+    data = measure(save)
+    print(render(data))
+    save(data)
+    return 0

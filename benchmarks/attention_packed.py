@@ -24,8 +24,6 @@ was allocated before the step.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
@@ -218,19 +216,7 @@ def render(data: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", help="measure on this machine's GPU and save the measurements here")
-    p.add_argument("--from-json", help="write the docs/benchmarks.md section from these measurements")
-    p.add_argument("--print", dest="print_only", action="store_true", help="print the section, do not write it")
-    args = p.parse_args()
-    if args.from_json:
-        text = render(json.loads(Path(args.from_json).read_text()))
-        print(text) if args.print_only else C.write_section(SECTION, text)
-        return 0
-    if not torch.cuda.is_available():
-        print("no CUDA device: this benchmark measures the GPU path; --from-json F renders earlier measurements")
-        return 1
+def measure(save) -> dict:
     import transformers
 
     from tests.run_gpu import describe
@@ -248,13 +234,13 @@ def main() -> int:
         "flash_attn": fa,
         "attention": attention_rows(),
     }
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+    save(data)  # the attention rows survive a model run that does not finish
     data["model"] = model_rows()
-    print(render(data))
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
-    return 0
+    return data
+
+
+def main() -> int:
+    return C.gpu_main(SECTION, __doc__.splitlines()[0], render, measure)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ The same problems as the CPU benchmarks beside it, on the device:
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
@@ -141,26 +139,14 @@ def render(data: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", help="measure on this machine's GPU and save the measurements here")
-    p.add_argument("--from-json", help="write the docs/benchmarks.md section from these measurements")
-    p.add_argument("--print", dest="print_only", action="store_true", help="print the section, do not write it")
-    args = p.parse_args()
-    if args.from_json:
-        text = render(json.loads(Path(args.from_json).read_text()))
-        print(text) if args.print_only else C.write_section(SECTION, text)
-        return 0
-    if not torch.cuda.is_available():
-        print("no CUDA device: this benchmark measures the GPU path; --from-json F renders earlier measurements")
-        return 1
+def measure(save) -> dict:
     from tests.run_gpu import describe
 
-    data = {"machine": describe(torch), "date": time.strftime("%Y-%m-%d"), "ema": ema_rows(), "topk": topk_rows()}
-    print(render(data))
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
-    return 0
+    return {"machine": describe(torch), "date": time.strftime("%Y-%m-%d"), "ema": ema_rows(), "topk": topk_rows()}
+
+
+def main() -> int:
+    return C.gpu_main(SECTION, __doc__.splitlines()[0], render, measure)
 
 
 if __name__ == "__main__":

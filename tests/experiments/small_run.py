@@ -20,3 +20,18 @@ SMALL_RUN = {
 def small_run(changes: dict | None = None) -> list[str]:
     """["key=value", ...] of SMALL_RUN with ``changes`` applied (new keys appended)."""
     return [f"{k}={v}" for k, v in {**SMALL_RUN, **(changes or {})}.items()]
+
+
+def one_point_spec(path) -> str:
+    """Write the smallest valid sweep spec (one trial of one iteration) to `path`; return it as a string, for the
+    tests whose sweep must be refused before any trial runs."""
+    import yaml
+
+    spec = {
+        "name": "s",
+        "base": {"experiment": "math_tiny_grpo", "overrides": {"trainer.iterations": 1}},
+        "space": {"algo.anchor.tau": {"grid": [1.0]}},
+        "metric": "eval/math_tiny/acc",
+    }
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)

@@ -10,7 +10,7 @@ import torch
 
 from experiments import records
 from experiments.cli import main
-from tests.experiments.small_run import small_run
+from tests.experiments.small_run import one_point_spec, small_run
 
 pytestmark = pytest.mark.filterwarnings("ignore:pretrain .* did not reach target_acc")
 
@@ -81,19 +81,7 @@ def test_a_read_only_run_dir_is_refused_in_one_line(read_only, capsys):
 
 
 def test_a_read_only_sweep_out_is_refused_in_one_line(read_only, tmp_path, capsys):
-    import yaml
-
-    spec = tmp_path / "s.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {
-                "name": "s",
-                "base": {"experiment": "math_tiny_grpo", "overrides": {"trainer.iterations": 1}},
-                "space": {"algo.anchor.tau": {"grid": [1.0]}},
-                "metric": "eval/math_tiny/acc",
-            }
-        )
-    )
+    spec = one_point_spec(tmp_path / "s.yaml")
     code = main(["sweep", str(spec), "--out", str(read_only / "out")])
     assert len(_one_line_exit_2(code, capsys, read_only / "out")) == 1
 

@@ -1,10 +1,10 @@
 """`emapg sweep --address` against a cluster whose token authentication refuses this driver: one line, exit 2."""
 
 import ray
-import yaml
 
 from experiments.cli import main
 from sweeps import tune as T
+from tests.experiments.small_run import one_point_spec
 
 
 def test_a_refused_token_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsys):
@@ -13,17 +13,7 @@ def test_a_refused_token_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsy
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", refuse)
-    spec = tmp_path / "s.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {
-                "name": "s",
-                "base": {"experiment": "math_tiny_grpo", "overrides": {"trainer.iterations": 1}},
-                "space": {"algo.anchor.tau": {"grid": [1.0]}},
-                "metric": "eval/math_tiny/acc",
-            }
-        )
-    )
+    spec = one_point_spec(tmp_path / "s.yaml")
     assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--address", "127.0.0.1:6399"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--address 127.0.0.1:6399: the Ray cluster refused this driver's authentication" in err[0]

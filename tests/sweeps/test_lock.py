@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from sweeps import lock
+from tests.experiments.small_run import one_point_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,17 +47,7 @@ def test_a_killed_driver_releases_the_directory_and_leaves_its_wall_time(tmp_pat
 
 
 def test_emapg_sweep_on_a_directory_in_use_exits_2_in_one_line(tmp_path):
-    spec = tmp_path / "s.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {
-                "name": "s",
-                "base": {"experiment": "math_tiny_grpo", "overrides": {"trainer.iterations": 1}},
-                "space": {"algo.anchor.tau": {"grid": [1.0]}},
-                "metric": "eval/math_tiny/acc",
-            }
-        )
-    )
+    spec = one_point_spec(tmp_path / "s.yaml")
     with lock.held(tmp_path / "out", resume=False):
         got = subprocess.run(
             [sys.executable, "-m", "experiments.cli", "sweep", str(spec), "--out", str(tmp_path / "out")],
