@@ -308,6 +308,11 @@ class _Progress(tune.Callback):
         self.started.add(trial.trial_id)
         ckpt = trial.latest_checkpoint_result
         it = ckpt.metrics.get("training_iteration", 0) if ckpt is not None else 0
+        if it and self.spec.backend == "local":  # the trial resumes from the newer of Tune's and its run's own
+            from experiments import records
+
+            run_dir = records.find_trial_run(Path(self.sweep_dir or ".") / "runs", trial.trial_id)
+            it = max(it, _own_iteration(run_dir) if run_dir else -1)
         self._say(
             f"{'resume ' if again else 'start  '} {describe(self.spec, trial.config)}  [{trial.trial_id}]"
             + (f" from its checkpoint at iteration {it}" if it else (self._again(trial) if again else ""))
