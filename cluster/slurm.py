@@ -19,6 +19,7 @@ DEFAULTS = {
     "ray_tmp": "/tmp",  # node-local root of the per-job Ray temp dirs (short: Unix socket paths)
     "token_dir": "$SLURM_SUBMIT_DIR",  # where the job's Ray auth token is written: storage every node reads
     "ready_timeout": 300,  # seconds for every node to join Ray
+    "stop_grace": 25,  # seconds the command has, after SIGTERM, to stop before the Ray nodes do (< SLURM's KillWait)
 }
 
 
@@ -31,7 +32,7 @@ def load_site(path: str | Path) -> dict:
     missing = [k for k in REQUIRED if site.get(k) in (None, "")]
     if missing:
         raise ValueError(f"site file {path} lacks {', '.join(missing)}")
-    for key in ("port_base", "port_stride", "port_slots", "ready_timeout"):
+    for key in [k for k, v in DEFAULTS.items() if isinstance(v, int)]:
         if not isinstance(site.get(key, DEFAULTS[key]), int) or site.get(key, DEFAULTS[key]) < 1:
             raise ValueError(f"site file {path}: {key} must be a positive integer")
     if site.get("port_stride", DEFAULTS["port_stride"]) < 20:

@@ -31,8 +31,11 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -537,7 +540,7 @@ def _run_tune(spec, sweep_dir, resume, address, num_cpus, progress, report, kill
         tuner = _tuner(spec, sweep_dir, exp_path, resume, progress)
         slots = _slots(spec)
         t0 = time.time()
-        with _quiet():
+        with _quiet(), _sigterm_stops_tune():
             tuner.fit()
             wall = time.time() - t0
             trials = tune.ExperimentAnalysis(str(exp_path)).trials
@@ -644,10 +647,34 @@ def _unfinished_hint(spec: Spec, sweep_dir: Path, trials) -> str | None:
     unfinished = [t for t in trials if t.status in ("RUNNING", "PENDING", "PAUSED")]
     if not unfinished:
         return None
-    return (
-        f"{spec.name}: {len(unfinished)} trial(s) not finished; continue with: "
-        f"emapg sweep <spec.yaml> --resume --out {sweep_dir}"
-    )
+    return f"{spec.name}: {len(unfinished)} trial(s) not finished; continue with: {resume_command(sweep_dir)}"
+
+
+def resume_command(sweep_dir: Path) -> str:
+    """The command that finishes the sweep in `sweep_dir`: its own copy of the spec (sweep.yaml, what --resume
+    compares against) and the same directory, quoted for the shell."""
+    return shlex.join(["emapg", "sweep", str(sweep_dir / "sweep.yaml"), "--resume", "--out", str(sweep_dir)])
+
+
+@contextlib.contextmanager
+def _sigterm_stops_tune():
+    """Within the block, SIGTERM (what SLURM, Kubernetes and `kill` send) stops the sweep as Ctrl-C does: Tune
+    stops the trials (each run's record says ``interrupted``), saves its state, and the driver prints how to resume.
+    A second signal skips that. Installed after ray.init: Ray's driver would exit on SIGTERM at once, leaving every
+    trial's record ``running`` and no resume line. Only the main thread may set a handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def as_ctrl_c(signum, frame):
+        print("emapg sweep: SIGTERM: stopping the trials and saving the sweep's state", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGINT)  # Tune's own handler while it runs; KeyboardInterrupt after it
+
+    previous = signal.signal(signal.SIGTERM, as_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # ---------------------------------------------------------------------------- adaptive seeds, in rounds
@@ -690,11 +717,8 @@ def run_adaptive(
                 results.write_timing(
                     sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume, killed_s=killed_s
                 )
-                print(
-                    f"{spec.name}: round {rnd} did not finish; continue with: emapg sweep <spec.yaml> --resume "
-                    f"--out {sweep_dir}",
-                    flush=True,
-                )
+                hint = f"{spec.name}: round {rnd} did not finish; continue with: {resume_command(sweep_dir)}"
+                print(hint, flush=True)
                 return sweep_dir
             done = _decide_round(spec, sweep_dir, rnd, rows)
     finally:
@@ -763,7 +787,7 @@ def _run_round(spec: Spec, sweep_dir: Path, rnd: int, planned: list[dict], progr
     if progress:
         print(f"{spec.name}: adaptive seeds, round {rnd}: {len(planned)} trial(s)", flush=True)
     tuner = _tuner(_round_spec(spec, planned), sweep_dir, exp_path, tune.Tuner.can_restore(str(exp_path)), progress)
-    with _quiet():
+    with _quiet(), _sigterm_stops_tune():
         tuner.fit()
 
 

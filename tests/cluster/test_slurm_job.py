@@ -1,12 +1,15 @@
 """The rendered sbatch script (cluster/slurm.sbatch) run under stub `srun`, `scontrol` and `hostname` that start
-real Ray nodes on this machine: two fake hosts per job (each node its own temp dir), a command through the
-cluster, two jobs at once, a worker node that dies, and (fast) what the renderer writes for a requeued sweep.
+real Ray nodes on this machine: two fake hosts per job (each node its own temp dir), a tiny `emapg sweep` through
+the cluster beside a second job, the same job preempted mid-sweep and requeued (it resumes), a worker node that
+dies, and (fast) what the renderer writes for a requeued sweep.
 
 Every job script runs in its own process group (`start_new_session`); the teardown SIGKILLs that group and
 any process whose command line names the test's directory (the Ray temp dirs live there), never `ray stop`.
 """
 
 import contextlib
+import csv
+import json
 import os
 import re
 import shutil
@@ -20,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from cluster.slurm import render_sbatch, sweep_dir
+from experiments import pretrain
 
 VENV_BIN = os.path.dirname(sys.executable)
 STUBS = {
@@ -55,6 +59,16 @@ assert sorted(where) == sorted(nodes), (where, nodes)
 print(f"ran a task on each of {len(nodes)} nodes", flush=True)
 sys.exit(int(sys.argv[1]))
 """
+# Two trials of one CPU each on nodes of one CPU each: they run at once only if the sweep uses both nodes.
+TINY_SWEEP = """name: slurm_tiny
+base:
+  experiment: math_tiny_grpo
+  overrides: {trainer.iterations: %d, trainer.save_every: 2, trainer.eval_every: %d}
+space:
+  algo.anchor.tau: {grid: [1.0, 0.9]}
+resources: {cpu: 1, gpu: 0}
+metric: eval/math_tiny/acc
+"""
 
 
 def _host_ip() -> str:
@@ -84,16 +98,19 @@ def jobs():
     )
     procs = []
 
-    def start(job_id, command):
+    def start(job_id, command, restart=0):
+        """Run the job's script; `restart` > 0 runs it again as SLURM does after a requeue (same id, same dir)."""
         job_dir = Path(root, str(job_id))
-        (job_dir / "pids").mkdir(parents=True)
-        (job_dir / "home").mkdir()
+        (job_dir / "pids").mkdir(parents=True, exist_ok=True)
+        (job_dir / "home").mkdir(exist_ok=True)
         script = job_dir / "job.sbatch"
         script.write_text(render_sbatch(site, nodes=2, command=command))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SLURM_"))}
         env.update(
             PATH=f"{bin_dir}:{VENV_BIN}:{env.get('PATH', '')}",
             HOME=str(job_dir / "home"),  # no token in ~/.ray: every node reads the job's token file
+            EMAPG_CACHE=str(pretrain.default_cache_dir()),  # the warm-started tiny model, built once per machine
+            SLURM_RESTART_COUNT=str(restart),
             SLURM_JOB_ID=str(job_id),
             SLURM_JOB_NODELIST="fakenode[1-2]",
             SLURM_SUBMIT_DIR=str(job_dir),
@@ -103,13 +120,14 @@ def jobs():
             RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1",  # two Ray nodes on 127.0.0.1
         )
         log = job_dir / "job.out"
-        with open(log, "w") as f:
+        with open(log, "a") as f:  # as sbatch --open-mode=append: a requeued job's output follows the first
             proc = subprocess.Popen(
                 ["bash", str(script)], cwd=job_dir, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
             )
         procs.append(proc)
         return proc, log, job_dir / "pids"
 
+    start.root = root
     try:
         yield start
     finally:
@@ -133,21 +151,77 @@ def _finish(proc, log, timeout=300):
     return rc, log.read_text()
 
 
+def _sweep(job_dir: Path, iterations: int, eval_every: int) -> list[str]:
+    """`emapg sweep` of TINY_SWEEP into the job's directory, joining the job's Ray (RAY_ADDRESS)."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "tiny.yaml").write_text(TINY_SWEEP % (iterations, eval_every))
+    return ["emapg", "sweep", str(job_dir / "tiny.yaml"), "--address", "auto", "--out", str(job_dir / "sw")]
+
+
+def _rows(sweep: Path) -> list[dict]:
+    with open(sweep / "sweep.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def _iterations(run: Path) -> list[int]:
+    return [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 @pytest.mark.slow
-def test_two_jobs_at_once_each_its_own_two_node_cluster(jobs):
-    """Two jobs on the same two hosts: each forms its own 2-node Ray (its ports, temp dirs, token), runs a task on
-    both of its nodes, and ends with its command's exit status."""
-    a = jobs(4242001, ["python", "-c", ON_EVERY_NODE, "0"])
+def test_two_jobs_at_once_a_sweep_and_a_command_each_on_its_own_two_node_cluster(jobs):
+    """Two jobs on the same two hosts: each forms its own 2-node Ray (its ports, temp dirs, token). One runs a tiny
+    `emapg sweep` whose two one-CPU trials run at once, one per node; the other a task on each of its nodes. Each job
+    ends with its command's exit status."""
+    a = jobs(4242001, _sweep(Path(jobs.root, "4242001"), iterations=4, eval_every=2))
     b = jobs(4242002, ["python", "-c", ON_EVERY_NODE, "3"])
     (rc_a, out_a), (rc_b, out_b) = _finish(*a[:2]), _finish(*b[:2])
     for rc, out, want in ((rc_a, out_a, 0), (rc_b, out_b, 3)):
         assert "emapg: Ray is up: 2 node(s)" in out, out
-        assert "ran a task on each of 2 nodes" in out, out  # 4 would mean the jobs joined each other
         assert f"the command exited with status {want}" in out and rc == want, out
+    assert "ran a task on each of 2 nodes" in out_b, out_b  # 4 would mean the jobs joined each other
     heads = [re.search(r"Ray head fakenode1 \(([\d.]+:\d+)\)", out).group(1) for out in (out_a, out_b)]
     assert heads[0] != heads[1]
-    token = Path(a[1].parent.parent, ".ray-auth-4242001")
+    # the sweep: both trials started before either finished (1 CPU per node: one trial on each), both finished
+    events = re.findall(r"\] (start|done) ", out_a)
+    assert events[:2] == ["start", "start"] and events.count("done") == 2, out_a
+    sweep = Path(jobs.root, "4242001", "sw")
+    assert [(r["status"], r["iterations"]) for r in _rows(sweep)] == [("finished", "4")] * 2
+    token = Path(jobs.root, ".ray-auth-4242001")
     assert not token.exists()  # removed when the job ended
+
+
+@pytest.mark.slow
+def test_a_sweep_job_preempted_and_requeued_resumes_its_trials(jobs):
+    """SLURM preempts the job (SIGTERM to the batch script) mid-sweep and later starts it again with the same id and
+    SLURM_RESTART_COUNT=1: the rendered script adds `--resume`, each trial continues from its checkpoint, and every
+    run's record holds each iteration once."""
+    job_dir = Path(jobs.root, "4242004")
+    command = _sweep(job_dir, iterations=40, eval_every=20)
+    proc, log, _ = jobs(4242004, command)
+    runs = job_dir / "sw" / "runs"
+    deadline = time.time() + 240
+    while len(list(runs.glob("*/checkpoints/iter_*"))) < 2:  # each trial has saved a checkpoint
+        assert proc.poll() is None and time.time() < deadline, log.read_text()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)  # what SLURM sends the batch script on preemption
+    rc, first = _finish(proc, log, timeout=120)
+    assert rc == 143 and "emapg: job 4242004: signalled, stopping" in first, first
+    assert "emapg sweep: SIGTERM: stopping the trials" in first and "2 trial(s) not finished" in first, first
+    assert "resume  tau=" not in first  # the first run started its trials
+    proc, log, _ = jobs(4242004, command, restart=1)
+    rc, out = _finish(proc, log)
+    out = out[len(first) :]  # the requeued run's output (appended)
+    assert rc == 0 and "the command exited with status 0" in out, out
+    resumed = re.findall(
+        r"resume  tau=\S+ seed=0  \[\w+\] from its (?:checkpoint at iteration |"
+        r"run's checkpoint iter_)0*(\d+)",
+        out,
+    )
+    assert len(resumed) == 2 and all(int(it) >= 2 for it in resumed), out
+    sweep = job_dir / "sw"
+    assert [(r["status"], r["iterations"]) for r in _rows(sweep)] == [("finished", "40")] * 2
+    for run in runs.iterdir():
+        assert _iterations(run) == list(range(41)), run  # 0 is the first evaluation; no row twice, none lost
 
 
 @pytest.mark.slow
@@ -181,3 +255,26 @@ def test_requeued_sweep_resumes(tmp_path):
     site.write_text("partition: p\ntime: '1:00:00'\ngpus_per_node: 8\ncpus_per_node: 64\nport_base: 60000\n")
     with pytest.raises(ValueError, match="exceeds 65536"):
         render_sbatch(site, 2)
+
+
+def test_two_jobs_on_one_head_never_take_the_same_port_block(tmp_path):
+    """The rendered port choice run twice on one host for jobs whose ids pick the same block: the first holds the
+    block's lock while its job lives, the second takes the next block (the ports alone look free to both until a
+    Ray head binds them: a race seen with two jobs starting at once)."""
+    site = tmp_path / "site.yaml"
+    site.write_text(
+        f"partition: p\ntime: '1:00:00'\ngpus_per_node: 0\ncpus_per_node: 1\nray_tmp: {tmp_path}\n"
+        "port_base: 23000\nport_stride: 20\nport_slots: 50\n"
+    )
+    script = render_sbatch(site, 1, ["true"])
+    choose = script[script.index("\nport=\n") : script.index('export RAY_ADDRESS="$head_ip:$port"')]
+    bash = f"job=$1\n{choose}\necho $port\nsleep ${{2:-0}}\n"
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    first = subprocess.Popen(["bash", "-c", bash, "-", "7", "5"], stdout=subprocess.PIPE, text=True, env=env)
+    port_1 = first.stdout.readline().strip()  # printed once its lock is held; it keeps it for 5 s
+    port_2 = subprocess.run(["bash", "-c", bash, "-", "7"], capture_output=True, text=True, env=env).stdout.strip()
+    first.kill()
+    first.wait()
+    assert (port_1, port_2) == ("23140", "23160")
+    port_3 = subprocess.run(["bash", "-c", bash, "-", "7"], capture_output=True, text=True, env=env).stdout.strip()
+    assert port_3 == "23140"  # released with the job that held it

@@ -173,7 +173,8 @@ def test_resumed_sweep_continues_the_round_it_was_in(tmp_path, capsys):
         events = A.read_events(out)
         assert events[-1] == {**events[-1], "event": "plan", "round": rnd}  # stopped inside round rnd
         assert [e["round"] for e in events if e["event"] == "decide"] == list(range(rnd))
-        assert "did not finish; continue with: emapg sweep <spec.yaml> --resume" in capsys.readouterr().out
+        printed = capsys.readouterr().out
+        assert f"did not finish; continue with: emapg sweep {out}/sweep.yaml --resume --out {out}\n" in printed
         T.run_sweep(spec, out, resume=True, report=False)
     assert decisions(out) == EXPECTED
     assert seeds_run(out) == {1.0: [0, 1, 2, 3], 0.5: [0, 1], 0.95: [0, 1, 2, 3]}

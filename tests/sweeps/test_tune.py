@@ -6,10 +6,13 @@ trainer end to end with smoke-sized runs."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import csv
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -456,6 +459,49 @@ def test_real_runs_end_to_end(local_ray, tmp_path):
         assert r[f"final/{ACC}"] != "" and r[f"best/{ACC}"] != ""
     assert (out / "sweep.yaml").is_file() and json.loads((out / "timing.json").read_text())["trials"] == 2
     assert (out / "report" / "index.md").is_file()
+
+
+@pytest.mark.filterwarnings("ignore:pretrain .* did not reach target_acc")
+def test_sigterm_stops_the_sweep_as_ctrl_c_does_and_the_printed_command_resumes_it(local_ray, tmp_path):
+    """SIGTERM is what SLURM (preemption, scancel), Kubernetes and `kill` send to `emapg sweep`. It stops the
+    trials (each run's record says interrupted: none is left `running`), saves Tune's state and exits 1 with the
+    command that resumes; that command finishes every trial from its checkpoint. Before: Ray's driver exited on
+    the signal at once (status -15, a C++ stack dump, every record `running`, no resume line)."""
+    spec_path = tmp_path / "term.yaml"
+    overrides = {"smoke": True, "logger": "none", "trainer.iterations": 40, "trainer.save_every": 2}
+    spec = {"name": "term", "base": {"experiment": "math_tiny_grpo", "overrides": overrides}, "metric": ACC}
+    spec_path.write_text(yaml.safe_dump({**spec, "space": {"algo.anchor.tau": {"grid": [1.0, 0.9]}}}))
+    out = tmp_path / "term"
+    emapg = [sys.executable, "-m", "experiments.cli", "sweep"]
+    driver = subprocess.Popen(
+        [*emapg, str(spec_path), "--address", local_ray, "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 180
+        while len(list(out.glob("runs/*/checkpoints/iter_*"))) < 2:  # each trial has a checkpoint
+            assert driver.poll() is None and time.time() < deadline, driver.communicate()[0]
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGTERM)
+        printed, _ = driver.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, 9)
+    command = f"emapg sweep {out}/sweep.yaml --resume --out {out}"
+    assert f"term: 2 trial(s) not finished; continue with: {command}" in printed, printed
+    assert "emapg sweep: SIGTERM: stopping the trials and saving the sweep's state" in printed, printed
+    assert "SIGTERM received at time" not in printed and driver.returncode == 1, printed  # not Ray's own exit
+    assert [r["status"] for r in rows(out)] == ["interrupted"] * 2
+    for run in (out / "runs").iterdir():
+        assert (run / "status").read_text().startswith("interrupted"), run
+    _wait_for_free_cpus(2)
+    again = subprocess.run([*command.replace("emapg sweep", " ".join(emapg)).split(), "--address", local_ray],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert re.findall(r"resume  tau=\S+ seed=0  \[\w+\] from its (?:run's )?checkpoint", again.stdout), again.stdout
+    assert [(r["status"], r["iterations"]) for r in rows(out)] == [("finished", "40")] * 2
+    for run in (out / "runs").iterdir():
+        assert [json.loads(x)["iteration"] for x in (run / "metrics.jsonl").read_text().splitlines()] == list(range(41))
 
 
 @pytest.mark.slow
