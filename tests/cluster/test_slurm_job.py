@@ -28,7 +28,8 @@ from experiments import pretrain
 VENV_BIN = os.path.dirname(sys.executable)
 STUBS = {
     "scontrol": 'case "$1 $2" in "show hostnames") printf "%s\\n" $FAKE_NODES;; *) exit 1;; esac\n',
-    # srun [options] -w NODE cmd...: runs cmd here; a `ray` step records its pid under $FAKE_PIDS/<node>. The
+    # srun [options] -w NODE cmd...: runs cmd here; a `ray` step records its pid under $FAKE_PIDS/<node> (and on
+    # node $FAKE_HANG sleeps instead). The
     # hosts share this machine, so the second one's node-local ports (--*-port=N) move up by 5000: what a
     # second real host gets for free.
     "srun": (
@@ -36,6 +37,7 @@ STUBS = {
         "while [[ $# -gt 0 && $1 == -* ]]; do [[ $1 == -w ]] && { node=$2; shift; }; shift; done\n"
         "if [[ $1 == ray ]]; then\n"
         '  echo $$ > "$FAKE_PIDS/$node"\n'
+        '  [[ $node == "${FAKE_HANG:-}" ]] && exec sleep 600\n'  # a node whose Ray never joins
         '  if [[ $node != "${FAKE_NODES%% *}" ]]; then\n'
         '    args=(); for a in "$@"; do\n'
         '      [[ $a =~ ^(--[a-z-]+-port)=([0-9]+)$ ]] && a="${BASH_REMATCH[1]}=$((BASH_REMATCH[2] + 5000))"\n'
@@ -90,19 +92,20 @@ def jobs():
     for name, body in STUBS.items():
         (bin_dir / name).write_text("#!/bin/bash\n" + body)
         (bin_dir / name).chmod(0o755)
-    site = Path(root, "site.yaml")
-    site.write_text(
-        f"partition: test\ntime: '0:10:00'\ngpus_per_node: 0\ncpus_per_node: 1\nray_tmp: {root}\n"
-        f"token_dir: {root}\nport_base: 21000\nport_stride: 100\nport_slots: 100\nready_timeout: 100\n"
-        "env:\n  RAY_USAGE_STATS_ENABLED: '0'\n"
-    )
     procs = []
 
-    def start(job_id, command, restart=0):
-        """Run the job's script; `restart` > 0 runs it again as SLURM does after a requeue (same id, same dir)."""
+    def start(job_id, command, restart=0, ready_timeout=100, hang=""):
+        """Run the job's script; `restart` > 0 runs it again as SLURM does after a requeue (same id, same dir);
+        `hang` names a node whose `ray start` never runs."""
         job_dir = Path(root, str(job_id))
         (job_dir / "pids").mkdir(parents=True, exist_ok=True)
         (job_dir / "home").mkdir(exist_ok=True)
+        site = job_dir / "site.yaml"
+        site.write_text(
+            f"partition: test\ntime: '0:10:00'\ngpus_per_node: 0\ncpus_per_node: 1\nray_tmp: {root}\n"
+            f"token_dir: {root}\nport_base: 21000\nport_stride: 100\nport_slots: 100\n"
+            f"ready_timeout: {ready_timeout}\nenv:\n  RAY_USAGE_STATS_ENABLED: '0'\n"
+        )
         script = job_dir / "job.sbatch"
         script.write_text(render_sbatch(site, nodes=2, command=command))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SLURM_"))}
@@ -117,6 +120,7 @@ def jobs():
             FAKE_NODES="fakenode1 fakenode2",
             FAKE_PIDS=str(job_dir / "pids"),
             FAKE_IP=_host_ip(),
+            FAKE_HANG=hang,
             RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1",  # two Ray nodes on 127.0.0.1
         )
         log = job_dir / "job.out"
@@ -236,6 +240,14 @@ def test_a_dead_worker_node_ends_the_job(jobs):
     os.kill(int((pids / "fakenode2").read_text()), signal.SIGKILL)  # the worker's `ray start --block`
     rc, out = _finish(proc, log, timeout=60)
     assert rc == 1 and "emapg: job 4242003: the Ray worker on fakenode2 exited (status 137); ending the job" in out
+
+
+@pytest.mark.slow
+def test_a_node_that_never_joins_fails_the_job_after_the_readiness_timeout_naming_it(jobs):
+    proc, log, _ = jobs(4242005, ["true"], ready_timeout=12, hang="fakenode2")
+    rc, out = _finish(proc, log, timeout=90)
+    assert rc == 1 and "emapg: Ray did not come up (after 12 s); not joined: fakenode2" in out, out
+    assert "Ray is up" not in out and "the command exited" not in out
 
 
 def test_requeued_sweep_resumes(tmp_path):
