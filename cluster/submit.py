@@ -13,8 +13,9 @@ working directory (default: this checkout, without outputs/ and .venv/) as the j
 ``working_dir`` runtime env, so the cluster runs exactly this code; the nodes must already have
 the dependencies installed (README "Scaling out"). A sweep runs as
 ``python -m experiments.cli sweep <spec> --address auto --out <--out>``: the job's driver joins the
-cluster and Ray Tune schedules the trials on it. Token authentication (Ray >= 2.60 default) is
-read by Ray from RAY_AUTH_TOKEN / ~/.ray/auth_token.
+cluster and Ray Tune schedules the trials on it. Against a cluster with Ray's token authentication, give the
+client the cluster's token: RAY_AUTH_MODE=token plus RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN); a refused
+token is one line naming that fix.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+from experiments.errors import is_ray_auth_error, ray_auth_line
 
 REPO = Path(__file__).resolve().parent.parent
 EXCLUDES = [".git", ".venv", "outputs", "**/__pycache__", "*.parquet", "checkpoints", "wandb"]
@@ -192,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except (ValueError, ConnectionError) as e:  # a bad spec or address, an unreachable cluster: one line
         print(f"emapg cluster: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        if not is_ray_auth_error(e):
+            raise
+        where = f"--address {args.address or os.environ.get('RAY_ADDRESS')}"
+        print(f"emapg cluster: error: {ray_auth_line(where, 'client')}", file=sys.stderr)
         return 2
 
 

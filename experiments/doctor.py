@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from experiments.errors import UserError
+from experiments.errors import UserError, is_ray_auth_error, ray_auth_line
 
 STATUSES = ("PASS", "WARN", "FAIL", "N/A")
 USAGE = "usage: emapg doctor [experiment=<preset>] [key=value ...] [--address HOST:PORT]"
@@ -928,6 +928,8 @@ def connect(address: str) -> RayCluster:
     try:
         ray.init(address=address, log_to_driver=False, logging_level="ERROR")
     except Exception as e:  # noqa: BLE001  e.g. another Ray version on the head
+        if is_ray_auth_error(e):
+            raise UserError(ray_auth_line(f"--address={address}", "driver")) from None
         raise UserError(f"--address={address}: cannot join the Ray cluster there: {_first_line(e)}") from None
     return RayCluster()
 

@@ -117,6 +117,41 @@ def is_path_error(exc: BaseException) -> bool:
     return isinstance(exc, USER_OS_ERRORS) or (isinstance(exc, OSError) and exc.errno in PATH_ERRNOS)
 
 
+RAY_TOKEN_AUTH_DOCS = "https://docs.ray.io/en/latest/ray-security/token-auth.html"
+_RAY_AUTH_TEXTS = (
+    "InvalidAuthToken",  # ray.init against the GCS
+    "Authentication token is missing or incorrect",
+    "Invalid authentication token",  # the Jobs API (dashboard)
+    "Missing authentication token",
+)
+
+
+def is_ray_auth_error(exc: BaseException | None) -> bool:
+    """Ray refused a connection on its token authentication (``RAY_AUTH_MODE=token``, Ray's default since 2.5x):
+    the Jobs API's error, or ``ray.init``'s ConnectionError raised from the GCS's refusal (so the whole chain of
+    causes is read). Ray is not imported for this: if it is not loaded, it raised nothing."""
+    auth = getattr(sys.modules.get("ray.exceptions"), "AuthenticationError", ())
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if (auth and isinstance(exc, auth)) or any(s in str(exc) for s in _RAY_AUTH_TEXTS):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def ray_auth_line(where: str, who: str) -> str:
+    """One line for a refused token (`where`: the address flag and value; `who`: driver, client): where the
+    token must come from, or how to run without one."""
+    return (
+        f"{where}: the Ray cluster refused this {who}'s authentication token (the cluster runs Ray's token "
+        "authentication); give this process the cluster's token: RAY_AUTH_MODE=token and "
+        "RAY_AUTH_TOKEN_PATH=<the token file the head's `ray start` wrote, ~/.ray/auth_token of its user> or "
+        "RAY_AUTH_TOKEN=<token>; or start every node and the driver with RAY_AUTH_MODE=disabled on a private "
+        f"network ({RAY_TOKEN_AUTH_DOCS})"
+    )
+
+
 def classify(exc: BaseException) -> tuple[str, int] | None:
     """(one-line message, exit code) for an exception the user can act on; None for a bug."""
     if isinstance(exc, RunInterrupted):

@@ -43,6 +43,7 @@ import ray
 import yaml
 from ray import tune
 
+from experiments.errors import is_ray_auth_error, ray_auth_line
 from sweeps import lock, results
 from sweeps.spec import Spec, grid_points
 
@@ -402,37 +403,15 @@ def _init_ray(address: str | None, num_cpus: int | None) -> bool:
         try:
             ray.init(address=address, log_to_driver=False)
         except Exception as e:
-            if not is_auth_error(e):
+            if not is_ray_auth_error(e):
                 raise
-            raise ValueError(auth_line(address)) from None
+            raise ValueError(ray_auth_line(f"--address {address}", "driver")) from None
         return True
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # else Ray may pick a non-loopback interface
     ray.init(
         address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False
     )
     return True
-
-
-TOKEN_AUTH_DOCS = "https://docs.ray.io/en/latest/ray-security/token-auth.html"
-
-
-def is_auth_error(exc: BaseException) -> bool:
-    """Ray refused the connection on its token authentication (Ray >= 2.5x: ``RAY_AUTH_MODE=token``)."""
-    auth = getattr(ray.exceptions, "AuthenticationError", ())
-    return (bool(auth) and isinstance(exc, auth)) or any(
-        s in str(exc) for s in ("InvalidAuthToken", "Authentication token is missing or incorrect")
-    )
-
-
-def auth_line(address: str) -> str:
-    """One line for a refused token: where the token must come from, or how to run without one."""
-    return (
-        f"--address {address}: the Ray cluster refused this driver's authentication token (the cluster runs Ray's "
-        "token authentication); give this process the cluster's token: RAY_AUTH_MODE=token and "
-        "RAY_AUTH_TOKEN_PATH=<the token file the head's `ray start` wrote, ~/.ray/auth_token of its user> or "
-        "RAY_AUTH_TOKEN=<token>; or start every node and the driver with RAY_AUTH_MODE=disabled on a private "
-        f"network ({TOKEN_AUTH_DOCS})"
-    )
 
 
 def _check_fits(spec: Spec) -> None:

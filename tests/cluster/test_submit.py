@@ -11,6 +11,7 @@ import contextlib
 import csv
 import io
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from cluster.submit import main
+from tests.experiments.small_run import one_point_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,12 +55,12 @@ def _env():
     return env
 
 
-@pytest.fixture(scope="module")
-def head():
-    """(dashboard URL) of a private Ray head on 127.0.0.1; torn down by process group."""
+@contextlib.contextmanager
+def _ray_head(env: dict, worker_ports: int):
+    """(dashboard URL, GCS address) of a private Ray head on 127.0.0.1 started with `env`; torn down by process
+    group. Its workers use ports worker_ports..+99."""
     pytest.importorskip("ray.job_submission")
     gcs, dash, client, agent, agent_grpc, renv, metrics, nm, om = _ports(9)
-    wmin = 20000 + (os.getpid() % 200) * 100
     tmp = tempfile.mkdtemp(prefix="emapg_ray_", dir="/tmp")  # short: Ray's unix sockets live here
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
     cmd = [
@@ -78,31 +80,29 @@ def head():
         f"--metrics-export-port={metrics}",
         f"--node-manager-port={nm}",
         f"--object-manager-port={om}",
-        f"--min-worker-port={wmin}",
-        f"--max-worker-port={wmin + 99}",
+        f"--min-worker-port={worker_ports}",
+        f"--max-worker-port={worker_ports + 99}",
         "--num-cpus=2",
         "--num-gpus=0",
         f"--temp-dir={tmp}",
         "--disable-usage-stats",
     ]
-    proc = subprocess.Popen(
-        cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{dash}"
     try:
         import httpx
 
         deadline = time.time() + 120
         while True:
-            try:
-                if httpx.get(f"{url}/api/version", timeout=2).status_code == 200:
-                    break
+            try:  # any HTTP answer: a head with token authentication answers 401 here
+                httpx.get(f"{url}/api/version", timeout=2)
+                break
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"Ray head did not come up (exit {proc.poll()})")
             time.sleep(1)
-        yield url
+        yield url, f"127.0.0.1:{gcs}"
     finally:
         # Every process `ray start` spawned is in its process group (checked: none escape), so one
         # SIGKILL to the group ends exactly this head; a SIGTERM shutdown takes ~30 s on 2 cores.
@@ -110,6 +110,24 @@ def head():
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def head():
+    """(dashboard URL) of a private Ray head on 127.0.0.1 without token authentication."""
+    with _ray_head(_env(), 20000 + (os.getpid() % 100) * 100) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def token_head(tmp_path_factory):
+    """(dashboard URL, GCS address, token file) of a private Ray head with Ray's token authentication on."""
+    token = tmp_path_factory.mktemp("token") / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    env = {**_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    with _ray_head(env, 30000 + (os.getpid() % 20) * 100) as (url, gcs):
+        yield url, gcs, token
 
 
 def _run(*argv):
@@ -236,3 +254,31 @@ def test_small_local_sweep_as_a_job(head, tmp_path):
     assert {r["status"] for r in rows} == {"finished"}
     rc, logs = _run("logs", job_id, "--address", head)
     assert rc == 0 and "cluster_smoke" in logs
+
+
+def _emapg(*argv, env: dict) -> subprocess.CompletedProcess:
+    """`emapg ...` in a fresh process (Ray reads its token once per process), HOME without ~/.ray."""
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.cli", *argv], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_token_auth_cluster_refuses_a_client_without_its_token_in_one_line(token_head, tmp_path):
+    """`emapg cluster` and `emapg sweep --address` against a head with Ray's token authentication: without the
+    cluster's token, one line naming the fix and exit 2 (before: a traceback); with it (RAY_AUTH_MODE=token,
+    RAY_AUTH_TOKEN_PATH), the Jobs API answers."""
+    url, gcs, token = token_head
+    bare = {**_env(), "HOME": str(tmp_path)}  # RAY_AUTH_MODE=disabled, no token anywhere
+    r = _emapg("cluster", "list", "--address", url, env=bare)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1, r.stderr
+    assert err[0].startswith(f"emapg cluster: error: --address {url}: the Ray cluster refused this client's")
+    assert "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH=" in err[0]
+    given = {**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    r = _emapg("cluster", "list", "--address", url, env=given)
+    assert r.returncode == 0, r.stderr
+    spec = one_point_spec(tmp_path / "s.yaml")
+    r = _emapg("sweep", spec, "--address", gcs, "--out", str(tmp_path / "sw"), env=bare)  # Ray retries ~20 s
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert last.startswith(f"emapg sweep: error: --address {gcs}: the Ray cluster refused this driver's"), last

@@ -3,7 +3,7 @@
 import ray
 
 from experiments.cli import main
-from sweeps import tune as T
+from experiments.errors import RAY_TOKEN_AUTH_DOCS, is_ray_auth_error
 from tests.experiments.small_run import one_point_spec
 
 
@@ -17,9 +17,21 @@ def test_a_refused_token_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsy
     assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--address", "127.0.0.1:6399"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--address 127.0.0.1:6399: the Ray cluster refused this driver's authentication" in err[0]
-    assert "RAY_AUTH_TOKEN_PATH=" in err[0] and "RAY_AUTH_MODE=disabled" in err[0] and T.TOKEN_AUTH_DOCS in err[0]
+    assert "RAY_AUTH_TOKEN_PATH=" in err[0] and "RAY_AUTH_MODE=disabled" in err[0] and RAY_TOKEN_AUTH_DOCS in err[0]
 
 
 def test_other_connection_errors_are_not_called_authentication():
-    assert not T.is_auth_error(ConnectionError("Could not find any running Ray instance"))
-    assert T.is_auth_error(RuntimeError("grpc: InvalidAuthToken"))
+    assert not is_ray_auth_error(ConnectionError("Could not find any running Ray instance"))
+    assert is_ray_auth_error(RuntimeError("grpc: InvalidAuthToken"))
+
+
+def test_ray_inits_connection_error_raised_from_a_refused_token_is_authentication():
+    """What ray.init raises after ~20 s of refused tokens (Ray 2.60, seen against a `ray start` head): a
+    ConnectionError whose context holds the GCS's InvalidAuthToken."""
+    try:
+        try:
+            raise RuntimeError("Failed to connect to GCS. Last connection error: ... InvalidAuthToken: ...")
+        except RuntimeError:
+            raise ConnectionError("Failed to connect to Ray cluster at 127.0.0.1:24100")  # noqa: B904
+    except ConnectionError as e:
+        assert is_ray_auth_error(e)
