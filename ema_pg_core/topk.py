@@ -304,6 +304,39 @@ def token_stats_from_logits(
     return _unflatten(B, T, *out, entropy)
 
 
+def topk_ids_from_logits(
+    logits: torch.Tensor,
+    *,
+    k: int,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+    vocab_chunk_size: int | None = None,
+) -> torch.Tensor:
+    """(B, T, k) int64 top-k ids of logits (B, T, V): exactly ``token_stats_from_logits(logits, k=k, ...).indices``
+    with the same temperature and chunk sizes, without the logsumexp, the gathers or an autograd graph.
+
+    Same row chunks, vocabulary blocks, accumulation dtype (half types in fp32) and running top-k merge as
+    the statistics, so equal logits resolve to the same ids (``torch.topk`` is given the same tensors).
+    """
+    if logits.ndim != 3:
+        raise ValueError(f"logits must be (B, T, V); got shape {tuple(logits.shape)}")
+    B, T, V = logits.shape
+    _prepare((B, T), V, None, None, k, temperature, chunk_size, vocab_chunk_size)
+    N = B * T
+    if k == 0 or N == 0:
+        return torch.zeros(B, T, k, dtype=torch.long, device=logits.device)
+    zrows = _logit_rows(logits.reshape(N, V), _acc_dtype(logits.dtype), float(temperature))
+    blocks = _vocab_blocks(V, vocab_chunk_size)
+    out = []
+    with torch.no_grad():
+        for sl in _row_slices(N, int(chunk_size)):
+            zblock, best = zrows(sl), None
+            for v0, v1 in blocks:
+                best = _merge_topk(best, zblock(v0, v1), v0, k)
+            out.append(best[1])
+    return torch.cat(out).view(B, T, k)
+
+
 def token_stats_from_hidden(
     hidden: torch.Tensor,
     weight: torch.Tensor,

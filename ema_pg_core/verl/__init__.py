@@ -12,8 +12,8 @@ What each file adds to verl (how and why, in more detail: docs/verl-plugin.md):
     ema.py      pure torch: the EMA update of the anchor from the policy on local FSDP2 shards
                 (`ema_pg_core.anchor.ema_update_` on each rank's shard; no gather) + drift metrics
     layout.py   verl's packed (nnz, *) full-sequence layout <-> our (B, T, *) response layout
-    engine.py   FSDPEngineWithLMHead subclass: top-k ids / gathered logits / logsumexp in the
-                pi_old and reference passes (`ema_pg_core.topk`); only (nnz, K) leaves the worker
+    engine.py   FSDPEngineWithLMHead subclass: top-k ids / log-probs (or logits + logsumexp) at them in
+                the pi_old and reference passes (`ema_pg_core.topk`); only (nnz, K) leaves the worker
     loss.py     the actor loss: PPO surrogate + beta * any `ema_pg_core.kl` estimator, installed as
                 verl's loss function (the Top-k KL runs in verl's logits-processor hook)
     worker.py   ActorRolloutRefWorker subclass: EMA RPC, anchor saved beside each checkpoint and

@@ -178,24 +178,29 @@ def uses_topk(kl: KLConfig) -> bool:
 
 
 def head_keys(kl: KLConfig) -> dict[str, str]:
-    """Where the Top-k head lives: ids (pi_old's for reverse, the anchor's for forward) and anchor stats."""
+    """Where the Top-k head lives: ids (pi_old's for reverse, the anchor's for forward) and the anchor's
+    log-probs at them (``engine.set_pass(logp=True)``)."""
     reverse = get_estimator(kl.type).direction == "reverse"
-    return {"ids": f"{OLD if reverse else REF}topk_ids", "ref_logits_k": f"{REF}logits_k", "ref_lse": f"{REF}lse"}
+    return {"ids": f"{OLD if reverse else REF}topk_ids", "ref_logp_k": f"{REF}logp_k"}
 
 
 def topk_passes(kl: KLConfig) -> dict[str, dict[str, Any]]:
-    """Per pass ("old", "ref", "train"), the engine instructions (``engine.set_pass`` keyword arguments)."""
+    """Per pass ("old", "ref", "train"), the engine instructions (``engine.set_pass`` keyword arguments).
+
+    Only what the loss reads travels to the update: the head ids (int32) and the anchor's log-probs there
+    (fp32), 8K bytes per token; pi_old's values at its own top-k are never read, so its pass sends ids only."""
     off = {"mode": "off"}
     if not uses_topk(kl):
         return {"old": off, "ref": off, "train": off}
     train = {"mode": "train"}
     if get_estimator(kl.type).direction == "reverse":  # q = top-k of pi_old; anchor gathers there
         return {
-            "old": {"mode": "self", "k": kl.k, "prefix": OLD},
-            "ref": {"mode": "gather", "ids_key": f"{OLD}topk_ids", "prefix": REF},
+            "old": {"mode": "ids", "k": kl.k, "prefix": OLD},
+            "ref": {"mode": "gather", "ids_key": f"{OLD}topk_ids", "prefix": REF, "logp": True},
             "train": train,
         }
-    return {"old": off, "ref": {"mode": "self", "k": kl.k, "prefix": REF}, "train": train}  # q = anchor's top-k
+    ref = {"mode": "self", "k": kl.k, "prefix": REF, "logp": True}  # q = anchor's top-k
+    return {"old": off, "ref": ref, "train": train}
 
 
 def anchor_due(iteration: int, anchor: AnchorConfig) -> bool:

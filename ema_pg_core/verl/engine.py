@@ -6,8 +6,10 @@ Shapes: nnz = packed tokens of a micro-batch (verl's remove-padding layout), V v
 where verl 0.9.1 materialises logits. The trainer switches it per pass with
 non-tensor flags on the batch (``set_pass``):
 
-    mode "self"    (pi_old pass for reverse KL; anchor pass for forward KL): this model's own top-k
-                   ids, the logits there and the full-vocabulary logsumexp
+    mode "ids"     (pi_old pass for reverse KL): this model's own top-k ids only
+                   (``ema_pg_core.topk.topk_ids_from_logits``: no logsumexp, the same ids as "self")
+    mode "self"    (anchor pass for forward KL): this model's own top-k ids, the logits there and the
+                   full-vocabulary logsumexp
     mode "gather"  (anchor pass for reverse KL): logits at the ids under ``ids_key`` + logsumexp
     mode "train"   (actor update): turn on verl's logits-processor hook so the loss function sees
                    the training logits (``ema_pg_core.verl.loss``)
@@ -16,11 +18,25 @@ non-tensor flags on the batch (``set_pass``):
                    model's on the same tokens; the probe runs one sequence per micro-batch, in chunks
                    whose logits fit its memory budget
 
-In "self"/"gather" the outputs are added to verl's own (log_probs, entropy) as nested tensors
-keyed ``<prefix>topk_ids`` (nnz, K) int32, ``<prefix>logits_k`` (nnz, K) fp32 and ``<prefix>lse``
-(nnz,) fp32; nothing of size V leaves the worker. The statistics come from
-``ema_pg_core.topk.token_stats_from_logits`` (chunked; no (nnz, V) log-softmax copy), on logits
-divided by the rollout temperature as verl's log-probs are.
+In "ids", "self" and "gather" the outputs are added to verl's own (log_probs, entropy) as nested tensors
+in verl's packed order; nothing of size V leaves the worker:
+
+    ``<prefix>topk_ids``  (nnz, K) int32   "ids", "self"
+    ``<prefix>logits_k``  (nnz, K) fp32    "self", "gather"
+    ``<prefix>lse``       (nnz,)   fp32    "self", "gather"
+    ``<prefix>logp_k``    (nnz, K) fp32    "self", "gather" with the ``logp`` flag, in place of the two above:
+                                           logits_k - lse, the difference taken in fp32
+
+The statistics come from ``ema_pg_core.topk.token_stats_from_logits`` (chunked; no (nnz, V) log-softmax
+copy), on logits divided by the rollout temperature as verl's log-probs are.
+
+The loss reads pi_old's top-k values never, and the anchor's logits at the head and its logsumexp only
+through their difference, the anchor's log-probs there (``ema_pg_core.verl.loss.anchor_head``). So
+``topk_passes`` asks pi_old for "ids" and the anchor for ``logp``. Per packed token the Top-k passes then
+add, and TransferQueue carries to the actor update (measured in tests/verl/test_payload.py):
+    reverse Top-k: pi_old's ids 4K + the anchor's log-probs 4K = 8K bytes (256 B at K = 32)
+    forward Top-k: the anchor's ids 4K + its log-probs 4K      = 8K bytes (256 B at K = 32)
+Before "ids" and ``logp`` (pi_old "self"; logits + logsumexp): reverse 12K + 8 (392 B), forward 8K + 4 (260 B).
 
 With ``DROP_KEY`` set (the trainer sets it when emapg.mask_truncated is on), a training mini-batch's
 ``global_batch_size`` (verl's seq-mean denominator, normally the fixed mini-batch size) becomes the
@@ -39,20 +55,23 @@ import torch
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
-from ema_pg_core.topk import token_stats_from_logits
+from ema_pg_core.topk import token_stats_from_logits, topk_ids_from_logits
 from ema_pg_core.verl.layout import token_rows
 
 MODE, K, IDS_KEY, PREFIX = "emapg_topk_mode", "emapg_topk_k", "emapg_topk_ids_key", "emapg_topk_prefix"
-MODES = ("off", "self", "gather", "train", "keep")
+LOGP = "emapg_topk_logp"
+MODES = ("off", "ids", "self", "gather", "train", "keep")
 DROP_KEY = "emapg_drop_masked_seqs"
 """Non-tensor flag: sequences with an all-zero loss mask leave verl's seq-mean denominator too."""
 
 
-def set_pass(td, mode: str = "off", k: int = 0, ids_key: str = "", prefix: str = "") -> None:
-    """Attach this pass's Top-k instructions to a TensorDict (or dict of extra_info) as non-tensors."""
+def set_pass(td, mode: str = "off", k: int = 0, ids_key: str = "", prefix: str = "", logp: bool = False) -> None:
+    """Attach this pass's Top-k instructions to a TensorDict (or dict of extra_info) as non-tensors.
+
+    ``logp``: modes "self"/"gather" send log-probs at the ids (``<prefix>logp_k``) instead of logits + logsumexp."""
     if mode not in MODES:
         raise ValueError(f"top-k pass mode {mode!r} unknown; allowed: {MODES}")
-    flags = {MODE: mode, K: int(k), IDS_KEY: ids_key, PREFIX: prefix}
+    flags = {MODE: mode, K: int(k), IDS_KEY: ids_key, PREFIX: prefix, LOGP: bool(logp)}
     if isinstance(td, dict):
         td.update(flags)
     else:
@@ -92,13 +111,18 @@ class EmaPGFSDPEngineWithLMHead(FSDPEngineWithLMHead):
             tu.assign_non_tensor(micro_batch, distillation_use_topk=True)
         if mode == "keep":
             self.probe_logits.append(_packed_scaled_logits(output, output_args, micro_batch).detach())  # (nnz, V)
-        extra = self._topk_outputs(output, output_args, micro_batch, mode) if mode in ("self", "gather") else {}
+        extra = self._topk_outputs(output, output_args, micro_batch, mode) if mode in ("ids", "self", "gather") else {}
         model_output = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
         model_output.update(extra)
         return model_output
 
     def _topk_outputs(self, output, output_args, micro_batch, mode) -> dict[str, torch.Tensor]:
         logits = _packed_scaled_logits(output, output_args, micro_batch)  # (nnz, V)
+        prefix, cu = _flag(micro_batch, PREFIX, ""), micro_batch["input_ids"].offsets()
+        nest = lambda v: torch.nested.nested_tensor_from_jagged(v, cu)  # noqa: E731
+        if mode == "ids":  # the ids "self" would send, without its logsumexp
+            ids = topk_ids_from_logits(logits[None], k=int(_flag(micro_batch, K, 0)))[0]  # (nnz, K)
+            return {f"{prefix}topk_ids": nest(ids.to(torch.int32))}
         tokens = output_args["input_ids_rmpad_rolled"].reshape(-1)  # (nnz,) the token each position predicts
         if mode == "gather":
             ids = micro_batch[_flag(micro_batch, IDS_KEY, "")]
@@ -106,9 +130,11 @@ class EmaPGFSDPEngineWithLMHead(FSDPEngineWithLMHead):
             stats = token_stats_from_logits(logits[None], tokens[None], indices=ids[None].to(logits.device))
         else:
             stats = token_stats_from_logits(logits[None], tokens[None], k=int(_flag(micro_batch, K, 0)))
-        prefix, cu = _flag(micro_batch, PREFIX, ""), micro_batch["input_ids"].offsets()
-        nest = lambda v: torch.nested.nested_tensor_from_jagged(v, cu)  # noqa: E731
-        out = {f"{prefix}logits_k": nest(stats.logits_k[0].float()), f"{prefix}lse": nest(stats.lse[0].float())}
+        logits_k, lse = stats.logits_k[0].float(), stats.lse[0].float()  # (nnz, K), (nnz,)
+        if _flag(micro_batch, LOGP, False):  # the fp32 difference the estimators would take of the two
+            out = {f"{prefix}logp_k": nest(logits_k - lse[:, None])}
+        else:
+            out = {f"{prefix}logits_k": nest(logits_k), f"{prefix}lse": nest(lse)}
         if mode == "self":
             out[f"{prefix}topk_ids"] = nest(stats.indices[0].to(torch.int32))
         return out

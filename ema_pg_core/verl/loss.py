@@ -8,8 +8,9 @@ own ``ppo_loss`` and distillation loss use. verl calls it in two roles:
 1. **logits processor** (``student_logits`` (1, nnz, V) given; only when the estimator declares
    ``needs == "topk"``): the training logits exist only here, so the whole per-token Top-k KL is
    computed here. ``ema_pg_core.topk`` gathers this step's logits at the stored head ids q and
-   takes the full logsumexp; the estimator sees exactly the local backend's (B, T) / (B, T, K)
-   inputs (response layout); the (B, T) result travels back to verl packed as (1, nnz). The
+   takes the full logsumexp; the estimator sees the local backend's (B, T) / (B, T, K) inputs
+   (response layout; the anchor's as its log-probs at q with logsumexp 0, the same head log-probs:
+   ``anchor_head``); the (B, T) result travels back to verl packed as (1, nnz). The
    sampled token's log-prob takes the value of verl's own log-prob function (``_as_verl_logp``),
    so that it is comparable with ``old_log_probs`` and ``ref_log_prob``.
 2. **final loss** (``model_output`` given): per token the core's ``ppo_clip_per_token`` (clip-higher,
@@ -74,6 +75,7 @@ def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> dict[str
     logp = packed_to_response(_as_verl_logp(st.logp[0], student_logits[0], tokens), data)  # (B, T)
     B, T = logp.shape
     resp = lambda key: padded_response(data[key], B, T).to(logp.dtype)  # noqa: E731
+    ref_logits_k, ref_lse = anchor_head(data, kl, logp.dtype)  # (B, T, K), (B, T)
     x = KLInputs(
         logp=logp,
         ref_logp=resp("ref_log_prob"),
@@ -82,13 +84,26 @@ def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> dict[str
         topk_idx=packed_to_response(ids, data),
         logits_k=packed_to_response(st.logits_k[0], data),
         lse=packed_to_response(st.lse[0], data),
-        ref_logits_k=packed_to_response(data[keys["ref_logits_k"]].values(), data).to(logp.dtype),
-        ref_lse=packed_to_response(data[keys["ref_lse"]].values(), data).to(logp.dtype),
+        ref_logits_k=ref_logits_k,
+        ref_lse=ref_lse,
     )
     per_token = kl_per_token(kl.type, x, tail=kl.tail, iw=_iw(kl))  # (B, T)
     parts = topk_parts(x, kl.type, tail=kl.tail, iw=_iw(kl))  # (B, T) each, no gradient
     out = {PARTS_PREFIX + k: response_to_packed(v, data, nnz)[None] for k, v in parts.items() if k != "estimate"}
     return {KL_KEY: response_to_packed(per_token, data, nnz)[None], **out}
+
+
+def anchor_head(data, kl: KLConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ref_logits_k (B, T, K), ref_lse (B, T)) of ``KLInputs`` from the anchor pass's log-probs at the head.
+
+    The estimators and the telemetry read the anchor's logits at the head and its logsumexp only as
+    ``ref_logits_k - ref_lse``, the anchor's log-probs there; its pass therefore sends that difference, taken in
+    fp32 (``<REF>logp_k``). Here it enters as logits with logsumexp 0: in fp32 (the dtype of the loss's
+    log-probs for fp32, bf16 and fp16 logits) ``v - 0`` is ``v``, bit for bit the difference the estimators
+    took when the pass sent the two separately.
+    """
+    ref_logp_k = packed_to_response(data[head_keys(kl)["ref_logp_k"]].values(), data).to(dtype)  # (B, T, K)
+    return ref_logp_k, ref_logp_k.new_zeros(ref_logp_k.shape[:-1])
 
 
 def _as_verl_logp(logp: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 Registered as ``trainer.v1.trainer_mode=emapg_sync``. Per iteration (verl's ``_step_once``):
 
-    rollout -> reward -> pi_old pass  [Top-k "old" flags: reverse KL takes pi_old's top-k here]
-            -> anchor pass            [Top-k "ref" flags: gather at pi_old's ids / own top-k]
+    rollout -> reward -> pi_old pass  [Top-k "old" flags: reverse KL takes pi_old's top-k ids here]
+            -> anchor pass            [Top-k "ref" flags: log-probs at pi_old's ids / at its own top-k]
             -> GRPO advantages -> actor update [Top-k "train" flags: the KL runs in the logits hook;
                                                 with emapg.mask_truncated, length-capped responses
                                                 masked out for the update only: ``drop_truncated``]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ema_pg_core.kl import kl_per_token
-from ema_pg_core.topk import kl_inputs, token_stats_from_hidden, token_stats_from_logits
+from ema_pg_core.topk import kl_inputs, token_stats_from_hidden, token_stats_from_logits, topk_ids_from_logits
 
 
 def naive(logits, tokens, k=0, indices=None, temperature=1.0):
@@ -42,6 +42,39 @@ def test_logits_path_values_and_gradients_equal_naive(chunk, temperature):
     (g_fast,) = torch.autograd.grad(loss_fast, logits)
     (g_naive,) = torch.autograd.grad(loss_naive, logits)
     assert torch.allclose(g_fast, g_naive, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("chunk,vchunk", [(1024, None), (3, None), (5, 7)])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_topk_ids_are_the_stats_own_top_k(dtype, tied, chunk, vchunk, temperature):
+    """The ids-only path (the verl engine's pi_old pass) picks exactly the ids of the full statistics, equal
+    logits included: the tied logits take 5 values, so most heads cut through a run of equal logits."""
+    g = torch.Generator().manual_seed(11)
+    B, T, V = 3, 9, 40
+    if tied:
+        logits = torch.randint(-2, 3, (B, T, V), generator=g).to(dtype)
+    else:
+        logits = torch.randn(B, T, V, generator=g, dtype=torch.float64).to(dtype)
+    for k in (1, 6, V):
+        ids = topk_ids_from_logits(logits, k=k, temperature=temperature, chunk_size=chunk, vocab_chunk_size=vchunk)
+        st = token_stats_from_logits(logits, k=k, temperature=temperature, chunk_size=chunk, vocab_chunk_size=vchunk)
+        assert ids.dtype == torch.long and ids.shape == (B, T, k)
+        assert torch.equal(ids, st.indices), k
+        if tied and k < V:  # the cut falls between equal logits: which of them is kept is what is tested
+            top = torch.sort(logits.float(), -1, descending=True).values
+            assert bool((top[..., k - 1] == top[..., k]).any())
+
+
+def test_topk_ids_validation_and_empty():
+    logits = torch.randn(2, 3, 8)
+    assert topk_ids_from_logits(logits, k=0).shape == (2, 3, 0)
+    assert topk_ids_from_logits(torch.randn(0, 3, 8), k=2).shape == (0, 3, 2)
+    with pytest.raises(ValueError, match="exceeds the vocabulary"):
+        topk_ids_from_logits(logits, k=9)
+    with pytest.raises(ValueError, match=r"\(B, T, V\)"):
+        topk_ids_from_logits(logits[0], k=2)
 
 
 @pytest.mark.parametrize("chunk", [2, 1024])

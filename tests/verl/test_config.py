@@ -147,10 +147,11 @@ def test_passes_follow_capabilities():
     from ema_pg_core.config import KLConfig
 
     rev = topk_passes(KLConfig(type="topk_reverse", k=8))
-    assert rev["old"] == {"mode": "self", "k": 8, "prefix": "emapg_old_"}
-    assert rev["ref"]["mode"] == "gather" and rev["ref"]["ids_key"] == "emapg_old_topk_ids"
+    assert rev["old"] == {"mode": "ids", "k": 8, "prefix": "emapg_old_"}  # pi_old's values are never read
+    assert rev["ref"] == {"mode": "gather", "ids_key": "emapg_old_topk_ids", "prefix": "emapg_ref_", "logp": True}
     fwd = topk_passes(KLConfig(type="topk_forward", k=8))
-    assert fwd["old"]["mode"] == "off" and fwd["ref"] == {"mode": "self", "k": 8, "prefix": "emapg_ref_"}
+    assert fwd["old"]["mode"] == "off"
+    assert fwd["ref"] == {"mode": "self", "k": 8, "prefix": "emapg_ref_", "logp": True}
     assert all(p["mode"] == "off" for p in topk_passes(KLConfig(type="k3")).values())
     assert all(p["mode"] == "off" for p in topk_passes(KLConfig(type="topk_reverse", coef=0.0)).values())
 

@@ -104,3 +104,55 @@ def test_reclass_refuses_other_engines():
 
     with pytest.raises(TypeError, match="FSDPEngineWithLMHead"):
         reclass(object())
+
+
+def _pass(worker, mode, carry=None, **flags):
+    """The tensors a pass adds (prefix "p_"), on the fixed test batch at temperature 0.7."""
+    from ema_pg_core.verl.engine import set_pass
+
+    td, _ = engines.batch(temperature=0.7)
+    td.update(carry or {})
+    set_pass(td, mode, prefix="p_", **flags)
+    out = worker.infer_batch(td)
+    return {k: out[k] for k in out.keys() if k.startswith("p_")}
+
+
+def _same(a, b) -> bool:
+    return a.dtype == b.dtype and torch.equal(a.offsets(), b.offsets()) and torch.equal(a.values(), b.values())
+
+
+def test_ids_mode_and_logp_flag_send_exactly_what_self_and_gather_would(workers):
+    """Mode "ids" sends mode "self"'s ids and nothing else; with ``logp`` the "self" and "gather" passes send,
+    bit for bit, logits_k - lse (fp32) in place of the two."""
+    actor, ref, _ = workers
+    full = _pass(actor, "self", k=K)
+    ids = _pass(actor, "ids", k=K)
+    assert ids.keys() == {"p_topk_ids"} and _same(ids["p_topk_ids"], full["p_topk_ids"])
+    own = _pass(actor, "self", k=K, logp=True)
+    assert own.keys() == {"p_topk_ids", "p_logp_k"} and _same(own["p_topk_ids"], full["p_topk_ids"])
+    expect = full["p_logits_k"].values() - full["p_lse"].values()[:, None]
+    assert torch.equal(own["p_logp_k"].values(), expect) and own["p_logp_k"].dtype == torch.float32
+
+    carry = {"emapg_old_topk_ids": ids["p_topk_ids"]}
+    gathered = _pass(ref, "gather", carry, ids_key="emapg_old_topk_ids")
+    as_logp = _pass(ref, "gather", carry, ids_key="emapg_old_topk_ids", logp=True)
+    assert as_logp.keys() == {"p_logp_k"}
+    assert torch.equal(
+        as_logp["p_logp_k"].values(), gathered["p_logits_k"].values() - gathered["p_lse"].values()[:, None]
+    )
+
+
+def test_ids_mode_breaks_ties_as_self_does(tiny_path):
+    """Logits with ties at the head's cut: 50 of the 100 vocabulary rows of the (tied) LM head are zero, so each
+    position has 50 logits exactly 0 and a top-40 that ends inside them; "ids" keeps the same of them as "self"."""
+    from ema_pg_core.verl.engine import reclass
+
+    worker = engines.training_worker(tiny_path, forward_only=True)
+    with torch.no_grad():
+        worker.engine.module.lm_head.weight.to_local()[50:] = 0.0
+    reclass(worker.engine)
+    k = 40
+    full = _pass(worker, "self", k=k)
+    last = full["p_logits_k"].values()[:, -1]  # the k-th largest logit of each position
+    assert bool((last == 0).any())  # the cut falls inside the run of 50 equal logits
+    assert _same(_pass(worker, "ids", k=k)["p_topk_ids"], full["p_topk_ids"])

@@ -58,7 +58,7 @@ def _trainer(monkeypatch, kl_type="topk_reverse", tau=0.9, period=3):
 
 
 def test_flags_per_pass_and_ema_schedule(monkeypatch, verl_cpu):
-    from ema_pg_core.verl.engine import IDS_KEY, MODE
+    from ema_pg_core.verl.engine import IDS_KEY, LOGP, MODE
 
     t, seen = _trainer(monkeypatch)
     updated = []
@@ -70,12 +70,13 @@ def test_flags_per_pass_and_ema_schedule(monkeypatch, verl_cpu):
         t._update_actor(b, m)
         updated.append(m["anchor/updated"])
         assert b.extra_info[MODE] == "off"  # reset after the update
-    assert seen["_compute_old_log_prob"][MODE] == "self"
+    assert seen["_compute_old_log_prob"][MODE] == "ids"
     assert (
         seen["_compute_ref_log_prob"][MODE] == "gather"
         and seen["_compute_ref_log_prob"][IDS_KEY] == "emapg_old_topk_ids"
+        and seen["_compute_ref_log_prob"][LOGP] is True
     )
-    assert seen["_update_actor"][MODE] == "train"
+    assert seen["_update_actor"][MODE] == "train" and seen["_update_actor"][LOGP] is False
     assert t.actor_rollout_wg.calls == [3, 6] and updated == [0, 0, 1, 0, 0, 1, 0]
 
 

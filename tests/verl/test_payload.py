@@ -1,0 +1,182 @@
+"""The Top-k payload: what the pi_old and anchor passes add to the batch (it travels to the actor update
+through verl's TransferQueue), measured on the real FSDP2 engines, and the loss it gives.
+
+Bytes per token: the ``nbytes`` of every tensor a pass returns beyond plain verl's (mode "off"), summed
+and divided by the batch's packed tokens (nnz, prompt + response). The fields are nested (nnz, *) tensors;
+their jagged offsets ((B + 1) int64 per field) are per sequence, not per token, and not counted. At K:
+
+    passes as ``topk_passes`` sets them       pi_old pass       anchor pass          total
+    reverse Top-k                            ids 4K            log-probs 4K         8K      (256 B at K = 32)
+    forward Top-k                            -                 ids 4K + log-probs 4K  8K    (256 B)
+    before (pi_old "self", no ``logp``)
+    reverse Top-k                            ids 4K + logits 4K + lse 4   logits 4K + lse 4   12K + 8 (392 B)
+    forward Top-k                            -                 ids 4K + logits 4K + lse 4     8K + 4  (260 B)
+
+The loss does not change: with the earlier passes and the earlier reader of the anchor's values (its logits
+and logsumexp, as two fields), verl's loss value, gradients and ``topk/*`` metrics are bit for bit today's.
+"""
+
+from functools import partial
+
+import engines
+import pytest
+import torch
+
+pytestmark = pytest.mark.verl
+
+K = 32  # the paper's k; the tiny model's vocabulary has 100 ids
+OLD, REF = "emapg_old_", "emapg_ref_"
+NOW = {  # bytes per token each pass adds, the formula above
+    "topk_reverse": {"old": 4 * K, "ref": 4 * K},
+    "topk_forward": {"old": 0, "ref": 4 * K + 4 * K},
+}
+BEFORE_PASSES = {  # the pass flags before pi_old's "ids" mode and the ``logp`` flag
+    "topk_reverse": {
+        "old": {"mode": "self", "k": K, "prefix": OLD},
+        "ref": {"mode": "gather", "ids_key": f"{OLD}topk_ids", "prefix": REF},
+    },
+    "topk_forward": {"old": {"mode": "off"}, "ref": {"mode": "self", "k": K, "prefix": REF}},
+}
+BEFORE = {
+    "topk_reverse": {"old": 4 * K + 4 * K + 4, "ref": 4 * K + 4},
+    "topk_forward": {"old": 0, "ref": 4 * K + 4 * K + 4},
+}
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_path):
+    from ema_pg_core.verl.engine import reclass
+
+    actor = engines.training_worker(tiny_path, forward_only=False)
+    ref = engines.training_worker(tiny_path, forward_only=True)
+    engines.perturb(ref.engine.module, 0.05, seed=1)  # an anchor that differs from the policy
+    reclass(actor.engine)
+    reclass(ref.engine)
+    return actor, ref
+
+
+def _passes(actor, ref, passes, T=0.8):
+    """({pass: bytes per token it adds}, {key: nested tensor} all passes added), pi_old's pass first."""
+    from ema_pg_core.verl.engine import set_pass
+
+    td, _ = engines.batch(temperature=T)
+    verl_own = set(actor.infer_batch(td).keys())  # mode "off": what plain verl returns
+    per_token, fields = {}, {}
+    for who, worker in (("old", actor), ("ref", ref)):
+        td, _ = engines.batch(temperature=T)
+        td.update(fields)
+        set_pass(td, **passes[who])
+        out = worker.infer_batch(td)
+        added = {k: out[k] for k in out.keys() if k not in verl_own}
+        assert all(isinstance(t, torch.Tensor) and t.is_nested for t in added.values()), list(added)
+        nnz = td["input_ids"].values().numel()
+        nbytes = sum(t.values().nbytes for t in added.values())
+        assert nbytes % nnz == 0, (who, nbytes, nnz)
+        per_token[who] = nbytes // nnz
+        fields.update(added)
+    return per_token, fields
+
+
+@pytest.mark.parametrize("kl_type", ["topk_reverse", "topk_forward"])
+def test_payload_bytes_per_token(pair, kl_type):
+    from ema_pg_core.config import KLConfig
+    from ema_pg_core.verl.config import topk_passes
+
+    actor, ref = pair
+    now, _ = _passes(actor, ref, topk_passes(KLConfig(type=kl_type, k=K)))
+    before, _ = _passes(actor, ref, {**BEFORE_PASSES[kl_type], "train": {"mode": "train"}})
+    print(f"{kl_type} K={K}: bytes per token before {before} = {sum(before.values())}, now {now} = {sum(now.values())}")
+    assert before == BEFORE[kl_type]
+    assert now == NOW[kl_type] and sum(now.values()) == 8 * K
+
+
+def _old_anchor_head(data, kl, dtype):
+    """The loss's reader of the anchor's values before ``anchor_head``: its logits at the head and logsumexp."""
+    from ema_pg_core.verl.layout import packed_to_response
+
+    read = lambda key: packed_to_response(data[key].values(), data).to(dtype)  # noqa: E731
+    return read(f"{REF}logits_k"), read(f"{REF}lse")
+
+
+def _loss(actor, fields, kl_cfg, T=0.8):
+    """(loss value, metrics, {parameter: gradient}) of verl's loss pass over the test batch with these fields."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import FSDPActorConfig
+
+    from ema_pg_core.config import LossConfig
+    from ema_pg_core.verl.engine import set_pass
+    from ema_pg_core.verl.loss import emapg_actor_loss
+
+    cfg = FSDPActorConfig(
+        strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False, rollout_n=1
+    )
+    loss_fn = partial(emapg_actor_loss, config=cfg, kl=kl_cfg, loss=LossConfig(agg="token-mean"))
+    actor.set_loss_fn(loss_fn)
+
+    def batch():
+        td, _ = engines.batch(temperature=T)
+        td.update(fields)
+        set_pass(td, "train")
+        return td
+
+    td = batch()
+    tu.assign_non_tensor(td, compute_loss=True)
+    metrics = actor.infer_batch(td)["metrics"]
+    td = batch()
+    tu.assign_non_tensor(
+        td,
+        use_remove_padding=True,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=4,
+        max_token_len_per_gpu=16,
+        use_fused_kernels=False,
+    )  # what TrainingWorker.train_batch injects
+    actor.engine.optimizer_zero_grad()
+    with actor.engine.train_mode():
+        actor.engine.forward_backward_batch(td, loss_function=loss_fn, forward_only=False)
+        grads = {
+            n: p.grad.full_tensor().clone() for n, p in actor.engine.module.named_parameters() if p.grad is not None
+        }
+    actor.engine.optimizer_zero_grad()  # no step: the actor stays as it is for the next call
+    return metrics["loss"], metrics, grads
+
+
+@pytest.mark.parametrize("kl_type,tail,use_iw", [("topk_reverse", "unbiased", True), ("topk_forward", "paper", True)])
+def test_loss_is_unchanged_by_the_smaller_payload(pair, monkeypatch, kl_type, tail, use_iw):
+    from ema_pg_core.config import KLConfig
+    from ema_pg_core.verl import loss
+    from ema_pg_core.verl.config import topk_passes
+
+    actor, ref = pair
+    kl_cfg = KLConfig(type=kl_type, k=K, tail=tail, coef=0.5, use_iw=use_iw)
+    _, fields = _passes(actor, ref, topk_passes(kl_cfg))
+    value, metrics, grads = _loss(actor, fields, kl_cfg)
+
+    _, before_fields = _passes(actor, ref, {**BEFORE_PASSES[kl_type], "train": {"mode": "train"}})
+    with monkeypatch.context() as m:
+        m.setattr(loss, "anchor_head", _old_anchor_head)
+        before_value, before_metrics, before_grads = _loss(actor, before_fields, kl_cfg)
+
+    assert value == before_value
+    assert metrics.keys() == before_metrics.keys()
+    compared = [k for k in metrics if k.startswith(("topk/", "kl_loss", "pg_", "ppo_kl"))]
+    wanted = {"kl_loss", "topk/head_mass", "topk/tail_share"} | (
+        {"topk/anchor_head_mass"} if "forward" in kl_type else set()
+    )
+    assert wanted <= set(compared), compared  # the forward KL's telemetry reads the anchor's values too
+    assert {k: _plain(metrics[k]) for k in compared} == {k: _plain(before_metrics[k]) for k in compared}
+    assert abs(_plain(metrics["kl_loss"])[0]) > 1e-3  # a Top-k KL that depends on the anchor's values
+    assert grads.keys() == before_grads.keys() and grads
+    for n, g in grads.items():
+        assert torch.equal(g, before_grads[n]), n
+
+
+def _plain(v):
+    """A verl metric (Metric, nested lists of them or of numbers) as a flat list of numbers."""
+    from verl.utils.metric import Metric
+
+    if isinstance(v, Metric):
+        return [float(x) for x in v.values]
+    if isinstance(v, list):
+        return [x for e in v for x in _plain(e)]
+    return [float(v)]
