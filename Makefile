@@ -25,6 +25,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 # The README's GPU install (cluster/gpu-install.sh, its one source) resolved for a Linux x86_64 CUDA 13 machine
 # with wheels only: pip --dry-run reads the wheels' metadata and downloads no CUDA wheel. For this .venv's Python

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from ema_pg_core.config import eval_problems, probe_prompts
 from ema_pg_core.local.trainer import LocalConfig
 from experiments import progress
+from experiments.errors import UserError, _is_hydra, hydra_message
 from experiments.schema import RunConfig, register
 
 CONF_MODULE = "experiments.conf"
@@ -66,11 +67,9 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
             cfg = hydra_compose(config_name="config", overrides=overrides)
         OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.to_container(cfg))  # +key=... the schema lacks
     except Exception as e:  # noqa: BLE001  Hydra/OmegaConf errors -> one line naming the key
-        from experiments.errors import UserError, _is_hydra, hydra_message
-
         if not _is_hydra(e):
             raise
-        raise UserError(unquoted_value(overrides) or hydra_message(e)) from e
+        raise UserError(unquoted_value(overrides) or hydra_message(e, schema_keys(), group_options())) from e
     if cfg.smoke:  # smoke sizes, except where the command line sets the key itself
         given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
         for key, value in SMOKE.items():

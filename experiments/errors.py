@@ -199,15 +199,13 @@ def _is_hydra(exc: BaseException) -> bool:
     return type(exc).__module__.startswith(("hydra", "omegaconf"))
 
 
-def hydra_message(exc: BaseException, keys=None, groups=None) -> str:
+def hydra_message(exc: BaseException, keys=(), groups=None) -> str:
     """One line for a Hydra/OmegaConf composition error: the field, what was wrong, what is allowed.
 
-    `keys` lists the schema's dotted keys and `groups` maps each config group to its options (both
-    for the "did you mean"); by default they are read from the run schema and experiments/conf."""
-    from experiments import build
-
-    keys = build.schema_keys() if keys is None else keys
-    groups = build.group_options() if groups is None else groups
+    `keys` lists the schema's dotted keys and `groups` maps each config group to its options (both for the
+    "did you mean"; ``experiments.build.compose`` passes the run schema's). Without them (a Hydra error
+    outside composition) the line names the field and the problem, with no suggestion."""
+    groups = {} if groups is None else groups
     cause = exc.__cause__ or exc
     text = str(cause)
     full_key = _field(text, "full_key")

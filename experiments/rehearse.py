@@ -686,28 +686,13 @@ def _failure(a: Attempt) -> str:
 
 
 def targets(argv: list[str]) -> list[tuple[str, list[str]]]:
-    """(name, Hydra overrides) per configuration: a sweep spec's distinct grid points (seeds folded), or
-    the one configuration of `experiment=... key=value ...`."""
-    specs = [a for a in argv if a.endswith((".yaml", ".yml"))]
-    if not specs:
-        exp = next((a.split("=", 1)[1] for a in argv if a.startswith("experiment=")), "custom")
-        rest = [a.split("=", 1) for a in argv if not a.startswith("experiment=") and "=" in a]
-        return [(_slug([exp] + [f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in rest]), list(argv))]
-    if len(specs) > 1 or len(argv) > 1:
-        raise ValueError(f"emapg rehearse takes one sweep spec, or Hydra overrides; got {argv}")
-    from sweeps import spec as sweep_spec
-
-    s = sweep_spec.load(specs[0])
-    if s.backend != "verl":
-        raise ValueError(
-            f"{specs[0]}: backend={s.backend}; emapg rehearse takes verl sweeps (local sweeps run as they are)"
-        )
-    out = []
-    for point in sweep_spec.grid_points(s):
-        keep = [o for o in s.overrides_for(point, s.seeds[0]) if not o.startswith(("sweep.", "logger.", "backend="))]
-        parts = [str(v) if k == "experiment" else f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in point.items()]
-        out.append((_slug(parts or [s.name]), keep))
-    return out
+    """(name, Hydra overrides) of the one configuration `experiment=... key=value ...` (a sweep spec is rehearsed
+    through Ray Tune by ``sweeps.rehearse``, which `emapg rehearse <spec.yaml>` runs)."""
+    if any(a.endswith((".yaml", ".yml")) for a in argv):
+        raise ValueError(f"a sweep spec is rehearsed with `emapg rehearse <spec.yaml>`; got {argv}")
+    exp = next((a.split("=", 1)[1] for a in argv if a.startswith("experiment=")), "custom")
+    rest = [a.split("=", 1) for a in argv if not a.startswith("experiment=") and "=" in a]
+    return [(_slug([exp] + [f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in rest]), list(argv))]
 
 
 def _slug(parts: list[str]) -> str:
@@ -725,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Example: emapg rehearse experiment=math_deepscaler_ema_pg algo.kl.type=topk_reverse",
     )
     p.add_argument(
-        "target", nargs="+", help="a verl sweep spec (sweeps/*.yaml), or experiment=<verl preset> [key=value ...]"
+        "target", nargs="+", help="experiment=<verl preset> [key=value ...] (a verl sweep spec: emapg rehearse)"
     )
     p.add_argument(
         "--steps", type=int, default=3, help="training steps (>= 3; the first attempt is killed after step 2)"

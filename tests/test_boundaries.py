@@ -1,8 +1,10 @@
 """Dependency direction (docs/architecture.md, "Dependency rules"): each package imported alone in a fresh
 interpreter."""
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +73,26 @@ def test_package_imports_nothing_forbidden(package):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"{package} imports forbidden: {out.stdout.strip()}"
+
+
+LINTED = ("ema_pg_core", "experiments", "sweeps", "analysis", "cluster")
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    lint = Path(sys.executable).with_name("lint-imports")
+    return subprocess.run([str(lint), "--no-cache"], cwd=root, capture_output=True, text=True, timeout=300)
+
+
+def test_the_layer_contracts_hold_and_catch_an_upward_import_inside_a_function(tmp_path):
+    """`make lint`'s import-linter contracts (pyproject.toml) pass on the tree, and fail once a core module imports
+    the app inside a function (what the import-time checks above cannot see)."""
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copy(repo / "pyproject.toml", tmp_path)
+    for package in LINTED:
+        shutil.copytree(repo / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    ok = _lint_imports(tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    with open(tmp_path / "ema_pg_core" / "kl.py", "a") as f:
+        f.write("\n\ndef _upward():\n    from experiments import records  # noqa: F401\n")
+    broken = _lint_imports(tmp_path)
+    assert broken.returncode != 0 and "ema_pg_core.kl -> experiments.records" in broken.stdout, broken.stdout

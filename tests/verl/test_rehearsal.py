@@ -75,11 +75,10 @@ def test_rehearse_refuses_a_local_preset_and_a_bad_step_count():
     assert out.returncode == 2 and "--steps=2" in out.stderr
 
 
-def test_targets_are_the_distinct_grid_points_with_run_dir_safe_names():
+def test_a_target_is_one_configuration_with_a_run_dir_safe_name():
     from experiments.rehearse import targets
 
-    got = targets(["sweeps/search_r1_ema_pg.yaml"])
-    assert [name for name, _ in got] == ["search_r1_grpo", "search_r1_ema_pg"]  # one seed each, no '=' (Hydra)
-    assert all(not o.startswith(("sweep.", "logger.", "backend=")) for _, target in got for o in target)
+    with pytest.raises(ValueError, match="a sweep spec is rehearsed with `emapg rehearse <spec.yaml>`"):
+        targets(["sweeps/search_r1_ema_pg.yaml"])  # the CLI sends a spec to sweeps.rehearse
     [(name, target)] = targets(["experiment=math_deepscaler_ema_pg", "algo.kl.type=topk_reverse"])
     assert name == "math_deepscaler_ema_pg__type-topk_reverse" and target[1] == "algo.kl.type=topk_reverse"
