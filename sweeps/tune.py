@@ -269,7 +269,8 @@ class _Progress(tune.Callback):
         self.spec, self.every, self.sweep_dir = spec, every, sweep_dir
         self.t0 = self.last = time.time()
         self.best: tuple[float, str] | None = None
-        self.started: set[str] = set()
+        self.started: set[str] = set()  # trials this invocation started
+        self.ended: set[str] = set()  # ... and saw complete or fail
 
     def setup(self, **info):
         self.t0 = self.last = time.time()
@@ -327,9 +328,6 @@ class _Progress(tune.Callback):
         if isinstance(v, (int, float)) and not math.isnan(v) and (self.best is None or sign * v > sign * self.best[0]):
             self.best = (float(v), describe(self.spec, config))
 
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        self._consider(result.get(self.spec.metric), trial.config)
-
     def on_step_end(self, iteration, trials, **info):
         if time.time() - self.last >= self.every:
             self.last = time.time()
@@ -345,6 +343,7 @@ class _Progress(tune.Callback):
         return "\n          " + waiting_line(self.spec, pending[0].config, free_per_node(), len(pending))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
+        self.ended.add(trial.trial_id)
         r = trial.last_result or {}
         v = r.get(self.spec.metric)
         self._say(
@@ -365,14 +364,22 @@ class _Progress(tune.Callback):
         )
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        self.ended.add(trial.trial_id)
         self._say(
             f"FAILED  {describe(self.spec, trial.config)}  {_error_line(trial)}  "
             f"| {self._status(trials, trial, 'ERROR')}"
             f"\n          traceback: {trial.error_file}"
         )
 
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._consider(result.get(self.spec.metric), trial.config)
+
     def on_experiment_end(self, trials, **info):
-        self._say(self._status(trials))
+        """The last status line. A trial that started in this invocation and neither completed nor failed was
+        stopped by the sweep's interruption (Ctrl-C, SIGTERM): Tune lists it as terminated; it is counted apart."""
+        stopped = [t for t in trials if t.trial_id in self.started and t.trial_id not in self.ended]
+        line = self._status([t for t in trials if t not in stopped])
+        self._say(line.replace(" done,", f" done, {len(stopped)} interrupted,", 1) if stopped else line)
 
 
 def waiting_line(spec: Spec, config: dict, free: dict[str, dict[str, float]], n: int) -> str:
