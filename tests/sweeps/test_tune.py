@@ -9,6 +9,7 @@ import collections
 import contextlib
 import copy
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -502,6 +503,49 @@ def test_sigterm_stops_the_sweep_as_ctrl_c_does_and_the_printed_command_resumes_
     assert [(r["status"], r["iterations"]) for r in rows(out)] == [("finished", "40")] * 2
     for run in (out / "runs").iterdir():
         assert [json.loads(x)["iteration"] for x in (run / "metrics.jsonl").read_text().splitlines()] == list(range(41))
+
+
+def _pids(sweep_dir: Path, name: str) -> list[int]:
+    """The process each trial ran in (Tune's `pid` in its first result), in trial order."""
+    files = sorted((sweep_dir / "tune" / name).glob("*/result.json"), key=lambda f: f.parent.name.split("_")[3])
+    return [json.loads(f.read_text().splitlines()[0])["pid"] for f in files]
+
+
+def _records(sweep_dir: Path) -> dict[str, list[dict]]:
+    """trial index -> its run's metrics rows without the wall-clock keys (time_s, perf/*)."""
+    out = {}
+    for f in (sweep_dir / "runs").glob("*/metrics.jsonl"):
+        rows = [json.loads(line) for line in f.read_text().splitlines()]
+        timing = lambda k: k == "time_s" or k.startswith("perf/")  # noqa: E731
+        out[f.parent.name.rsplit("_", 1)[-1]] = [{k: v for k, v in r.items() if not timing(k)} for r in rows]
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:pretrain .* did not reach target_acc")
+def test_trials_share_their_slots_worker_and_record_what_a_fresh_worker_records(local_ray, tmp_path, monkeypatch):
+    """A local sweep runs trial after trial in the same Ray worker (Tune's reuse_actors: Python, torch and the
+    project are imported once per slot, not once per trial), and a trial in a reused worker records exactly the
+    rows it records in a fresh one (its seeds, threads and state are its own)."""
+    overrides = {"smoke": True, "logger": "none", "trainer.iterations": 4, "trainer.eval_every": 2}
+    spec = parse(
+        {
+            "name": "reuse",
+            "base": {"experiment": "math_tiny_ema_pg", "overrides": overrides},
+            "space": {"algo.anchor.tau": {"grid": [1.0, 0.9, 0.8]}},
+            "metric": ACC,
+            "resources": {"cpu": 1, "gpu": 0},
+            "max_concurrent": 1,
+        }
+    )
+    shared = T.run_sweep(spec, tmp_path / "shared", report=False)
+    assert len(set(_pids(shared, "reuse"))) == 1  # one worker ran the three trials
+    fresh_config = T._tune_config
+    monkeypatch.setattr(T, "_tune_config", lambda s: dataclasses.replace(fresh_config(s), reuse_actors=False))
+    fresh = T.run_sweep(spec, tmp_path / "fresh", report=False)
+    assert len(set(_pids(fresh, "reuse"))) == 3
+    a, b = _records(shared), _records(fresh)
+    assert sorted(a) == sorted(b) == ["00000", "00001", "00002"] and a == b
+    assert {r["status"] for r in rows(shared)} == {"finished"}
 
 
 @pytest.mark.slow
