@@ -184,12 +184,18 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
         if callback is not None:
             callback(it, row, ckpt)
 
+    # training seconds of the attempts before this one, up to its checkpoint: train_wall_time_s covers them all
+    earlier_s = float(((state or {}).get("hooks") or {}).get("train_s", 0.0))
+
+    def hooks_state() -> dict:  # kept in each checkpoint (t0: set below, before the first one is written)
+        return {**record.state(), "train_s": earlier_s + time.time() - t0}
+
     hooks = Hooks(
         metrics=on_metrics,
         step_end=on_step_end,
         evals=record.log_evals,
         iteration_end=on_iteration_end,
-        state=record.state,
+        state=hooks_state,
     )
     trainer = LocalTrainer(policy, tok, task, local_cfg, ckpt_dir, hooks)
     if state is not None:
@@ -197,7 +203,7 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
         record.rewind(trainer.iteration)
         health.replay(records.read_metrics(record.run_dir))  # the rules' state as the uninterrupted run had it
     bar = progress.bar(local_cfg.trainer.iterations, f"{cfg.experiment} s{cfg.seed}", initial=trainer.iteration)
-    t0 = time.time()
+    t0 = time.time()  # this attempt's training starts here
     try:
         trainer.train()
         final = Path(cfg.run_dir) / "final"
@@ -208,7 +214,7 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
         raise RunFailed(f"cannot write {e.filename or cfg.run_dir}: {e.strerror or e}") from e
     finally:
         bar.close()
-    return record.finish({"wandb_run_id": logger.wandb_run_id, "train_wall_time_s": time.time() - t0})
+    return record.finish({"wandb_run_id": logger.wandb_run_id, "train_wall_time_s": earlier_s + time.time() - t0})
 
 
 class HealthCheck:

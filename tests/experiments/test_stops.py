@@ -270,3 +270,25 @@ def test_the_record_keeps_its_heartbeat_while_running(tmp_path, monkeypatch):
     time.sleep(0.3)
     assert status.stat().st_mtime == 0  # stopped with the run
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "finished"
+
+
+def test_a_resumed_runs_training_time_counts_its_earlier_attempts(tmp_path, monkeypatch):
+    """summary.json's train_wall_time_s (what a sweep's overhead counts as training) sums the attempts: the
+    first one's training up to its checkpoint, then this one's. On a clock that moves 100 s per reading in the
+    first attempt and 1 s in the second, the resumed figure holds the first attempt's hundreds of seconds."""
+    from experiments import run as run_module
+
+    now = {"t": 0.0, "step": 100.0}
+
+    def clock() -> float:
+        now["t"] += now["step"]
+        return now["t"]
+
+    monkeypatch.setattr(run_module, "time", type("FakeTime", (), {"time": staticmethod(clock)}))
+    run_dir = tmp_path / "run"
+    assert train(run_dir, "trainer.iterations=2") == 0
+    assert records.read_summary(run_dir)["train_wall_time_s"] == 300  # t0, the checkpoint at 2, the end
+    now["step"] = 1.0
+    assert train(run_dir, "trainer.iterations=4", "resume=true") == 0
+    resumed = records.read_summary(run_dir)["train_wall_time_s"]
+    assert 200 < resumed < 220  # 200 s up to the checkpoint + this attempt's readings (before: this attempt's only)
