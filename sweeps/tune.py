@@ -324,9 +324,13 @@ class _Progress(tune.Callback):
         )
 
     def _consider(self, v, config) -> None:
-        sign = 1 if self.spec.mode == "max" else -1
-        if isinstance(v, (int, float)) and not math.isnan(v) and (self.best is None or sign * v > sign * self.best[0]):
-            self.best = (float(v), describe(self.spec, config))
+        """Keep the best value seen; a tie goes to the first configuration in describe order, so the line names
+        the same one whatever order the results arrive in (a resumed sweep reads them in another)."""
+        if not isinstance(v, (int, float)) or math.isnan(v):
+            return
+        sign, name = (1 if self.spec.mode == "max" else -1), describe(self.spec, config)
+        if self.best is None or (sign * v, self.best[1]) > (sign * self.best[0], name):
+            self.best = (float(v), name)
 
     def on_step_end(self, iteration, trials, **info):
         if time.time() - self.last >= self.every:

@@ -643,3 +643,18 @@ def test_every_status_line_says_what_waiting_trials_reserve_and_what_each_node_h
     assert f"{s.name}: 1 running, 0 done, 0 failed, 2 waiting" in out
     need = f"each reserves {s.cpu:g} CPUs and {s.gpu:g} GPUs"
     assert f"2 trial(s) wait for room: {need}. Free now: 127.0.0.1: 0 CPUs, 0 GPUs" in out
+
+
+def test_the_best_so_far_names_the_same_configuration_whatever_order_tied_results_arrive_in():
+    from sweeps import spec as sweep_spec
+    from sweeps import tune as sweep_tune
+
+    s = sweep_spec.load("sweeps/quickstart.yaml")
+    seen = []
+    for order in ([0, 1, 2], [2, 1, 0], [1, 2, 0]):
+        progress = sweep_tune._Progress(s, every=0.0)
+        configs = [{"experiment": "math_tiny_grpo", "seed": k} for k in order]
+        for config, acc in zip(configs, [0.5 if c["seed"] else 0.25 for c in configs]):
+            progress._consider(acc, config)
+        seen.append(progress.best)
+    assert len(set(seen)) == 1 and seen[0][0] == 0.5  # seeds 1 and 2 tie at 0.5: the first in describe order
