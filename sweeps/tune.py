@@ -885,19 +885,28 @@ def _repair_state(exp_path: Path) -> list[str]:
 
 @contextlib.contextmanager
 def _quiet():
-    """Tune logs each failed trial's traceback (it is in the trial's error file; _Progress names it) and
-    warns about trials without results yet (interrupted ones): keep the sweep's output readable."""
+    """Tune logs each failed trial's traceback (it is in the trial's error file; _Progress names it), warns
+    about trials without results yet (interrupted ones), and after an interruption tells the user to call
+    ``Tuner.restore`` (the sweep prints its own `emapg sweep ... --resume` line): keep the output readable."""
     loggers = [
         logging.getLogger(n) for n in ("ray.tune.execution.tune_controller", "ray.tune.analysis.experiment_analysis")
     ]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
+    tune_log = logging.getLogger("ray.tune.tune")
+    tune_log.addFilter(_not_tuners_resume_hint)
     try:
         yield
     finally:
+        tune_log.removeFilter(_not_tuners_resume_hint)
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+def _not_tuners_resume_hint(record: logging.LogRecord) -> bool:
+    """False for Tune's "Experiment has been interrupted ... Resume experiment with: Tuner.restore(...)"."""
+    return "Tuner.restore(" not in record.getMessage()
 
 
 def _warm_start(spec: Spec) -> None:

@@ -492,6 +492,7 @@ def test_sigterm_stops_the_sweep_as_ctrl_c_does_and_the_printed_command_resumes_
     assert f"term: 2 trial(s) not finished; continue with: {command}" in printed, printed
     assert "emapg sweep: SIGTERM: stopping the trials and saving the sweep's state" in printed, printed
     assert "SIGTERM received at time" not in printed and driver.returncode == 1, printed  # not Ray's own exit
+    assert "term: 0 running, 0 done, 2 interrupted, 0 failed" in printed and "Tuner.restore(" not in printed
     assert [r["status"] for r in rows(out)] == ["interrupted"] * 2
     for run in (out / "runs").iterdir():
         assert (run / "status").read_text().startswith("interrupted"), run
