@@ -1,0 +1,707 @@
+"""What the verl plugin costs per step over stock verl GRPO, on the rehearsal-sized verl run (CPU).
+
+    python benchmarks/verl_overhead.py                 # 3 rounds x 5 variants x 10 steps (about 30 min on 2 cores)
+    python benchmarks/verl_overhead.py --write         # ... and write the section of docs/benchmarks.md
+    python benchmarks/verl_overhead.py --rounds 1 --steps 4 --variants a d    # a quick look
+
+The run is `emapg rehearse`'s (experiments/rehearse.py): verl 0.9.1's real V1 loop on the CPU platform with the
+hf rollout engine, a tiny Qwen2 built from a config (char tokenizer, a few seconds of SFT) and generated math data
+in the real schema, the math preset's settings at rehearsal sizes (4 prompts x 2 samples, responses of at most 24
+tokens, one virtual GPU), fixed seeds. Five variants of it:
+
+    (a) stock verl GRPO: verl's own PPOTrainerSync, ActorRolloutRefWorker, FSDP engine and ppo_loss with its
+        reference model and kl_loss_type=low_var_kl; the plugin's launcher supplies only the CPU platform, the hf
+        rollout engine and the metrics file (``launch``: the compiled launch of (b) with verl's trainer mode
+        "sync" and low_var_kl; the plugin's requirements that verl's defaults differ from, an fp32 reference and
+        no fused kernels, are kept so that the two runs compute the same things)
+    (b) the plugin, tau = 1, K3 (experiment=math_deepscaler_grpo)
+    (c) the plugin, tau = 0.95, K3: the released math recipe (experiment=math_deepscaler_ema_pg; the rehearsal's
+        anchor period of 2)
+    (d) (c) with the search recipe's KL: reverse Top-k, k = 32, the paper's tail, importance weights
+    (e) (d) with the KL probe every step on 2 prompts (the rehearsal's probe)
+
+Each variant runs ``--steps`` steps in a fresh verl job, in rounds (a b c d e, a b c d e, ...), so that the other
+load of the shared machine falls on every variant alike; the first ``--warmup`` steps of every job are dropped.
+No checkpoints, no validation (verl's save_freq and test_freq -1): a step is rollout to weight sync.
+
+Measured, per step (means over the kept steps of every round):
+
+- verl's own ``timing_s/*`` keys from the run's verl_metrics.jsonl: step, gen, old_log_prob (the pi_old pass: the
+  Top-k ids in (d)/(e)), ref (the anchor pass: its log-probs at those ids), adv, update_actor (with the plugin's
+  ``timing_s/emapg_ema`` and ``timing_s/emapg_probe`` inside it), update_weights;
+- TransferQueue: every Ray process of the run (``setup_worker``, the runs' worker setup hook) times and sizes each
+  TransferQueue get and put of its client (``AsyncTransferQueueClient.async_get_data`` / ``async_put``) into
+  ``tq.jsonl``. A step's records are those up to its actor update's fetch (the get of the worker that holds both
+  ``input_ids`` and ``advantages``). Bytes per token of a field = ``values().nbytes / values().shape[0]`` of the
+  nested (nnz, ...) tensor that travelled (the jagged offsets, per sequence, are not counted): the Top-k fields
+  (``emapg_*``) the update received, the passes put, and all that moved (puts + gets); the worker's time in
+  TransferQueue gets and puts (the transfer inside old_log_prob, ref and update_actor).
+
+verl-only timings; no assertion on wall-clock time anywhere (tests/test_benchmarks_verl_overhead.py checks the
+variant launches and the parsing only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, machine, md_table, write_section  # noqa: E402
+
+SECTION = "verl_overhead"
+TQ_LOG_ENV = "EMAPG_BENCH_TQ_LOG"
+"""Where every process of a run appends its TransferQueue records (one JSON line per get or put)."""
+POLL_ENV = "EMAPG_BENCH_POLL_S"
+"""The replay buffer's poll interval in the benchmark's runs (``poll_replay_buffer``)."""
+POLL_S = 0.1
+HOOK_KEY = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
+HOOK = "benchmarks.verl_overhead.setup_worker"
+TOPK_PREFIX = "emapg_"
+TIMERS = ("gen", "old_log_prob", "ref", "adv", "update_actor", "emapg_ema", "emapg_probe", "update_weights")
+"""verl's timers in a step, in order (timing_s/<name>); emapg_ema and emapg_probe run inside update_actor."""
+TARGETS = {"c": 1.02, "d": 1.05}
+"""Step time / (a)'s, per step (the issue's targets for this benchmark)."""
+JOB_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    label: str
+    target: tuple[str, ...]
+    """Hydra overrides of the experiments config (before the rehearsal's)."""
+    stock: bool = False
+    """Run verl's own trainer, worker and loss (trainer mode "sync", low_var_kl) instead of the plugin's."""
+
+
+NO_PROBE = "trainer.probe_every=0"
+SEARCH_KL = ("algo.kl.type=topk_reverse", "algo.kl.k=32", "algo.kl.tail=paper", "algo.kl.use_iw=true")
+VARIANTS = (
+    Variant(
+        "a", "stock verl GRPO, reference + low_var_kl (no plugin)", ("experiment=math_deepscaler_grpo", NO_PROBE), True
+    ),
+    Variant("b", "plugin, tau = 1, K3", ("experiment=math_deepscaler_grpo", NO_PROBE)),
+    Variant("c", "plugin, tau = 0.95, K3 (math recipe)", ("experiment=math_deepscaler_ema_pg", NO_PROBE)),
+    Variant(
+        "d", "plugin, tau = 0.95, reverse Top-k k = 32", ("experiment=math_deepscaler_ema_pg", *SEARCH_KL, NO_PROBE)
+    ),
+    Variant("e", "(d) + KL probe every step", ("experiment=math_deepscaler_ema_pg", *SEARCH_KL)),
+)
+BY_NAME = {v.name: v for v in VARIANTS}
+COMMON_EDITS = {"trainer.save_freq": "-1", "trainer.test_freq": "-1", "trainer.val_before_train": "false"}
+"""verl keys every variant's launch sets: no checkpoints, no validation (a step is rollout to weight sync)."""
+STOCK_EDITS = {"trainer.v1.trainer_mode": "sync", "actor_rollout_ref.actor.kl_loss_type": "low_var_kl"}
+"""(a): verl's own trainer (its worker, engine and ppo_loss come with it) and its K3 KL loss."""
+
+
+# --------------------------------------------------------------------------------------
+# The launches
+# --------------------------------------------------------------------------------------
+def edit_argv(argv: list[str], edits: dict[str, str]) -> list[str]:
+    """`argv` (verl overrides ``key=value``) with the values of `edits` replaced; every key must be there once (a
+    compiled launch that stopped emitting one would otherwise be benchmarked unedited)."""
+    keys = [a.split("=", 1)[0] for a in argv]
+    missing = sorted(k for k in edits if keys.count(k) != 1)
+    if missing:
+        raise ValueError(f"the compiled verl launch has not exactly one of {missing}: cannot edit it")
+    return [f"{k}={edits[k]}" if k in edits else a for k, a in zip(keys, argv, strict=True)]
+
+
+def variant_argv(variant: Variant, model: str, data, run_dir: Path, steps: int) -> list[str]:
+    """The verl launch (``python -m ema_pg_core.verl.main`` arguments) of `variant`'s rehearsal-sized run: the
+    overrides ``emapg rehearse`` uses, compiled by ``to_verl`` as ``emapg train`` does (W&B off), then
+    ``COMMON_EDITS``, this script's worker setup hook, and for (a) ``STOCK_EDITS``."""
+    from omegaconf import OmegaConf
+
+    from ema_pg_core.verl.config import to_verl
+    from experiments import build
+    from experiments.rehearse import rehearsal_overrides
+
+    target = list(variant.target)
+    overrides = target + rehearsal_overrides(build.compose(target), model, data, run_dir, steps)
+    job = OmegaConf.to_container(build.compose(overrides), resolve=True)
+    argv = to_verl(job, wandb={}).command()[3:]
+    edits = {**COMMON_EDITS, HOOK_KEY: HOOK, **(STOCK_EDITS if variant.stock else {})}
+    return edit_argv(argv, edits)
+
+
+def launch(run_dir: Path) -> int:
+    """In the child process of one job: verl's run as ``emapg train`` starts it (``ema_pg_core.verl.main.main``),
+    from ``<run_dir>/launch.json``. For (a) the plugin's check of its own requirements (trainer mode emapg_sync)
+    is skipped: verl's TaskRunner then builds verl's own trainer, whose worker, engine and loss are verl's."""
+    spec = json.loads((run_dir / "launch.json").read_text())
+    from ema_pg_core.verl import main as entry
+
+    if spec["stock"]:
+        from ema_pg_core.verl import trainer
+
+        trainer.check_verl = lambda config, section: None
+    return entry.main(spec["argv"])
+
+
+def run_job(variant: Variant, argv: list[str], run_dir: Path, timeout_s: float = JOB_TIMEOUT_S) -> dict:
+    """One verl job in its own session (killed as a group afterwards: Ray's processes of this job only)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "launch.json").write_text(json.dumps({"argv": argv, "stock": variant.stock}, indent=1))
+    inherited = ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")
+    env = {k: v for k, v in os.environ.items() if k not in inherited}
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "PYTHONUNBUFFERED": "1",
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "WANDB_MODE": "disabled",
+            "HF_HUB_OFFLINE": "1",
+            TQ_LOG_ENV: str(run_dir / "tq.jsonl"),
+            POLL_ENV: str(POLL_S),
+        }
+    )
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--launch", str(run_dir)]
+    load = os.getloadavg()
+    t0 = time.time()
+    with open(run_dir / "job.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    return {"variant": variant.name, "run_dir": str(run_dir), "code": code, "seconds": time.time() - t0, "load": load}
+
+
+# --------------------------------------------------------------------------------------
+# TransferQueue records (in every Ray process of a run: the worker setup hook)
+# --------------------------------------------------------------------------------------
+def setup_worker() -> None:
+    """Ray ``worker_process_setup_hook`` of the benchmark's runs: the CPU run's own (``ema_pg_core.verl.cpu``),
+    then, with ``TQ_LOG_ENV`` set, the TransferQueue client's gets and puts timed and sized into that file."""
+    from ema_pg_core.verl import cpu
+
+    cpu.setup_worker()
+    path = os.environ.get(TQ_LOG_ENV)
+    if path:
+        instrument_transfer_queue(path)
+    if os.environ.get(POLL_ENV):
+        poll_replay_buffer(float(os.environ[POLL_ENV]))
+
+
+def poll_replay_buffer(seconds: float) -> None:
+    """verl 0.9.1's replay buffer looks for finished rollouts every ``poll_interval`` = 2 s (a constructor
+    default no config key reaches), so on CPU, where a rollout takes well under 2 s, ``timing_s/gen`` is 2.0 s
+    flat, or 4.0 s when the rollout is a little slower. The benchmark's runs (every variant) poll every `seconds`."""
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    cls = replay_buffer.ReplayBuffer
+    if getattr(cls.__init__, "_emapg_bench", False):
+        return
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.poll_interval = seconds
+
+    __init__._emapg_bench = True
+    cls.__init__ = __init__
+
+
+def field_sizes(td) -> dict[str, dict]:
+    """{field: {"bytes", "tokens"}} of a TensorDict as it travels: nested (jagged) fields by their values
+    (tokens = rows of the packed values), dense tensors whole (tokens None), non-tensors not counted."""
+    import torch
+
+    out = {}
+    for name in td.keys():
+        v = td.get(name)
+        if isinstance(v, torch.Tensor) and v.is_nested:
+            values = v.values()
+            out[name] = {"bytes": values.nbytes, "tokens": int(values.shape[0])}
+        elif isinstance(v, torch.Tensor):
+            out[name] = {"bytes": v.nbytes, "tokens": None}
+        else:
+            out[name] = {"bytes": None, "tokens": None}
+    return out
+
+
+def instrument_transfer_queue(path: str) -> None:
+    """Wrap ``AsyncTransferQueueClient.async_get_data`` and ``async_put`` (every TransferQueue transfer of this
+    process goes through them) to append ``{"op", "pid", "t" (end, epoch s), "s" (seconds), "fields"}``."""
+    from transfer_queue.client import AsyncTransferQueueClient as Client
+
+    if getattr(Client.async_get_data, "_emapg_bench", False):
+        return
+    get, put = Client.async_get_data, Client.async_put
+
+    def record(op: str, td, seconds: float) -> None:
+        try:
+            line = {"op": op, "pid": os.getpid(), "t": time.time(), "s": seconds, "fields": field_sizes(td)}
+        except Exception as e:  # noqa: BLE001  a record must never break the run
+            line = {"op": op, "pid": os.getpid(), "t": time.time(), "s": seconds, "error": repr(e)}
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
+
+    async def async_get_data(self, metadata):
+        t0 = time.perf_counter()
+        out = await get(self, metadata)
+        record("get", out, time.perf_counter() - t0)
+        return out
+
+    async def async_put(self, data, metadata=None, partition_id=None, data_parser=None):
+        t0 = time.perf_counter()
+        out = await put(self, data, metadata=metadata, partition_id=partition_id, data_parser=data_parser)
+        record("put", data, time.perf_counter() - t0)
+        return out
+
+    async_get_data._emapg_bench = async_put._emapg_bench = True
+    Client.async_get_data, Client.async_put = async_get_data, async_put
+
+
+# --------------------------------------------------------------------------------------
+# Parsing a job
+# --------------------------------------------------------------------------------------
+def read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by the end of the job
+    return rows
+
+
+def is_update_fetch(r: dict) -> bool:
+    """The actor update's fetch: the worker's get of the whole batch (prompt ids and advantages both)."""
+    return r["op"] == "get" and {"input_ids", "advantages"} <= set(r.get("fields") or {})
+
+
+def _bytes(r: dict, topk_only: bool) -> int:
+    return sum(
+        f["bytes"] or 0 for name, f in (r.get("fields") or {}).items() if not topk_only or name.startswith(TOPK_PREFIX)
+    )
+
+
+def tq_steps(records: list[dict]) -> dict[int, dict]:
+    """{step: TransferQueue figures of that step}: a step's records are those that ended after the previous
+    step's update fetch and up to its own (step 1: from the start). Per token = per packed token of the update
+    fetch (``input_ids``)."""
+    updates = sorted((r for r in records if is_update_fetch(r)), key=lambda r: r["t"])
+    out, start = {}, float("-inf")
+    for step, u in enumerate(updates, 1):
+        bucket = [r for r in records if start < r["t"] <= u["t"]]
+        worker = [r for r in bucket if r["pid"] == u["pid"]]
+        tokens = u["fields"]["input_ids"]["tokens"]
+        out[step] = {
+            "tokens": tokens,
+            "topk_update_bpt": _bytes(u, True) / tokens,
+            "topk_put_bpt": sum(_bytes(r, True) for r in bucket if r["op"] == "put") / tokens,
+            "topk_moved_bpt": sum(_bytes(r, True) for r in bucket) / tokens,
+            "update_bpt": _bytes(u, False) / tokens,
+            "topk_fields": sorted(n for n in u["fields"] if n.startswith(TOPK_PREFIX)),
+            "worker_tq_s": sum(r["s"] for r in worker),
+            "update_get_s": u["s"],
+        }
+        start = u["t"]
+    return out
+
+
+def job_steps(run_dir: Path, warmup: int) -> list[dict]:
+    """The kept steps of one job: verl's timers (0 where a timer did not run that step), tokens, and the
+    TransferQueue figures, one dict per step after the first `warmup`."""
+    from experiments.verl_metrics import attempt_files, read_attempts, trained_step
+
+    metrics = {s: d for s, d in read_attempts(attempt_files(run_dir)).items() if trained_step(d)}
+    tq = tq_steps(read_jsonl(run_dir / "tq.jsonl"))
+    rows = []
+    for step in sorted(metrics):
+        if step <= warmup:
+            continue
+        d = metrics[step]
+        row = {"step": step, "step_s": d["timing_s/step"], "num_tokens": d.get("perf/total_num_tokens")}
+        row.update({t: d.get(f"timing_s/{t}", 0.0) for t in TIMERS})
+        row.update(tq.get(step, {}))
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------------------
+# Summary and the doc
+# --------------------------------------------------------------------------------------
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def summarise(jobs: list[dict]) -> dict[str, dict]:
+    """Per variant, over the kept steps of all its jobs: mean (and median, standard error) step time, mean of each
+    timer and TransferQueue figure, and the step-time mean of each round (for the per-round ratios)."""
+    out = {}
+    for name in dict.fromkeys(j["variant"] for j in jobs):
+        mine = [j for j in jobs if j["variant"] == name]
+        steps = [s for j in mine for s in j["steps"]]
+        times = [s["step_s"] for s in steps]
+        sem = statistics.stdev(times) / len(times) ** 0.5 if len(times) > 1 else float("nan")
+        keys = (*TIMERS, "num_tokens", "topk_update_bpt", "topk_put_bpt", "topk_moved_bpt", "update_bpt")
+        keys += ("worker_tq_s", "update_get_s")
+        out[name] = {
+            "steps": len(steps),
+            "step_s": _mean(times),
+            "median_s": statistics.median(times) if times else float("nan"),
+            "sem_s": sem,
+            **{k: _mean([s[k] for s in steps if s.get(k) is not None]) for k in keys},
+            "topk_fields": sorted({f for s in steps for f in s.get("topk_fields", [])}),
+            "ema_steps": sum(1 for s in steps if s["emapg_ema"] > 0),
+            "probe_steps": sum(1 for s in steps if s["emapg_probe"] > 0),
+            "rounds": {j["round"]: _mean([s["step_s"] for s in j["steps"]]) for j in mine},
+        }
+    return out
+
+
+def ratios(summary: dict[str, dict], base: str = "a") -> dict[str, dict]:
+    """Per variant: mean step time / the base's, and the same per round (rounds both ran)."""
+    b = summary[base]
+    out = {}
+    for name, s in summary.items():
+        per_round = [s["rounds"][r] / b["rounds"][r] for r in s["rounds"] if r in b["rounds"]]
+        out[name] = {"ratio": s["step_s"] / b["step_s"], "rounds": per_round}
+    return out
+
+
+def _f(x, digits=3) -> str:
+    return "—" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def preset_sizes() -> dict[str, dict]:
+    """The math and search recipes' batch and length settings, read from their composed presets."""
+    from experiments import build
+
+    out = {}
+    for name in ("math_deepscaler_ema_pg", "search_r1_ema_pg"):
+        cfg = build.compose([f"experiment={name}"])
+        vs = cfg.backend.verl
+        out[name] = {
+            "prompts": int(cfg.rollout.prompts_per_iter),
+            "samples": int(cfg.rollout.group_size),
+            "max_prompt": int(vs.max_prompt_length),
+            "max_response": int(vs.max_response_length or cfg.rollout.max_new_tokens),
+            "gpus": int(vs.nnodes) * int(vs.n_gpus_per_node),
+            "storage_units": 8,  # verl 0.9.1's transfer_queue.backend.SimpleStorage.num_data_storage_units
+            "kl": str(cfg.algo.kl.type),
+        }
+    return out
+
+
+BANDWIDTHS_GBPS = (1.0, 10.0)
+"""Assumed TransferQueue throughput per rank (GB/s): one ZMQ stream with serialisation, and memcpy class."""
+
+
+def extrapolation(moved_bpt: float, stored_bpt: float, update_bpt: float, sizes: dict[str, dict]) -> str:
+    """Bytes per step and transfer time at the recipes' sizes, from the per-token figures measured in (d)."""
+    rows = []
+    for name, z in sizes.items():
+        seqs = z["prompts"] * z["samples"]
+        for case, tokens in (
+            ("cap: prompt + response at their maxima", z["max_prompt"] + z["max_response"]),
+            ("half the response cap, prompt 1/8 of its cap", z["max_prompt"] // 8 + z["max_response"] // 2),
+        ):
+            n = seqs * tokens
+            moved, stored, upd = n * moved_bpt, n * stored_bpt, n * update_bpt
+            per_rank = moved / z["gpus"]
+            times = [f"{per_rank / (bw * 1e9):.1f}" for bw in BANDWIDTHS_GBPS]
+            rows.append(
+                [
+                    name,
+                    f"{z['prompts']} x {z['samples']} = {seqs}",
+                    case,
+                    f"{tokens:,}",
+                    f"{n / 1e6:.1f}M",
+                    f"{stored / 1e9:.1f}",
+                    f"{moved / 1e9:.1f}",
+                    f"{upd / 1e9:.1f}",
+                    f"{per_rank / 1e9:.2f}",
+                    " / ".join(times),
+                ]
+            )
+    header = [
+        "recipe",
+        "sequences / step",
+        "case",
+        "tokens / sequence",
+        "packed tokens / step",
+        "Top-k stored (GB)",
+        "Top-k moved (GB)",
+        "whole update fetch (GB)",
+        "Top-k moved / rank (GB)",
+        "Top-k transfer / rank (s) at " + " / ".join(f"{b:g}" for b in BANDWIDTHS_GBPS) + " GB/s",
+    ]
+    return md_table(header, rows)
+
+
+def render(jobs: list[dict], args, m: dict, wall_s: float, loads: list[tuple]) -> str:
+    summary = summarise(jobs)
+    rat = ratios(summary) if "a" in summary else {}
+    names = [v.name for v in VARIANTS if v.name in summary]
+    cmd = "python benchmarks/verl_overhead.py" + "".join(
+        f" --{k} {getattr(args, k)}" for k in ("rounds", "steps", "warmup") if getattr(args, k) != DEFAULTS[k]
+    )
+    if args.variants != list(BY_NAME):
+        cmd += " --variants " + " ".join(args.variants)
+    lo = min(x[0] for x in loads) if loads else float("nan")
+    hi = max(x[0] for x in loads) if loads else float("nan")
+    lines = [
+        "## verl plugin overhead per step, rehearsal-sized run on CPU (`benchmarks/verl_overhead.py`)",
+        "",
+        f"Command: `{cmd} --write` (total {wall_s / 60:.1f} min).  ",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, no GPU; torch {m['torch']}, Python "
+        f"{m['python']}; verl 0.9.1 on its CPU platform (ema_pg_core.verl.cpu), torch threads as Ray sets them. "
+        f"Load average at start {m['loadavg']} (1/5/15 min); 1-min load at the start of each job {lo:.2f} to "
+        f"{hi:.2f} (the machine is shared: other jobs ran alongside). Date: {m['date']}.",
+        "",
+        f"Each variant ran {args.rounds} jobs of {args.steps} steps, in rounds ({' '.join(names)}, ...); the first "
+        f"{args.warmup} steps of every job are dropped. The run is `emapg rehearse`'s math run (tiny Qwen2, 2 layers, "
+        "hidden 64, 100-token vocabulary; 4 prompts x 2 samples, responses <= 24 tokens, one virtual GPU, hf "
+        "rollout, fixed seeds), with no checkpoints and no validation. Variants:",
+        "",
+    ]
+    lines += [f"- ({v.name}) {v.label}: `{' '.join(v.target)}`" for v in VARIANTS if v.name in summary]
+    lines += [
+        "",
+        "(a) is verl's own GRPO: its `PPOTrainerSync`, `ActorRolloutRefWorker`, FSDP engine and `ppo_loss` with the "
+        "reference model and `kl_loss_type=low_var_kl`. It is (b)'s compiled launch with `trainer.v1.trainer_mode="
+        "sync` and `low_var_kl`, started by the plugin's launcher with its check of the plugin's own settings "
+        "skipped; the launcher supplies only the CPU platform, the hf rollout engine and the metrics file. It keeps "
+        "the two settings the plugin requires where verl's defaults differ (an fp32 reference, no fused kernels), so "
+        "that (a) and (b) compute the same model passes.",
+        "",
+        "### Step time (verl's `timing_s/step`, seconds)",
+        "",
+    ]
+    rows = []
+    for n in names:
+        s, r = summary[n], rat.get(n, {})
+        per_round = ", ".join(f"{x:.3f}" for x in r.get("rounds", []))
+        rows.append(
+            [
+                f"({n})",
+                s["steps"],
+                _f(s["step_s"]),
+                _f(s["median_s"]),
+                _f(s["sem_s"]),
+                _f(r.get("ratio")),
+                per_round,
+                _f(s["num_tokens"], 1),
+            ]
+        )
+    header = ["variant", "steps", "mean", "median", "std. error", "mean / (a)", "per round / (a)", "tokens / step"]
+    lines += [md_table(header, rows), ""]
+    lines += ["### Where the time goes (seconds per step, means; EMA and probe are inside update_actor)", ""]
+    rows = []
+    for n in names:
+        s = summary[n]
+        listed = sum(s[t] for t in TIMERS if t not in ("emapg_ema", "emapg_probe"))
+        rows.append(
+            [f"({n})", *[_f(s[t]) for t in TIMERS], _f(s["worker_tq_s"]), _f(s["step_s"] - listed), _f(s["step_s"])]
+        )
+    header = [
+        "variant",
+        *TIMERS,
+        "worker's TransferQueue get + put (in old_log_prob, ref, update_actor)",
+        "rest of the step",
+        "step",
+    ]
+    lines += [md_table(header, rows), ""]
+    if "a" in summary:
+        rows = []
+        for n in names:
+            s, a = summary[n], summary["a"]
+            rows.append([f"({n})", *[_f(s[t] - a[t], 4) for t in TIMERS], _f(s["worker_tq_s"] - a["worker_tq_s"], 4)])
+        lines += ["Difference to (a), seconds per step:", ""]
+        lines += [md_table(["variant", *TIMERS, "worker's TransferQueue"], rows), ""]
+    lines += ["### What the Top-k passes put through TransferQueue (measured from the payload)", ""]
+    rows = []
+    for n in names:
+        s = summary[n]
+        rows.append(
+            [
+                f"({n})",
+                ", ".join(f"`{f}`" for f in s["topk_fields"]) or "none",
+                _f(s["topk_update_bpt"], 1),
+                _f(s["topk_put_bpt"], 1),
+                _f(s["topk_moved_bpt"], 1),
+                _f(s["update_bpt"], 1),
+                _f(s["update_get_s"], 4),
+            ]
+        )
+    header = [
+        "variant",
+        "Top-k fields in the update's fetch",
+        "Top-k B / token the update received",
+        "Top-k B / token put by the passes",
+        "Top-k B / token moved (puts + gets)",
+        "whole update fetch, B / token",
+        "update fetch (s)",
+    ]
+    lines += [md_table(header, rows), ""]
+    lines += _verdicts(summary, rat)
+    if "d" in summary and summary["d"]["topk_moved_bpt"] == summary["d"]["topk_moved_bpt"]:
+        d = summary["d"]
+        lines += _extrapolation_text(d, summary.get("a"))
+    return "\n".join(lines)
+
+
+def _verdicts(summary: dict, rat: dict) -> list[str]:
+    if "a" not in summary:
+        return []
+    out = ["### Against the targets ((c) <= 1.02x and (d) <= 1.05x of (a) per step)", ""]
+    noise = 2 * summary["a"]["sem_s"] / summary["a"]["step_s"]
+    for n, target in TARGETS.items():
+        if n not in rat:
+            continue
+        r = rat[n]["ratio"]
+        verdict = "met" if r <= target else "**missed**"
+        spread = ", ".join(f"{x:.3f}" for x in rat[n]["rounds"])
+        out.append(f"- ({n}): {r:.3f}x (rounds: {spread}): {verdict}; 2 standard errors of (a)'s mean = {noise:.1%}.")
+    out.append("")
+    return out
+
+
+def _extrapolation_text(d: dict, a: dict | None) -> list[str]:
+    sizes = preset_sizes()
+    lines = [
+        "### On paper: the Top-k payload at the recipes' sizes on 8xH100",
+        "",
+        f"Per packed token, measured in (d) above: {d['topk_update_bpt']:.0f} B of Top-k fields reach the actor "
+        f"update, {d['topk_put_bpt']:.0f} B are put by the two passes, {d['topk_moved_bpt']:.0f} B move in all "
+        "(puts + gets: the anchor pass fetches the whole batch, pi_old's ids included, and the update fetches it "
+        "again)"
+        + (
+            f"; the whole update fetch is {d['update_bpt']:.0f} B / token against (a)'s {a['update_bpt']:.0f}."
+            if a
+            else "."
+        ),
+        "",
+        extrapolation(d["topk_moved_bpt"], d["topk_put_bpt"], d["update_bpt"], sizes),
+        "",
+        "Assumptions, each a choice of this estimate:",
+        "",
+    ]
+    for name, z in sizes.items():
+        lines.append(
+            f"- {name} (read from the preset): {z['prompts']} prompts x {z['samples']} samples, max_prompt_length "
+            f"{z['max_prompt']}, max_response_length {z['max_response']}, {z['gpus']} GPUs, KL {z['kl']}."
+        )
+    lines += [
+        "- The math recipe uses K3, which sends no Top-k fields; its rows are what it would move with the search "
+        "recipe's KL. Tokens per step: every sequence packs its prompt and its response (verl's remove-padding "
+        "layout; every packed token carries a Top-k row, prompt rows included). The cap row is an upper bound; the "
+        "second row is an assumed typical length, not a measurement.",
+        "- The per-token bytes are the CPU run's: fp32 log-probs and int32 ids at K = 32 do not depend on the model, "
+        "the device or the batch; the multiplicity (put by each pass, fetched by the anchor pass and the update) is "
+        "verl 0.9.1's, which hands each worker RPC every field of the batch.",
+        "- TransferQueue goes through host memory: each worker moves its outputs to the CPU (`.cpu()` in verl's "
+        "`engine_workers`), TransferQueue's SimpleStorage serialises them over ZMQ to storage-unit actors (8 by "
+        "verl's default) holding them in host RAM, and the consumer fetches and copies them back to its GPU. The "
+        "data-parallel dispatch splits the batch, so each of the 8 ranks moves 1/8 of it, in parallel.",
+        "- Throughput per rank: 1 GB/s (one ZMQ stream with serialisation) and 10 GB/s (memcpy class; PCIe copies "
+        "are faster still). Neither is measured here: the CPU run's batches are a few kB, where every transfer is "
+        "latency, not bandwidth.",
+        "- The storage units hold the stored bytes in host RAM until the step ends (`kv_clear`).",
+        "",
+    ]
+    return lines
+
+
+# --------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------
+DEFAULTS = {"rounds": 3, "steps": 10, "warmup": 2}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=DEFAULTS["rounds"], help="jobs per variant, interleaved")
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="training steps per job")
+    p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="first steps of each job dropped")
+    p.add_argument("--variants", nargs="+", default=list(BY_NAME), choices=list(BY_NAME))
+    p.add_argument("--out", help="work directory (default: a temporary one, removed at the end)")
+    p.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
+    p.add_argument("--from-jobs", help="render (and with --write, write) the section from an earlier run's jobs.json")
+    p.add_argument("--launch", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.launch:
+        return launch(Path(args.launch))
+    if args.from_jobs:
+        return _render_saved(Path(args.from_jobs), args.write)
+    if args.steps <= args.warmup:
+        p.error(f"--steps {args.steps} must exceed --warmup {args.warmup}")
+    from ema_pg_core.verl import require_verl
+
+    require_verl()
+    with tempfile.TemporaryDirectory() as tmp:  # with --out, the runs and jobs.json stay there
+        return _measure(args, Path(args.out) if args.out else Path(tmp))
+
+
+def _measure(args, out: Path) -> int:
+    from experiments.rehearse import Shared
+
+    m, t0 = machine(), time.time()
+    shared = Shared(out / "_shared")
+    data, model = shared.data("math"), shared.model("math")
+    variants = [BY_NAME[n] for n in args.variants]
+    jobs, loads = [], []
+    saved = {"args": {k: getattr(args, k) for k in ("rounds", "steps", "warmup", "variants")}, "machine": m}
+    for rnd in range(args.rounds):
+        for v in variants:
+            run_dir = out / f"r{rnd}_{v.name}"
+            argv = variant_argv(v, model, data, run_dir, args.steps)
+            job = run_job(v, argv, run_dir)
+            loads.append(job["load"])
+            job.update(round=rnd, steps=job_steps(run_dir, args.warmup) if job["code"] == 0 else [])
+            print(
+                f"round {rnd} ({v.name}): exit {job['code']}, {job['seconds']:.0f} s, {len(job['steps'])} kept steps, "
+                f"load {job['load'][0]:.2f}",
+                flush=True,
+            )
+            if job["code"] != 0 or not job["steps"]:
+                print(f"  failed: see {run_dir / 'job.log'}", flush=True)
+            jobs.append(job)
+            saved.update(jobs=jobs, loads=loads, wall_s=time.time() - t0)
+            (out / "jobs.json").write_text(json.dumps(saved, indent=1))
+    print(f"measurements: {out / 'jobs.json'} (render again with --from-jobs)", flush=True)
+    return _render_saved(out / "jobs.json", args.write)
+
+
+def _render_saved(path: Path, write: bool) -> int:
+    """Print (and write) the section from a jobs.json; refuses to write when a job failed."""
+    saved = json.loads(path.read_text())
+    jobs, failed = [j for j in saved["jobs"] if j["steps"]], [j for j in saved["jobs"] if not j["steps"]]
+    if not jobs:
+        return 1
+    args = argparse.Namespace(**saved["args"])
+    text = render(jobs, args, saved["machine"], saved["wall_s"], [tuple(x) for x in saved["loads"]])
+    print(text)
+    if write and not failed:
+        write_section(SECTION, text)
+    elif write:
+        print(f"not written: {len(failed)} job(s) failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
