@@ -1,28 +1,33 @@
 """What the verl plugin costs per step over stock verl GRPO, on the rehearsal-sized verl run (CPU).
 
-    python benchmarks/verl_overhead.py                 # 3 rounds x 5 variants x 16 steps (20-35 min on 2 cores)
+    python benchmarks/verl_overhead.py                 # 3 rounds x 6 variants x 16 steps (20-35 min on 2 cores)
     python benchmarks/verl_overhead.py --write         # ... and write the section of docs/benchmarks.md
     python benchmarks/verl_overhead.py --rounds 1 --steps 4 --variants a d    # a quick look
 
 The run is `emapg rehearse`'s (experiments/rehearse.py): verl 0.9.1's real V1 loop on the CPU platform with the
 hf rollout engine, a tiny Qwen2 built from a config (char tokenizer, a few seconds of SFT) and generated math data
 in the real schema, the math preset's settings at rehearsal sizes (4 prompts x 2 samples, responses of at most 24
-tokens, one virtual GPU), fixed seeds. Five variants of it:
+tokens, one virtual GPU), fixed seeds. Six variants of it:
 
     (a) stock verl GRPO: verl's own PPOTrainerSync, ActorRolloutRefWorker, FSDP engine and ppo_loss with its
         reference model and kl_loss_type=low_var_kl; the plugin's launcher supplies only the CPU platform, the hf
         rollout engine and the metrics file (``launch``: the compiled launch of (b) with verl's trainer mode
         "sync" and low_var_kl; the plugin's requirements that verl's defaults differ from, an fp32 reference and
         no fused kernels, are kept so that the two runs compute the same things)
+    (b0) the plugin, tau = 1, K3, without the recipe's mask_truncated (length-capped responses left out of the
+        update: a get and two puts of the response mask through TransferQueue, and an all-reduce per mini-batch;
+        stock verl has no such setting): the plugin's bare cost over (a)
     (b) the plugin, tau = 1, K3 (experiment=math_deepscaler_grpo)
     (c) the plugin, tau = 0.95, K3: the released math recipe (experiment=math_deepscaler_ema_pg; the rehearsal's
         anchor period of 2)
     (d) (c) with the search recipe's KL: reverse Top-k, k = 32, the paper's tail, importance weights
     (e) (d) with the KL probe every step on 2 prompts (the rehearsal's probe)
 
-Each variant runs ``--steps`` steps in a fresh verl job, in rounds (a b c d e, a b c d e, ...), so that the other
+Each variant runs ``--steps`` steps in a fresh verl job, in rounds (a b0 b c d e, a b0 b ...), so that the other
 load of the shared machine falls on every variant alike; the first ``--warmup`` steps of every job are dropped.
-No checkpoints, no validation (verl's save_freq and test_freq -1): a step is rollout to weight sync.
+No checkpoints, no validation (verl's save_freq and test_freq -1): a step is rollout to weight sync. verl's
+replay buffer looks for finished rollouts every 2 s (no config key), which on CPU makes ``timing_s/gen`` a multiple
+of 2 s; every variant's runs poll every ``POLL_S`` instead (``poll_replay_buffer``).
 
 Measured, per step (means over the kept steps of every round):
 
@@ -35,7 +40,13 @@ Measured, per step (means over the kept steps of every round):
   ``input_ids`` and ``advantages``). Bytes per token of a field = ``values().nbytes / values().shape[0]`` of the
   nested (nnz, ...) tensor that travelled (the jagged offsets, per sequence, are not counted): the Top-k fields
   (``emapg_*``) the update received, the passes put, and all that moved (puts + gets); the worker's time in
-  TransferQueue gets and puts (the transfer inside old_log_prob, ref and update_actor).
+  TransferQueue gets and puts (the transfer inside old_log_prob, ref and update_actor);
+- CPU seconds per step (``time.process_time`` stamped on those records) of the worker (actor and reference: the
+  passes, the update, the EMA, the probe) and of the trainer, less sensitive than wall time to the other jobs.
+
+Besides the means, "fastest quarter" figures average the fastest quarter of the steps (``fast_mean``): another
+job's load only adds time, so they are the least disturbed estimate (as benchmarks/ema_update.py keeps its fastest
+round).
 
 verl-only timings; no assertion on wall-clock time anywhere (tests/test_benchmarks_verl_overhead.py checks the
 variant launches and the parsing only).
@@ -91,7 +102,14 @@ VARIANTS = (
     Variant(
         "a", "stock verl GRPO, reference + low_var_kl (no plugin)", ("experiment=math_deepscaler_grpo", NO_PROBE), True
     ),
-    Variant("b", "plugin, tau = 1, K3", ("experiment=math_deepscaler_grpo", NO_PROBE)),
+    Variant(
+        "b0",
+        "plugin, tau = 1, K3, without mask_truncated",
+        ("experiment=math_deepscaler_grpo", "backend.verl.mask_truncated=false", NO_PROBE),
+    ),
+    Variant(
+        "b", "plugin, tau = 1, K3 (with the recipe's mask_truncated)", ("experiment=math_deepscaler_grpo", NO_PROBE)
+    ),
     Variant("c", "plugin, tau = 0.95, K3 (math recipe)", ("experiment=math_deepscaler_ema_pg", NO_PROBE)),
     Variant(
         "d", "plugin, tau = 0.95, reverse Top-k k = 32", ("experiment=math_deepscaler_ema_pg", *SEARCH_KL, NO_PROBE)
