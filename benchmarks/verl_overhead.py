@@ -516,9 +516,21 @@ def extrapolation(moved_bpt: float, stored_bpt: float, update_bpt: float, sizes:
 
 
 def render(jobs: list[dict], args, m: dict, wall_s: float, loads: list[tuple]) -> str:
+    """The docs/benchmarks.md section of these jobs."""
     summary = summarise(jobs)
     rat = ratios(summary) if "a" in summary else {}
     names = [v.name for v in VARIANTS if v.name in summary]
+    lines = _preamble(args, m, wall_s, loads, names)
+    lines += _step_table(summary, rat, names)
+    lines += _timer_tables(summary, names)
+    lines += _payload_table(summary, names)
+    lines += _verdicts(summary, rat)
+    if "d" in summary and summary["d"]["topk_moved_bpt"] == summary["d"]["topk_moved_bpt"]:
+        lines += _extrapolation_text(summary["d"], summary.get("a"))
+    return "\n".join(lines)
+
+
+def _preamble(args, m: dict, wall_s: float, loads: list[tuple], names: list[str]) -> list[str]:
     cmd = "python benchmarks/verl_overhead.py" + "".join(
         f" --{k} {getattr(args, k)}" for k in ("rounds", "steps", "warmup") if getattr(args, k) != DEFAULTS[k]
     )
@@ -541,8 +553,8 @@ def render(jobs: list[dict], args, m: dict, wall_s: float, loads: list[tuple]) -
         "rollout, fixed seeds), with no checkpoints and no validation. Variants:",
         "",
     ]
-    lines += [f"- ({v.name}) {v.label}: `{' '.join(v.target)}`" for v in VARIANTS if v.name in summary]
-    lines += [
+    lines += [f"- ({v.name}) {v.label}: `{' '.join(v.target)}`" for v in VARIANTS if v.name in names]
+    return lines + [
         "",
         "(a) is verl's own GRPO: its `PPOTrainerSync`, `ActorRolloutRefWorker`, FSDP engine and `ppo_loss` with the "
         "reference model and `kl_loss_type=low_var_kl`. It is (b)'s compiled launch with `trainer.v1.trainer_mode="
@@ -551,6 +563,11 @@ def render(jobs: list[dict], args, m: dict, wall_s: float, loads: list[tuple]) -
         "the two settings the plugin requires where verl's defaults differ (an fp32 reference, no fused kernels), so "
         "that (a) and (b) compute the same model passes.",
         "",
+    ]
+
+
+def _step_table(summary: dict, rat: dict, names: list[str]) -> list[str]:
+    lines = [
         "### Step time (verl's `timing_s/step`, seconds) and the worker's CPU time",
         "",
         "Fastest quarter: the mean of the fastest quarter of the steps (another job's load only adds time; the "
@@ -596,7 +613,11 @@ def render(jobs: list[dict], args, m: dict, wall_s: float, loads: list[tuple]) -
         "tokens / step",
     ]
     lines += [md_table(header, rows), ""]
-    lines += ["### Where the time goes (verl's timers, seconds per step; EMA and probe are inside update_actor)", ""]
+    return lines
+
+
+def _timer_tables(summary: dict, names: list[str]) -> list[str]:
+    lines = ["### Where the time goes (verl's timers, seconds per step; EMA and probe are inside update_actor)", ""]
     rows = []
     for n in names:
         s = summary[n]
@@ -625,7 +646,11 @@ def render(jobs: list[dict], args, m: dict, wall_s: float, loads: list[tuple]) -
             md_table(["variant (fastest quarter)", *TIMERS], rows),
             "",
         ]
-    lines += ["### What the Top-k passes put through TransferQueue (measured from the payload)", ""]
+    return lines
+
+
+def _payload_table(summary: dict, names: list[str]) -> list[str]:
+    lines = ["### What the Top-k passes put through TransferQueue (measured from the payload)", ""]
     rows = []
     for n in names:
         s = summary[n]
@@ -650,11 +675,7 @@ def render(jobs: list[dict], args, m: dict, wall_s: float, loads: list[tuple]) -
         "update fetch (s)",
     ]
     lines += [md_table(header, rows), ""]
-    lines += _verdicts(summary, rat)
-    if "d" in summary and summary["d"]["topk_moved_bpt"] == summary["d"]["topk_moved_bpt"]:
-        d = summary["d"]
-        lines += _extrapolation_text(d, summary.get("a"))
-    return "\n".join(lines)
+    return lines
 
 
 def _verdicts(summary: dict, rat: dict) -> list[str]:
