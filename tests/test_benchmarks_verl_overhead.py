@@ -152,18 +152,19 @@ def test_summary_ratios_and_the_section(tmp_path):
             if name == "d":
                 for s in steps:
                     s["step_s"] *= 1.1
-            jobs.append({"variant": name, "round": rnd, "steps": steps})
+            jobs.append({"variant": name, "round": rnd, "steps": steps, "load": [1.0, 1, 1], "load_mean": 1.5 + rnd})
     summary = vo.summarise(jobs)
     assert summary["a"]["steps"] == 4 and summary["a"]["step_s"] == pytest.approx(4.5)
     assert summary["a"]["topk_update_bpt"] == 0 and summary["d"]["topk_update_bpt"] == 256
     r = vo.ratios(summary)
     assert r["d"]["ratio"] == pytest.approx(1.1) and r["d"]["rounds"] == pytest.approx([1.1, 1.1])
+    assert r["d"]["fast"] == pytest.approx(1.1) and r["d"]["median_fast"] == pytest.approx(1.1)
     args = argparse.Namespace(rounds=2, steps=4, warmup=2, variants=["a", "d"])
     m = {k: "x" for k in ("cpu", "cores", "ram_gib", "torch", "python", "loadavg", "date")}
     text = vo.render(jobs, args, m, wall_s=60.0, loads=[(1.0, 1.0, 1.0)])
     assert "python benchmarks/verl_overhead.py --rounds 2 --steps 4 --variants a d --write" in text
-    assert "| (d) | 4 | 4.950 |" in text and "1.100" in text
-    assert "- (d), target 1.05x: mean step 1.100x (**missed**; rounds 1.10, 1.10), fastest quarter 1.100x" in text
+    assert "| (d) | 4 | 4.950 |" in text and "| (d) | 1.100 | 1.100 | 1.10 (1.5), 1.10 (2.5) | 1.100 | 1.000 |" in text
+    assert "- (d), target 1.05x: median of the rounds 1.100x (**missed**), pooled fastest quarter 1.100x" in text
     assert "worker CPU 1.000x (met)" in text
     assert "math_deepscaler_ema_pg | 128 x 8 = 1024 | cap" in text  # the recipes' sizes, read from the presets
     assert "search_r1_ema_pg | 512 x 5 = 2560 | cap" in text
