@@ -25,7 +25,8 @@ tokens, one virtual GPU), fixed seeds. Six variants of it:
 
 Each variant runs ``--steps`` steps in a fresh verl job, in rounds (a b0 b c d e, a b0 b ...), so that the other
 load of the shared machine falls on every variant alike; the first ``--warmup`` steps of every job are dropped.
-No checkpoints, no validation (verl's save_freq and test_freq -1): a step is rollout to weight sync. verl's
+No checkpoints, no validation (verl's save_freq and test_freq -1): a step is rollout to weight sync. One thread
+per process (``THREADS``). verl's
 replay buffer looks for finished rollouts every 2 s (no config key), which on CPU makes ``timing_s/gen`` a multiple
 of 2 s; every variant's runs poll every ``POLL_S`` instead (``poll_replay_buffer``).
 
@@ -76,6 +77,10 @@ TQ_LOG_ENV = "EMAPG_BENCH_TQ_LOG"
 POLL_ENV = "EMAPG_BENCH_POLL_S"
 """The replay buffer's poll interval in the benchmark's runs (``poll_replay_buffer``)."""
 POLL_S = 0.02
+THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+"""Every process of a run computes on one thread (torch would take both cores in each Ray worker): on 2 shared
+cores, a descheduled thread of a 2-thread pool makes the other spin at the pool's barriers, so another job's load
+inflated both the wall and the CPU time of whichever variant it hit."""
 HOOK_KEY = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
 HOOK = "benchmarks.verl_overhead.setup_worker"
 TOPK_PREFIX = "emapg_"
@@ -182,6 +187,7 @@ def run_job(variant: Variant, argv: list[str], run_dir: Path, timeout_s: float =
             "RAY_USAGE_STATS_ENABLED": "0",
             "WANDB_MODE": "disabled",
             "HF_HUB_OFFLINE": "1",
+            **THREADS,
             TQ_LOG_ENV: str(run_dir / "tq.jsonl"),
             POLL_ENV: str(POLL_S),
         }
@@ -573,7 +579,8 @@ def _preamble(args, m: dict, wall_s: float, loads: list[tuple], names: list[str]
         "",
         f"Command: `{cmd} --write` (total {wall_s / 60:.1f} min).  ",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, no GPU; torch {m['torch']}, Python "
-        f"{m['python']}; verl 0.9.1 on its CPU platform (ema_pg_core.verl.cpu), torch threads as Ray sets them. "
+        f"{m['python']}; verl 0.9.1 on its CPU platform (ema_pg_core.verl.cpu), one torch thread per process "
+        "(`OMP_NUM_THREADS=1`). "
         f"Load average at start {m['loadavg']} (1/5/15 min); 1-min load at the start of each job {lo:.2f} to "
         f"{hi:.2f} (the machine is shared: other jobs ran alongside). Date: {m['date']}.",
         "",
