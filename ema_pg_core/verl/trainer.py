@@ -30,6 +30,7 @@ from omegaconf import open_dict
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.debug import marked_timer
 
 from ema_pg_core.verl.config import TRAINER_MODE, EmaPGSection, anchor_due, topk_passes
 from ema_pg_core.verl.engine import DROP_KEY, set_pass
@@ -38,6 +39,10 @@ from ema_pg_core.verl.layout import token_rows
 from ema_pg_core.verl.placement import trial_pool_manager
 from ema_pg_core.verl.probe import pick
 from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
+
+EMA_TIMER, PROBE_TIMER = "emapg_ema", "emapg_probe"
+"""verl timers (``marked_timer``) around the EMA and the KL probe RPCs, both inside verl's ``update_actor`` timer:
+logged as ``timing_s/emapg_ema`` and ``timing_s/emapg_probe`` at the steps that run them."""
 
 
 def check_verl(config, section: EmaPGSection) -> None:
@@ -127,15 +132,23 @@ class EmaPGTrainerSync(PPOTrainerSync):
         set_pass(batch.extra_info)  # off for whatever reads this batch next
         last_local = self.local_trigger_step == self.parameter_sync_step - 1
         if last_local and anchor_due(self.global_steps, self.emapg.anchor):
-            metrics.update(self.actor_rollout_wg.update_ref_ema(self.global_steps)[0])
+            with marked_timer(EMA_TIMER, self._timing_raw()):
+                metrics.update(self.actor_rollout_wg.update_ref_ema(self.global_steps)[0])
         else:
             metrics["anchor/updated"] = 0.0
         every = self.emapg.probe_every
         if last_local and every and self.global_steps % every == 0:
             t0 = time.perf_counter()
-            metrics.update(self.actor_rollout_wg.score_probe()[0])
+            with marked_timer(PROBE_TIMER, self._timing_raw()):
+                metrics.update(self.actor_rollout_wg.score_probe()[0])
             metrics["perf/probe_s"] = time.perf_counter() - t0
         return batch
+
+    def _timing_raw(self) -> dict:
+        """verl's timings of the current step (``fit`` sets ``timing_raw`` before each step; they are logged as
+        ``timing_s/<name>``); a throwaway dict outside ``fit``."""
+        timing = getattr(self, "timing_raw", None)
+        return timing if isinstance(timing, dict) else {}
 
     def _capture_probe(self, batch) -> None:
         """Hand the probe's rows (``pick``) to every worker rank, which keeps them with pi_probe; a worker that

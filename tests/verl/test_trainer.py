@@ -80,6 +80,31 @@ def test_flags_per_pass_and_ema_schedule(monkeypatch, verl_cpu):
     assert t.actor_rollout_wg.calls == [3, 6] and updated == [0, 0, 1, 0, 0, 1, 0]
 
 
+def test_ema_and_probe_are_timed_in_verls_timings(monkeypatch, verl_cpu):
+    """The EMA and KL probe RPCs land in verl's timing_raw (logged as timing_s/emapg_ema, timing_s/emapg_probe)
+    at the steps that run them, and nowhere else."""
+    from ema_pg_core.verl.trainer import EMA_TIMER, PROBE_TIMER
+
+    t, _ = _trainer(monkeypatch, kl_type="k3", tau=0.9, period=2)
+    t.emapg.probe_every = 3
+    t.actor_rollout_wg.score_probe = lambda: [{"kl/exact": 0.0}]
+    timers = {}
+    for it in range(1, 7):
+        t.global_steps, t.timing_raw = it, {}
+        t._update_actor(_Meta(), {})
+        timers[it] = sorted(t.timing_raw)
+    assert timers == {
+        1: [],
+        2: [EMA_TIMER],
+        3: [PROBE_TIMER],
+        4: [EMA_TIMER],
+        5: [],
+        6: [EMA_TIMER, PROBE_TIMER],
+    }
+    del t.timing_raw  # outside verl's fit (no timing_raw): the RPCs run untimed
+    t._update_actor(_Meta(), {})
+
+
 def test_fixed_anchor_never_updates(monkeypatch, verl_cpu):
     t, _ = _trainer(monkeypatch, kl_type="k3", tau=1.0, period=1)
     for it in range(1, 5):
