@@ -12,8 +12,8 @@ tokens, one virtual GPU), fixed seeds. Six variants of it:
     (a) stock verl GRPO: verl's own PPOTrainerSync, ActorRolloutRefWorker, FSDP engine and ppo_loss with its
         reference model and kl_loss_type=low_var_kl; the plugin's launcher supplies only the CPU platform, the hf
         rollout engine and the metrics file (``launch``: the compiled launch of (b) with verl's trainer mode
-        "sync" and low_var_kl; the plugin's requirements that verl's defaults differ from, an fp32 reference and
-        no fused kernels, are kept so that the two runs compute the same things)
+        "sync" and low_var_kl; everything else is (b)'s, the plugin's fixed settings included: an fp32 reference
+        and no fused kernels, verl 0.9.1's defaults too)
     (b0) the plugin, tau = 1, K3, without the recipe's mask_truncated (length-capped responses left out of the
         update: a get and two puts of the response mask through TransferQueue, and an all-reduce per mini-batch;
         stock verl has no such setting): the plugin's bare cost over (a)
@@ -596,9 +596,9 @@ def _preamble(args, m: dict, wall_s: float, loads: list[tuple], names: list[str]
         "(a) is verl's own GRPO: its `PPOTrainerSync`, `ActorRolloutRefWorker`, FSDP engine and `ppo_loss` with the "
         "reference model and `kl_loss_type=low_var_kl`. It is (b)'s compiled launch with `trainer.v1.trainer_mode="
         "sync` and `low_var_kl`, started by the plugin's launcher with its check of the plugin's own settings "
-        "skipped; the launcher supplies only the CPU platform, the hf rollout engine and the metrics file. It keeps "
-        "the two settings the plugin requires where verl's defaults differ (an fp32 reference, no fused kernels), so "
-        "that (a) and (b) compute the same model passes.",
+        "skipped; the launcher supplies only the CPU platform, the hf rollout engine and the metrics file. Its other "
+        "settings are (b)'s, the plugin's fixed ones included (an fp32 reference, no fused kernels: verl 0.9.1's "
+        "defaults too), so that (a) and (b) compute the same model passes.",
         "",
     ]
 
