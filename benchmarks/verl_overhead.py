@@ -56,6 +56,7 @@ variant launches and the parsing only).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -200,10 +201,8 @@ def run_job(variant: Variant, argv: list[str], run_dir: Path, timeout_s: float =
         try:
             code = _wait(proc, timeout_s, loads)
         finally:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # the job's process group has already exited
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
     return {
         "variant": variant.name,

@@ -124,6 +124,20 @@ def batch(seed: int = 0, vocab: int = 100, temperature: float = 1.0, drop: tuple
     return td, padded
 
 
+def train_flags(td, dynamic: bool = False) -> None:
+    """The non-tensor flags TrainingWorker.train_batch injects before the engine's forward-backward."""
+    from verl.utils import tensordict_utils as tu
+
+    tu.assign_non_tensor(
+        td,
+        use_remove_padding=True,
+        use_dynamic_bsz=dynamic,
+        micro_batch_size_per_gpu=1 if dynamic else 4,
+        max_token_len_per_gpu=16,
+        use_fused_kernels=False,
+    )
+
+
 def naive_logits(module, padded, temperature: float = 1.0) -> torch.Tensor:
     """(B, R, V) logits / T predicting each response token, one unpadded forward per sequence."""
     am, ids = padded["attention_mask"], padded["input_ids"]

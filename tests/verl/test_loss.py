@@ -133,14 +133,7 @@ def _check(pair, tiny_path, kl_type, tail, use_iw, agg, dynamic, drop=(), drop_k
     verl_loss = verl_metrics["loss"]
     td, _, _ = _train_batch(actor, ref, kl_cfg, T, drop)
     tu.assign_non_tensor(td, **{DROP_KEY: bool(drop) and drop_key})
-    tu.assign_non_tensor(
-        td,
-        use_remove_padding=True,
-        use_dynamic_bsz=dynamic,
-        micro_batch_size_per_gpu=1 if dynamic else 4,
-        max_token_len_per_gpu=16,
-        use_fused_kernels=False,
-    )  # what TrainingWorker.train_batch injects
+    engines.train_flags(td, dynamic)  # what TrainingWorker.train_batch injects
     actor.engine.optimizer_zero_grad()
     with actor.engine.train_mode():
         actor.engine.forward_backward_batch(td, loss_function=loss_fn, forward_only=False)

@@ -123,14 +123,7 @@ def _loss(actor, fields, kl_cfg, T=0.8):
     tu.assign_non_tensor(td, compute_loss=True)
     metrics = actor.infer_batch(td)["metrics"]
     td = batch()
-    tu.assign_non_tensor(
-        td,
-        use_remove_padding=True,
-        use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=4,
-        max_token_len_per_gpu=16,
-        use_fused_kernels=False,
-    )  # what TrainingWorker.train_batch injects
+    engines.train_flags(td)  # what TrainingWorker.train_batch injects
     actor.engine.optimizer_zero_grad()
     with actor.engine.train_mode():
         actor.engine.forward_backward_batch(td, loss_function=loss_fn, forward_only=False)

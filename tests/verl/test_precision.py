@@ -111,14 +111,7 @@ def _step_one_kl(actor, ref, kl_cfg, temperature: float) -> torch.Tensor:
     td, _ = engines.batch(temperature=temperature)
     td.update({**fields, **logprobs})
     set_pass(td, **passes["train"])
-    tu.assign_non_tensor(
-        td,
-        use_remove_padding=True,
-        use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=4,
-        max_token_len_per_gpu=16,
-        use_fused_kernels=False,
-    )  # what TrainingWorker.train_batch injects
+    engines.train_flags(td)  # what TrainingWorker.train_batch injects
     cfg = FSDPActorConfig(
         strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False, rollout_n=1
     )
