@@ -148,8 +148,8 @@ def variant_argv(variant: Variant, model: str, data, run_dir: Path, steps: int) 
     ``COMMON_EDITS``, this script's worker setup hook, and for (a) ``STOCK_EDITS``."""
     from omegaconf import OmegaConf
 
-    from ema_pg_core.verl.config import to_verl
     from experiments import build
+    from experiments.backends.verl import to_verl
     from experiments.rehearse import rehearsal_overrides
 
     target = list(variant.target)

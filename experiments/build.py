@@ -183,7 +183,7 @@ def validate(cfg: DictConfig) -> LocalConfig:
             "does not compute; set health.kl_spike.factor=null or a KL coefficient > 0"
         )
     if cfg.backend.name == "verl":  # verl reads model.path as an HF id or a directory on its workers
-        from ema_pg_core.verl.config import to_verl  # the mapping only; imports no verl
+        from experiments.backends.verl import to_verl  # the mapping only; imports no verl
 
         to_verl(OmegaConf.to_container(cfg, resolve=True))  # e.g. batch sizes verl cannot split
     return local

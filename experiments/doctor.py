@@ -147,8 +147,8 @@ def verl_settings(overrides: Sequence[str]) -> dict[str, Any]:
 def _verl_demand(cfg) -> Demand:
     from omegaconf import OmegaConf
 
-    from ema_pg_core.verl.config import checkpoint_root, to_verl
     from ema_pg_core.verl.resources import worker_pool
+    from experiments.backends.verl import checkpoint_root, to_verl
     from experiments.run import agent_loops_path, resolve_run_dir
 
     run = OmegaConf.to_container(

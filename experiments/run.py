@@ -266,7 +266,7 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None, stage: dict | N
     from ema_pg_core.verl import require_verl
 
     require_verl()  # an install hint, not a traceback, on a machine without the [verl] extra
-    from ema_pg_core.verl.main import run_config
+    from experiments.backends.verl import run_config
 
     run_dir = resolve_run_dir(cfg)
     cfg = OmegaConf.merge(cfg, run_keys(cfg, run_dir), agent_loops_path(cfg))

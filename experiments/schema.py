@@ -20,7 +20,7 @@ from ema_pg_core.config import (
     check_integer,
     check_seed,
 )
-from ema_pg_core.verl.config import VerlSettings
+from experiments.backends.verl import VerlSettings
 
 
 @dataclass

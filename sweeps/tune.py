@@ -615,8 +615,8 @@ def verl_placement(spec: Spec, point: dict, seed: int | None):
 def _placement(overrides: tuple[str, ...]):
     from omegaconf import OmegaConf
 
-    from ema_pg_core.verl.main import placement_for
     from experiments import build
+    from experiments.backends.verl import placement_for
 
     cfg = build.compose(list(overrides))
     return placement_for(OmegaConf.to_container(cfg, resolve=True))

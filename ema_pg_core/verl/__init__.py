@@ -1,14 +1,13 @@
 """The distributed backend: EMA-PG as a plugin for stock verl 0.9.1 (no fork, no vendored copy).
 
     python -m ema_pg_core.verl.main actor_rollout_ref.model.path=... emapg.anchor.tau=0.9 ...
-    # or, from a run config (algo.* keys shared with the local backend):
-    ema_pg_core.verl.config.to_verl(run_cfg) -> VerlJob(overrides, emapg)   # .command() / .shell()
-    ema_pg_core.verl.main.run_config(run_cfg)                                # launch in this process
+    ema_pg_core.verl.main.launch(argv, run_dir)                          # the same, from this process
+    # emapg compiles argv from a run config: experiments.backends.verl.to_verl(run_cfg).command()
 
 What each file adds to verl (how and why, in more detail: docs/verl-plugin.md):
 
-    config.py   pure: our algo.* / rollout.* / optim.* / trainer.* keys -> the top-level `emapg:`
-                section + verl Hydra overrides (one function, `to_verl`; golden-tested)
+    config.py   pure: the top-level `emapg:` section (EmaPGSection: KL, anchor, loss, probe, the
+                TaskRunner's setup hook) read from `emapg.*` arguments, and the Top-k passes' plan
     ema.py      pure torch: the EMA update of the anchor from the policy on local FSDP2 shards
                 (`ema_pg_core.anchor.ema_update_` on each rank's shard; no gather) + drift metrics
     layout.py   verl's packed (nnz, *) full-sequence layout <-> our (B, T, *) response layout

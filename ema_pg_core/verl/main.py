@@ -3,8 +3,9 @@
     python -m ema_pg_core.verl.main <verl overrides ...> emapg.kl.type=topk_reverse emapg.anchor.tau=0.9 ...
     python -m ema_pg_core.verl.main --print-config <same args>     # compose + validate, no Ray, no GPUs
 
-Usually generated from a run config: ``ema_pg_core.verl.config.to_verl(run).command()``, or run
-in-process with ``run_config(run)`` (what a sweep trial with ``backend: verl`` calls).
+Usually generated from a run config by the application (emapg: ``experiments.backends.verl.to_verl(run)
+.command()``), or run in-process with ``launch(argv, run_dir)`` (what a sweep trial with ``backend: verl``
+calls, through ``experiments.backends.verl.run_config``).
 
 What it does: composes verl's own ``ppo_trainer`` config with the verl overrides (Hydra compose
 API; verl's defaults and struct checks apply), adds the validated top-level ``emapg:`` section,
@@ -65,12 +66,10 @@ class EmaPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
         import os
 
         import ema_pg_core.verl.trainer  # noqa: F401  registers trainer_mode "emapg_sync"
-        from ema_pg_core.verl.config import apply_wandb_env
+        from ema_pg_core.verl.config import rotate, run_runner_setup
 
-        apply_wandb_env(config.emapg)  # W&B group, tags, id, resume, mode, dir for verl's tracker (this process)
+        run_runner_setup(config.emapg)  # the application's hook (emapg's: W&B for verl's tracker), this process
         if config.emapg.get("metrics_path"):  # verl's "file" logger (created in this process) writes here
-            from ema_pg_core.verl.config import rotate
-
             os.makedirs(os.path.dirname(os.path.abspath(config.emapg.metrics_path)), exist_ok=True)
             rotate(config.emapg.metrics_path)  # keep an earlier attempt's lines: verl opens the file "wb"
             os.environ["VERL_FILE_LOGGER_PATH"] = config.emapg.metrics_path
@@ -152,7 +151,7 @@ def _check_trial_group(pg, cfg) -> None:
 
 
 def join_trial(cfg) -> None:
-    """In the child process ``run_config`` starts inside a sweep trial: verl's own ``ray.init`` joins the
+    """In the child process ``launch`` starts inside a sweep trial: verl's own ``ray.init`` joins the
     trial's cluster (``RAY_ADDRESS``) as a job of its own, in the namespace ``NAMESPACE_ENV`` names, with
     verl's runtime environment and the trial's placement group in every worker's environment."""
     with open_dict(cfg):  # nothing here may call Ray: RAY_ADDRESS would connect it, without this config
@@ -181,29 +180,24 @@ def check_resources(cfg) -> None:
         check_fits(need, *have)
 
 
-def placement_for(run):
-    """What a sweep trial of the resolved run config ``run`` reserves for its verl job
-    (``ema_pg_core.verl.resources.trial_placement``); composes verl's config, starts nothing."""
-    from ema_pg_core.verl.config import to_verl
+def trial_placement_of(argv: list[str]):
+    """What a sweep trial reserves for the verl job of ``argv`` (``main``'s arguments;
+    ``ema_pg_core.verl.resources.trial_placement``); composes verl's config, starts nothing."""
     from ema_pg_core.verl.resources import trial_placement
 
-    return trial_placement(compose(to_verl(run).command()[3:]))
+    return trial_placement(compose(argv))
 
 
-def run_config(run, wandb: dict[str, str] | None = None) -> int:
-    """Launch a resolved run config (plain mapping; ``backend.name == "verl"``) in this process.
-
-    `wandb`: the run's WANDB_* settings (``to_verl``). Inside a Ray Tune trial Ray is already initialised,
-    so verl's TaskRunner and workers join the running cluster; elsewhere verl starts a local Ray (verl's
-    ``ray_kwargs``).
-    """
-    from ema_pg_core.verl.config import to_verl
-
-    argv = to_verl(run, wandb).command()[3:]
+def launch(argv: list[str], run_dir: Path | None = None) -> int:
+    """Run ``main(argv)`` from this process. Inside a Ray Tune trial (Ray initialised, a placement group)
+    verl runs as a Ray job of its own in a child process, its output in `run_dir` (``_run_in_trial``);
+    elsewhere in this process, verl starting a local Ray (verl's ``ray_kwargs``)."""
     pg = _trial_group()
     if pg is None:
         return main(argv)
-    return _run_in_trial(argv, pg, Path(run["run_dir"]))
+    if run_dir is None:
+        raise ValueError("a verl launch inside a sweep trial needs the run directory (for verl_driver.log)")
+    return _run_in_trial(argv, pg, run_dir)
 
 
 def _trial_group():

@@ -7,7 +7,7 @@ actors in that reservation explicitly (``docs/verl-plugin.md``, "Inside a sweep 
 
 - ``resources.trial_placement``: the trial's placement group: one bundle per rank, rank 0's with
   room for the TaskRunner and TransferQueue's controller. Tune starts a trial when all of it fits.
-- ``main.run_config``: inside a trial, verl runs as its own Ray job (``python -m
+- ``main.launch``: inside a trial, verl runs as its own Ray job (``python -m
   ema_pg_core.verl.main`` in a child process): its own namespace, so the named actors of two
   trials never meet, and verl's own ``ray.init`` with verl's runtime environment (env vars, the
   worker setup hook). The group's id reaches it in ``PLACEMENT_GROUP_ENV``.

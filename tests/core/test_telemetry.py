@@ -179,7 +179,7 @@ def test_probe_settings_are_validated():
 
 def test_probe_every_null_is_every_5_iterations_on_both_backends():
     from ema_pg_core.config import PROBE_EVERY
-    from ema_pg_core.verl.config import to_verl
+    from experiments.backends.verl import to_verl
 
     assert TrainerConfig().probe_period == PROBE_EVERY > 0 and TrainerConfig(probe_every=0).probe_period == 0
     assert TrainerConfig(probe_every=3).probe_period == 3

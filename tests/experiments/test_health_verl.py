@@ -5,7 +5,6 @@ format (as in test_verl_metrics.py); no verl, no GPU."""
 
 import json
 import math
-import sys
 import types
 
 import pytest
@@ -48,7 +47,7 @@ def test_the_follower_stops_at_a_kl_spike_and_records_nothing_after_it(tmp_path)
 
 @pytest.fixture
 def fake_verl(monkeypatch):
-    """`ema_pg_core.verl.main.run_config` writing `steps` like verl would; stop_run calls are counted."""
+    """`experiments.backends.verl.run_config` writing `steps` like verl would; stop_run calls are counted."""
     fake = types.SimpleNamespace(steps={}, stops=0)
 
     def run_config(run, *rest):  # (the job, and W&B settings when the run has them)
@@ -58,9 +57,7 @@ def fake_verl(monkeypatch):
     def stop_run():
         fake.stops += 1
 
-    module = types.ModuleType("ema_pg_core.verl.main")
-    module.run_config = run_config
-    monkeypatch.setitem(sys.modules, "ema_pg_core.verl.main", module)
+    monkeypatch.setattr("experiments.backends.verl.run_config", run_config)
     monkeypatch.setattr("ema_pg_core.verl.require_verl", lambda: None)
     monkeypatch.setattr("ema_pg_core.verl.failures.stop_run", stop_run)
     monkeypatch.setattr("experiments.run.VERL_POLL_S", 0.0)

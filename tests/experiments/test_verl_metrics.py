@@ -3,8 +3,6 @@ format), attempts across resumes, and `experiments.run.run` with the verl backen
 through a stand-in for verl's launcher (no verl, no GPU)."""
 
 import json
-import sys
-import types
 
 import pytest
 
@@ -101,7 +99,7 @@ def test_a_resumed_attempts_first_validation_joins_the_checkpoint_step(tmp_path)
 
 
 class FakeVerl:
-    """`ema_pg_core.verl.main.run_config` stand-in: writes verl's file-logger lines like verl would
+    """`experiments.backends.verl.run_config` stand-in: writes verl's file-logger lines like verl would
     (to the path our TaskRunner rotates), then returns 0 or crashes. Set `steps`/`crash` per call."""
 
     def __init__(self):
@@ -120,9 +118,7 @@ class FakeVerl:
 @pytest.fixture
 def fake_verl(monkeypatch):
     fake = FakeVerl()
-    module = types.ModuleType("ema_pg_core.verl.main")
-    module.run_config = fake.run_config
-    monkeypatch.setitem(sys.modules, "ema_pg_core.verl.main", module)
+    monkeypatch.setattr("experiments.backends.verl.run_config", lambda *a, **k: fake.run_config(*a, **k))
     monkeypatch.setattr("ema_pg_core.verl.require_verl", lambda: None)
     return fake
 
@@ -175,9 +171,7 @@ def test_a_verl_run_is_recorded_and_reported_while_it_runs(monkeypatch, tmp_path
             f.write(json.dumps({"step": 2, "data": STEP}) + "\n")
         return 0
 
-    module = types.ModuleType("ema_pg_core.verl.main")
-    module.run_config = run_config
-    monkeypatch.setitem(sys.modules, "ema_pg_core.verl.main", module)
+    monkeypatch.setattr("experiments.backends.verl.run_config", run_config)
 
     def callback(it, metrics, ckpt):
         callers.add(threading.current_thread().name)
@@ -310,7 +304,6 @@ def test_a_stopped_verl_run_is_interrupted_not_failed(fake_verl, tmp_path, monke
         raise Terminated(stop) if isinstance(stop, str) else stop
 
     fake_verl.run_config = run_config
-    sys.modules["ema_pg_core.verl.main"].run_config = run_config
     assert main(["train", "experiment=math_deepscaler_ema_pg", f"run_dir={tmp_path}/run", "logger=none"]) == code
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"run_dir={tmp_path}/run resume=true" in err

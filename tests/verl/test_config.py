@@ -1,4 +1,4 @@
-"""Run config -> verl launch (``ema_pg_core.verl.config.to_verl``).
+"""Run config -> verl launch (``experiments.backends.verl.to_verl``).
 
 - golden: the paper's math (8k stage) and search runs (the authors' released scripts) compile to the committed
   command lines in golden/*.cmd.txt (regenerate with EMAPG_UPDATE_GOLDEN=1 and review the diff);
@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from ema_pg_core.overrides import hydra_value
-from ema_pg_core.verl.config import EmaPGSection, split_argv, to_verl, topk_passes
+from ema_pg_core.verl.config import EmaPGSection, split_argv, topk_passes
+from experiments.backends.verl import to_verl
 
 GOLDEN = Path(__file__).parent / "golden"
 RUNS = sorted(p.name[: -len(".run.yaml")] for p in GOLDEN.glob("*.run.yaml"))
@@ -237,7 +238,8 @@ def test_split_argv_and_formatting():
     assert args == ["trainer.nnodes=2"]
     assert section.kl.type == "topk_forward" and section.anchor.tau == 0.95 and section.kl.iw_clip_high is None
     assert split_argv(["emapg.mask_truncated=true"])[1].mask_truncated is True
-    with pytest.raises(ValueError, match=r"emapg.<metrics_path\|mask_truncated\|device\|probe_every\|probe_size>"):
+    scalars = r"emapg.<metrics_path\|mask_truncated\|device\|probe_every\|probe_size\|runner_setup>"
+    with pytest.raises(ValueError, match=scalars):
         split_argv(["emapg.bogus=1"])
     with pytest.raises(ValueError, match="unknown emapg.kl"):
         EmaPGSection.from_dict({"kl": {"kk": 1}})

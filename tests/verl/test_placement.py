@@ -27,9 +27,9 @@ HERE = Path(__file__).parent
 def _verl_config(*overrides: str):
     from omegaconf import OmegaConf
 
-    from ema_pg_core.verl.config import to_verl
     from ema_pg_core.verl.main import compose
     from experiments import build
+    from experiments.backends.verl import to_verl
 
     cfg = build.compose(["experiment=math_deepscaler_ema_pg", "trainer.device=cpu", "backend.verl.rollout_engine=hf"])
     run = OmegaConf.to_container(cfg, resolve=True)

@@ -30,9 +30,9 @@ def _composed(preset: str, *verl_overrides: str):
     """verl's composed config for a preset (``experiment=<preset>``), verl overrides appended last."""
     from omegaconf import OmegaConf
 
-    from ema_pg_core.verl.config import to_verl
     from ema_pg_core.verl.main import compose
     from experiments import build
+    from experiments.backends.verl import to_verl
 
     cfg = build.compose([f"experiment={preset}"])
     build.validate(cfg)

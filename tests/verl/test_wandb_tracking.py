@@ -1,8 +1,8 @@
 """A verl run's W&B settings reach verl 0.9.1's own tracker (``verl.utils.tracking.Tracking``), config level,
 on CPU: the run config is compiled as `emapg train` compiles it (``experiments.run._verl_wandb`` +
-``to_verl``), composed by verl's Hydra (``ema_pg_core.verl.main.compose``), the TaskRunner's
-``apply_wandb_env`` sets the variables, and verl's ``Tracking`` opens the W&B run (offline, in the run
-directory). No Ray, no training: the tracker is verl's, called as verl's trainer calls it."""
+``to_verl``), composed by verl's Hydra (``ema_pg_core.verl.main.compose``), the TaskRunner's setup hook
+(``emapg.runner_setup`` = ``apply_wandb_env``) sets the variables, and verl's ``Tracking`` opens the W&B run
+(offline, in the run directory). No Ray, no training: the tracker is verl's, called as verl's trainer calls it."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ pytestmark = pytest.mark.verl
 def _composed(run_dir, *overrides):
     from omegaconf import OmegaConf
 
-    from ema_pg_core.verl.config import to_verl
     from ema_pg_core.verl.main import compose
     from experiments import build
+    from experiments.backends.verl import to_verl
     from experiments.run import _verl_wandb
 
     cfg = build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={run_dir}", *overrides])
@@ -53,20 +53,21 @@ def test_group_tags_id_resume_reach_verls_tracker(tmp_path, clean_env):
     import wandb
 
     clean_env.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "verl_metrics.jsonl"))  # as the TaskRunner sets it
-    from ema_pg_core.verl.config import apply_wandb_env
+    from ema_pg_core.verl.config import run_runner_setup
 
     run_dir = tmp_path / "math__math_deepscaler_ema_pg__s0__abc12_00001"
     overrides = ("logger.group=ablate_tau", 'logger.tags=["sweep:ablate_tau","tau=0.9"]', "algo.anchor.tau=0.9")
     config, env = _composed(run_dir, *overrides)
     assert "wandb" in config.trainer.logger and config.trainer.experiment_name == run_dir.name
-    assert dict(config.emapg.wandb) == env
+    assert dict(config.emapg.runner_env) == env
+    assert config.emapg.runner_setup == "experiments.backends.verl:apply_wandb_env"
     saved = json.loads((run_dir / "wandb_run.json").read_text())
     ids = []
     for attempt in range(2):  # the second is a resume: same W&B run
         with clean_env.context() as m:
             for key in env:
                 m.delenv(key, raising=False)
-            apply_wandb_env(config.emapg)  # what the TaskRunner does before verl's trainer starts
+            run_runner_setup(config.emapg)  # what the TaskRunner does before verl's trainer starts
             tracker = _track(config)
             run = wandb.run
             assert (run.project, run.name, run.group) == ("emapg-math", run_dir.name, "ablate_tau")  # the preset's
@@ -85,5 +86,5 @@ def test_group_tags_id_resume_reach_verls_tracker(tmp_path, clean_env):
 @pytest.mark.parametrize("override", ["logger=none", "logger.mode=disabled"])
 def test_no_wandb_for_verl_when_off(tmp_path, clean_env, override):
     config, env = _composed(tmp_path / "run", override)
-    assert env == {} and dict(config.emapg.wandb) == {} and "wandb" not in config.trainer.logger
+    assert env == {} and dict(config.emapg.runner_env) == {} and "wandb" not in config.trainer.logger
     assert not (tmp_path / "run" / "wandb_run.json").exists()
