@@ -298,7 +298,7 @@ class TrainerConfig:
     on a GPU (none was available). The verl backend accepts cuda | cpu."""
 
     @property
-    def probe_period(self) -> int:
+    def resolved_probe_every(self) -> int:
         """The probe cadence: probe_every, or PROBE_EVERY when it is null (0 = no probe)."""
         return PROBE_EVERY if self.probe_every is None else self.probe_every
 

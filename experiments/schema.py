@@ -94,7 +94,10 @@ class BackendConfig:
 
 
 @dataclass
-class SweepInfo:
+class SweepConfig:
+    """The run's place in a sweep (``sweep.name``, ``sweep.trial_id``), set by the sweep for each trial; null
+    outside one. (What the dashboard reads of a sweep spec is ``analysis.dashboard.SweepInfo``.)"""
+
     name: str | None = None
     trial_id: str | None = None
 
@@ -133,7 +136,7 @@ class RunConfig:
     """RL-health stops (ema_pg_core/health.py): a rule that fires ends the run as stopped_unhealthy."""
     backend: BackendConfig = field(default_factory=BackendConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    sweep: SweepInfo = field(default_factory=SweepInfo)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 def register() -> None:

@@ -234,14 +234,14 @@ class LocalTrainer:
 
     def _ensure_probe(self) -> None:
         """Draw the KL probe set once (kept in checkpoints, so a resumed run scores the same tokens)."""
-        if self.cfg.trainer.probe_period and self.probe is None:
+        if self.cfg.trainer.resolved_probe_every and self.probe is None:
             self.probe = make_probe(self)
 
     def _probe_metrics(self, it: int) -> dict:
         """kl/exact, kl/estimate_on_probe, kl/estimate_gap and perf/probe_s at iterations probe_every, 2*probe_every,
         ...; {} otherwise (also measured when beta = 0: the anchor still exists)."""
         tc, kl = self.cfg.trainer, self.cfg.algo.kl
-        if not tc.probe_period or it % tc.probe_period:
+        if not tc.resolved_probe_every or it % tc.resolved_probe_every:
             return {}
         t0 = time.perf_counter()
         m = score_probe(

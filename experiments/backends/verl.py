@@ -228,7 +228,7 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
             "metrics_path": metrics,
             "mask_truncated": vs.mask_truncated,
             "device": tr.device,
-            "probe_every": tr.probe_period,
+            "probe_every": tr.resolved_probe_every,
             "probe_size": _probe_size(tr, ro.prompts_per_iter),
             "runner_setup": RUNNER_SETUP,
             "runner_env": dict(wandb or {}),
@@ -261,7 +261,7 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
 
 def _refuse(tr, ro, section: EmaPGSection) -> None:
     """Settings the verl backend cannot honour, refused before any work."""
-    if tr.probe_period and section.probe_size > ro.prompts_per_iter:
+    if tr.resolved_probe_every and section.probe_size > ro.prompts_per_iter:
         raise ValueError(
             f"trainer.probe_size={tr.probe_size} > rollout.prompts_per_iter={ro.prompts_per_iter}: on the verl "
             f"backend the KL probe is taken from the first batch's prompts; allowed: 1..{ro.prompts_per_iter}, "

@@ -181,8 +181,9 @@ def test_probe_every_null_is_every_5_iterations_on_both_backends():
     from ema_pg_core.config import PROBE_EVERY
     from experiments.backends.verl import to_verl
 
-    assert TrainerConfig().probe_period == PROBE_EVERY > 0 and TrainerConfig(probe_every=0).probe_period == 0
-    assert TrainerConfig(probe_every=3).probe_period == 3
+    assert TrainerConfig().resolved_probe_every == PROBE_EVERY > 0
+    assert TrainerConfig(probe_every=0).resolved_probe_every == 0
+    assert TrainerConfig(probe_every=3).resolved_probe_every == 3
     run = {"model": {"path": "m"}, "rollout": {"prompts_per_iter": 16}, "trainer": {"device": "cuda"}}
     assert to_verl(run).emapg["probe_every"] == PROBE_EVERY and to_verl(run).emapg["probe_size"] == 16
     assert to_verl({**run, "trainer": {"device": "cuda", "probe_every": 0}}).emapg["probe_every"] == 0
