@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -82,7 +83,36 @@ def _merge_topk(best: tuple | None, z: torch.Tensor, v0: int, k: int) -> tuple[t
     return top.values, idx.gather(-1, top.indices)
 
 
-def _rows_stats(zblock: ZBlock, blocks, tok, idx, k, want_entropy):
+@dataclass(frozen=True)
+class _Plan:
+    """How one pass walks the (N, V) logits: ``chunk`` rows at a time, vocabulary ``blocks`` [(v0, v1), ...]
+    within a row chunk, on logits / ``temperature``; ``entropy``: compute it (and its gradient) or not."""
+
+    temperature: float
+    chunk: int
+    blocks: list[tuple[int, int]]
+    entropy: bool
+
+
+class _Saved(NamedTuple):
+    """What the forward keeps per row for the backward: tokens (n,), idx (n, K), lse (n,), entropy (n,)."""
+
+    tokens: torch.Tensor
+    idx: torch.Tensor
+    lse: torch.Tensor
+    ent: torch.Tensor
+
+
+class _Grads(NamedTuple):
+    """The gradients of the forward's outputs per row: lse (n,), logits_k (n, K), logp (n,), entropy (n,)."""
+
+    lse: torch.Tensor
+    k: torch.Tensor
+    logp: torch.Tensor
+    ent: torch.Tensor
+
+
+def _rows_stats(zblock: ZBlock, plan: _Plan, tok: torch.Tensor, idx: torch.Tensor | None, k: int):
     """Stats of one chunk of n positions, vocabulary block by block.
 
     zblock(v0, v1): (n, vc) scaled logits; tok: (n,); idx: (n, K) stored indices or None (own top-k).
@@ -90,15 +120,15 @@ def _rows_stats(zblock: ZBlock, blocks, tok, idx, k, want_entropy):
     """
     lse = mu = best = None  # mu: E_softmax[z], so that entropy = lse - mu
     tok_z = lk = 0.0
-    for v0, v1 in blocks:
+    for v0, v1 in plan.blocks:
         z = zblock(v0, v1)
         lse_b = torch.logsumexp(z, -1)  # (n,)
-        mu_b = (torch.softmax(z, -1) * z).sum(-1) if want_entropy else None
+        mu_b = (torch.softmax(z, -1) * z).sum(-1) if plan.entropy else None
         if lse is None:
             lse, mu = lse_b, mu_b
         else:
             new = torch.logaddexp(lse, lse_b)
-            if want_entropy:
+            if plan.entropy:
                 mu = mu * torch.exp(lse - new) + mu_b * torch.exp(lse_b - new)
             lse = new
         tok_z = tok_z + _gather_in_block(z, tok[:, None], v0)[:, 0]
@@ -113,25 +143,26 @@ def _rows_stats(zblock: ZBlock, blocks, tok, idx, k, want_entropy):
             torch.zeros(n, 0, dtype=torch.long, device=lse.device),
         )
         lk, idx = best if k > 0 else empty
-    ent = lse - mu if want_entropy else torch.zeros_like(lse)
+    ent = lse - mu if plan.entropy else torch.zeros_like(lse)
     return lse, lk, tok_z - lse, ent, idx
 
 
-def _block_grad(z, v0, lse, ent, tok, idx, g_lse, g_k, g_logp, g_ent, temperature, want_entropy):
-    """(n, vc) gradient w.r.t. the RAW logits of one block [v0, v0 + vc), recomputing softmax from z.
+def _block_grad(z: torch.Tensor, v0: int, saved: _Saved, g: _Grads, plan: _Plan) -> torch.Tensor:
+    """(n, vc) gradient w.r.t. the RAW logits of one block [v0, v0 + vc), recomputing softmax from z (n, vc).
 
     d lse / dz = p;  d logp / dz = onehot(tok) - p;  d z_k / dz = onehot(idx);
     d H / dz_j = -p_j (log p_j + H).  Raw logits: divide by the temperature.
     """
-    p = (z - lse[:, None]).exp_()  # (n, vc), p of the FULL softmax
-    ent_term = g_ent[:, None] * p * (z - lse[:, None] + ent[:, None]) if want_entropy else None
-    G = p.mul_((g_lse - g_logp)[:, None])  # p is not needed any more: reuse its memory
-    _scatter_in_block_(G, tok[:, None], v0, g_logp[:, None])
-    if idx.shape[-1]:
-        _scatter_in_block_(G, idx, v0, g_k)
+    lse = saved.lse[:, None]
+    p = (z - lse).exp_()  # (n, vc), p of the FULL softmax
+    ent_term = g.ent[:, None] * p * (z - lse + saved.ent[:, None]) if plan.entropy else None
+    G = p.mul_((g.lse - g.logp)[:, None])  # p is not needed any more: reuse its memory
+    _scatter_in_block_(G, saved.tokens[:, None], v0, g.logp[:, None])
+    if saved.idx.shape[-1]:
+        _scatter_in_block_(G, saved.idx, v0, g.k)
     if ent_term is not None:
         G -= ent_term
-    return G if temperature == 1.0 else G.div_(temperature)
+    return G if plan.temperature == 1.0 else G.div_(plan.temperature)
 
 
 def _row_slices(N: int, chunk: int) -> list[slice]:
@@ -139,36 +170,33 @@ def _row_slices(N: int, chunk: int) -> list[slice]:
     return [slice(s, s + chunk) for s in range(0, N, chunk)]
 
 
-def _forward_all(ctx, inputs, zrows: Callable[[slice], ZBlock], N, blocks, tokens, indices, k, cfg):
-    """Concatenated stats over all N positions, ``chunk`` rows at a time: lse (N,), logits_k (N, K),
-    logp (N,), entropy (N,), idx (N, K). cfg: (temperature, chunk, want_entropy). Saves ``inputs`` +
-    (tokens, idx, lse, entropy) and ctx.cfg = (temperature, chunk, blocks, want_entropy) for the backward."""
-    temperature, chunk, want_entropy = cfg
+def _forward_all(ctx, inputs: tuple, zrows: Callable[[slice], ZBlock], plan: _Plan, *, tokens, indices, k: int):
+    """Concatenated stats over all N positions (tokens (N,); indices (N, K) or None), ``plan.chunk`` rows at a
+    time: lse (N,), logits_k (N, K), logp (N,), entropy (N,), idx (N, K). Saves ``inputs`` + ``_Saved`` and
+    ctx.plan for the backward."""
     outs = [[] for _ in range(5)]
-    for sl in _row_slices(N, chunk):
+    for sl in _row_slices(tokens.shape[0], plan.chunk):
         idx = None if indices is None else indices[sl]
-        for o, v in zip(outs, _rows_stats(zrows(sl), blocks, tokens[sl], idx, k, want_entropy)):
+        for o, v in zip(outs, _rows_stats(zrows(sl), plan, tokens[sl], idx, k)):
             o.append(v)
     lse, lk, logp, ent, idx = (torch.cat(o) for o in outs)
-    ctx.save_for_backward(*inputs, tokens, idx, lse, ent)
-    ctx.cfg = (temperature, chunk, blocks, want_entropy)
+    ctx.save_for_backward(*inputs, *_Saved(tokens, idx, lse, ent))
+    ctx.plan = plan
     ctx.mark_non_differentiable(idx)
     return lse, lk, logp, ent, idx
 
 
-def _chunk_grads(zblock: ZBlock, sl: slice, saved, grads, cfg):
-    """(v0, v1, G) per vocabulary block of the rows ``sl``; G (n, v1 - v0): the gradient w.r.t. their raw logits.
+def _chunk_grads(zblock: ZBlock, saved: _Saved, grads: _Grads, plan: _Plan):
+    """(v0, v1, G) per vocabulary block of one row chunk; G (n, v1 - v0): the gradient w.r.t. its raw logits.
+    zblock(v0, v1): (n, v1 - v0) scaled logits of these rows; saved, grads: these rows'."""
+    for v0, v1 in plan.blocks:
+        yield v0, v1, _block_grad(zblock(v0, v1), v0, saved, grads, plan)
 
-    zblock(v0, v1): (n, v1 - v0) scaled logits of these rows; saved: the forward's (tokens (N,), idx (N, K),
-    lse (N,), entropy (N,)); grads: the outputs' (g_lse (N,), g_k (N, K), g_logp (N,), g_ent (N,)); cfg: ctx.cfg.
-    """
-    tokens, idx, lse, ent = (t[sl] for t in saved)
-    g_lse, g_k, g_logp, g_ent = (g[sl] for g in grads)
-    temperature, _, blocks, want_entropy = cfg
-    for v0, v1 in blocks:
-        z = zblock(v0, v1)
-        G = _block_grad(z, v0, lse, ent, tokens, idx, g_lse, g_k, g_logp, g_ent, temperature, want_entropy)
-        yield v0, v1, G
+
+def _row_chunks(saved: tuple, grads: tuple, N: int, chunk: int):
+    """(sl, _Saved, _Grads) of each chunk of rows; saved, grads: the whole (N, ...) tensors."""
+    for sl in _row_slices(N, chunk):
+        yield sl, _Saved(*(t[sl] for t in saved)), _Grads(*(g[sl] for g in grads))
 
 
 def _logit_rows(logits, acc, temperature) -> Callable[[slice], ZBlock]:
@@ -178,47 +206,49 @@ def _logit_rows(logits, acc, temperature) -> Callable[[slice], ZBlock]:
 
 class _FromLogits(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, tokens, indices, k, temperature, chunk, vchunk, want_entropy):
-        zrows = _logit_rows(logits, _acc_dtype(logits.dtype), temperature)
-        blocks = _vocab_blocks(logits.shape[1], vchunk)
-        cfg = (temperature, chunk, want_entropy)
-        return _forward_all(ctx, (logits,), zrows, logits.shape[0], blocks, tokens, indices, k, cfg)
+    def forward(ctx, logits, tokens, indices, k, plan):
+        zrows = _logit_rows(logits, _acc_dtype(logits.dtype), plan.temperature)
+        return _forward_all(ctx, (logits,), zrows, plan, tokens=tokens, indices=indices, k=k)
 
     @staticmethod
     def backward(ctx, g_lse, g_k, g_logp, g_ent, _g_idx):
-        logits, *saved = ctx.saved_tensors  # saved: tokens, idx, lse, ent
-        zrows = _logit_rows(logits, saved[2].dtype, ctx.cfg[0])
+        logits, *saved = ctx.saved_tensors  # saved: _Saved's fields
+        plan = ctx.plan
+        zrows = _logit_rows(logits, saved[2].dtype, plan.temperature)
         grad = torch.empty_like(logits)
-        for sl in _row_slices(logits.shape[0], ctx.cfg[1]):
-            for v0, v1, G in _chunk_grads(zrows(sl), sl, saved, (g_lse, g_k, g_logp, g_ent), ctx.cfg):
+        for sl, rows, grads in _row_chunks(saved, (g_lse, g_k, g_logp, g_ent), logits.shape[0], plan.chunk):
+            for v0, v1, G in _chunk_grads(zrows(sl), rows, grads, plan):
                 grad[sl, v0:v1] = G.to(logits.dtype)
-        return grad, None, None, None, None, None, None, None
-
-
-def _head_block(h, weight, bias, v0, v1, acc, temperature):
-    """(n, v1 - v0) scaled logits of one block: (h @ W[v0:v1].T + b[v0:v1]) / temperature, in acc."""
-    b = None if bias is None else bias[v0:v1]
-    z = torch.nn.functional.linear(h, weight[v0:v1], b).to(acc)  # a fresh tensor: divide in place
-    return z if temperature == 1.0 else z.div_(temperature)
+        return grad, None, None, None, None
 
 
 def _hidden_rows(hidden, weight, bias, acc, temperature) -> Callable[[slice], ZBlock]:
-    """sl -> zblock: (v0, v1) -> (n, v1 - v0) `_head_block` of hidden[sl] (n, H)."""
-    return lambda sl: lambda v0, v1: _head_block(hidden[sl], weight, bias, v0, v1, acc, temperature)
+    """sl -> zblock: (v0, v1) -> (n, v1 - v0) scaled logits (hidden[sl] @ W[v0:v1].T + b[v0:v1]) / temperature,
+    in acc."""
+
+    def rows(sl: slice) -> ZBlock:
+        h = hidden[sl]  # (n, H)
+
+        def zblock(v0: int, v1: int) -> torch.Tensor:
+            b = None if bias is None else bias[v0:v1]
+            z = torch.nn.functional.linear(h, weight[v0:v1], b).to(acc)  # a fresh tensor: divide in place
+            return z if temperature == 1.0 else z.div_(temperature)
+
+        return zblock
+
+    return rows
 
 
 class _FromHidden(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, indices, k, temperature, chunk, vchunk, want_entropy):
-        zrows = _hidden_rows(hidden, weight, bias, _acc_dtype(hidden.dtype), temperature)
-        blocks = _vocab_blocks(weight.shape[0], vchunk)
-        cfg = (temperature, chunk, want_entropy)
-        return _forward_all(ctx, (hidden, weight, bias), zrows, hidden.shape[0], blocks, tokens, indices, k, cfg)
+    def forward(ctx, hidden, weight, bias, tokens, indices, k, plan):
+        zrows = _hidden_rows(hidden, weight, bias, _acc_dtype(hidden.dtype), plan.temperature)
+        return _forward_all(ctx, (hidden, weight, bias), zrows, plan, tokens=tokens, indices=indices, k=k)
 
     @staticmethod
     def backward(ctx, g_lse, g_k, g_logp, g_ent, _g_idx):
-        hidden, weight, bias, *saved = ctx.saved_tensors  # saved: tokens, idx, lse, ent
-        temperature, chunk, _, _ = ctx.cfg
+        hidden, weight, bias, *saved = ctx.saved_tensors  # saved: _Saved's fields
+        plan = ctx.plan
         acc = saved[2].dtype
         g_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         g_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
@@ -227,11 +257,11 @@ class _FromHidden(torch.autograd.Function):
             if (bias is not None and ctx.needs_input_grad[2])
             else None
         )
-        zrows = _hidden_rows(hidden, weight, bias, acc, temperature)
-        for sl in _row_slices(hidden.shape[0], chunk):
+        zrows = _hidden_rows(hidden, weight, bias, acc, plan.temperature)
+        for sl, rows, grads in _row_chunks(saved, (g_lse, g_k, g_logp, g_ent), hidden.shape[0], plan.chunk):
             h = hidden[sl]
             gh = None if g_h is None else torch.zeros(h.shape, dtype=acc, device=h.device)  # (n, H)
-            for v0, v1, G in _chunk_grads(zrows(sl), sl, saved, (g_lse, g_k, g_logp, g_ent), ctx.cfg):
+            for v0, v1, G in _chunk_grads(zrows(sl), rows, grads, plan):
                 if gh is not None:
                     gh.addmm_(G, weight[v0:v1].to(acc))  # (n, H)
                 if g_w is not None:
@@ -242,10 +272,10 @@ class _FromHidden(torch.autograd.Function):
                 g_h[sl] = gh.to(hidden.dtype)
         g_w = None if g_w is None else g_w.to(weight.dtype)
         g_b = None if g_b is None else g_b.to(bias.dtype)
-        return (g_h, g_w, g_b, None, None, None, None, None, None, None)
+        return (g_h, g_w, g_b, None, None, None, None)
 
 
-def _prepare(lead, V, tokens, indices, k, temperature, chunk_size, vocab_chunk_size):
+def _prepare(lead, V, tokens, indices, *, k, temperature, chunk_size, vocab_chunk_size):
     """Validate and flatten; returns (tokens (N,), indices (N, K) or None)."""
     B, T = lead
     if temperature <= 0:
@@ -271,7 +301,13 @@ def _prepare(lead, V, tokens, indices, k, temperature, chunk_size, vocab_chunk_s
     return tokens.reshape(-1).long(), flat_idx
 
 
-def _unflatten(B, T, lse, lk, logp, ent, idx, want_entropy) -> TokenStats:
+def _plan(V: int, temperature: float, chunk_size: int, vocab_chunk_size: int | None, entropy: bool) -> _Plan:
+    return _Plan(float(temperature), int(chunk_size), _vocab_blocks(V, vocab_chunk_size), entropy)
+
+
+def _unflatten(B: int, T: int, out: tuple, want_entropy: bool) -> TokenStats:
+    """TokenStats (B, T, ...) from the flat outputs (lse, logits_k, logp, entropy, idx) of the passes."""
+    lse, lk, logp, ent, idx = out
     K = idx.shape[-1]
     return TokenStats(
         logp.view(B, T), lse.view(B, T), lk.view(B, T, K), idx.view(B, T, K), ent.view(B, T) if want_entropy else None
@@ -297,11 +333,10 @@ def token_stats_from_logits(
     if logits.ndim != 3:
         raise ValueError(f"logits must be (B, T, V); got shape {tuple(logits.shape)}")
     B, T, V = logits.shape
-    tok, idx = _prepare((B, T), V, tokens, indices, k, temperature, chunk_size, vocab_chunk_size)
-    out = _FromLogits.apply(
-        logits.reshape(B * T, V), tok, idx, k, float(temperature), int(chunk_size), vocab_chunk_size, entropy
-    )
-    return _unflatten(B, T, *out, entropy)
+    sizes = dict(k=k, temperature=temperature, chunk_size=chunk_size, vocab_chunk_size=vocab_chunk_size)
+    tok, idx = _prepare((B, T), V, tokens, indices, **sizes)
+    plan = _plan(V, temperature, chunk_size, vocab_chunk_size, entropy)
+    return _unflatten(B, T, _FromLogits.apply(logits.reshape(B * T, V), tok, idx, k, plan), entropy)
 
 
 def topk_ids_from_logits(
@@ -321,7 +356,9 @@ def topk_ids_from_logits(
     if logits.ndim != 3:
         raise ValueError(f"logits must be (B, T, V); got shape {tuple(logits.shape)}")
     B, T, V = logits.shape
-    _prepare((B, T), V, None, None, k, temperature, chunk_size, vocab_chunk_size)
+    _prepare(
+        (B, T), V, None, None, k=k, temperature=temperature, chunk_size=chunk_size, vocab_chunk_size=vocab_chunk_size
+    )
     N = B * T
     if k == 0 or N == 0:
         return torch.zeros(B, T, k, dtype=torch.long, device=logits.device)
@@ -362,20 +399,11 @@ def token_stats_from_hidden(
             f"hidden must be (B, T, H) and weight (V, H); got {tuple(hidden.shape)} and {tuple(weight.shape)}"
         )
     B, T, H = hidden.shape
-    tok, idx = _prepare((B, T), weight.shape[0], tokens, indices, k, temperature, chunk_size, vocab_chunk_size)
-    out = _FromHidden.apply(
-        hidden.reshape(B * T, H),
-        weight,
-        bias,
-        tok,
-        idx,
-        k,
-        float(temperature),
-        int(chunk_size),
-        vocab_chunk_size,
-        entropy,
-    )
-    return _unflatten(B, T, *out, entropy)
+    sizes = dict(k=k, temperature=temperature, chunk_size=chunk_size, vocab_chunk_size=vocab_chunk_size)
+    tok, idx = _prepare((B, T), weight.shape[0], tokens, indices, **sizes)
+    plan = _plan(weight.shape[0], temperature, chunk_size, vocab_chunk_size, entropy)
+    out = _FromHidden.apply(hidden.reshape(B * T, H), weight, bias, tok, idx, k, plan)
+    return _unflatten(B, T, out, entropy)
 
 
 def kl_inputs(
