@@ -706,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="emapg rehearse",
         description="Run a GPU preset's (or a verl sweep's) real "
-        "verl loop on CPU in minutes: kill after step 2, resume, check. docs/scaling-out.md.",
+        "verl loop on CPU in minutes: kill after step 2, resume, check. See docs/scaling-out.md.",
         epilog="Example: emapg rehearse experiment=math_deepscaler_ema_pg algo.kl.type=topk_reverse",
     )
     p.add_argument(

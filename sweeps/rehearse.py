@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="emapg rehearse",
         description="Rehearse a verl sweep through Ray Tune on a local two-node Ray cluster (CPU): world size 2, "
-        "two trials at once, a node lost, the driver killed and resumed. docs/scaling-out.md.",
+        "two trials at once, a node lost, the driver killed and resumed. See docs/scaling-out.md.",
     )
     p.add_argument("spec", help="a verl sweep spec (sweeps/*.yaml)")
     p.add_argument(
