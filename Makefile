@@ -27,9 +27,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
 
-# The README's GPU install (cluster/gpu-install.sh, its one source) resolved for a Linux x86_64 CUDA 13 machine
-# with wheels only: pip --dry-run reads the wheels' metadata and downloads no CUDA wheel. For this .venv's Python
-# and each python3.10-3.12 on PATH that runs, about a minute each (cluster/gpu_install.py). Fails when it does
+# The GPU install (cluster/gpu-install.sh, its one source; docs/scaling-out.md) resolved for a Linux x86_64
+# CUDA 13 machine with wheels only: pip --dry-run reads the wheels' metadata and downloads no CUDA wheel. For
+# this .venv's Python and each python3.10-3.12 on PATH that runs, about a minute each (cluster/gpu_install.py). Fails when it does
 # not resolve, would build anything but antlr4's pure-Python sdist, or would install flash-attn.
 check-gpu-install: $(STAMP)
 	$(BIN)/python -m cluster.gpu_install
@@ -49,7 +49,7 @@ test-verl: $(VERL_STAMP)
 	$(VERL_VENV)/bin/python -m pytest -m "verl and not gpu" tests/verl
 
 # Both shipped GPU sweeps through Ray Tune on a local two-node CPU cluster at world size 2: two trials at
-# once, a node lost, the driver killed and resumed (README, "Scaling out"). About 8 minutes each on 2 cores.
+# once, a node lost, the driver killed and resumed (docs/scaling-out.md). About 8 minutes each on 2 cores.
 rehearse-verl: $(VERL_STAMP)
 	$(VERL_VENV)/bin/emapg rehearse sweeps/math_deepscaler_ema_pg.yaml --layout across
 	$(VERL_VENV)/bin/emapg rehearse sweeps/search_r1_ema_pg.yaml --layout within
@@ -61,7 +61,7 @@ test-gpu:
 	$(PYTHON) tests/run_gpu.py $(GPU_ARGS)
 
 # The rendered SLURM job under stub srun/scontrol that start real local Ray nodes: two jobs at once, a worker
-# lost (about 80 s on 2 cores; README "Scaling out").
+# lost (about 80 s on 2 cores; docs/scaling-out.md).
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -m slow tests/cluster/test_slurm_job.py
 

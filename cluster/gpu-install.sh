@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The GPU install of the verl backend (README, "Scaling out"): every node, from the checkout's root, with
+# The GPU install of the verl backend (docs/scaling-out.md): every node, from the checkout's root, with
 # Python 3.10-3.12 and an NVIDIA driver for CUDA 13 (R580 or newer). It compiles nothing: every package comes
 # as a wheel for Linux x86_64 with glibc 2.31 or newer, but for one pure-Python sdist (antlr4-python3-runtime
 # 4.9.3, hydra-core's pin). Why verl's `fsdp` extra is spelled out without flash-attn, and the container
 # alternative: docs/verl-plugin.md, "Installing on GPUs".
 #
-# This file is the one source of the install lines: the README quotes the lines between BEGIN and END
+# This file is the one source of the install lines: docs/scaling-out.md quotes the lines between BEGIN and END
 # verbatim, cluster/ray-cluster.yaml runs this file on every node, and `make check-gpu-install` (CI) resolves
 # them (cluster/gpu_install.py); tests/cluster/test_gpu_install.py keeps the three in step.
 set -euo pipefail

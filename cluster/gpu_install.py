@@ -1,9 +1,9 @@
-"""The README's GPU install (``cluster/gpu-install.sh``, its one source) and the check that it resolves.
+"""The GPU install (``cluster/gpu-install.sh``, its one source; docs/scaling-out.md) and the check that it resolves.
 
     python -m cluster.gpu_install            # `make check-gpu-install`, in CI: resolve it, wheels only
 
-``readme_lines()`` are the script's lines between ``# BEGIN README`` and ``# END README`` (the README quotes
-them verbatim, tests/cluster/test_gpu_install.py keeps them so), ``pip_installs()`` the ``pip install``
+``readme_lines()`` are the script's lines between ``# BEGIN README`` and ``# END README`` (docs/scaling-out.md
+quotes them verbatim, tests/cluster/test_gpu_install.py keeps them so), ``pip_installs()`` the ``pip install``
 commands among them as argument lists. ``check()`` resolves each with ``pip install --dry-run
 --ignore-installed --report`` (resolution only: pip reads the wheels' metadata files, PEP 658, and downloads no
 CUDA wheel) for the machine the install is written for, not this one:
@@ -56,7 +56,7 @@ NOISE = "is ignored: it is neither a file nor a directory"  # a pip.conf's missi
 
 
 def readme_lines(script: Path = SCRIPT) -> list[str]:
-    """The lines between the markers, as written (the README's block)."""
+    """The lines between the markers, as written (the block docs/scaling-out.md quotes)."""
     lines = script.read_text().splitlines()
     return lines[lines.index(BEGIN) + 1 : lines.index(END)]
 

@@ -11,7 +11,7 @@
 ``--address`` defaults to $RAY_ADDRESS (the dashboard URL, port 8265). ``submit`` uploads the
 working directory (default: this checkout, without outputs/ and .venv/) as the job's
 ``working_dir`` runtime env, so the cluster runs exactly this code; the nodes must already have
-the dependencies installed (README "Scaling out"). A sweep runs as
+the dependencies installed (docs/scaling-out.md). A sweep runs as
 ``python -m experiments.cli sweep <spec> --address auto --out <--out>``: the job's driver joins the
 cluster and Ray Tune schedules the trials on it. Against a cluster with Ray's token authentication, give the
 client the cluster's token: RAY_AUTH_MODE=token plus RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN); a refused

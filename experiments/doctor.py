@@ -312,7 +312,7 @@ def check_driver(ctx: Context) -> Result:
             return Result(
                 "FAIL",
                 f"torch {version} is a CPU build; the run needs {ctx.demand.gpus_per_node} GPU(s) per node",
-                f"install torch's CUDA build ({TORCH_CUDA_WHEELS}cu130 for R580+ drivers; README 'Scaling out')",
+                f"install torch's CUDA build ({TORCH_CUDA_WHEELS}cu130 for R580+ drivers; docs/scaling-out.md)",
             )
         return Result("N/A", f"torch {version} is a CPU build; {_no_gpu_needed(ctx)}")
     major = int(cuda.split(".")[0])
@@ -477,7 +477,7 @@ def check_verl(ctx: Context) -> Result:
             "FAIL",
             f"verl is not importable: {_first_line(e)}",
             f"cluster/gpu-install.sh on a GPU node, pip install -e '.[verl]' on CPU (verl=={VERL_VERSION}; "
-            "README 'Scaling out')",
+            "docs/scaling-out.md)",
         )
     version = getattr(module, "__version__", "unknown")
     if version != VERL_VERSION:
@@ -501,7 +501,7 @@ def check_rollout(ctx: Context) -> Result:
         ctx,
         module,
         f"backend.verl.rollout_engine={d.rollout}",
-        "install verl's vllm stack: cluster/gpu-install.sh (README 'Scaling out')"
+        "install verl's vllm stack: cluster/gpu-install.sh (docs/scaling-out.md)"
         if module == "vllm"
         else f"pip install {module} (the version verl 0.9.1 supports)",
     )

@@ -24,7 +24,7 @@ estimator needs them, the KL probe scored at every step on the same tokens acros
 checkpoints with their anchor written and pruned, and the resume continuing the step count and the
 anchor. Exit status 0 only when every check passed.
 
-What a rehearsal proves and what it cannot: README, "Scaling out".
+What a rehearsal proves and what it cannot: docs/scaling-out.md.
 """
 
 from __future__ import annotations
@@ -706,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="emapg rehearse",
         description="Run a GPU preset's (or a verl sweep's) real "
-        "verl loop on CPU in minutes: kill after step 2, resume, check. README: 'Scaling out'.",
+        "verl loop on CPU in minutes: kill after step 2, resume, check. See docs/scaling-out.md.",
         epilog="Example: emapg rehearse experiment=math_deepscaler_ema_pg algo.kl.type=topk_reverse",
     )
     p.add_argument(

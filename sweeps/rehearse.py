@@ -18,7 +18,7 @@ two-node Ray cluster, at world size 2, two trials at once, with a node lost and 
    ``emapg sweep ... --resume`` finishes the sweep.
 7. Every trial's run directory is checked (``checks``); the exit status is 0 only when every check passed.
 
-What this proves and what only GPUs can show: README, "Scaling out".
+What this proves and what only GPUs can show: docs/scaling-out.md.
 """
 
 from __future__ import annotations
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="emapg rehearse",
         description="Rehearse a verl sweep through Ray Tune on a local two-node Ray cluster (CPU): world size 2, "
-        "two trials at once, a node lost, the driver killed and resumed. README: 'Scaling out'.",
+        "two trials at once, a node lost, the driver killed and resumed. See docs/scaling-out.md.",
     )
     p.add_argument("spec", help="a verl sweep spec (sweeps/*.yaml)")
     p.add_argument(

@@ -596,7 +596,7 @@ def _check_search(spec: Spec) -> None:
     if spec.backend == "verl" and spec.scheduler.type != "none":
         raise SpecError(
             f"scheduler: {spec.scheduler.type} stops trials mid-run, and stopping a verl trial's job early "
-            "(its Ray workers and GPUs released) is untested (README, Scaling out); use scheduler: none "
+            "(its Ray workers and GPUs released) is untested (docs/scaling-out.md); use scheduler: none "
             "with backend: verl"
         )
     if "seeds" in spec.raw and spec.seed_axis == (None,):

@@ -36,7 +36,7 @@ def require_verl() -> None:
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
             "the verl backend needs the [verl] extra: pip install -c constraints.txt -e '.[verl]' "
-            f"(verl=={VERL_VERSION}; GPU users add vLLM, see README 'Scaling out')"
+            f"(verl=={VERL_VERSION}; GPU users add vLLM, see docs/scaling-out.md)"
         ) from e
     version = getattr(verl, "__version__", "unknown")
     if version != VERL_VERSION:

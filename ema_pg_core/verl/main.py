@@ -1,4 +1,4 @@
-"""Launch EMA-PG on verl 0.9.1 (GPUs + vLLM/SGLang; see README "Scaling out").
+"""Launch EMA-PG on verl 0.9.1 (GPUs + vLLM/SGLang; see docs/scaling-out.md).
 
     python -m ema_pg_core.verl.main <verl overrides ...> emapg.kl.type=topk_reverse emapg.anchor.tau=0.9 ...
     python -m ema_pg_core.verl.main --print-config <same args>     # compose + validate, no Ray, no GPUs

@@ -1,4 +1,4 @@
-"""The README's GPU install has one source, cluster/gpu-install.sh: the README quotes its lines, the Ray cluster
+"""The GPU install has one source, cluster/gpu-install.sh: docs/scaling-out.md quotes its lines, the Ray cluster
 launcher runs the file, CI resolves its lines (`make check-gpu-install`, cluster/gpu_install.py). Offline: the
 resolution itself is CI's step; here, that the three read the same lines and that the check's verdicts hold."""
 
@@ -18,13 +18,17 @@ def _fenced_blocks(text: str) -> list[list[str]]:
     return [b.splitlines() for b in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)]
 
 
-def test_readme_quotes_the_install_script_verbatim():
+DOC = ROOT / "docs" / "scaling-out.md"  # the GPU install's section, "Install on GPU nodes"
+
+
+def test_the_doc_quotes_the_install_script_verbatim():
     lines = G.readme_lines()
     assert lines and any(a[:2] == ["-e", ".[verl]"] for a in G.pip_installs(lines))
-    blocks = [b for b in _fenced_blocks((ROOT / "README.md").read_text()) if any("verl" in x for x in b)]
-    assert lines in blocks, "README's GPU install block differs from cluster/gpu-install.sh (BEGIN..END)"
-    readme = (ROOT / "README.md").read_text()
-    assert "vllm,fsdp]" not in readme and "cluster/gpu-install.sh" in readme
+    doc = DOC.read_text()
+    blocks = [b for b in _fenced_blocks(doc) if any("verl" in x for x in b)]
+    assert lines in blocks, "docs/scaling-out.md's GPU install block differs from cluster/gpu-install.sh (BEGIN..END)"
+    assert "vllm,fsdp]" not in doc and "cluster/gpu-install.sh" in doc
+    assert "docs/scaling-out.md" in (ROOT / "README.md").read_text()  # where the README sends GPU users
 
 
 def test_the_script_runs_exactly_its_readme_lines():
