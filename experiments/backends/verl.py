@@ -121,8 +121,8 @@ class VerlSettings:
     attn_implementation: str | None = None
     """Attention of the actor and the reference (verl's ``actor_rollout_ref.model.override_config.
     attn_implementation``): sdpa | flash_attention_2 | eager; null = sdpa on GPUs, eager on CPU. verl's own
-    default, flash_attention_2, needs the flash-attn package, which the README's GPU install leaves out (no
-    wheel for torch 2.11 + CUDA 13; docs/verl-plugin.md, "Installing on GPUs"); set flash_attention_2 where
+    default, flash_attention_2, needs the flash-attn package, which the GPU install (docs/scaling-out.md) leaves
+    out (no wheel for torch 2.11 + CUDA 13; docs/verl-plugin.md, "Installing on GPUs"); set flash_attention_2 where
     it is installed (verl's image), for speed."""
     multi_turn: bool = False
     """A multi-turn agent loop (search): rollout.max_turns tool calls, then one answer turn."""
