@@ -371,6 +371,7 @@ def load_wandb(
     entity: str | None = None,
     group: str | None = None,
     tags: Iterable[str] | None = None,
+    *,
     api: Any = None,
     page_size: int = 1000,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:

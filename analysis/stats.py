@@ -96,6 +96,7 @@ def bootstrap_ci_two(
     x,
     y,
     statistic: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    *,
     reps: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
@@ -119,6 +120,7 @@ def paired_bootstrap_ci(
     x,
     y,
     statistic: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    *,
     reps: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
@@ -192,6 +194,7 @@ def summarize(
     frame: pd.DataFrame,
     value: str,
     by: str | list[str],
+    *,
     reps: int = 2000,
     seed: int = 0,
     statistic: Aggregate = mean_score,
@@ -212,7 +215,7 @@ def summarize(
 
 
 def curve_bands(
-    metrics: pd.DataFrame, value: str, group: str = "variant", x: str = "iteration", reps: int = 1000, seed: int = 0
+    metrics: pd.DataFrame, value: str, group: str = "variant", *, x: str = "iteration", reps: int = 1000, seed: int = 0
 ) -> pd.DataFrame:
     """Mean and bootstrap CI over runs at each x, per group (learning-curve bands).
 

@@ -301,11 +301,11 @@ def _table_rows(done: list[dict], N: int) -> list[list]:
             mem = minimum_above_inputs(N, k)
             rows.append([f"theoretical minimum (k={k})", k, f"{mem / C.GiB:.3f}", _ratio(mem, ex, ex_x), "", "", ""])
         elif any(r["variant"] == variant and r["N"] == N and (k is None or r["k"] == k) for r in done):
-            rows.append(_variant_row(done, variant, N, k, ex, ex_x))
+            rows.append(_variant_row(done, variant, N, k, ex=ex, ex_x=ex_x))
     return rows
 
 
-def _variant_row(done: list[dict], variant: str, N: int, k: int | None, ex, ex_x: bool) -> list:
+def _variant_row(done: list[dict], variant: str, N: int, k: int | None, *, ex, ex_x: bool) -> list:
     """One variant's row: measured or extrapolated (marked `~`) memory, inputs, time and the two ratios."""
     mem, x_ = _cell(done, variant, N, k or 0, "peak_above_inputs")
     inp, _ = _cell(done, variant, N, k or 0, "inputs")

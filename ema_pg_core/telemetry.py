@@ -72,7 +72,9 @@ def _rows_exact_kl(zp: ZBlock, zr: ZBlock, blocks, forward: bool) -> torch.Tenso
     return out
 
 
-def exact_kl_blocks(rows_p, rows_r, N: int, V: int, direction: str, chunk_size: int, vocab_chunk_size) -> torch.Tensor:
+def exact_kl_blocks(
+    rows_p, rows_r, N: int, V: int, *, direction: str, chunk_size: int, vocab_chunk_size
+) -> torch.Tensor:
     """(N,) exact KL per position; rows_p / rows_r: slice -> ZBlock of the policy's / the anchor's scaled logits.
 
     direction "reverse": KL(policy || anchor); "forward": KL(anchor || policy).
@@ -90,10 +92,10 @@ def exact_kl_from_hidden(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
+    *,
     ref_hidden: torch.Tensor,
     ref_weight: torch.Tensor,
     ref_bias: torch.Tensor | None,
-    *,
     direction: str,
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK,
@@ -113,7 +115,15 @@ def exact_kl_from_hidden(
     with torch.no_grad():
         rows_p = _hidden_rows(hidden.reshape(B * T, H), weight, bias, acc, temperature)
         rows_r = _hidden_rows(ref_hidden.reshape(B * T, -1), ref_weight, ref_bias, acc, temperature)
-        out = exact_kl_blocks(rows_p, rows_r, B * T, weight.shape[0], direction, chunk_size, vocab_chunk_size)
+        out = exact_kl_blocks(
+            rows_p,
+            rows_r,
+            B * T,
+            weight.shape[0],
+            direction=direction,
+            chunk_size=chunk_size,
+            vocab_chunk_size=vocab_chunk_size,
+        )
     return out.view(B, T)
 
 
@@ -133,7 +143,13 @@ def exact_kl_from_logits(
     with torch.no_grad():
         rows_p, rows_r = _logit_rows(logits, acc, temperature), _logit_rows(ref_logits, acc, temperature)
         return exact_kl_blocks(
-            rows_p, rows_r, logits.shape[0], logits.shape[1], direction, chunk_size, vocab_chunk_size
+            rows_p,
+            rows_r,
+            logits.shape[0],
+            logits.shape[1],
+            direction=direction,
+            chunk_size=chunk_size,
+            vocab_chunk_size=vocab_chunk_size,
         )
 
 
@@ -185,6 +201,7 @@ def probe_inputs(
     k: int,
     stats_p: Callable[..., TokenStats],
     stats_r: Callable[..., TokenStats],
+    *,
     tokens: torch.Tensor,
     probe_logp: torch.Tensor,
 ) -> KLInputs:
@@ -231,7 +248,7 @@ def probe_scores_from_logits(
     def stats(z):
         return lambda **kw: token_stats_from_logits(z, tokens, **kw)
 
-    x = probe_inputs(name, k, stats(logits), stats(ref_logits), tokens, probe_logp)
+    x = probe_inputs(name, k, stats(logits), stats(ref_logits), tokens=tokens, probe_logp=probe_logp)
     x.old_logp = x.logp if probe_logp is None else probe_logp.to(x.logp.dtype)  # (B, T)
     if get_estimator(name).needs == "full":
         x.logits, x.ref_logits = logits, ref_logits

@@ -194,7 +194,7 @@ def chunk_seed(seed: int, model: str, benchmark: str, chunk: int) -> int:
     return seed * 1_000_003 + zlib.crc32(f"{model}/{benchmark}/{chunk}".encode())
 
 
-def hf_samples(model, tok, prompts: list[str], st: dict, seed: int, env, rollout_kw: dict) -> tuple[list, list]:
+def hf_samples(model, tok, prompts: list[str], st: dict, seed: int, *, env, rollout_kw: dict) -> tuple[list, list]:
     """(greedy texts, sampled texts) for P prompts: P greedy and P * n samples (prompt-major), on the
     local backend's rollout (KV cache, stop strings, tool loop)."""
     import torch
@@ -234,7 +234,7 @@ def vllm_samples(model_dir: str, prompts: list[str], st: dict, seed: int) -> tup
     return [o.outputs[0].text for o in greedy], [c.text for o in sampled for c in o.outputs]
 
 
-def score_rows(module, exs: list, greedy: list[str], sampled: list[str], st: dict, model: str, bench: str) -> list:
+def score_rows(module, exs: list, greedy: list[str], sampled: list[str], st: dict, *, model: str, bench: str) -> list:
     """Per-problem rows (evals.jsonl schema) from texts: greedy (P,), sampled (P * n,) prompt-major."""
     n = st["n"]
     return [
@@ -346,7 +346,18 @@ def main(argv: list[str]) -> int:
     bar.update(sum(1 for m in loaders for b, exs in problem_sets.items() for e in exs if (m, b, str(e.id)) in done))
     try:
         for name, load in loaders.items():
-            run_model(name, load, module, task_cfg, problem_sets, st, out, done, bar, args.device)
+            run_model(
+                name,
+                load,
+                module=module,
+                task_cfg=task_cfg,
+                problem_sets=problem_sets,
+                st=st,
+                out=out,
+                done=done,
+                bar=bar,
+                device=args.device,
+            )
     finally:
         bar.close()
     summary = summarize(records.read_evals(out), st)
@@ -372,7 +383,7 @@ def _generation_context(module, task_cfg: DictConfig, t_cfg: DictConfig | None) 
     return env, {"max_turns": int(ro.max_turns), "max_obs_tokens": int(ro.max_obs_tokens)}
 
 
-def run_model(name, load, module, task_cfg, problem_sets: dict, st: dict, out: Path, done: set, bar, device) -> None:
+def run_model(name, load, *, module, task_cfg, problem_sets: dict, st: dict, out: Path, done: set, bar, device) -> None:
     """Evaluate one model on every benchmark, chunk by chunk, skipping the chunks already written."""
     env, rollout_kw = _generation_context(module, task_cfg, getattr(load, "cfg", None))
     model = tok = None
@@ -388,8 +399,8 @@ def run_model(name, load, module, task_cfg, problem_sets: dict, st: dict, out: P
             if st["engine"] == "vllm":
                 greedy, sampled = vllm_samples(model, prompts, st, seed)
             else:
-                greedy, sampled = hf_samples(model, tok, prompts, st, seed, env, rollout_kw)
-            records.append_eval_rows(out, score_rows(module, todo, greedy, sampled, st, name, bench))
+                greedy, sampled = hf_samples(model, tok, prompts, st, seed, env=env, rollout_kw=rollout_kw)
+            records.append_eval_rows(out, score_rows(module, todo, greedy, sampled, st, model=name, bench=bench))
             bar.update(len(todo))
 
 

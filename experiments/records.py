@@ -417,6 +417,7 @@ class RunRecord:
         cls,
         run_dir: str | Path,
         cfg: DictConfig | Mapping[str, Any],
+        *,
         resume: bool = False,
         force: bool = False,
         checkpoint: str | None = None,

@@ -128,7 +128,7 @@ class SearchR1AgentLoop(AgentLoopBase):
         metrics, extra, turns, searches = {}, {}, 0, 0
         while len(mask) < self.response_length:
             final = searches >= self.max_turns  # the answer turn: no stop string, no tool response
-            out = await self._generate(request_id, ids, sampling_params, final, len(mask), metrics)
+            out = await self._generate(request_id, ids, sampling_params, final=final, used=len(mask), metrics=metrics)
             turns += 1
             extra = self._merge_extra(extra, out.extra_fields)
             keep = len(out.token_ids) if final else cut_after_stop(self.tokenizer, out.token_ids)
@@ -148,10 +148,10 @@ class SearchR1AgentLoop(AgentLoopBase):
             ids, searches = ids + info, searches + 1
             mask = mask + [0] * len(info)
             logprobs = logprobs + [0.0] * len(info) if logprobs is not None else None
-        return self._output(ids, mask, logprobs, turns + searches + 1, metrics, extra)
+        return self._output(ids, mask, logprobs, num_turns=turns + searches + 1, metrics=metrics, extra=extra)
 
     async def _generate(
-        self, request_id: str, ids: list[int], sampling_params: dict[str, Any], final: bool, used: int, metrics: dict
+        self, request_id: str, ids: list[int], sampling_params: dict[str, Any], *, final: bool, used: int, metrics: dict
     ) -> TokenOutput:
         """One turn: at most max_turn_tokens and the remaining response budget; stops at `</search>` unless `final`."""
         params = {**sampling_params, "max_tokens": min(self.max_turn_tokens, self.response_length - used)}
@@ -191,7 +191,14 @@ class SearchR1AgentLoop(AgentLoopBase):
         return self.tokenizer(info, add_special_tokens=False)["input_ids"][: self.max_info_tokens]
 
     def _output(
-        self, ids: list[int], mask: list[int], logprobs: list[float] | None, num_turns: int, metrics: dict, extra: dict
+        self,
+        ids: list[int],
+        mask: list[int],
+        logprobs: list[float] | None,
+        *,
+        num_turns: int,
+        metrics: dict,
+        extra: dict,
     ) -> AgentLoopOutput:
         """prompt_ids (P,) and response_ids / response_mask / response_logprobs cut to response_length."""
         n = self.response_length

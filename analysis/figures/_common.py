@@ -27,6 +27,7 @@ def band(
     metrics: pd.DataFrame,
     metric: str,
     group: str,
+    *,
     reps: int,
     seed: int,
     scale: float = 1.0,

@@ -31,9 +31,9 @@ def make(
     axs = list(getattr(axs, "flat", axs))
     for ax, name in zip(axs, names):
         sub = probed[probed[group] == name]
-        _common.band(ax, sub, EXACT, group, reps, seed, label_suffix=": exact", colors={name: style.color(0)})
+        _common.band(ax, sub, EXACT, group, reps=reps, seed=seed, label_suffix=": exact", colors={name: style.color(0)})
         _common.band(
-            ax, sub, ESTIMATE, group, reps, seed, linestyle="--", label_suffix=": estimate",
+            ax, sub, ESTIMATE, group, reps=reps, seed=seed, linestyle="--", label_suffix=": estimate",
             colors={name: style.color(1)},
         )  # fmt: skip
         for line in ax.get_lines():  # the panel's title names the method: keep "exact (n=..)" in the legend

@@ -46,9 +46,9 @@ def make(
     if df[knob].nunique() < 2:
         raise ValueError(f"Top-k telemetry for fewer than two values of {knob}; no coverage curve")
     fig, (ax, tail) = style.new_figure(10.4, 4.2, ncols=2)
-    _curves(ax, df, knob, (("topk/head_mass", CURVES[0][1]), ("inside_frac", CURVES[1][1])), reps, seed)
+    _curves(ax, df, knob, (("topk/head_mass", CURVES[0][1]), ("inside_frac", CURVES[1][1])), reps=reps, seed=seed)
     ax.set(ylabel="fraction inside the head (mean over training)", ylim=(-0.02, 1.02))
-    _curves(tail, df.assign(**{c: df[c].clip(lower=FLOOR) for c, _ in TAILS}), knob, TAILS, reps, seed)
+    _curves(tail, df.assign(**{c: df[c].clip(lower=FLOOR) for c, _ in TAILS}), knob, TAILS, reps=reps, seed=seed)
     tail.set_yscale("log")
     tail.set(ylabel="fraction outside the head (log scale)")
     for a in (ax, tail):
@@ -62,7 +62,7 @@ def make(
     return style.finish(fig, title, style.CI_NOTE + f"; dots = runs; right: values < {FLOOR:g} drawn at {FLOOR:g}")
 
 
-def _curves(ax, df: pd.DataFrame, knob: str, cols, reps: int, seed: int) -> None:
+def _curves(ax, df: pd.DataFrame, knob: str, cols, *, reps: int, seed: int) -> None:
     """Mean ± CI over seeds of each column against the knob, and the runs as dots."""
     for i, (col, label) in enumerate(cols):
         s = stats.summarize(df, col, [knob], reps=reps, seed=seed).sort_values(knob)

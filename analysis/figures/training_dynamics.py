@@ -28,7 +28,7 @@ def make(
     colors = _common.group_colors(metrics[group].dropna())
     for ax, m in zip(axs, panels):
         label, scale = style.metric_label(m)
-        _common.band(ax, metrics, m, group, reps, seed, scale=scale, colors=colors)
+        _common.band(ax, metrics, m, group, reps=reps, seed=seed, scale=scale, colors=colors)
         ax.set(xlabel="training iteration (rollout batches)", ylabel=label, title=m)
     axs[0].legend(loc="best", frameon=False)
     return style.finish(fig, title, style.CI_NOTE + "; n = runs (seeds) per line")

@@ -151,7 +151,8 @@ def _shared_prompt_hidden(model, batch: Batch, rows: torch.Tensor, inverse: torc
     for chunk in length_chunks(resp_len.tolist()):
         idx = torch.tensor(chunk, device=P.device)  # (c,) rows of this chunk
         cache = DynamicCache([(layer.keys[inverse[idx]], layer.values[inverse[idx]]) for layer in layers])
-        tail = _continue(model, batch, idx, P[idx], prompt_mask[idx], cache, int(resp_len[idx].max()))  # (c, t, H)
+        t = int(resp_len[idx].max())
+        tail = _continue(model, batch, idx, P=P[idx], prompt_mask=prompt_mask[idx], cache=cache, t=t)  # (c, t, H)
         parts.append(torch.nn.functional.pad(tail, (0, 0, 0, T - tail.shape[1])))  # (c, T, H)
         order.append(idx)
     tail = parts[0] if len(parts) == 1 else torch.cat(parts)[torch.cat(order).argsort()]  # (B, T, H), row order
@@ -160,7 +161,7 @@ def _shared_prompt_hidden(model, batch: Batch, rows: torch.Tensor, inverse: torc
     return torch.cat([last_prompt, tail[:, : T - 1]], 1)  # (B, T, H)
 
 
-def _continue(model, batch: Batch, idx, P, prompt_mask, cache, t: int) -> torch.Tensor:
+def _continue(model, batch: Batch, idx, *, P, prompt_mask, cache, t: int) -> torch.Tensor:
     """(c, t, H) hidden states of rows idx's first t response tokens after their prompts' cache; the output
     at j predicts response token j + 1. P (c,) prompt lengths, prompt_mask (c, Pm)."""
     j = torch.arange(t, device=P.device)  # (t,)

@@ -61,14 +61,14 @@ def _head(model):
     return head.weight, head.bias
 
 
-def _estimate_inputs(name: str, k: int, h, h_ref, policy, anchor, batch: Batch, logp_probe, T: float) -> KLInputs:
+def _estimate_inputs(name: str, k: int, h, h_ref, *, policy, anchor, batch: Batch, logp_probe, T: float) -> KLInputs:
     """KLInputs of estimator ``name`` on the probe tokens; every tensor (P, T[, K | V])."""
     (w, b), (wr, br) = _head(policy), _head(anchor)
 
     def stats(hh, ww, bb):
         return lambda **kw: token_stats_from_hidden(hh, ww, bb, batch.tokens, temperature=T, **kw)
 
-    x = probe_inputs(name, k, stats(h, w, b), stats(h_ref, wr, br), batch.tokens, logp_probe)
+    x = probe_inputs(name, k, stats(h, w, b), stats(h_ref, wr, br), tokens=batch.tokens, probe_logp=logp_probe)
     if get_estimator(name).needs == "full":
         x.logits, x.ref_logits = policy.get_output_embeddings()(h) / T, anchor.get_output_embeddings()(h_ref) / T
     return x
@@ -84,8 +84,13 @@ def score_probe(policy, anchor, probe: dict[str, torch.Tensor], kl: KLConfig, ag
     h, h_ref = response_hidden(policy, batch), response_hidden(anchor, batch)  # (P, T, H) each
     est = get_estimator(kl.type)
     (w, b), (wr, br) = _head(policy), _head(anchor)
-    exact = exact_kl_from_hidden(h, w, b, h_ref, wr, br, direction=est.direction, temperature=temperature)
-    x = _estimate_inputs(kl.type, kl.k, h, h_ref, policy, anchor, batch, probe["logp"].to(device), temperature)
+    exact = exact_kl_from_hidden(
+        h, w, b, ref_hidden=h_ref, ref_weight=wr, ref_bias=br, direction=est.direction, temperature=temperature
+    )
+    logp_probe = probe["logp"].to(device)
+    x = _estimate_inputs(
+        kl.type, kl.k, h, h_ref, policy=policy, anchor=anchor, batch=batch, logp_probe=logp_probe, T=temperature
+    )
     iw = ImportanceWeight(True, kl.iw_clip_low, kl.iw_clip_high)
     estimate = kl_per_token(kl.type, x, tail=kl.tail, iw=iw)  # (P, T)
     policy.train()

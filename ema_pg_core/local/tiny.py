@@ -66,6 +66,7 @@ def build_tokenizer(charset: str = CHARSET) -> PreTrainedTokenizerFast:
 
 def build_model(
     tokenizer: PreTrainedTokenizerFast,
+    *,
     hidden: int = 128,
     layers: int = 2,
     heads: int = 4,

@@ -46,6 +46,7 @@ def problem_id(source: str, prompt: str) -> str:
 def problem_rows(
     iteration: int,
     model: str,
+    *,
     sources: Sequence[str],
     uids: Sequence[str],
     prompts: Sequence[str],

@@ -194,7 +194,15 @@ class EmaPGTrainerSync(PPOTrainerSync):
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, **kwargs):
         prompts, scores = self._val_samples
         greedy = not self.config.actor_rollout_ref.rollout.val_kwargs.do_sample
-        rows = problem_rows(self.global_steps, self._eval_as, data_sources, sample_uids, prompts, scores, greedy)
+        rows = problem_rows(
+            self.global_steps,
+            self._eval_as,
+            sources=data_sources,
+            uids=sample_uids,
+            prompts=prompts,
+            scores=scores,
+            greedy=greedy,
+        )
         append_rows(self._evals, rows)
         self._val_rows = rows
         return super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns, **kwargs)

@@ -242,7 +242,7 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
     o = {
         **_algorithm_keys(section, adv),
         **_rollout_data_keys(ro, tr, vs),
-        **_training_keys(opt, tr, vs, ro, model_path, int(run.get("seed", 0))),
+        **_training_keys(opt, tr, vs, ro, model_path=model_path, seed=int(run.get("seed", 0))),
     }
     if section.loss.dual_clip_c is not None:
         o[f"{A}clip_ratio_c"] = section.loss.dual_clip_c
@@ -325,7 +325,7 @@ def _rollout_data_keys(ro, tr, vs: VerlSettings) -> dict[str, Any]:
     }
 
 
-def _training_keys(opt, tr, vs: VerlSettings, ro, model_path: str, seed: int) -> dict[str, Any]:
+def _training_keys(opt, tr, vs: VerlSettings, ro, *, model_path: str, seed: int) -> dict[str, Any]:
     return {
         f"{A}optim.lr": opt.lr,
         f"{A}optim.betas": [opt.beta1, opt.beta2],

@@ -241,6 +241,7 @@ def running_server(
     retriever: Retriever,
     host: str = DEFAULT_HOST,
     port: int = 0,
+    *,
     startup_timeout: float = 10.0,
     limits: Limits = Limits(),
     token: str | None = None,

@@ -44,8 +44,8 @@ def test_exact_kl_in_blocks_equals_the_full_softmax(direction, vchunk):
     B, T, H, n = 3, 5, 8, 50
     r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731  fp64: exact regime
     h, hr, w, wr, b = r(B, T, H), r(B, T, H), r(n, H), r(n, H), r(n)
-    got = exact_kl_from_hidden(h, w, b, hr, wr, None, direction=direction, temperature=0.7, chunk_size=4,
-                               vocab_chunk_size=vchunk)  # fmt: skip
+    got = exact_kl_from_hidden(h, w, b, ref_hidden=hr, ref_weight=wr, ref_bias=None, direction=direction,
+                               temperature=0.7, chunk_size=4, vocab_chunk_size=vchunk)  # fmt: skip
     want = _direct_kl((h @ w.T + b) / 0.7, (hr @ wr.T) / 0.7, direction)
     torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=0)
     z, zr = r(7, n) * 3, r(7, n) * 3

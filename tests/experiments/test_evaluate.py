@@ -51,7 +51,7 @@ def test_scoring_and_pass_at_k_by_hand():
     greedy = [right[0], wrong]
     sampled = [right[0], wrong, right[0], wrong] + [wrong, wrong, wrong, right[1]]  # c = 2 and c = 1 of n = 4
     st = {"n": 4, "iteration": 7}
-    rows = evaluate.score_rows(mod, ex, greedy, sampled, st, "policy", "math_tiny")
+    rows = evaluate.score_rows(mod, ex, greedy, sampled, st, model="policy", bench="math_tiny")
     assert [(r["n_correct"], r["greedy_correct"], r["iteration"]) for r in rows] == [(2, 1, 7), (1, 0, 7)]
     s = evaluate.summarize(rows, st)["results"]["policy"]["math_tiny"]
     # pass@1 = c/n; pass@2 = 1 - C(n-c, 2)/C(4, 2): problem 1: 1 - 1/6, problem 2: 1 - 3/6; pass@4 = 1 for both

@@ -321,17 +321,20 @@ def test_validation_samples_become_one_row_per_problem_and_model():
     uids = ["u1", "u2", "u1", "u2", "u1", "u2"]
     prompts = ["p1", "p2", "p1", "p2", "p1", "p2"]
     scores = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
-    rows = problem_rows(4, "anchor", sources, uids, prompts, scores, greedy=False)
+    rows = problem_rows(4, "anchor", sources=sources, uids=uids, prompts=prompts, scores=scores, greedy=False)
     assert rows == [
         {"iteration": 4, "model": "anchor", "benchmark": "aime2024", "problem_id": problem_id("aime2024", "p1"),
          "n": 3, "n_correct": 2, "greedy_correct": None},
         {"iteration": 4, "model": "anchor", "benchmark": "amc", "problem_id": problem_id("amc", "p2"),
          "n": 3, "n_correct": 1, "greedy_correct": None},
     ]  # fmt: skip
-    assert [r["greedy_correct"] for r in problem_rows(0, "policy", sources, uids, prompts, scores, True)] == [1, 0]
+    assert [
+        r["greedy_correct"]
+        for r in problem_rows(0, "policy", sources=sources, uids=uids, prompts=prompts, scores=scores, greedy=True)
+    ] == [1, 0]
     assert problem_id("amc", "p2") == problem_id("amc", "p2") != problem_id("amc", "p3")  # stable, per prompt
     with pytest.raises(ValueError, match="misaligned"):
-        problem_rows(0, "policy", sources, uids[:-1], prompts, scores, False)
+        problem_rows(0, "policy", sources=sources, uids=uids[:-1], prompts=prompts, scores=scores, greedy=False)
     assert anchor_keys({"val-core/amc/reward/mean@3": 0.5, "val-aux/num_turns/min": 1, "x": 2}) == {
         "val-anchor-core/amc/reward/mean@3": 0.5,
         "val-anchor-aux/num_turns/min": 1,
