@@ -139,17 +139,18 @@ def schema_keys() -> list[str]:
 
 
 def group_options() -> dict[str, list[str]]:
-    """Config groups and their options (experiments/conf/<group>/*.yaml), e.g. {"task": ["math", ...]};
-    the task options are every registered task (schema.register stores those without a YAML file)."""
+    """Config groups and their options (experiments/conf/<group>/*.yaml and the same in the tasks' config
+    directories), e.g. {"task": ["math", ...]}; the task options are every registered task (schema.register
+    stores those without a YAML file)."""
     from experiments.tasks import TASKS
 
-    root = Path(__file__).parent / "conf"
-    groups = {
-        d.name: sorted(p.stem for p in d.glob("*.yaml"))
-        for d in sorted(root.iterdir())
-        if d.is_dir() and not d.name.startswith(("_", "verl"))
-    }
-    return {**groups, "task": sorted(set(groups.get("task", [])) | set(TASKS))}
+    groups: dict[str, set[str]] = {}
+    for root in [Path(__file__).parent / "conf"] + [Path(d) for d in conf_dirs()]:
+        for d in sorted(root.iterdir()):
+            if d.is_dir() and not d.name.startswith(("_", "verl")):
+                groups.setdefault(d.name, set()).update(p.stem for p in d.glob("*.yaml"))
+    groups["task"] = groups.get("task", set()) | set(TASKS)
+    return {name: sorted(options) for name, options in sorted(groups.items())}
 
 
 def local_config(cfg: DictConfig) -> LocalConfig:
