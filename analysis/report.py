@@ -9,8 +9,9 @@
 What `report` writes (per task; whatever the logged metrics support, the rest is listed under
 "Skipped" in the index with the reason):
     runs.{md,tex,csv}                    every run found, with status (failed / partial included)
-    <math|search>_main.{md,tex,csv}      paper-format table, the paper's verified numbers beside ours
-    <task>_main.{md,tex,csv}             the same layout for other tasks (math_tiny, search_tiny, ...)
+    <task>_main.{md,tex,csv}             a task with benchmarks (its REPORTING, experiments.tasks): the
+                                         paper-format table, the paper's verified numbers beside ours;
+                                         other tasks: policy acc, pass@1 and anchor acc per benchmark
     <task>_passk.{md,tex,csv}            unbiased pass@k from evals.jsonl
     <task>_curve_<benchmark>.{png,pdf}   policy and EMA-anchor eval vs iteration
     <task>_dynamics.{png,pdf}            KL value and anchor drift vs iteration
@@ -52,6 +53,7 @@ from analysis.figures import (
     training_dynamics,
 )
 from analysis.index import Output, run_provenance, write_index
+from experiments.tasks import reporting
 
 Built = tuple[list[Output], list[str]]  # (outputs written, notes on what was skipped and why)
 REPS = 2000
@@ -222,14 +224,12 @@ def _task_tables(
     sweep_metric: str | None,
 ) -> Built:
     outputs, skipped = [], []
-    setting = task if task in tables.SETTINGS else None
-    prefix = "final/eval/"
-    has = tables.find_benchmarks(runs.columns, prefix, "acc") or tables.find_benchmarks(runs.columns, prefix, "pass@1")
-    if not has:
+    spec = reporting(task)
+    if not any(tables.find_benchmarks(runs.columns, "final/eval/", m) for m in ("acc", "pass@1")):
         return [], [f"{task}: no eval metric logged; no result table"]
-    if setting:
-        weights = _problem_counts(evals, tables.SETTINGS[setting][0]) if evals is not None else None
-        t = tables.paper_table(runs, setting, weights=weights, reps=reps, seed=seed)
+    if spec.benchmarks:
+        weights = _problem_counts(evals, spec.benchmarks, spec.names) if evals is not None else None
+        t = tables.paper_table(runs, task, weights=weights, reps=reps, seed=seed)
         title = f"{task}: paper-format table, reproduced vs reported"
     else:
         t = tables.tiny_table(runs, task, reps=reps, seed=seed)
@@ -507,10 +507,9 @@ def main_figures(argv: Sequence[str] | None, audit_fn: Callable[[], Mapping[str,
 
 
 def _curve_metrics(task: str, columns: Sequence[str]) -> dict[str, str]:
-    """benchmark -> the eval metric to plot (pass@1 first for the math setting, else acc)."""
-    prefer = ("pass@1", "acc") if task == "math" else ("acc", "pass@1")
+    """benchmark -> the eval metric to plot: the first of the task's REPORTING.metrics that it logs."""
     found: dict[str, str] = {}
-    for metric in reversed(prefer):
+    for metric in reversed(reporting(task).metrics):
         for col in columns:
             m = re.match(r"^eval/(?P<b>[^/]+)/" + re.escape(metric) + "$", col)
             if m:
@@ -534,11 +533,13 @@ def _with_score(task: str, runs: pd.DataFrame, sweep_metric: str | None) -> tupl
     return runs.assign(**{name: runs[list(bench.values())].mean(axis=1, skipna=False)}), name
 
 
-def _problem_counts(evals: pd.DataFrame, benchmarks: Sequence[str]) -> dict[str, float] | None:
-    """Problems per benchmark (display names), when evals cover every benchmark; else None."""
+def _problem_counts(
+    evals: pd.DataFrame, benchmarks: Sequence[str], names: Mapping[str, str]
+) -> dict[str, float] | None:
+    """Problems per benchmark (display names, via the task's `names`), when evals cover every benchmark; else
+    None."""
     counts = {
-        tables.ALIASES.get(tables.normalise(b), b): n
-        for b, n in evals.groupby("benchmark")["problem_id"].nunique().items()
+        names.get(tables.normalise(b), b): n for b, n in evals.groupby("benchmark")["problem_id"].nunique().items()
     }
     return {b: float(counts[b]) for b in benchmarks} if all(b in counts for b in benchmarks) else None
 

@@ -1,6 +1,6 @@
 """Tables: markdown / LaTeX (booktabs) / CSV writers and the paper-format result tables.
 
-    t = paper_table(runs, "search", reps=2000, seed=0)   # -> Table
+    t = paper_table(runs, "search", reps=2000, seed=0)   # -> Table (the task's REPORTING: benchmarks, metric)
     write_table(t, "out/")                                # out/search_main.{md,tex,csv}
 
 A `Table` holds display strings (`cells`, what .md/.tex show) and the numbers behind them
@@ -8,7 +8,8 @@ A `Table` holds display strings (`cells`, what .md/.tex show) and the numbers be
 the 95% stratified-bootstrap CI over seeds; a cell with no number is "—" (unavailable), never
 filled in. Gains and P(improvement) are paired over seeds when both methods ran the same seeds on
 the same data (seeds resampled jointly), else unpaired; each cell says which (`compare`).
-Paper rows come from analysis.paper with their source tags.
+Paper rows come from analysis.paper with their source tags. What a task's tables show (its benchmarks, their
+display names, the metric, the paper setting) is its module's REPORTING (experiments.tasks.Reporting).
 """
 
 from __future__ import annotations
@@ -24,33 +25,9 @@ import numpy as np
 import pandas as pd
 
 from analysis import paper, stats
+from experiments.tasks import reporting
 
 NA = "—"
-MATH_BENCHMARKS = ("AIME24", "AMC", "MATH-500", "Minerva", "OlympiadBench")
-SEARCH_BENCHMARKS = ("NQ", "TriviaQA", "PopQA", "HotpotQA", "2WikiMultiHopQA", "Musique", "Bamboogle")
-SETTINGS = {"math": (MATH_BENCHMARKS, "pass@1"), "search": (SEARCH_BENCHMARKS, "acc")}
-# normalised metric-key names (lower case, alphanumerics only) -> display name
-ALIASES = {
-    "aime24": "AIME24",
-    "aime2024": "AIME24",
-    "amc": "AMC",
-    "amc23": "AMC",
-    "amc2023": "AMC",
-    "math500": "MATH-500",
-    "minerva": "Minerva",
-    "minervamath": "Minerva",
-    "olympiadbench": "OlympiadBench",
-    "olympiad": "OlympiadBench",
-    "nq": "NQ",
-    "naturalquestions": "NQ",
-    "triviaqa": "TriviaQA",
-    "popqa": "PopQA",
-    "hotpotqa": "HotpotQA",
-    "2wikimultihopqa": "2WikiMultiHopQA",
-    "2wiki": "2WikiMultiHopQA",
-    "musique": "Musique",
-    "bamboogle": "Bamboogle",
-}
 METRIC_NAMES = {"acc": "greedy accuracy", "pass@1": "pass@1 (mean accuracy over n samples)"}
 
 
@@ -179,15 +156,19 @@ def normalise(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-def find_benchmarks(columns: Sequence[str], prefix: str, metric: str) -> dict[str, str]:
-    """Display benchmark name -> column, for columns `<prefix><benchmark>/<metric>`
-    (e.g. prefix "final/eval/", metric "acc"). Unknown names keep their own spelling."""
+def find_benchmarks(
+    columns: Sequence[str], prefix: str, metric: str, names: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Display benchmark name -> column, for columns `<prefix><benchmark>/<metric>` (e.g. prefix "final/eval/",
+    metric "acc"). `names`: normalised logged name -> display name (a task's REPORTING.names); names not in it
+    keep their own spelling."""
+    names = names or {}
     found = {}
     pat = re.compile(re.escape(prefix) + r"(?P<b>[^/]+)/" + re.escape(metric) + "$")
     for col in columns:
         m = pat.match(col)
         if m:
-            found[ALIASES.get(normalise(m["b"]), m["b"])] = col
+            found[names.get(normalise(m["b"]), m["b"])] = col
     return found
 
 
@@ -421,7 +402,7 @@ def assemble(
 
 def paper_table(
     runs: pd.DataFrame,
-    setting: str,
+    task: str,
     *,
     which: str = "final",
     group: str = "variant",
@@ -429,25 +410,30 @@ def paper_table(
     reps: int = 2000,
     seed: int = 0,
 ) -> Table:
-    """The paper's main table for `setting` ("math" | "search"): the paper's verified numbers,
-    then ours per variant (mean ± CI over seeds of the `which` value), then relative gains.
+    """The paper-format main table of a task that declares benchmarks (its REPORTING: the columns, the metric,
+    the paper setting): the paper's verified numbers when the task names a setting of analysis.paper, then
+    ours per variant (mean ± CI over seeds of the `which` value), then relative gains.
 
     `runs`: the runs frame, already filtered to the runs to report (e.g. complete, task).
     "Average" is the per-run mean over all benchmarks (weighted by `weights`, e.g. problem
     counts, when given), reported only for runs that have every benchmark.
     """
-    benchmarks, metric = SETTINGS[setting]
-    found = find_benchmarks(runs.columns, f"{which}/eval/", metric)
+    spec = reporting(task)
+    if not spec.benchmarks:
+        raise ValueError(f"task {task!r} declares no benchmarks (REPORTING.benchmarks): its table is tiny_table")
+    benchmarks, metric = spec.benchmarks, spec.metrics[0]
+    found = find_benchmarks(runs.columns, f"{which}/eval/", metric, spec.names)
     runs = runs.assign(_avg=_average(runs, [found.get(b) for b in benchmarks], benchmarks, weights))
     columns = {**{b: found.get(b, f"{which}/eval/{b}/{metric}") for b in benchmarks}, "Average": "_avg"}
+    published = f"Paper: {paper.SETTINGS[spec.paper]}. " if spec.paper else ""
     caption = (
-        f"{setting.capitalize()}: {METRIC_NAMES[metric]} (%) at the {which} iteration. Paper: "
-        f"{paper.SETTINGS[setting]}. Ours: mean ± half-width of the 95% stratified-bootstrap CI "
+        f"{task.capitalize()}: {METRIC_NAMES.get(metric, metric)} (%) at the {which} iteration. {published}"
+        f"Ours: mean ± half-width of the 95% stratified-bootstrap CI "
         f"over seeds ({reps} resamples); gains: relative gain of seed means [95% CI], paired or "
         f"unpaired over seeds as marked (see the notes). "
         f"— = unavailable (not reported in a verified source, or not logged)."
     )
-    notes = [f"{tag}: {desc}" for tag, desc in paper.SOURCES.items()]
+    notes = [f"{tag}: {desc}" for tag, desc in paper.SOURCES.items()] if spec.paper else []
     notes.append(
         "Average = "
         + (
@@ -458,8 +444,9 @@ def paper_table(
         + "."
     )
     g_rows, g_nums, g_notes = gain_rows(runs, columns, group, reps, seed)
-    blocks = [paper_rows(setting, list(columns)), ours_rows(runs, columns, group, reps, seed), (g_rows, g_nums)]
-    return assemble(f"{setting}_main", caption, list(columns), blocks, notes + g_notes, runs["run_id"].tolist())
+    blocks = [paper_rows(spec.paper, list(columns))] if spec.paper else []
+    blocks += [ours_rows(runs, columns, group, reps, seed), (g_rows, g_nums)]
+    return assemble(f"{task}_main", caption, list(columns), blocks, notes + g_notes, runs["run_id"].tolist())
 
 
 def tiny_table(
@@ -467,9 +454,10 @@ def tiny_table(
 ) -> Table:
     """The main-table layout for a tiny task: policy greedy acc, policy pass@1 and EMA-anchor
     greedy acc per benchmark; no paper rows (the paper has no tiny tasks)."""
+    names = reporting(task).names
     benches = sorted(
-        set(find_benchmarks(runs.columns, f"{which}/eval/", "acc"))
-        | set(find_benchmarks(runs.columns, f"{which}/eval/", "pass@1"))
+        set(find_benchmarks(runs.columns, f"{which}/eval/", "acc", names))
+        | set(find_benchmarks(runs.columns, f"{which}/eval/", "pass@1", names))
     )
     columns: dict[str, str] = {}
     for b in benches:
@@ -479,7 +467,7 @@ def tiny_table(
             ("policy pass@1", "eval", "pass@1"),
             ("anchor acc", "eval_anchor", "acc"),
         ):
-            col = find_benchmarks(runs.columns, f"{which}/{prefix}/", metric).get(b)
+            col = find_benchmarks(runs.columns, f"{which}/{prefix}/", metric, names).get(b)
             columns[pre + kind] = col or f"{which}/{prefix}/{b}/{metric}"
     caption = (
         f"{task}: accuracy (%) at the {which} iteration; acc = greedy, pass@1 = mean accuracy "

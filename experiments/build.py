@@ -45,9 +45,24 @@ NAME_MAX_BYTES, PATH_MAX_BYTES = 255, 4095
 """The longest path component and path, in bytes, that file systems accept (Linux: NAME_MAX, PATH_MAX - 1)."""
 
 
-def presets() -> list[str]:
-    """Names of the experiment presets (experiments/conf/experiment/*.yaml)."""
-    return sorted(p.stem for p in (Path(__file__).parent / "conf" / "experiment").glob("*.yaml"))
+def presets(tasks_dirs: bool = True) -> list[str]:
+    """Names of the experiment presets: experiments/conf/experiment/*.yaml and, with `tasks_dirs`, those in the
+    config directory of a registered task outside experiments/tasks (its CONF_DIR)."""
+    roots = [Path(__file__).parent / "conf"] + ([Path(d) for d in conf_dirs()] if tasks_dirs else [])
+    return sorted({p.stem for root in roots for p in (root / "experiment").glob("*.yaml")})
+
+
+def conf_dirs() -> list[str]:
+    """The config directories of the registered tasks that have one (experiments.tasks.conf_dirs)."""
+    from experiments.tasks import conf_dirs as task_conf_dirs
+
+    return task_conf_dirs()
+
+
+def search_path() -> list[str]:
+    """Hydra overrides that add the tasks' config directories to the search path ([] when none has one)."""
+    dirs = conf_dirs()
+    return ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"] if dirs else []
 
 
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -64,7 +79,7 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module=CONF_MODULE, version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=overrides)
+            cfg = hydra_compose(config_name="config", overrides=overrides + search_path())
         OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.to_container(cfg))  # +key=... the schema lacks
     except Exception as e:  # noqa: BLE001  Hydra/OmegaConf errors -> one line naming the key
         if not _is_hydra(e):
@@ -124,17 +139,18 @@ def schema_keys() -> list[str]:
 
 
 def group_options() -> dict[str, list[str]]:
-    """Config groups and their options (experiments/conf/<group>/*.yaml), e.g. {"task": ["math", ...]};
-    the task options are every registered task (schema.register stores those without a YAML file)."""
+    """Config groups and their options (experiments/conf/<group>/*.yaml and the same in the tasks' config
+    directories), e.g. {"task": ["math", ...]}; the task options are every registered task (schema.register
+    stores those without a YAML file)."""
     from experiments.tasks import TASKS
 
-    root = Path(__file__).parent / "conf"
-    groups = {
-        d.name: sorted(p.stem for p in d.glob("*.yaml"))
-        for d in sorted(root.iterdir())
-        if d.is_dir() and not d.name.startswith(("_", "verl"))
-    }
-    return {**groups, "task": sorted(set(groups.get("task", [])) | set(TASKS))}
+    groups: dict[str, set[str]] = {}
+    for root in [Path(__file__).parent / "conf"] + [Path(d) for d in conf_dirs()]:
+        for d in sorted(root.iterdir()):
+            if d.is_dir() and not d.name.startswith(("_", "verl")):
+                groups.setdefault(d.name, set()).update(p.stem for p in d.glob("*.yaml"))
+    groups["task"] = groups.get("task", set()) | set(TASKS)
+    return {name: sorted(options) for name, options in sorted(groups.items())}
 
 
 def local_config(cfg: DictConfig) -> LocalConfig:

@@ -26,9 +26,9 @@ def snapshot(preset: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(exist_ok=True)
-    for p in presets():
+    for p in presets(tasks_dirs=False):  # the presets of this tree only
         (OUT / f"{p}.yaml").write_text(snapshot(p))
-    print(f"wrote {len(presets())} snapshots to {OUT}")
+    print(f"wrote {len(presets(tasks_dirs=False))} snapshots to {OUT}")
     return 0
 
 

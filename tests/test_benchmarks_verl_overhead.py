@@ -11,10 +11,10 @@ from benchmarks import verl_overhead as vo
 
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
-    from experiments.rehearse import Data
+    from experiments.tasks import RehearsalData
 
     tmp = tmp_path_factory.mktemp("vo")
-    data = Data(files={"train": str(tmp / "train.parquet"), "test": str(tmp / "test.parquet")}, sft=[])
+    data = RehearsalData(files={"train": str(tmp / "train.parquet"), "test": str(tmp / "test.parquet")}, sft=[])
     return {v.name: vo.variant_argv(v, str(tmp / "model"), data, tmp / v.name, steps=6) for v in vo.VARIANTS}
 
 

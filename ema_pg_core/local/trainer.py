@@ -58,8 +58,10 @@ from ema_pg_core.local.rollout import ToolEnv, Trajectory, rollout
 from ema_pg_core.loss import policy_loss
 
 
-class Task(Protocol):
-    """What the trainer needs from a task (experiments/tasks adapts its modules to this)."""
+class TrainerTask(Protocol):
+    """The trainer's view of a task: one task's loaded splits, its environment and its scoring. Task modules
+    implement another interface (experiments.tasks.TaskModule: data, prompt, scoring, metadata), which
+    experiments.tasks.TaskAdapter turns into this."""
 
     name: str
     env: ToolEnv | None
@@ -114,7 +116,7 @@ def seed_everything(seed: int) -> None:
 
 class LocalTrainer:
     def __init__(
-        self, policy, tokenizer, task: Task, cfg: LocalConfig, ckpt_dir: str | Path, hooks: Hooks | None = None
+        self, policy, tokenizer, task: TrainerTask, cfg: LocalConfig, ckpt_dir: str | Path, hooks: Hooks | None = None
     ):
         check_model(policy)
         self.device = resolve_device(cfg.trainer.device)

@@ -1,8 +1,10 @@
 """Tasks: what the policy is trained and evaluated on (nanochat's pattern: one module per task).
 
-Each task is one module of this package with the same interface (the `Task` protocol below); every
-module here is found and registered in `TASKS` under its `NAME` when the package is imported, so a
-new task is one new file (helpers that are not tasks go in modules named `_*`):
+Each task is one module with the same interface (the `TaskModule` protocol below); every module of
+this package is found and registered in `TASKS` under its `NAME` when the package is imported, so a
+new task is one new file (helpers that are not tasks go in modules named `_*`). A task module outside
+this package is registered by `add(module)` in-process, or for every process of a run or sweep (Ray
+workers included) by naming it in `$EMAPG_TASKS` (importable module names, comma-separated):
 
     task = get_task("search_tiny")
     env = task.make_env()                              # retriever for search_tiny, None for math_tiny
@@ -12,16 +14,28 @@ new task is one new file (helpers that are not tasks go in modules named `_*`):
     text (at most task.MAX_TURNS times), append it (an observation: no loss) and continue...
     r = task.reward(ex, resp)                          # float, built on task.evaluate (0/1)
 
-The trainer checks capabilities (`STOP_STRINGS`, `MAX_TURNS`), never task names. `TaskAdapter`
-(below) is what the local trainer consumes: a task module with its loaded splits and environment.
+A task module carries everything the rest of the tree needs to know about it, so nothing outside
+it branches on task names: the trainer checks capabilities (`STOP_STRINGS`, `MAX_TURNS`), the warm
+start reads `PRETRAIN`, the report reads `REPORTING`, `emapg rehearse` reads `REHEARSAL` and
+`rehearsal_data`, and Hydra finds the presets of a task outside this package in its `CONF_DIR`.
+
+Two names for two views of a task: `TaskModule` is what a task module implements (data, prompt,
+scoring, environment and the metadata above); the core trainer consumes a `TrainerTask`
+(ema_pg_core.local.trainer: one task's loaded splits, environment and scoring), which `TaskAdapter`
+builds from a task module.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
+
+ENV_TASKS = "EMAPG_TASKS"
+"""Environment variable naming task modules outside this package (importable names, comma-separated)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,52 @@ class Source:
     """The split to read: the first of these the data set has."""
     fields: tuple[str, ...]
     """The columns `prepare` reads from each row."""
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """What `emapg report` (analysis) reads from a task: plain data, so that analysis never imports
+    more than this package's modules (no torch: task modules import heavy libraries inside functions)."""
+
+    benchmarks: tuple[str, ...] = ()
+    """Display names of the main table's columns, in order (a paper-format table: the published numbers of
+    `paper` beside ours, gains, an Average column); () = the per-benchmark acc / pass@1 / anchor table."""
+    names: dict[str, str] = field(default_factory=dict)
+    """Logged benchmark name (normalised: lower case, alphanumerics only) -> display name."""
+    metrics: tuple[str, ...] = ("acc", "pass@1")
+    """Eval metrics in order of preference: curves and ablations plot the first logged; the paper-format
+    table reports the first."""
+    paper: str | None = None
+    """The setting of analysis.paper whose published numbers the paper-format table shows (None: none)."""
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """Sizes of the task's CPU rehearsal of a verl preset (`emapg rehearse`, experiments.rehearse)."""
+
+    prompt_tokens: int
+    """backend.verl.max_prompt_length: the longest generated prompt, chat template included."""
+    turn_tokens: int
+    """rollout.max_new_tokens: one turn of the tiny model."""
+    response_tokens: int | None = None
+    """backend.verl.max_response_length of a multi-turn preset (all turns and observations); None =
+    turn_tokens."""
+    max_turns: int = 2
+    """rollout.max_turns of a multi-turn preset."""
+    tool_response_tokens: int = 48
+    """backend.verl.max_tool_response_length of a multi-turn preset."""
+
+
+@dataclass
+class RehearsalData:
+    """What a task's `rehearsal_data(out_dir, rows)` wrote: its verl parquet files, (prompt, response)
+    pairs for the tiny model's SFT, and for a retrieval task the corpus file (jsonl, `emapg retriever
+    serve --corpus`)."""
+
+    files: dict[str, str]
+    sft: list[tuple[str, str]]
+    corpus: str | None = None
+    prompts: list[str] = field(default_factory=list)
 
 
 def make_knobs(cls: type, task: str, knobs: dict[str, Any]):
@@ -99,8 +159,9 @@ def prepared_examples(
     ]
 
 
-class Task(Protocol):
-    """The module interface every task implements (documentation; modules satisfy it).
+class TaskModule(Protocol):
+    """The interface every task module implements (documentation; modules satisfy it). The trainer's
+    view of a task is another protocol, ema_pg_core.local.trainer.TrainerTask (`TaskAdapter`).
 
     Required: NAME, Knobs, MAX_NEW_TOKENS, load, prompt, evaluate. The rest is optional; a module
     that leaves it out gets the single-turn default (`_defaults`) when it is registered.
@@ -112,6 +173,10 @@ class Task(Protocol):
     STOP_STRINGS: tuple[str, ...]  # generation pauses on these for the environment; default () = single turn
     MAX_TURNS: int  # environment calls allowed per rollout; default 0 (single turn)
     PRETRAIN: dict[str, Any]  # calibrated warm start (experiments.pretrain.PretrainConfig fields); default {}
+    REPORTING: Reporting  # what the report shows; default Reporting() (per-benchmark acc, pass@1, anchor acc)
+    REHEARSAL: Rehearsal | None  # `emapg rehearse` sizes, with rehearsal_data; default None (no rehearsal)
+    CONF_DIR: str | None  # a Hydra config dir with the task's presets (experiment/*.yaml), for a task
+    # outside this package; default None (presets in experiments/conf)
 
     def load(self, split: str, n: int, seed: int = 0, **knobs) -> list[Example]: ...
     def prompt(self, example: Example) -> str: ...
@@ -120,6 +185,7 @@ class Task(Protocol):
     def demonstration(self, example: Example, rng=None) -> str: ...  # default: NotImplementedError
     def make_env(self, **knobs) -> Any: ...  # default: checks the knobs, returns None
     def tool_response(self, response_so_far: str, env: Any) -> str | None: ...  # default: None
+    def rehearsal_data(self, out_dir: Path, rows: dict[str, int]) -> RehearsalData: ...  # with REHEARSAL
 
     # verl backend (real data): prepare(out_dir, loader) writes verl parquet; sources() -> list[Source]
     # lists what it loads (`emapg data prepare` needs both)
@@ -150,6 +216,9 @@ def _defaults(module: ModuleType) -> dict[str, Any]:
         "STOP_STRINGS": (),
         "MAX_TURNS": 0,
         "PRETRAIN": {},
+        "REPORTING": Reporting(),
+        "REHEARSAL": None,
+        "CONF_DIR": None,
         "reward": reward,
         "demonstration": demonstration,
         "make_env": make_env,
@@ -158,13 +227,16 @@ def _defaults(module: ModuleType) -> dict[str, Any]:
 
 
 def register(module: ModuleType) -> ModuleType:
-    """Check `module` against the `Task` protocol and fill in the optional members it leaves out."""
+    """Check `module` against the `TaskModule` protocol and fill in the optional members it leaves out
+    (`add` also enters it in `TASKS`)."""
     missing = [m for m in REQUIRED if not hasattr(module, m)]
     if getattr(module, "STOP_STRINGS", ()):
         missing += [m for m in TOOL_MEMBERS if not hasattr(module, m)]
+    if getattr(module, "REHEARSAL", None) is not None and not hasattr(module, "rehearsal_data"):
+        missing.append("rehearsal_data")
     if missing:
         raise TypeError(
-            f"task module {module.__name__} lacks {', '.join(missing)} (the Task protocol of "
+            f"task module {module.__name__} lacks {', '.join(missing)} (the TaskModule protocol of "
             "experiments.tasks; modules that are not tasks are named _*)"
         )
     for name, default in _defaults(module).items():
@@ -176,19 +248,32 @@ def register(module: ModuleType) -> ModuleType:
 
 
 def _discover() -> dict[str, ModuleType]:
-    """Every task module of this package by its NAME (modules named _* are skipped)."""
+    """Every task module of this package by its NAME (modules named _* are skipped), then those $EMAPG_TASKS
+    names."""
     import importlib
     import pkgutil
 
     found: dict[str, ModuleType] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = register(importlib.import_module(f"{__name__}.{info.name}"))
-        if module.NAME in found:
-            raise TypeError(f"task name {module.NAME!r} is used by {found[module.NAME].__name__} and {module.__name__}")
-        found[module.NAME] = module
+    names = [f"{__name__}.{m.name}" for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)]
+    names = [n for n in names if not n.rsplit(".", 1)[1].startswith("_")]
+    names += [n.strip() for n in os.environ.get(ENV_TASKS, "").split(",") if n.strip()]
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            if name.startswith(f"{__name__}."):
+                raise
+            raise ImportError(f"{ENV_TASKS} names {name!r}, which cannot be imported ({e})") from e
+        _enter(found, register(module))
     return found
+
+
+def _enter(registry: dict[str, ModuleType], module: ModuleType) -> None:
+    """Put `module` into `registry` under its NAME; TypeError when another module holds that name."""
+    held = registry.get(module.NAME)
+    if held is not None and held is not module:
+        raise TypeError(f"task name {module.NAME!r} is used by {held.__name__} and {module.__name__}")
+    registry[module.NAME] = module
 
 
 # ------------------------------------------------------------------------------ the trainer's view
@@ -209,8 +294,8 @@ class ToolEnvAdapter:
 
 @dataclass
 class TaskAdapter:
-    """The trainer's Task protocol (ema_pg_core.local.trainer) on top of a task module: its name, loaded
-    splits and environment; prompt, reward and evaluate are the module's."""
+    """A `TrainerTask` (ema_pg_core.local.trainer, what the core trainer consumes) on top of a task module:
+    its name, loaded splits and environment; prompt, reward and evaluate are the module's."""
 
     name: str
     module: Any
@@ -237,3 +322,26 @@ def get_task(name: str) -> ModuleType:
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}")
     return TASKS[name]
+
+
+def add(module: ModuleType | str) -> ModuleType:
+    """Register a task module (or its importable name) in this process's `TASKS`; returns the module. Other
+    processes (a sweep's Ray workers) see it when its name is in $EMAPG_TASKS."""
+    import importlib
+
+    module = register(importlib.import_module(module) if isinstance(module, str) else module)
+    _enter(TASKS, module)
+    return module
+
+
+def reporting(name: str) -> Reporting:
+    """What the report shows for task `name`: its module's REPORTING, or the default for a name that is not
+    registered (records of a task this install lacks, a bare test double)."""
+    return getattr(TASKS.get(name), "REPORTING", None) or Reporting()
+
+
+def conf_dirs() -> list[str]:
+    """The Hydra config directories of the registered tasks that have one (`CONF_DIR`), absolute."""
+    return sorted(
+        {str(Path(m.CONF_DIR).expanduser().resolve()) for m in TASKS.values() if getattr(m, "CONF_DIR", None)}
+    )

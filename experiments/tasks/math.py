@@ -31,7 +31,15 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from experiments.tasks import Example, Source, make_knobs, prepared_examples
+from experiments.tasks import (
+    Example,
+    Rehearsal,
+    RehearsalData,
+    Reporting,
+    Source,
+    make_knobs,
+    prepared_examples,
+)
 from experiments.tasks.math_tiny import extract_answer as last_boxed
 
 NAME = "math"
@@ -55,6 +63,26 @@ TRAIN = ("deepscaler",)
 BENCHMARKS = ("aime2024", "amc", "math500", "minerva", "olympiad_bench")
 VALIDATION = ("aime2024",)
 """The in-training validation set of the paper's scripts."""
+REPORTING = Reporting(
+    benchmarks=("AIME24", "AMC", "MATH-500", "Minerva", "OlympiadBench"),
+    names={
+        "aime24": "AIME24",
+        "aime2024": "AIME24",
+        "amc": "AMC",
+        "amc23": "AMC",
+        "amc2023": "AMC",
+        "math500": "MATH-500",
+        "minerva": "Minerva",
+        "minervamath": "Minerva",
+        "olympiadbench": "OlympiadBench",
+        "olympiad": "OlympiadBench",
+    },
+    metrics=("pass@1", "acc"),
+    paper="math",
+)
+"""The report's paper-format table: the five benchmarks' pass@1 beside the paper's math numbers."""
+REHEARSAL = Rehearsal(prompt_tokens=128, turn_tokens=24)
+"""`emapg rehearse`: single-turn prompts of a few characters; a turn is a boxed sum (`rehearsal_data`)."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +185,27 @@ def prepare(out_dir: str, loader: Callable[[str], Iterable[dict]] = hf_loader, i
     return written
 
 
-# ---------------------------------------------------------------- the Task interface
+def rehearsal_data(out_dir, rows: dict[str, int]) -> RehearsalData:
+    """The rehearsal's data, written by `prepare`: single-digit sums ("Compute 3+4", gold "7"), `rows["train"]`
+    for training and `rows["test"]` per benchmark; a tiny model learns the format (and some sums) in seconds,
+    so rewards vary. SFT pairs: "3+4</think>\\boxed{7}"."""
+    import random
+
+    def sums(n: int, seed: int) -> list[tuple[str, str]]:
+        rng = random.Random(seed)
+        return [(f"Compute {a}+{b}", str(a + b)) for a, b in ((rng.randrange(10), rng.randrange(10)) for _ in range(n))]
+
+    def loader(name: str):
+        _, _, _, q_key, a_key = SOURCES[name]
+        n = rows["train"] if name in TRAIN else rows["test"]
+        return [{q_key: q, a_key: a} for q, a in sums(n, seed=sorted(SOURCES).index(name))]
+
+    files = prepare(str(out_dir), loader=loader)
+    sft = [(q, f"{q[len('Compute ') :]}{THINK_END}\\boxed{{{a}}}") for q, a in sums(200, seed=100)]
+    return RehearsalData(files=files, sft=sft)
+
+
+# ---------------------------------------------------------------- the task interface
 def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
     """Up to `n` prepared problems of `split` (train, test, val or a benchmark name), shuffled by `seed`."""
     k = make_knobs(Knobs, NAME, knobs)

@@ -25,8 +25,6 @@ import logging
 import re
 from dataclasses import asdict, dataclass, fields
 
-from math_verify import parse, verify
-
 from experiments.tasks import Example, make_knobs
 
 
@@ -184,6 +182,8 @@ def extract_answer(response: str) -> str | None:
 
 def evaluate(example: Example, response: str) -> int:
     """1 if the last boxed answer is an integer literal equal to the gold answer, else 0."""
+    from math_verify import verify  # here, not at import: `emapg report` reads this package's metadata
+
     answer = extract_answer(response)
     if answer is None or not _INT.fullmatch(answer):
         return 0
@@ -195,6 +195,8 @@ def _parsed(literal: str) -> list:
     """math-verify's parse of ``\\boxed{literal}``, memoised: a batch repeats the same few integers, and parsing
     (sympy) is most of a reward's cost. Timeouts off: math-verify's timeout uses SIGALRM, which fails outside
     the main thread (Ray/uvicorn workers); the inputs are short integer literals, so parsing cannot hang."""
+    from math_verify import parse
+
     return parse(f"\\boxed{{{literal}}}", parsing_timeout=None)
 
 

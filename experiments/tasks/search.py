@@ -32,7 +32,15 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from experiments.tasks import Example, Source, make_knobs, prepared_examples
+from experiments.tasks import (
+    Example,
+    Rehearsal,
+    RehearsalData,
+    Reporting,
+    Source,
+    make_knobs,
+    prepared_examples,
+)
 from experiments.tasks.search_tiny import extract_answer, normalize_answer  # noqa: F401  same rules
 
 NAME = "search"
@@ -50,6 +58,26 @@ TEST_SPLITS = ("test", "dev", "train")
 """A test set's split: its test split, else dev, else train (the first the data set has)."""
 BENCHMARKS = TEST_SOURCES
 """The evaluation sets, named as their `data_source` (metric keys eval/<name>/acc on the verl backend)."""
+REPORTING = Reporting(
+    benchmarks=("NQ", "TriviaQA", "PopQA", "HotpotQA", "2WikiMultiHopQA", "Musique", "Bamboogle"),
+    names={
+        "nq": "NQ",
+        "naturalquestions": "NQ",
+        "triviaqa": "TriviaQA",
+        "popqa": "PopQA",
+        "hotpotqa": "HotpotQA",
+        "2wikimultihopqa": "2WikiMultiHopQA",
+        "2wiki": "2WikiMultiHopQA",
+        "musique": "Musique",
+        "bamboogle": "Bamboogle",
+    },
+    metrics=("acc", "pass@1"),
+    paper="search",
+)
+"""The report's paper-format table: greedy exact match on the seven test sets beside the paper's search numbers."""
+REHEARSAL = Rehearsal(prompt_tokens=768, turn_tokens=40, response_tokens=224, max_turns=2, tool_response_tokens=48)
+"""`emapg rehearse`: the Search-R1 template is ~630 tokens of the tiny tokenizer; a turn is a `<search> name
+</search>` or `<answer> name </answer>`; two searches and their information fit 224 tokens."""
 TEMPLATE = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
     "new information. After reasoning, if you find you lack some knowledge, you can call a search engine by "
@@ -148,7 +176,37 @@ def prepare(out_dir: str, loader: Callable[[str, str], Iterable[dict]] = hf_load
     return written
 
 
-# ---------------------------------------------------------------- the Task interface
+def rehearsal_data(out_dir, rows: dict[str, int]) -> RehearsalData:
+    """The rehearsal's data: search_tiny's questions in every source (`rows["train"]` training questions in all,
+    `rows["test"]` per test source), written by `prepare`; its world as the corpus (corpus.jsonl, for `emapg
+    retriever serve --corpus`); SFT pairs of whole trajectories (search call, information, answer)."""
+    import json
+    from pathlib import Path
+
+    from experiments.tasks import search_tiny
+
+    def loader(source: str, split: str):
+        seed = sorted(set(TRAIN_SOURCES + TEST_SOURCES)).index(source) + (0 if split == "train" else 50)
+        n = rows["train"] // len(TRAIN_SOURCES) if split == "train" else rows["test"]
+        return [
+            {"question": ex.prompt, "golden_answers": list(ex.answer)}
+            for ex in search_tiny.load("train", n=n, seed=seed)
+        ]
+
+    files = prepare(str(out_dir), loader=loader)
+    corpus = Path(out_dir) / "corpus.jsonl"
+    with open(corpus, "w") as f:
+        for i, passage in enumerate(search_tiny.corpus()):
+            f.write(json.dumps({"id": str(i), "contents": passage}) + "\n")
+    env, sft = search_tiny.make_env(), []
+    for ex in search_tiny.load("train", n=64, seed=100):
+        query = f"<search> {ex.meta['subject']} </search>"
+        answer = f"<answer> {ex.answer[0]} </answer>"
+        sft.append((format_question(ex.prompt), query + tool_response(query, env) + answer))
+    return RehearsalData(files=files, sft=sft, corpus=str(corpus))
+
+
+# ---------------------------------------------------------------- the task interface
 def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
     """Up to `n` prepared questions of `split` (train, test or a test-set name), shuffled by `seed`."""
     k = make_knobs(Knobs, NAME, knobs)
