@@ -307,7 +307,7 @@ def spread(rows: list[dict], eval_every: int) -> dict:
     """Per-iteration spread of one path over iterations 2..N (the probe's time left out of the iteration)."""
     out = {}
     for key, xs in (("iter", [r["iter"] - r.get("probe", 0.0) for r in rows]), ("cpu", [r["cpu"] for r in rows])):
-        q = statistics.quantiles(xs, n=10, method="inclusive")  # within the data, however few the rows
+        q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else xs * 9  # within the data
         med = statistics.median(xs)
         out[f"{key}_p90_p10"], out[f"{key}_max_min"] = (q[-1] - q[0]) / med, (max(xs) - min(xs)) / med
     if eval_every and len(rows) > eval_every:  # rows[i] is iteration i + 2; the first mid-run evaluation follows N
@@ -439,6 +439,8 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
     ap.add_argument("--serve", nargs=5, metavar=("TREE", "PRESET", "THREADS", "MINI", "CKPT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.iterations < 2:  # the first iteration is warm-up: nothing would be left to report
+        ap.exit(2, f"--iterations must be >= 2 (the first is warm-up); got {args.iterations}\n")
     os.environ.setdefault("EMAPG_PROGRESS", "0")
     if args.serve:  # before any import of this checkout's packages: the child imports the old tree's
         tree, preset, threads, mini, ckpt = args.serve

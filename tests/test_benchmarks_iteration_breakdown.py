@@ -21,12 +21,21 @@ def test_spread_finds_a_level_switch_at_the_first_evaluation():
     assert sp["faults_max"] == 28
     few = ib.spread(_rows([1.0, 1.2]), eval_every=0)  # two iterations: the deciles stay within the data
     assert few["iter_p90_p10"] <= few["iter_max_min"] == pytest.approx(0.2 / 1.1)
+    assert ib.spread(_rows([1.0]), eval_every=0)["iter_max_min"] == 0  # one iteration: no spread, no error
 
 
 def test_spread_leaves_the_probe_out_and_a_flat_run_has_none():
     sp = ib.spread(_rows([2.0] * 12, probe=0.5), eval_every=5)
     assert sp["iter_p90_p10"] == sp["iter_max_min"] == 0 and sp["after_vs_before_eval"] == 1
     assert "after_vs_before_eval" not in ib.spread(_rows([1.0] * 4), eval_every=0)
+
+
+def test_too_few_iterations_is_one_line_and_exit_2(capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["iteration_breakdown.py", "--iterations", "1"])
+    with pytest.raises(SystemExit) as e:
+        ib.main()
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "--iterations must be >= 2 (the first is warm-up); got 1\n"
 
 
 def test_cells_are_formatted_by_kind():
