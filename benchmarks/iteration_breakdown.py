@@ -1,6 +1,7 @@
 """Where an iteration of the local trainer spends its time, against the model's own raw operations.
 
     python benchmarks/iteration_breakdown.py [--iterations 12] [--threads 2] [--mini-batches 1] [--write]
+    python benchmarks/iteration_breakdown.py --iterations 60 --eval-every 10 --probe-every 5 --write  # + spread
     python benchmarks/iteration_breakdown.py --presets search_tiny_grpo search_tiny_ema_pg --section NAME --write
 
 For each preset (default: the math_tiny presets) two trainers run side by side, interleaved
@@ -14,10 +15,23 @@ shapes, in the same process: a KV-cache decode of the same contexts for the same
 (sampling, no bookkeeping), one forward + backward of the policy on the padded batch (log-softmax
 at the sampled tokens), and one no-grad forward of the anchor. Every figure is a ratio to those,
 measured in the same run: rollout / raw decode; iteration / (raw decode + raw forward-backward per
-optimizer step + anchor forward); old iteration / new iteration. Medians over iterations; the first
-iteration is dropped as warm-up. ``--write`` replaces the section in docs/benchmarks.md. For a
-multi-turn preset (search_tiny) the raw decode is one turn as long as the longest response, environment
-tokens included: not the rollout's work (which stops at each tool call), so only its other ratios carry.
+optimizer step + anchor forward); old iteration / new iteration. Also replayed: ``model.generate``
+(transformers' own sampling loop, KV cache) on the same prompts with the trainer's sampling settings
+(temperature, top-p, no top-k, max_new_tokens, eos), prompts tokenised and answers decoded as the rollout
+does: the rollout's ratio to it is the cost of the local decode loop (with its statistics) against the
+library's. Medians over iterations; the first iteration is dropped as warm-up.
+
+Per-iteration spread (the issue "two speed levels"): with ``--eval-every N`` every trainer evaluates after
+iterations N, 2N, ... (untimed; as in a training run) and with ``--probe-every N`` this checkout's trainers
+score the KL probe (its time is left out of the iteration); the spread table gives, per path, the
+iteration time's (p90 - p10) / median and (max - min) / median over iterations 2..N, the ratio of the
+median after the first evaluation to the median before it (a level switch at an evaluation shows here),
+and the same spread of process CPU seconds and of the minor page faults per iteration (the allocator
+asking the kernel for fresh pages), measured on the same iterations.
+
+``--write`` replaces the section in docs/benchmarks.md. For a multi-turn preset (search_tiny) the raw
+decode is one turn as long as the longest response, environment tokens included: not the rollout's work
+(which stops at each tool call), so only its other ratios carry (``model.generate`` too: one turn).
 
 The switch isolates the pi_old pass only: both paths share today's rollout loop. To measure what the
 whole change bought, ``--before COMMIT`` (default: the main branch just before the change, ``BEFORE``)
@@ -43,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
 
 PHASES = ("rollout", "reward", "logprob", "update", "anchor")
+MODES = ("rollout", "recompute")  # this checkout's two pi_old paths
 # main just before the first commit of the sampler statistics and the lean rollout loop (c1cb8f3):
 # the trainer whose iteration the issue measured at rollout 1.26x the raw decode plus a pi_old pass
 BEFORE = "803cb71"
@@ -62,15 +77,16 @@ def build_trainer(overrides: list[str], ckpt_dir: str):
     return LocalTrainer(policy, tok, build.task(cfg), local, ckpt_dir)
 
 
-def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str):
-    """This checkout's trainer for the preset and pi_old mode, probe off; it keeps its last rollout in `seen`."""
+def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str, probe_every: int = 0):
+    """This checkout's trainer for the preset and pi_old mode; it keeps its last training rollout in `seen`."""
     overrides = [f"experiment={preset}", f"trainer.old_logprobs={mode}", f"trainer.mini_batches={mini_batches}"]
-    tr = build_trainer([*overrides, "trainer.probe_every=0"], ckpt_dir)
-    tr.seen = []  # the last rollout's trajectories, for the raw replay
+    tr = build_trainer([*overrides, f"trainer.probe_every={probe_every}"], ckpt_dir)
+    tr.seen, tr.seen_prompts = [], []  # the last training rollout's trajectories and prompts, for the raw replay
 
-    def keep(*a, **kw):
-        out = type(tr)._rollout(tr, *a, **kw)
-        tr.seen = out
+    def keep(model, prompts, *a, **kw):
+        out = type(tr)._rollout(tr, model, prompts, *a, **kw)
+        if kw.get("generator") is tr.gen:  # not an evaluation's or the probe's rollout
+            tr.seen, tr.seen_prompts = out, prompts
         return out
 
     tr._rollout = keep
@@ -102,13 +118,37 @@ class BeforeTrainer:
         return json.loads(line)
 
     def step(self) -> dict:
-        self.proc.stdin.write("step\n")
+        return self._call("step")
+
+    def evaluate(self) -> dict:
+        return self._call("eval")
+
+    def _call(self, what: str) -> dict:
+        self.proc.stdin.write(what + "\n")
         self.proc.stdin.flush()
         return self._read()
 
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait()
+
+
+class Usage:
+    """Wall seconds (``iter``), process CPU seconds and minor page faults of the block it wraps (``row``)."""
+
+    def __enter__(self):
+        self.t, self.cpu, self.faults = time.perf_counter(), time.process_time(), _minor_faults()
+        return self
+
+    def __exit__(self, *exc):
+        faults = _minor_faults() - self.faults
+        self.row = {"iter": time.perf_counter() - self.t, "cpu": time.process_time() - self.cpu, "faults": faults}
+
+
+def _minor_faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def serve(tree: str, preset: str, threads: int, mini_batches: int, ckpt_dir: str) -> None:
@@ -122,10 +162,14 @@ def serve(tree: str, preset: str, threads: int, mini_batches: int, ckpt_dir: str
     torch.set_num_threads(threads)
     tr = build_trainer([f"experiment={preset}", f"trainer.mini_batches={mini_batches}"], ckpt_dir)
     print(json.dumps({"ready": True}), flush=True)
-    for _ in sys.stdin:
-        t = time.perf_counter()
-        m = tr.step()
-        row = {"iter": time.perf_counter() - t, "response_len": m["train/response_len"]}
+    for line in sys.stdin:
+        if line.strip() == "eval":
+            tr.evaluate()
+            print(json.dumps({}), flush=True)
+            continue
+        with Usage() as u:
+            m = tr.step()
+        row = {**u.row, "response_len": m["train/response_len"]}
         row.update({p: m[f"perf/{p}_s"] for p in ("rollout", "logprob", "update", "anchor")})  # rollout: + rewards
         print(json.dumps(row), flush=True)
 
@@ -155,6 +199,24 @@ def raw_decode(model, tok, trajs, temperature: float, generator) -> None:
             out = model(input_ids=nxt, attention_mask=attn[:, : L + s + 1], position_ids=pos, past_key_values=kv)
 
 
+def hf_generate(model, tok, prompts: list[str], rc) -> int:
+    """transformers' ``model.generate`` on the same prompts with the rollout's sampling settings (KV cache):
+    tokenise (left padding), sample, decode the answers. Returns the decode steps it took (its own draws)."""
+    import torch
+    from transformers import GenerationConfig
+
+    gc = GenerationConfig(
+        do_sample=True, temperature=rc.temperature, top_p=rc.top_p, top_k=0, max_new_tokens=rc.max_new_tokens,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    device = next(model.parameters()).device
+    enc = tok(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt").to(device)
+    with torch.no_grad():
+        out = model.generate(**enc, generation_config=gc)
+    tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    return out.shape[1] - enc["input_ids"].shape[1]
+
+
 def raw_forward_backward(model, batch) -> None:
     """One forward + backward of the policy on the padded batch: log-softmax at the sampled tokens."""
     import torch
@@ -181,8 +243,17 @@ def replay(tr) -> dict:
     batch = collate(tr.seen, tr.tok.pad_token_id, device=tr.device)
     g = torch.Generator().manual_seed(0)
     steps = tr.cfg.trainer.ppo_epochs * tr.cfg.trainer.mini_batches
+    gen_steps, mode = [], tr.policy.training
+    tr.policy.eval()  # the mode the rollout samples in
+    with torch.random.fork_rng(devices=[]):  # generate draws from torch's global generator: leave it as it was
+        torch.manual_seed(tr.iteration)
+        t_gen = _timed(lambda: gen_steps.append(hf_generate(tr.policy, tr.tok, tr.seen_prompts, tr.cfg.rollout)))
+    t_raw = _timed(lambda: raw_decode(tr.policy, tr.tok, tr.seen, tr.cfg.rollout.temperature, g))
+    tr.policy.train(mode)
     return {
-        "raw_decode": _timed(lambda: raw_decode(tr.policy, tr.tok, tr.seen, tr.cfg.rollout.temperature, g)),
+        "raw_decode": t_raw,
+        "generate": t_gen,
+        "generate_steps": gen_steps[0],
         "raw_fwd_bwd": steps * _timed(lambda: raw_forward_backward(tr.policy, batch)),
         "anchor_fwd": _timed(lambda: anchor_forward(tr.anchor.module, batch)) if tr.cfg.algo.kl.coef else 0.0,
     }
@@ -190,43 +261,70 @@ def replay(tr) -> dict:
 
 def step_in_process(tr) -> dict:
     """One iteration of an in-process trainer, then the raw operations replayed on its batch."""
-    t = time.perf_counter()
-    m = tr.step()
-    row = {"iter": time.perf_counter() - t, **{p: m[f"perf/{p}_s"] for p in PHASES}}
-    return {**row, "response_len": m["train/response_len"], **replay(tr)}
+    with Usage() as u:
+        m = tr.step()
+    row = {**u.row, "probe": m.get("perf/probe_s", 0.0), **{p: m[f"perf/{p}_s"] for p in PHASES}}
+    steps = max(len(t.response_ids) for t in tr.seen)
+    return {**row, "response_len": m["train/response_len"], "steps": steps, **replay(tr)}
 
 
-def measure(preset: str, iterations: int, threads: int, mini_batches: int, before_tree: str | None) -> dict:
-    """{path: {phase or raw op: median seconds}} for the new and old path (and the commit before), interleaved.
-
-    The order of the paths rotates every iteration, so none always runs first after the child process.
-    """
+def measure(preset: str, args, before_tree: str | None) -> dict[str, list[dict]]:
+    """{path: one row per iteration 2..N (phases, raw ops, usage)} for the new and old path (and the commit
+    before), interleaved. The order of the paths rotates every iteration, so none always runs first after the
+    child process. With ``args.eval_every`` each path evaluates before iteration 1 and after every
+    eval_every-th iteration (untimed), as a training run does."""
     import torch
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as d:
-        steps = {
-            m: partial(step_in_process, trainer(preset, m, mini_batches, f"{d}/{m}")) for m in ("rollout", "recompute")
-        }
-        before = BeforeTrainer(before_tree, preset, threads, mini_batches, f"{d}/before") if before_tree else None
-        if before is not None:
-            steps["before"] = before.step
-        rows: dict[str, list[dict]] = {m: [] for m in steps}
-        order = list(steps)
-        for it in range(iterations):
+        trainers = {m: trainer(preset, m, args.mini_batches, f"{d}/{m}", args.probe_every) for m in MODES}
+        paths = {m: (partial(step_in_process, tr), tr.evaluate) for m, tr in trainers.items()}
+        before = None
+        if before_tree:
+            before = BeforeTrainer(before_tree, preset, args.threads, args.mini_batches, f"{d}/before")
+            paths["before"] = (before.step, before.evaluate)
+        rows: dict[str, list[dict]] = {m: [] for m in paths}
+        order = list(paths)
+        for it in range(args.iterations + 1):
             for mode in order[it % len(order) :] + order[: it % len(order)]:
-                row = steps[mode]()
-                if it > 0:  # the first iteration is warm-up
-                    rows[mode].append(row)
+                step, evaluate = paths[mode]
+                if it:
+                    row = step()
+                    if it > 1:  # the first iteration is warm-up
+                        rows[mode].append(row)
+                if args.eval_every and it % args.eval_every == 0:
+                    evaluate()
         if before is not None:
             before.close()
-    return {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in rows.items()}
+    return rows
+
+
+def medians(rows: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+
+
+def spread(rows: list[dict], eval_every: int) -> dict:
+    """Per-iteration spread of one path over iterations 2..N (the probe's time left out of the iteration)."""
+    out = {}
+    for key, xs in (("iter", [r["iter"] - r.get("probe", 0.0) for r in rows]), ("cpu", [r["cpu"] for r in rows])):
+        q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else xs * 9  # within the data
+        med = statistics.median(xs)
+        out[f"{key}_p90_p10"], out[f"{key}_max_min"] = (q[-1] - q[0]) / med, (max(xs) - min(xs)) / med
+    if eval_every and len(rows) > eval_every:  # rows[i] is iteration i + 2; the first mid-run evaluation follows N
+        cut = eval_every - 1
+        xs = [r["iter"] - r.get("probe", 0.0) for r in rows]
+        out["after_vs_before_eval"] = statistics.median(xs[cut:]) / statistics.median(xs[:cut])
+    faults = [r["faults"] for r in rows]
+    out["faults_median"], out["faults_max"] = statistics.median(faults), max(faults)
+    return out
 
 
 def ratios(r: dict) -> dict:
     new, old = r["rollout"], r["recompute"]
     base = new["raw_decode"] + new["raw_fwd_bwd"] + new["anchor_fwd"]
     return {
+        "rollout_vs_generate": new["rollout"] / new["generate"],
+        "raw_decode_vs_generate": new["raw_decode"] / new["generate"],
         "rollout_vs_raw_decode": new["rollout"] / new["raw_decode"],
         "iter_vs_raw_sum": new["iter"] / base,
         "old_vs_new_iter": old["iter"] / new["iter"],
@@ -247,10 +345,15 @@ PHASE_COLUMNS = {
     "logprob": "pi_old + anchor passes",
     "update": "update",
     "raw_decode": "raw decode",
+    "generate": "model.generate",
+    "steps": "decode steps",
+    "generate_steps": "generate's steps",
     "raw_fwd_bwd": "raw fwd+bwd",
     "anchor_fwd": "anchor fwd",
 }
 RATIO_COLUMNS = {
+    "rollout_vs_generate": "rollout / model.generate",
+    "raw_decode_vs_generate": "raw decode / model.generate",
     "rollout_vs_raw_decode": "rollout / raw decode",
     "iter_vs_raw_sum": "iteration / (raw decode + raw fwd+bwd + anchor fwd)",
     "old_vs_new_iter": "old iteration / new iteration",
@@ -259,20 +362,45 @@ RATIO_COLUMNS = {
 }
 
 
+SPREAD_COLUMNS = {
+    "iter_p90_p10": "iteration (p90 - p10) / median",
+    "iter_max_min": "iteration (max - min) / median",
+    "after_vs_before_eval": "median after / before the first evaluation",
+    "cpu_p90_p10": "CPU s (p90 - p10) / median",
+    "cpu_max_min": "CPU s (max - min) / median",
+    "faults_median": "page faults / iteration (median)",
+    "faults_max": "page faults (max)",
+}
+
+
+def _cell(k: str, x: dict) -> str:
+    """One table cell: counts as integers, spreads as percentages, level ratios as NNx, seconds to 3 places."""
+    if k not in x:
+        return "—"
+    if "steps" in k or "faults" in k:
+        return f"{x[k]:.0f}"
+    if k.endswith(("_p90_p10", "_max_min")):
+        return f"{x[k]:.1%}"
+    return f"{x[k]:.2f}x" if k == "after_vs_before_eval" else f"{x[k]:.3f}"
+
+
 def report(results: dict, args, machine: dict) -> str:
-    rows, rat = [], []
-    for preset, r in results.items():
+    rows, rat, spr = [], [], []
+    for preset, per_path in results.items():
+        r = {mode: medians(rs) for mode, rs in per_path.items()}
         for mode in (m for m in PATHS if m in r):
             x = r[mode]
             label = PATHS[mode] + (f" ({args.before})" if mode == "before" else "")
-            cells = [f"{x[k]:.3f}" if k in x else "—" for k in PHASE_COLUMNS]
-            rows.append([preset, label, f"{x['iter']:.3f}", *cells])
+            rows.append([preset, label, f"{x['iter']:.3f}", *(_cell(k, x) for k in PHASE_COLUMNS)])
+            sp = spread(per_path[mode], args.eval_every)
+            spr.append([preset, label, *(_cell(k, sp) for k in SPREAD_COLUMNS)])
         q = ratios(r)
         rat.append([preset, *(f"{q[k]:.2f}x" if k in q else "—" for k in RATIO_COLUMNS)])
     extra = "" if args.presets == PRESETS else f" --presets {' '.join(args.presets)} --section {args.section}"
+    cadence = f" --eval-every {args.eval_every} --probe-every {args.probe_every}"
     command = (
         f"python benchmarks/iteration_breakdown.py --iterations {args.iterations} --threads {args.threads} "
-        f"--mini-batches {args.mini_batches}{'' if args.before else ' --before none'}{extra} --write"
+        f"--mini-batches {args.mini_batches}{cadence}{'' if args.before else ' --before none'}{extra} --write"
     )
     on = "" if args.presets == PRESETS else f" on {', '.join(args.presets)}"
     parts = [
@@ -289,6 +417,11 @@ def report(results: dict, args, machine: dict) -> str:
         "Ratios, each measured in this run:",
         "",
         C.md_table(["preset", *RATIO_COLUMNS.values()], rat),
+        "",
+        "Per-iteration spread over iterations 2..N of the same run (wall clock around `step()` less the KL probe;",
+        "process CPU seconds; minor page faults):",
+        "",
+        C.md_table(["preset", "path", *SPREAD_COLUMNS.values()], spr),
     ]
     return "\n".join(parts)
 
@@ -300,10 +433,14 @@ def main() -> None:
     ap.add_argument("--mini-batches", type=int, default=1)
     ap.add_argument("--presets", nargs="+", default=PRESETS)
     ap.add_argument("--section", default="iteration_breakdown", help="the docs/benchmarks.md section --write replaces")
+    ap.add_argument("--eval-every", type=int, default=0, help="evaluate every N iterations, untimed (0: never)")
+    ap.add_argument("--probe-every", type=int, default=0, help="this checkout's KL probe every N iterations (0: off)")
     ap.add_argument("--before", default=BEFORE, help="also time this commit's trainer ('none': skip)")
     ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
     ap.add_argument("--serve", nargs=5, metavar=("TREE", "PRESET", "THREADS", "MINI", "CKPT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.iterations < 2:  # the first iteration is warm-up: nothing would be left to report
+        ap.exit(2, f"--iterations must be >= 2 (the first is warm-up); got {args.iterations}\n")
     os.environ.setdefault("EMAPG_PROGRESS", "0")
     if args.serve:  # before any import of this checkout's packages: the child imports the old tree's
         tree, preset, threads, mini, ckpt = args.serve
@@ -315,7 +452,7 @@ def main() -> None:
     machine = C.machine()
     with tempfile.TemporaryDirectory() as tree:
         before = extract(args.before, tree) if args.before else None
-        results = {p: measure(p, args.iterations, args.threads, args.mini_batches, before) for p in args.presets}
+        results = {p: measure(p, args, before) for p in args.presets}
     text = report(results, args, machine)
     print(text)
     if args.write:

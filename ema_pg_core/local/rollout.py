@@ -67,7 +67,8 @@ def _pick(
         return logits.argmax(-1)
     if not temperature > 0:  # logits / T < 0 would sample the inverted distribution
         raise ValueError(f"temperature must be >= 0 (0 = greedy); got {temperature!r}")
-    probs = torch.softmax(logits.float() / temperature, -1)
+    z = logits.float()
+    probs = torch.softmax(z if temperature == 1 else z / temperature, -1)  # z / 1 == z exactly: one op fewer
     return torch.multinomial(_top_p_filter(probs, top_p), 1, generator=generator)[:, 0]
 
 
@@ -138,7 +139,7 @@ def generate(
         for i in live:
             gen[i].append(picked[i])
         live = [i for i in live if not ends(gen[i])]
-        if not live:
+        if not live or s == max_new_tokens - 1:  # no forward for a token that is never sampled
             break
         cache = out.past_key_values
         if len(live) <= len(rows) * SHRINK_AT and _prunable(cache):  # drop the finished rows from the model's batch
@@ -255,6 +256,10 @@ def _end_turn(tr: Trajectory, parts: list, new: list[int], stop, env, tokenizer,
     return True
 
 
+SKIP = {"skip_special_tokens": True}
+"""How responses are decoded to text (one at a time, or all at once at the end: the same strings)."""
+
+
 def rollout(
     model,
     tokenizer,
@@ -279,7 +284,7 @@ def rollout(
     ``temperature`` 0 decodes greedily (as ``greedy``; no statistics then).
     """
     greedy = greedy or temperature == 0
-    decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
+    decode = lambda t: tokenizer.decode(t, **SKIP)  # noqa: E731
     trajs = [Trajectory(prompt_ids=ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
     parts: list[list[TokenStats]] = [[] for _ in trajs]  # per trajectory: stats of its segments, in order
     active = list(range(len(trajs)))
@@ -311,7 +316,7 @@ def rollout(
         active = still
         if not active:
             break
-    for tr, ps in zip(trajs, parts):
-        tr.text = decode(tr.response_ids)
+    for tr, ps, text in zip(trajs, parts, tokenizer.batch_decode([t.response_ids for t in trajs], **SKIP)):
+        tr.text = text  # all trajectories' texts in one call
         tr.stats = _cat_stats(ps) if ps else None
     return trajs

@@ -1,0 +1,54 @@
+"""benchmarks/iteration_breakdown.py: the per-iteration spread and the model.generate baseline (no timings asserted)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from benchmarks import iteration_breakdown as ib
+from ema_pg_core.local.tiny import build_model, build_tokenizer
+
+
+def _rows(iters, probe=0.0):
+    return [{"iter": t, "cpu": t / 2, "faults": i, "probe": probe} for i, t in enumerate(iters)]
+
+
+def test_spread_finds_a_level_switch_at_the_first_evaluation():
+    rows = _rows([1.0] * 9 + [1.5] * 20)  # iterations 2..10 at one level, 11..30 at another
+    sp = ib.spread(rows, eval_every=10)
+    assert sp["after_vs_before_eval"] == pytest.approx(1.5)
+    assert sp["iter_max_min"] == pytest.approx(0.5 / 1.5) and sp["cpu_max_min"] == pytest.approx(0.5 / 1.5)
+    assert sp["faults_max"] == 28
+    few = ib.spread(_rows([1.0, 1.2]), eval_every=0)  # two iterations: the deciles stay within the data
+    assert few["iter_p90_p10"] <= few["iter_max_min"] == pytest.approx(0.2 / 1.1)
+    assert ib.spread(_rows([1.0]), eval_every=0)["iter_max_min"] == 0  # one iteration: no spread, no error
+
+
+def test_spread_leaves_the_probe_out_and_a_flat_run_has_none():
+    sp = ib.spread(_rows([2.0] * 12, probe=0.5), eval_every=5)
+    assert sp["iter_p90_p10"] == sp["iter_max_min"] == 0 and sp["after_vs_before_eval"] == 1
+    assert "after_vs_before_eval" not in ib.spread(_rows([1.0] * 4), eval_every=0)
+
+
+def test_too_few_iterations_is_one_line_and_exit_2(capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["iteration_breakdown.py", "--iterations", "1"])
+    with pytest.raises(SystemExit) as e:
+        ib.main()
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "--iterations must be >= 2 (the first is warm-up); got 1\n"
+
+
+def test_cells_are_formatted_by_kind():
+    x = {"faults_max": 1234.0, "iter_p90_p10": 0.0312, "after_vs_before_eval": 1.234, "rollout": 0.04567}
+    assert [ib._cell(k, x) for k in x] == ["1234", "3.1%", "1.23x", "0.046"]
+    assert ib._cell("missing", x) == "—"
+
+
+def test_generate_baseline_samples_with_the_rollout_settings_and_decodes():
+    tok = build_tokenizer()
+    model = build_model(tok, hidden=32, layers=1, heads=2, seed=0).eval()
+    rc = SimpleNamespace(temperature=0.7, top_p=0.9, max_new_tokens=5)
+    state = torch.get_rng_state()
+    steps = ib.hf_generate(model, tok, ["1>", "23>", "456>"], rc)
+    assert 1 <= steps <= 5
+    assert not torch.equal(torch.get_rng_state(), state)  # it draws from the global generator (replay forks it)
