@@ -18,6 +18,10 @@ status: finished | stopped (ended early by the scheduler or the time budget) | s
 health rule, ema_pg_core.health: that trial only; `emapg report` lists it apart and never averages it) |
 failed | interrupted (SIGTERM/SIGINT: --resume continues it) | crashed (its process was killed: --resume continues it) |
 pending | paused (the sweep ended before the trial did).
+
+timing.json: wall_s (summed over invocations), invocations, last_wall_s, trials, slots, train_s_sum,
+overhead_fraction, and "timeline": where the last invocation's slot time went (``timeline``: each phase of a
+trial, the slots' start-up, the idle tail, the fixed cost per trial, each trial's stamps).
 """
 
 from __future__ import annotations
@@ -254,16 +258,17 @@ def timeline(
     trial costs in a started slot); `idle_tail_s`: summed over the slots, each slot's idle time from its last trial's
     end to the end of the last trial (waiting for the last trials to finish); `after_s`: the slots' time after the
     last trial, until Tune returned; `fixed_s_per_trial`: (wall x slots - training - idle tail) / trials, every
-    fixed cost and the start-ups spread over the trials; and each trial's stamps in seconds from `start`."""
+    fixed cost and the start-ups spread over the trials; each trial's slot (`slots`, 0-based, in the order the trials
+    started) and its stamps in seconds from `start`."""
     trials = {}
     for r in rows:
         own = stamps.get(r["trial_id"], {})
         if "started" in own and "ended" in own:
             summary = (records.read_summary(Path(sweep_dir) / "runs" / r["run_id"]) or {}) if r["run_id"] else {}
             trials[r["trial_id"]] = {**(summary.get("timeline") or {}), **own}
-    free, first, phases = [start] * max(1, slots), [True] * max(1, slots), {}
+    free, first, phases, slot_of = [start] * max(1, slots), [True] * max(1, slots), {}, {}
     for tid, st in sorted(trials.items(), key=lambda kv: kv[1]["started"]):
-        slot = min(range(len(free)), key=free.__getitem__)
+        slot = slot_of[tid] = min(range(len(free)), key=free.__getitem__)
         phases[tid] = {"schedule": st["started"] - free[slot], **trial_phases(st)}
         phases[tid]["first"], free[slot], first[slot] = first[slot], st["ended"], False
     fixed = {tid: sum(v for k, v in p.items() if k not in (*TRAINING, "first")) for tid, p in phases.items()}
@@ -280,6 +285,7 @@ def timeline(
         "idle_tail_s": round(tail, 2),
         "after_s": round(len(free) * (end - last), 2),
         "fixed_s_per_trial": round(((end - start) * len(free) - train - tail) / n, 2) if n else None,
+        "slots": slot_of,
         "stamps": {
             tid: {k: round(v - start, 3) for k, v in sorted(st.items(), key=lambda kv: kv[1])}
             for tid, st in trials.items()

@@ -178,6 +178,7 @@ def test_timeline_puts_each_second_of_the_slots_in_one_phase(tmp_path):
     assert tl["startup_s_per_slot"] == pytest.approx(sum(firsts.values()) / 2, abs=0.01)
     assert tl["reused_s_per_trial"] == pytest.approx(1.0 + 6 + 1 + 1, abs=0.01)  # c's, the one trial in a started slot
     assert tl["stamps"]["c"]["started"] == 23.0 and list(tl["stamps"]["c"])[-1] == "ended"
+    assert tl["slots"] == {"a": 0, "b": 1, "c": 0}
 
 
 def test_timing_json_holds_the_timeline(tmp_path, capsys):
