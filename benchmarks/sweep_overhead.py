@@ -1,6 +1,6 @@
 """What a local sweep spends outside its trials' training, with and without reusing the slot's Ray worker.
 
-    python benchmarks/sweep_overhead.py [--spec sweeps/quickstart.yaml] [--rounds 1] [--write]
+    python benchmarks/sweep_overhead.py [--spec sweeps/quickstart.yaml] [--rounds 1] [--fresh] [--write]
 
 Runs the sweep (default: the quickstart, 6 trials over 2 slots) through ``sweeps.tune.run_sweep`` on a local Ray
 of 2 CPUs, alternately as emapg runs it (trial after trial in its slot's Ray worker: Tune's ``reuse_actors``)
@@ -9,8 +9,10 @@ The tiny model's warm start is built once before the first run and is not measur
 
 Per run: the sweep's wall time, the summed training time of its trials (each run's ``train_wall_time_s``: from
 the start of its training loop, the evaluation at iteration 0 included, to its final save), the orchestration
-overhead 1 - training / (wall x slots) that ``timing.json`` reports, and the fixed cost per trial,
-(wall x slots - training) / trials. ``--write`` replaces the "sweep-overhead" section of docs/benchmarks.md.
+overhead 1 - training / (wall x slots) that ``timing.json`` reports, and from its timeline
+(``sweeps.results.timeline``): the fixed cost per trial (wall x slots - training - idle tail) / trials, what a
+slot's first trial costs outside training (the worker's start-up), what each later trial costs, the idle tail,
+and the median of each phase of a trial. ``--write`` replaces the "sweep-overhead" section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -27,11 +30,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._common import machine, machine_line, write_section  # noqa: E402
 
-VARIANTS = ("fresh worker per trial", "reused worker (emapg)")
+FRESH, REUSED = "fresh worker per trial", "reused worker (emapg)"
+FIGURES = ("fixed_s_per_trial", "startup_s_per_slot", "reused_s_per_trial", "idle_tail_s", "after_s")
 
 
 def run_once(spec_path: str, out: Path, reuse: bool) -> dict:
-    """One sweep in `out`; its timing.json plus the fixed cost per trial."""
+    """One sweep in `out`: its timing.json, with the timeline's figures, phase medians and the runs' in-loop
+    bookkeeping lifted to the top."""
     from sweeps import tune as T
     from sweeps.spec import load
 
@@ -42,11 +47,50 @@ def run_once(spec_path: str, out: Path, reuse: bool) -> dict:
     finally:
         T._tune_config = config
     t = json.loads((out / "timing.json").read_text())
-    t["fixed_s_per_trial"] = (t["wall_s"] * t["slots"] - t["train_s_sum"]) / t["trials"]
+    tl = t.pop("timeline")
+    t.update({k: tl[k] for k in FIGURES})
+    t.update(split_phases(tl))
+    t["loop_s_per_iter"] = loop_bookkeeping(out / "runs")
     return t
 
 
-def measure(spec_path: str, rounds: int) -> list[tuple[str, dict]]:
+def split_phases(tl: dict) -> dict[str, float]:
+    """{"first/<phase>": mean over the slots' first trials, "later/<phase>": median over the other trials}, from
+    the timeline's stamps (seconds from the sweep's start) and slots."""
+    from sweeps.results import trial_phases
+
+    free: dict[int, float] = {}  # each slot's last trial's end (seconds from the start)
+    first, later = [], []
+    for tid, slot in tl["slots"].items():  # in the order the trials started
+        stamps = tl["stamps"][tid]
+        phases = {"schedule": stamps["started"] - free.get(slot, 0.0), **trial_phases(stamps)}
+        (later if slot in free else first).append(phases)
+        free[slot] = stamps["ended"]
+    out = {}
+    for name in {k for p in first + later for k in p}:
+        if vals := [p[name] for p in first if name in p]:
+            out[f"first/{name}"] = statistics.mean(vals)
+        if vals := [p[name] for p in later if name in p]:
+            out[f"later/{name}"] = statistics.median(vals)
+    return out
+
+
+def loop_bookkeeping(runs: Path) -> float:
+    """Median over the runs' iterations without an evaluation of the time between two metrics lines beyond the
+    trainer's own step (perf/iter_s): the record's line, W&B's log, the health rules, Tune's report. It is inside
+    the training loop, so the overhead counts it as training."""
+    from experiments import records
+
+    gaps = []
+    for run_dir in runs.iterdir():
+        rows = records.read_metrics(run_dir)
+        for a, b in zip(rows, rows[1:]):
+            if "perf/iter_s" in b and not any(k.startswith("eval") for k in b):
+                gaps.append(b["time_s"] - a["time_s"] - b["perf/iter_s"])
+    return statistics.median(gaps) if gaps else float("nan")
+
+
+def measure(spec_path: str, rounds: int, variants: tuple[str, ...]) -> list[tuple[str, dict]]:
     """(variant, timing) per run, alternating the variants, after building the warm start."""
     import ray
 
@@ -58,52 +102,112 @@ def measure(spec_path: str, rounds: int) -> list[tuple[str, dict]]:
     runs = []
     with tempfile.TemporaryDirectory(prefix="emapg_overhead_") as tmp:
         for r in range(rounds):
-            for i, name in enumerate(VARIANTS):
-                t0 = time.time()
-                t = run_once(spec_path, Path(tmp) / f"{r}_{i}", reuse=bool(i))
-                print(f"round {r + 1}, {name}: {time.time() - t0:.0f} s, overhead {t['overhead_fraction']:.1%}")
+            for i, name in enumerate(variants):
+                t0, load_1min = time.time(), os.getloadavg()[0]
+                t = run_once(spec_path, Path(tmp) / f"{r}_{i}", reuse=name != FRESH)
+                t["load_1min"] = load_1min
+                print(
+                    f"round {r + 1}, {name}: {time.time() - t0:.0f} s, overhead {t['overhead_fraction']:.1%}, "
+                    f"fixed cost {t['fixed_s_per_trial']:.1f} s per trial (1-min load at its start {load_1min:.1f})",
+                    flush=True,
+                )
                 runs.append((name, t))
     ray.shutdown()
     return runs
 
 
+def _medians(runs: list[tuple[str, dict]]) -> dict[str, dict[str, float]]:
+    """{variant: {figure: median over its runs}}, variants in their first run's order."""
+    out: dict[str, dict[str, float]] = {}
+    for name in dict.fromkeys(n for n, _ in runs):
+        mine = [t for n, t in runs if n == name]
+        keys = {k for t in mine for k, v in t.items() if isinstance(v, (int, float)) and v is not None}
+        out[name] = {k: statistics.median(t[k] for t in mine if t.get(k) is not None) for k in keys}
+    return out
+
+
 def table(runs: list[tuple[str, dict]]) -> str:
-    """Medians per variant, and each to the fresh-worker baseline of the same invocation."""
-    med = {
-        name: {k: statistics.median(t[k] for n, t in runs if n == name) for k in runs[0][1] if k != "invocations"}
-        for name in VARIANTS
-    }
-    base = med[VARIANTS[0]]
-    lines = [
-        "| variant | sweep wall (s) | training, summed (s) | overhead | fixed cost per trial (s) | wall / baseline |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name in VARIANTS:
-        m = med[name]
-        lines.append(
-            f"| {name} | {m['wall_s']:.1f} | {m['train_s_sum']:.1f} | {m['overhead_fraction']:.1%} | "
-            f"{m['fixed_s_per_trial']:.1f} | {m['wall_s'] / base['wall_s']:.2f} |"
-        )
+    """Medians per variant, the wall time also to the first variant's of the same invocation."""
+    med = _medians(runs)
+    base = next(iter(med.values()))
+    cols = (
+        "sweep wall (s)", "training, summed (s)", "overhead", "fixed cost per trial (s)", "slot start-up (s)",
+        "per trial in a started slot (s)", "idle tail (s)", "after the last trial (s)",
+        "bookkeeping per iteration, in training (s)", "wall / first variant", "1-min load at start",
+    )  # fmt: skip
+    lines = ["| variant | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for name, m in med.items():
+        cells = (
+            f"{m['wall_s']:.1f}", f"{m['train_s_sum']:.1f}", f"{m['overhead_fraction']:.1%}",
+            f"{m['fixed_s_per_trial']:.1f}", _num(m.get("startup_s_per_slot")), _num(m.get("reused_s_per_trial")),
+            f"{m['idle_tail_s']:.1f}", f"{m['after_s']:.1f}", _num(m.get("loop_s_per_iter"), 3),
+            f"{m['wall_s'] / base['wall_s']:.2f}", f"{m['load_1min']:.1f}",
+        )  # fmt: skip
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def phases_table(runs: list[tuple[str, dict]]) -> str:
+    """The timeline's phases of a slot's first trial (mean) and of the later ones (median), per run; then per
+    variant the median over its runs. The schedule of a slot's first trial runs from the sweep's start."""
+    from sweeps.results import PHASES, TRAINING
+
+    med = _medians(runs)
+    heads = [f"{n}: {part} (s)" for n in med for part in ("a slot's first trial", "later trials")]
+    lines = ["| phase | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
+    for name, _, what in PHASES:
+        cells = " | ".join(_num(m.get(f"{part}/{name}"), 2) for m in med.values() for part in ("first", "later"))
+        where = " [training]" if name in TRAINING else ""
+        lines.append(f"| `{name}`: {what}{where} | {cells} |")
+    return "\n".join(lines)
+
+
+def _num(v, digits: int = 1) -> str:
+    return "n/a" if v is None or v != v else f"{v:.{digits}f}"
+
+
+EXPLAIN = """\
+Overhead = 1 - summed training / (sweep wall x slots), as `timing.json` reports it. Training is each run's
+`train_wall_time_s`: from the start of its training loop (the evaluation at iteration 0 first) to the end of its
+final save. Every other second of a slot is in the timeline (`timing.json["timeline"]`, `sweeps.results.timeline`),
+from stamps the driver (Tune started the trial, its last result arrived, Tune ended it), the trial function and
+`experiments.run.run` (`summary.json["timeline"]`) take; each trial is put in the slot that freed first before it
+started. Fixed cost per trial = (wall x slots - training - idle tail) / trials: every second outside training but the
+idle tail, spread over the trials. It splits into the slot start-up (the mean fixed cost of a slot's first trial:
+Ray starting the worker, the imports, the first W&B run and model load) and the per-trial cost in a started slot
+(the median fixed cost of the other trials). Idle tail: each slot's idle time from its last trial's end to the end
+of the sweep's last trial (6 trials of unequal length on 2 slots), summed over the slots. After the last trial: the
+slots' time until Tune returned. Bookkeeping per iteration: the median time between two metrics lines beyond the
+trainer's step (perf/iter_s) over the iterations without an evaluation: the run record's line, W&B's log, the health
+rules and Tune's report; it is inside the training loop, so the overhead counts it as training.
+
+Where the rest goes, read from the phases: with the worker reused, Tune's own share of a trial (`schedule` in a
+started slot, `call`, `close`, `end`) and the final save (`save`) take well under a second each; a trial in a started
+slot spends its fixed cost mostly in `compose`, `wandb` and `model` (the task's splits, then the model from the
+warm-start cache). The slot start-up is a new worker's first trial: the imports (ray.tune, torch, transformers,
+wandb, math_verify), W&B's service starting, the first model load; it is paid once per slot. The idle tail follows
+from the order: Tune hands the next trial to the slot that frees first, so with two presets of unequal speed on two
+slots one slot can run every trial of the faster preset and the other every trial of the slower one, and the tail
+then grows with the number of seeds (the trials' stamps in `timing.json` show which trial ran where).
+"""
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--spec", default="sweeps/quickstart.yaml")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--fresh", action="store_true", help="also run the baseline: a fresh worker per trial")
     p.add_argument("--write", action="store_true", help="replace the sweep-overhead section of docs/benchmarks.md")
     args = p.parse_args()
     m = machine()
-    runs = measure(args.spec, args.rounds)
+    variants = (FRESH, REUSED) if args.fresh else (REUSED,)
+    runs = measure(args.spec, args.rounds, variants)
+    cmd = f"python benchmarks/sweep_overhead.py --spec {args.spec} --rounds {args.rounds}{' --fresh' * args.fresh}"
     body = (
         f"## Sweep orchestration overhead (`benchmarks/sweep_overhead.py`)\n\n"
-        f"`python benchmarks/sweep_overhead.py --spec {args.spec} --rounds {args.rounds}`: the sweep run "
-        f"{args.rounds}x per variant, alternating, on a local Ray of 2 CPUs (medians; warm start cached, W&B as the "
-        f"spec sets it). {machine_line(m, 1)}\n\n{table(runs)}\n\n"
-        "Overhead = 1 - summed training / (sweep wall x slots), as `timing.json` reports it; training starts with "
-        "the evaluation at iteration 0. The fixed cost per trial is everything else a trial's slot spends: Ray "
-        "starting or reusing the worker, imports, config composition, the run record, W&B, the model load, the "
-        "final save, Tune's bookkeeping, and a slot's idle time while the last trials finish.\n"
+        f"`{cmd}`: the sweep run {args.rounds}x per variant, alternating, on a local Ray of 2 CPUs (medians; warm "
+        f"start cached, W&B as the spec sets it). {machine_line(m, 1)}\n\n{table(runs)}\n\n"
+        f"Where a trial's slot time goes (seconds per phase):\n\n{phases_table(runs)}\n\n{EXPLAIN}"
     )
     print(body)
     if args.write:

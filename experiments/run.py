@@ -88,23 +88,49 @@ def _verl_wandb(cfg: DictConfig, run_dir: Path) -> dict[str, str]:
     )
 
 
-def run(cfg: DictConfig, callback: Callback | None = None) -> dict[str, float]:
+STAMPS = ("run", "record", "logger", "model", "eval0_start", "eval0_end", "train_end", "saved")
+"""The timeline a run keeps in summary.json["timeline"] ({stamp: epoch seconds}, time.time()), in order: run()
+entered, run record opened, W&B logger up, task and model built, training started (the evaluation at iteration 0
+first), that evaluation done, the training loop done, the final save done (train_wall_time_s: eval0_start to
+saved). A caller's own stamps passed in `timeline` come first (a sweep trial's: sweeps.tune); a stamp is missing
+where its step did not run (eval0_end in a run resumed past iteration 0). A verl run keeps none (verl times its
+own steps: perf/iter_s)."""
+
+
+def run(
+    cfg: DictConfig, callback: Callback | None = None, timeline: dict[str, float] | None = None
+) -> dict[str, float]:
     """Train one run as configured; return {metric: final value} (+ best_<metric>). A staged run
-    (`stages` / `stage`, experiments.stages) trains its stages one after the other in one record."""
+    (`stages` / `stage`, experiments.stages) trains its stages one after the other in one record.
+    `timeline`: the caller's stamps, completed here (STAMPS) and written to summary.json."""
+    timeline = {} if timeline is None else timeline
+    _stamp(timeline, "run")
     progress.quiet_libraries()
     if cfg.get("stages") or cfg.get("stage") is not None or cfg.get("resume_from"):
         from experiments import stages
 
-        return stages.run_staged(cfg, resolve_run_dir(cfg), build.validate, lambda c, s: _run_one(c, callback, s))
-    return _run_one(cfg, callback)
+        def one(c: DictConfig, s: dict | None) -> dict[str, float]:
+            return _run_one(c, callback, s, timeline)
+
+        return stages.run_staged(cfg, resolve_run_dir(cfg), build.validate, one)
+    return _run_one(cfg, callback, None, timeline)
 
 
-def _run_one(cfg: DictConfig, callback: Callback | None, stage: dict | None = None) -> dict[str, float]:
+def _stamp(timeline: dict[str, float], name: str, clock: Callable[[], float] = time.time) -> None:
+    """timeline[name] = now (epoch seconds). The clock is bound here, apart from the module's `time`, which the
+    tests of train_wall_time_s drive reading by reading."""
+    timeline[name] = round(clock(), 3)
+
+
+def _run_one(
+    cfg: DictConfig, callback: Callback | None, stage: dict | None = None, timeline: dict[str, float] | None = None
+) -> dict[str, float]:
     """One run, or one stage of a staged run (`stage`: experiments.stages.start_info)."""
+    timeline = {} if timeline is None else timeline
     local_cfg = build.validate(cfg)  # raises before any work
     build.check_k(cfg)
     if cfg.backend.name == "verl":
-        return _run_verl(cfg, callback, stage)
+        return _run_verl(cfg, callback, stage)  # no timeline: verl times its own steps
     import torch
 
     from ema_pg_core.local import checkpoints
@@ -137,11 +163,14 @@ def _run_one(cfg: DictConfig, callback: Callback | None, stage: dict | None = No
         skipped=found[2] if found else (),
         stage=stage,
     )
+    _stamp(timeline, "record")
     with record:
         logger = _make_logger(cfg, run_dir)
+        _stamp(timeline, "logger")
         with logger:
             try:
-                summary = _train(cfg, local_cfg, record, logger, ckpt_dir, found[1] if found else None, callback)
+                state = found[1] if found else None
+                summary = _train(cfg, local_cfg, record, logger, ckpt_dir, state, callback, timeline)
             except Interrupted as e:  # a checkpoint is on disk: recorded as interrupted, not failed
                 record.interrupt(str(e))
                 raise RunInterrupted(str(e), e.signame, run_dir) from None
@@ -157,11 +186,12 @@ def _advance(bar, it: int, m: dict) -> None:
     bar.set_postfix({**postfix, "drift": f"{m.get('anchor/drift', 0):.1e}"}, refresh=False)
 
 
-def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, callback: Callback | None) -> dict:
+def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, callback: Callback | None, timeline):
     from ema_pg_core.local.trainer import Hooks, LocalTrainer
 
     task = build.task(cfg)
     policy, tok = build.model(cfg)
+    _stamp(timeline, "model")
     bar = None
     rows: dict[int, dict] = {}
     stepped: dict[int, dict] = {}  # a step the health rules are looking at, before its evaluation
@@ -175,6 +205,8 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
         stepped.clear()
 
     def on_metrics(it: int, m: dict) -> None:
+        if it == 0:
+            _stamp(timeline, "eval0_end")
         rows[it] = record.log(it, m)
         logger.log(it, rows[it])
         _advance(bar, it, m)
@@ -204,17 +236,27 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
         health.replay(records.read_metrics(record.run_dir))  # the rules' state as the uninterrupted run had it
     bar = progress.bar(local_cfg.trainer.iterations, f"{cfg.experiment} s{cfg.seed}", initial=trainer.iteration)
     t0 = time.time()  # this attempt's training starts here
+    _stamp(timeline, "eval0_start")
+    _train_and_save(trainer, Path(cfg.run_dir), bar, timeline)
+    extra = {"wandb_run_id": logger.wandb_run_id, "train_wall_time_s": earlier_s + time.time() - t0}
+    return record.finish({**extra, "timeline": dict(timeline)})
+
+
+def _train_and_save(trainer, run_dir: Path, bar, timeline: dict[str, float]) -> None:
+    """Train, then save the policy (with its tokenizer) and the anchor as Hugging Face directories under
+    <run_dir>/final (stamps: train_end, saved)."""
     try:
         trainer.train()
-        final = Path(cfg.run_dir) / "final"
-        policy.save_pretrained(final / "policy")
-        tok.save_pretrained(final / "policy")
+        _stamp(timeline, "train_end")
+        final = run_dir / "final"
+        trainer.policy.save_pretrained(final / "policy")
+        trainer.tok.save_pretrained(final / "policy")
         trainer.anchor.module.save_pretrained(final / "anchor")
     except OSError as e:  # a full disk, a read-only or vanished directory: the run fails, saying where and why
-        raise RunFailed(f"cannot write {e.filename or cfg.run_dir}: {e.strerror or e}") from e
+        raise RunFailed(f"cannot write {e.filename or run_dir}: {e.strerror or e}") from e
     finally:
         bar.close()
-    return record.finish({"wandb_run_id": logger.wandb_run_id, "train_wall_time_s": earlier_s + time.time() - t0})
+    _stamp(timeline, "saved")
 
 
 class HealthCheck:

@@ -1,7 +1,7 @@
 """A sweep's results, read from its trials' run records: sweep.csv and timing.json.
 
     rows = write_csv(sweep_dir, spec.metric, spec.mode, [Trial(...), ...])   # in launch order
-    write_timing(sweep_dir, spec.name, rows, wall_s, slots)
+    write_timing(sweep_dir, spec.name, rows, wall_s, slots, timeline=timeline(sweep_dir, rows, stamps, t0, t1, slots))
 
 Runs are read only through experiments.records (find_trial_run, read_metrics, read_summary,
 read_state): the run record is the source of truth. Tune contributes what only it knows of each
@@ -18,6 +18,10 @@ status: finished | stopped (ended early by the scheduler or the time budget) | s
 health rule, ema_pg_core.health: that trial only; `emapg report` lists it apart and never averages it) |
 failed | interrupted (SIGTERM/SIGINT: --resume continues it) | crashed (its process was killed: --resume continues it) |
 pending | paused (the sweep ended before the trial did).
+
+timing.json: wall_s (summed over invocations), invocations, last_wall_s, trials, slots, train_s_sum,
+overhead_fraction, and "timeline": where the last invocation's slot time went (``timeline``: each phase of a
+trial, the slots' start-up, the idle tail, the fixed cost per trial, each trial's stamps).
 """
 
 from __future__ import annotations
@@ -130,9 +134,11 @@ def write_timing(
     progress: bool = True,
     resumed: bool = False,
     killed_s: float | None = None,
+    timeline: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """timing.json: overhead = 1 - (summed trial training time) / (wall time x trial slots); with
     `progress`, a closing line (counts by status, time, overhead) is printed. Returns what was written.
+    `timeline` (``timeline``: where this invocation's slot time went) is written as it is, under "timeline".
 
     The training time is summed over every trial's record, whichever invocation trained it, so with
     `resumed` the wall time is too: this invocation's `wall` is added to the total already in timing.json
@@ -156,6 +162,8 @@ def write_timing(
         "train_s_sum": round(train, 2),
         "overhead_fraction": round(1 - train / (total * slots), 4) if total > 0 else None,
     }
+    if timeline is not None:
+        t["timeline"] = timeline
     (sweep_dir / "timing.json").write_text(json.dumps(t, indent=1) + "\n")
     if progress:
         n = {
@@ -167,7 +175,7 @@ def write_timing(
         print(
             f"{name}: {n['finished']} finished, {n['stopped']} stopped early, {n['failed']} failed{others} of "
             f"{len(rows)} trials in {total:.0f}s{_over(t['invocations'])} (training {train:.0f}s over {slots} "
-            f"slot(s); orchestration overhead {overhead})\n  {sweep_dir / 'sweep.csv'}",
+            f"slot(s); orchestration overhead {overhead}{_fixed(timeline)})\n  {sweep_dir / 'sweep.csv'}",
             flush=True,
         )
     return t
@@ -184,3 +192,110 @@ def _previous_timing(sweep_dir: Path) -> dict[str, Any]:
 
 def _over(invocations: int) -> str:
     return f" over {invocations} invocations" if invocations > 1 else ""
+
+
+def _fixed(timeline: dict[str, Any] | None) -> str:
+    """The closing line's fixed costs (``timeline``), or "" without them."""
+    if not timeline or timeline.get("fixed_s_per_trial") is None:
+        return ""
+    t = timeline
+    reused = f", {t['reused_s_per_trial']:.1f}s in a started slot" if t["reused_s_per_trial"] is not None else ""
+    return f"; fixed cost {t['fixed_s_per_trial']:.1f}s per trial{reused}, idle tail {t['idle_tail_s']:.0f}s"
+
+
+# ---------------------------------------------------------------------------- the trials' timeline
+PHASES = (
+    (
+        "schedule",
+        "started",
+        "Tune starts the trial: its slot's wait from the previous trial's end (the sweep's "
+        "start for the first ones) until Tune has a worker ready (a new Ray worker, or a reused one reset)",
+    ),
+    ("call", "worker", "Tune calls the trial function in the worker"),
+    ("compose", "composed", "imports and config composition"),
+    ("restore", "run", "Tune's checkpoint put back (a restarted trial), run() entered"),
+    ("record", "record", "config validated, run record opened"),
+    ("wandb", "logger", "W&B run started"),
+    ("model", "model", "task and model built (the tiny model's warm start read from its cache)"),
+    ("trainer", "eval0_start", "trainer set up"),
+    ("eval0", "eval0_end", "evaluation at iteration 0 (training time)"),
+    ("train", "train_end", "training iterations (training time)"),
+    ("save", "saved", "final save (training time)"),
+    ("close", "reported", "run record and W&B closed, the last result reported to Tune"),
+    ("end", "ended", "Tune ends the trial"),
+)
+"""(phase, the stamp that ends it, what it is): a trial's slot time in order. A phase starts at the previous stamp
+the trial has (eval0_end is missing in a trial resumed past iteration 0). Stamps: `started`, `reported` and
+`ended` are the driver's (sweeps.tune), the others the run record's summary.json["timeline"] (sweeps.tune's trial
+function and experiments.run.STAMPS)."""
+TRAINING = ("eval0", "train", "save")
+"""The phases summed in a run's train_wall_time_s: what the overhead counts as the trials' work."""
+
+
+def trial_phases(stamps: dict[str, float]) -> dict[str, float]:
+    """{phase: seconds} of one trial from its stamps (epoch seconds); "schedule" needs the slot (``timeline``)."""
+    out, before = {}, None
+    for phase, stamp, _ in PHASES:
+        if stamp not in stamps:
+            continue
+        if before is not None:
+            out[phase] = stamps[stamp] - before
+        before = stamps[stamp]
+    return out
+
+
+def timeline(
+    sweep_dir: str | Path, rows: list[dict], stamps: dict[str, dict[str, float]], start: float, end: float, slots: int
+) -> dict[str, Any]:
+    """Where one invocation's slot time (its wall time x slots, from `start` to `end`) went: timing.json["timeline"].
+
+    `stamps`: the driver's {trial_id: {"started", "reported", "ended"}} (epoch seconds) of the trials this
+    invocation ran, merged here with each run record's own. Each trial goes to the slot that freed first before it
+    started (Tune starts a trial as soon as a slot is free); its `schedule` phase is its wait there. A trial's fixed
+    cost is its phases outside TRAINING. Returned: per phase the median and total over the trials;
+    `startup_s_per_slot`: the mean fixed cost of each slot's first trial (a new Ray worker's start, the imports, the
+    first W&B run and model load); `reused_s_per_trial`: the median fixed cost of the other trials (what one more
+    trial costs in a started slot); `idle_tail_s`: summed over the slots, each slot's idle time from its last trial's
+    end to the end of the last trial (waiting for the last trials to finish); `after_s`: the slots' time after the
+    last trial, until Tune returned; `fixed_s_per_trial`: (wall x slots - training - idle tail) / trials, every
+    fixed cost and the start-ups spread over the trials; each trial's slot (`slots`, 0-based, in the order the trials
+    started) and its stamps in seconds from `start`."""
+    trials = {}
+    for r in rows:
+        own = stamps.get(r["trial_id"], {})
+        if "started" in own and "ended" in own:
+            summary = (records.read_summary(Path(sweep_dir) / "runs" / r["run_id"]) or {}) if r["run_id"] else {}
+            trials[r["trial_id"]] = {**(summary.get("timeline") or {}), **own}
+    free, first, phases, slot_of = [start] * max(1, slots), [True] * max(1, slots), {}, {}
+    for tid, st in sorted(trials.items(), key=lambda kv: kv[1]["started"]):
+        slot = slot_of[tid] = min(range(len(free)), key=free.__getitem__)
+        phases[tid] = {"schedule": st["started"] - free[slot], **trial_phases(st)}
+        phases[tid]["first"], free[slot], first[slot] = first[slot], st["ended"], False
+    fixed = {tid: sum(v for k, v in p.items() if k not in (*TRAINING, "first")) for tid, p in phases.items()}
+    train = sum(p.get(k, 0.0) for p in phases.values() for k in TRAINING)
+    last, n = max(free), len(phases)
+    tail = sum(last - f for f in free)
+    firsts = [fixed[t] for t, p in phases.items() if p["first"]]
+    others = [fixed[t] for t, p in phases.items() if not p["first"]]
+    return {
+        "trials": n,
+        "phases": {name: _stats([p[name] for p in phases.values() if name in p]) for name, _, _ in PHASES},
+        "startup_s_per_slot": round(sum(firsts) / len(firsts), 2) if firsts else None,
+        "reused_s_per_trial": _stats(others)["median_s"],
+        "idle_tail_s": round(tail, 2),
+        "after_s": round(len(free) * (end - last), 2),
+        "fixed_s_per_trial": round(((end - start) * len(free) - train - tail) / n, 2) if n else None,
+        "slots": slot_of,
+        "stamps": {
+            tid: {k: round(v - start, 3) for k, v in sorted(st.items(), key=lambda kv: kv[1])}
+            for tid, st in trials.items()
+        },
+    }
+
+
+def _stats(values: list[float]) -> dict[str, float | None]:
+    import statistics
+
+    if not values:
+        return {"median_s": None, "total_s": 0.0}
+    return {"median_s": round(statistics.median(values), 3), "total_s": round(sum(values), 2)}

@@ -114,7 +114,10 @@ def describe(spec: Spec, config: dict) -> str:
 
 # ---------------------------------------------------------------------------- the trial
 def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
-    """One trial: compose its config, put back Tune's checkpoint if any, run experiments.run.run."""
+    """One trial: compose its config, put back Tune's checkpoint if any, run experiments.run.run. Its timeline
+    (summary.json) starts here: `worker` (this function entered in its Ray worker), `composed` (the imports and
+    the config composed)."""
+    timeline = {"worker": round(time.time(), 3)}
     os.environ.setdefault("EMAPG_PROGRESS", "0")  # no per-trial progress bars in the sweep's output
     from experiments import build, records
     from experiments.errors import StoppedUnhealthy
@@ -123,6 +126,7 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
     point, seed = decode(spec, config)
     trial_id = tune.get_context().get_trial_id()
     cfg = build.compose(spec.overrides_for(point, seed))
+    timeline["composed"] = round(time.time(), 3)
     run_dir = Path(sweep_dir) / "runs" / records.make_run_id(cfg.task.name, cfg.experiment, cfg.seed, trial_id=trial_id)
     if spec.backend == "verl":  # verl keeps its own checkpoints: <run_dir>/checkpoints, or <checkpoint_dir>/<run id>
         carry, resume = None, "auto"  # continue the record an earlier attempt left, else start
@@ -134,7 +138,7 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
     cfg.sweep.trial_id, cfg.run_dir, cfg.resume = trial_id, str(run_dir), resume
     reporter = _Reporter(spec.metric, spec.mode, carry, last=int(cfg.trainer.iterations))
     try:
-        run(cfg, callback=reporter)
+        run(cfg, callback=reporter, timeline=timeline)
     except StoppedUnhealthy:  # this trial only: it ends (TERMINATED in Tune, stopped_unhealthy in its record)
         last = records.read_metrics(run_dir)[-1]  # the iteration the rule fired on
         reporter.unhealthy(last["iteration"], {k: v for k, v in last.items() if k not in records.RESERVED})
@@ -386,6 +390,25 @@ class _Progress(tune.Callback):
         self._say(line.replace(" done,", f" done, {len(stopped)} interrupted,", 1) if stopped else line)
 
 
+_STAMPS: dict[str, dict[str, float]] = {}
+"""The driver's stamps of the trials this invocation ran (``_Timeline``), read by ``_run_tune`` after Tune returns."""
+
+
+class _Timeline(tune.Callback):
+    """The driver's stamps of each trial (time.time()): `started` (Tune has its worker ready: a new Ray worker
+    started, or a reused one reset), `reported` (its last result arrived), `ended` (Tune completed it). Kept in
+    ``_STAMPS`` (a resumed sweep's callbacks are unpickled copies); sweeps.results.timeline adds the run records'."""
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        _STAMPS[trial.trial_id] = {"started": time.time()}
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        _STAMPS.setdefault(trial.trial_id, {})["reported"] = time.time()
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        _STAMPS.setdefault(trial.trial_id, {})["ended"] = time.time()
+
+
 def waiting_line(spec: Spec, config: dict, free: dict[str, dict[str, float]], n: int) -> str:
     """`n` trials wait: what the first reserves (its whole verl job, or the spec's resources) and what is free."""
     from ema_pg_core.verl.resources import free_line
@@ -530,6 +553,7 @@ def _run_tune(spec, sweep_dir, resume, address, num_cpus, progress, report, kill
     try:
         tuner = _tuner(spec, sweep_dir, exp_path, resume, progress)
         slots = _slots(spec)
+        _STAMPS.clear()
         t0 = time.time()
         with _quiet(), _sigterm_stops_tune():
             tuner.fit()
@@ -543,7 +567,10 @@ def _run_tune(spec, sweep_dir, resume, address, num_cpus, progress, report, kill
     finally:
         if started:
             ray.shutdown()
-    results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume, killed_s=killed_s)
+    timeline = results.timeline(sweep_dir, rows, _STAMPS, t0, t0 + wall, slots)
+    results.write_timing(
+        sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume, killed_s=killed_s, timeline=timeline
+    )
     hint = _unfinished_hint(spec, sweep_dir, trials)
     if hint:
         print(hint, flush=True)
@@ -589,7 +616,8 @@ def _tuner(spec: Spec, sweep_dir: Path, exp_path: Path, resume: bool, progress: 
             log_to_file=True,
             failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=[_StateBackup(str(exp_path))] + ([_Progress(spec, sweep_dir=sweep_dir)] if progress else []),
+            callbacks=[_StateBackup(str(exp_path)), _Timeline()]
+            + ([_Progress(spec, sweep_dir=sweep_dir)] if progress else []),
         ),
     )
 

@@ -292,3 +292,19 @@ def test_a_resumed_runs_training_time_counts_its_earlier_attempts(tmp_path, monk
     assert train(run_dir, "trainer.iterations=4", "resume=true") == 0
     resumed = records.read_summary(run_dir)["train_wall_time_s"]
     assert 200 < resumed < 220  # 200 s up to the checkpoint + this attempt's readings (before: this attempt's only)
+
+
+def test_the_summary_keeps_the_runs_timeline(tmp_path):
+    """summary.json["timeline"]: run_module.STAMPS in order, on one clock; its training span (eval0_start to saved)
+    is train_wall_time_s. A run resumed past iteration 0 has no evaluation at 0: no eval0_end."""
+    from experiments.run import STAMPS
+
+    run_dir = tmp_path / "run"
+    assert train(run_dir, "trainer.iterations=2") == 0
+    summary = records.read_summary(run_dir)
+    stamps = summary["timeline"]
+    assert list(stamps) == list(STAMPS)
+    assert all(a <= b for a, b in zip(stamps.values(), list(stamps.values())[1:]))
+    assert stamps["saved"] - stamps["eval0_start"] == pytest.approx(summary["train_wall_time_s"], abs=0.05)
+    assert train(run_dir, "trainer.iterations=3", "resume=true") == 0
+    assert list(records.read_summary(run_dir)["timeline"]) == [s for s in STAMPS if s != "eval0_end"]

@@ -42,18 +42,18 @@ def install() -> None:
         module.run = functools.wraps(module.run)(functools.partial(dispatch, module.run))
 
 
-def dispatch(real, cfg, callback=None) -> dict:
-    """task.knobs.fake selects the stand-in: "run" -> fake_run, "fail_once" -> real_run_failing_once;
-    without it, the real experiments.run.run."""
+def dispatch(real, cfg, callback=None, timeline=None) -> dict:
+    """task.knobs.fake selects the stand-in: "run" -> fake_run (which keeps no timeline), "fail_once" ->
+    real_run_failing_once; without it, the real experiments.run.run."""
     fake = (cfg.task.get("knobs") or {}).get("fake")
     if fake is None:
-        return real(cfg, callback=callback)
+        return real(cfg, callback=callback, timeline=timeline)
     if fake == "run":
         return fake_run(cfg, callback)
     if fake == "fail_once":
         with open_dict(cfg):
             cfg.task.knobs.pop("fake")  # the real task accepts only its own knobs
-        return real_run_failing_once(real, cfg, callback)
+        return real_run_failing_once(real, cfg, callback, timeline)
     raise ValueError(f"task.knobs.fake={fake!r}: expected run or fail_once")
 
 
@@ -178,7 +178,7 @@ def drive(spec_path: str, out: str, address: str, resume: bool = False) -> None:
     T.run_sweep(load(spec_path), out, resume=resume, address=address, report=False)
 
 
-def real_run_failing_once(run, cfg, callback=None) -> dict:
+def real_run_failing_once(run, cfg, callback=None, timeline=None) -> dict:
     """The real `run`, killed by an exception right after iteration 2's metrics on its first attempt.
     Every attempt is logged to <sweep_dir>/attempts.jsonl (resume flag, iterations seen)."""
     log = Path(cfg.run_dir).parent.parent / "attempts.jsonl"
@@ -191,7 +191,7 @@ def real_run_failing_once(run, cfg, callback=None) -> dict:
             raise RuntimeError("injected failure after iteration 2")
 
     try:
-        return run(cfg, callback=on_iteration)
+        return run(cfg, callback=on_iteration, timeline=timeline)
     finally:
         with open(log, "a") as f:
             f.write(json.dumps({"resume": bool(cfg.resume), "iterations": seen}) + "\n")

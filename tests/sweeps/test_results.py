@@ -139,3 +139,50 @@ def test_timing_resumed_over_a_record_without_invocations(tmp_path):
         tmp_path, "s", [{"status": "finished", "train_time_s": 5.0}], wall=5.0, slots=1, resumed=True
     )
     assert (t["wall_s"], t["invocations"]) == (5.0, 1)  # unreadable: only what is known
+
+
+def test_timeline_puts_each_second_of_the_slots_in_one_phase(tmp_path):
+    """Three trials on two slots: the first two start together, the third takes the slot that freed first. Each
+    slot second lands in one place (a phase of a trial, the idle tail or the time after the last trial), and the
+    summary figures follow from the stamps."""
+
+    def own(t, started, reported, ended):  # the run record's stamps, then the driver's
+        run = dict(zip(("worker", "composed", "run", "record", "logger", "model"), (1, 2, 2.5, 3, 4, 5)))
+        run.update(eval0_start=6, eval0_end=7, train_end=t - 1, saved=t)
+        return {k: 100 + started + v for k, v in run.items()}, {
+            "started": 100 + started, "reported": 100 + reported, "ended": 100 + ended,
+        }  # fmt: skip
+
+    plan = {"a": (0.5, 20, 21, 22), "b": (1.0, 30, 32, 33), "c": (23.0, 10, 34, 35)}  # (started, t, reported, ended)
+    rows, driver = [], {}
+    for tid, (started, t, reported, ended) in plan.items():
+        run_stamps, driver[tid] = own(t, started, reported, ended)
+        d = record(tmp_path, tid, "finished", [])
+        (d / "summary.json").write_text(json.dumps({"status": "finished", "timeline": run_stamps}))
+        rows.append({"trial_id": tid, "run_id": d.name})
+    rows.append({"trial_id": "never_started", "run_id": ""})
+    tl = results.timeline(tmp_path, rows, driver, start=100.0, end=140.0, slots=2)
+    assert tl["trials"] == 3
+    assert tl["phases"]["schedule"] == {"median_s": 1.0, "total_s": 2.5}  # 0.5 and 1.0 from the start; c: 23 - 22
+    assert tl["phases"]["compose"] == {"median_s": 1.0, "total_s": 3.0}
+    assert tl["phases"]["close"] == {"median_s": 1.0, "total_s": 2.5}  # reported - saved: 0.5, 1 and 1
+    assert tl["phases"]["end"]["total_s"] == 3.0
+    train = sum(tl["phases"][k]["total_s"] for k in results.TRAINING)
+    assert train == (20 - 6) + (30 - 6) + (10 - 6)
+    assert tl["idle_tail_s"] == 2.0  # b's slot ends at 33, c's (a's) at 35
+    assert tl["after_s"] == 2 * (140 - 135)
+    fixed = sum(p["total_s"] for k, p in tl["phases"].items() if k not in results.TRAINING)
+    assert fixed + train + tl["idle_tail_s"] + tl["after_s"] == pytest.approx(2 * 40)  # every slot second, once
+    assert tl["fixed_s_per_trial"] == pytest.approx((2 * 40 - train - 2.0) / 3, abs=0.01)
+    firsts = {"a": 0.5 + 6 + 0.5 + 1, "b": 1.0 + 6 + 1 + 1}  # schedule, started to eval0_start, close, end
+    assert tl["startup_s_per_slot"] == pytest.approx(sum(firsts.values()) / 2, abs=0.01)
+    assert tl["reused_s_per_trial"] == pytest.approx(1.0 + 6 + 1 + 1, abs=0.01)  # c's, the one trial in a started slot
+    assert tl["stamps"]["c"]["started"] == 23.0 and list(tl["stamps"]["c"])[-1] == "ended"
+    assert tl["slots"] == {"a": 0, "b": 1, "c": 0}
+
+
+def test_timing_json_holds_the_timeline(tmp_path, capsys):
+    tl = {"trials": 2, "fixed_s_per_trial": 1.5, "reused_s_per_trial": 0.5, "idle_tail_s": 3.0}
+    t = results.write_timing(tmp_path, "s", [{"status": "finished", "train_time_s": 30.0}], 40.0, 1, timeline=tl)
+    assert json.loads((tmp_path / "timing.json").read_text())["timeline"] == t["timeline"] == tl
+    assert "fixed cost 1.5s per trial, 0.5s in a started slot, idle tail 3s" in capsys.readouterr().out

@@ -23,6 +23,7 @@ import pytest
 import sweep_fakes
 import yaml
 
+from experiments import run as run_module
 from sweeps import tune as T
 from sweeps.spec import load, parse
 
@@ -458,8 +459,15 @@ def test_real_runs_end_to_end(local_ray, tmp_path):
             r["experiment"],
         )
         assert r[f"final/{ACC}"] != "" and r[f"best/{ACC}"] != ""
-    assert (out / "sweep.yaml").is_file() and json.loads((out / "timing.json").read_text())["trials"] == 2
+    timing = json.loads((out / "timing.json").read_text())
+    assert (out / "sweep.yaml").is_file() and timing["trials"] == 2
     assert (out / "report" / "index.md").is_file()
+    # the timeline: every stamp of both trials (the driver's, the trial function's, run()'s), the slot time whole
+    tl = timing["timeline"]
+    stamps = ("started", "worker", "composed", *run_module.STAMPS, "reported", "ended")
+    assert {tid: sorted(s) for tid, s in tl["stamps"].items()} == {r["trial_id"]: sorted(stamps) for r in got}
+    spent = sum(p["total_s"] for p in tl["phases"].values()) + tl["idle_tail_s"] + tl["after_s"]
+    assert spent == pytest.approx(timing["wall_s"] * timing["slots"], abs=0.1)
 
 
 @pytest.mark.filterwarnings("ignore:pretrain .* did not reach target_acc")
