@@ -1,7 +1,8 @@
 """A sweep's results, read from its trials' run records: sweep.csv and timing.json.
 
     rows = write_csv(sweep_dir, spec.metric, spec.mode, [Trial(...), ...])   # in launch order
-    write_timing(sweep_dir, spec.name, rows, wall_s, slots, timeline=timeline(sweep_dir, rows, stamps, t0, t1, slots))
+    tl = timeline(sweep_dir, rows, stamps, start=t0, end=t1, slots=slots)
+    write_timing(sweep_dir, spec.name, rows, wall_s, slots, timeline=tl)
 
 Runs are read only through experiments.records (find_trial_run, read_metrics, read_summary,
 read_state): the run record is the source of truth. Tune contributes what only it knows of each
@@ -245,7 +246,13 @@ def trial_phases(stamps: dict[str, float]) -> dict[str, float]:
 
 
 def timeline(
-    sweep_dir: str | Path, rows: list[dict], stamps: dict[str, dict[str, float]], start: float, end: float, slots: int
+    sweep_dir: str | Path,
+    rows: list[dict],
+    stamps: dict[str, dict[str, float]],
+    *,
+    start: float,
+    end: float,
+    slots: int,
 ) -> dict[str, Any]:
     """Where one invocation's slot time (its wall time x slots, from `start` to `end`) went: timing.json["timeline"].
 

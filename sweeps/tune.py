@@ -567,7 +567,7 @@ def _run_tune(spec, sweep_dir, resume, address, num_cpus, progress, report, kill
     finally:
         if started:
             ray.shutdown()
-    timeline = results.timeline(sweep_dir, rows, _STAMPS, t0, t0 + wall, slots)
+    timeline = results.timeline(sweep_dir, rows, _STAMPS, start=t0, end=t0 + wall, slots=slots)
     results.write_timing(
         sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume, killed_s=killed_s, timeline=timeline
     )
