@@ -122,7 +122,7 @@ def test_the_walker_finds_functions():
     assert "sweeps/tune.py" in files and "benchmarks/ema_update.py" in files
     names = {f.name for f in _functions((ROOT / "experiments/run.py").read_text(encoding="utf-8"))}
     assert "run" in names
-    methods = {f.name for f in _functions((ROOT / "sweeps/spec.py").read_text(encoding="utf-8"))}
+    methods = {f.name for f in _functions((ROOT / "sweeps/model.py").read_text(encoding="utf-8"))}
     assert "Spec.overrides_for" in methods  # methods, with their class
 
 
