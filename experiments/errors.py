@@ -397,11 +397,15 @@ def _number_words(nodes: list[dict], err: dict) -> str:
 
 
 def _must_be_number(path, loc, err, nodes, schema) -> str:
-    return f"{path} must be {_number_words(nodes, err)}{_got(err)}"
+    what = _number_words(nodes, err)
+    if err["type"] == "finite_number":
+        what = what.replace("a number", "a finite number")
+    return f"{path} must be {what}{_got(err)}"
 
 
 def _length(path, loc, err, nodes, schema) -> str:
-    node = next((n for n in nodes if n.get("type") in ("array", "object")), {})
+    shape = "object" if isinstance(err.get("input"), dict) else "array"
+    node = next((n for n in nodes if n.get("type") == shape), {})
     what = "mapping" if node.get("type") == "object" else "list"
     low, high = node.get("minItems", err.get("ctx", {}).get("min_length")), node.get("maxItems")
     size = f"a list of {low}" if low == high else f"a non-empty {what}" if low == 1 else f"a {what} of at least {low}"
