@@ -7,7 +7,8 @@
     bug          anything else                              Python's traceback, exit 1
 
 ``EMAPG_DEBUG=1`` prints the traceback of every error too. Hydra's composition errors are turned
-into user errors here (``hydra_message``), with a "did you mean" for near-misses.
+into user errors here (``hydra_message``), with a "did you mean" for near-misses, and so is every pydantic
+ValidationError (``validation_line``: the field path, what is wrong, what is allowed; a sweep spec's too).
 
 A message shows a value the user gave through ``shown`` (at most ``SHOWN_CHARS`` long, however large
 the value), and ``handle`` prints every line of a message at most ``MESSAGE_CHARS`` long.

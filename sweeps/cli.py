@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_schema(path: str) -> int:
-    """The JSON Schema of a sweep YAML, to `path` ("-": stdout)."""
+    """The JSON Schema of a sweep YAML, to `path` ("-": stdout); never over a YAML (`--schema sweep.yaml`)."""
+    if path.endswith((".yaml", ".yml")):
+        raise ValueError(f"--schema {path}: the schema is JSON and would overwrite that YAML; give a .json path")
     text = json.dumps(schema(), indent=2) + "\n"
     if path == "-":
         sys.stdout.write(text)

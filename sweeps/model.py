@@ -1,6 +1,6 @@
 """The sweep YAML as typed models (pydantic v2): every key, its type, range, default and allowed values in one
-place, and the JSON Schema an editor validates a sweep YAML with (``emapg sweep --schema``). Pure: imports
-pydantic and ema_pg_core.config only.
+place, and the JSON Schema an editor validates a sweep YAML with (``emapg sweep --schema``). Pure: pydantic,
+ema_pg_core.config (the seed range, the health rules) and experiments.errors (``shown``); never ray or Hydra.
 
     model = SweepFile.model_validate(data)   # pydantic.ValidationError: each error's loc is the field path
     spec = Spec.of(model, data)              # the validated spec the sweep runs (sweeps.spec.parse does both)

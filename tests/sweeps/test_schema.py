@@ -81,6 +81,10 @@ def test_emapg_sweep_schema_writes_the_schema(tmp_path, capsys):
     assert json.loads(out.read_text(encoding="utf-8")) == json.loads(json.dumps(schema()))
     assert cli.main(["--schema", str(tmp_path / "no" / "dir.json")]) == 2
     assert "emapg sweep: error:" in capsys.readouterr().err
+    spec = tmp_path / "mine.yaml"
+    spec.write_text("name: mine\n", encoding="utf-8")
+    assert cli.main(["--schema", str(spec)]) == 2  # a sweep YAML is never overwritten
+    assert "would overwrite that YAML" in capsys.readouterr().err and spec.read_text() == "name: mine\n"
 
 
 @pytest.mark.parametrize(
