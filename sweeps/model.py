@@ -139,12 +139,25 @@ class Resources(Section):
 
 
 # ---------------------------------------------------------------------------- space
-class Grid(Section):
+class SpaceEntry(Section):
+    """One space entry: exactly one field, named after its kind."""
+
+    kind: ClassVar[str]
+
+    @property
+    def values(self) -> list:
+        """grid/choice: the values; uniform/loguniform/int: [low, high]."""
+        return getattr(self, next(iter(type(self).model_fields)))
+
+
+class Grid(SpaceEntry):
+    kind = "grid"
     grid: Values
     """Every value is run (a list per value when keys are varied together)."""
 
 
-class Choice(Section):
+class Choice(SpaceEntry):
+    kind = "choice"
     choice: Values
     """Sampled (search: random, optuna)."""
 
@@ -164,17 +177,20 @@ def _positive_low(bounds: list) -> list:
 Bounds = Annotated[list[float], Field(min_length=2, max_length=2), AfterValidator(_increasing)]
 
 
-class Uniform(Section):
+class Uniform(SpaceEntry):
+    kind = "uniform"
     uniform: Bounds
     """[low, high], sampled uniformly."""
 
 
-class LogUniform(Section):
+class LogUniform(SpaceEntry):
+    kind = "loguniform"
     loguniform: Annotated[Bounds, AfterValidator(_positive_low)]
     """[low, high] with low > 0, sampled uniformly in log space."""
 
 
-class IntRange(Section):
+class IntRange(SpaceEntry):
+    kind = "int"
     bounds: Annotated[list[int], Field(min_length=2, max_length=2), AfterValidator(_increasing)] = Field(alias="int")
     """[low, high] integers, both inclusive."""
 
@@ -215,13 +231,13 @@ def _joint(space: dict[str, Any]) -> dict[str, Any]:
     seen: list[str] = []
     for name, entry in space.items():
         keys = [k.strip() for k in name.split(",")]
-        kind = next(iter(entry.model_fields_set)).replace("bounds", "int")
-        if len(keys) > 1 and kind not in ("grid", "choice"):
-            raise ValueError(f"space.{name}: keys varied together take grid or choice, not {kind}")
-        bad = [v for v in getattr(entry, kind) if not isinstance(v, list) or len(v) != len(keys)]
+        if len(keys) > 1 and entry.kind not in ("grid", "choice"):
+            raise ValueError(f"space.{name}: keys varied together take grid or choice, not {entry.kind}")
+        bad = [v for v in entry.values if not isinstance(v, list) or len(v) != len(keys)]
         if len(keys) > 1 and bad:
             raise ValueError(
-                f"space.{name}.{kind}: every value must be a list of {len(keys)} (one per key); got {shown(bad[0])}"
+                f"space.{name}.{entry.kind}: every value must be a list of {len(keys)} (one per key); "
+                f"got {shown(bad[0])}"
             )
         twice = [k for k in keys if k in seen]
         if twice:
@@ -407,13 +423,10 @@ class Param:
     values: tuple  # grid/choice: the values (tuples for joint keys); uniform/loguniform/int: (low, high)
 
     @classmethod
-    def of(cls, name: str, entry: Section) -> Param:
+    def of(cls, name: str, entry: SpaceEntry) -> Param:
         keys = tuple(k.strip() for k in name.split(","))
-        kind = next(
-            k for k in KINDS if k in entry.model_fields_set or (k == "int" and "bounds" in entry.model_fields_set)
-        )
-        values = entry.bounds if kind == "int" else getattr(entry, kind)
-        return cls(keys, kind, tuple(tuple(v) for v in values) if len(keys) > 1 else tuple(values))
+        values = entry.values
+        return cls(keys, entry.kind, tuple(tuple(v) for v in values) if len(keys) > 1 else tuple(values))
 
     @property
     def name(self) -> str:
