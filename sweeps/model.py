@@ -409,6 +409,8 @@ class SweepFile(Section):
         return self
 
 
+SPEC_KEYS = tuple(SweepFile.model_fields)
+"""The top-level keys of a sweep YAML, in the models' order."""
 SPEC_DEFAULTS = {name: f.default for name, f in SweepFile.model_fields.items() if not f.is_required()}
 SPEC_DEFAULTS["seeds.adaptive"] = {name: f.default for name, f in Adaptive.model_fields.items() if not f.is_required()}
 """The default of every optional key of a sweep YAML (and of `seeds.adaptive`): the models' field defaults."""
