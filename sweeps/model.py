@@ -124,6 +124,10 @@ class Scheduler(Section):
         return self
 
 
+SearchField = forms(("name", SearchType), ("mapping", Search))
+SchedulerField = forms(("name", SchedulerType), ("mapping", Scheduler))
+
+
 class Budget(Section):
     num_samples: int = Field(1, ge=1)
     """Samples per seed (random, optuna); 1 with search: grid."""
@@ -328,6 +332,7 @@ class AdaptiveSeeds(Section):
 
 
 SeedList = Annotated[list[Seed], Field(min_length=1, json_schema_extra={"uniqueItems": True}), _distinct("seed")]
+Seeds = forms(("list", SeedList), ("mapping", AdaptiveSeeds))
 
 
 # ---------------------------------------------------------------------------- health
@@ -374,11 +379,11 @@ class SweepFile(Section):
     base: Base
     space: Space | None = None
     """Config key (or comma-joined keys varied together) -> exactly one of grid, choice, uniform, loguniform, int."""
-    seeds: forms(("list", SeedList), ("mapping", AdaptiveSeeds)) = [0]
+    seeds: Seeds = [0]
     """Every point runs once per seed (or put `seed` in space), or {adaptive: ...}: more seeds only where unclear."""
-    search: forms(("name", SearchType), ("mapping", Search)) = "grid"
+    search: SearchField = "grid"
     """grid | random | optuna, or {type: ..., seed: the sampler's seed}."""
-    scheduler: forms(("name", SchedulerType), ("mapping", Scheduler)) = "none"
+    scheduler: SchedulerField = "none"
     """none | asha, or {type: asha, ...}."""
     metric: str = Field(min_length=1)
     """A key the runs log (docs/run-record.md), e.g. eval/math_tiny/acc, or best_<key>."""
