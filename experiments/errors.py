@@ -344,7 +344,7 @@ def _got(err: dict) -> str:
     return f"; got {shown(err['input'])}" if "input" in err else ""
 
 
-def _unknown_key(path, loc, err, nodes, schema) -> str:
+def _unknown_field(path, loc, err, nodes, schema) -> str:
     parent = _schema_node(schema, loc[:-1], schema)
     allowed = [k for n in parent for k in n.get("properties", {})]
     where = _dotted(loc[:-1]) + "." if len(loc) > 1 else ""
@@ -441,7 +441,7 @@ def _other_error(path, loc, err, nodes, schema) -> str:
 
 
 _VALIDATION_WORDS = {
-    "extra_forbidden": _unknown_key,
+    "extra_forbidden": _unknown_field,
     "missing": lambda path, *_: f"`{path}` is required",
     "literal_error": _not_allowed,
     "enum": _not_allowed,
