@@ -56,7 +56,6 @@ PENDING = {
     ("experiments/tasks/__init__.py", "prepared_examples"),
     ("experiments/tasks/math.py", "verl_row"),
     ("sweeps/results.py", "write_timing"),
-    ("sweeps/spec.py", "_build"),
     ("sweeps/tune.py", "_run_tune"),
     # not in a pending file, but their only product caller (ema_pg_core/local/trainer.py) is
     ("ema_pg_core/local/probe.py", "score_probe"),
