@@ -7,7 +7,8 @@
     bug          anything else                              Python's traceback, exit 1
 
 ``EMAPG_DEBUG=1`` prints the traceback of every error too. Hydra's composition errors are turned
-into user errors here (``hydra_message``), with a "did you mean" for near-misses.
+into user errors here (``hydra_message``), with a "did you mean" for near-misses, and so is every pydantic
+ValidationError (``validation_line``: the field path, what is wrong, what is allowed; a sweep spec's too).
 
 A message shows a value the user gave through ``shown`` (at most ``SHOWN_CHARS`` long, however large
 the value), and ``handle`` prints every line of a message at most ``MESSAGE_CHARS`` long.
@@ -166,6 +167,8 @@ def classify(exc: BaseException) -> tuple[str, int] | None:
         return f"stopped unhealthy: {exc}", UNHEALTHY_EXIT
     if _is_hydra(exc):
         return f"error: {hydra_message(exc)}", 2
+    if _is_pydantic(exc):
+        return f"error: {validation_line(exc)}", 2
     if isinstance(exc, (ValueError, KeyError)) and not isinstance(exc, UnicodeError):
         return f"error: {_text(exc)}", 2
     if is_path_error(exc):
@@ -279,3 +282,188 @@ def _plain(what: str) -> str:
 def _near(word: str, choices, cutoff: float = 0.6) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
     return f"; did you mean {close[0]}?" if close else ""
+
+
+# ---------------------------------------------------------------- pydantic's validation errors in one line
+
+
+def _is_pydantic(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("pydantic")
+
+
+def validation_line(exc, schema: dict | None = None, root: str = "the input") -> str:
+    """One line for a pydantic ValidationError: `<dotted.field.path>: <what is wrong>; allowed: <keys, values or
+    range>` (read through ``exc.errors()``: pydantic is not imported here). The allowed keys, values and ranges come
+    from `schema`, the model's JSON Schema (from the error's own context without it). The first error is shown,
+    an unknown key before any other (a typo'd key explains a missing one). A union's branch, named in parentheses
+    in the loc (``Tag("(mapping)")``), and pydantic's ``[key]`` marker are left out of the path; `root` names an
+    error of the whole input."""
+    errs = exc.errors(include_url=False)
+    err = next((e for e in errs if e["type"] == "extra_forbidden"), errs[0])
+    loc = [p for p in err["loc"] if not (isinstance(p, str) and (p == "[key]" or p[:1] + p[-1:] == "()"))]
+    schema = schema or {}
+    words = _VALIDATION_WORDS.get(err["type"], _other_error)
+    return " ".join(words(_dotted(loc) or root, loc, err, _schema_node(schema, loc, schema), schema).split())
+
+
+def _dotted(loc: list) -> str:
+    parts = [f"[{p}]" if isinstance(p, int) else "." + (p if len(p) <= SHOWN_CHARS else shown(p)) for p in loc]
+    return "".join(parts).lstrip(".")
+
+
+def _branches(node: dict, schema: dict) -> list[dict]:
+    """`node` ($ref resolved) and, recursively, every branch of its anyOf / oneOf / allOf."""
+    while "$ref" in node:
+        node = schema.get("$defs", {}).get(node["$ref"].rsplit("/", 1)[-1], {})
+    out = [node]
+    for sub in node.get("anyOf", []) + node.get("oneOf", []) + node.get("allOf", []):
+        out += _branches(sub, schema)
+    return out
+
+
+def _child(node: dict, part) -> dict | None:
+    if isinstance(part, int):
+        prefix = node.get("prefixItems", [])
+        return prefix[part] if part < len(prefix) else node.get("items")
+    if part in node.get("properties", {}):
+        return node["properties"][part]
+    extra = node.get("additionalProperties")
+    return extra if isinstance(extra, dict) else None
+
+
+def _schema_node(node: dict, loc: list, schema: dict) -> list[dict]:
+    """The branches of the schema node at `loc` ([] where the schema does not say)."""
+    for part in loc:
+        node = next((c for c in map(lambda b: _child(b, part), _branches(node, schema)) if c is not None), None)
+        if node is None:
+            return []
+    return _branches(node, schema)
+
+
+def _got(err: dict) -> str:
+    return f"; got {shown(err['input'])}" if "input" in err else ""
+
+
+def _unknown_field(path, loc, err, nodes, schema) -> str:
+    parent = _schema_node(schema, loc[:-1], schema)
+    allowed = [k for n in parent for k in n.get("properties", {})]
+    where = _dotted(loc[:-1]) + "." if len(loc) > 1 else ""
+    near = difflib.get_close_matches(str(loc[-1])[:200], allowed, n=1) if allowed else []
+    return (
+        f"unknown key {path}"
+        + (f" (did you mean {where}{near[0]}?)" if near else "")
+        + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+    )
+
+
+def _not_allowed(path, loc, err, nodes, schema) -> str:
+    values = [str(v) for n in nodes for v in n.get("enum", [n["const"]] if "const" in n else [])]
+    values = ", ".join(values) or err.get("ctx", {}).get("expected")  # no schema: pydantic's "'a' or 'b'"
+    about = " ".join(n["description"] for n in nodes[:1] if "description" in n)
+    allowed = f"allowed values: {values}" if values else f"allowed: {about or err['msg']}"
+    return f"{path}={shown(err['input'])} is not allowed; {allowed}"
+
+
+_BOUNDS = (
+    ("minimum", ">=", "["),
+    ("exclusiveMinimum", ">", "("),
+    ("maximum", "<=", "]"),
+    ("exclusiveMaximum", "<", ")"),
+)
+
+
+def _num(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _number_words(nodes: list[dict], err: dict) -> str:
+    """'an integer >= 1', 'a number > 0 or null', 'in (0, 1)', 'an integer in [0, 4294967295]'."""
+    num = next((n for n in nodes if n.get("type") in ("integer", "number")), None)
+    if num is None:  # no schema: the error's own bound
+        whole = err["type"].startswith("int") or type(err.get("input")) is int
+        num = {"type": "integer" if whole else "number"}
+        num |= {
+            k: err.get("ctx", {})[c]
+            for k, c in zip([b[0] for b in _BOUNDS], ("ge", "gt", "le", "lt"))
+            if c in err.get("ctx", {})
+        }
+    kind = "an integer" if num["type"] == "integer" else "a number"
+    low = [(num[k], sign, br) for k, sign, br in _BOUNDS[:2] if k in num]
+    high = [(num[k], sign, br) for k, sign, br in _BOUNDS[2:] if k in num]
+    if low and high:
+        text = f"{kind if kind == 'an integer' else ''} in {low[0][2]}{_num(low[0][0])}, {_num(high[0][0])}{high[0][2]}"
+    else:
+        text = f"{kind}" + "".join(f" {sign} {_num(value)}" for value, sign, _ in low + high)
+    return text.strip() + (" or null" if any(n.get("type") == "null" for n in nodes) else "")
+
+
+def _must_be_number(path, loc, err, nodes, schema) -> str:
+    what = _number_words(nodes, err)
+    if err["type"] == "finite_number":
+        what = what.replace("a number", "a finite number")
+    return f"{path} must be {what}{_got(err)}"
+
+
+def _length(path, loc, err, nodes, schema) -> str:
+    shape = "object" if isinstance(err.get("input"), dict) else "array"
+    node = next((n for n in nodes if n.get("type") == shape), {})
+    what = "mapping" if node.get("type") == "object" else "list"
+    low, high = node.get("minItems", err.get("ctx", {}).get("min_length")), node.get("maxItems")
+    size = f"a list of {low}" if low == high else f"a non-empty {what}" if low == 1 else f"a {what} of at least {low}"
+    return f"{path} must be {size}{_got(err) if err['input'] not in ([], {}) else ''}"
+
+
+def _shape(kind: str):
+    def words(path, loc, err, nodes, schema) -> str:
+        value = err.get("input")
+        return f"{path} must be {kind}; got {type(value).__name__}: {shown(value, 60)}"
+
+    return words
+
+
+READS_ON = ("must ", "lists ", "needs ")
+"""A message starting so reads on from the field path ("seeds lists a value twice"); any other follows a colon."""
+
+
+def _after(path: str, text: str) -> str:
+    return f"{path}{' ' if text.startswith(READS_ON) else ': '}{text}"
+
+
+def _raised(path, loc, err, nodes, schema) -> str:
+    """A validator's own ValueError: its message, after the path unless it names it first."""
+    text = str(err.get("ctx", {}).get("error", err["msg"]))
+    return text if not loc or text.startswith(path) else _after(path, text)
+
+
+def _other_error(path, loc, err, nodes, schema) -> str:
+    """pydantic's message (or a custom error type's): "<path> must ..." or "<path>: <message>"."""
+    return _after(path, err["msg"]) + _got(err)
+
+
+_VALIDATION_WORDS = {
+    "extra_forbidden": _unknown_field,
+    "missing": lambda path, *_: f"`{path}` is required",
+    "literal_error": _not_allowed,
+    "enum": _not_allowed,
+    "string_pattern_mismatch": _not_allowed,
+    "string_too_long": _not_allowed,
+    "string_too_short": _not_allowed,
+    "too_short": _length,
+    "too_long": _length,
+    "model_type": _shape("a mapping"),
+    "model_attributes_type": _shape("a mapping"),
+    "dict_type": _shape("a mapping"),
+    "dataclass_type": _shape("a mapping"),
+    "list_type": _shape("a list"),
+    "tuple_type": _shape("a list"),
+    "string_type": _shape("a string"),
+    "bool_type": _shape("true or false"),
+    "value_error": _raised,
+    "assertion_error": _raised,
+    **dict.fromkeys(
+        ("int_type", "int_from_float", "int_parsing", "float_type", "float_parsing", "finite_number")
+        + ("greater_than", "greater_than_equal", "less_than", "less_than_equal"),
+        _must_be_number,
+    ),
+}
+"""How each kind of pydantic error is worded (pydantic's error types); any other: its own message."""

@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sweeps.spec import Spec, grid_points
+from sweeps.model import Spec, grid_points
 
 FILE = "adaptive.jsonl"
 
@@ -59,7 +59,7 @@ def worst_case(spec: Spec) -> int:
 def plan_text(spec: Spec) -> str:
     """The dry run's description of the adaptive plan (rounds, rule, worst-case trial count)."""
     a = spec.adaptive
-    rules = " or ".join(r if x is None else f"{r} {x:g}" for r, x in a.stop_when)
+    rules = " or ".join(r if x is None else f"{r} {x:g}" for r, x in a.rules)
     n_comp, n_pts = len(comparisons(spec)), len(grid_points(spec))
     return "\n".join(
         [
@@ -109,7 +109,7 @@ def rule_met(spec: Spec, lo: float, hi: float) -> str | None:
     """The first `stop_when` rule the CI [lo, hi] meets, worded; None if none (or the CI is undefined)."""
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return None
-    for rule, x in spec.adaptive.stop_when:
+    for rule, x in spec.adaptive.rules:
         if rule == "ci_excludes_zero" and (lo > 0 or hi < 0):
             return "CI excludes 0"
         if rule == "ci_width_below" and hi - lo < x:

@@ -4,6 +4,11 @@
     emapg sweep sweeps/ablate_tau.yaml --dry-run        # validate and print the trial table; starts nothing
     emapg sweep sweeps/quickstart.yaml --resume         # finish an interrupted sweep (same --out, same spec)
     emapg sweep sweeps/tune_optuna.yaml --address auto --out /shared/sweeps/opt   # on a running Ray cluster
+    emapg sweep --schema sweeps/schema.json             # the JSON Schema of a sweep YAML (no file: stdout)
+
+An editor with the YAML language server validates and completes a sweep YAML against that schema when its
+first line is `# yaml-language-server: $schema=schema.json` (a path relative to the YAML, or a URL), as in
+the shipped sweeps/*.yaml.
 
 Without --address a local Ray is started on 127.0.0.1 with every core. On a multi-node cluster,
 --out must be on storage every node can write (the trials write their run records there).
@@ -15,11 +20,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 from pathlib import Path
 
 from experiments.errors import bounded, is_path_error
-from sweeps.spec import load, table
+from sweeps.spec import load, schema, table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +35,14 @@ def main(argv: list[str] | None = None) -> int:
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("spec", help="a sweep YAML, e.g. sweeps/quickstart.yaml")
+    parser.add_argument("spec", nargs="?", help="a sweep YAML, e.g. sweeps/quickstart.yaml")
+    parser.add_argument(
+        "--schema",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="write the JSON Schema of a sweep YAML to PATH (default: stdout) and exit",
+    )
     parser.add_argument("--dry-run", action="store_true", help="validate the spec and print the trials; run nothing")
     parser.add_argument(
         "--resume", action="store_true", help="continue the sweep in --out without re-running finished trials"
@@ -38,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", default=None, help="Ray cluster address (e.g. auto); default: start a local Ray")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     args = parser.parse_args(argv)
+    if args.schema is None and args.spec is None:
+        parser.error("the following arguments are required: spec (or --schema)")
     try:
+        if args.schema is not None:
+            return write_schema(args.schema)
         spec = load(args.spec)
         if args.dry_run:
             print(table(spec))
@@ -57,6 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     with open(Path(sweep_dir) / "sweep.csv", newline="", encoding="utf-8") as f:
         statuses = [row["status"] for row in csv.DictReader(f)]
     return 0 if all(s in ("finished", "stopped") for s in statuses) else 1
+
+
+def write_schema(path: str) -> int:
+    """The JSON Schema of a sweep YAML, to `path` ("-": stdout); never over a YAML (`--schema sweep.yaml`)."""
+    if path.endswith((".yaml", ".yml")):
+        raise ValueError(f"--schema {path}: the schema is JSON and would overwrite that YAML; give a .json path")
+    text = json.dumps(schema(), indent=2) + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        Path(path).write_text(text, encoding="utf-8")
+    return 0
 
 
 if __name__ == "__main__":

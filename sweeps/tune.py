@@ -45,7 +45,7 @@ from ray import tune
 
 from experiments.errors import is_ray_auth_error, ray_auth_line
 from sweeps import lock, results
-from sweeps.spec import Spec, grid_points
+from sweeps.model import Spec, grid_points
 
 SETTLE_S = 15.0
 """After an interrupted Tune run, how long the driver waits for stopped trials to close their run records."""

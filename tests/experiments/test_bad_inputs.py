@@ -109,7 +109,7 @@ CASES = [
     (["sweep", "{tmp}/binary.yaml", "--dry-run"], ["binary.yaml", "not a text file"]),
     (["sweep", "{tmp}/empty", "--dry-run"], ["empty", "is a directory"]),
     (["sweep", "{tmp}/alias.yaml", "--dry-run"], ["alias.yaml", "line 4", "alias *n", "not allowed"]),
-    (["sweep", "{tmp}/inf_range.yaml", "--dry-run"], ["space.algo.kl.coef.uniform", "finite numbers", "inf"]),
+    (["sweep", "{tmp}/inf_range.yaml", "--dry-run"], ["space.algo.kl.coef.uniform[1] must be a finite number", "inf"]),
     (["sweep", "{tmp}/big_seed.yaml", "--dry-run"], ["seeds[1] must be an integer in [0, 4294967295]"]),
     (["sweep", "{tmp}/long_name.yaml", "--dry-run"], ["name=", "1 to 58", "W&B tag"]),
     (["sweep", "{tmp}/seed_axis.yaml", "--dry-run"], ["seed must be an integer in [0, 4294967295]"]),

@@ -51,7 +51,7 @@ def test_adaptive_spec_defaults_and_worst_case():
         ({"start": 1}, "seeds.adaptive.start must be an integer >= 2"),
         ({"max": 1}, "seeds.adaptive.max must be an integer >= 2"),
         ({"step": 0}, "seeds.adaptive.step must be an integer >= 1"),
-        ({"stop_when": "ci_small"}, "stop_when='ci_small' is not a rule; allowed: ci_excludes_zero"),
+        ({"stop_when": "ci_small"}, "stop_when='ci_small' is not allowed; allowed values: ci_excludes_zero"),
         ({"stop_when": [{"ci_width_below": -1}]}, "ci_width_below must be a number > 0"),
         ({"confidence": 1.5}, "confidence must be in (0, 1)"),
         ({"metric": "eval/nope"}, "metric='eval/nope' is not a metric the runs log"),

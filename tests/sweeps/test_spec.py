@@ -255,7 +255,10 @@ def test_metric_must_be_logged_by_every_task():
         ({"space": {"algo.anchor.tau": {"choice": [0.9, 1.0]}}}, ["choice needs search: random or optuna"]),
         ({"search": "random", "space": {"algo.anchor.tau": {"uniform": [1.0, 0.5]}}}, ["low < high"]),
         ({"search": "random", "space": {"algo.kl.coef": {"loguniform": [0, 0.1]}}}, ["loguniform needs low > 0"]),
-        ({"search": "random", "space": {"algo.anchor.period": {"int": [1, 2.5]}}}, ["bounds must be integers"]),
+        (
+            {"search": "random", "space": {"algo.anchor.period": {"int": [1, 2.5]}}},
+            ["space.algo.anchor.period.int[1] must be an integer; got 2.5"],
+        ),
         (
             {"search": "optuna", "space": {"algo.anchor.tau": {"grid": [1.0]}}},
             ["grid is not supported by search: optuna"],
