@@ -12,7 +12,9 @@ non-tensor flags on the batch (``set_pass``):
                    full-vocabulary logsumexp
     mode "gather"  (anchor pass for reverse KL): logits at the ids under ``ids_key`` + logsumexp
     mode "train"   (actor update): turn on verl's logits-processor hook so the loss function sees
-                   the training logits (``ema_pg_core.verl.loss``)
+                   the training logits (``ema_pg_core.verl.loss``); the hook also returns verl's log-probs of
+                   the sampled tokens, so verl's own log-prob pass is skipped (its ``distillation_only``
+                   flag): one full-vocabulary log-softmax per micro-batch, not two
     mode "keep"    (the KL probe, ``ema_pg_core.verl.probe``): append each micro-batch's (nnz, V) logits
                    / temperature to the engine's ``probe_logits`` list, for the worker to pair with the other
                    model's on the same tokens; the probe runs one sequence per micro-batch, in chunks
@@ -61,6 +63,8 @@ from ema_pg_core.verl.layout import token_rows
 MODE, K, IDS_KEY, PREFIX = "emapg_topk_mode", "emapg_topk_k", "emapg_topk_ids_key", "emapg_topk_prefix"
 LOGP = "emapg_topk_logp"
 MODES = ("off", "ids", "self", "gather", "train", "keep")
+TRAIN_FLAGS = {"distillation_use_topk": True, "distillation_only": True}
+"""verl's flags in mode "train": call the loss function's logits hook; take ``log_probs`` from it, not from verl."""
 DROP_KEY = "emapg_drop_masked_seqs"
 """Non-tensor flag: sequences with an all-zero loss mask leave verl's seq-mean denominator too."""
 
@@ -108,7 +112,7 @@ class EmaPGFSDPEngineWithLMHead(FSDPEngineWithLMHead):
     def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
         mode = _flag(micro_batch, MODE, "off")
         if mode == "train":
-            tu.assign_non_tensor(micro_batch, distillation_use_topk=True)
+            tu.assign_non_tensor(micro_batch, **TRAIN_FLAGS)
         if mode == "keep":
             self.probe_logits.append(_packed_scaled_logits(output, output_args, micro_batch).detach())  # (nnz, V)
         extra = self._topk_outputs(output, output_args, micro_batch, mode) if mode in ("ids", "self", "gather") else {}
