@@ -146,7 +146,7 @@ def _jagged(rows):
 def test_drop_truncated_zeroes_the_rows_that_hit_the_cap(verl_cpu):
     import torch
 
-    from ema_pg_core.verl.trainer import drop_truncated
+    from ema_pg_core.verl.engine import drop_truncated
 
     rows = [torch.tensor([1, 1, 1]), torch.tensor([1, 1, 0, 0, 1]), torch.tensor([1, 1, 1, 1, 1]), torch.tensor([1, 0])]
     mask = _jagged(rows)  # row 1: a multi-turn response with 2 information tokens
@@ -155,6 +155,13 @@ def test_drop_truncated_zeroes_the_rows_that_hit_the_cap(verl_cpu):
     assert torch.equal(masked.offsets(), mask.offsets())
     assert [r.tolist() for r in masked.unbind()] == [[1, 1, 1], [0] * 5, [0] * 5, [1, 0]]
     assert torch.equal(drop_truncated(mask, torch.tensor([3, 5, 5, 2]), cap=6)[0].values(), mask.values())
+    dense = torch.stack([torch.cat([r, r.new_zeros(5 - len(r))]) for r in rows])  # (4, 5): the rows, right-padded
+    assert drop_truncated(dense, torch.tensor([3, 5, 5, 2]), cap=5)[0].tolist() == [
+        [1, 1, 1, 0, 0],
+        [0] * 5,
+        [0] * 5,
+        [1, 0, 0, 0, 0],
+    ]
 
 
 def test_a_zero_mask_drops_a_response_from_verls_loss_aggregation(verl_cpu):
@@ -177,15 +184,16 @@ def test_a_zero_mask_drops_a_response_from_verls_loss_aggregation(verl_cpu):
     assert torch.allclose(masked, kept * keep.sum() / 6, rtol=1e-12)
 
 
-def test_update_actor_sees_truncated_responses_masked_and_restores_them(monkeypatch, verl_cpu, tq_local):
-    """Through a real TransferQueue: only the actor update sees the zeroed rows (the advantages were
-    computed before it from the full mask, and the metrics after it read the full mask again)."""
+def test_update_actor_sends_the_cap_and_moves_nothing_through_transfer_queue(monkeypatch, verl_cpu, tq_local):
+    """Through a real TransferQueue: the trainer neither fetches nor puts anything for mask_truncated; the update
+    receives the length cap (the engine masks the capped responses for the update alone: tests/verl/test_loss.py)
+    and the drop flag; the share dropped comes from verl's tags; TransferQueue keeps the full mask throughout."""
     import torch
     from omegaconf import OmegaConf
     from tensordict import TensorDict
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from ema_pg_core.verl.engine import DROP_KEY
+    from ema_pg_core.verl.engine import CAP_KEY, DROP_KEY
 
     tq, keys = tq_local, ["a", "b", "c", "d"]
     lengths = [3, 5, 2, 5]
@@ -196,12 +204,13 @@ def test_update_actor_sees_truncated_responses_masked_and_restores_them(monkeypa
         partition_id="train",
         fields=TensorDict({"responses": responses, "response_mask": mask}, batch_size=4),
     )
-    seen = {}
+    traffic, seen = [], {}
+    for name in ("kv_batch_put", "kv_batch_get", "kv_put", "kv_get", "async_kv_batch_put", "async_kv_batch_get"):
+        if hasattr(tq, name):
+            monkeypatch.setattr(tq, name, lambda *a, _name=name, **k: traffic.append(_name))
 
     def update(self, batch, metrics):
-        got = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"])
-        seen["mask"] = [r.tolist() for r in got["response_mask"].unbind()]
-        seen["drop"] = batch.extra_info[DROP_KEY]  # the engine's seq-mean denominator follows the mask
+        seen.update(cap=batch.extra_info[CAP_KEY], drop=batch.extra_info[DROP_KEY])
         return batch
 
     t, _ = _trainer(monkeypatch)
@@ -210,9 +219,12 @@ def test_update_actor_sees_truncated_responses_masked_and_restores_them(monkeypa
     t.config = OmegaConf.create({"data": {"max_response_length": 5}})
     batch, metrics = _Meta(), {}
     batch.keys, batch.partition_id = keys, "train"
+    batch.tags = [{"response_len": n} for n in lengths]  # what verl's agent loop tags every row with
     t._update_actor(batch, metrics)
-    assert seen["mask"] == [[1, 1, 1], [0] * 5, [1, 1], [0] * 5] and seen["drop"] is True
-    assert metrics["train/dropped_truncated"] == 0.5 and batch.extra_info[DROP_KEY] is False
+    assert traffic == [] and seen == {"cap": 5, "drop": True}
+    assert metrics["train/dropped_truncated"] == 0.5
+    assert batch.extra_info[CAP_KEY] == 0 and batch.extra_info[DROP_KEY] is False
+    monkeypatch.undo()
     after = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["response_mask"])["response_mask"]
     assert [r.tolist() for r in after.unbind()] == [[1] * n for n in lengths]
 
@@ -221,6 +233,7 @@ def test_mask_truncated_off_leaves_the_batch_alone(monkeypatch, verl_cpu):
     t, seen = _trainer(monkeypatch)
     t.global_steps, m = 1, {}
     t._update_actor(_Meta(), m)  # no keys, no TransferQueue: it is never touched
-    from ema_pg_core.verl.engine import DROP_KEY
+    from ema_pg_core.verl.engine import CAP_KEY, DROP_KEY
 
     assert "train/dropped_truncated" not in m and seen["_update_actor"][DROP_KEY] is False
+    assert seen["_update_actor"][CAP_KEY] == 0
