@@ -91,6 +91,19 @@ class EmaPGTrainerSync(PPOTrainerSync):
         self._eval_as, self._val_samples, self._val_rows = "policy", ([], []), []
         self._probe_ready = False  # the workers hold the KL probe (captured, or loaded with a checkpoint)
 
+    @property
+    def trainer_mode(self) -> str:
+        """The mode verl's code sees: "sync", as for ``PPOTrainerSync`` itself. verl 0.9.1 branches on
+        ``trainer_mode != "sync"`` for its async modes, and the name this trainer is registered under would take
+        them: the async replay buffer, one-prompt dataloader fetches (``data.gen_batch_size`` forced to 1), the
+        prompts' data put into TransferQueue every step, TransferQueue saved with every checkpoint."""
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, value: str) -> None:  # verl's __init__ assigns config.trainer.v1.trainer_mode
+        if value != TRAINER_MODE:
+            raise ValueError(f"trainer.v1.trainer_mode={value} (EmaPGTrainerSync runs as {TRAINER_MODE})")
+
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
         if Role.ActorRolloutRef not in self.role_worker_mapping:

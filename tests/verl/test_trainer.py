@@ -18,6 +18,37 @@ def test_registered_and_runner(verl_cpu):
     assert issubclass(EmaPGTaskRunner, TaskRunnerV1.__ray_actor_class__)
 
 
+def test_verl_runs_the_trainer_as_sync(monkeypatch, verl_cpu):
+    """verl's sync code paths, not its async modes' (which it picks for any trainer_mode but "sync"): the sync
+    replay buffer, whole-batch dataloader fetches, and the prompts registered in TransferQueue without their data."""
+    import torch
+    from tensordict import TensorDict
+    from verl.trainer.ppo.v1 import replay_buffer, trainer_base
+
+    from ema_pg_core.verl.main import compose
+    from ema_pg_core.verl.trainer import EmaPGTrainerSync
+
+    cfg = compose(
+        [
+            "trainer.v1.trainer_mode=emapg_sync",
+            "actor_rollout_ref.actor.strategy=fsdp2",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.rollout.name=vllm",
+        ]
+    )
+    t = object.__new__(EmaPGTrainerSync)
+    t.config, t.trainer_mode = cfg, cfg.trainer.v1.trainer_mode  # what verl's __init__ assigns
+    assert t.trainer_mode == "sync"
+    assert type(t._build_replay_buffer()) is replay_buffer.ReplayBuffer
+    puts = []
+    monkeypatch.setattr(trainer_base.tq, "kv_batch_put", lambda **kw: puts.append(kw))
+    t.agent_loop_manager, t.global_steps = type("Loop", (), {"generate_sequences": lambda self, b: None})(), 1
+    t._submit_batch_to_rollout(TensorDict({"uid": ["p0", "p1"], "input_ids": torch.ones(2, 3)}, batch_size=2))
+    assert len(puts) == 1 and "fields" not in puts[0] and puts[0]["keys"] == ["p0", "p1"]
+    with pytest.raises(ValueError, match="emapg_sync"):
+        t.trainer_mode = "colocate_async"
+
+
 class _WG:
     def __init__(self):
         self.calls = []
