@@ -15,8 +15,8 @@ tokens, one virtual GPU), fixed seeds. Six variants of it:
         "sync" and low_var_kl; everything else is (b)'s, the plugin's fixed settings included: an fp32 reference
         and no fused kernels, verl 0.9.1's defaults too)
     (b0) the plugin, tau = 1, K3, without the recipe's mask_truncated (length-capped responses left out of the
-        update: a get and two puts of the response mask through TransferQueue, and an all-reduce per mini-batch;
-        stock verl has no such setting): the plugin's bare cost over (a)
+        update: the worker's engine masks them from a cap the trainer sends as a flag, and all-reduces the kept
+        count once per mini-batch; stock verl has no such setting): the plugin's bare cost over (a)
     (b) the plugin, tau = 1, K3 (experiment=math_deepscaler_grpo)
     (c) the plugin, tau = 0.95, K3: the released math recipe (experiment=math_deepscaler_ema_pg; the rehearsal's
         anchor period of 2)

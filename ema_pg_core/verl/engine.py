@@ -12,7 +12,9 @@ non-tensor flags on the batch (``set_pass``):
                    full-vocabulary logsumexp
     mode "gather"  (anchor pass for reverse KL): logits at the ids under ``ids_key`` + logsumexp
     mode "train"   (actor update): turn on verl's logits-processor hook so the loss function sees
-                   the training logits (``ema_pg_core.verl.loss``)
+                   the training logits (``ema_pg_core.verl.loss``); the hook also returns verl's log-probs of
+                   the sampled tokens, so verl's own log-prob pass is skipped (its ``distillation_only``
+                   flag): one full-vocabulary log-softmax per micro-batch, not two
     mode "keep"    (the KL probe, ``ema_pg_core.verl.probe``): append each micro-batch's (nnz, V) logits
                    / temperature to the engine's ``probe_logits`` list, for the worker to pair with the other
                    model's on the same tokens; the probe runs one sequence per micro-batch, in chunks
@@ -38,11 +40,15 @@ add, and TransferQueue carries to the actor update (measured in tests/verl/test_
     forward Top-k: the anchor's ids 4K + its log-probs 4K      = 8K bytes (256 B at K = 32)
 Before "ids" and ``logp`` (pi_old "self"; logits + logsumexp): reverse 12K + 8 (392 B), forward 8K + 4 (260 B).
 
-With ``DROP_KEY`` set (the trainer sets it when emapg.mask_truncated is on), a training mini-batch's
-``global_batch_size`` (verl's seq-mean denominator, normally the fixed mini-batch size) becomes the
-number of sequences whose loss mask is not all zero, summed over the data-parallel group: a
-response masked out by ``trainer.drop_truncated`` is then dropped from the seq-mean aggregations
-exactly, as it already is from token-mean.
+With ``CAP_KEY`` set to a length (the trainer sets verl's ``data.max_response_length`` when
+emapg.mask_truncated is on), a training mini-batch's responses of at least that many tokens get all-zero
+``response_mask`` and ``loss_mask`` rows here, in the worker (``drop_truncated``), before verl counts the
+mini-batch's loss tokens: nothing travels through TransferQueue for it, and the passes, the advantages and
+the metrics, which never see this data, see every response. With ``DROP_KEY`` set (the trainer sets it
+with ``CAP_KEY``), a training mini-batch's ``global_batch_size`` (verl's seq-mean denominator, normally
+the fixed mini-batch size) becomes the number of sequences whose loss mask is not all zero, summed over
+the data-parallel group: a masked response is then dropped from the seq-mean aggregations exactly, as it
+is from token-mean.
 
 Activation: ``EmaPGActorRolloutRefWorker`` re-classes the engines verl built (``__class__``
 assignment, after checking the type) instead of replacing verl's private engine registry.
@@ -56,13 +62,17 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
 from ema_pg_core.topk import token_stats_from_logits, topk_ids_from_logits
-from ema_pg_core.verl.layout import token_rows
+from ema_pg_core.verl.layout import lengths, token_rows
 
 MODE, K, IDS_KEY, PREFIX = "emapg_topk_mode", "emapg_topk_k", "emapg_topk_ids_key", "emapg_topk_prefix"
 LOGP = "emapg_topk_logp"
 MODES = ("off", "ids", "self", "gather", "train", "keep")
 DROP_KEY = "emapg_drop_masked_seqs"
 """Non-tensor flag: sequences with an all-zero loss mask leave verl's seq-mean denominator too."""
+TRAIN_FLAGS = {"distillation_use_topk": True, "distillation_only": True}
+"""verl's flags in mode "train": call the loss function's logits hook; take ``log_probs`` from it, not from verl."""
+CAP_KEY = "emapg_truncation_cap"
+"""Non-tensor int flag (0: off): responses of at least this many tokens are left out of the update (see above)."""
 
 
 def set_pass(td, mode: str = "off", k: int = 0, ids_key: str = "", prefix: str = "", logp: bool = False) -> None:
@@ -82,6 +92,33 @@ def _flag(td, key, default):
     return tu.get_non_tensor_data(data=td, key=key, default=default)
 
 
+def drop_truncated(mask: torch.Tensor, response_lens: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask with the rows of responses that reached `cap` tokens zeroed, which rows).
+
+    mask: jagged nested (B, *) or dense (B, T), response_lens: (B,) response tokens per row -> mask's layout, (B,) bool.
+    A zero mask removes a response from the update as rLLM's mask_truncated_samples drops it: no
+    policy-gradient and no KL term; token-mean normalises over the kept tokens, and the seq-mean
+    modes over the kept sequences (``DROP_KEY``; verl alone would divide by its fixed mini-batch
+    size). The mini-batches keep their size and number (rLLM's smaller batch had fewer).
+    """
+    truncated = response_lens.to(mask.device) >= cap  # (B,)
+    keep = (~truncated).to(mask.dtype)  # (B,)
+    if not mask.is_nested:
+        return mask * keep[:, None], truncated
+    values = mask.values() * keep[token_rows(mask.offsets())]  # (nnz,)
+    return torch.nested.nested_tensor_from_jagged(values, offsets=mask.offsets()), truncated
+
+
+def mask_truncated_(data, cap: int) -> None:
+    """Zero the ``response_mask`` and ``loss_mask`` rows of `data`'s responses of at least `cap` tokens, in place
+    (new tensors under the same keys): verl counts the loss tokens from ``loss_mask``, the loss reads
+    ``response_mask``, and verl's TransferQueue holds both, as separate fields, unmasked."""
+    response_lens = lengths(data)[1]  # (B,)
+    for key in ("response_mask", "loss_mask"):
+        if key in data.keys():
+            data[key] = drop_truncated(data[key], response_lens, cap)[0]
+
+
 def kept_sequences(loss_mask: torch.Tensor) -> int:
     """Number of rows of `loss_mask` (jagged nested (B, *) or dense (B, S)) with any nonzero entry."""
     if not loss_mask.is_nested:
@@ -97,6 +134,9 @@ class EmaPGFSDPEngineWithLMHead(FSDPEngineWithLMHead):
     """``FSDPEngineWithLMHead`` + Top-k statistics on request (see the module docstring)."""
 
     def forward_backward_batch(self, data, loss_function, forward_only=False):
+        cap = int(_flag(data, CAP_KEY, 0))
+        if cap > 0:
+            mask_truncated_(data, cap)
         if _flag(data, DROP_KEY, False):
             from verl.utils.device import get_device_id
 
@@ -108,7 +148,7 @@ class EmaPGFSDPEngineWithLMHead(FSDPEngineWithLMHead):
     def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
         mode = _flag(micro_batch, MODE, "off")
         if mode == "train":
-            tu.assign_non_tensor(micro_batch, distillation_use_topk=True)
+            tu.assign_non_tensor(micro_batch, **TRAIN_FLAGS)
         if mode == "keep":
             self.probe_logits.append(_packed_scaled_logits(output, output_args, micro_batch).detach())  # (nnz, V)
         extra = self._topk_outputs(output, output_args, micro_batch, mode) if mode in ("ids", "self", "gather") else {}

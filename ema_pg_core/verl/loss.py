@@ -12,7 +12,9 @@ own ``ppo_loss`` and distillation loss use. verl calls it in two roles:
    (response layout; the anchor's as its log-probs at q with logsumexp 0, the same head log-probs:
    ``anchor_head``); the (B, T) result travels back to verl packed as (1, nnz). The
    sampled token's log-prob takes the value of verl's own log-prob function (``_as_verl_logp``),
-   so that it is comparable with ``old_log_probs`` and ``ref_log_prob``.
+   so that it is comparable with ``old_log_probs`` and ``ref_log_prob``; the hook returns that
+   function's result, with its gradient, as verl's ``log_probs`` too (``LOGP_KEY``), and the engine
+   tells verl to skip its own computation of them (``ema_pg_core.verl.engine``, mode "train").
 2. **final loss** (``model_output`` given): per token the core's ``ppo_clip_per_token`` (clip-higher,
    dual clip, log-ratio clamp), times verl's rollout-correction weights when present, + beta * KL
    (from the hook, or ``kl_per_token`` on log-probs for ``needs == "sampled"``), - c_ent * entropy;
@@ -38,6 +40,7 @@ from ema_pg_core.verl.config import VERL_AGG, head_keys
 from ema_pg_core.verl.layout import packed_to_response, padded_response, response_to_packed
 
 KL_KEY = "emapg_kl"  # per-token Top-k KL from the logits-processor pass, packed (nnz,)
+LOGP_KEY = "log_probs"  # verl's log-probs of the sampled tokens, from the same pass: verl's model_output key
 PARTS_PREFIX = "emapg_topk_"  # + each ``telemetry.topk_parts`` name but the estimate: per-token telemetry, (nnz,)
 
 
@@ -64,6 +67,7 @@ def _iw(kl: KLConfig) -> ImportanceWeight:
 
 def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> dict[str, torch.Tensor]:
     """{KL_KEY: (1, nnz) per-token Top-k KL at the positions predicting response tokens (0 elsewhere),
+    LOGP_KEY: (1, nnz) verl's log-probs of the sampled tokens (``logprobs_from_logits``, with its gradient),
     PARTS_PREFIX + part: (1, nnz) the ``topk/*`` telemetry per token (``ema_pg_core.telemetry.topk_parts``)}."""
     if student_logits.ndim != 3 or student_logits.shape[0] != 1:
         raise ValueError(f"expected (1, nnz, V) training logits; got {tuple(student_logits.shape)}")
@@ -72,7 +76,8 @@ def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> dict[str
     ids = data[keys["ids"]].values().long()  # (nnz, K)
     tokens = torch.roll(data["input_ids"].values(), shifts=-1, dims=0)  # (nnz,) token predicted at each position
     st = token_stats_from_logits(student_logits, tokens[None], indices=ids[None])  # (1, nnz[, K])
-    logp = packed_to_response(_as_verl_logp(st.logp[0], student_logits[0], tokens), data)  # (B, T)
+    verl_logp = logprobs_from_logits(student_logits[0], tokens, inplace_backward=False)  # (nnz,) verl's log_probs
+    logp = packed_to_response(_as_verl_logp(st.logp[0], verl_logp), data)  # (B, T)
     B, T = logp.shape
     resp = lambda key: padded_response(data[key], B, T).to(logp.dtype)  # noqa: E731
     ref_logits_k, ref_lse = anchor_head(data, kl, logp.dtype)  # (B, T, K), (B, T)
@@ -90,7 +95,7 @@ def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> dict[str
     per_token = kl_per_token(kl.type, x, tail=kl.tail, iw=_iw(kl))  # (B, T)
     parts = topk_parts(x, kl.type, tail=kl.tail, iw=_iw(kl))  # (B, T) each, no gradient
     out = {PARTS_PREFIX + k: response_to_packed(v, data, nnz)[None] for k, v in parts.items() if k != "estimate"}
-    return {KL_KEY: response_to_packed(per_token, data, nnz)[None], **out}
+    return {KL_KEY: response_to_packed(per_token, data, nnz)[None], LOGP_KEY: verl_logp[None], **out}
 
 
 def anchor_head(data, kl: KLConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,8 +111,9 @@ def anchor_head(data, kl: KLConfig, dtype: torch.dtype) -> tuple[torch.Tensor, t
     return ref_logp_k, ref_logp_k.new_zeros(ref_logp_k.shape[:-1])
 
 
-def _as_verl_logp(logp: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """(nnz,) ``logp`` with the value verl's ``logprobs_from_logits`` gives on these logits; gradient of ``logp``.
+def _as_verl_logp(logp: torch.Tensor, verl_logp: torch.Tensor) -> torch.Tensor:
+    """(nnz,) ``logp`` with the value `verl_logp` (verl's ``logprobs_from_logits`` on the same logits and tokens,
+    the hook's ``LOGP_KEY``); gradient of ``logp``.
 
     The Top-k tail and the importance weight compare this log-prob with ``ref_log_prob`` and
     ``old_log_probs``, which verl computes with that function on logits of the same dtype. Under
@@ -117,9 +123,7 @@ def _as_verl_logp(logp: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor
     identical policy and anchor (k3, on verl's log-probs only, stayed 0). With verl's value the three
     log-probs are one function of the logits; the gradient stays the fp32 one of ``logp``.
     """
-    with torch.no_grad():  # same logits, labels and function as verl's log_probs right after this hook
-        verl_logp = logprobs_from_logits(logits, tokens, inplace_backward=False).to(logp.dtype)  # (nnz,)
-    return verl_logp + (logp - logp.detach())  # value: verl's exactly; gradient: d logp
+    return verl_logp.detach().to(logp.dtype) + (logp - logp.detach())  # value: verl's exactly; gradient: d logp
 
 
 def _topk_metrics(model_output, data, kl_tok: torch.Tensor, mask: torch.Tensor, direction: str) -> dict[str, float]:

@@ -5,8 +5,9 @@ Registered as ``trainer.v1.trainer_mode=emapg_sync``. Per iteration (verl's ``_s
     rollout -> reward -> pi_old pass  [Top-k "old" flags: reverse KL takes pi_old's top-k ids here]
             -> anchor pass            [Top-k "ref" flags: log-probs at pi_old's ids / at its own top-k]
             -> GRPO advantages -> actor update [Top-k "train" flags: the KL runs in the logits hook;
-                                                with emapg.mask_truncated, length-capped responses
-                                                masked out for the update only: ``drop_truncated``]
+                                                with emapg.mask_truncated, the length cap as a flag: the
+                                                engine masks the capped responses out of the update only
+                                                (``ema_pg_core.verl.engine.CAP_KEY``)]
             -> EMA: after the update of iterations period, 2*period, ... (``anchor_due``)
             -> KL probe: captured after the first pi_old pass (the first response of each of the
                batch's first probe_size prompts, kept by the workers), scored after the EMA of
@@ -25,7 +26,6 @@ from __future__ import annotations
 import time
 
 import ray
-import torch
 from omegaconf import open_dict
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
@@ -33,9 +33,8 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
 from ema_pg_core.verl.config import TRAINER_MODE, EmaPGSection, anchor_due, topk_passes
-from ema_pg_core.verl.engine import DROP_KEY, set_pass
+from ema_pg_core.verl.engine import CAP_KEY, DROP_KEY, set_pass
 from ema_pg_core.verl.evals import anchor_keys, append_rows, as_anchor, evals_path, problem_rows
-from ema_pg_core.verl.layout import token_rows
 from ema_pg_core.verl.placement import trial_pool_manager
 from ema_pg_core.verl.probe import pick
 from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
@@ -71,19 +70,10 @@ def check_verl(config, section: EmaPGSection) -> None:
         raise ValueError("verl settings incompatible with EMA-PG:\n  " + "\n  ".join(problems))
 
 
-def drop_truncated(response_mask: torch.Tensor, lengths: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(response_mask with the rows of responses that reached `cap` tokens zeroed, which rows).
-
-    response_mask: jagged nested (B, *), lengths: (B,) response tokens per row -> (B, *) jagged, (B,) bool.
-    A zero mask removes a response from the update as rLLM's mask_truncated_samples drops it: no
-    policy-gradient and no KL term; token-mean normalises over the kept tokens, and the seq-mean
-    modes over the kept sequences (the engine's ``DROP_KEY``; verl alone would divide by its fixed
-    mini-batch size). The mini-batches keep their size and number (rLLM's smaller batch had fewer).
-    """
-    truncated = lengths >= cap  # (B,)
-    keep = (~truncated)[token_rows(response_mask.offsets())].to(response_mask.dtype)  # (nnz,)
-    values = response_mask.values() * keep  # (nnz,)
-    return torch.nested.nested_tensor_from_jagged(values, offsets=response_mask.offsets()), truncated
+def dropped_share(tags: list[dict], cap: int) -> float:
+    """Share of the batch's responses with at least `cap` tokens (``train/dropped_truncated``), from the
+    ``response_len`` tag verl's agent loop gives every row (its padding rows: 1), read without a TransferQueue get."""
+    return sum(tag["response_len"] >= cap for tag in tags) / max(len(tags), 1)
 
 
 @register_trainer(TRAINER_MODE)
@@ -100,6 +90,19 @@ class EmaPGTrainerSync(PPOTrainerSync):
         self._evals = evals_path(self.emapg.metrics_path)
         self._eval_as, self._val_samples, self._val_rows = "policy", ([], []), []
         self._probe_ready = False  # the workers hold the KL probe (captured, or loaded with a checkpoint)
+
+    @property
+    def trainer_mode(self) -> str:
+        """The mode verl's code sees: "sync", as for ``PPOTrainerSync`` itself. verl 0.9.1 branches on
+        ``trainer_mode != "sync"`` for its async modes, and the name this trainer is registered under would take
+        them: the async replay buffer, one-prompt dataloader fetches (``data.gen_batch_size`` forced to 1), the
+        prompts' data put into TransferQueue every step, TransferQueue saved with every checkpoint."""
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, value: str) -> None:  # verl's __init__ assigns config.trainer.v1.trainer_mode
+        if value != TRAINER_MODE:
+            raise ValueError(f"trainer.v1.trainer_mode={value} (EmaPGTrainerSync runs as {TRAINER_MODE})")
 
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
@@ -121,14 +124,14 @@ class EmaPGTrainerSync(PPOTrainerSync):
 
     def _update_actor(self, batch, metrics):
         set_pass(batch.extra_info, **self._passes["train"])
-        original = self._mask_truncated(batch, metrics) if self.emapg.mask_truncated else None
-        batch.extra_info[DROP_KEY] = original is not None
+        cap = int(self.config.data.max_response_length) if self.emapg.mask_truncated else 0
+        batch.extra_info.update({CAP_KEY: cap, DROP_KEY: cap > 0})
+        if cap:
+            metrics["train/dropped_truncated"] = dropped_share(batch.tags, cap)
         try:
             batch = super()._update_actor(batch, metrics)
-        finally:  # the update alone drops them: metrics and logs after it see every response
-            batch.extra_info[DROP_KEY] = False
-            if original is not None:
-                self._put(batch, {"response_mask": original})
+        finally:  # the update alone drops them: whatever reads this batch next sees every response
+            batch.extra_info.update({CAP_KEY: 0, DROP_KEY: False})
         set_pass(batch.extra_info)  # off for whatever reads this batch next
         last_local = self.local_trigger_step == self.parameter_sync_step - 1
         if last_local and anchor_due(self.global_steps, self.emapg.anchor):
@@ -206,30 +209,3 @@ class EmaPGTrainerSync(PPOTrainerSync):
         append_rows(self._evals, rows)
         self._val_rows = rows
         return super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns, **kwargs)
-
-    def _mask_truncated(self, batch, metrics) -> torch.Tensor:
-        """Zero the response_mask of length-capped responses in TransferQueue; return the original.
-
-        Runs after ``_compute_advantage``, so those responses still count in their group's statistics.
-        """
-        import transfer_queue as tq
-
-        data = tq.kv_batch_get(
-            keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses", "response_mask"]
-        )
-        original = data["response_mask"]
-        masked, truncated = drop_truncated(
-            original, data["responses"].offsets().diff(), int(self.config.data.max_response_length)
-        )
-        self._put(batch, {"response_mask": masked})
-        metrics["train/dropped_truncated"] = truncated.float().mean().item()
-        return original
-
-    @staticmethod
-    def _put(batch, fields: dict) -> None:
-        import transfer_queue as tq
-        from tensordict import TensorDict
-
-        tq.kv_batch_put(
-            keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(fields, batch_size=len(batch.keys))
-        )

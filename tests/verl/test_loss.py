@@ -105,6 +105,70 @@ def test_without_drop_key_verl_counts_the_masked_response(engines_pair, tiny_pat
         _check(engines_pair, tiny_path, *CASES[1], dynamic=False, drop=(1,), drop_key=False)
 
 
+@pytest.mark.parametrize(
+    "kl_type,tail,use_iw,agg,jagged",
+    [(*CASES[1], False), (*CASES[0], False), (*CASES[3], True), (*CASES[4], True)],
+)
+def test_truncation_cap_masks_the_capped_response_in_the_engine(engines_pair, kl_type, tail, use_iw, agg, jagged):
+    """mask_truncated without TransferQueue writes: the full masks, as TransferQueue holds them (``response_mask``
+    and ``loss_mask``, dense or jagged), with the engine's CAP_KEY give verl's loss value and gradients of the
+    batch whose capped response (row 0, 7 tokens) had its masks zeroed beforehand, bit for bit."""
+    from ema_pg_core.verl.engine import CAP_KEY, DROP_KEY
+
+    actor, ref = engines_pair
+    capped = _verl_value_and_grads(actor, ref, kl_type, tail, use_iw, agg, jagged, {CAP_KEY: 7, DROP_KEY: True})
+    zeroed = _verl_value_and_grads(actor, ref, kl_type, tail, use_iw, agg, jagged, {DROP_KEY: True}, drop=(0,))
+    kept = _verl_value_and_grads(actor, ref, kl_type, tail, use_iw, agg, jagged, {CAP_KEY: 8, DROP_KEY: True})
+    full = _verl_value_and_grads(actor, ref, kl_type, tail, use_iw, agg, jagged, {})
+    assert capped[0] == zeroed[0] and kept[0] == full[0] and capped[0] != full[0]
+    assert capped[1].keys() == zeroed[1].keys() and capped[1]
+    for n, g in capped[1].items():
+        assert torch.equal(g, zeroed[1][n]), n
+        assert torch.equal(kept[1][n], full[1][n]), n
+
+
+def _verl_value_and_grads(actor, ref, kl_type, tail, use_iw, agg, jagged, flags, drop=()):
+    """(loss value, {parameter: gradient}) of verl's loss pass over the test batch with these non-tensor flags;
+    ``jagged``: response_mask and loss_mask as TransferQueue hands them to the worker, jagged (B, *)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import FSDPActorConfig
+
+    from ema_pg_core.config import KLConfig, LossConfig
+    from ema_pg_core.verl.loss import emapg_actor_loss
+
+    kl_cfg = KLConfig(type=kl_type, k=4, tail=tail, coef=0.5, use_iw=use_iw)
+    cfg = FSDPActorConfig(
+        strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False, rollout_n=1
+    )
+    loss_fn = partial(emapg_actor_loss, config=cfg, kl=kl_cfg, loss=LossConfig(agg=agg, dual_clip_c=3.0))
+    actor.set_loss_fn(loss_fn)
+
+    def batch():
+        td = _train_batch(actor, ref, kl_cfg, 0.8, drop)[0]
+        if jagged:
+            lens = td["attention_mask"][:, engines.P :].sum(1)  # (B,) response tokens
+            rows = torch.cat([row[:n] for row, n in zip(td["response_mask"], lens.tolist(), strict=True)])
+            offsets = torch.cat([lens.new_zeros(1), lens.cumsum(0)])
+            td["response_mask"] = torch.nested.nested_tensor_from_jagged(rows, offsets=offsets)
+            td["loss_mask"] = torch.nested.nested_tensor_from_jagged(rows.clone(), offsets=offsets)
+        tu.assign_non_tensor(td, **flags)
+        return td
+
+    td = batch()
+    tu.assign_non_tensor(td, compute_loss=True)
+    value = actor.infer_batch(td)["metrics"]["loss"]
+    td = batch()
+    engines.train_flags(td)  # what TrainingWorker.train_batch injects
+    actor.engine.optimizer_zero_grad()
+    with actor.engine.train_mode():
+        actor.engine.forward_backward_batch(td, loss_function=loss_fn, forward_only=False)
+        grads = {
+            n: p.grad.full_tensor().clone() for n, p in actor.engine.module.named_parameters() if p.grad is not None
+        }
+    actor.engine.optimizer_zero_grad()  # no step: the actor stays as it is for the next call
+    return value, grads
+
+
 def _check(pair, tiny_path, kl_type, tail, use_iw, agg, dynamic, drop=(), drop_key=True):
     from verl.utils import tensordict_utils as tu
     from verl.workers.config import FSDPActorConfig

@@ -173,3 +173,44 @@ def _plain(v):
     if isinstance(v, list):
         return [x for e in v for x in _plain(e)]
     return [float(v)]
+
+
+@pytest.mark.parametrize("kl_type,tail,use_iw", [("topk_reverse", "paper", True), ("topk_forward", "unbiased", False)])
+def test_one_log_prob_pass_gives_the_loss_of_two(pair, monkeypatch, kl_type, tail, use_iw):
+    """The hook's ``log_probs`` (verl's function, once per micro-batch) against verl computing them again after
+    the hook (``distillation_only`` off, the code before): the same loss, metrics and gradients, bit for bit;
+    and one full-vocabulary log-prob computation per micro-batch instead of two."""
+    from verl.utils import torch_functional as verl_F
+    from verl.workers.engine.fsdp import transformer_impl
+
+    from ema_pg_core.config import KLConfig
+    from ema_pg_core.verl import engine, loss
+    from ema_pg_core.verl.config import topk_passes
+
+    actor, ref = pair
+    kl_cfg = KLConfig(type=kl_type, k=K, tail=tail, coef=0.5, use_iw=use_iw)
+    _, fields = _passes(actor, ref, topk_passes(kl_cfg))
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return verl_F.logprobs_from_logits(*args, **kwargs)
+
+    for module in (transformer_impl, loss):
+        monkeypatch.setattr(module, "logprobs_from_logits", counted)
+    value, metrics, grads = _loss(actor, fields, kl_cfg)
+    once = len(calls)
+    with monkeypatch.context() as m:
+        m.setattr(engine, "TRAIN_FLAGS", {"distillation_use_topk": True})  # verl computes its log_probs itself
+        calls.clear()
+        before_value, before_metrics, before_grads = _loss(actor, fields, kl_cfg)
+    assert (once, len(calls)) == (2, 4)  # two micro-batch passes in _loss (the value, then the gradients)
+
+    assert value == before_value
+    assert metrics.keys() == before_metrics.keys()
+    compared = [k for k in metrics if not k.startswith("perf/")]  # perf/: memory in use, time
+    assert {k: _plain(metrics[k]) for k in compared} == {k: _plain(before_metrics[k]) for k in compared}
+    assert abs(_plain(metrics["kl_loss"])[0]) > 1e-3 and abs(_plain(metrics["pg_loss"])[0]) > 0
+    assert grads.keys() == before_grads.keys() and grads
+    for n, g in grads.items():
+        assert torch.equal(g, before_grads[n]), n

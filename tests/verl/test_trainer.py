@@ -18,6 +18,37 @@ def test_registered_and_runner(verl_cpu):
     assert issubclass(EmaPGTaskRunner, TaskRunnerV1.__ray_actor_class__)
 
 
+def test_verl_runs_the_trainer_as_sync(monkeypatch, verl_cpu):
+    """verl's sync code paths, not its async modes' (which it picks for any trainer_mode but "sync"): the sync
+    replay buffer, whole-batch dataloader fetches, and the prompts registered in TransferQueue without their data."""
+    import torch
+    from tensordict import TensorDict
+    from verl.trainer.ppo.v1 import replay_buffer, trainer_base
+
+    from ema_pg_core.verl.main import compose
+    from ema_pg_core.verl.trainer import EmaPGTrainerSync
+
+    cfg = compose(
+        [
+            "trainer.v1.trainer_mode=emapg_sync",
+            "actor_rollout_ref.actor.strategy=fsdp2",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.rollout.name=vllm",
+        ]
+    )
+    t = object.__new__(EmaPGTrainerSync)
+    t.config, t.trainer_mode = cfg, cfg.trainer.v1.trainer_mode  # what verl's __init__ assigns
+    assert t.trainer_mode == "sync"
+    assert type(t._build_replay_buffer()) is replay_buffer.ReplayBuffer
+    puts = []
+    monkeypatch.setattr(trainer_base.tq, "kv_batch_put", lambda **kw: puts.append(kw))
+    t.agent_loop_manager, t.global_steps = type("Loop", (), {"generate_sequences": lambda self, b: None})(), 1
+    t._submit_batch_to_rollout(TensorDict({"uid": ["p0", "p1"], "input_ids": torch.ones(2, 3)}, batch_size=2))
+    assert len(puts) == 1 and "fields" not in puts[0] and puts[0]["keys"] == ["p0", "p1"]
+    with pytest.raises(ValueError, match="emapg_sync"):
+        t.trainer_mode = "colocate_async"
+
+
 class _WG:
     def __init__(self):
         self.calls = []
@@ -146,7 +177,7 @@ def _jagged(rows):
 def test_drop_truncated_zeroes_the_rows_that_hit_the_cap(verl_cpu):
     import torch
 
-    from ema_pg_core.verl.trainer import drop_truncated
+    from ema_pg_core.verl.engine import drop_truncated
 
     rows = [torch.tensor([1, 1, 1]), torch.tensor([1, 1, 0, 0, 1]), torch.tensor([1, 1, 1, 1, 1]), torch.tensor([1, 0])]
     mask = _jagged(rows)  # row 1: a multi-turn response with 2 information tokens
@@ -155,6 +186,13 @@ def test_drop_truncated_zeroes_the_rows_that_hit_the_cap(verl_cpu):
     assert torch.equal(masked.offsets(), mask.offsets())
     assert [r.tolist() for r in masked.unbind()] == [[1, 1, 1], [0] * 5, [0] * 5, [1, 0]]
     assert torch.equal(drop_truncated(mask, torch.tensor([3, 5, 5, 2]), cap=6)[0].values(), mask.values())
+    dense = torch.stack([torch.cat([r, r.new_zeros(5 - len(r))]) for r in rows])  # (4, 5): the rows, right-padded
+    assert drop_truncated(dense, torch.tensor([3, 5, 5, 2]), cap=5)[0].tolist() == [
+        [1, 1, 1, 0, 0],
+        [0] * 5,
+        [0] * 5,
+        [1, 0, 0, 0, 0],
+    ]
 
 
 def test_a_zero_mask_drops_a_response_from_verls_loss_aggregation(verl_cpu):
@@ -177,15 +215,16 @@ def test_a_zero_mask_drops_a_response_from_verls_loss_aggregation(verl_cpu):
     assert torch.allclose(masked, kept * keep.sum() / 6, rtol=1e-12)
 
 
-def test_update_actor_sees_truncated_responses_masked_and_restores_them(monkeypatch, verl_cpu, tq_local):
-    """Through a real TransferQueue: only the actor update sees the zeroed rows (the advantages were
-    computed before it from the full mask, and the metrics after it read the full mask again)."""
+def test_update_actor_sends_the_cap_and_moves_nothing_through_transfer_queue(monkeypatch, verl_cpu, tq_local):
+    """Through a real TransferQueue: the trainer neither fetches nor puts anything for mask_truncated; the update
+    receives the length cap (the engine masks the capped responses for the update alone: tests/verl/test_loss.py)
+    and the drop flag; the share dropped comes from verl's tags; TransferQueue keeps the full mask throughout."""
     import torch
     from omegaconf import OmegaConf
     from tensordict import TensorDict
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from ema_pg_core.verl.engine import DROP_KEY
+    from ema_pg_core.verl.engine import CAP_KEY, DROP_KEY
 
     tq, keys = tq_local, ["a", "b", "c", "d"]
     lengths = [3, 5, 2, 5]
@@ -196,12 +235,13 @@ def test_update_actor_sees_truncated_responses_masked_and_restores_them(monkeypa
         partition_id="train",
         fields=TensorDict({"responses": responses, "response_mask": mask}, batch_size=4),
     )
-    seen = {}
+    traffic, seen = [], {}
+    for name in ("kv_batch_put", "kv_batch_get", "kv_put", "kv_get", "async_kv_batch_put", "async_kv_batch_get"):
+        if hasattr(tq, name):
+            monkeypatch.setattr(tq, name, lambda *a, _name=name, **k: traffic.append(_name))
 
     def update(self, batch, metrics):
-        got = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"])
-        seen["mask"] = [r.tolist() for r in got["response_mask"].unbind()]
-        seen["drop"] = batch.extra_info[DROP_KEY]  # the engine's seq-mean denominator follows the mask
+        seen.update(cap=batch.extra_info[CAP_KEY], drop=batch.extra_info[DROP_KEY])
         return batch
 
     t, _ = _trainer(monkeypatch)
@@ -210,9 +250,12 @@ def test_update_actor_sees_truncated_responses_masked_and_restores_them(monkeypa
     t.config = OmegaConf.create({"data": {"max_response_length": 5}})
     batch, metrics = _Meta(), {}
     batch.keys, batch.partition_id = keys, "train"
+    batch.tags = [{"response_len": n} for n in lengths]  # what verl's agent loop tags every row with
     t._update_actor(batch, metrics)
-    assert seen["mask"] == [[1, 1, 1], [0] * 5, [1, 1], [0] * 5] and seen["drop"] is True
-    assert metrics["train/dropped_truncated"] == 0.5 and batch.extra_info[DROP_KEY] is False
+    assert traffic == [] and seen == {"cap": 5, "drop": True}
+    assert metrics["train/dropped_truncated"] == 0.5
+    assert batch.extra_info[CAP_KEY] == 0 and batch.extra_info[DROP_KEY] is False
+    monkeypatch.undo()
     after = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["response_mask"])["response_mask"]
     assert [r.tolist() for r in after.unbind()] == [[1] * n for n in lengths]
 
@@ -221,6 +264,7 @@ def test_mask_truncated_off_leaves_the_batch_alone(monkeypatch, verl_cpu):
     t, seen = _trainer(monkeypatch)
     t.global_steps, m = 1, {}
     t._update_actor(_Meta(), m)  # no keys, no TransferQueue: it is never touched
-    from ema_pg_core.verl.engine import DROP_KEY
+    from ema_pg_core.verl.engine import CAP_KEY, DROP_KEY
 
     assert "train/dropped_truncated" not in m and seen["_update_actor"][DROP_KEY] is False
+    assert seen["_update_actor"][CAP_KEY] == 0
