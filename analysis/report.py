@@ -235,7 +235,7 @@ def _task_tables(
         t = tables.tiny_table(runs, task, reps=reps, seed=seed)
         title = f"{task}: policy acc, pass@1 and anchor acc per method"
     outputs.append(Output("table", title, tables.write_table(t, out), run_provenance(runs), t.cells, notes=t.notes))
-    outputs += _eval_passk(task, runs, evals, out, reps, seed)
+    outputs += _eval_passk(task, runs, evals, out, reps=reps, seed=seed)
     evals = evals[evals["eval"].isna()] if evals is not None and "eval" in evals else evals
     if evals is not None and not evals.empty:
         pk = tables.passk_table(evals, task, reps=reps, seed=seed)
@@ -254,7 +254,7 @@ def _task_tables(
     return outputs, skipped
 
 
-def _eval_passk(task: str, runs: pd.DataFrame, evals: pd.DataFrame | None, out: Path, reps: int, seed: int) -> list:
+def _eval_passk(task: str, runs: pd.DataFrame, evals: pd.DataFrame | None, out: Path, *, reps: int, seed: int) -> list:
     """The pass@k table of the runs' standalone evaluations (`emapg eval`, <run>/evals/<name>/), one row
     per variant and evaluation name; [] when there are none."""
     if evals is None or "eval" not in evals or evals["eval"].isna().all():

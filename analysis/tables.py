@@ -176,7 +176,7 @@ def find_benchmarks(
 
 
 def ours_rows(
-    runs: pd.DataFrame, columns: dict[str, str], group: str, reps: int, seed: int, scale: float = 100.0
+    runs: pd.DataFrame, columns: dict[str, str], group: str, *, reps: int, seed: int, scale: float = 100.0
 ) -> tuple[list[tuple[str, dict[str, str]]], list[dict]]:
     """One display row per group (mean ± CI over its runs) for each (label -> runs column)."""
     rows, numbers = [], []
@@ -380,6 +380,7 @@ def assemble(
     caption: str,
     columns: Sequence[str],
     blocks: Sequence[tuple[list, list]],
+    *,
     notes: list[str],
     run_ids: list[str],
 ) -> Table:
@@ -445,8 +446,10 @@ def paper_table(
     )
     g_rows, g_nums, g_notes = gain_rows(runs, columns, group, reps, seed)
     blocks = [paper_rows(spec.paper, list(columns))] if spec.paper else []
-    blocks += [ours_rows(runs, columns, group, reps, seed), (g_rows, g_nums)]
-    return assemble(f"{task}_main", caption, list(columns), blocks, notes + g_notes, runs["run_id"].tolist())
+    blocks += [ours_rows(runs, columns, group, reps=reps, seed=seed), (g_rows, g_nums)]
+    return assemble(
+        f"{task}_main", caption, list(columns), blocks, notes=notes + g_notes, run_ids=runs["run_id"].tolist()
+    )
 
 
 def tiny_table(
@@ -476,8 +479,8 @@ def tiny_table(
         f"— = not logged."
     )
     g_rows, g_nums, g_notes = gain_rows(runs, columns, group, reps, seed)
-    blocks = [ours_rows(runs, columns, group, reps, seed), (g_rows, g_nums)]
-    return assemble(f"{task}_main", caption, list(columns), blocks, g_notes, runs["run_id"].tolist())
+    blocks = [ours_rows(runs, columns, group, reps=reps, seed=seed), (g_rows, g_nums)]
+    return assemble(f"{task}_main", caption, list(columns), blocks, notes=g_notes, run_ids=runs["run_id"].tolist())
 
 
 def passk_table(
@@ -514,9 +517,9 @@ def passk_table(
         name or f"{task}_passk",
         caption,
         list(columns),
-        [ours_rows(wide, columns, group, reps, seed)],
-        [],
-        wide["run_id"].tolist(),
+        [ours_rows(wide, columns, group, reps=reps, seed=seed)],
+        notes=[],
+        run_ids=wide["run_id"].tolist(),
     )
 
 
