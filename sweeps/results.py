@@ -132,6 +132,7 @@ def write_timing(
     rows: list[dict],
     wall: float,
     slots: int,
+    *,
     progress: bool = True,
     resumed: bool = False,
     killed_s: float | None = None,

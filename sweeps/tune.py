@@ -538,10 +538,19 @@ def run_sweep(
                 report=report,
                 killed_s=killed_s,
             )
-        return _run_tune(spec, sweep_dir, resume, address, num_cpus, progress, report, killed_s)
+        return _run_tune(
+            spec,
+            sweep_dir,
+            resume=resume,
+            address=address,
+            num_cpus=num_cpus,
+            progress=progress,
+            report=report,
+            killed_s=killed_s,
+        )
 
 
-def _run_tune(spec, sweep_dir, resume, address, num_cpus, progress, report, killed_s) -> Path:
+def _run_tune(spec, sweep_dir, *, resume, address, num_cpus, progress, report, killed_s) -> Path:
     """run_sweep without adaptive seeds: one Tune experiment (the directory's lock held by the caller)."""
     exp_path = sweep_dir / "tune" / spec.name
     _prepare(spec, sweep_dir, exp_path, resume)
@@ -569,7 +578,7 @@ def _run_tune(spec, sweep_dir, resume, address, num_cpus, progress, report, kill
             ray.shutdown()
     timeline = results.timeline(sweep_dir, rows, _STAMPS, start=t0, end=t0 + wall, slots=slots)
     results.write_timing(
-        sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume, killed_s=killed_s, timeline=timeline
+        sweep_dir, spec.name, rows, wall, slots, progress=progress, resumed=resume, killed_s=killed_s, timeline=timeline
     )
     hint = _unfinished_hint(spec, sweep_dir, trials)
     if hint:
@@ -734,7 +743,7 @@ def run_adaptive(
             rows = results.write_csv(sweep_dir, spec.metric, spec.mode, known)
             if any(r["status"] not in _ROUND_ENDED for r in rows):
                 results.write_timing(
-                    sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume, killed_s=killed_s
+                    sweep_dir, spec.name, rows, wall, slots, progress=progress, resumed=resume, killed_s=killed_s
                 )
                 hint = f"{spec.name}: round {rnd} did not finish; continue with: {resume_command(sweep_dir)}"
                 print(hint, flush=True)
@@ -744,7 +753,7 @@ def run_adaptive(
         if started:
             ray.shutdown()
     rows = rows or results.write_csv(sweep_dir, spec.metric, spec.mode, _adaptive_trials(spec, sweep_dir))
-    results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress, resumed=resume, killed_s=killed_s)
+    results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress=progress, resumed=resume, killed_s=killed_s)
     if report:
         _report(sweep_dir, progress)
         _dashboard(spec, sweep_dir)

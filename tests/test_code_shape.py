@@ -50,10 +50,6 @@ PENDING = {
     ("experiments/rehearse.py", "run_attempt"),
     ("experiments/rehearse.py", "rehearse_config"),
     ("experiments/run.py", "_train"),
-    ("experiments/tasks/__init__.py", "prepared_examples"),
-    ("experiments/tasks/math.py", "verl_row"),
-    ("sweeps/results.py", "write_timing"),
-    ("sweeps/tune.py", "_run_tune"),
     # not in a pending file, but their only product caller (ema_pg_core/local/trainer.py) is
     ("ema_pg_core/local/probe.py", "score_probe"),
     ("ema_pg_core/loss.py", "policy_loss"),

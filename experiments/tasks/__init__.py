@@ -144,7 +144,7 @@ def read_prepared(task: str, data_dir: str, split: str, n: int, seed: int) -> li
 
 
 def prepared_examples(
-    task: str, data_dir: str, split: str, n: int, seed: int, example_id: Callable[[dict[str, Any]], str]
+    task: str, data_dir: str, split: str, *, n: int, seed: int, example_id: Callable[[dict[str, Any]], str]
 ) -> list[Example]:
     """`read_prepared`'s rows as Examples: the user message as prompt, the ground truth list as answer,
     the data source in meta; `example_id(row)` gives each id (unique within the task)."""

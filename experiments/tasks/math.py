@@ -152,7 +152,7 @@ def _gold(value) -> list[str]:
     return [str(v).strip() for v in values]
 
 
-def verl_row(source: str, index: int, question: str, gold: list[str], split: str, instruction: str = "") -> dict:
+def verl_row(source: str, index: int, question: str, gold: list[str], split: str, *, instruction: str = "") -> dict:
     """One verl RL-dataset row (verl's RLHFDataset schema): chat prompt, rule reward with the gold answers."""
     content = question.strip() + (f" {instruction}" if instruction else "")
     return {
@@ -167,7 +167,10 @@ def verl_row(source: str, index: int, question: str, gold: list[str], split: str
 def rows(name: str, loader: Callable[[str], Iterable[dict]] = hf_loader, instruction: str = "") -> list[dict]:
     _, _, _, q_key, a_key = SOURCES[name]
     split = "train" if name in TRAIN else "test"
-    return [verl_row(name, i, ex[q_key], _gold(ex[a_key]), split, instruction) for i, ex in enumerate(loader(name))]
+    return [
+        verl_row(name, i, ex[q_key], _gold(ex[a_key]), split, instruction=instruction)
+        for i, ex in enumerate(loader(name))
+    ]
 
 
 def prepare(out_dir: str, loader: Callable[[str], Iterable[dict]] = hf_loader, instruction: str = "") -> dict[str, str]:
@@ -210,7 +213,12 @@ def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
     """Up to `n` prepared problems of `split` (train, test, val or a benchmark name), shuffled by `seed`."""
     k = make_knobs(Knobs, NAME, knobs)
     return prepared_examples(
-        NAME, k.data_dir, split, n, seed, lambda r: f"{NAME}/{r['data_source']}/{r['extra_info']['index']}"
+        NAME,
+        k.data_dir,
+        split,
+        n=n,
+        seed=seed,
+        example_id=lambda r: f"{NAME}/{r['data_source']}/{r['extra_info']['index']}",
     )
 
 

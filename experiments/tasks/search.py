@@ -210,7 +210,9 @@ def rehearsal_data(out_dir, rows: dict[str, int]) -> RehearsalData:
 def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
     """Up to `n` prepared questions of `split` (train, test or a test-set name), shuffled by `seed`."""
     k = make_knobs(Knobs, NAME, knobs)
-    return prepared_examples(NAME, k.data_dir, split, n, seed, lambda r: f"{NAME}/{r['extra_info']['uid']}")
+    return prepared_examples(
+        NAME, k.data_dir, split, n=n, seed=seed, example_id=lambda r: f"{NAME}/{r['extra_info']['uid']}"
+    )
 
 
 def prompt(example: Example) -> str:
