@@ -527,27 +527,12 @@ def run_sweep(
     sweep_dir = Path(sweep_dir or Path("outputs") / "sweeps" / spec.name).resolve()
     with lock.held(sweep_dir, resume=resume) as killed:  # one driver per directory, before anything is written
         killed_s = lock.killed_wall_s(killed) if resume and killed else None
-        if spec.adaptive is not None:
-            return run_adaptive(
-                spec,
-                sweep_dir,
-                resume=resume,
-                address=address,
-                num_cpus=num_cpus,
-                progress=progress,
-                report=report,
-                killed_s=killed_s,
-            )
-        return _run_tune(
-            spec,
-            sweep_dir,
-            resume=resume,
-            address=address,
-            num_cpus=num_cpus,
-            progress=progress,
-            report=report,
-            killed_s=killed_s,
+        how = dict(
+            resume=resume, address=address, num_cpus=num_cpus, progress=progress, report=report, killed_s=killed_s
         )
+        if spec.adaptive is not None:
+            return run_adaptive(spec, sweep_dir, **how)
+        return _run_tune(spec, sweep_dir, **how)
 
 
 def _run_tune(spec, sweep_dir, *, resume, address, num_cpus, progress, report, killed_s) -> Path:
