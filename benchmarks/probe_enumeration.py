@@ -66,7 +66,7 @@ def enumerate_run(run: Path) -> dict[str, float]:
     if est.needs == "full":
         raise SystemExit(f"{run}: {kl.type} is exact; nothing to enumerate")
     logged = score_probe(policy, anchor, {k: v.double() if v.is_floating_point() else v for k, v in probe.items()},
-                         kl, cfg.algo.loss.agg, T)  # fmt: skip
+                         kl, agg=cfg.algo.loss.agg, temperature=T)  # fmt: skip
     batch = probe_batch(probe, "cpu")
     with torch.no_grad():
         z = (policy.get_output_embeddings()(response_hidden(policy, batch)) / T).flatten(0, 1)  # (N, V)

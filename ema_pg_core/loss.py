@@ -43,6 +43,7 @@ def policy_loss(
     adv: torch.Tensor,
     mask: torch.Tensor,
     kl_inputs: KLInputs | None,
+    *,
     loss_cfg: LossConfig,
     kl_cfg: KLConfig,
     entropy: torch.Tensor | None = None,

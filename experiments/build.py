@@ -287,7 +287,7 @@ def model(cfg: DictConfig):
         knobs = OmegaConf.to_container(cfg.task.knobs, resolve=True)
         path = pretrain(
             cfg.task.name,
-            model_cfg,
+            model_cfg=model_cfg,
             steps=steps,
             cache_dir=os.path.expanduser(cfg.model.cache_dir),
             knobs=knobs,

@@ -249,6 +249,7 @@ def train(cfg: PretrainConfig, out_dir: Path, progress: bool = True) -> dict[str
 
 def pretrain(
     task: str = "math_tiny",
+    *,
     model_cfg: dict | None = None,
     steps: int | None = None,
     lr: float | None = None,
@@ -299,7 +300,7 @@ def pretrain(
 
 @torch.no_grad()
 def rollout(
-    model, tokenizer, task, env, prompts: list[str], greedy: bool, max_new_tokens: int | None = None
+    model, tokenizer, task, env, prompts: list[str], *, greedy: bool, max_new_tokens: int | None = None
 ) -> list[str]:
     """Responses for `prompts` with HF `generate` and the task's tool loop (reference version).
 
@@ -337,7 +338,7 @@ def rollout(
 
 
 def heldout_accuracy(
-    path: str | os.PathLike, task: str, n: int = 100, seed: int = 0, samples: int = 1, knobs: dict | None = None
+    path: str | os.PathLike, task: str, *, n: int = 100, seed: int = 0, samples: int = 1, knobs: dict | None = None
 ) -> dict[str, float]:
     """Greedy accuracy and mean sampled accuracy (temperature 1, `samples` per problem) of the
     checkpoint at `path` on `n` test problems."""

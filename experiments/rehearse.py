@@ -130,7 +130,7 @@ def prepare_data(task: str, out_dir: Path) -> RehearsalData:
 # The rehearsal config
 # --------------------------------------------------------------------------------------
 def rehearsal_overrides(
-    cfg, model_path: str, data: RehearsalData, run_dir: Path, steps: int, retriever_url: str | None = None
+    cfg, model_path: str, data: RehearsalData, run_dir: Path, steps: int, *, retriever_url: str | None = None
 ) -> list[str]:
     """Hydra overrides (appended to the target's) that make `cfg` a CPU rehearsal; see the module docstring."""
     from experiments.tasks import get_task
@@ -242,6 +242,7 @@ def run_attempt(
     overrides: list[str],
     run_dir: Path,
     log: Path,
+    *,
     kill_after: int | None,
     timeout_s: float = ATTEMPT_TIMEOUT_S,
     on_wait: Callable[[float], None] | None = None,
@@ -573,7 +574,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) ->
 
 
 def rehearse_config(
-    name: str, target: list[str], out: Path, shared: Shared, steps: int, say: Callable[[str], None] = print
+    name: str, target: list[str], out: Path, shared: Shared, steps: int, *, say: Callable[[str], None] = print
 ) -> Result:
     """Rehearse one configuration (`target`: Hydra overrides naming a verl preset); see the module docstring."""
     from experiments import build
@@ -594,15 +595,15 @@ def rehearse_config(
 
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    overrides = target + rehearsal_overrides(cfg, shared.model(task), data, run_dir, steps, url)
+    overrides = target + rehearsal_overrides(cfg, shared.model(task), data, run_dir, steps, retriever_url=url)
     (run_dir.parent / f"{name}.command.txt").write_text(shlex.join(["emapg", "train", *overrides]) + "\n")
     kill_after = min(KILL_AFTER, steps - 1)
     say(f"{name}: attempt 1, killed after the checkpoint of step {kill_after} ...")
-    first = run_attempt(overrides, run_dir, run_dir.parent / f"{name}.attempt1.log", kill_after)
+    first = run_attempt(overrides, run_dir, run_dir.parent / f"{name}.attempt1.log", kill_after=kill_after)
     if first.killed_at is None:
         return Result(name, [Check("attempt 1", False, _failure(first))], time.time() - t0)
     say(f"{name}: attempt 2, resumed to step {steps} ...")
-    second = run_attempt(overrides + ["resume=true"], run_dir, run_dir.parent / f"{name}.attempt2.log", None)
+    second = run_attempt(overrides + ["resume=true"], run_dir, run_dir.parent / f"{name}.attempt2.log", kill_after=None)
     if second.returncode != 0:
         return Result(name, [Check("attempt 2", False, _failure(second))], time.time() - t0)
     kl = cfg.algo.kl

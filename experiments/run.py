@@ -170,7 +170,9 @@ def _run_one(
         with logger:
             try:
                 state = found[1] if found else None
-                summary = _train(cfg, local_cfg, record, logger, ckpt_dir, state, callback, timeline)
+                summary = _train(
+                    cfg, local_cfg, record, logger, ckpt_dir=ckpt_dir, state=state, callback=callback, timeline=timeline
+                )
             except Interrupted as e:  # a checkpoint is on disk: recorded as interrupted, not failed
                 record.interrupt(str(e))
                 raise RunInterrupted(str(e), e.signame, run_dir) from None
@@ -186,7 +188,7 @@ def _advance(bar, it: int, m: dict) -> None:
     bar.set_postfix({**postfix, "drift": f"{m.get('anchor/drift', 0):.1e}"}, refresh=False)
 
 
-def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, callback: Callback | None, timeline):
+def _train(cfg, local_cfg, record, logger, *, ckpt_dir: Path, state: dict | None, callback: Callback | None, timeline):
     from ema_pg_core.local.trainer import Hooks, LocalTrainer
 
     task = build.task(cfg)
@@ -229,7 +231,7 @@ def _train(cfg, local_cfg, record, logger, ckpt_dir: Path, state: dict | None, c
         iteration_end=on_iteration_end,
         state=hooks_state,
     )
-    trainer = LocalTrainer(policy, tok, task, local_cfg, ckpt_dir, hooks)
+    trainer = LocalTrainer(policy, tok, task, local_cfg, ckpt_dir, hooks=hooks)
     if state is not None:
         trainer.load_state_dict(state)
         record.rewind(trainer.iteration)

@@ -70,7 +70,7 @@ def rehearsal_spec(spec_path: str, out: Path, shared, layout: str, steps: int = 
         cfg = build.compose([o for o in s.overrides_for(point, s.seeds[0]) if not o.startswith(("sweep.", "logger."))])
         data = shared.data(str(cfg.task.name))
         url = shared.retriever(data.corpus) if cfg.backend.verl.multi_turn and data.corpus else None
-        o = rehearsal_overrides(cfg, shared.model(str(cfg.task.name)), data, out / "unused", steps, url)
+        o = rehearsal_overrides(cfg, shared.model(str(cfg.task.name)), data, out / "unused", steps, retriever_url=url)
         points.append((point, _world_size_2(_as_mapping(o), layout), cfg))
     common = {k: v for k, v in points[0][1].items() if all(p[1].get(k) == v for p in points)}
     keys = list(

@@ -34,28 +34,6 @@ EXEMPT = {
     ("ema_pg_core/topk.py", "_FromHidden.backward"): _AUTOGRAD_BACKWARD,
 }
 
-# Known violations still to fix (trailing parameters keyword-only, call sites updated). The set only shrinks:
-# an entry that is no longer over the bound fails the test until it is removed.
-PENDING = {
-    ("ema_pg_core/local/rollout.py", "_end_turn"),
-    ("ema_pg_core/local/trainer.py", "LocalTrainer.__init__"),
-    ("ema_pg_core/local/trainer.py", "LocalTrainer._rollout"),
-    ("ema_pg_core/verl/engine.py", "set_pass"),
-    # not a verl-dictated signature: verl calls the loss by keyword only (model_output=, data=, dp_group= for the
-    # loss; student_logits=, data=[, data_format=] for the logits processor), so its parameters can be keyword-only
-    ("ema_pg_core/verl/loss.py", "emapg_actor_loss"),
-    ("experiments/pretrain.py", "pretrain"),
-    ("experiments/pretrain.py", "rollout"),
-    ("experiments/pretrain.py", "heldout_accuracy"),
-    ("experiments/rehearse.py", "rehearsal_overrides"),
-    ("experiments/rehearse.py", "run_attempt"),
-    ("experiments/rehearse.py", "rehearse_config"),
-    ("experiments/run.py", "_train"),
-    # not in a pending file, but their only product caller (ema_pg_core/local/trainer.py) is
-    ("ema_pg_core/local/probe.py", "score_probe"),
-    ("ema_pg_core/loss.py", "policy_loss"),
-}
-
 
 class Fn(NamedTuple):
     name: str  # qualified: Class.method, outer.inner
@@ -176,7 +154,7 @@ def test_no_function_takes_more_than_five_positional_parameters():
     over = [
         f"{path}:{f.line} {name} ({f.positional} positional)"
         for (path, name), f in _over_positional().items()
-        if (path, name) not in EXEMPT and (path, name) not in PENDING
+        if (path, name) not in EXEMPT
     ]
     assert not over, (
         f"{len(over)} function(s) with more than {MAX_POSITIONAL} positional parameters; make the trailing ones "
@@ -186,6 +164,6 @@ def test_no_function_takes_more_than_five_positional_parameters():
 
 def test_every_allowed_signature_still_needs_it():
     over = _over_positional()
-    stale = [f"{path} {name}" for (path, name) in [*EXEMPT, *PENDING] if (path, name) not in over]
-    assert not stale, "no longer over the bound (or gone): remove from EXEMPT / PENDING:\n" + "\n".join(stale)
-    assert not set(EXEMPT) & set(PENDING) and all(EXEMPT.values())
+    stale = [f"{path} {name}" for (path, name) in EXEMPT if (path, name) not in over]
+    assert not stale, "no longer over the bound (or gone): remove from EXEMPT:\n" + "\n".join(stale)
+    assert all(EXEMPT.values())

@@ -75,7 +75,7 @@ def _estimate_inputs(name: str, k: int, h, h_ref, *, policy, anchor, batch: Batc
 
 
 @torch.no_grad()
-def score_probe(policy, anchor, probe: dict[str, torch.Tensor], kl: KLConfig, agg: str, temperature: float) -> dict:
+def score_probe(policy, anchor, probe: dict[str, torch.Tensor], kl: KLConfig, *, agg: str, temperature: float) -> dict:
     """The ``kl/exact``, ``kl/estimate_on_probe`` and ``kl/estimate_gap`` metrics of policy vs anchor on the probe."""
     policy.eval()
     anchor.eval()

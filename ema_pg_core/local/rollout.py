@@ -234,7 +234,7 @@ def _cat_stats(parts: list[TokenStats]) -> TokenStats:
     return TokenStats(**{f: torch.cat([getattr(p, f) for p in parts]) for f in _FIELDS})
 
 
-def _end_turn(tr: Trajectory, parts: list, new: list[int], stop, env, tokenizer, decode, max_new, max_obs) -> bool:
+def _end_turn(tr: Trajectory, parts: list, new: list[int], stop, *, env, tokenizer, decode, max_new, max_obs) -> bool:
     """Append a turn's tokens to ``tr``, then the environment's observation when the turn ended at ``stop``.
 
     Returns whether the trajectory continues (an observation was appended). ``parts``: its stats segments.
@@ -311,7 +311,17 @@ def rollout(
         still = [
             i
             for i, new in zip(active, outs)
-            if _end_turn(trajs[i], parts[i], new, stop, env, tokenizer, decode, max_new_tokens, max_obs_tokens)
+            if _end_turn(
+                trajs[i],
+                parts[i],
+                new,
+                stop,
+                env=env,
+                tokenizer=tokenizer,
+                decode=decode,
+                max_new=max_new_tokens,
+                max_obs=max_obs_tokens,
+            )
         ]
         active = still
         if not active:

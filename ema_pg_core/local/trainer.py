@@ -116,7 +116,14 @@ def seed_everything(seed: int) -> None:
 
 class LocalTrainer:
     def __init__(
-        self, policy, tokenizer, task: TrainerTask, cfg: LocalConfig, ckpt_dir: str | Path, hooks: Hooks | None = None
+        self,
+        policy,
+        tokenizer,
+        task: TrainerTask,
+        cfg: LocalConfig,
+        ckpt_dir: str | Path,
+        *,
+        hooks: Hooks | None = None,
     ):
         check_model(policy)
         self.device = resolve_device(cfg.trainer.device)
@@ -156,7 +163,7 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ rollout
     def _rollout(
-        self, model, prompts: list[str], greedy=False, generator=None, temperature=None, stats_k=None
+        self, model, prompts: list[str], *, greedy=False, generator=None, temperature=None, stats_k=None
     ) -> list[Trajectory]:
         """Trajectories of `model` for `prompts`: at `temperature` (None: rollout.temperature; 0: greedy)."""
         r = self.cfg.rollout
@@ -247,7 +254,12 @@ class LocalTrainer:
             return {}
         t0 = time.perf_counter()
         m = score_probe(
-            self.policy, self.anchor.module, self.probe, kl, self.cfg.algo.loss.agg, self.cfg.rollout.temperature
+            self.policy,
+            self.anchor.module,
+            self.probe,
+            kl,
+            agg=self.cfg.algo.loss.agg,
+            temperature=self.cfg.rollout.temperature,
         )
         return {**m, "perf/probe_s": time.perf_counter() - t0}
 
@@ -320,7 +332,14 @@ class LocalTrainer:
                         ref_logits=None if anc_logits is None else anc_logits[rows],
                     )
                 loss, st = policy_loss(  # scalar: PPO-clip surrogate + beta * KL (- entropy bonus), aggregated
-                    cur.logp, old.logp[rows], adv[rows], mb.mask, x, cfg.algo.loss, kl, entropy=cur.entropy
+                    cur.logp,
+                    old.logp[rows],
+                    adv[rows],
+                    mb.mask,
+                    x,
+                    loss_cfg=cfg.algo.loss,
+                    kl_cfg=kl,
+                    entropy=cur.entropy,
                 )
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()

@@ -75,7 +75,7 @@ CAP_KEY = "emapg_truncation_cap"
 """Non-tensor int flag (0: off): responses of at least this many tokens are left out of the update (see above)."""
 
 
-def set_pass(td, mode: str = "off", k: int = 0, ids_key: str = "", prefix: str = "", logp: bool = False) -> None:
+def set_pass(td, mode: str = "off", *, k: int = 0, ids_key: str = "", prefix: str = "", logp: bool = False) -> None:
     """Attach this pass's Top-k instructions to a TensorDict (or dict of extra_info) as non-tensors.
 
     ``logp``: modes "self"/"gather" send log-probs at the ids (``<prefix>logp_k``) instead of logits + logsumexp."""

@@ -45,13 +45,13 @@ PARTS_PREFIX = "emapg_topk_"  # + each ``telemetry.topk_parts`` name but the est
 
 
 def emapg_actor_loss(
+    *,
     config,
     model_output=None,
     data=None,
     dp_group=None,
     student_logits=None,
     data_format="thd",
-    *,
     kl: KLConfig,
     loss: LossConfig,
 ):

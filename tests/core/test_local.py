@@ -87,7 +87,13 @@ def test_observation_tokens_get_zero_loss_weight():
     logp = torch.randn(batch.mask.shape, requires_grad=True)
     x = KLInputs(logp=logp, ref_logp=torch.zeros_like(logp))
     loss, _ = policy_loss(
-        logp, logp.detach(), torch.tensor([1.0, -1.0]), batch.mask, x, AlgoConfig().loss, KLConfig(type="k3", coef=0.5)
+        logp,
+        logp.detach(),
+        torch.tensor([1.0, -1.0]),
+        batch.mask,
+        x,
+        loss_cfg=AlgoConfig().loss,
+        kl_cfg=KLConfig(type="k3", coef=0.5),
     )
     (g,) = torch.autograd.grad(loss, logp)
     assert (g[batch.mask == 0] == 0).all() and (g[batch.mask == 1] != 0).all()
@@ -136,7 +142,7 @@ def train(cfg, ckpt_dir, dtype=torch.float32, resume_from=None, stop_after=None)
     torch.manual_seed(0)
     policy = build_model(TOK, hidden=32, layers=1, heads=2, seed=0).to(dtype)
     log = {}
-    tr = LocalTrainer(policy, TOK, Toy(), cfg, ckpt_dir, Hooks(metrics=lambda it, m: log.__setitem__(it, m)))
+    tr = LocalTrainer(policy, TOK, Toy(), cfg, ckpt_dir, hooks=Hooks(metrics=lambda it, m: log.__setitem__(it, m)))
     if resume_from:
         tr.resume(resume_from)
     if stop_after:

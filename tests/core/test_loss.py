@@ -60,7 +60,7 @@ def test_total_loss_adds_beta_times_aggregated_kl_and_entropy_bonus():
     ent = torch.tensor([[0.3, 0.6], [0.9, 5.0]], dtype=torch.float64)
     kl_cfg = KLConfig(type="k1", coef=0.1)
     loss_cfg = LossConfig(agg="token-mean", entropy_coef=0.01)
-    total, stats = policy_loss(logp, logp.detach(), adv, mask, x, loss_cfg, kl_cfg, entropy=ent)
+    total, stats = policy_loss(logp, logp.detach(), adv, mask, x, loss_cfg=loss_cfg, kl_cfg=kl_cfg, entropy=ent)
     # pg tokens: [-1, -1, 2] -> mean 0;  k1 = logp - ref = [1, 0, 0.5] -> mean 0.5;  entropy mean 0.6
     assert stats["loss/pg"] == pytest.approx(0.0)
     assert stats["kl/value"] == pytest.approx(0.5)
@@ -68,15 +68,22 @@ def test_total_loss_adds_beta_times_aggregated_kl_and_entropy_bonus():
     assert total.item() == pytest.approx(0.0 + 0.1 * 0.5 - 0.01 * 0.6)
     # seq-mean-token-mean: pg = mean(-1, 2) = 0.5; kl = mean(0.5, 0.5) = 0.5; ent = mean(0.45, 0.9) = 0.675
     total2, s2 = policy_loss(
-        logp, logp.detach(), adv, mask, x, LossConfig(agg="seq-mean-token-mean", entropy_coef=0.01), kl_cfg, entropy=ent
+        logp,
+        logp.detach(),
+        adv,
+        mask,
+        x,
+        loss_cfg=LossConfig(agg="seq-mean-token-mean", entropy_coef=0.01),
+        kl_cfg=kl_cfg,
+        entropy=ent,
     )
     assert (s2["loss/pg"], s2["kl/value"], s2["train/entropy"]) == pytest.approx((0.5, 0.5, 0.675))
     assert total2.item() == pytest.approx(0.5 + 0.05 - 0.00675)
     # sum: pg = -1 - 1 + 2 = 0, kl = 1 + 0 + 0.5 = 1.5
-    _, s3 = policy_loss(logp, logp.detach(), adv, mask, x, LossConfig(agg="sum"), kl_cfg)
+    _, s3 = policy_loss(logp, logp.detach(), adv, mask, x, loss_cfg=LossConfig(agg="sum"), kl_cfg=kl_cfg)
     assert (s3["loss/pg"], s3["kl/value"]) == pytest.approx((0.0, 1.5))
     with pytest.raises(ValueError, match="no KL inputs"):
-        policy_loss(logp, logp.detach(), adv, mask, None, loss_cfg, kl_cfg)
+        policy_loss(logp, logp.detach(), adv, mask, None, loss_cfg=loss_cfg, kl_cfg=kl_cfg)
 
 
 def test_grpo_advantages_hand_worked():

@@ -93,7 +93,7 @@ def test_probe_exact_and_estimate_equal_direct_computations(tmp_path, kl_type, t
     tr = _trainer(tmp_path, kl_type, tail=tail)
     probe = make_probe(tr)
     kl = tr.cfg.algo.kl
-    m = score_probe(tr.policy, tr.anchor.module, probe, kl, agg, 1.0)
+    m = score_probe(tr.policy, tr.anchor.module, probe, kl, agg=agg, temperature=1.0)
     z, zr, mask, est = _direct_estimate(tr, probe, kl)
     direction = "forward" if kl_type in ("topk_forward", "exact_forward") else "reverse"
     exact = aggregate(_direct_kl(z, zr, direction), mask.double(), agg).item()
@@ -144,7 +144,9 @@ def test_tail_frac_is_0_at_k_equal_to_V_and_1_at_k_0(name):
     loss_cfg = LossConfig()
     for k, frac, share in ((V, 0.0, 0.0), (0, 1.0, 1.0)):
         x, *_ = _topk_inputs(k=k)
-        _, stats = policy_loss(x.logp, x.logp.detach(), torch.zeros(4), mask, x, loss_cfg, KLConfig(type=name, k=k))
+        _, stats = policy_loss(
+            x.logp, x.logp.detach(), torch.zeros(4), mask, x, loss_cfg=loss_cfg, kl_cfg=KLConfig(type=name, k=k)
+        )
         assert stats["topk/tail_frac"] == frac and stats["topk/tail_share"] == pytest.approx(share, abs=1e-12)
         assert stats["topk/head_mass"] == pytest.approx(1.0 if k == V else 0.0, abs=1e-12)
 

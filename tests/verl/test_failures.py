@@ -44,7 +44,9 @@ def _run(shared, name: str, preset: str, extra: list[str], verl_extra: list[str]
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = f"{HERE}{os.pathsep}{env_path}" if env_path else str(HERE)  # Ray workers import faults
     try:
-        attempt = run_attempt(overrides + extra, run_dir, run_dir.parent / f"{name}.log", None, timeout_s=600)
+        attempt = run_attempt(
+            overrides + extra, run_dir, run_dir.parent / f"{name}.log", kill_after=None, timeout_s=600
+        )
     finally:
         os.environ["PYTHONPATH"] = env_path
     return attempt, run_dir, attempt.log.read_text(errors="replace")

@@ -224,7 +224,7 @@ def _check(pair, tiny_path, kl_type, tail, use_iw, agg, dynamic, drop=(), drop_k
     else:
         logp = torch.log_softmax(z, -1).gather(-1, sampled[..., None])[..., 0]
         x = KLInputs(logp=logp, ref_logp=ref_lp, old_logp=old)
-    core_loss, core_stats = policy_loss(logp, old, adv, mask, x, loss_cfg, kl_cfg)
+    core_loss, core_stats = policy_loss(logp, old, adv, mask, x, loss_cfg=loss_cfg, kl_cfg=kl_cfg)
     core_loss.backward()
     core_grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
 

@@ -64,7 +64,16 @@ def _recording_loss(
     """``emapg_actor_loss``; its final-loss role also records the per-token KL (B, T) it aggregates and the mask."""
     from ema_pg_core.verl.loss import emapg_actor_loss
 
-    out = emapg_actor_loss(config, model_output, data, dp_group, student_logits, data_format, kl=kl, loss=loss)
+    out = emapg_actor_loss(
+        config=config,
+        model_output=model_output,
+        data=data,
+        dp_group=dp_group,
+        student_logits=student_logits,
+        data_format=data_format,
+        kl=kl,
+        loss=loss,
+    )
     if model_output is not None:
         seen.append(_loss_kl(model_output, data, kl))
     return out
