@@ -291,6 +291,10 @@ def _is_pydantic(exc: BaseException) -> bool:
     return type(exc).__module__.startswith("pydantic")
 
 
+UNKNOWN_KEY = ("extra_forbidden", "unexpected_keyword_argument")
+"""pydantic's error types for a key the model (extra_forbidden) or a dataclass in it does not have."""
+
+
 def validation_line(exc, schema: dict | None = None, root: str = "the input") -> str:
     """One line for a pydantic ValidationError: `<dotted.field.path>: <what is wrong>; allowed: <keys, values or
     range>` (read through ``exc.errors()``: pydantic is not imported here). The allowed keys, values and ranges come
@@ -299,7 +303,7 @@ def validation_line(exc, schema: dict | None = None, root: str = "the input") ->
     in the loc (``Tag("(mapping)")``), and pydantic's ``[key]`` marker are left out of the path; `root` names an
     error of the whole input."""
     errs = exc.errors(include_url=False)
-    err = next((e for e in errs if e["type"] == "extra_forbidden"), errs[0])
+    err = next((e for e in errs if e["type"] in UNKNOWN_KEY), errs[0])
     loc = [p for p in err["loc"] if not (isinstance(p, str) and (p == "[key]" or p[:1] + p[-1:] == "()"))]
     schema = schema or {}
     words = _VALIDATION_WORDS.get(err["type"], _other_error)
@@ -442,6 +446,7 @@ def _other_error(path, loc, err, nodes, schema) -> str:
 
 _VALIDATION_WORDS = {
     "extra_forbidden": _unknown_field,
+    "unexpected_keyword_argument": _unknown_field,  # a key a dataclass field (the core's KLConfig, ...) does not have
     "missing": lambda path, *_: f"`{path}` is required",
     "literal_error": _not_allowed,
     "enum": _not_allowed,

@@ -20,6 +20,7 @@ FORBIDDEN = {
         "sweeps",
         "analysis",
         "verl",
+        "pydantic",
     ],
     "experiments": ["ray", "sweeps", "analysis"],
     "analysis": ["torch", "ema_pg_core", "ray"],

@@ -16,9 +16,19 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 from ema_pg_core.config import AnchorConfig, KLConfig, LossConfig
 from ema_pg_core.kl import get_estimator
@@ -32,7 +42,8 @@ VERL_AGG = {
     "sum": "token-sum",
 }
 """Our loss aggregation names -> verl's ``agg_loss`` modes (same formulas; verl's are global-batch normalised)."""
-DEVICES = ("cuda", "cpu")
+Device = Literal["cuda", "cpu"]
+DEVICES = get_args(Device)
 """``trainer.device`` values of the verl backend: GPUs, or verl's loop on CPU (``ema_pg_core.verl.cpu``)."""
 OLD, REF = "emapg_old_", "emapg_ref_"
 """Prefixes of the Top-k tensors produced by the pi_old pass and by the anchor (reference) pass."""
@@ -41,83 +52,54 @@ OLD, REF = "emapg_old_", "emapg_ref_"
 # --------------------------------------------------------------------------------------
 # The emapg: section
 # --------------------------------------------------------------------------------------
-SECTION_SCALARS = ("metrics_path", "mask_truncated", "device", "probe_every", "probe_size", "runner_setup")
-"""The emapg section's top-level keys that are values, not groups."""
+def _import_name(name: Any) -> Any:
+    if name is not None and not _is_import_name(name):
+        raise ValueError(f"emapg.runner_setup must be 'module:function' or null; got {name!r}")
+    return name
 
 
-@dataclass
-class EmaPGSection:
-    """What our verl plugin reads: the core's own dataclasses (defaults and validation live there)."""
+def _strings(env: Any) -> Any:
+    """runner_env's values as strings: Hydra's override parser reads ``WANDB_RUN_ID=123`` as an int."""
+    return {str(k): str(v) for k, v in env.items()} if isinstance(env, Mapping) else env
 
-    kl: KLConfig = field(default_factory=KLConfig)
-    anchor: AnchorConfig = field(default_factory=AnchorConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    metrics_path: str | None = None
+
+class EmaPGSection(BaseModel):
+    """What our verl plugin reads: the core's own dataclasses (their defaults and checks live there; pydantic builds
+    them from mappings and refuses a key they do not have) and the section's own values, as a pydantic model (the
+    mechanism the sweep spec is validated with: a ``ValidationError`` whose ``loc`` is the field path)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    kl: KLConfig = Field(default_factory=KLConfig)
+    anchor: AnchorConfig = Field(default_factory=AnchorConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    metrics_path: StrictStr | None = None
     """Where verl's "file" logger writes one JSON line per iteration ({"step", "data"}); null = verl's default."""
-    mask_truncated: bool = False
+    mask_truncated: StrictBool = False
     """Drop responses that reached data.max_response_length from the actor update, after the advantages
-    (rLLM's mask_truncated_samples, the paper's 8k math stage; ``trainer.drop_truncated``)."""
-    device: str = "cuda"
+    (rLLM's mask_truncated_samples, the paper's 8k math stage; ``backend.verl.mask_truncated``)."""
+    device: Device = "cuda"
     """cuda (GPUs, verl's own platform detection) | cpu (``ema_pg_core.verl.cpu``: development, rehearsals)."""
-    probe_every: int = 0
+    probe_every: StrictInt = Field(0, ge=0)
     """The KL probe every this many iterations (0 = none): ``trainer.probe_every`` resolved (ema_pg_core.verl.probe)."""
-    probe_size: int = 16
+    probe_size: StrictInt = Field(16, ge=1)
     """Prompts in the probe: the first ones of the run's first training batch (``trainer.probe_size``)."""
-    runner_setup: str | None = None
+    runner_setup: Annotated[StrictStr | None, BeforeValidator(_import_name)] = None
     """``module:function`` that verl's TaskRunner calls in its own process, with ``runner_env``, before verl's
     trackers start (``run_runner_setup``): the application's hook (emapg's gives W&B its run id, group and tags:
     ``experiments.backends.verl.apply_wandb_env``). None: nothing is called."""
-    runner_env: dict[str, str] = field(default_factory=dict)
+    runner_env: Annotated[dict[StrictStr, StrictStr], BeforeValidator(_strings)] = Field(default_factory=dict)
     """The hook's argument: string settings by name (emapg's: WANDB_* variables)."""
 
-    def __post_init__(self):
-        if self.device not in DEVICES:
-            raise ValueError(
-                f"trainer.device={self.device!r} is not allowed with the verl backend; allowed: {', '.join(DEVICES)}"
-            )
-        for name in ("probe_every", "probe_size"):
-            value, low = getattr(self, name), int(name == "probe_size")
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"emapg.{name} must be an integer >= {low}; got {value!r}")
-        if self.runner_setup is not None and not _is_import_name(self.runner_setup):
-            raise ValueError(f"emapg.runner_setup must be 'module:function' or null; got {self.runner_setup!r}")
-        if not isinstance(self.mask_truncated, bool):
-            raise ValueError(f"emapg.mask_truncated must be true or false; got {self.mask_truncated!r}")
-        est = get_estimator(self.kl.type)
-        if self.kl.coef > 0 and est.needs == "full":
+    @model_validator(mode="after")
+    def _shippable(self) -> EmaPGSection:
+        if self.kl.coef > 0 and get_estimator(self.kl.type).needs == "full":
             raise ValueError(
                 f"algo.kl.type={self.kl.type!r} needs full (B, T, V) anchor logits, which the verl backend "
                 "does not ship between workers; use topk_reverse/topk_forward (k up to the vocabulary size "
                 "is exact) or a sampled estimator"
             )
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> EmaPGSection:
-        """Build and validate from a plain mapping (unknown keys are errors, naming the allowed ones)."""
-        parts = {}
-        for name, typ in (("kl", KLConfig), ("anchor", AnchorConfig), ("loss", LossConfig)):
-            sub = dict(d.get(name) or {})
-            allowed = {f.name for f in fields(typ)}
-            unknown = sorted(set(sub) - allowed)
-            if unknown:
-                raise ValueError(f"unknown emapg.{name} key(s) {unknown}; allowed: {', '.join(sorted(allowed))}")
-            parts[name] = typ(**sub)
-        unknown = sorted(set(d) - {"kl", "anchor", "loss", "runner_env", *SECTION_SCALARS})
-        if unknown:
-            raise ValueError(
-                f"unknown emapg key(s) {unknown}; allowed: kl, anchor, loss, runner_env, {', '.join(SECTION_SCALARS)}"
-            )
-        env = {str(k): str(v) for k, v in (d.get("runner_env") or {}).items()}
-        return cls(**parts, runner_env=env, **{k: d[k] for k in SECTION_SCALARS if d.get(k) is not None})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kl": asdict(self.kl),
-            "anchor": asdict(self.anchor),
-            "loss": asdict(self.loss),
-            **{k: getattr(self, k) for k in SECTION_SCALARS},
-            "runner_env": dict(self.runner_env),
-        }
+        return self
 
     @classmethod
     def from_config(cls, node: Any) -> EmaPGSection:
@@ -127,7 +109,12 @@ class EmaPGSection:
             from omegaconf import OmegaConf  # the verl side only: this module imports no omegaconf
 
             node = OmegaConf.to_container(node, resolve=True)
-        return cls.from_dict(node)
+        return cls.model_validate(node)
+
+
+SECTION_GROUPS = ("kl", "anchor", "loss", "runner_env")
+SECTION_SCALARS = tuple(name for name in EmaPGSection.model_fields if name not in SECTION_GROUPS)
+"""The emapg section's top-level keys that are values, not groups (metrics_path, ..., runner_setup)."""
 
 
 def _is_import_name(name: Any) -> bool:
@@ -204,7 +191,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], EmaPGSection]:
                 )
         else:
             verl_args.append(arg)
-    return verl_args, EmaPGSection.from_dict(section)
+    return verl_args, EmaPGSection.model_validate(section)
 
 
 def rotate(path: str | Path) -> Path:

@@ -54,7 +54,7 @@ def compose(argv: list[str]):
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         cfg = hydra_compose(config_name="ppo_trainer", overrides=verl_args)
     with open_dict(cfg):
-        cfg.emapg = section.to_dict()
+        cfg.emapg = section.model_dump()
     check_verl(cfg, section)
     return cfg
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ema_pg_core.config import AdvantageConfig, check_integer, check_number
 from ema_pg_core.overrides import hydra_value
-from ema_pg_core.verl.config import TRAINER_MODE, VERL_AGG, EmaPGSection
+from ema_pg_core.verl.config import DEVICES, TRAINER_MODE, VERL_AGG, EmaPGSection
 
 ROLLOUT_ENGINES = ("vllm", "sglang", "hf")
 """``backend.verl.rollout_engine``: verl's GPU engines, or ``ema_pg_core.verl.hf_rollout`` (any device)."""
@@ -179,6 +179,9 @@ class VerlSettings:
         check_number("backend.verl.gpu_memory_utilization", self.gpu_memory_utilization, 0, 1, low_open=True)
         check_integer("backend.verl.max_failed_rollouts", self.max_failed_rollouts, 0)
         check_number("backend.verl.step_timeout_s", self.step_timeout_s, 0, low_open=True, why=" (seconds)")
+        for name in (f.name for f in fields(self) if f.type == "bool"):  # the annotations are strings here
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"backend.verl.{name} must be true or false; got {getattr(self, name)!r}")
         if ":" not in self.reward_fn:
             raise ValueError(f"backend.verl.reward_fn={self.reward_fn!r} must be 'module:function'")
 
@@ -215,24 +218,28 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
     """Compile a resolved run config (plain mapping of the experiments schema) into a verl launch. `wandb`:
     the WANDB_* settings of the run's W&B run (``experiments.wandb_logger.verl_env``; {} = no W&B; None = W&B
     as ``logger`` says, without them)."""
-    from ema_pg_core.config import OptimConfig, RolloutConfig, TrainerConfig
+    from ema_pg_core.config import AnchorConfig, KLConfig, LossConfig, OptimConfig, RolloutConfig, TrainerConfig
 
     algo = run.get("algo", {})
     vs = VerlSettings(**(run.get("backend", {}).get("verl") or {}))
     metrics = os.path.join(run["run_dir"], "verl_metrics.jsonl") if run.get("run_dir") else None
     tr = TrainerConfig(**run.get("trainer", {}))
     ro, opt = RolloutConfig(**run.get("rollout", {})), OptimConfig(**run.get("optim", {}))
-    section = EmaPGSection.from_dict(
-        {
-            **{k: algo.get(k, {}) for k in ("kl", "anchor", "loss")},
-            "metrics_path": metrics,
-            "mask_truncated": vs.mask_truncated,
-            "device": tr.device,
-            "probe_every": tr.resolved_probe_every,
-            "probe_size": _probe_size(tr, ro.prompts_per_iter),
-            "runner_setup": RUNNER_SETUP,
-            "runner_env": dict(wandb or {}),
-        }
+    if tr.device not in DEVICES:
+        raise ValueError(
+            f"trainer.device={tr.device!r} is not allowed with the verl backend; allowed: {', '.join(DEVICES)}"
+        )
+    section = EmaPGSection(  # the run config's dataclasses, each checked under its algo.* name first
+        kl=KLConfig(**algo.get("kl", {})),
+        anchor=AnchorConfig(**algo.get("anchor", {})),
+        loss=LossConfig(**algo.get("loss", {})),
+        metrics_path=metrics,
+        mask_truncated=vs.mask_truncated,
+        device=tr.device,
+        probe_every=tr.resolved_probe_every,
+        probe_size=_probe_size(tr, ro.prompts_per_iter),
+        runner_setup=RUNNER_SETUP,
+        runner_env=dict(wandb or {}),
     )
     adv = AdvantageConfig(**algo.get("adv", {}))
     model_path = (run.get("model") or {}).get("path")
@@ -256,7 +263,7 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
         o[f"{T}default_local_dir"] = vs.checkpoint_dir
     o.update(_device_keys(section.device, vs))
     o.update(_logger(run, wandb))
-    return VerlJob([f"{k}={hydra_value(v)}" for k, v in o.items()] + list(vs.overrides), section.to_dict())
+    return VerlJob([f"{k}={hydra_value(v)}" for k, v in o.items()] + list(vs.overrides), section.model_dump())
 
 
 def _refuse(tr, ro, section: EmaPGSection) -> None:

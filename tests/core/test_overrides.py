@@ -159,4 +159,4 @@ def test_the_sweeps_and_the_verl_launch_share_the_formatter():
     job = to_verl(run)
     args = dict(a.split("=", 1) for a in job.command()[3:])
     assert _read(args["trainer.default_local_dir"]) == "True"
-    assert split_argv(job.command()[3:])[1].to_dict() == job.emapg and job.emapg["kl"]["coef"] == 1e-5
+    assert split_argv(job.command()[3:])[1].model_dump() == job.emapg and job.emapg["kl"]["coef"] == 1e-5

@@ -51,4 +51,4 @@ def test_the_core_calls_the_runner_setup_hook_by_name(monkeypatch):
 @pytest.mark.parametrize("name", ["experiments.backends.verl", "a b:c", ":f", "m:", 3])
 def test_a_malformed_runner_setup_is_refused(name):
     with pytest.raises(ValueError, match=r"emapg.runner_setup must be 'module:function' or null"):
-        EmaPGSection.from_dict({"runner_setup": name})
+        EmaPGSection.model_validate({"runner_setup": name})
