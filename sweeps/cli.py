@@ -3,7 +3,7 @@
     emapg sweep sweeps/quickstart.yaml                  # -> outputs/sweeps/quickstart/ (sweep.csv, report/)
     emapg sweep sweeps/ablate_tau.yaml --dry-run        # validate and print the trial table; starts nothing
     emapg sweep sweeps/quickstart.yaml --resume         # finish an interrupted sweep (same --out, same spec)
-    emapg sweep sweeps/tune_optuna.yaml --address auto --out /shared/sweeps/opt   # on a running Ray cluster
+    emapg sweep sweeps/tune_optuna.yaml --address auto --out /nfs/sweeps/opt   # on a running Ray cluster
     emapg sweep --schema sweeps/schema.json             # the JSON Schema of a sweep YAML (no file: stdout)
 
 An editor with the YAML language server validates and completes a sweep YAML against that schema when its

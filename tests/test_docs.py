@@ -102,7 +102,7 @@ def test_the_check_catches_what_it_should():
     assert offences(f"see {UNSHIPPED_NOTES[0]} {sign}1.5") and offences("x = '/" + "work/shared/a'")
     assert offences("/" + "root/.cache") and offences("cd /home/" + "alice/emapg")
     assert not offences("https://example.org/" + "work/x and http://h/home/" + "bob")
-    assert not offences("outputs/work/x ~/emapg $HOME/emapg /shared/sweeps docs/algorithm.md")
+    assert not offences("outputs/work/x ~/emapg $HOME/emapg /nfs/sweeps docs/algorithm.md")
 
 
 def markdown_files() -> list[Path]:
