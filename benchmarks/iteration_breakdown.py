@@ -27,7 +27,10 @@ score the KL probe (its time is left out of the iteration); the spread table giv
 iteration time's (p90 - p10) / median and (max - min) / median over iterations 2..N, the ratio of the
 median after the first evaluation to the median before it (a level switch at an evaluation shows here),
 and the same spread of process CPU seconds and of the minor page faults per iteration (the allocator
-asking the kernel for fresh pages), measured on the same iterations.
+asking the kernel for fresh pages), measured on the same iterations. Responses change length from one
+iteration to the next, and with them the work: ``work_fit`` fits the iteration time on the decode steps and
+the mean response length, and gives the share of the variance that work explains and the spread left at a
+given amount of work (the runtime's own).
 
 ``--write`` replaces the section in docs/benchmarks.md. For a multi-turn preset (search_tiny) the raw
 decode is one turn as long as the longest response, environment tokens included: not the rollout's work
@@ -316,7 +319,25 @@ def spread(rows: list[dict], eval_every: int) -> dict:
         out["after_vs_before_eval"] = statistics.median(xs[cut:]) / statistics.median(xs[:cut])
     faults = [r["faults"] for r in rows]
     out["faults_median"], out["faults_max"] = statistics.median(faults), max(faults)
+    if all("steps" in r for r in rows) and len(rows) > 3:  # this checkout's paths: the work of each iteration known
+        out.update(work_fit(rows))
     return out
+
+
+def work_fit(rows: list[dict]) -> dict:
+    """The iteration time with each iteration's work accounted for: a least-squares fit of the time (less the probe)
+    on the decode steps (the longest response: the rollout's length) and the mean response length (the tokens the
+    passes and the update process), then the spread of time / fitted time and the share of the time's variance the
+    work explains (R^2). What is left is the runtime's own variation at a given amount of work."""
+    import numpy as np
+
+    y = np.array([r["iter"] - r.get("probe", 0.0) for r in rows])  # (N,)
+    x = np.array([[1.0, r["steps"], r["response_len"]] for r in rows])  # (N, 3)
+    fitted = x @ np.linalg.lstsq(x, y, rcond=None)[0]  # (N,)
+    rel = y / fitted
+    q = statistics.quantiles(rel.tolist(), n=10, method="inclusive")
+    r2 = 1.0 - float(((y - fitted) ** 2).sum() / ((y - y.mean()) ** 2).sum())
+    return {"fit_p90_p10": (q[-1] - q[0]) / statistics.median(rel.tolist()), "fit_r2": r2}
 
 
 def ratios(r: dict) -> dict:
@@ -370,6 +391,8 @@ SPREAD_COLUMNS = {
     "cpu_max_min": "CPU s (max - min) / median",
     "faults_median": "page faults / iteration (median)",
     "faults_max": "page faults (max)",
+    "fit_r2": "share of the iteration's variance its work explains (R^2)",
+    "fit_p90_p10": "iteration / fit on its work (p90 - p10) / median",
 }
 
 
@@ -379,7 +402,7 @@ def _cell(k: str, x: dict) -> str:
         return "—"
     if "steps" in k or "faults" in k:
         return f"{x[k]:.0f}"
-    if k.endswith(("_p90_p10", "_max_min")):
+    if k.endswith(("_p90_p10", "_max_min", "_r2")):
         return f"{x[k]:.1%}"
     return f"{x[k]:.2f}x" if k == "after_vs_before_eval" else f"{x[k]:.3f}"
 

@@ -52,3 +52,17 @@ def test_generate_baseline_samples_with_the_rollout_settings_and_decodes():
     steps = ib.hf_generate(model, tok, ["1>", "23>", "456>"], rc)
     assert 1 <= steps <= 5
     assert not torch.equal(torch.get_rng_state(), state)  # it draws from the global generator (replay forks it)
+
+
+def test_work_fit_separates_the_work_from_the_runtime():
+    """Time that is exactly linear in the work is all explained (R^2 = 1, nothing left); a level switch that does not
+    follow the work stays in the spread after the fit."""
+    steps, lens = [10, 14, 12, 16, 11, 15, 13, 9], [20.0, 30.0, 22.0, 35.0, 21.0, 29.0, 26.0, 18.0]
+    work = [{"iter": 0.1 + 0.02 * s + 0.005 * n, "steps": s, "response_len": n, "probe": 0.0, "cpu": 1.0, "faults": 0}
+            for s, n in zip(steps, lens)]  # fmt: skip
+    fit = ib.work_fit(work)
+    assert fit["fit_r2"] == pytest.approx(1.0) and fit["fit_p90_p10"] == pytest.approx(0.0, abs=1e-9)
+    assert ib.spread(work, eval_every=0)["iter_p90_p10"] > 0.2  # the raw spread is the work's
+    levels = [{**r, "iter": r["iter"] * (1.3 if i % 2 else 1.0)} for i, r in enumerate(work)]
+    assert ib.work_fit(levels)["fit_p90_p10"] > 0.15
+    assert "fit_r2" not in ib.spread([{k: v for k, v in r.items() if k != "steps"} for r in work], eval_every=0)
