@@ -36,7 +36,7 @@ def _run(shared, name: str, preset: str, extra: list[str], verl_extra: list[str]
     task = str(cfg.task.name)
     run_dir = shared.root.parent / name
     overrides = [f"experiment={preset}"] + rehearsal_overrides(
-        cfg, shared.model(task), shared.data(task), run_dir, 3, retriever_url
+        cfg, shared.model(task), shared.data(task), run_dir, 3, retriever_url=retriever_url
     )
     if verl_extra:  # appended to the rehearsal's own backend.verl.overrides list
         last = overrides.pop()
