@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -146,8 +147,6 @@ class Usage:
 
 
 def _minor_faults() -> int:
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
@@ -445,7 +444,7 @@ def main() -> None:
     if args.serve:  # before any import of this checkout's packages: the child imports the old tree's
         tree, preset, threads, mini, ckpt = args.serve
         return serve(tree, preset, int(threads), int(mini), ckpt)
-    from experiments import progress
+    from experiments import progress  # after --serve: that child imports another checkout's packages
 
     progress.quiet_libraries()  # no progress bars of the model loads
     args.before = None if args.before == "none" else args.before

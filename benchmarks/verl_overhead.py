@@ -69,6 +69,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ema_pg_core.verl import require_verl
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, machine, md_table, write_section  # noqa: E402
 
@@ -796,7 +798,6 @@ def main(argv: list[str] | None = None) -> int:
         return _render_saved(Path(args.from_jobs), args.write)
     if args.steps <= args.warmup:
         p.error(f"--steps {args.steps} must exceed --warmup {args.warmup}")
-    from ema_pg_core.verl import require_verl
 
     require_verl()
     with tempfile.TemporaryDirectory() as tmp:  # with --out, the runs and jobs.json stay there

@@ -34,11 +34,13 @@ import secrets
 import socket
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ema_pg_core.verl import VERL_VERSION
 from experiments.errors import UserError, is_ray_auth_error, ray_auth_line
 
 STATUSES = ("PASS", "WARN", "FAIL", "N/A")
@@ -468,7 +470,6 @@ def check_verl(ctx: Context) -> Result:
     """The verl backend's [verl] extra: verl at the version the plugin is written for."""
     if ctx.demand.backend != "verl":
         return Result("N/A", "backend=local does not use verl")
-    from ema_pg_core.verl import VERL_VERSION
 
     try:
         module = ctx.probes.import_module("verl")
@@ -844,8 +845,6 @@ def run_checks(ctx: Context, checks: Mapping[str, Callable] = CHECKS) -> list[tu
             got = fn(ctx)
         except Exception as e:  # noqa: BLE001
             if os.environ.get("EMAPG_DEBUG"):
-                import traceback
-
                 traceback.print_exc()
             got = Result("FAIL", f"the check raised {type(e).__name__}: {_first_line(e)}", "EMAPG_DEBUG=1 shows where")
         out += [(name, r) for r in (got if isinstance(got, list) else [got])]

@@ -29,11 +29,15 @@ What a rehearsal proves and what it cannot: docs/scaling-out.md.
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import re
 import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -41,7 +45,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.tasks import RehearsalData
+import yaml
+
+from ema_pg_core.verl import require_verl
+from experiments import tasks
+from experiments.tasks import RehearsalData, get_task
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
@@ -117,11 +125,9 @@ def _pad(batch, pad_id: int):
 def prepare_data(task: str, out_dir: Path) -> RehearsalData:
     """The task's rehearsal data (its module's ``rehearsal_data``: rows generated here, written by its own
     ``prepare``); ValueError naming the tasks that have one otherwise."""
-    from experiments.tasks import TASKS, get_task
-
     module = get_task(task)
     if module.REHEARSAL is None:
-        allowed = ", ".join(sorted(n for n, m in TASKS.items() if getattr(m, "REHEARSAL", None) is not None))
+        allowed = ", ".join(sorted(n for n, m in tasks.TASKS.items() if getattr(m, "REHEARSAL", None) is not None))
         raise ValueError(f"task.name={task!r} has no rehearsal data; allowed: {allowed}")
     return module.rehearsal_data(out_dir, ROWS)
 
@@ -133,8 +139,6 @@ def rehearsal_overrides(
     cfg, model_path: str, data: RehearsalData, run_dir: Path, steps: int, *, retriever_url: str | None = None
 ) -> list[str]:
     """Hydra overrides (appended to the target's) that make `cfg` a CPU rehearsal; see the module docstring."""
-    from experiments.tasks import get_task
-
     sizes = get_task(str(cfg.task.name)).REHEARSAL
     tau = float(cfg.algo.anchor.tau)
     mini = 2 if int(cfg.trainer.mini_batches) > 1 else 1
@@ -375,8 +379,6 @@ def check_topk(run_dir: Path, e: Expect) -> Check:
 def check_probe(run_dir: Path, e: Expect) -> Check:
     """The KL probe: finite kl/exact >= 0 and its estimate at every step, and the same probe tokens in every
     checkpoint, those written after the resume included (the resumed run scores the tokens it captured)."""
-    import math
-
     import torch
 
     from ema_pg_core.telemetry import PROBE_KEYS
@@ -449,8 +451,6 @@ def check_evals(run_dir: Path, e: Expect) -> Check:
 def check_wandb(run_dir: Path, e: Expect) -> Check:
     """verl's tracker wrote an offline W&B run per attempt, all under the run's one id (kept in wandb_run.json),
     in the run's group; or none at all when the target's logger is none."""
-    import yaml
-
     from experiments.records import read_wandb_state
 
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -541,8 +541,6 @@ class Shared:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -591,8 +589,6 @@ def rehearse_config(
     url = shared.retriever(data.corpus) if cfg.backend.verl.multi_turn and data.corpus else None
     run_dir = out / name
     if run_dir.exists():
-        import shutil
-
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     overrides = target + rehearsal_overrides(cfg, shared.model(task), data, run_dir, steps, retriever_url=url)
@@ -652,8 +648,6 @@ def _slug(parts: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(
         prog="emapg rehearse",
         description="Run a GPU preset's (or a verl sweep's) real "
@@ -670,7 +664,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.steps < 3:
         raise ValueError(f"--steps={args.steps}: a rehearsal needs at least 3 steps (kill after 2, resume to the end)")
-    from ema_pg_core.verl import require_verl
 
     require_verl()
     configs = targets(args.target)

@@ -23,8 +23,11 @@ What this proves and what only GPUs can show: docs/scaling-out.md.
 
 from __future__ import annotations
 
+import argparse
+import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -33,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from ema_pg_core.verl import require_verl
 
 LAYOUTS = {
     "across": {"backend.verl.nnodes": 2, "backend.verl.n_gpus_per_node": 1},
@@ -256,8 +261,6 @@ def checks(sweep_dir: Path) -> dict[str, list]:
 
 
 def _csv(path: Path):
-    import csv
-
     if path.is_file():
         with open(path) as f:
             yield from csv.DictReader(f)
@@ -367,8 +370,6 @@ def _gathered(path: Path, world: int) -> dict:
 
 # ---------------------------------------------------------------------------- the command
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(
         prog="emapg rehearse",
         description="Rehearse a verl sweep through Ray Tune on a local two-node Ray cluster (CPU): world size 2, "
@@ -380,7 +381,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default="outputs/rehearsals", help="where the sweep, its logs and the shared files go")
     args = p.parse_args(argv)
-    from ema_pg_core.verl import require_verl
     from experiments.rehearse import Shared
 
     require_verl()
@@ -391,8 +391,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop(key, None)
     out = Path(args.out) / (Path(args.spec).stem + f"__{args.layout}")
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     out.mkdir(parents=True)
     shared = Shared(Path(args.out) / "_shared")

@@ -20,13 +20,23 @@ reference, V1 trainer "emapg_sync", no fused kernels) are emitted as overrides a
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ema_pg_core.config import AdvantageConfig, check_integer, check_number
+from ema_pg_core.config import (
+    PROBE_SIZE,
+    AdvantageConfig,
+    OptimConfig,
+    RolloutConfig,
+    TrainerConfig,
+    check_integer,
+    check_number,
+)
 from ema_pg_core.overrides import hydra_value
+from ema_pg_core.verl import cpu, failures
 from ema_pg_core.verl.config import TRAINER_MODE, VERL_AGG, EmaPGSection
 
 ROLLOUT_ENGINES = ("vllm", "sglang", "hf")
@@ -196,8 +206,6 @@ class VerlJob:
 
     def shell(self, python: str = "python") -> str:
         """The same command as one shell-quoted line (for scripts, SLURM, the Ray Jobs entrypoint)."""
-        import shlex
-
         return " \\\n    ".join(shlex.quote(a) for a in self.command(python))
 
 
@@ -206,8 +214,6 @@ A, R, T, D = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "trainer.
 
 def _probe_size(tr, prompts_per_iter: int) -> int:
     """``trainer.probe_size``, or for null the smaller of ``PROBE_SIZE`` and the first batch's prompts."""
-    from ema_pg_core.config import PROBE_SIZE
-
     return tr.probe_size if tr.probe_size is not None else min(PROBE_SIZE, prompts_per_iter)
 
 
@@ -215,8 +221,6 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
     """Compile a resolved run config (plain mapping of the experiments schema) into a verl launch. `wandb`:
     the WANDB_* settings of the run's W&B run (``experiments.wandb_logger.verl_env``; {} = no W&B; None = W&B
     as ``logger`` says, without them)."""
-    from ema_pg_core.config import OptimConfig, RolloutConfig, TrainerConfig
-
     algo = run.get("algo", {})
     vs = VerlSettings(**(run.get("backend", {}).get("verl") or {}))
     metrics = os.path.join(run["run_dir"], "verl_metrics.jsonl") if run.get("run_dir") else None
@@ -364,8 +368,6 @@ def _device_keys(device: str, vs: VerlSettings) -> dict[str, Any]:
     attention (unless ``backend.verl.attn_implementation`` says sdpa) and without torch.compile. Ray binds
     to 127.0.0.1. On GPUs the attention is sdpa unless set: verl's default needs flash-attn.
     """
-    from ema_pg_core.verl import cpu, failures
-
     hook = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
     attn = "+actor_rollout_ref.model.override_config.attn_implementation"
     if device == "cuda":

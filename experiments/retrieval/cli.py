@@ -180,7 +180,7 @@ def _retriever(args: argparse.Namespace, knobs: dict):
         return env, f"{args.corpus} with e5 ({env.backend} search)"
     if args.corpus:
         return BM25Retriever(load_corpus(args.corpus)), args.corpus
-    from experiments.tasks import get_task
+    from experiments.tasks import get_task  # tasks import retrievers, never the reverse
 
     env = get_task(args.task).make_env(**knobs)
     if env is None or not hasattr(env, "docs"):
