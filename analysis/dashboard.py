@@ -219,7 +219,7 @@ def report_content(sweep_dir: Path, info: SweepInfo) -> dict[str, Any]:
     its figures (the media keys the sweep-summary run logs them under), the command and sweep.yaml."""
     out = sweep_dir / "report"
     if not (out / "index.md").is_file():
-        from analysis.report import report
+        from analysis.report import report  # loads pandas, matplotlib
 
         report(sweep_dir, out)
     tables = [

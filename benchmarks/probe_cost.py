@@ -46,8 +46,8 @@ def shares(rows: list[dict]) -> dict:
 
 
 def measure(preset: str, iterations: int, threads: int) -> dict:
-    from experiments.build import compose
-    from experiments.run import run
+    from experiments.build import compose  # loads torch, omegaconf
+    from experiments.run import run  # loads torch, omegaconf
 
     with tempfile.TemporaryDirectory() as d:
         overrides = [f"experiment={preset}", f"trainer.iterations={iterations}", f"trainer.eval_every={iterations}"]

@@ -31,7 +31,7 @@ from ema_pg_core.local.probe import probe_batch, score_probe
 def _load(run: Path):
     from omegaconf import OmegaConf
 
-    from experiments import build
+    from experiments import build  # loads omegaconf, numpy
 
     cfg = OmegaConf.load(run / "config.yaml")
     built = build.model(cfg)

@@ -257,7 +257,7 @@ def task(cfg: DictConfig):
     env = None
     if mod.STOP_STRINGS:
         if cfg.task.retriever_url:
-            from experiments.retrieval.service import HTTPRetriever
+            from experiments.retrieval.service import HTTPRetriever  # loads pydantic
 
             env = ToolEnvAdapter(mod, HTTPRetriever(cfg.task.retriever_url))
         else:
@@ -272,7 +272,7 @@ def model(cfg: DictConfig):
 
     path = cfg.model.path
     if path is None:
-        from experiments.pretrain import pretrain
+        from experiments.pretrain import pretrain  # loads transformers
 
         model_cfg = {"hidden": int(cfg.model.hidden), "layers": int(cfg.model.layers), "heads": int(cfg.model.heads)}
         steps = None if cfg.model.pretrain_steps is None else int(cfg.model.pretrain_steps)
@@ -316,7 +316,7 @@ def vocab_size(cfg: DictConfig) -> int | None:
     """
     path = cfg.model.path
     if path is None:
-        from ema_pg_core.local.tiny import build_tokenizer
+        from ema_pg_core.local.tiny import build_tokenizer  # loads transformers
 
         return len(build_tokenizer())
     from transformers import AutoConfig

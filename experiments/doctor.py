@@ -123,7 +123,7 @@ def demand(cfg) -> Demand:
 
 
 def _local_demand(cfg) -> Demand:
-    from experiments.run import resolve_run_dir
+    from experiments.run import resolve_run_dir  # loads torch, omegaconf
 
     device = str(cfg.trainer.device)
     gpus = 0 if device in ("cpu", "auto") else int(device.partition(":")[2] or 0) + 1
@@ -149,9 +149,9 @@ def verl_settings(overrides: Sequence[str]) -> dict[str, Any]:
 def _verl_demand(cfg) -> Demand:
     from omegaconf import OmegaConf
 
-    from ema_pg_core.verl.resources import worker_pool
-    from experiments.backends.verl import checkpoint_root, to_verl
-    from experiments.run import agent_loops_path, resolve_run_dir
+    from ema_pg_core.verl.resources import worker_pool  # loads omegaconf
+    from experiments.backends.verl import checkpoint_root, to_verl  # loads torch
+    from experiments.run import agent_loops_path, resolve_run_dir  # loads torch, omegaconf
 
     run = OmegaConf.to_container(
         OmegaConf.merge(cfg, {"run_dir": str(resolve_run_dir(cfg))}, agent_loops_path(cfg)), resolve=True
@@ -976,7 +976,7 @@ def main(argv: Sequence[str], probes: Probes | None = None, cluster: Cluster | N
         print_help()
         return 0
     overrides, address = parse_argv(argv)
-    from experiments import build
+    from experiments import build  # loads torch, omegaconf
 
     cfg = build.compose(overrides)
     build.validate(cfg)

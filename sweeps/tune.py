@@ -132,8 +132,8 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
     the config composed)."""
     timeline = {"worker": round(time.time(), 3)}
     os.environ.setdefault("EMAPG_PROGRESS", "0")  # no per-trial progress bars in the sweep's output
-    from experiments import build, records
-    from experiments.run import run
+    from experiments import build, records  # loads numpy
+    from experiments.run import run  # loads numpy
 
     point, seed = decode(spec, config)
     trial_id = tune.get_context().get_trial_id()
@@ -627,7 +627,7 @@ def verl_placement(spec: Spec, point: dict, seed: int | None):
 
 @functools.lru_cache(maxsize=64)
 def _placement(overrides: tuple[str, ...]):
-    from experiments import build
+    from experiments import build  # loads numpy
 
     cfg = build.compose(list(overrides))
     return placement_for(OmegaConf.to_container(cfg, resolve=True))
@@ -905,7 +905,7 @@ def _warm_start(spec: Spec) -> None:
     """Build each tiny model's cached warm start once, here, instead of in every concurrent trial."""
     if spec.backend != "local":
         return
-    from experiments import build
+    from experiments import build  # loads numpy
 
     seen = set()
     for point in grid_points(spec):
@@ -1006,7 +1006,7 @@ def _dashboard(spec: Spec, sweep_dir: Path) -> None:
 
 def _report(sweep_dir: Path, progress: bool) -> None:
     try:
-        from analysis.report import report
+        from analysis.report import report  # loads pandas, matplotlib
     except ImportError as e:
         print(
             f"report skipped (analysis not importable: {e}); "

@@ -48,6 +48,6 @@ def require_verl() -> None:
         )
 
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":  # ours: known before verl detects it
-        from ema_pg_core.verl.cpu import register_platform
+        from ema_pg_core.verl.cpu import register_platform  # loads torch
 
         register_platform()

@@ -65,7 +65,7 @@ def compose(argv: list[str]):
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    from ema_pg_core.verl.trainer import check_verl
+    from ema_pg_core.verl.trainer import check_verl  # loads verl's trainer
 
     verl_args, section = split_argv(argv)
     GlobalHydra.instance().clear()
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     dry = "--print-config" in argv
     cfg = compose([a for a in argv if a != "--print-config"])
     if cfg.emapg.device == "cpu":  # before verl's device detection (which would report cuda)
-        from ema_pg_core.verl import cpu, hf_rollout
+        from ema_pg_core.verl import cpu, hf_rollout  # loads transformers
 
         cpu.install()
         hf_rollout.register()

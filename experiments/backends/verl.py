@@ -460,7 +460,7 @@ def run_config(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -
     `wandb`: the run's WANDB_* settings (``to_verl``). Inside a Ray Tune trial verl runs as a Ray job of its
     own in the trial's placement group; elsewhere verl starts a local Ray (``ema_pg_core.verl.main.launch``).
     """
-    from ema_pg_core.verl.main import launch
+    from ema_pg_core.verl.main import launch  # loads verl, ray
 
     return launch(to_verl(run, wandb).command()[3:], Path(run["run_dir"]) if run.get("run_dir") else None)
 
@@ -468,6 +468,6 @@ def run_config(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -
 def placement_for(run: Mapping[str, Any]):
     """What a sweep trial of the resolved run config ``run`` reserves for its verl job
     (``ema_pg_core.verl.resources.trial_placement``); composes verl's config, starts nothing."""
-    from ema_pg_core.verl.main import trial_placement_of
+    from ema_pg_core.verl.main import trial_placement_of  # loads verl, ray
 
     return trial_placement_of(to_verl(run).command()[3:])

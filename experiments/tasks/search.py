@@ -240,7 +240,7 @@ def tool_response(response_so_far: str, env, k: int = TOPK) -> str | None:
 
 def make_env(**knobs):
     """An HTTP client of `emapg retriever serve` (BM25 or dense, over the Wikipedia corpus)."""
-    from experiments.retrieval.service import HTTPRetriever
+    from experiments.retrieval.service import HTTPRetriever  # loads pydantic
 
     return HTTPRetriever(make_knobs(Knobs, NAME, knobs).retriever_url)
 
