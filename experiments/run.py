@@ -25,7 +25,7 @@ from ema_pg_core.local import checkpoints
 from ema_pg_core.local.device import resolve_device
 from ema_pg_core.local.trainer import Hooks, Interrupted, LocalTrainer, seed_everything
 from ema_pg_core.verl import failures as verl_failures
-from ema_pg_core.verl.failures import VerlExited, first_failure
+from ema_pg_core.verl.failures import VerlExited
 from experiments import build, progress, records, stages
 from experiments.backends import verl as verl_backend
 from experiments.errors import RunFailed, RunInterrupted, StoppedUnhealthy, Terminated, UserError
@@ -328,7 +328,7 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None, stage: dict | N
             from ray.exceptions import RayError
 
             # verl may fail on its own after failed rollouts (e.g. a batch left empty): their cause comes first
-            failure = first_failure(follower.tolerated) if isinstance(e, RayError) else None
+            failure = verl_failures.first_failure(follower.tolerated) if isinstance(e, RayError) else None
             verl_failures.stop_run()  # verl may still run (a failed rollout, a timeout, a health stop): stop it
             if isinstance(e, RayError):  # verl raised in a Ray actor, or its actor died
                 then = f"verl failed: {_last_line(str(e))} (its traceback is in {record.run_dir}/status)"
@@ -496,7 +496,7 @@ class _VerlFollower:
             self.checked_until = min(self.checked_until, changed - 1)
 
     def _watch(self) -> None:
-        failure = first_failure(self.tolerated)
+        failure = verl_failures.first_failure(self.tolerated)
         if failure is not None:
             raise RunFailed(failure)
         idle = time.time() - self.progress_t
