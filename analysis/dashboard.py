@@ -40,6 +40,7 @@ import yaml
 
 from experiments import records
 from experiments.errors import UserError
+from experiments.wandb_logger import new_run_id, resolve_mode
 
 SPEC_FILE = "wandb_dashboard.json"
 """The dashboard spec in the sweep directory (written offline; read by --publish)."""
@@ -218,7 +219,7 @@ def report_content(sweep_dir: Path, info: SweepInfo) -> dict[str, Any]:
     its figures (the media keys the sweep-summary run logs them under), the command and sweep.yaml."""
     out = sweep_dir / "report"
     if not (out / "index.md").is_file():
-        from analysis.report import report
+        from analysis.report import report  # loads pandas, matplotlib
 
         report(sweep_dir, out)
     tables = [
@@ -479,8 +480,6 @@ def log_summary_run(sweep_dir: str | Path, info: SweepInfo) -> str | None:
     """The sweep-summary W&B run (job_type sweep-summary, the sweep's group): a table of the trials and the
     report's figures. Same project and mode as the runs (offline unless set online); resumed under the
     id kept in <sweep_dir>/wandb_summary/. Returns the W&B run id, or None when the runs log no W&B."""
-    from experiments.wandb_logger import new_run_id, resolve_mode
-
     sweep_dir = Path(sweep_dir)
     runs = sweep_runs(sweep_dir)
     lg = run_logger(runs) if runs else {"name": "none"}
@@ -514,8 +513,6 @@ def log_summary_run(sweep_dir: str | Path, info: SweepInfo) -> str | None:
 def after_sweep(sweep_dir: str | Path, info: SweepInfo, say: Callable[[str], None] = print) -> None:
     """The end of `emapg sweep`: the sweep-summary run, then the dashboard, published when W&B is online,
     else its spec written with the commands that publish it later. Nothing with logger=none."""
-    from experiments.wandb_logger import resolve_mode
-
     sweep_dir = Path(sweep_dir)
     runs = sweep_runs(sweep_dir)
     lg = run_logger(runs) if runs else {"name": "none"}
@@ -538,8 +535,6 @@ def after_sweep(sweep_dir: str | Path, info: SweepInfo, say: Callable[[str], Non
 def main(argv: Sequence[str] | None, load_sweep: Callable[[Path], SweepInfo]) -> int:
     """`emapg dashboard SWEEP_DIR [--entity E] [--project P] [--publish]`. `load_sweep` reads a sweep.yaml
     into a SweepInfo (the caller passes the sweep package's reader: analysis does not import it)."""
-    from experiments.wandb_logger import resolve_mode
-
     p = argparse.ArgumentParser(prog="emapg dashboard", description=__doc__.split("\n\n")[0])
     p.add_argument("sweep_dir", help="a sweep directory (emapg sweep --out)")
     p.add_argument("--entity", help="W&B entity (default: your login's default entity)")

@@ -9,11 +9,13 @@ back to ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, which also counts the inp
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -54,7 +56,6 @@ def peak_rss_bytes() -> int:
     hwm = _status_kib("VmHWM")
     if hwm:
         return hwm * 1024
-    import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -130,8 +131,6 @@ def gpu_main(section: str, description: str, render, measure) -> int:
     """The command line of the GPU benchmarks: ``--json F`` measures on this machine's GPU (``measure(save)``
     returns the data; ``save(data)`` keeps what is measured so far) and prints the section, ``--from-json F``
     writes the docs/benchmarks.md section from earlier measurements (``--print``: prints it instead)."""
-    import argparse
-
     import torch
 
     p = argparse.ArgumentParser(description=description)

@@ -24,15 +24,18 @@ was allocated before the step.
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
+from tests.run_gpu import describe  # noqa: E402
 
 SECTION = "sdpa for packed batches on a GPU"
 HQ, HKV, D = 28, 4, 128  # Qwen2.5-7B's attention
@@ -70,8 +73,6 @@ def _per_sequence(q, k, v, seq: int) -> torch.Tensor:
 
 def _torch_varlen():
     """PyTorch's varlen attention as f(q, k, v, cu_seqlens, max_len) (causal, GQA), or None where absent."""
-    import inspect
-
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -89,8 +90,6 @@ def _torch_varlen():
 
 
 def attention_rows() -> list[dict]:
-    from types import SimpleNamespace
-
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     module = SimpleNamespace(num_key_value_groups=HQ // HKV, is_causal=True, training=True)
@@ -218,8 +217,6 @@ def render(data: dict) -> str:
 
 def measure(save) -> dict:
     import transformers
-
-    from tests.run_gpu import describe
 
     try:
         import flash_attn

@@ -31,6 +31,7 @@ from benchmarks.ema_update import TAU, Params, qwen25_05b_shapes  # noqa: E402
 from benchmarks.topk_kl_memory import make_inputs, value_and_backward  # noqa: E402
 from ema_pg_core.anchor import EmaAnchor, ema_update_  # noqa: E402
 from ema_pg_core.topk import TokenStats  # noqa: E402
+from tests.run_gpu import describe  # noqa: E402
 
 SECTION = "EMA update and Top-k KL on a GPU"
 TOPK_VARIANTS = ["naive_topk", "chunked_topk", "fused_topk", "fused_topk_wholeV"]
@@ -140,8 +141,6 @@ def render(data: dict) -> str:
 
 
 def measure(save) -> dict:
-    from tests.run_gpu import describe
-
     return {"machine": describe(torch), "date": time.strftime("%Y-%m-%d"), "ema": ema_rows(), "topk": topk_rows()}
 
 

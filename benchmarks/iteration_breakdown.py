@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -70,8 +71,8 @@ PRESETS = ["math_tiny_grpo", "math_tiny_ema_pg"]  # the acceptance measurement o
 def build_trainer(overrides: list[str], ckpt_dir: str):
     """A LocalTrainer from config overrides (warm-started tiny model from the cache), as whichever
     `experiments` / `ema_pg_core` come first on sys.path build it (this checkout's, or --serve's old tree)."""
-    from ema_pg_core.local.trainer import LocalTrainer, seed_everything
-    from experiments import build
+    from ema_pg_core.local.trainer import LocalTrainer, seed_everything  # loads torch, numpy
+    from experiments import build  # loads torch, omegaconf
 
     cfg = build.compose(overrides)
     local = build.validate(cfg)
@@ -149,8 +150,6 @@ class Usage:
 
 
 def _minor_faults() -> int:
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
@@ -159,7 +158,7 @@ def serve(tree: str, preset: str, threads: int, mini_batches: int, ckpt_dir: str
     sys.path.insert(0, tree)  # the old tree's packages shadow this checkout's
     import torch
 
-    from experiments import build
+    from experiments import build  # loads torch, omegaconf
 
     assert Path(build.__file__).is_relative_to(tree), build.__file__
     torch.set_num_threads(threads)
@@ -241,7 +240,7 @@ def replay(tr) -> dict:
     """Raw operations on the batch the trainer just sampled (seconds)."""
     import torch
 
-    from ema_pg_core.local.batch import collate
+    from ema_pg_core.local.batch import collate  # loads torch
 
     batch = collate(tr.seen, tr.tok.pad_token_id, device=tr.device)
     g = torch.Generator().manual_seed(0)
@@ -468,7 +467,7 @@ def main() -> None:
     if args.serve:  # before any import of this checkout's packages: the child imports the old tree's
         tree, preset, threads, mini, ckpt = args.serve
         return serve(tree, preset, int(threads), int(mini), ckpt)
-    from experiments import progress
+    from experiments import progress  # after --serve: that child imports another checkout's packages
 
     progress.quiet_libraries()  # no progress bars of the model loads
     args.before = None if args.before == "none" else args.before

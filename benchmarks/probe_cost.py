@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine, machine_line, md_table, write_section  # noqa: E402
@@ -44,8 +46,8 @@ def shares(rows: list[dict]) -> dict:
 
 
 def measure(preset: str, iterations: int, threads: int) -> dict:
-    from experiments.build import compose
-    from experiments.run import run
+    from experiments.build import compose  # loads torch, omegaconf
+    from experiments.run import run  # loads torch, omegaconf
 
     with tempfile.TemporaryDirectory() as d:
         overrides = [f"experiment={preset}", f"trainer.iterations={iterations}", f"trainer.eval_every={iterations}"]
@@ -60,8 +62,6 @@ def measure(preset: str, iterations: int, threads: int) -> dict:
 
 def from_runs(root: Path) -> dict[str, dict]:
     """{run directory name: shares} for every finished run record (config.yaml + metrics.jsonl) under ``root``."""
-    import yaml
-
     out = {}
     for metrics in sorted(root.rglob("metrics.jsonl")):
         status = metrics.parent / "status"

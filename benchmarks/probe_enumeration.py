@@ -22,12 +22,16 @@ from pathlib import Path
 
 import torch
 
+from ema_pg_core.kl import ImportanceWeight, KLInputs, aggregate, get_estimator, kl_per_token
+from ema_pg_core.local import checkpoints
+from ema_pg_core.local.batch import response_hidden
+from ema_pg_core.local.probe import probe_batch, score_probe
+
 
 def _load(run: Path):
     from omegaconf import OmegaConf
 
-    from ema_pg_core.local import checkpoints
-    from experiments import build
+    from experiments import build  # loads omegaconf, numpy
 
     cfg = OmegaConf.load(run / "config.yaml")
     built = build.model(cfg)
@@ -42,8 +46,6 @@ def _load(run: Path):
 
 def _every_token_inputs(z, zr, k: int, direction: str):
     """KLInputs with one row per (position, candidate token): (N, V) from logits (N, V) of both models."""
-    from ema_pg_core.kl import KLInputs
-
     N, V = z.shape
     lp, lr = torch.log_softmax(z, -1), torch.log_softmax(zr, -1)
     idx = torch.topk(z if direction == "reverse" else zr, k, -1).indices[:, None, :].expand(N, V, k)  # (N, V, k)
@@ -56,10 +58,6 @@ def _every_token_inputs(z, zr, k: int, direction: str):
 
 
 def enumerate_run(run: Path) -> dict[str, float]:
-    from ema_pg_core.kl import ImportanceWeight, aggregate, get_estimator, kl_per_token
-    from ema_pg_core.local.batch import response_hidden
-    from ema_pg_core.local.probe import probe_batch, score_probe
-
     cfg, policy, anchor, probe = _load(run)
     kl, T = cfg.algo.kl, float(cfg.rollout.temperature)
     est = get_estimator(kl.type)

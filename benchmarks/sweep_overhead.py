@@ -37,8 +37,8 @@ FIGURES = ("fixed_s_per_trial", "startup_s_per_slot", "reused_s_per_trial", "idl
 def run_once(spec_path: str, out: Path, reuse: bool) -> dict:
     """One sweep in `out`: its timing.json, with the timeline's figures, phase medians and the runs' in-loop
     bookkeeping lifted to the top."""
-    from sweeps import tune as T
-    from sweeps.spec import load
+    from sweeps import tune as T  # loads torch, ray
+    from sweeps.spec import load  # loads torch, pydantic
 
     config = T._tune_config
     T._tune_config = lambda s: dataclasses.replace(config(s), reuse_actors=reuse)
@@ -57,7 +57,7 @@ def run_once(spec_path: str, out: Path, reuse: bool) -> dict:
 def split_phases(tl: dict) -> dict[str, float]:
     """{"first/<phase>": mean over the slots' first trials, "later/<phase>": median over the other trials}, from
     the timeline's stamps (seconds from the sweep's start) and slots."""
-    from sweeps.results import trial_phases
+    from sweeps.results import trial_phases  # loads omegaconf
 
     free: dict[int, float] = {}  # each slot's last trial's end (seconds from the start)
     first, later = [], []
@@ -79,7 +79,7 @@ def loop_bookkeeping(runs: Path) -> float:
     """Median over the runs' iterations without an evaluation of the time between two metrics lines beyond the
     trainer's own step (perf/iter_s): the record's line, W&B's log, the health rules, Tune's report. It is inside
     the training loop, so the overhead counts it as training."""
-    from experiments import records
+    from experiments import records  # loads omegaconf
 
     gaps = []
     for run_dir in runs.iterdir():
@@ -94,8 +94,8 @@ def measure(spec_path: str, rounds: int, variants: tuple[str, ...]) -> list[tupl
     """(variant, timing) per run, alternating the variants, after building the warm start."""
     import ray
 
-    from sweeps import tune as T
-    from sweeps.spec import load
+    from sweeps import tune as T  # loads torch, ray
+    from sweeps.spec import load  # loads torch, pydantic
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     T._warm_start(load(spec_path))
@@ -150,7 +150,7 @@ def table(runs: list[tuple[str, dict]]) -> str:
 def phases_table(runs: list[tuple[str, dict]]) -> str:
     """The timeline's phases of a slot's first trial (mean) and of the later ones (median), per run; then per
     variant the median over its runs. The schedule of a slot's first trial runs from the sweep's start."""
-    from sweeps.results import PHASES, TRAINING
+    from sweeps.results import PHASES, TRAINING  # loads omegaconf
 
     med = _medians(runs)
     heads = [f"{n}: {part} (s)" for n in med for part in ("a slot's first trial", "later trials")]

@@ -69,6 +69,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ema_pg_core.verl import require_verl
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, machine, md_table, write_section  # noqa: E402
 
@@ -148,9 +150,9 @@ def variant_argv(variant: Variant, model: str, data, run_dir: Path, steps: int) 
     ``COMMON_EDITS``, this script's worker setup hook, and for (a) ``STOCK_EDITS``."""
     from omegaconf import OmegaConf
 
-    from experiments import build
-    from experiments.backends.verl import to_verl
-    from experiments.rehearse import rehearsal_overrides
+    from experiments import build  # loads torch, omegaconf
+    from experiments.backends.verl import to_verl  # loads torch
+    from experiments.rehearse import rehearsal_overrides  # loads numpy
 
     target = list(variant.target)
     overrides = target + rehearsal_overrides(build.compose(target), model, data, run_dir, steps)
@@ -165,10 +167,10 @@ def launch(run_dir: Path) -> int:
     from ``<run_dir>/launch.json``. For (a) the plugin's check of its own requirements (trainer mode emapg_sync)
     is skipped: verl's TaskRunner then builds verl's own trainer, whose worker, engine and loss are verl's."""
     spec = json.loads((run_dir / "launch.json").read_text())
-    from ema_pg_core.verl import main as entry
+    from ema_pg_core.verl import main as entry  # loads verl, torch
 
     if spec["stock"]:
-        from ema_pg_core.verl import trainer
+        from ema_pg_core.verl import trainer  # loads verl's trainer, verl
 
         trainer.check_verl = lambda config, section: None
     return entry.main(spec["argv"])
@@ -231,7 +233,7 @@ def _wait(proc: subprocess.Popen, timeout_s: float, loads: list[float], every_s:
 def setup_worker() -> None:
     """Ray ``worker_process_setup_hook`` of the benchmark's runs: the CPU run's own (``ema_pg_core.verl.cpu``),
     then, with ``TQ_LOG_ENV`` set, the TransferQueue client's gets and puts timed and sized into that file."""
-    from ema_pg_core.verl import cpu
+    from ema_pg_core.verl import cpu  # loads torch
 
     cpu.setup_worker()
     path = os.environ.get(TQ_LOG_ENV)
@@ -380,7 +382,7 @@ def tq_steps(records: list[dict]) -> dict[int, dict]:
 def job_steps(run_dir: Path, warmup: int) -> list[dict]:
     """The kept steps of one job: verl's timers (0 where a timer did not run that step), tokens, and the
     TransferQueue figures, one dict per step after the first `warmup`."""
-    from experiments.verl_metrics import attempt_files, read_attempts, trained_step
+    from experiments.verl_metrics import attempt_files, read_attempts, trained_step  # loads torch
 
     metrics = {s: d for s, d in read_attempts(attempt_files(run_dir)).items() if trained_step(d)}
     tq = tq_steps(read_jsonl(run_dir / "tq.jsonl"))
@@ -478,7 +480,7 @@ def _f(x, digits=3) -> str:
 
 def preset_sizes() -> dict[str, dict]:
     """The math and search recipes' batch and length settings, read from their composed presets."""
-    from experiments import build
+    from experiments import build  # loads torch, omegaconf
 
     out = {}
     for name in ("math_deepscaler_ema_pg", "search_r1_ema_pg"):
@@ -796,7 +798,6 @@ def main(argv: list[str] | None = None) -> int:
         return _render_saved(Path(args.from_jobs), args.write)
     if args.steps <= args.warmup:
         p.error(f"--steps {args.steps} must exceed --warmup {args.warmup}")
-    from ema_pg_core.verl import require_verl
 
     require_verl()
     with tempfile.TemporaryDirectory() as tmp:  # with --out, the runs and jobs.json stay there
@@ -804,7 +805,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _measure(args, out: Path) -> int:
-    from experiments.rehearse import Shared
+    from experiments.rehearse import Shared  # loads numpy
 
     m, t0 = machine(), time.time()
     shared = Shared(out / "_shared")

@@ -29,8 +29,10 @@ pip's last lines.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -38,6 +40,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import pip
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    from pip._vendor import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "cluster" / "gpu-install.sh"
@@ -77,11 +86,6 @@ def pip_installs(lines: list[str]) -> list[list[str]]:
 def _project_requirements(extras: list[str]) -> list[str]:
     """What ``pip install -e ".[extras]"`` asks for besides emapg itself: pyproject.toml's dependencies and
     those of the extras (read, not built: no egg-info in the checkout, no build environment)."""
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        from pip._vendor import tomli as tomllib
-
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     return list(project["dependencies"]) + [r for e in extras for r in project["optional-dependencies"][e]]
 
@@ -144,8 +148,6 @@ def _interpreter(version: str, tmp: Path) -> tuple[list[str], dict[str, str], st
         subprocess.run([exe, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
         pip_home = tmp / "pip-package"
         if not pip_home.exists():
-            import pip
-
             pip_home.mkdir()
             (pip_home / "pip").symlink_to(Path(pip.__file__).parent)
         return [str(venv / "bin" / "python"), "-m", "pip"], {**env, "PYTHONPATH": str(pip_home)}, f"Python {version}"
@@ -208,8 +210,6 @@ def available_pythons() -> list[str]:
 
 
 def check(pythons: list[str] | None = None, script: Path = SCRIPT) -> int:
-    import platform
-
     if sys.platform != "linux" or platform.machine() != "x86_64":  # pip evaluates markers for this host
         print(
             f"check-gpu-install runs on Linux x86_64 (pip reads environment markers from the host); not on "
@@ -249,8 +249,6 @@ def check(pythons: list[str] | None = None, script: Path = SCRIPT) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--script", type=Path, default=SCRIPT, help="the install script (default: %(default)s)")
     p.add_argument(

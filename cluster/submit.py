@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
 
+from cluster.slurm import render_sbatch
 from experiments.errors import is_ray_auth_error, ray_auth_line
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,8 +67,6 @@ def runtime_env(working_dir: str | None, env: list[str], pip: list[str]) -> dict
 
 
 def submit(args) -> int:
-    import shlex
-
     if args.command:
         if args.spec:
             raise ValueError("give either a sweep spec or -- and a command, not both")
@@ -140,8 +140,6 @@ def list_jobs(args) -> int:
 
 
 def slurm(args) -> int:
-    from cluster.slurm import render_sbatch
-
     sys.stdout.write(render_sbatch(args.site, nodes=args.nodes, command=args.command, job_name=args.job_name))
     return 0
 

@@ -145,7 +145,7 @@ class HealthMonitor:
 
     def __init__(self, health: Any = None):
         if health is None:
-            from ema_pg_core.config import HealthConfig
+            from ema_pg_core.config import HealthConfig  # loads torch
 
             health = HealthConfig()  # the defaults: only nonfinite is on
         self.params = {name: rule_params(health, name) for name in HEALTH_RULES}

@@ -12,13 +12,19 @@ import os
 import shlex
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ema_pg_core.config import eval_problems, probe_prompts
+from ema_pg_core.kl import get_estimator
 from ema_pg_core.local.trainer import LocalConfig
-from experiments import progress
+from experiments import progress, tasks
+from experiments.backends.verl import to_verl
 from experiments.errors import UserError, _is_hydra, hydra_message
+from experiments.retrieval.service import HTTPRetriever
 from experiments.schema import RunConfig, register
+from experiments.tasks import TaskAdapter, ToolEnvAdapter, get_task
+from experiments.tasks import conf_dirs as task_conf_dirs
 
 CONF_MODULE = "experiments.conf"
 SMOKE = {  # smoke=true: tiny sizes, 2 iterations; a key given on the command line keeps its value
@@ -54,8 +60,6 @@ def presets(tasks_dirs: bool = True) -> list[str]:
 
 def conf_dirs() -> list[str]:
     """The config directories of the registered tasks that have one (experiments.tasks.conf_dirs)."""
-    from experiments.tasks import conf_dirs as task_conf_dirs
-
     return task_conf_dirs()
 
 
@@ -142,14 +146,12 @@ def group_options() -> dict[str, list[str]]:
     """Config groups and their options (experiments/conf/<group>/*.yaml and the same in the tasks' config
     directories), e.g. {"task": ["math", ...]}; the task options are every registered task (schema.register
     stores those without a YAML file)."""
-    from experiments.tasks import TASKS
-
     groups: dict[str, set[str]] = {}
     for root in [Path(__file__).parent / "conf"] + [Path(d) for d in conf_dirs()]:
         for d in sorted(root.iterdir()):
             if d.is_dir() and not d.name.startswith(("_", "verl")):
                 groups.setdefault(d.name, set()).update(p.stem for p in d.glob("*.yaml"))
-    groups["task"] = groups.get("task", set()) | set(TASKS)
+    groups["task"] = groups.get("task", set()) | set(tasks.TASKS)
     return {name: sorted(options) for name, options in sorted(groups.items())}
 
 
@@ -166,10 +168,8 @@ def local_config(cfg: DictConfig) -> LocalConfig:
 
 def validate(cfg: DictConfig) -> LocalConfig:
     """Fail before any work: unknown task, bad model path, invalid algorithm settings, backend."""
-    from experiments.tasks import TASKS
-
-    if cfg.task.name not in TASKS:
-        raise ValueError(f"task.name={cfg.task.name!r} is not a known task; allowed: {', '.join(sorted(TASKS))}")
+    if cfg.task.name not in tasks.TASKS:
+        raise ValueError(f"task.name={cfg.task.name!r} is not a known task; allowed: {', '.join(sorted(tasks.TASKS))}")
     if cfg.backend.name not in ("local", "verl"):
         raise ValueError(f"backend.name={cfg.backend.name!r} is not allowed; allowed values: local, verl")
     if (
@@ -199,8 +199,6 @@ def validate(cfg: DictConfig) -> LocalConfig:
             "does not compute; set health.kl_spike.factor=null or a KL coefficient > 0"
         )
     if cfg.backend.name == "verl":  # verl reads model.path as an HF id or a directory on its workers
-        from experiments.backends.verl import to_verl  # the mapping only; imports no verl
-
         to_verl(OmegaConf.to_container(cfg, resolve=True))  # e.g. batch sizes verl cannot split
     return local
 
@@ -229,8 +227,6 @@ so at most twice this in all)."""
 def check_retriever(cfg: DictConfig) -> None:
     """A tool task's task.retriever_url must answer (any HTTP response: Search-R1-compatible servers may have no
     /health) before any work, or the run is refused naming the URL (within 2 x RETRIEVER_TIMEOUT_S seconds)."""
-    from experiments.tasks import get_task
-
     url = cfg.task.retriever_url
     if not url or not get_task(cfg.task.name).STOP_STRINGS:
         return
@@ -255,8 +251,6 @@ def _first_line(e: BaseException) -> str:
 def task(cfg: DictConfig):
     """The task the trainer consumes (experiments.tasks.TaskAdapter): the seeded train/test splits and
     the task's environment (by capability: STOP_STRINGS)."""
-    from experiments.tasks import TaskAdapter, ToolEnvAdapter, get_task
-
     mod = get_task(cfg.task.name)
     knobs = OmegaConf.to_container(cfg.task.knobs, resolve=True)
     train = mod.load("train", n=int(cfg.task.train_size), seed=int(cfg.task.data_seed), **knobs)
@@ -264,8 +258,6 @@ def task(cfg: DictConfig):
     env = None
     if mod.STOP_STRINGS:
         if cfg.task.retriever_url:
-            from experiments.retrieval.service import HTTPRetriever
-
             env = ToolEnvAdapter(mod, HTTPRetriever(cfg.task.retriever_url))
         else:
             env = ToolEnvAdapter(mod, mod.make_env(**knobs))
@@ -275,12 +267,11 @@ def task(cfg: DictConfig):
 # ------------------------------------------------------------------------------ models
 def model(cfg: DictConfig):
     """(policy, tokenizer) in cfg.trainer.dtype. The tiny model is warm-started once and cached."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = cfg.model.path
     if path is None:
-        from experiments.pretrain import pretrain
+        from experiments.pretrain import pretrain  # loads transformers
 
         model_cfg = {"hidden": int(cfg.model.hidden), "layers": int(cfg.model.layers), "heads": int(cfg.model.heads)}
         steps = None if cfg.model.pretrain_steps is None else int(cfg.model.pretrain_steps)
@@ -304,8 +295,6 @@ def model(cfg: DictConfig):
 def check_k(cfg: DictConfig) -> None:
     """A Top-k head larger than the model's vocabulary is refused before any work (read without weights).
     Not part of `validate`: a sweep's base may set a k that only its non-Top-k trials use."""
-    from ema_pg_core.kl import get_estimator
-
     if get_estimator(cfg.algo.kl.type).needs != "topk":
         return
     vocab = vocab_size(cfg)
@@ -326,7 +315,7 @@ def vocab_size(cfg: DictConfig) -> int | None:
     """
     path = cfg.model.path
     if path is None:
-        from ema_pg_core.local.tiny import build_tokenizer
+        from ema_pg_core.local.tiny import build_tokenizer  # loads transformers
 
         return len(build_tokenizer())
     from transformers import AutoConfig

@@ -30,7 +30,7 @@ from experiments.errors import RunInterrupted, UserError, raise_terminated
 
 
 def _train(argv: list[str]) -> int:
-    from experiments import build
+    from experiments import build  # loads torch, omegaconf: keeps `emapg --help` fast
 
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__.split("\n\n")[0])
@@ -48,7 +48,7 @@ def _train(argv: list[str]) -> int:
     bad = [a for a in argv if "=" not in a]
     if bad:
         raise UserError(f"emapg train takes Hydra overrides key=value; got {' '.join(bad)} (see emapg train --help)")
-    from experiments.run import run
+    from experiments.run import run  # loads torch, omegaconf: keeps `emapg --help` fast
 
     cfg = build.compose(argv)
     main_thread = threading.current_thread() is threading.main_thread()
@@ -79,7 +79,7 @@ def _run_dir_override(path: str) -> str:
     """run_dir=<path>, quoted for Hydra only where Hydra would not read the path back as it is."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from ema_pg_core.overrides import hydra_value
+    from ema_pg_core.overrides import hydra_value  # keeps `emapg --help` off the core package
 
     plain = f"run_dir={path}"
     try:
@@ -92,80 +92,80 @@ def _run_dir_override(path: str) -> str:
 
 
 def _pretrain(argv: list[str]) -> int:
-    from experiments.pretrain import main
+    from experiments.pretrain import main  # loads transformers, torch: keeps `emapg --help` fast
 
     return main(argv) or 0
 
 
 def _eval(argv: list[str]) -> int:
-    from experiments.evaluate import main
+    from experiments.evaluate import main  # loads omegaconf: keeps `emapg --help` fast
 
     return main(argv)
 
 
 def _data(argv: list[str]) -> int:
-    from experiments.data import main
+    from experiments.data import main  # a subcommand: keeps `emapg --help` fast
 
     return main(argv)
 
 
 def _retriever(argv: list[str]) -> int:
-    from experiments.retrieval.cli import main
+    from experiments.retrieval.cli import main  # loads pydantic, numpy: keeps `emapg --help` fast
 
     return main(argv) or 0
 
 
 def _rehearse(argv: list[str]) -> int:
     if any(a.endswith((".yaml", ".yml")) for a in argv):  # a sweep: through Ray Tune on a two-node cluster
-        from sweeps.rehearse import main as sweep_main
+        from sweeps.rehearse import main as sweep_main  # a layer above experiments: only in its subcommand
 
         return sweep_main(argv)
-    from experiments.rehearse import main
+    from experiments.rehearse import main  # loads numpy: keeps `emapg --help` fast
 
     return main(argv)
 
 
 def _sweep(argv: list[str]) -> int:
-    from sweeps.cli import main
+    from sweeps.cli import main  # loads torch, pydantic: keeps `emapg --help` fast
 
     return main(argv) or 0
 
 
 def _report(argv: list[str]) -> int:
-    from analysis.report import main_report
+    from analysis.report import main_report  # loads pandas, matplotlib: keeps `emapg --help` fast
 
     return main_report(argv) or 0
 
 
 def _dashboard(argv: list[str]) -> int:
-    from analysis.dashboard import main
+    from analysis.dashboard import main  # loads omegaconf: keeps `emapg --help` fast
 
     return main(argv, load_sweep_info)
 
 
 def load_sweep_info(path):
     """A sweep directory's sweep.yaml -> analysis.dashboard.SweepInfo (its own checks ran when the sweep started)."""
-    from analysis.dashboard import SweepInfo
-    from sweeps.spec import load
+    from analysis.dashboard import SweepInfo  # loads omegaconf: keeps `emapg --help` fast
+    from sweeps.spec import load  # loads torch, pydantic: keeps `emapg --help` fast
 
     return SweepInfo.from_spec(load(path, check_config=False))
 
 
 def _figures(argv: list[str]) -> int:
-    from analysis.report import main_figures
-    from ema_pg_core import audit
+    from analysis.report import main_figures  # loads pandas, matplotlib: keeps `emapg --help` fast
+    from ema_pg_core import audit  # loads torch, numpy: keeps `emapg --help` fast
 
     return main_figures(argv, audit.records) or 0
 
 
 def _doctor(argv: list[str]) -> int:
-    from experiments.doctor import main
+    from experiments.doctor import main  # a subcommand: keeps `emapg --help` fast
 
     return main(argv)
 
 
 def _cluster(argv: list[str]) -> int:
-    from cluster.submit import main
+    from cluster.submit import main  # a layer above experiments: only in its subcommand
 
     return main(argv) or 0
 
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=sorted(COMMANDS))
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
-        from experiments.build import presets
+        from experiments.build import presets  # loads torch, omegaconf: keeps `emapg --help` fast
 
         print("\nexperiment presets: " + ", ".join(presets()))
         return 0

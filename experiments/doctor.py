@@ -34,11 +34,13 @@ import secrets
 import socket
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ema_pg_core.verl import VERL_VERSION
 from experiments.errors import UserError, is_ray_auth_error, ray_auth_line
 
 STATUSES = ("PASS", "WARN", "FAIL", "N/A")
@@ -121,7 +123,7 @@ def demand(cfg) -> Demand:
 
 
 def _local_demand(cfg) -> Demand:
-    from experiments.run import resolve_run_dir
+    from experiments.run import resolve_run_dir  # loads torch, omegaconf
 
     device = str(cfg.trainer.device)
     gpus = 0 if device in ("cpu", "auto") else int(device.partition(":")[2] or 0) + 1
@@ -147,9 +149,9 @@ def verl_settings(overrides: Sequence[str]) -> dict[str, Any]:
 def _verl_demand(cfg) -> Demand:
     from omegaconf import OmegaConf
 
-    from ema_pg_core.verl.resources import worker_pool
-    from experiments.backends.verl import checkpoint_root, to_verl
-    from experiments.run import agent_loops_path, resolve_run_dir
+    from ema_pg_core.verl.resources import worker_pool  # loads omegaconf
+    from experiments.backends.verl import checkpoint_root, to_verl  # loads torch
+    from experiments.run import agent_loops_path, resolve_run_dir  # loads torch, omegaconf
 
     run = OmegaConf.to_container(
         OmegaConf.merge(cfg, {"run_dir": str(resolve_run_dir(cfg))}, agent_loops_path(cfg)), resolve=True
@@ -468,7 +470,6 @@ def check_verl(ctx: Context) -> Result:
     """The verl backend's [verl] extra: verl at the version the plugin is written for."""
     if ctx.demand.backend != "verl":
         return Result("N/A", "backend=local does not use verl")
-    from ema_pg_core.verl import VERL_VERSION
 
     try:
         module = ctx.probes.import_module("verl")
@@ -844,8 +845,6 @@ def run_checks(ctx: Context, checks: Mapping[str, Callable] = CHECKS) -> list[tu
             got = fn(ctx)
         except Exception as e:  # noqa: BLE001
             if os.environ.get("EMAPG_DEBUG"):
-                import traceback
-
                 traceback.print_exc()
             got = Result("FAIL", f"the check raised {type(e).__name__}: {_first_line(e)}", "EMAPG_DEBUG=1 shows where")
         out += [(name, r) for r in (got if isinstance(got, list) else [got])]
@@ -977,7 +976,7 @@ def main(argv: Sequence[str], probes: Probes | None = None, cluster: Cluster | N
         print_help()
         return 0
     overrides, address = parse_argv(argv)
-    from experiments import build
+    from experiments import build  # loads torch, omegaconf
 
     cfg = build.compose(overrides)
     build.validate(cfg)

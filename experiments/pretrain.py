@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ema_pg_core.local.tiny import CHARSET, build_model, build_tokenizer
 from experiments import user_yaml
@@ -342,8 +343,6 @@ def heldout_accuracy(
 ) -> dict[str, float]:
     """Greedy accuracy and mean sampled accuracy (temperature 1, `samples` per problem) of the
     checkpoint at `path` on `n` test problems."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     t = get_task(task)
     knobs = knobs or {}
     env = t.make_env(**knobs)

@@ -29,11 +29,15 @@ What a rehearsal proves and what it cannot: docs/scaling-out.md.
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import re
 import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -41,7 +45,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.tasks import RehearsalData
+import yaml
+
+from ema_pg_core.verl import require_verl
+from experiments import tasks
+from experiments.tasks import RehearsalData, get_task
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
@@ -68,8 +76,8 @@ def build_model(out_dir: Path, sft_texts: list[tuple[str, str]], steps: int = 30
     pairs (loss on the response and EOS only); saved with ``save_pretrained``. Returns the directory."""
     import torch
 
-    from ema_pg_core.local.tiny import build_model as tiny_model
-    from ema_pg_core.local.tiny import build_tokenizer
+    from ema_pg_core.local.tiny import build_model as tiny_model  # loads transformers, torch
+    from ema_pg_core.local.tiny import build_tokenizer  # loads transformers, torch
 
     if (out_dir / "config.json").is_file():
         return str(out_dir)
@@ -117,11 +125,9 @@ def _pad(batch, pad_id: int):
 def prepare_data(task: str, out_dir: Path) -> RehearsalData:
     """The task's rehearsal data (its module's ``rehearsal_data``: rows generated here, written by its own
     ``prepare``); ValueError naming the tasks that have one otherwise."""
-    from experiments.tasks import TASKS, get_task
-
     module = get_task(task)
     if module.REHEARSAL is None:
-        allowed = ", ".join(sorted(n for n, m in TASKS.items() if getattr(m, "REHEARSAL", None) is not None))
+        allowed = ", ".join(sorted(n for n, m in tasks.TASKS.items() if getattr(m, "REHEARSAL", None) is not None))
         raise ValueError(f"task.name={task!r} has no rehearsal data; allowed: {allowed}")
     return module.rehearsal_data(out_dir, ROWS)
 
@@ -133,8 +139,6 @@ def rehearsal_overrides(
     cfg, model_path: str, data: RehearsalData, run_dir: Path, steps: int, *, retriever_url: str | None = None
 ) -> list[str]:
     """Hydra overrides (appended to the target's) that make `cfg` a CPU rehearsal; see the module docstring."""
-    from experiments.tasks import get_task
-
     sizes = get_task(str(cfg.task.name)).REHEARSAL
     tau = float(cfg.algo.anchor.tau)
     mini = 2 if int(cfg.trainer.mini_batches) > 1 else 1
@@ -216,7 +220,7 @@ class Attempt:
 
 def logged_step(run_dir: Path) -> int:
     """The last step this attempt's verl metrics file has training metrics for (0: none)."""
-    from experiments.verl_metrics import FILE, trained_step
+    from experiments.verl_metrics import FILE, trained_step  # loads torch
 
     steps = [0]
     for line in (run_dir / FILE).read_text().splitlines() if (run_dir / FILE).is_file() else []:
@@ -322,14 +326,14 @@ class Expect:
 
 
 def _metrics(run_dir: Path) -> dict[int, dict]:
-    from experiments.records import read_metrics
+    from experiments.records import read_metrics  # loads omegaconf
 
     return {int(r["iteration"]): r for r in read_metrics(run_dir) if int(r["iteration"]) > 0}
 
 
 def _raw_attempts(run_dir: Path) -> list[list[dict]]:
     """verl's own metric lines, one list per attempt, oldest first."""
-    from experiments.verl_metrics import attempt_files
+    from experiments.verl_metrics import attempt_files  # loads torch
 
     out = []
     for path in attempt_files(run_dir):
@@ -375,12 +379,10 @@ def check_topk(run_dir: Path, e: Expect) -> Check:
 def check_probe(run_dir: Path, e: Expect) -> Check:
     """The KL probe: finite kl/exact >= 0 and its estimate at every step, and the same probe tokens in every
     checkpoint, those written after the resume included (the resumed run scores the tokens it captured)."""
-    import math
-
     import torch
 
-    from ema_pg_core.telemetry import PROBE_KEYS
-    from ema_pg_core.verl.probe import PROBE_FILE
+    from ema_pg_core.telemetry import PROBE_KEYS  # loads torch
+    from ema_pg_core.verl.probe import PROBE_FILE  # loads verl, torch
 
     m = _metrics(run_dir)
     logged = [s for s, r in sorted(m.items()) if all(k in r for k in PROBE_KEYS)]
@@ -412,7 +414,7 @@ def check_checkpoints(run_dir: Path, e: Expect) -> Check:
 def check_resume(run_dir: Path, e: Expect) -> Check:
     if e.killed_at is None:
         return Check("resume", False, "the first attempt was not killed at a checkpoint")
-    from experiments.verl_metrics import trained_step
+    from experiments.verl_metrics import trained_step  # loads torch
 
     attempts = _raw_attempts(run_dir)
     resumed = sorted(int(r["step"]) for r in attempts[-1] if trained_step(r.get("data", {}))) if attempts else []
@@ -433,7 +435,7 @@ def check_resume(run_dir: Path, e: Expect) -> Check:
 def check_evals(run_dir: Path, e: Expect) -> Check:
     """Per-problem rows of the last step's validation for the policy and, evaluated with its own weights,
     the EMA anchor, and the anchor's metrics beside the policy's."""
-    from experiments.records import read_evals
+    from experiments.records import read_evals  # loads omegaconf
 
     rows = [r for r in read_evals(run_dir) if r["iteration"] == e.steps]
     per = {m: sorted(r["problem_id"] for r in rows if r["model"] == m) for m in ("policy", "anchor")}
@@ -449,9 +451,7 @@ def check_evals(run_dir: Path, e: Expect) -> Check:
 def check_wandb(run_dir: Path, e: Expect) -> Check:
     """verl's tracker wrote an offline W&B run per attempt, all under the run's one id (kept in wandb_run.json),
     in the run's group; or none at all when the target's logger is none."""
-    import yaml
-
-    from experiments.records import read_wandb_state
+    from experiments.records import read_wandb_state  # loads omegaconf
 
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     lg, state = cfg.get("logger") or {}, read_wandb_state(run_dir)
@@ -541,8 +541,6 @@ class Shared:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -553,7 +551,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) ->
     which the server, started with this environment, then requires)."""
     import httpx
 
-    from experiments.retrieval.service import HTTPRetriever
+    from experiments.retrieval.service import HTTPRetriever  # loads pydantic
 
     client = HTTPRetriever(url, timeout=2.0)
     t0 = time.time()
@@ -577,7 +575,7 @@ def rehearse_config(
     name: str, target: list[str], out: Path, shared: Shared, steps: int, *, say: Callable[[str], None] = print
 ) -> Result:
     """Rehearse one configuration (`target`: Hydra overrides naming a verl preset); see the module docstring."""
-    from experiments import build
+    from experiments import build  # loads torch, omegaconf
 
     t0 = time.time()
     cfg = build.compose(target)
@@ -591,8 +589,6 @@ def rehearse_config(
     url = shared.retriever(data.corpus) if cfg.backend.verl.multi_turn and data.corpus else None
     run_dir = out / name
     if run_dir.exists():
-        import shutil
-
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     overrides = target + rehearsal_overrides(cfg, shared.model(task), data, run_dir, steps, retriever_url=url)
@@ -607,8 +603,8 @@ def rehearse_config(
     if second.returncode != 0:
         return Result(name, [Check("attempt 2", False, _failure(second))], time.time() - t0)
     kl = cfg.algo.kl
-    from ema_pg_core.config import KLConfig
-    from ema_pg_core.verl.config import uses_topk
+    from ema_pg_core.config import KLConfig  # loads torch
+    from ema_pg_core.verl.config import uses_topk  # loads torch
 
     expect = Expect(
         steps=steps,
@@ -652,8 +648,6 @@ def _slug(parts: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(
         prog="emapg rehearse",
         description="Run a GPU preset's (or a verl sweep's) real "
@@ -670,7 +664,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.steps < 3:
         raise ValueError(f"--steps={args.steps}: a rehearsal needs at least 3 steps (kill after 2, resume to the end)")
-    from ema_pg_core.verl import require_verl
 
     require_verl()
     configs = targets(args.target)

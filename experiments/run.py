@@ -11,15 +11,28 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import build, progress, records
+from ema_pg_core import verl as verl_plugin
+from ema_pg_core.health import HealthMonitor
+from ema_pg_core.local import checkpoints
+from ema_pg_core.local.device import resolve_device
+from ema_pg_core.local.trainer import Hooks, Interrupted, LocalTrainer, seed_everything
+from ema_pg_core.verl import failures as verl_failures
+from ema_pg_core.verl.failures import VerlExited
+from experiments import build, progress, records, stages
+from experiments.backends import verl as verl_backend
 from experiments.errors import RunFailed, RunInterrupted, StoppedUnhealthy, Terminated, UserError
 from experiments.records import RunRecord, make_run_id
+from experiments.stages import verl_logged_resume, verl_resume_overrides
+from experiments.verl_metrics import attempt_files, eval_rows, read_consistent, stamp, to_rows
+from experiments.wandb_logger import NullLogger, WandbLogger, verl_env
 
 # (iteration, metrics row as recorded, checkpoint dir written at this iteration or None) -> None.
 # Called once per training iteration, after that iteration's checkpoint (if any) is on disk;
@@ -55,8 +68,6 @@ def resume_mode(resume, run_dir: Path) -> bool | str:
 
 
 def _make_logger(cfg: DictConfig, run_dir: Path):
-    from experiments.wandb_logger import NullLogger, WandbLogger
-
     if cfg.logger.name == "none":
         return NullLogger()
     group = cfg.logger.group or cfg.sweep.name or cfg.experiment
@@ -74,8 +85,6 @@ def _make_logger(cfg: DictConfig, run_dir: Path):
 def _verl_wandb(cfg: DictConfig, run_dir: Path) -> dict[str, str]:
     """The W&B run of a verl run, as the local backend's (_make_logger) but through verl's tracker:
     WANDB_* settings (experiments.wandb_logger.verl_env); {} with logger=none or W&B disabled."""
-    from experiments.wandb_logger import verl_env
-
     if cfg.logger.name == "none":
         return {}
     return verl_env(
@@ -107,7 +116,6 @@ def run(
     _stamp(timeline, "run")
     progress.quiet_libraries()
     if cfg.get("stages") or cfg.get("stage") is not None or cfg.get("resume_from"):
-        from experiments import stages
 
         def one(c: DictConfig, s: dict | None) -> dict[str, float]:
             return _run_one(c, callback, s, timeline)
@@ -131,11 +139,6 @@ def _run_one(
     build.check_k(cfg)
     if cfg.backend.name == "verl":
         return _run_verl(cfg, callback, stage)  # no timeline: verl times its own steps
-    import torch
-
-    from ema_pg_core.local import checkpoints
-    from ema_pg_core.local.device import resolve_device
-    from ema_pg_core.local.trainer import Interrupted, seed_everything
 
     resolve_device(local_cfg.trainer.device)  # cuda without CUDA: refused before any work
     run_dir = resolve_run_dir(cfg)
@@ -189,8 +192,6 @@ def _advance(bar, it: int, m: dict) -> None:
 
 
 def _train(cfg, local_cfg, record, logger, *, ckpt_dir: Path, state: dict | None, callback: Callback | None, timeline):
-    from ema_pg_core.local.trainer import Hooks, LocalTrainer
-
     task = build.task(cfg)
     policy, tok = build.model(cfg)
     _stamp(timeline, "model")
@@ -267,8 +268,6 @@ class HealthCheck:
     StoppedUnhealthy, which ends the run (exit code 3 for `emapg train`, that trial only in a sweep)."""
 
     def __init__(self, cfg: DictConfig, record: RunRecord, before_stop: Callable[[], None] = lambda: None):
-        from ema_pg_core.health import HealthMonitor
-
         self.monitor, self.record = HealthMonitor(OmegaConf.to_object(cfg.health)), record
         self.before_stop = before_stop  # what must reach the record before it is closed (the verl evals)
 
@@ -307,10 +306,7 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None, stage: dict | N
     is when the follower saw a step (up to VERL_POLL_S late); per-step wall time is perf/iter_s
     (verl's timing_s/step). A stage starts from the previous stage's checkpoint: ``stage_job_config``.
     """
-    from ema_pg_core.verl import require_verl
-
-    require_verl()  # an install hint, not a traceback, on a machine without the [verl] extra
-    from experiments.backends.verl import run_config
+    verl_plugin.require_verl()  # an install hint, not a traceback, on a machine without the [verl] extra
 
     run_dir = resolve_run_dir(cfg)
     cfg = OmegaConf.merge(cfg, run_keys(cfg, run_dir), agent_loops_path(cfg))
@@ -321,7 +317,7 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None, stage: dict | N
 
         def work() -> int:
             try:
-                return run_config(job, wandb)
+                return verl_backend.run_config(job, wandb)
             finally:
                 follower.done = True  # the last polls record what verl logged; nothing is left to watch
 
@@ -331,11 +327,9 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None, stage: dict | N
             follower.poll(report=False, watch=False)  # keep what verl logged (a failed poll, Ctrl-C, a verl error)
             from ray.exceptions import RayError
 
-            from ema_pg_core.verl.failures import VerlExited, first_failure, stop_run
-
             # verl may fail on its own after failed rollouts (e.g. a batch left empty): their cause comes first
-            failure = first_failure(follower.tolerated) if isinstance(e, RayError) else None
-            stop_run()  # verl may still be running (a failed rollout, a timeout, a health stop): stop its workers
+            failure = verl_failures.first_failure(follower.tolerated) if isinstance(e, RayError) else None
+            verl_failures.stop_run()  # verl may still run (a failed rollout, a timeout, a health stop): stop it
             if isinstance(e, RayError):  # verl raised in a Ray actor, or its actor died
                 then = f"verl failed: {_last_line(str(e))} (its traceback is in {record.run_dir}/status)"
                 raise RunFailed(f"{failure}\nThen {then}" if failure else then) from e
@@ -361,8 +355,6 @@ def stage_job_config(cfg: DictConfig, stage: dict | None) -> dict:
     from the previous stage's last ``global_step_N`` or ``resume_from`` (not recorded in config.yaml:
     a resume of the same stage continues from its own newest checkpoint whose step verl logged,
     ``experiments.stages.verl_logged_resume``)."""
-    from experiments.stages import verl_logged_resume, verl_resume_overrides
-
     job = OmegaConf.to_container(cfg, resolve=True)
     extra = verl_resume_overrides(job, stage)
     if not extra and cfg.resume:  # resumed mid-way: from the newest checkpoint of a step in the record
@@ -374,10 +366,6 @@ def stage_job_config(cfg: DictConfig, stage: dict | None) -> dict:
 
 def _external_checkpoint(path: str) -> tuple[Path, dict, list]:
     """(dir, state, []) of a local checkpoint directory given as resume_from (one with state.pt)."""
-    import torch
-
-    from ema_pg_core.local import checkpoints
-
     step = Path(os.path.expanduser(path))
     if not (step / checkpoints.STATE).is_file():
         raise ValueError(
@@ -395,8 +383,6 @@ def _in_thread(work: Callable[[], int], tick: Callable[[], None], every_s: float
     """``work()`` in a daemon thread, ``tick()`` here every `every_s` seconds and once more after it
     ended (so the last tick sees all it did, whatever the timing); its result, or its exception
     re-raised here. (Tune's reporting stays in the caller's thread.)"""
-    import threading
-
     out: dict = {}
 
     def target() -> None:
@@ -453,8 +439,6 @@ class _VerlFollower:
             self._watch()
 
     def _record(self, report: bool) -> None:
-        from experiments.verl_metrics import attempt_files, read_consistent, stamp, to_rows
-
         if self.stopped:  # a health rule ended the run: nothing after its step is recorded
             return
         if stamp(attempt_files(self.record.run_dir)) == self._stamp:
@@ -486,8 +470,6 @@ class _VerlFollower:
 
     def _record_evals(self) -> None:
         """Per-problem rows of the steps recorded so far (verl_evals.jsonl, our trainer's) -> evals.jsonl."""
-        from experiments.verl_metrics import eval_rows
-
         last = max(self.logged, default=-1)
         new = [r for r in eval_rows(self.record.run_dir) if r["iteration"] <= last]
         new = [r for r in new if (r["iteration"], r["model"], r["benchmark"], r["problem_id"]) not in self.eval_keys]
@@ -514,9 +496,7 @@ class _VerlFollower:
             self.checked_until = min(self.checked_until, changed - 1)
 
     def _watch(self) -> None:
-        from ema_pg_core.verl.failures import first_failure
-
-        failure = first_failure(self.tolerated)
+        failure = verl_failures.first_failure(self.tolerated)
         if failure is not None:
             raise RunFailed(failure)
         idle = time.time() - self.progress_t

@@ -145,7 +145,7 @@ def register() -> None:
     config deltas such as knobs)."""
     from hydra.core.config_store import ConfigStore
 
-    from experiments.tasks import TASKS
+    from experiments.tasks import TASKS  # loads numpy
 
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)

@@ -28,6 +28,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+from omegaconf import OmegaConf
+
 from experiments.records import WANDB_STATE, atomic_write, read_wandb_state
 
 MODES = ("online", "offline", "disabled")
@@ -87,8 +90,6 @@ class WandbLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._save()  # before init: a crash inside init still resumes the same W&B run
         if config is not None and not isinstance(config, dict):
-            from omegaconf import OmegaConf
-
             config = OmegaConf.to_container(config, resolve=True)
         self._run = wandb.init(
             project=project,
@@ -176,7 +177,6 @@ def verl_env(
     state = {"id": saved.get("id") or new_run_id(), "last_step": saved.get("last_step"), "project": project}
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(run_dir / WANDB_STATE, json.dumps({**state, "mode": mode}) + "\n")
-    import yaml
 
     atomic_write(run_dir / VERL_CONFIG, yaml.safe_dump({k: {"value": v} for k, v in config.items()}, sort_keys=False))
     env = {

@@ -119,7 +119,7 @@ def rule_met(spec: Spec, lo: float, hi: float) -> str | None:
 
 def decide(spec: Spec, rows: list[dict], seeds_of: dict[str, int]) -> list[dict]:
     """One decision per comparison from the sweep's rows so far; `seeds_of`: seeds planned per point key."""
-    from analysis import stats
+    from analysis import stats  # loads pandas, numpy
 
     a, column = spec.adaptive, _column(spec)
     out = []

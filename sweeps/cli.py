@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print(table(spec))
             return 0
-        from sweeps.tune import run_sweep
+        from sweeps.tune import run_sweep  # loads ray, omegaconf
 
         sweep_dir = run_sweep(spec, args.out, resume=args.resume, address=args.address, num_cpus=args.num_cpus)
     except ValueError as e:  # an invalid spec or sweep directory: one clear line

@@ -23,8 +23,11 @@ What this proves and what only GPUs can show: docs/scaling-out.md.
 
 from __future__ import annotations
 
+import argparse
+import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -33,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from ema_pg_core.verl import require_verl
 
 LAYOUTS = {
     "across": {"backend.verl.nnodes": 2, "backend.verl.n_gpus_per_node": 1},
@@ -56,9 +61,9 @@ def rehearsal_spec(spec_path: str, out: Path, shared, layout: str, steps: int = 
     ``base.overrides``; the others join the point in one joint grid entry."""
     from omegaconf import OmegaConf
 
-    from experiments import build
-    from experiments.rehearse import rehearsal_overrides
-    from sweeps import spec as sweep_spec
+    from experiments import build  # loads torch, omegaconf
+    from experiments.rehearse import rehearsal_overrides  # loads numpy
+    from sweeps import spec as sweep_spec  # loads torch, pydantic
 
     s = sweep_spec.load(spec_path)
     if s.backend != "verl" or s.search != "grid":
@@ -170,7 +175,7 @@ def _wait(what: str, ready: Callable[[], bool], proc: subprocess.Popen | None, t
 
 def _progress(run_dir: Path) -> int:
     """The last step the run's current verl attempt logged with its checkpoint written (0: none yet)."""
-    from experiments.rehearse import latest_checkpoint, logged_step
+    from experiments.rehearse import latest_checkpoint, logged_step  # loads numpy
 
     return min(latest_checkpoint(run_dir), logged_step(run_dir))
 
@@ -178,7 +183,7 @@ def _progress(run_dir: Path) -> int:
 def _attempts(run_dir: Path) -> int:
     """How many times the trial has started its run: once, plus one line of resumes.jsonl per resume (verl's
     metrics files do not count them: an attempt that logged nothing leaves no file of its own)."""
-    from experiments.records import RESUMES
+    from experiments.records import RESUMES  # loads omegaconf
 
     path = run_dir / RESUMES
     return 1 + (len(path.read_text().splitlines()) if path.is_file() else 0)
@@ -197,7 +202,7 @@ class Events:
 
 def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], None]) -> Events:
     """The sweep through the node loss and the driver kill to its end (``emapg sweep --resume``)."""
-    from experiments.rehearse import kill_group
+    from experiments.rehearse import kill_group  # loads numpy
 
     log, sweep_dir, t0 = out / "sweep.log", out / "sweep", time.time()
     proc = _sweep(spec_file, cluster.address, sweep_dir, log)
@@ -230,8 +235,8 @@ def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], 
 def checks(sweep_dir: Path) -> dict[str, list]:
     """Per trial: the single-config rehearsal's checks (``experiments.rehearse.CHECKS``, the resume check as
     ``check_attempts``) and the world-size-2 checks; plus one line for the sweep (sweep.csv, the report)."""
-    from experiments import rehearse
-    from experiments.rehearse import Check
+    from experiments import rehearse  # loads numpy
+    from experiments.rehearse import Check  # loads numpy
 
     out = {}
     for run_dir in _runs(sweep_dir):
@@ -256,8 +261,6 @@ def checks(sweep_dir: Path) -> dict[str, list]:
 
 
 def _csv(path: Path):
-    import csv
-
     if path.is_file():
         with open(path) as f:
             yield from csv.DictReader(f)
@@ -265,9 +268,9 @@ def _csv(path: Path):
 
 def _expect(run_dir: Path):
     """What a trial's rehearsal must show, from its recorded config."""
-    from ema_pg_core.config import KLConfig
-    from ema_pg_core.verl.config import uses_topk
-    from experiments.rehearse import ANCHOR_PERIOD, Expect
+    from ema_pg_core.config import KLConfig  # loads torch
+    from ema_pg_core.verl.config import uses_topk  # loads torch
+    from experiments.rehearse import ANCHOR_PERIOD, Expect  # loads numpy
 
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     tau, kl = float(cfg["algo"]["anchor"]["tau"]), cfg["algo"]["kl"]
@@ -287,8 +290,8 @@ def _expect(run_dir: Path):
 def check_attempts(run_dir: Path, e):
     """No step lost or trained twice across attempts: each attempt of verl starts right after the last step the
     earlier ones logged; the anchor's update count at the end is the schedule's, counted across attempts."""
-    from experiments.rehearse import Check, _raw_attempts
-    from experiments.verl_metrics import trained_step
+    from experiments.rehearse import Check, _raw_attempts  # loads numpy
+    from experiments.verl_metrics import trained_step  # loads torch
 
     steps = [sorted(int(r["step"]) for r in rows if trained_step(r.get("data", {}))) for rows in _raw_attempts(run_dir)]
     done, ok = 0, bool(steps)
@@ -310,7 +313,7 @@ def check_sharded(run_dir: Path, e, world: int = 2):
     step, gathered from both ranks' shards, is the EMA of the gathered policy and the anchor of the step before
     (tau * anchor + (1 - tau) * policy after an update step, else unchanged), to ``ULPS`` float32 units in the last
     place of each weight (``_ulps``; a tau off by 0.01 misses by about 1e5 of them)."""
-    from experiments.rehearse import Check
+    from experiments.rehearse import Check  # loads numpy
 
     root = run_dir / "checkpoints"
     last, prev = root / f"global_step_{e.steps}", root / f"global_step_{e.steps - 1}"
@@ -367,8 +370,6 @@ def _gathered(path: Path, world: int) -> dict:
 
 # ---------------------------------------------------------------------------- the command
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(
         prog="emapg rehearse",
         description="Rehearse a verl sweep through Ray Tune on a local two-node Ray cluster (CPU): world size 2, "
@@ -380,8 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default="outputs/rehearsals", help="where the sweep, its logs and the shared files go")
     args = p.parse_args(argv)
-    from ema_pg_core.verl import require_verl
-    from experiments.rehearse import Shared
+    from experiments.rehearse import Shared  # loads numpy
 
     require_verl()
     # the cluster's raylets, and so every trial, inherit this environment: W&B offline whatever WANDB_MODE says (the
@@ -391,8 +391,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop(key, None)
     out = Path(args.out) / (Path(args.spec).stem + f"__{args.layout}")
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     out.mkdir(parents=True)
     shared = Shared(Path(args.out) / "_shared")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -302,8 +303,6 @@ def timeline(
 
 
 def _stats(values: list[float]) -> dict[str, float | None]:
-    import statistics
-
     if not values:
         return {"median_s": None, "total_s": 0.0}
     return {"median_s": round(statistics.median(values), 3), "total_s": round(sum(values), 2)}

@@ -283,7 +283,7 @@ def _check_size(spec: Spec) -> None:
 # ---------------------------------------------------------------------------- against the config tree
 def check(spec: Spec) -> Spec:
     """Validate a spec against the composed config; fills scheduler.max_t. Imports experiments (not ray)."""
-    from experiments import build
+    from experiments import build  # loads omegaconf, numpy
 
     groups = _groups()
     if spec.experiment is None and not any("experiment" in p.keys for p in spec.space):
@@ -327,7 +327,7 @@ def check(spec: Spec) -> Spec:
 
 def _groups() -> dict[str, list[str]]:
     """Config groups of experiments/conf and their options (every registered task included)."""
-    from experiments import build
+    from experiments import build  # loads omegaconf, numpy
 
     return build.group_options()
 
@@ -410,7 +410,7 @@ def _compose(build, spec: Spec, point: dict, seed, where: str):
 
 
 def _check_metric(metric: str, tasks: set[str]) -> None:
-    from experiments.tasks import TASKS
+    from experiments.tasks import TASKS  # loads numpy
 
     key = metric[len("best_") :] if metric.startswith("best_") else metric
     # a task logs eval/<task>/<m> (on the verl backend: the mean over its benchmarks) and, when it has

@@ -27,25 +27,38 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import logging
 import math
 import os
+import pickletools
 import shlex
 import shutil
 import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import ray
 import yaml
+from omegaconf import OmegaConf
 from ray import tune
+from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
+from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Repeater
 
-from experiments.errors import is_ray_auth_error, ray_auth_line
-from sweeps import lock, results
+from analysis.dashboard import SweepInfo, after_sweep
+from ema_pg_core.local import checkpoints
+from ema_pg_core.verl import resources as verl_resources
+from ema_pg_core.verl.resources import free_line
+from experiments import records
+from experiments.backends.verl import placement_for
+from experiments.errors import StoppedUnhealthy, is_ray_auth_error, ray_auth_line
+from sweeps import adaptive, lock, results
 from sweeps.model import Spec, grid_points
+from sweeps.spec import Param
 
 SETTLE_S = 15.0
 """After an interrupted Tune run, how long the driver waits for stopped trials to close their run records."""
@@ -119,9 +132,8 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
     the config composed)."""
     timeline = {"worker": round(time.time(), 3)}
     os.environ.setdefault("EMAPG_PROGRESS", "0")  # no per-trial progress bars in the sweep's output
-    from experiments import build, records
-    from experiments.errors import StoppedUnhealthy
-    from experiments.run import run
+    from experiments import build, records  # loads numpy
+    from experiments.run import run  # loads numpy
 
     point, seed = decode(spec, config)
     trial_id = tune.get_context().get_trial_id()
@@ -212,8 +224,6 @@ def _restore(run_dir: Path, reporter: _Reporter) -> dict | None:
     """Put Tune's checkpoint of this trial back as the run's latest checkpoint and return the reporter's
     carried values. Without one from Tune, the run's own newest checkpoint is resumed (``_own_checkpoint``);
     None = a fresh start (what an earlier attempt left without a checkpoint is removed)."""
-    from ema_pg_core.local import checkpoints
-
     ckpt = tune.get_checkpoint()
     meta = ckpt.get_metadata() if ckpt is not None else {}
     if ckpt is None or _own_iteration(run_dir) > int(meta["iteration"]):  # Tune's is older than the run's own
@@ -238,9 +248,6 @@ def _restore(run_dir: Path, reporter: _Reporter) -> dict | None:
 
 def _own_iteration(run_dir: Path) -> int:
     """The iteration of the newest checkpoint in a run record's own directory; -1 without one (or no record)."""
-    from ema_pg_core.local import checkpoints
-    from experiments import records
-
     steps = checkpoints.candidates(run_dir / "checkpoints")
     if not steps or not (run_dir / records.CONFIG).is_file():
         return -1
@@ -254,8 +261,6 @@ def _own_checkpoint(run_dir: Path, reporter: _Reporter) -> dict | None:
     node) leaves a state without the trial's newest checkpoints, and ``--resume`` restarts the trial with none.
     The run directory still holds them (a checkpoint is complete before the run reports it), so the run
     resumes from there, and its record keeps every row up to that checkpoint."""
-    from experiments import records
-
     last = _own_iteration(run_dir)
     if last < 0:
         return None
@@ -298,8 +303,6 @@ class _Progress(tune.Callback):
         """A restarted trial without a Tune checkpoint resumes from its run's own, if it has one."""
         if self.spec.backend == "verl":
             return " from verl's last checkpoint in its run directory"
-        from ema_pg_core.local import checkpoints
-        from experiments import records
 
         run_dir = records.find_trial_run(Path(self.sweep_dir or ".") / "runs", trial.trial_id)
         steps = checkpoints.candidates(run_dir / "checkpoints") if run_dir else []
@@ -307,8 +310,6 @@ class _Progress(tune.Callback):
 
     def _recorded(self, trial) -> bool:
         """An earlier driver ran this trial (a resumed sweep): its run record exists."""
-        from experiments import records
-
         root = getattr(self, "sweep_dir", None)
         return root is not None and records.find_trial_run(Path(root) / "runs", trial.trial_id) is not None
 
@@ -318,8 +319,6 @@ class _Progress(tune.Callback):
         ckpt = trial.latest_checkpoint_result
         it = ckpt.metrics.get("training_iteration", 0) if ckpt is not None else 0
         if it and self.spec.backend == "local":  # the trial resumes from the newer of Tune's and its run's own
-            from experiments import records
-
             run_dir = records.find_trial_run(Path(self.sweep_dir or ".") / "runs", trial.trial_id)
             it = max(it, _own_iteration(run_dir) if run_dir else -1)
         self._say(
@@ -346,9 +345,8 @@ class _Progress(tune.Callback):
         pending = [t for t in trials if t.status == "PENDING"]
         if not pending:
             return ""
-        from ema_pg_core.verl.resources import free_per_node
 
-        return "\n          " + waiting_line(self.spec, pending[0].config, free_per_node(), len(pending))
+        return "\n          " + waiting_line(self.spec, pending[0].config, verl_resources.free_per_node(), len(pending))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self.ended.add(trial.trial_id)
@@ -411,8 +409,6 @@ class _Timeline(tune.Callback):
 
 def waiting_line(spec: Spec, config: dict, free: dict[str, dict[str, float]], n: int) -> str:
     """`n` trials wait: what the first reserves (its whole verl job, or the spec's resources) and what is free."""
-    from ema_pg_core.verl.resources import free_line
-
     if spec.backend == "verl":
         need = verl_placement(spec, *decode(spec, config)).describe()
     else:
@@ -470,8 +466,6 @@ def _check_fits(spec: Spec) -> None:
 
 
 def _search_alg(spec: Spec):
-    from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Repeater
-
     if spec.search in ("grid", "random"):  # constant_grid_search: one random draw shared by all seeds
         return BasicVariantGenerator(
             max_concurrent=spec.max_concurrent or 0, random_state=spec.search_seed, constant_grid_search=True
@@ -486,8 +480,6 @@ def _search_alg(spec: Spec):
 
 
 def _scheduler(spec: Spec):
-    from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
-
     s = spec.scheduler
     if s.type == "asha":
         return AsyncHyperBandScheduler(
@@ -635,10 +627,7 @@ def verl_placement(spec: Spec, point: dict, seed: int | None):
 
 @functools.lru_cache(maxsize=64)
 def _placement(overrides: tuple[str, ...]):
-    from omegaconf import OmegaConf
-
-    from experiments import build
-    from experiments.backends.verl import placement_for
+    from experiments import build  # loads numpy
 
     cfg = build.compose(list(overrides))
     return placement_for(OmegaConf.to_container(cfg, resolve=True))
@@ -705,8 +694,6 @@ def run_adaptive(
     """Adaptive seeds (sweeps.adaptive): one Tune experiment per round (<sweep_dir>/tune/round_<r>/<name>), each
     round planned in adaptive.jsonl before it starts and decided there after it ends; --resume continues the
     round the sweep was in (its Tune experiment restored), then plans the rest. sweep.csv holds every round."""
-    from sweeps import adaptive
-
     _prepare_adaptive(spec, sweep_dir, resume)
     started = _init_ray(address, num_cpus)
     if started and not address:
@@ -747,8 +734,6 @@ def run_adaptive(
 
 def _prepare_adaptive(spec: Spec, sweep_dir: Path, resume: bool) -> None:
     """As `_prepare`, with adaptive.jsonl as the mark of a started sweep."""
-    from sweeps import adaptive
-
     started = (sweep_dir / adaptive.FILE).is_file()
     if resume and not started:
         raise ValueError(f"--resume: {sweep_dir} holds no adaptive sweep {spec.name!r} to resume (no {adaptive.FILE})")
@@ -766,8 +751,6 @@ def _round_path(sweep_dir: Path, spec: Spec, rnd: int) -> Path:
 def _round_to_run(spec: Spec, sweep_dir: Path, events: list[dict]) -> tuple[int, list[dict] | None]:
     """(round, its trials): the planned round not yet decided, or the next one (planned and recorded here);
     (round, None) when the last decision asked for no more trials."""
-    from sweeps import adaptive
-
     if not events:
         planned = adaptive.first_round(spec)
         adaptive.write_event(sweep_dir, {"event": "plan", "round": 0, "trials": planned})
@@ -785,10 +768,6 @@ def _round_to_run(spec: Spec, sweep_dir: Path, events: list[dict]) -> tuple[int,
 
 def _round_spec(spec: Spec, planned: list[dict]) -> Spec:
     """The spec of one round: a single joint grid entry over the point keys and `seed`, one value per trial."""
-    from dataclasses import replace
-
-    from sweeps.spec import Param
-
     keys = tuple(dict.fromkeys(k for t in planned for k in t["point"]))
     values = tuple(tuple(t["point"][k] for k in keys) + (t["seed"],) for t in planned)
     return replace(spec, space=(Param((*keys, "seed"), "grid", values),), seeds=(0,), adaptive=None)
@@ -806,10 +785,6 @@ def _run_round(spec: Spec, sweep_dir: Path, rnd: int, planned: list[dict], progr
 
 def _adaptive_trials(spec: Spec, sweep_dir: Path) -> list[results.Trial]:
     """What Tune knows of every trial of every round so far, rounds in order, the seed back in its column."""
-    from dataclasses import replace
-
-    from sweeps import adaptive
-
     out = []
     for e in adaptive.read_events(sweep_dir):
         exp_path = _round_path(sweep_dir, spec, e["round"])
@@ -825,8 +800,6 @@ def _adaptive_trials(spec: Spec, sweep_dir: Path) -> list[results.Trial]:
 
 def _decide_round(spec: Spec, sweep_dir: Path, rnd: int, rows: list[dict]) -> bool:
     """Decide every comparison after round `rnd`, record and print it; True when no trial is left to run."""
-    from sweeps import adaptive
-
     seeds_of = adaptive.seeds_planned(adaptive.read_events(sweep_dir))  # every round planned so far
     decided = adaptive.decide(spec, rows, seeds_of)
     n_next = len(adaptive.next_round(spec, decided, seeds_of))
@@ -847,9 +820,6 @@ def _state_files(exp_path: Path) -> list[Path]:
 
 def _is_complete(data: bytes) -> bool:
     """A whole JSON document or a whole pickle (checked without building its objects)."""
-    import io
-    import pickletools
-
     try:
         if data.lstrip().startswith(b"{"):
             json.loads(data)
@@ -935,7 +905,7 @@ def _warm_start(spec: Spec) -> None:
     """Build each tiny model's cached warm start once, here, instead of in every concurrent trial."""
     if spec.backend != "local":
         return
-    from experiments import build
+    from experiments import build  # loads numpy
 
     seen = set()
     for point in grid_points(spec):
@@ -1009,8 +979,6 @@ def _settle(sweep_dir: Path, trials: list[results.Trial], timeout_s: float = SET
     When a sweep is interrupted, Tune returns as soon as it has asked the trials to stop; a trial process may
     still be writing its record (interrupted, with the reason) while the driver would read it for sweep.csv.
     """
-    from experiments import records
-
     runs = sweep_dir / "runs"
     stopped = [records.find_trial_run(runs, t.trial_id) for t in trials if t.state in ("RUNNING", "PENDING", "PAUSED")]
     open_ = [d for d in stopped if d is not None]
@@ -1031,8 +999,6 @@ def _dashboard(spec: Spec, sweep_dir: Path) -> None:
     """The sweep-summary W&B run and the W&B dashboard (analysis.dashboard.after_sweep): published when
     W&B is online, else its spec is written with the commands that publish it; nothing with logger=none."""
     try:
-        from analysis.dashboard import SweepInfo, after_sweep
-
         after_sweep(sweep_dir, SweepInfo.from_spec(spec), say=lambda text: print(text, flush=True))
     except Exception as e:  # the sweep's results stand; say why the dashboard is missing
         print(f"W&B dashboard skipped: {type(e).__name__}: {e}; retry with: emapg dashboard {sweep_dir}", flush=True)
@@ -1040,7 +1006,7 @@ def _dashboard(spec: Spec, sweep_dir: Path) -> None:
 
 def _report(sweep_dir: Path, progress: bool) -> None:
     try:
-        from analysis.report import report
+        from analysis.report import report  # loads pandas, matplotlib
     except ImportError as e:
         print(
             f"report skipped (analysis not importable: {e}); "

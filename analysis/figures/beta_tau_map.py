@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from analysis import tables
 from analysis.figures import _common, style
@@ -141,8 +142,6 @@ def _gain_text(g: pd.DataFrame, lo: pd.DataFrame, hi: pd.DataFrame, pairing: pd.
 
 def _mark_clear(ax: Axes, lo: pd.DataFrame, hi: pd.DataFrame) -> None:
     """A black box around every cell whose CI excludes 0."""
-    from matplotlib.patches import Rectangle
-
     for i in range(lo.shape[0]):
         for j in range(lo.shape[1]):
             a, b = lo.iat[i, j], hi.iat[i, j]

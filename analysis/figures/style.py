@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import matplotlib as mpl
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -62,8 +63,6 @@ METRIC_LABELS = {
 
 def context():
     """matplotlib rc_context with RC (rc is read when artists are created and saved)."""
-    import matplotlib as mpl
-
     return mpl.rc_context(RC)
 
 

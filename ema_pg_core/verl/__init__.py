@@ -25,6 +25,8 @@ Only config.py, ema.py and layout.py's pure helpers import without verl; every o
 imports verl and is imported lazily. Importing `ema_pg_core.verl` never imports verl.
 """
 
+import os
+
 VERL_VERSION = "0.9.1"
 """The verl release this plugin is written and tested against (its internal APIs change between releases)."""
 
@@ -44,9 +46,8 @@ def require_verl() -> None:
             f"ema_pg_core.verl is written for verl=={VERL_VERSION}; found verl {version}. "
             "Its engine/worker internals change between releases."
         )
-    import os
 
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":  # ours: known before verl detects it
-        from ema_pg_core.verl.cpu import register_platform
+        from ema_pg_core.verl.cpu import register_platform  # loads torch
 
         register_platform()

@@ -170,7 +170,7 @@ def _patch_process_group() -> None:
 def setup_worker() -> None:
     """Ray ``worker_process_setup_hook`` of a CPU run: the platform, our rollout engine, failure forwarding."""
     install()
-    from ema_pg_core.verl import failures, hf_rollout, placement
+    from ema_pg_core.verl import failures, hf_rollout, placement  # loads transformers, ray
 
     hf_rollout.register()
     failures.install_handler()

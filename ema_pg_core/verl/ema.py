@@ -19,6 +19,7 @@ rank), then one all-reduce.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ema_pg_core.anchor import ema_update_
@@ -101,8 +102,6 @@ def _counted_once(t: torch.Tensor, rank: int) -> bool:
 @torch.no_grad()
 def drift(anchor: nn.Module, policy: nn.Module) -> dict[str, float]:
     """anchor/drift = ||theta - theta_ema|| / ||theta||, anchor/dist = ||theta - theta_ema|| (fp32, all ranks)."""
-    import torch.distributed as dist
-
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     a, p = dict(floating_state(anchor)), dict(floating_state(policy))
     sums = torch.zeros(2, dtype=torch.float64)
@@ -118,8 +117,6 @@ def drift(anchor: nn.Module, policy: nn.Module) -> dict[str, float]:
 
 
 def _all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return x
     backend = dist.get_backend()

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import torch
 from verl.utils import tensordict_utils as tu
+from verl.utils.device import get_device_id
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
 from ema_pg_core.topk import token_stats_from_logits, topk_ids_from_logits
@@ -138,8 +139,6 @@ class EmaPGFSDPEngineWithLMHead(FSDPEngineWithLMHead):
         if cap > 0:
             mask_truncated_(data, cap)
         if _flag(data, DROP_KEY, False):
-            from verl.utils.device import get_device_id
-
             kept = torch.tensor(kept_sequences(data["loss_mask"]), dtype=torch.int64, device=get_device_id())
             torch.distributed.all_reduce(kept, op=torch.distributed.ReduceOp.SUM, group=self.get_data_parallel_group())
             tu.assign_non_tensor(data, global_batch_size=max(int(kept.item()), 1))  # all dropped: the loss is 0 anyway

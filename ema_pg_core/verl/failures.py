@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import traceback
+
+from ema_pg_core.verl.placement import isolate_transfer_queue
 
 ACTOR = "emapg_failure_log"
 """Name of the ``FailureLog`` actor (in the run's Ray namespace)."""
@@ -116,8 +119,6 @@ def install_handler() -> None:
 def setup_worker() -> None:
     """Ray ``worker_process_setup_hook`` of a run on GPUs: failure forwarding, and a TransferQueue of the
     run's own (``ema_pg_core.verl.placement``)."""
-    from ema_pg_core.verl.placement import isolate_transfer_queue
-
     install_handler()
     isolate_transfer_queue()
 
@@ -175,8 +176,6 @@ def stop_run() -> None:
 
 def _stop_child(proc) -> None:
     """SIGTERM the verl child process, SIGKILL it after STOP_GRACE_S; its Ray job ends with it."""
-    import subprocess
-
     if proc is None or proc.poll() is not None:
         return
     proc.terminate()

@@ -33,7 +33,8 @@ from typing import Any
 
 import ray
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,6 @@ class HFGenerationServer:
     """Token-in/token-out generation with an HF causal LM; the methods verl calls on a rollout server."""
 
     def __init__(self, config, model_config, replica_rank: int = 0, node_rank: int = 0):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
         from verl.utils.config import omega_conf_to_dataclass
 
         self.config = omega_conf_to_dataclass(config)
@@ -139,7 +139,6 @@ class HFGenerationServer:
             self.eos_ids.add(int(self.tokenizer.eos_token_id))
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids, default=0))
-        from transformers import GenerationConfig
 
         # generate() fills every unset option from the model's generation config (e.g. top_k=20, its eos):
         # an empty one makes each request's settings the only ones that apply
@@ -211,8 +210,6 @@ class HFGenerationServer:
 
     @torch.no_grad()
     def _generate_group(self, prompts: list[list[int]], s: Sampling) -> list[tuple[list[int], list[float] | None]]:
-        from transformers import GenerationConfig
-
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # (B, P) left-padded
         mask = torch.zeros_like(ids)
@@ -351,8 +348,6 @@ def _replica_class():
             )
             options = {"name": _server_name(self.replica_rank), "num_cpus": 0, "max_concurrency": self.max_concurrency}
             if node_ids[0] is not None:
-                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_ids[0], soft=False)
             server = (
                 ray.remote(HFGenerationServer)

@@ -34,6 +34,7 @@ from verl.utils.torch_functional import logprobs_from_logits
 
 from ema_pg_core.config import KLConfig, LossConfig
 from ema_pg_core.kl import ImportanceWeight, KLInputs, get_estimator, kl_per_token
+from ema_pg_core.loss import ppo_clip_per_token
 from ema_pg_core.telemetry import topk_parts, topk_summary
 from ema_pg_core.topk import token_stats_from_logits
 from ema_pg_core.verl.config import VERL_AGG, head_keys
@@ -135,8 +136,6 @@ def _topk_metrics(model_output, data, kl_tok: torch.Tensor, mask: torch.Tensor, 
 
 def final_loss(config, model_output, data, kl: KLConfig, loss: LossConfig):
     """(scalar loss, metrics) for one micro-batch; see the module docstring."""
-    from ema_pg_core.loss import ppo_clip_per_token
-
     logp = packed_to_response(model_output["log_probs"], data)  # (B, T)
     B, T = logp.shape
     resp = lambda key: padded_response(data[key], B, T)  # noqa: E731

@@ -19,21 +19,39 @@ Ulysses SP = 1, no evaluation of the EMA anchor through vLLM.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import ray
 from omegaconf import OmegaConf, open_dict
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ema_pg_core.verl import require_verl
 
 require_verl()  # before verl's trainer modules detect the platform (VERL_PLATFORM=cpu must be known then)
-from verl.trainer.main_ppo import TaskRunnerV1  # noqa: E402
+from verl.trainer.main_ppo import TaskRunnerV1, run_ppo  # noqa: E402
+from verl.trainer.ppo.utils import need_critic, need_reference_policy  # noqa: E402
+from verl.utils.config import validate_config  # noqa: E402
+from verl.utils.device import auto_set_device  # noqa: E402
 
-from ema_pg_core.verl.config import split_argv  # noqa: E402
+from ema_pg_core.verl.config import rotate, run_runner_setup, split_argv  # noqa: E402
+from ema_pg_core.verl.failures import RUNNING, VerlExited, create_actor  # noqa: E402
 from ema_pg_core.verl.placement import trial_placement_group  # noqa: E402
-from ema_pg_core.verl.resources import PLACEMENT_GROUP_ENV, TASK_RUNNER_CPUS  # noqa: E402
+from ema_pg_core.verl.resources import (  # noqa: E402
+    PLACEMENT_GROUP_ENV,
+    TASK_RUNNER_CPUS,
+    _accelerator,
+    check_fits,
+    cluster_size,
+    ray_demand,
+    trial_placement,
+    wait_for_room,
+)
 
 NAMESPACE_ENV = "EMAPG_RAY_NAMESPACE"
 """The Ray namespace of a verl job launched inside a sweep trial (one per launch: named actors never meet)."""
@@ -47,7 +65,7 @@ def compose(argv: list[str]):
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    from ema_pg_core.verl.trainer import check_verl
+    from ema_pg_core.verl.trainer import check_verl  # loads verl's trainer
 
     verl_args, section = split_argv(argv)
     GlobalHydra.instance().clear()
@@ -63,10 +81,7 @@ class EmaPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
     """verl's TaskRunnerV1, with our trainer registered in its process first."""
 
     def run(self, config):
-        import os
-
         import ema_pg_core.verl.trainer  # noqa: F401  registers trainer_mode "emapg_sync"
-        from ema_pg_core.verl.config import rotate, run_runner_setup
 
         run_runner_setup(config.emapg)  # the application's hook (emapg's: W&B for verl's tracker), this process
         if config.emapg.get("metrics_path"):  # verl's "file" logger (created in this process) writes here
@@ -82,13 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     dry = "--print-config" in argv
     cfg = compose([a for a in argv if a != "--print-config"])
     if cfg.emapg.device == "cpu":  # before verl's device detection (which would report cuda)
-        from ema_pg_core.verl import cpu, hf_rollout
+        from ema_pg_core.verl import cpu, hf_rollout  # loads transformers
 
         cpu.install()
         hf_rollout.register()
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
-    from verl.utils.device import auto_set_device
 
     auto_set_device(cfg)
     validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
@@ -99,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
         join_trial(cfg)  # the trial reserved everything already
     else:
         check_resources(cfg)
-    from verl.trainer.main_ppo import run_ppo
 
     run_ppo(cfg, task_runner_class=_Launch(ray.remote(num_cpus=TASK_RUNNER_CPUS)(EmaPGTaskRunner), cfg))
     return 0
@@ -116,17 +127,11 @@ class _Launch:
         return _Launch(self._cls.options(**kwargs), self.config)
 
     def remote(self, *args, **kwargs):
-        from ema_pg_core.verl.failures import RUNNING, create_actor
-
         create_actor()  # before any worker exists: their failed rollouts are reported there
         cls, pg = self._cls, trial_placement_group()
         if pg is None:  # Ray is up now: on a shared cluster, wait (visibly) until the run's demand is free
-            from ema_pg_core.verl.resources import _accelerator, ray_demand, wait_for_room
-
             wait_for_room(ray_demand(self.config), _accelerator(self.config), say=lambda m: print(m, flush=True))
         else:  # rank 0's bundle holds the TaskRunner; what it starts stays in the group
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
             _check_trial_group(pg, self.config)
 
             cls = cls.options(
@@ -140,8 +145,6 @@ class _Launch:
 
 def _check_trial_group(pg, cfg) -> None:
     """The trial's placement group is the one this job needs (``resources.trial_placement``)."""
-    from ema_pg_core.verl.resources import trial_placement
-
     want, have = trial_placement(cfg), pg.bundle_specs
     if [b for b in want.bundles if b] != have:
         raise ValueError(
@@ -169,8 +172,6 @@ def check_resources(cfg) -> None:
     """Refuse, before Ray starts anything, a run whose actors and placement groups cannot all be placed
     (Ray would wait for them forever). On the CPU platform the local cluster is sized to the demand:
     Ray's CPUs are a count of reservations there, not of cores."""
-    from ema_pg_core.verl.resources import check_fits, cluster_size, ray_demand
-
     need = ray_demand(cfg)
     if cfg.emapg.device == "cpu" and not ray.is_initialized() and cfg.ray_kwargs.ray_init.get("num_cpus") is None:
         with open_dict(cfg):
@@ -183,8 +184,6 @@ def check_resources(cfg) -> None:
 def trial_placement_of(argv: list[str]):
     """What a sweep trial reserves for the verl job of ``argv`` (``main``'s arguments;
     ``ema_pg_core.verl.resources.trial_placement``); composes verl's config, starts nothing."""
-    from ema_pg_core.verl.resources import trial_placement
-
     return trial_placement(compose(argv))
 
 
@@ -210,11 +209,6 @@ def _run_in_trial(argv: list[str], pg, run_dir: Path, launcher: tuple[str, ...] 
     the trial's placement group ``pg`` (``ema_pg_core.verl.placement``). The child's output goes to
     ``<run_dir>/verl_driver.log``; it dies with this process. Raises ``VerlExited`` on a non-zero exit.
     `launcher`: the command before `argv` (tests replace the entry point)."""
-    import subprocess
-    import uuid
-
-    from ema_pg_core.verl.failures import RUNNING, VerlExited
-
     namespace = f"emapg_{uuid.uuid4().hex[:12]}"
     env = {
         **os.environ,
@@ -245,9 +239,6 @@ def _run_in_trial(argv: list[str], pg, run_dir: Path, launcher: tuple[str, ...] 
 def _die_with_parent() -> None:
     """In the child, before exec: SIGKILL when the thread that started it dies (Linux ``PR_SET_PDEATHSIG``),
     so that a killed trial never leaves a verl job holding its placement group."""
-    import ctypes
-    import signal
-
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except OSError:  # not glibc: Ray still ends the job's actors when the trial's group is removed

@@ -29,7 +29,7 @@ TQ_NAMESPACE = "transfer_queue"
 
 def trial_placement_group():
     """The trial's placement group this verl job runs in (``PLACEMENT_GROUP_ENV``), None outside a trial."""
-    from ema_pg_core.verl.resources import PLACEMENT_GROUP_ENV
+    from ema_pg_core.verl.resources import PLACEMENT_GROUP_ENV  # loads omegaconf
 
     hexid = os.environ.get(PLACEMENT_GROUP_ENV)
     if not hexid:
@@ -121,7 +121,7 @@ def isolate_transfer_queue() -> None:
 
 
 def _placement_env() -> str:
-    from ema_pg_core.verl.resources import PLACEMENT_GROUP_ENV
+    from ema_pg_core.verl.resources import PLACEMENT_GROUP_ENV  # loads omegaconf
 
     return PLACEMENT_GROUP_ENV
 
@@ -131,7 +131,7 @@ def _storage_in_trial(num_actors: int, required_node_resource: str | None = None
     outside any reservation): ``resources.storage_bundle``."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from ema_pg_core.verl.resources import storage_bundle
+    from ema_pg_core.verl.resources import storage_bundle  # loads omegaconf
 
     class InBundle(PlacementGroupSchedulingStrategy):
         node_id = "the sweep trial's placement group"  # TransferQueue logs where it placed each unit

@@ -26,6 +26,7 @@ beside the actor), so a resumed run scores the same tokens against the same pi_p
 from __future__ import annotations
 
 import torch
+from verl.utils import tensordict_utils as tu
 
 from ema_pg_core.config import KLConfig
 from ema_pg_core.kl import ImportanceWeight
@@ -72,8 +73,6 @@ def _rows(t: torch.Tensor, n: list[int]) -> list[torch.Tensor]:
 
 def _keep(worker, probe, idx: list[int], temperature: float) -> list[torch.Tensor]:
     """[(L_i, V)] logits / temperature of ``worker``'s model for probe sequences ``idx`` (one micro-batch each)."""
-    from verl.utils import tensordict_utils as tu
-
     sub = tu.index_select_tensor_dict(probe, idx)
     set_pass(sub, "keep")
     offsets = sub["input_ids"].offsets()

@@ -38,12 +38,16 @@ from functools import partial
 
 import torch
 from verl.single_controller.base.decorator import Dispatch, register
+from verl.trainer.config import CheckpointConfig
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from ema_pg_core.verl.config import EmaPGSection, uses_topk
 from ema_pg_core.verl.ema import drift, ema_update_sharded_, paired_local_shards, wait_for_offload
+from ema_pg_core.verl.engine import reclass
 from ema_pg_core.verl.evals import load_anchor_, restore_actor_
-from ema_pg_core.verl.probe import PROBE_FILE
+from ema_pg_core.verl.loss import emapg_actor_loss
+from ema_pg_core.verl.probe import PROBE_FILE, score
 
 ANCHOR_DIR = "anchor"
 ANCHOR_META = "emapg_anchor.json"
@@ -156,12 +160,6 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
     # ------------------------------------------------------------------ setup (no Ray state)
     def emapg_setup(self, section: EmaPGSection) -> None:
         """Engines, loss, anchor checkpoint manager; validates what local-shard EMA needs."""
-        from verl.trainer.config import CheckpointConfig
-        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-
-        from ema_pg_core.verl.engine import reclass
-        from ema_pg_core.verl.loss import emapg_actor_loss
-
         if self.ref is None or self.actor is None:
             raise ValueError("EMA-PG needs both an actor and a separate reference model")
         for name, w in (("actor", self.actor), ("ref", self.ref)):
@@ -234,8 +232,6 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
     def capture_probe(self, data) -> int:
         """Keep ``data`` (the probe's rows; every rank gets all of them) and the policy's log-probs of them as
         pi_probe; a probe already held (loaded with a checkpoint) is kept instead. Returns its size."""
-        from ema_pg_core.verl.probe import score
-
         if self._probe is None:
             probe = data.select(*[k for k, v in data.items() if isinstance(v, torch.Tensor)])
             _, logp = score(self.actor, self.ref, probe, **self._probe_args())
@@ -245,8 +241,6 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def score_probe(self) -> dict[str, float]:
         """kl/exact, kl/estimate_on_probe and kl/estimate_gap of the current policy and anchor on the probe."""
-        from ema_pg_core.verl.probe import score
-
         if self._probe is None:
             raise RuntimeError("score_probe before capture_probe: the trainer captures the probe at its first step")
         probe = self._probe

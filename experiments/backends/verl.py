@@ -20,13 +20,26 @@ reference, V1 trainer "emapg_sync", no fused kernels) are emitted as overrides a
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ema_pg_core.config import AdvantageConfig, check_integer, check_number
+from ema_pg_core.config import (
+    PROBE_SIZE,
+    AdvantageConfig,
+    AnchorConfig,
+    KLConfig,
+    LossConfig,
+    OptimConfig,
+    RolloutConfig,
+    TrainerConfig,
+    check_integer,
+    check_number,
+)
 from ema_pg_core.overrides import hydra_value
+from ema_pg_core.verl import cpu, failures
 from ema_pg_core.verl.config import DEVICES, TRAINER_MODE, VERL_AGG, EmaPGSection
 
 ROLLOUT_ENGINES = ("vllm", "sglang", "hf")
@@ -199,8 +212,6 @@ class VerlJob:
 
     def shell(self, python: str = "python") -> str:
         """The same command as one shell-quoted line (for scripts, SLURM, the Ray Jobs entrypoint)."""
-        import shlex
-
         return " \\\n    ".join(shlex.quote(a) for a in self.command(python))
 
 
@@ -209,8 +220,6 @@ A, R, T, D = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "trainer.
 
 def _probe_size(tr, prompts_per_iter: int) -> int:
     """``trainer.probe_size``, or for null the smaller of ``PROBE_SIZE`` and the first batch's prompts."""
-    from ema_pg_core.config import PROBE_SIZE
-
     return tr.probe_size if tr.probe_size is not None else min(PROBE_SIZE, prompts_per_iter)
 
 
@@ -218,8 +227,6 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
     """Compile a resolved run config (plain mapping of the experiments schema) into a verl launch. `wandb`:
     the WANDB_* settings of the run's W&B run (``experiments.wandb_logger.verl_env``; {} = no W&B; None = W&B
     as ``logger`` says, without them)."""
-    from ema_pg_core.config import AnchorConfig, KLConfig, LossConfig, OptimConfig, RolloutConfig, TrainerConfig
-
     algo = run.get("algo", {})
     vs = VerlSettings(**(run.get("backend", {}).get("verl") or {}))
     metrics = os.path.join(run["run_dir"], "verl_metrics.jsonl") if run.get("run_dir") else None
@@ -371,8 +378,6 @@ def _device_keys(device: str, vs: VerlSettings) -> dict[str, Any]:
     attention (unless ``backend.verl.attn_implementation`` says sdpa) and without torch.compile. Ray binds
     to 127.0.0.1. On GPUs the attention is sdpa unless set: verl's default needs flash-attn.
     """
-    from ema_pg_core.verl import cpu, failures
-
     hook = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
     attn = "+actor_rollout_ref.model.override_config.attn_implementation"
     if device == "cuda":
@@ -465,7 +470,7 @@ def run_config(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -
     `wandb`: the run's WANDB_* settings (``to_verl``). Inside a Ray Tune trial verl runs as a Ray job of its
     own in the trial's placement group; elsewhere verl starts a local Ray (``ema_pg_core.verl.main.launch``).
     """
-    from ema_pg_core.verl.main import launch
+    from ema_pg_core.verl.main import launch  # loads verl, ray
 
     return launch(to_verl(run, wandb).command()[3:], Path(run["run_dir"]) if run.get("run_dir") else None)
 
@@ -473,6 +478,6 @@ def run_config(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -
 def placement_for(run: Mapping[str, Any]):
     """What a sweep trial of the resolved run config ``run`` reserves for its verl job
     (``ema_pg_core.verl.resources.trial_placement``); composes verl's config, starts nothing."""
-    from ema_pg_core.verl.main import trial_placement_of
+    from ema_pg_core.verl.main import trial_placement_of  # loads verl, ray
 
     return trial_placement_of(to_verl(run).command()[3:])

@@ -119,7 +119,7 @@ def _port(text: str) -> int:
 
 
 def _require_faiss() -> None:
-    from experiments.retrieval.dense import import_faiss
+    from experiments.retrieval.dense import import_faiss  # loads torch
 
     import_faiss()  # ImportError naming the install command
 
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "index":
-        from experiments.retrieval.dense import write_faiss_index
+        from experiments.retrieval.dense import write_faiss_index  # loads torch
 
         _check_index_args(args)
         docs = load_corpus(args.corpus)
@@ -174,13 +174,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _retriever(args: argparse.Namespace, knobs: dict):
     """(the retriever `serve` serves, what it serves in words)."""
     if args.retriever == "e5":
-        from experiments.retrieval.dense import DenseRetriever
+        from experiments.retrieval.dense import DenseRetriever  # loads torch
 
         env = DenseRetriever(load_corpus(args.corpus), index_path=args.index, **_dense_kwargs(args))
         return env, f"{args.corpus} with e5 ({env.backend} search)"
     if args.corpus:
         return BM25Retriever(load_corpus(args.corpus)), args.corpus
-    from experiments.tasks import get_task
+    from experiments.tasks import get_task  # tasks import retrievers, never the reverse
 
     env = get_task(args.task).make_env(**knobs)
     if env is None or not hasattr(env, "docs"):

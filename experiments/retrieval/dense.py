@@ -30,6 +30,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from experiments.progress import bar as progress_bar
 from experiments.retrieval import check_file, check_k
 
 DEFAULT_MODEL = "intfloat/e5-base-v2"
@@ -154,8 +155,6 @@ class E5Encoder:
 
     def batches(self, texts: Sequence[str], prefix: str, progress: bool = False) -> Iterator[torch.Tensor]:
         """(B, D) embeddings of `prefix + text`, `batch_size` texts at a time (a tqdm bar if `progress`)."""
-        from experiments.progress import bar as progress_bar
-
         show = progress and len(texts) > self.batch_size
         with progress_bar(len(texts), "encoding", unit="passage", show=show) as bar:
             for start in range(0, len(texts), self.batch_size):

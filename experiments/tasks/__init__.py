@@ -27,7 +27,10 @@ builds from a task module.
 
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -126,9 +129,6 @@ def make_knobs(cls: type, task: str, knobs: dict[str, Any]):
 def read_prepared(task: str, data_dir: str, split: str, n: int, seed: int) -> list[dict[str, Any]]:
     """Up to `n` rows of `<data_dir>/<split>.parquet` (verl's schema, written by the task's
     `prepare`) in a `seed`-shuffled order; ValueError naming the missing file otherwise."""
-    import os
-    import random
-
     import pandas as pd
 
     path = os.path.join(os.path.expanduser(data_dir), f"{split}.parquet")
@@ -250,9 +250,6 @@ def register(module: ModuleType) -> ModuleType:
 def _discover() -> dict[str, ModuleType]:
     """Every task module of this package by its NAME (modules named _* are skipped), then those $EMAPG_TASKS
     names."""
-    import importlib
-    import pkgutil
-
     found: dict[str, ModuleType] = {}
     names = [f"{__name__}.{m.name}" for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)]
     names = [n for n in names if not n.rsplit(".", 1)[1].startswith("_")]
@@ -327,8 +324,6 @@ def get_task(name: str) -> ModuleType:
 def add(module: ModuleType | str) -> ModuleType:
     """Register a task module (or its importable name) in this process's `TASKS`; returns the module. Other
     processes (a sweep's Ray workers) see it when its name is in $EMAPG_TASKS."""
-    import importlib
-
     module = register(importlib.import_module(module) if isinstance(module, str) else module)
     _enter(TASKS, module)
     return module

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math as _math
 import os
+import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -192,7 +193,6 @@ def rehearsal_data(out_dir, rows: dict[str, int]) -> RehearsalData:
     """The rehearsal's data, written by `prepare`: single-digit sums ("Compute 3+4", gold "7"), `rows["train"]`
     for training and `rows["test"]` per benchmark; a tiny model learns the format (and some sums) in seconds,
     so rewards vary. SFT pairs: "3+4</think>\\boxed{7}"."""
-    import random
 
     def sums(n: int, seed: int) -> list[tuple[str, str]]:
         rng = random.Random(seed)

@@ -28,9 +28,11 @@ prompt (the released code's per-dataset indices collide between NQ and HotpotQA)
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from experiments.tasks import (
     Example,
@@ -40,6 +42,7 @@ from experiments.tasks import (
     Source,
     make_knobs,
     prepared_examples,
+    search_tiny,
 )
 from experiments.tasks.search_tiny import extract_answer, normalize_answer  # noqa: F401  same rules
 
@@ -180,10 +183,6 @@ def rehearsal_data(out_dir, rows: dict[str, int]) -> RehearsalData:
     """The rehearsal's data: search_tiny's questions in every source (`rows["train"]` training questions in all,
     `rows["test"]` per test source), written by `prepare`; its world as the corpus (corpus.jsonl, for `emapg
     retriever serve --corpus`); SFT pairs of whole trajectories (search call, information, answer)."""
-    import json
-    from pathlib import Path
-
-    from experiments.tasks import search_tiny
 
     def loader(source: str, split: str):
         seed = sorted(set(TRAIN_SOURCES + TEST_SOURCES)).index(source) + (0 if split == "train" else 50)
@@ -241,7 +240,7 @@ def tool_response(response_so_far: str, env, k: int = TOPK) -> str | None:
 
 def make_env(**knobs):
     """An HTTP client of `emapg retriever serve` (BM25 or dense, over the Wikipedia corpus)."""
-    from experiments.retrieval.service import HTTPRetriever
+    from experiments.retrieval.service import HTTPRetriever  # loads pydantic
 
     return HTTPRetriever(make_knobs(Knobs, NAME, knobs).retriever_url)
 
