@@ -47,7 +47,7 @@ HEAVY = {
     "ray.tune.search.optuna": "imports optuna",
     "numpy": "60 to 140 ms, several times `emapg --help`'s whole import",
     "tqdm": "tqdm.auto is about 60 ms; experiments.progress, which `emapg --help` loads, needs it for a bar only",
-    "pydantic": "its models take about 70 ms; only the sweep YAML's models need it",
+    "pydantic": "its models take about 70 ms; only the sweep YAML and the verl section are models",
     "huggingface_hub": "not a declared dependency (transformers brings it); `emapg doctor` copes without it",
     "httpx": "over 100 ms; the retriever's client",
     "fastapi": "about half a second; the retriever's server",
