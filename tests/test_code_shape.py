@@ -15,11 +15,10 @@ EXEMPT lists the only signatures allowed over the bound, each fixed by someone e
 """
 
 import ast
-import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
-import pytest
+from tests.repo import git_files
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 80
@@ -44,15 +43,7 @@ class Fn(NamedTuple):
 
 def _product_files() -> list[str]:
     """Tracked .py files outside tests/ (paths relative to the repository root)."""
-    try:
-        out = subprocess.run(
-            ["git", "ls-files", "-z", "--", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
-        )
-    except (OSError, subprocess.CalledProcessError) as e:
-        pytest.skip(f"not a git checkout ({e}): the tracked files are unknown")
-    return sorted(
-        p for p in out.stdout.split("\0") if p and not p.startswith("tests/") and (ROOT / p).is_file()
-    )  # a tracked file deleted in the work tree is skipped
+    return [p for p in git_files("*.py") if not p.startswith("tests/")]
 
 
 def _positional(args: ast.arguments) -> int:

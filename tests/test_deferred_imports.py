@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+
+from tests.repo import git_files
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ema_pg_core", "experiments", "sweeps", "analysis", "cluster")
@@ -104,13 +105,7 @@ class Deferred(NamedTuple):
 
 def _tracked() -> list[str]:
     """Tracked .py files (tests/ included: benchmarks import tests.run_gpu), relative to the root."""
-    try:
-        out = subprocess.run(
-            ["git", "ls-files", "-z", "--", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
-        )
-    except (OSError, subprocess.CalledProcessError) as e:
-        pytest.skip(f"not a git checkout ({e}): the tracked files are unknown")
-    return sorted(p for p in out.stdout.split("\0") if p and (ROOT / p).is_file())
+    return git_files("*.py")
 
 
 def _module_name(path: str) -> str:

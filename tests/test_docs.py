@@ -13,11 +13,11 @@ resolves; docs/sweeps.md's key list is the one in sweeps/spec.py and names every
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+
+from tests.repo import git_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,23 +42,8 @@ README_MAX_LINES = 150
 
 
 def repo_files() -> list[Path]:
-    """Tracked files plus new, not ignored ones (`git ls-files`), that exist and are text."""
-    try:
-        out = subprocess.run(
-            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            cwd=ROOT,
-            capture_output=True,
-            check=True,
-            timeout=60,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        pytest.skip("not a git checkout (git ls-files failed)")
-    files = []
-    for name in sorted(set(out.decode().split("\0")) - {""}):
-        path = ROOT / name
-        if path.is_file():
-            files.append(path)
-    return files
+    """Tracked files plus new, not ignored ones (`git ls-files`), that exist."""
+    return [ROOT / p for p in git_files(untracked=True)]
 
 
 def text_of(path: Path) -> str | None:
