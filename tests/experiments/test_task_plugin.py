@@ -32,7 +32,7 @@ CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "echo_conf")
 
 @dataclass(frozen=True)
 class Knobs:
-    pass
+    """None: the echo task has no difficulty knobs (task.knobs.<name> for those that do)."""
 
 
 def load(split, n, seed=0, **knobs):

@@ -138,6 +138,27 @@ def train_flags(td, dynamic: bool = False) -> None:
     )
 
 
+def loss_pass(actor, batch, loss_fn) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(verl's metrics, {parameter: gradient}) of one loss pass of `actor` with `loss_fn` over ``batch()`` (a fresh
+    TensorDict per call): the value through ``infer_batch(compute_loss=True)``, the gradients through
+    ``forward_backward_batch`` with TrainingWorker.train_batch's flags; no optimizer step."""
+    from verl.utils import tensordict_utils as tu
+
+    td = batch()
+    tu.assign_non_tensor(td, compute_loss=True)
+    metrics = actor.infer_batch(td)["metrics"]
+    td = batch()
+    train_flags(td)  # what TrainingWorker.train_batch injects
+    actor.engine.optimizer_zero_grad()
+    with actor.engine.train_mode():
+        actor.engine.forward_backward_batch(td, loss_function=loss_fn, forward_only=False)
+        grads = {
+            n: p.grad.full_tensor().clone() for n, p in actor.engine.module.named_parameters() if p.grad is not None
+        }
+    actor.engine.optimizer_zero_grad()  # no step: the actor stays as it is for the next call
+    return metrics, grads
+
+
 def naive_logits(module, padded, temperature: float = 1.0) -> torch.Tensor:
     """(B, R, V) logits / T predicting each response token, one unpadded forward per sequence."""
     am, ids = padded["attention_mask"], padded["input_ids"]

@@ -154,19 +154,8 @@ def _verl_value_and_grads(actor, ref, kl_type, tail, use_iw, agg, jagged, flags,
         tu.assign_non_tensor(td, **flags)
         return td
 
-    td = batch()
-    tu.assign_non_tensor(td, compute_loss=True)
-    value = actor.infer_batch(td)["metrics"]["loss"]
-    td = batch()
-    engines.train_flags(td)  # what TrainingWorker.train_batch injects
-    actor.engine.optimizer_zero_grad()
-    with actor.engine.train_mode():
-        actor.engine.forward_backward_batch(td, loss_function=loss_fn, forward_only=False)
-        grads = {
-            n: p.grad.full_tensor().clone() for n, p in actor.engine.module.named_parameters() if p.grad is not None
-        }
-    actor.engine.optimizer_zero_grad()  # no step: the actor stays as it is for the next call
-    return value, grads
+    metrics, grads = engines.loss_pass(actor, batch, loss_fn)
+    return metrics["loss"], grads
 
 
 def _check(pair, tiny_path, kl_type, tail, use_iw, agg, dynamic, drop=(), drop_key=True):

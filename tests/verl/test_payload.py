@@ -100,7 +100,6 @@ def _old_anchor_head(data, kl, dtype):
 
 def _loss(actor, fields, kl_cfg, T=0.8):
     """(loss value, metrics, {parameter: gradient}) of verl's loss pass over the test batch with these fields."""
-    from verl.utils import tensordict_utils as tu
     from verl.workers.config import FSDPActorConfig
 
     from ema_pg_core.config import LossConfig
@@ -119,18 +118,7 @@ def _loss(actor, fields, kl_cfg, T=0.8):
         set_pass(td, "train")
         return td
 
-    td = batch()
-    tu.assign_non_tensor(td, compute_loss=True)
-    metrics = actor.infer_batch(td)["metrics"]
-    td = batch()
-    engines.train_flags(td)  # what TrainingWorker.train_batch injects
-    actor.engine.optimizer_zero_grad()
-    with actor.engine.train_mode():
-        actor.engine.forward_backward_batch(td, loss_function=loss_fn, forward_only=False)
-        grads = {
-            n: p.grad.full_tensor().clone() for n, p in actor.engine.module.named_parameters() if p.grad is not None
-        }
-    actor.engine.optimizer_zero_grad()  # no step: the actor stays as it is for the next call
+    metrics, grads = engines.loss_pass(actor, batch, loss_fn)
     return metrics["loss"], metrics, grads
 
 
