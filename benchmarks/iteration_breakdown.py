@@ -30,7 +30,9 @@ and the same spread of process CPU seconds and of the minor page faults per iter
 asking the kernel for fresh pages), measured on the same iterations. Responses change length from one
 iteration to the next, and with them the work: ``work_fit`` fits the iteration time on the decode steps and
 the mean response length, and gives the share of the variance that work explains and the spread left at a
-given amount of work (the runtime's own).
+given amount of work (the runtime's own). The floor under that: after every iteration the raw operations also run
+on one batch kept from the warm-up iteration (``fixed_work``: constant decode steps, shapes and passes), and the
+spread of that fixed-work control, measured on the same iterations, is what the machine gives at constant work.
 
 ``--write`` replaces the section in docs/benchmarks.md. For a multi-turn preset (search_tiny) the raw
 decode is one turn as long as the longest response, environment tokens included: not the rollout's work
@@ -261,13 +263,33 @@ def replay(tr) -> dict:
     }
 
 
-def step_in_process(tr) -> dict:
-    """One iteration of an in-process trainer, then the raw operations replayed on its batch."""
+def fixed_work(tr, seen: list) -> float:
+    """The raw operations on one batch kept from the warm-up iteration (seconds): the same decode steps, shapes and
+    passes every iteration, so their spread is what the machine and the model's kernels give at a constant amount
+    of work, the floor under the trainer's own spread."""
+    import torch
+
+    from ema_pg_core.local.batch import collate  # loads torch
+
+    batch = collate(seen, tr.tok.pad_token_id, device=tr.device)
+    g = torch.Generator().manual_seed(0)  # the same draws every time: the decode's work does not depend on them
+    mode = tr.policy.training
+    tr.policy.eval()
+    t = _timed(lambda: raw_decode(tr.policy, tr.tok, seen, tr.cfg.rollout.temperature, g))
+    tr.policy.train(mode)
+    t += _timed(lambda: raw_forward_backward(tr.policy, batch))
+    return t + (_timed(lambda: anchor_forward(tr.anchor.module, batch)) if tr.cfg.algo.kl.coef else 0.0)
+
+
+def step_in_process(tr, kept: dict) -> dict:
+    """One iteration of an in-process trainer, then the raw operations replayed on its batch and on the batch
+    `kept` from its first (warm-up) iteration."""
     with Usage() as u:
         m = tr.step()
     row = {**u.row, "probe": m.get("perf/probe_s", 0.0), **{p: m[f"perf/{p}_s"] for p in PHASES}}
     steps = max(len(t.response_ids) for t in tr.seen)
-    return {**row, "response_len": m["train/response_len"], "steps": steps, **replay(tr)}
+    seen = kept.setdefault("seen", list(tr.seen))
+    return {**row, "response_len": m["train/response_len"], "steps": steps, **replay(tr), "fixed": fixed_work(tr, seen)}
 
 
 def measure(preset: str, args, before_tree: str | None) -> dict[str, list[dict]]:
@@ -280,7 +302,7 @@ def measure(preset: str, args, before_tree: str | None) -> dict[str, list[dict]]
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as d:
         trainers = {m: trainer(preset, m, args.mini_batches, f"{d}/{m}", args.probe_every) for m in MODES}
-        paths = {m: (partial(step_in_process, tr), tr.evaluate) for m, tr in trainers.items()}
+        paths = {m: (partial(step_in_process, tr, {}), tr.evaluate) for m, tr in trainers.items()}
         before = None
         if before_tree:
             before = BeforeTrainer(before_tree, preset, args.threads, args.mini_batches, f"{d}/before")
@@ -320,6 +342,10 @@ def spread(rows: list[dict], eval_every: int) -> dict:
     out["faults_median"], out["faults_max"] = statistics.median(faults), max(faults)
     if all("steps" in r for r in rows) and len(rows) > 3:  # this checkout's paths: the work of each iteration known
         out.update(work_fit(rows))
+    if all("fixed" in r for r in rows) and len(rows) > 1:
+        xs = [r["fixed"] for r in rows]
+        q = statistics.quantiles(xs, n=10, method="inclusive")
+        out["fixed_p90_p10"] = (q[-1] - q[0]) / statistics.median(xs)
     return out
 
 
@@ -370,6 +396,7 @@ PHASE_COLUMNS = {
     "generate_steps": "generate's steps",
     "raw_fwd_bwd": "raw fwd+bwd",
     "anchor_fwd": "anchor fwd",
+    "fixed": "fixed-work control",
 }
 RATIO_COLUMNS = {
     "rollout_vs_generate": "rollout / model.generate",
@@ -392,6 +419,7 @@ SPREAD_COLUMNS = {
     "faults_max": "page faults (max)",
     "fit_r2": "share of the iteration's variance its work explains (R^2)",
     "fit_p90_p10": "iteration / fit on its work (p90 - p10) / median",
+    "fixed_p90_p10": "fixed-work control (p90 - p10) / median",
 }
 
 
@@ -441,7 +469,7 @@ def report(results: dict, args, machine: dict) -> str:
         C.md_table(["preset", *RATIO_COLUMNS.values()], rat),
         "",
         "Per-iteration spread over iterations 2..N of the same run (wall clock around `step()` less the KL probe;",
-        "process CPU seconds; minor page faults):",
+        "process CPU seconds; minor page faults; the raw operations on one batch kept from the warm-up iteration):",
         "",
         C.md_table(["preset", "path", *SPREAD_COLUMNS.values()], spr),
     ]

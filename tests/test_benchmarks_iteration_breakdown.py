@@ -66,3 +66,12 @@ def test_work_fit_separates_the_work_from_the_runtime():
     levels = [{**r, "iter": r["iter"] * (1.3 if i % 2 else 1.0)} for i, r in enumerate(work)]
     assert ib.work_fit(levels)["fit_p90_p10"] > 0.15
     assert "fit_r2" not in ib.spread([{k: v for k, v in r.items() if k != "steps"} for r in work], eval_every=0)
+
+
+def test_the_fixed_work_control_gets_its_own_spread_column():
+    """A flat iteration beside a control spread evenly over 0.50..0.59 s: deciles 0.509 and 0.581 (inclusive)."""
+    rows = [{**r, "fixed": 0.5 + i / 100} for i, r in enumerate(_rows([1.0] * 10))]
+    sp = ib.spread(rows, eval_every=0)
+    assert sp["iter_p90_p10"] == 0 and sp["fixed_p90_p10"] == pytest.approx((0.581 - 0.509) / 0.545)
+    assert "fixed_p90_p10" not in ib.spread(_rows([1.0] * 4), eval_every=0)  # the commit-before path has none
+    assert ib._cell("fixed_p90_p10", sp) == "13.2%"
