@@ -10,7 +10,10 @@ own ``ppo_loss`` and distillation loss use. verl calls it in two roles:
    computed here. ``ema_pg_core.topk`` gathers this step's logits at the stored head ids q and
    takes the full logsumexp; the estimator sees the local backend's (B, T) / (B, T, K) inputs
    (response layout; the anchor's as its log-probs at q with logsumexp 0, the same head log-probs:
-   ``anchor_head``); the (B, T) result travels back to verl packed as (1, nnz). The
+   ``anchor_head``); the (B, T) result travels back to verl packed as (1, nnz). The ``topk/*``
+   telemetry of the micro-batch is summarised here too and handed to the final loss as a non-tensor
+   entry of the micro-batch (``TOPK_METRICS``): verl would wrap each per-token part the hook returned
+   in a nested tensor, only for the final loss to unwrap it again. The
    sampled token's log-prob takes the value of verl's own log-prob function (``_as_verl_logp``),
    so that it is comparable with ``old_log_probs`` and ``ref_log_prob``; the hook returns that
    function's result, with its gradient, as verl's ``log_probs`` too (``LOGP_KEY``), and the engine
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import torch
 from verl.trainer.ppo.core_algos import agg_loss
+from verl.utils import tensordict_utils as tu
 from verl.utils.metric import AggregationType, Metric
 from verl.utils.torch_functional import logprobs_from_logits
 
@@ -38,11 +42,11 @@ from ema_pg_core.loss import ppo_clip_per_token
 from ema_pg_core.telemetry import topk_parts, topk_summary
 from ema_pg_core.topk import token_stats_from_logits
 from ema_pg_core.verl.config import VERL_AGG, head_keys
-from ema_pg_core.verl.layout import packed_to_response, padded_response, response_to_packed
+from ema_pg_core.verl.layout import Layout, padded_response
 
 KL_KEY = "emapg_kl"  # per-token Top-k KL from the logits-processor pass, packed (nnz,)
 LOGP_KEY = "log_probs"  # verl's log-probs of the sampled tokens, from the same pass: verl's model_output key
-PARTS_PREFIX = "emapg_topk_"  # + each ``telemetry.topk_parts`` name but the estimate: per-token telemetry, (nnz,)
+TOPK_METRICS = "emapg_topk_metrics"  # the hook's ``topk/*`` metrics of its micro-batch, for the final loss
 
 
 def emapg_actor_loss(
@@ -68,38 +72,38 @@ def _iw(kl: KLConfig) -> ImportanceWeight:
 
 def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> dict[str, torch.Tensor]:
     """{KL_KEY: (1, nnz) per-token Top-k KL at the positions predicting response tokens (0 elsewhere),
-    LOGP_KEY: (1, nnz) verl's log-probs of the sampled tokens (``logprobs_from_logits``, with its gradient),
-    PARTS_PREFIX + part: (1, nnz) the ``topk/*`` telemetry per token (``ema_pg_core.telemetry.topk_parts``)}."""
+    LOGP_KEY: (1, nnz) verl's log-probs of the sampled tokens (``logprobs_from_logits``, with its gradient)};
+    the micro-batch's ``topk/*`` metrics go into `data` under ``TOPK_METRICS`` (``_topk_metrics``)."""
     if student_logits.ndim != 3 or student_logits.shape[0] != 1:
         raise ValueError(f"expected (1, nnz, V) training logits; got {tuple(student_logits.shape)}")
-    nnz = student_logits.shape[1]
+    lay = Layout.of(data)  # the positions, once for every field below
     keys = head_keys(kl)
     ids = data[keys["ids"]].values().long()  # (nnz, K)
     tokens = torch.roll(data["input_ids"].values(), shifts=-1, dims=0)  # (nnz,) token predicted at each position
     st = token_stats_from_logits(student_logits, tokens[None], indices=ids[None])  # (1, nnz[, K])
     verl_logp = logprobs_from_logits(student_logits[0], tokens, inplace_backward=False)  # (nnz,) verl's log_probs
-    logp = packed_to_response(_as_verl_logp(st.logp[0], verl_logp), data)  # (B, T)
+    logp = lay.response(_as_verl_logp(st.logp[0], verl_logp))  # (B, T)
     B, T = logp.shape
     resp = lambda key: padded_response(data[key], B, T).to(logp.dtype)  # noqa: E731
-    ref_logits_k, ref_lse = anchor_head(data, kl, logp.dtype)  # (B, T, K), (B, T)
+    ref_logits_k, ref_lse = anchor_head(data, lay, kl, logp.dtype)  # (B, T, K), (B, T)
     x = KLInputs(
         logp=logp,
         ref_logp=resp("ref_log_prob"),
         old_logp=resp("old_log_probs"),
-        sampled=packed_to_response(tokens, data),
-        topk_idx=packed_to_response(ids, data),
-        logits_k=packed_to_response(st.logits_k[0], data),
-        lse=packed_to_response(st.lse[0], data),
+        sampled=lay.response(tokens),
+        topk_idx=lay.response(ids),
+        logits_k=lay.response(st.logits_k[0]),
+        lse=lay.response(st.lse[0]),
         ref_logits_k=ref_logits_k,
         ref_lse=ref_lse,
     )
     per_token = kl_per_token(kl.type, x, tail=kl.tail, iw=_iw(kl))  # (B, T)
-    parts = topk_parts(x, kl.type, tail=kl.tail, iw=_iw(kl))  # (B, T) each, no gradient
-    out = {PARTS_PREFIX + k: response_to_packed(v, data, nnz)[None] for k, v in parts.items() if k != "estimate"}
-    return {KL_KEY: response_to_packed(per_token, data, nnz)[None], LOGP_KEY: verl_logp[None], **out}
+    mask = padded_response(data["response_mask"], B, T).to(torch.bool)  # (B, T), the final loss's
+    tu.assign_non_tensor(data, **{TOPK_METRICS: _topk_metrics(x, per_token, lay, mask, kl)})
+    return {KL_KEY: lay.packed(per_token)[None], LOGP_KEY: verl_logp[None]}
 
 
-def anchor_head(data, kl: KLConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def anchor_head(data, lay: Layout, kl: KLConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(ref_logits_k (B, T, K), ref_lse (B, T)) of ``KLInputs`` from the anchor pass's log-probs at the head.
 
     The estimators and the telemetry read the anchor's logits at the head and its logsumexp only as
@@ -108,7 +112,7 @@ def anchor_head(data, kl: KLConfig, dtype: torch.dtype) -> tuple[torch.Tensor, t
     log-probs for fp32, bf16 and fp16 logits) ``v - 0`` is ``v``, bit for bit the difference the estimators
     took when the pass sent the two separately.
     """
-    ref_logp_k = packed_to_response(data[head_keys(kl)["ref_logp_k"]].values(), data).to(dtype)  # (B, T, K)
+    ref_logp_k = lay.response(data[head_keys(kl)["ref_logp_k"]].values()).to(dtype)  # (B, T, K)
     return ref_logp_k, ref_logp_k.new_zeros(ref_logp_k.shape[:-1])
 
 
@@ -127,16 +131,21 @@ def _as_verl_logp(logp: torch.Tensor, verl_logp: torch.Tensor) -> torch.Tensor:
     return verl_logp.detach().to(logp.dtype) + (logp - logp.detach())  # value: verl's exactly; gradient: d logp
 
 
-def _topk_metrics(model_output, data, kl_tok: torch.Tensor, mask: torch.Tensor, direction: str) -> dict[str, float]:
-    """The ``topk/*`` metrics of this micro-batch from the hook's per-token parts; kl_tok, mask: (B, T)."""
-    names = ("head_mass", "anchor_head_mass", "tail", "head")
-    parts = {n: packed_to_response(model_output[PARTS_PREFIX + n], data).to(kl_tok.dtype) for n in names}
-    return topk_summary({**parts, "estimate": kl_tok.detach()}, mask, direction)
+def _topk_metrics(x: KLInputs, per_token: torch.Tensor, lay: Layout, mask: torch.Tensor, kl: KLConfig) -> dict:
+    """The ``topk/*`` metrics of one micro-batch (``telemetry.topk_summary``); per_token, mask: (B, T).
+
+    Every per-token part is zero past each response's end, as it was when the parts travelled packed to the
+    final loss and back (the metrics are the same bit for bit, tested)."""
+    parts = topk_parts(x, kl.type, tail=kl.tail, iw=_iw(kl))  # (B, T) each, no gradient
+    parts["estimate"] = per_token.detach()
+    keep = lambda t: torch.where(lay.valid, t, torch.zeros((), dtype=t.dtype))  # noqa: E731
+    return topk_summary({k: keep(v) for k, v in parts.items()}, mask, get_estimator(kl.type).direction)
 
 
 def final_loss(config, model_output, data, kl: KLConfig, loss: LossConfig):
     """(scalar loss, metrics) for one micro-batch; see the module docstring."""
-    logp = packed_to_response(model_output["log_probs"], data)  # (B, T)
+    lay = Layout.of(data)  # the positions, once for every field below
+    logp = lay.response(model_output["log_probs"])  # (B, T)
     B, T = logp.shape
     resp = lambda key: padded_response(data[key], B, T)  # noqa: E731
     mask = resp("response_mask").to(torch.bool)
@@ -169,9 +178,12 @@ def final_loss(config, model_output, data, kl: KLConfig, loss: LossConfig):
     if kl.coef > 0:
         est = get_estimator(kl.type)
         if est.needs == "topk":
-            kl_tok = packed_to_response(model_output[KL_KEY], data).to(logp.dtype)
+            kl_tok = lay.response(model_output[KL_KEY]).to(logp.dtype)
             metrics["emapg/topk_k"] = float(data[head_keys(kl)["ids"]].values().shape[-1])  # the head the KL used
-            metrics.update(_topk_metrics(model_output, data, kl_tok, mask, est.direction))
+            topk = tu.get_non_tensor_data(data, TOPK_METRICS, None)  # left by the hook, topk_kl_packed
+            if topk is None:
+                raise RuntimeError(f"no {TOPK_METRICS} in the micro-batch: verl did not call the Top-k KL hook")
+            metrics.update(topk)
         elif est.needs == "sampled":
             x = KLInputs(logp=logp, ref_logp=resp("ref_log_prob").to(logp.dtype), old_logp=old)
             kl_tok = kl_per_token(kl.type, x, tail=kl.tail, iw=_iw(kl))
@@ -183,7 +195,7 @@ def final_loss(config, model_output, data, kl: KLConfig, loss: LossConfig):
         total = total + kl.coef * kl_value
         metrics.update({"kl_loss": Metric(value=kl_value, aggregation=how), "kl_coef": kl.coef})
     if "entropy" in model_output:
-        ent = agg(packed_to_response(model_output["entropy"], data))
+        ent = agg(lay.response(model_output["entropy"]))
         metrics["entropy_loss"] = Metric(value=ent, aggregation=how)
         if loss.entropy_coef:
             total = total - loss.entropy_coef * ent

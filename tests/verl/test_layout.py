@@ -48,3 +48,37 @@ def test_response_to_packed_inverts_no_padding_2_padding(verl_cpu, nested):
     src = torch.nested.as_nested_tensor([old[i][mask[i]] for i in range(4)], layout=torch.jagged) if nested else old
     got = padded_response(src, 4, resp.shape[1])
     assert got.shape == resp.shape[:2] and torch.equal(got[mask], old[:, : resp.shape[1]][mask])
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["padded", "nested"])
+def test_layout_is_no_padding_2_padding_with_the_positions_computed_once(verl_cpu, nested):
+    """Values (float and integer fields, with and without a trailing dimension) and gradients equal verl's own
+    conversion bit for bit; ``packed`` inverts it on the response positions; a field of another micro-batch is
+    refused."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    from ema_pg_core.verl.layout import Layout, response_to_packed
+
+    td, _ = engines.batch()
+    if nested:
+        td = _nested_batch(td)
+    nnz = td["input_ids"].values().shape[0]
+    lay = Layout.of(td)
+    assert lay.nnz == nnz
+    for packed in (torch.randn(nnz), torch.randn(nnz, 3), torch.randint(0, 100, (nnz, 5))):
+        assert torch.equal(lay.response(packed), no_padding_2_padding(packed, td))
+    nested_field = torch.nested.nested_tensor_from_jagged(torch.randn(nnz), td["input_ids"].offsets())
+    assert torch.equal(lay.response(nested_field), no_padding_2_padding(nested_field, td))
+    grads = []
+    for convert in (lay.response, lambda p: no_padding_2_padding(p, td)):
+        packed = torch.linspace(-1, 1, nnz * 3).view(nnz, 3).requires_grad_()
+        resp = convert(packed)
+        (resp * torch.arange(resp.numel()).view(resp.shape)).sum().backward()
+        grads.append(packed.grad)
+    assert torch.equal(*grads) and grads[0].abs().sum() > 0
+    resp = lay.response(torch.randn(nnz, 3))
+    assert torch.equal(lay.packed(resp), response_to_packed(resp, td, nnz))
+    with pytest.raises(ValueError, match=f"expected {nnz} packed tokens; got {nnz + 1}"):
+        lay.response(torch.randn(nnz + 1))
+    with pytest.raises(ValueError, match="expected a"):
+        lay.packed(resp[:, :-1])

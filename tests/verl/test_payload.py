@@ -90,12 +90,33 @@ def test_payload_bytes_per_token(pair, kl_type):
     assert now == NOW[kl_type] and sum(now.values()) == 8 * K
 
 
-def _old_anchor_head(data, kl, dtype):
+def _old_anchor_head(data, lay, kl, dtype):
     """The loss's reader of the anchor's values before ``anchor_head``: its logits at the head and logsumexp."""
-    from ema_pg_core.verl.layout import packed_to_response
-
-    read = lambda key: packed_to_response(data[key].values(), data).to(dtype)  # noqa: E731
+    read = lambda key: lay.response(data[key].values()).to(dtype)  # noqa: E731
     return read(f"{REF}logits_k"), read(f"{REF}lse")
+
+
+class _VerlLayout:
+    """The loss's layout before ``Layout``: verl's ``no_padding_2_padding`` for every field, which derives the
+    positions again on each call, and ``response_to_packed`` back."""
+
+    def __init__(self, data):
+        from ema_pg_core.verl.layout import packed_to_response
+
+        self.data, self.nnz = data, int(data["input_ids"].values().shape[0])
+        self.valid = packed_to_response(torch.ones(self.nnz, dtype=torch.bool), data)  # (B, T)
+
+    of = classmethod(lambda cls, data: cls(data))
+
+    def response(self, packed):
+        from ema_pg_core.verl.layout import packed_to_response
+
+        return packed_to_response(packed, self.data)
+
+    def packed(self, x):
+        from ema_pg_core.verl.layout import response_to_packed
+
+        return response_to_packed(x, self.data, self.nnz)
 
 
 def _loss(actor, fields, kl_cfg, T=0.8):
@@ -199,6 +220,32 @@ def test_one_log_prob_pass_gives_the_loss_of_two(pair, monkeypatch, kl_type, tai
     compared = [k for k in metrics if not k.startswith("perf/")]  # perf/: memory in use, time
     assert {k: _plain(metrics[k]) for k in compared} == {k: _plain(before_metrics[k]) for k in compared}
     assert abs(_plain(metrics["kl_loss"])[0]) > 1e-3 and abs(_plain(metrics["pg_loss"])[0]) > 0
+    assert grads.keys() == before_grads.keys() and grads
+    for n, g in grads.items():
+        assert torch.equal(g, before_grads[n]), n
+
+
+@pytest.mark.parametrize("kl_type", ["topk_reverse", "topk_forward"])
+def test_loss_is_unchanged_by_the_layout_computed_once(pair, monkeypatch, kl_type):
+    """The loss moves its fields between verl's packed layout and the response layout with one ``Layout`` per
+    micro-batch; with verl's ``no_padding_2_padding`` on every field (the loss before) its value, its ``topk/*``
+    metrics and every gradient are the same bit for bit."""
+    from ema_pg_core.config import KLConfig
+    from ema_pg_core.verl import loss
+    from ema_pg_core.verl.config import topk_passes
+
+    actor, ref = pair
+    kl_cfg = KLConfig(type=kl_type, k=K, tail="unbiased", coef=0.5, use_iw=True)
+    _, fields = _passes(actor, ref, topk_passes(kl_cfg))
+    value, metrics, grads = _loss(actor, fields, kl_cfg)
+    with monkeypatch.context() as m:
+        m.setattr(loss, "Layout", _VerlLayout)
+        before_value, before_metrics, before_grads = _loss(actor, fields, kl_cfg)
+    assert value == before_value and abs(_plain(metrics["kl_loss"])[0]) > 1e-3
+    assert metrics.keys() == before_metrics.keys()
+    compared = [k for k in metrics if not k.startswith("perf/")]  # perf/: the process's memory, its clock
+    assert {"kl_loss", "topk/head_mass", "topk/tail_frac", "topk/tail_share", "pg_loss"} <= set(compared), compared
+    assert {k: _plain(metrics[k]) for k in compared} == {k: _plain(before_metrics[k]) for k in compared}
     assert grads.keys() == before_grads.keys() and grads
     for n, g in grads.items():
         assert torch.equal(g, before_grads[n]), n
