@@ -134,8 +134,8 @@ def _as_verl_logp(logp: torch.Tensor, verl_logp: torch.Tensor) -> torch.Tensor:
 def _topk_metrics(x: KLInputs, per_token: torch.Tensor, lay: Layout, mask: torch.Tensor, kl: KLConfig) -> dict:
     """The ``topk/*`` metrics of one micro-batch (``telemetry.topk_summary``); per_token, mask: (B, T).
 
-    Every per-token part is zero past each response's end, as it was when the parts travelled packed to the
-    final loss and back (the metrics are the same bit for bit, tested)."""
+    Every per-token part is zeroed past each response's end, as the packed round trip to the final loss zeroed it
+    when the parts travelled that way; the figures equal the local backend's (tests/verl/test_loss.py)."""
     parts = topk_parts(x, kl.type, tail=kl.tail, iw=_iw(kl))  # (B, T) each, no gradient
     parts["estimate"] = per_token.detach()
     keep = lambda t: torch.where(lay.valid, t, torch.zeros((), dtype=t.dtype))  # noqa: E731
