@@ -799,7 +799,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps <= args.warmup:
         p.error(f"--steps {args.steps} must exceed --warmup {args.warmup}")
 
-    require_verl()
+    try:
+        require_verl()
+    except ImportError as e:  # one line, no traceback: run it in the venv that has the [verl] extra
+        p.exit(2, f"{e}\n")
     with tempfile.TemporaryDirectory() as tmp:  # with --out, the runs and jobs.json stay there
         return _measure(args, Path(args.out) if args.out else Path(tmp))
 

@@ -168,3 +168,19 @@ def test_summary_ratios_and_the_section(tmp_path):
     assert "worker CPU 1.000x (met)" in text
     assert "math_deepscaler_ema_pg | 128 x 8 = 1024 | cap" in text  # the recipes' sizes, read from the presets
     assert "search_r1_ema_pg | 512 x 5 = 2560 | cap" in text
+
+
+@pytest.mark.parametrize("script", ["verl_overhead", "verl_loss_pass"])
+def test_without_verl_a_verl_benchmark_says_how_to_install_it_in_one_line(script, monkeypatch, capsys):
+    import importlib
+
+    mod = importlib.import_module(f"benchmarks.{script}")
+
+    def missing():
+        raise ImportError("the verl backend needs the [verl] extra")
+
+    monkeypatch.setattr(mod, "require_verl", missing)
+    monkeypatch.setattr("sys.argv", [f"{script}.py"])
+    with pytest.raises(SystemExit) as e:
+        mod.main()
+    assert e.value.code == 2 and capsys.readouterr().err == "the verl backend needs the [verl] extra\n"
