@@ -6,14 +6,14 @@ Shapes: B sequences, T response width, nnz = total prompt+response tokens of a m
 verl engines return per-position tensors packed over full sequences, (nnz, *), where position j
 holds what the model predicts for token j + 1. ``verl.workers.utils.padding.no_padding_2_padding``
 turns them into response layout (B, T, *): response token t of sequence b is predicted at packed
-position ``seq_end_b - resp_len_b - 1 + t``. ``response_to_packed`` is its inverse on those
-positions (zeros elsewhere) and is differentiable, so a per-token (B, T) quantity computed in
-response layout can travel through verl's per-token (1, nnz) logits-processor channel.
+position ``seq_end_b - resp_len_b - 1 + t``.
 
-``Layout`` is both directions for one micro-batch, its positions computed once: the loss moves about a
-dozen fields between the layouts, and ``no_padding_2_padding`` derives the positions again on every call
-(a loop over the sequences with a host sync), a fixed cost per field that the Top-k loss paid 12 times per
-micro-batch. ``Layout.response`` gives ``no_padding_2_padding``'s values and gradients exactly (tested).
+``Layout`` is both directions for one micro-batch, its positions derived once: ``Layout.response`` gives
+``no_padding_2_padding``'s values and gradients exactly (tested), and ``Layout.packed`` is its inverse on those
+positions (zeros elsewhere), differentiable, so that a per-token (B, T) quantity computed in response layout can
+travel through verl's per-token (1, nnz) logits-processor channel. The loss moves about a dozen fields per
+micro-batch between the layouts; ``no_padding_2_padding`` derives the positions again on every call (a loop over
+the sequences with a host sync), a fixed cost per field.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class Layout:
         if values.shape[0] != self.nnz:
             raise ValueError(f"expected {self.nnz} packed tokens; got {values.shape[0]}")
         keep = self.valid.to(values.device).view(*self.valid.shape, *(1,) * (values.ndim - 1))  # (B, T, 1, ...)
-        return torch.where(keep, values[self.idx.to(values.device)], torch.zeros((), dtype=values.dtype))
+        return torch.where(keep, values[self.idx.to(values.device)], values.new_zeros(()))
 
     def packed(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, *) -> (nnz, *): the response values at their predicting positions, zeros elsewhere;
@@ -93,26 +93,6 @@ class Layout:
             raise ValueError(f"expected a ({self.idx.shape[0]}, {self.idx.shape[1]}, ...) tensor; got {tuple(x.shape)}")
         valid = self.valid.to(x.device)
         return x.new_zeros((self.nnz, *x.shape[2:])).index_put((self.idx.to(x.device)[valid],), x[valid])
-
-
-def packed_to_response(packed: torch.Tensor, data) -> torch.Tensor:
-    """(nnz, *) or nested -> (B, T, *) zero-padded: verl's own ``no_padding_2_padding``."""
-    from verl.workers.utils.padding import no_padding_2_padding
-
-    return no_padding_2_padding(packed, data)
-
-
-def response_to_packed(x: torch.Tensor, data, nnz: int) -> torch.Tensor:
-    """(B, T, *) -> (nnz, *): response values at their predicting positions, zeros elsewhere.
-
-    Differentiable in ``x``; the inverse of ``packed_to_response`` on response positions.
-    """
-    p_len, r_len, width = lengths(data)
-    idx, valid = response_index(p_len.to(x.device), r_len.to(x.device), x.shape[1])
-    if x.shape[1] < width and bool((r_len > x.shape[1]).any()):
-        raise ValueError(f"response tensor width {x.shape[1]} < longest response {int(r_len.max())}")
-    out = x.new_zeros((nnz, *x.shape[2:]))
-    return out.index_put((idx[valid],), x[valid])
 
 
 def padded_response(t: torch.Tensor, batch: int, width: int, fill: float = 0.0) -> torch.Tensor:

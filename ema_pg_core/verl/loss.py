@@ -138,7 +138,7 @@ def _topk_metrics(x: KLInputs, per_token: torch.Tensor, lay: Layout, mask: torch
     when the parts travelled that way; the figures equal the local backend's (tests/verl/test_loss.py)."""
     parts = topk_parts(x, kl.type, tail=kl.tail, iw=_iw(kl))  # (B, T) each, no gradient
     parts["estimate"] = per_token.detach()
-    keep = lambda t: torch.where(lay.valid, t, torch.zeros((), dtype=t.dtype))  # noqa: E731
+    keep = lambda t: torch.where(lay.valid.to(t.device), t, t.new_zeros(()))  # noqa: E731
     return topk_summary({k: keep(v) for k, v in parts.items()}, mask, get_estimator(kl.type).direction)
 
 

@@ -1,5 +1,5 @@
-"""Layout helpers: our response_to_packed inverts verl's no_padding_2_padding on response positions
-(values and gradients), for verl's padded (V0-style) and nested (V1 TransferQueue) batches."""
+"""Layout helpers: ``Layout`` is verl's no_padding_2_padding with the positions derived once, and its inverse on
+response positions (values and gradients), for verl's padded (V0-style) and nested (V1 TransferQueue) batches."""
 
 import engines
 import pytest
@@ -26,17 +26,19 @@ def _nested_batch(td):
 
 
 @pytest.mark.parametrize("nested", [False, True], ids=["padded", "nested"])
-def test_response_to_packed_inverts_no_padding_2_padding(verl_cpu, nested):
-    from ema_pg_core.verl.layout import packed_to_response, padded_response, response_to_packed
+def test_layout_packed_inverts_no_padding_2_padding(verl_cpu, nested):
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    from ema_pg_core.verl.layout import Layout, padded_response
 
     td, padded = engines.batch()
     if nested:
         td = _nested_batch(td)
     nnz = td["input_ids"].values().shape[0]
     packed = torch.randn(nnz, 3, requires_grad=True)
-    resp = packed_to_response(packed, td)  # (B, T, 3)
+    resp = no_padding_2_padding(packed, td)  # (B, T, 3)
     mask = padded["response_mask"].bool()[:, : resp.shape[1]]
-    back = response_to_packed(resp, td, nnz)
+    back = Layout.of(td).packed(resp)
     # positions that predict a response token round-trip; all others are zero
     resp_pos = back.abs().sum(-1) > 0
     assert torch.equal(back[resp_pos], packed[resp_pos]) and int(resp_pos.sum()) == int(mask.sum())
@@ -57,7 +59,7 @@ def test_layout_is_no_padding_2_padding_with_the_positions_computed_once(verl_cp
     refused."""
     from verl.workers.utils.padding import no_padding_2_padding
 
-    from ema_pg_core.verl.layout import Layout, response_to_packed
+    from ema_pg_core.verl.layout import Layout
 
     td, _ = engines.batch()
     if nested:
@@ -77,7 +79,6 @@ def test_layout_is_no_padding_2_padding_with_the_positions_computed_once(verl_cp
         grads.append(packed.grad)
     assert torch.equal(*grads) and grads[0].abs().sum() > 0
     resp = lay.response(torch.randn(nnz, 3))
-    assert torch.equal(lay.packed(resp), response_to_packed(resp, td, nnz))
     with pytest.raises(ValueError, match=f"expected {nnz} packed tokens; got {nnz + 1}"):
         lay.response(torch.randn(nnz + 1))
     with pytest.raises(ValueError, match="expected a"):

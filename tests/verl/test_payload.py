@@ -98,25 +98,20 @@ def _old_anchor_head(data, lay, kl, dtype):
 
 class _VerlLayout:
     """The loss's layout before ``Layout``: verl's ``no_padding_2_padding`` for every field, which derives the
-    positions again on each call, and ``response_to_packed`` back."""
+    positions again on each call (the packed direction, which the loss uses for its outputs, is ``Layout``'s)."""
 
     def __init__(self, data):
-        from ema_pg_core.verl.layout import packed_to_response
+        from verl.workers.utils.padding import no_padding_2_padding
 
-        self.data, self.nnz = data, int(data["input_ids"].values().shape[0])
-        self.valid = packed_to_response(torch.ones(self.nnz, dtype=torch.bool), data)  # (B, T)
+        from ema_pg_core.verl.layout import Layout
+
+        self.data, self.packed, self.to_response = data, Layout.of(data).packed, no_padding_2_padding
+        self.valid = no_padding_2_padding(torch.ones(data["input_ids"].values().shape[0], dtype=torch.bool), data)
 
     of = classmethod(lambda cls, data: cls(data))
 
     def response(self, packed):
-        from ema_pg_core.verl.layout import packed_to_response
-
-        return packed_to_response(packed, self.data)
-
-    def packed(self, x):
-        from ema_pg_core.verl.layout import response_to_packed
-
-        return response_to_packed(x, self.data, self.nnz)
+        return self.to_response(packed, self.data)
 
 
 def _loss(actor, fields, kl_cfg, T=0.8):

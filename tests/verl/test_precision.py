@@ -83,13 +83,14 @@ def _loss_kl(model_output, data, kl) -> tuple[torch.Tensor, torch.Tensor]:
     """(per-token KL (B, T), response mask (B, T)) as ``final_loss`` sees them: the hook's Top-k KL, or
     the sampled estimator on verl's log-probs."""
     from ema_pg_core.kl import ImportanceWeight, KLInputs, kl_per_token
-    from ema_pg_core.verl.layout import packed_to_response, padded_response
+    from ema_pg_core.verl.layout import Layout, padded_response
     from ema_pg_core.verl.loss import KL_KEY
 
-    logp = packed_to_response(model_output["log_probs"], data).detach()  # (B, T)
+    lay = Layout.of(data)
+    logp = lay.response(model_output["log_probs"]).detach()  # (B, T)
     resp = lambda key: padded_response(data[key], *logp.shape).to(logp.dtype)  # noqa: E731
     if KL_KEY in model_output:
-        kl_tok = packed_to_response(model_output[KL_KEY], data)
+        kl_tok = lay.response(model_output[KL_KEY])
     else:
         x = KLInputs(logp=logp, ref_logp=resp("ref_log_prob"), old_logp=resp("old_log_probs"))
         kl_tok = kl_per_token(kl.type, x, tail=kl.tail, iw=ImportanceWeight(kl.use_iw, kl.iw_clip_low, kl.iw_clip_high))
