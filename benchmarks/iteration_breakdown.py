@@ -238,35 +238,10 @@ def anchor_forward(model, batch) -> None:
         model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
 
 
-def replay(tr) -> dict:
-    """Raw operations on the batch the trainer just sampled (seconds)."""
-    import torch
-
-    from ema_pg_core.local.batch import collate  # loads torch
-
-    batch = collate(tr.seen, tr.tok.pad_token_id, device=tr.device)
-    g = torch.Generator().manual_seed(0)
-    steps = tr.cfg.trainer.ppo_epochs * tr.cfg.trainer.mini_batches
-    gen_steps, mode = [], tr.policy.training
-    tr.policy.eval()  # the mode the rollout samples in
-    with torch.random.fork_rng(devices=[]):  # generate draws from torch's global generator: leave it as it was
-        torch.manual_seed(tr.iteration)
-        t_gen = _timed(lambda: gen_steps.append(hf_generate(tr.policy, tr.tok, tr.seen_prompts, tr.cfg.rollout)))
-    t_raw = _timed(lambda: raw_decode(tr.policy, tr.tok, tr.seen, tr.cfg.rollout.temperature, g))
-    tr.policy.train(mode)
-    return {
-        "raw_decode": t_raw,
-        "generate": t_gen,
-        "generate_steps": gen_steps[0],
-        "raw_fwd_bwd": steps * _timed(lambda: raw_forward_backward(tr.policy, batch)),
-        "anchor_fwd": _timed(lambda: anchor_forward(tr.anchor.module, batch)) if tr.cfg.algo.kl.coef else 0.0,
-    }
-
-
-def fixed_work(tr, seen: list) -> float:
-    """The raw operations on one batch kept from the warm-up iteration (seconds): the same decode steps, shapes and
-    passes every iteration, so their spread is what the machine and the model's kernels give at a constant amount
-    of work, the floor under the trainer's own spread."""
+def raw_ops(tr, seen: list) -> dict:
+    """Seconds of the model's raw operations on the batch `seen`: a KV-cache decode of its contexts for as many steps
+    as its longest response (in the mode the rollout samples in), one forward + backward of the policy, one forward
+    of the anchor."""
     import torch
 
     from ema_pg_core.local.batch import collate  # loads torch
@@ -275,10 +250,36 @@ def fixed_work(tr, seen: list) -> float:
     g = torch.Generator().manual_seed(0)  # the same draws every time: the decode's work does not depend on them
     mode = tr.policy.training
     tr.policy.eval()
-    t = _timed(lambda: raw_decode(tr.policy, tr.tok, seen, tr.cfg.rollout.temperature, g))
+    t_raw = _timed(lambda: raw_decode(tr.policy, tr.tok, seen, tr.cfg.rollout.temperature, g))
     tr.policy.train(mode)
-    t += _timed(lambda: raw_forward_backward(tr.policy, batch))
-    return t + (_timed(lambda: anchor_forward(tr.anchor.module, batch)) if tr.cfg.algo.kl.coef else 0.0)
+    return {
+        "raw_decode": t_raw,
+        "raw_fwd_bwd": _timed(lambda: raw_forward_backward(tr.policy, batch)),
+        "anchor_fwd": _timed(lambda: anchor_forward(tr.anchor.module, batch)) if tr.cfg.algo.kl.coef else 0.0,
+    }
+
+
+def replay(tr) -> dict:
+    """Raw operations on the batch the trainer just sampled (seconds), the forward + backward once per optimizer
+    step, and ``model.generate`` on its prompts."""
+    import torch
+
+    gen_steps, mode = [], tr.policy.training
+    tr.policy.eval()  # the mode the rollout samples in
+    with torch.random.fork_rng(devices=[]):  # generate draws from torch's global generator: leave it as it was
+        torch.manual_seed(tr.iteration)
+        t_gen = _timed(lambda: gen_steps.append(hf_generate(tr.policy, tr.tok, tr.seen_prompts, tr.cfg.rollout)))
+    tr.policy.train(mode)
+    raw = raw_ops(tr, tr.seen)
+    raw["raw_fwd_bwd"] *= tr.cfg.trainer.ppo_epochs * tr.cfg.trainer.mini_batches
+    return {**raw, "generate": t_gen, "generate_steps": gen_steps[0]}
+
+
+def fixed_work(tr, seen: list) -> float:
+    """``raw_ops`` on one batch kept from the warm-up iteration (seconds): the same decode steps, shapes and passes
+    every iteration, so their spread is what the machine and the model's kernels give at a constant amount of work,
+    the floor under the trainer's own spread."""
+    return sum(raw_ops(tr, seen).values())
 
 
 def step_in_process(tr, kept: dict) -> dict:

@@ -44,33 +44,16 @@ WARMUP = 3
 
 def engines_pair(tmp: str):
     """(actor, anchor): verl's FSDP2 engines with the plugin's engine class, the anchor perturbed off the policy."""
-    from ema_pg_core.verl.engine import reclass  # loads verl, after main's require_verl
-
     cpu_shim.install()
     cpu_shim.init_gloo()
-    path = engines.save_tiny(Path(tmp) / "model")
-    actor = engines.training_worker(path, forward_only=False)
-    ref = engines.training_worker(path, forward_only=True)
-    engines.perturb(ref.engine.module, 0.05, seed=1)
-    reclass(actor.engine)
-    reclass(ref.engine)
-    return actor, ref
+    return engines.actor_and_anchor(engines.save_tiny(Path(tmp) / "model"))
 
 
 def topk_fields(actor, ref, kl) -> dict:
     """The fields pi_old's pass (the head ids) and the anchor's pass (its log-probs there) add to the batch."""
     from ema_pg_core.verl.config import topk_passes  # loads pydantic
-    from ema_pg_core.verl.engine import set_pass  # loads verl, after main's require_verl
 
-    fields, own = {}, set(actor.infer_batch(engines.batch(temperature=0.8)[0]).keys())
-    passes = topk_passes(kl)
-    for who, worker in (("old", actor), ("ref", ref)):
-        td, _ = engines.batch(temperature=0.8)
-        td.update(fields)
-        set_pass(td, **passes[who])
-        out = worker.infer_batch(td)
-        fields.update({k: out[k] for k in out.keys() if k not in own})
-    return fields
+    return engines.pass_fields(actor, ref, topk_passes(kl))[1]
 
 
 def update_pass(actor, kl, fields: dict) -> float:

@@ -211,3 +211,38 @@ def perturb(module, scale: float, seed: int) -> None:
         for p in module.parameters():
             loc = p.to_local()
             loc.add_(scale * torch.randn(loc.shape, generator=g))
+
+
+def actor_and_anchor(model_path):
+    """(actor, anchor): training workers on the same tiny model with the plugin's engine class, the anchor's
+    weights perturbed so that it differs from the policy."""
+    from ema_pg_core.verl.engine import reclass
+
+    actor = training_worker(model_path, forward_only=False)
+    ref = training_worker(model_path, forward_only=True)
+    perturb(ref.engine.module, 0.05, seed=1)
+    reclass(actor.engine)
+    reclass(ref.engine)
+    return actor, ref
+
+
+def pass_fields(actor, ref, passes, temperature: float = 0.8) -> tuple[dict[str, int], dict[str, torch.Tensor]]:
+    """({pass: bytes per token it adds}, {key: nested tensor} all passes added): pi_old's pass on `actor`, then the
+    anchor's on `ref`, over the test batch, with the pass flags ``passes["old"]``, ``passes["ref"]``."""
+    from ema_pg_core.verl.engine import set_pass
+
+    verl_own = set(actor.infer_batch(batch(temperature=temperature)[0]).keys())  # mode "off": plain verl's
+    per_token, fields = {}, {}
+    for who, worker in (("old", actor), ("ref", ref)):
+        td, _ = batch(temperature=temperature)
+        td.update(fields)
+        set_pass(td, **passes[who])
+        out = worker.infer_batch(td)
+        added = {k: out[k] for k in out.keys() if k not in verl_own}
+        assert all(isinstance(t, torch.Tensor) and t.is_nested for t in added.values()), list(added)
+        nnz = td["input_ids"].values().numel()
+        nbytes = sum(t.values().nbytes for t in added.values())
+        assert nbytes % nnz == 0, (who, nbytes, nnz)
+        per_token[who] = nbytes // nnz
+        fields.update(added)
+    return per_token, fields

@@ -45,36 +45,7 @@ BEFORE = {
 
 @pytest.fixture(scope="module")
 def pair(tiny_path):
-    from ema_pg_core.verl.engine import reclass
-
-    actor = engines.training_worker(tiny_path, forward_only=False)
-    ref = engines.training_worker(tiny_path, forward_only=True)
-    engines.perturb(ref.engine.module, 0.05, seed=1)  # an anchor that differs from the policy
-    reclass(actor.engine)
-    reclass(ref.engine)
-    return actor, ref
-
-
-def _passes(actor, ref, passes, T=0.8):
-    """({pass: bytes per token it adds}, {key: nested tensor} all passes added), pi_old's pass first."""
-    from ema_pg_core.verl.engine import set_pass
-
-    td, _ = engines.batch(temperature=T)
-    verl_own = set(actor.infer_batch(td).keys())  # mode "off": what plain verl returns
-    per_token, fields = {}, {}
-    for who, worker in (("old", actor), ("ref", ref)):
-        td, _ = engines.batch(temperature=T)
-        td.update(fields)
-        set_pass(td, **passes[who])
-        out = worker.infer_batch(td)
-        added = {k: out[k] for k in out.keys() if k not in verl_own}
-        assert all(isinstance(t, torch.Tensor) and t.is_nested for t in added.values()), list(added)
-        nnz = td["input_ids"].values().numel()
-        nbytes = sum(t.values().nbytes for t in added.values())
-        assert nbytes % nnz == 0, (who, nbytes, nnz)
-        per_token[who] = nbytes // nnz
-        fields.update(added)
-    return per_token, fields
+    return engines.actor_and_anchor(tiny_path)
 
 
 @pytest.mark.parametrize("kl_type", ["topk_reverse", "topk_forward"])
@@ -83,8 +54,8 @@ def test_payload_bytes_per_token(pair, kl_type):
     from ema_pg_core.verl.config import topk_passes
 
     actor, ref = pair
-    now, _ = _passes(actor, ref, topk_passes(KLConfig(type=kl_type, k=K)))
-    before, _ = _passes(actor, ref, {**BEFORE_PASSES[kl_type], "train": {"mode": "train"}})
+    now, _ = engines.pass_fields(actor, ref, topk_passes(KLConfig(type=kl_type, k=K)))
+    before, _ = engines.pass_fields(actor, ref, {**BEFORE_PASSES[kl_type], "train": {"mode": "train"}})
     print(f"{kl_type} K={K}: bytes per token before {before} = {sum(before.values())}, now {now} = {sum(now.values())}")
     assert before == BEFORE[kl_type]
     assert now == NOW[kl_type] and sum(now.values()) == 8 * K
@@ -146,10 +117,10 @@ def test_loss_is_unchanged_by_the_smaller_payload(pair, monkeypatch, kl_type, ta
 
     actor, ref = pair
     kl_cfg = KLConfig(type=kl_type, k=K, tail=tail, coef=0.5, use_iw=use_iw)
-    _, fields = _passes(actor, ref, topk_passes(kl_cfg))
+    _, fields = engines.pass_fields(actor, ref, topk_passes(kl_cfg))
     value, metrics, grads = _loss(actor, fields, kl_cfg)
 
-    _, before_fields = _passes(actor, ref, {**BEFORE_PASSES[kl_type], "train": {"mode": "train"}})
+    _, before_fields = engines.pass_fields(actor, ref, {**BEFORE_PASSES[kl_type], "train": {"mode": "train"}})
     with monkeypatch.context() as m:
         m.setattr(loss, "anchor_head", _old_anchor_head)
         before_value, before_metrics, before_grads = _loss(actor, before_fields, kl_cfg)
@@ -193,7 +164,7 @@ def test_one_log_prob_pass_gives_the_loss_of_two(pair, monkeypatch, kl_type, tai
 
     actor, ref = pair
     kl_cfg = KLConfig(type=kl_type, k=K, tail=tail, coef=0.5, use_iw=use_iw)
-    _, fields = _passes(actor, ref, topk_passes(kl_cfg))
+    _, fields = engines.pass_fields(actor, ref, topk_passes(kl_cfg))
     calls = []
 
     def counted(*args, **kwargs):
@@ -231,7 +202,7 @@ def test_loss_is_unchanged_by_the_layout_computed_once(pair, monkeypatch, kl_typ
 
     actor, ref = pair
     kl_cfg = KLConfig(type=kl_type, k=K, tail="unbiased", coef=0.5, use_iw=True)
-    _, fields = _passes(actor, ref, topk_passes(kl_cfg))
+    _, fields = engines.pass_fields(actor, ref, topk_passes(kl_cfg))
     value, metrics, grads = _loss(actor, fields, kl_cfg)
     with monkeypatch.context() as m:
         m.setattr(loss, "Layout", _VerlLayout)
