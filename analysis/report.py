@@ -206,9 +206,10 @@ def _report_header(runs: pd.DataFrame, source: str, reps: int, seed: int, includ
         + ("all runs, including unfinished ones" if include_incomplete else "finished runs only")
         + " (never runs stopped by a health rule: they are listed apart)."
         + f" Bootstrap: {reps} resamples, seed {seed}.",
-        "Gains and P(improvement) are paired where the two methods ran the same seeds on the same task and "
-        "data settings (same warm start, data order and sampling streams; seeds resampled jointly, marked "
-        '"paired, n seeds"), and unpaired otherwise (each method resampled on its own, marked "unpaired").',
+        "Gains, P(improvement) and decisions are paired where the two methods ran the same seeds on the same "
+        'task and data settings (same warm start, data order and sampling streams; marked "paired, n seeds"), '
+        'and unpaired otherwise (marked "unpaired"). A decision is an exact permutation test at 5% (at most 5% '
+        "false 'clear' at any n); with fewer than 6 paired seeds no comparison can be clear at 95%.",
     ]
 
 

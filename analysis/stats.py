@@ -1,27 +1,30 @@
-"""Aggregate statistics over seeds, rliable style (Agarwal et al., NeurIPS 2021).
+"""Aggregate statistics over seeds, and the one procedure that compares two methods.
 
 Scores are arrays of shape (R, M): R runs (seeds) x M tasks; a 1-D array is one task.
 Aggregates (`mean_score`, `iqm`) reduce the last two axes, so the bootstrap evaluates them on a
 whole (reps, R, M) stack at once. Every random function takes an explicit `seed`; nothing uses
-global RNG state. Interval estimates are percentile bootstrap CIs, stratified by task: runs are
-resampled with replacement independently within each task (rliable's StratifiedBootstrap).
+global RNG state. Descriptive intervals (a method's mean over its seeds, learning-curve bands) are
+percentile bootstrap CIs stratified by task, rliable style (Agarwal et al., NeurIPS 2021).
 
-Two methods run with the same seeds share the warm start, the data order and the sampling
-streams, so their per-seed difference is far less noisy than the spread across seeds. For such
-paired samples (row i of x and of y from the same seed) `paired_bootstrap_ci` resamples seeds
-jointly: one draw of seed indices per replicate, applied to both. `bootstrap_ci_two` resamples
-the two samples independently (unpaired), for methods whose seeds do not match.
+Deciding whether one method beats another is `compare`: an exact permutation test (paired over seeds
+when both methods ran the same seeds, which share the warm start, data order and sampling streams),
+whose CI is the test inverted, so "the CI excludes 0" and "p <= alpha" are the same decision. Its
+false-"clear" rate under no effect is at most alpha at every n (tests/analysis/test_error_rates.py
+measures it); sequential looks (adaptive seeds) split alpha with `look_alphas`.
 
     point, lo, hi = bootstrap_ci(scores, iqm, reps=2000, seed=0)
-    p = probability_of_improvement(scores_ema, scores_grpo)    # P(X > Y), ties count 1/2
-    g = paired_bootstrap_ci(scores_ema, scores_grpo, relative_gain)   # rows aligned by seed
-    q = paired_bootstrap_ci(scores_ema, scores_grpo, paired_poi_statistic)
-    pass_at_k(n=32, c=5, k=4)                                  # unbiased Codex estimator
+    c = compare(scores_ema, scores_grpo, paired=True, alpha=0.05)   # c.gain, c.ci, c.p, c.verdict
+    alphas = look_alphas([3, 5, 7], 0.05)                           # per-look levels of adaptive seeds
+    pass_at_k(n=32, c=5, k=4)                                       # unbiased Codex estimator
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -92,65 +95,180 @@ def _poi(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return (gt + 0.5 * eq).mean(axis=(-3, -2)).mean(axis=-1)
 
 
-def bootstrap_ci_two(
-    x,
-    y,
-    statistic: Callable[[np.ndarray, np.ndarray], np.ndarray],
-    *,
-    reps: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """(point, lo, hi) for a two-sample statistic, unpaired: both samples are resampled
-    independently, stratified by task. The CI is (nan, nan) unless both have at least two runs."""
+# ---------------------------------------------------------------- comparing two methods
+#
+# One decision procedure for every comparison the platform prints (report tables, the β × τ map, adaptive
+# seeds): an exact permutation test of "the two methods are exchangeable", with the CI of the difference of
+# means obtained by inverting that test. Paired (row i of x and y from the same seed): the seed's two runs are
+# swapped or not, 2^n sign flips of the per-seed differences (Fisher's randomization test). Unpaired: the runs
+# are relabelled, every split of the pooled runs into groups of the two sizes. Under no effect the test's
+# false-"clear" rate is at most alpha at every n and for any distribution of the scores (discrete, heavy
+# tailed), which a percentile bootstrap over 3-10 seeds is not (Colas et al. 2019, arXiv:1904.06979); the
+# price is honesty about small n: with n paired seeds the smallest p-value is 2 / 2^n, so a two-sided 95%
+# decision needs at least 6 seeds.
+
+EXACT_MAX = 1 << 16
+"""Enumerate every sign flip / relabelling up to this many; beyond, draw this many at random (seeded)."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """x against y in one metric. `gain` = mean(x) / mean(y) - 1; `ci` its CI at level 1 - alpha, the
+    permutation test inverted for a shift of the mean difference and divided by mean(y) (+-inf: the
+    test cannot reject any shift on that side at this n); `p` the two-sided p-value of no difference;
+    `min_p` the smallest p-value this design can give; `poi` the probability of improvement (paired:
+    the fraction of seeds with x > y, ties 1/2; unpaired: P(X > Y) over all pairs of runs)."""
+
+    paired: bool
+    n: int  # paired seeds, or runs of x + runs of y
+    gain: float
+    ci: tuple[float, float]
+    p: float
+    alpha: float
+    min_p: float
+    poi: float
+    diffs: np.ndarray = field(repr=False)  # (n,) paired per-seed differences x - y (empty when unpaired)
+
+    @functools.cached_property
+    def seeds_needed(self) -> int | None:
+        """Paired: seeds for 80% power at the observed effect (`seeds_for_power`); None unpaired or without one."""
+        return seeds_for_power(self.diffs, self.alpha) if self.paired else None
+
+    @property
+    def clear(self) -> bool:
+        return self.p <= self.alpha
+
+    @property
+    def verdict(self) -> str:
+        """'clear', 'not separable' (no data at this n could be clear) or 'unclear'."""
+        return "clear" if self.clear else "not separable" if self.min_p > self.alpha else "unclear"
+
+    def describe(self) -> str:
+        """One line: the verdict, p, and what it would take."""
+        if self.clear:
+            return f"clear, p={self.p:.3g}"
+        n = self.seeds_needed
+        need = "" if n is None else f"; 80% power at this effect: {f'~{n}' if n <= 1000 else '> 1000'} seeds"
+        if self.verdict == "not separable":
+            floor = f"a {1 - self.alpha:.0%} decision needs >= {min_seeds(self.alpha)}" if self.paired else "too few"
+            return f"not separable at {self.n} {'seeds' if self.paired else 'runs'} ({floor}){need}"
+        return f"not clear, p={self.p:.3g}{need}"
+
+
+def compare(x, y, *, paired: bool = True, alpha: float = 0.05, seed: int = 0) -> Comparison:
+    """Compare runs x with runs y, (R,) or (R, M) scores; paired: rows aligned by seed (same shape)."""
     x, y = as_scores(x), as_scores(y)
+    if paired and x.shape != y.shape:
+        raise ValueError(f"paired samples need the same shape (seeds, tasks), got {x.shape} and {y.shape}")
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"x and y need the same tasks, got {x.shape[1]} and {y.shape[1]}")
-    point = float(statistic(x, y))
-    if min(len(x), len(y)) < 2:
-        return point, float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    m = np.arange(x.shape[1])
-    bx = x[rng.integers(0, len(x), size=(reps, len(x), len(m))), m]
-    by = y[rng.integers(0, len(y), size=(reps, len(y), len(m))), m]
-    return (point, *_percentile_ci(statistic(bx, by), confidence))
+    z0, u, w = _design(x, y, paired, seed)  # data (n,), shift direction (n,), statistics' weights (G, n)
+    base = float(mean_score(y))
+    gain = float(mean_score(x)) / base - 1.0 if base != 0 else math.nan
+    shift = float(w[0] @ z0)  # the observed mean difference (w[0] is the identity)
+    p = _p_value(w, z0)
+    min_p = _p_value(w, z0 - 1e6 * (np.abs(z0).max() + 1) * u)  # a shift that orders every pair
+    lo, hi = _invert(w, z0, u, shift, alpha, min_p)
+    ci = (lo / base, hi / base) if base > 0 else (math.nan, math.nan)
+    poi = paired_poi(x, y) if paired else probability_of_improvement(x, y)
+    n = z0.size if paired else len(x) + len(y)
+    return Comparison(paired, n, gain, ci, p, alpha, min_p, poi, z0 if paired else np.empty(0))
 
 
-def paired_bootstrap_ci(
-    x,
-    y,
-    statistic: Callable[[np.ndarray, np.ndarray], np.ndarray],
-    *,
-    reps: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """(point, lo, hi) for a two-sample statistic on paired samples: x and y have the same shape
-    and row i of both comes from the same seed. Seeds are resampled jointly, stratified by task:
-    each replicate draws one set of seed indices per task and takes those rows from x and from y,
-    so variation shared by a seed's two runs cancels (x == y gives the CI [0, 0] for
-    `relative_gain`). The CI is (nan, nan) with fewer than two seeds."""
-    x, y = as_scores(x), as_scores(y)
-    if x.shape != y.shape:
-        raise ValueError(f"paired samples need the same shape (seeds, tasks), got {x.shape} and {y.shape}")
-    point = float(statistic(x, y))
-    r, m = x.shape
-    if r < 2:
-        return point, float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, r, size=(reps, r, m))  # one seed index per (rep, slot, task), shared by x and y
-    cols = np.arange(m)
-    return (point, *_percentile_ci(statistic(x[idx, cols], y[idx, cols]), confidence))
+def _design(x: np.ndarray, y: np.ndarray, paired: bool, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(z0, u, w): the test statistic under transformation g at shift delta is w[g] @ (z0 - delta * u), the
+    mean difference of the transformed data; row 0 of w is the identity."""
+    if paired:
+        d = (x - y).mean(axis=1)  # (n,) per-seed differences, averaged over tasks
+        n = d.size
+        if 1 << n <= EXACT_MAX:
+            signs = 1 - 2 * ((np.arange(1 << n)[:, None] >> np.arange(n)) & 1)  # (2^n, n), row 0 all +1
+        else:
+            signs = np.random.default_rng(seed).choice([-1, 1], size=(EXACT_MAX, n))
+            signs[0] = 1
+        return d, np.ones(n), signs / n
+    a, b = x.mean(axis=1), y.mean(axis=1)  # (na,), (nb,) per-run scores
+    na, n = a.size, a.size + b.size
+    if math.comb(n, na) <= EXACT_MAX:
+        member = np.zeros((math.comb(n, na), n), dtype=bool)
+        for g, idx in enumerate(itertools.combinations(range(n), na)):  # the first is (0, ..., na-1)
+            member[g, list(idx)] = True
+    else:
+        rng = np.random.default_rng(seed)
+        member = np.argsort(rng.random((EXACT_MAX, n)), axis=1) < na
+        member[0] = np.arange(n) < na
+    w = np.where(member, 1.0 / na, -1.0 / (n - na))  # (G, n) mean of group x minus mean of group y
+    return np.concatenate([a, b]), np.r_[np.ones(na), np.zeros(n - na)], w
 
 
-def relative_gain(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """mean(x) / mean(y) - 1 over the last two axes (the gain of the means, not mean of gains)."""
-    return mean_score(x) / mean_score(y) - 1.0
+def _p_value(w: np.ndarray, z: np.ndarray) -> float:
+    """Two-sided: the fraction of transformations whose |statistic| reaches the observed one (ties count)."""
+    t = w @ z  # (G,)
+    tol = 1e-9 * float(np.abs(z).max())  # float rounding of sums of the same numbers in another order
+    return float(np.mean(np.abs(t) >= abs(t[0]) - tol))
 
 
-def poi_statistic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Probability of improvement as a two-sample statistic for `bootstrap_ci_two`."""
-    return _poi(x, y)
+def _invert(w, z0, u, shift: float, alpha: float, min_p: float) -> tuple[float, float]:
+    """The shifts delta the test does not reject at alpha (p > alpha), as [lo, hi]; +-inf where no shift on
+    that side can be rejected at this n. Each statistic is linear in delta, w[g] @ z0 - delta * w[g] @ u, so
+    p(delta) steps only where |statistic g| crosses |statistic 0|: each end is found by bisection outward from
+    the observed shift, then set to the crossing point it brackets (exact, e.g. 0 for identical runs)."""
+    if min_p > alpha:
+        return -math.inf, math.inf
+    a, b = w @ z0, w @ u  # (G,), (G,)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cross = np.concatenate([(a - a[0]) / (b - b[0]), (a + a[0]) / (b + b[0])])  # (2G,) where p may step
+    cross = cross[np.isfinite(cross)]
+    span = float(np.ptp(z0)) + abs(shift) or 1.0  # the data's scale (any scale when every value is equal)
+    out = []
+    for sign in (-1.0, 1.0):
+        inside, outside = shift, shift + sign * 4 * span  # p(outside) = min_p <= alpha: rejected
+        for _ in range(60):
+            mid = (inside + outside) / 2
+            if _p_value(w, z0 - mid * u) > alpha:
+                inside = mid
+            else:
+                outside = mid
+        near = cross[np.abs(cross - outside) <= 1e-9 * span]
+        out.append((float(near[np.argmin(np.abs(near - outside))]) if near.size else outside) + 0.0)  # no -0.0
+    return out[0], out[1]
+
+
+def min_seeds(alpha: float) -> int:
+    """The fewest paired seeds at which the exact two-sided sign-flip test can reach alpha: 2 / 2^n <= alpha."""
+    return max(2, math.ceil(1 - math.log2(alpha)))
+
+
+def seeds_for_power(d: np.ndarray, alpha: float, power: float = 0.8, most: int = 1000) -> int | None:
+    """Paired seeds for `power` at the effect these per-seed differences show (mean / sd, a paired t-test's
+    noncentral t; never below `min_seeds`). None when the mean difference is 0; most + 1 when beyond `most`."""
+    from scipy import stats as st  # loads scipy
+
+    d = np.asarray(d, dtype=float)
+    m, s = float(d.mean()), float(d.std(ddof=1)) if d.size > 1 else math.nan
+    if m == 0 or not math.isfinite(s):
+        return None
+    floor = min_seeds(alpha)
+    if s == 0:
+        return floor
+    n = np.arange(floor, most + 1)  # (N,) candidate seed counts
+    t, nc = st.t.ppf(1 - alpha / 2, n - 1), abs(m) / s * np.sqrt(n)
+    ok = np.flatnonzero(st.nct.sf(t, n - 1, nc) + st.nct.cdf(-t, n - 1, nc) >= power)
+    return int(n[ok[0]]) if ok.size else most + 1
+
+
+def look_alphas(looks: Sequence[int], alpha: float) -> list[float]:
+    """The level of each look of a sequential comparison (seed counts `looks`, in order) so that the chance of
+    ever calling a no-effect comparison clear is at most alpha: alpha is split equally (Bonferroni) over the
+    looks at which the exact paired test can reach their share; the others get 0 (they cannot decide)."""
+    usable = list(range(len(looks)))
+    while usable:
+        share = alpha / len(usable)
+        keep = [k for k in usable if 2.0 ** (1 - looks[k]) <= share]
+        if keep == usable:
+            break
+        usable = keep
+    return [alpha / len(usable) if k in usable else 0.0 for k in range(len(looks))]
 
 
 def paired_poi(x, y) -> float:
@@ -161,13 +279,7 @@ def paired_poi(x, y) -> float:
     x, y = as_scores(x), as_scores(y)
     if x.shape != y.shape:
         raise ValueError(f"paired samples need the same shape (seeds, tasks), got {x.shape} and {y.shape}")
-    return float(paired_poi_statistic(x, y))
-
-
-def paired_poi_statistic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """`paired_poi` vectorised over leading axes, as a statistic for `paired_bootstrap_ci`:
-    x, y (..., R, M) -> (...)."""
-    return ((x > y) + 0.5 * (x == y)).mean(axis=(-2, -1))
+    return float(((x > y) + 0.5 * (x == y)).mean())
 
 
 def pass_at_k(n, c, k: int) -> np.ndarray | float:

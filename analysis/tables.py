@@ -6,8 +6,9 @@
 A `Table` holds display strings (`cells`, what .md/.tex show) and the numbers behind them
 (`numbers`, tidy, exact CI bounds; what .csv holds). Reproduced cells are mean ± half-width of
 the 95% stratified-bootstrap CI over seeds; a cell with no number is "—" (unavailable), never
-filled in. Gains and P(improvement) are paired over seeds when both methods ran the same seeds on
-the same data (seeds resampled jointly), else unpaired; each cell says which (`compare`).
+filled in. Gains, P(improvement) and the decision come from one comparison (`compare`, analysis.stats.compare:
+an exact permutation test and its inverted CI), paired over seeds when both methods ran the same seeds on
+the same data, else unpaired; each cell says which.
 Paper rows come from analysis.paper with their source tags. What a task's tables show (its benchmarks, their
 display names, the metric, the paper setting) is its module's REPORTING (experiments.tasks.Reporting).
 """
@@ -145,11 +146,12 @@ def fmt_ci(mean: float, lo: float, hi: float, scale: float = 100.0, digits: int 
 
 
 def fmt_gain(g: float, lo: float = math.nan, hi: float = math.nan) -> str:
-    """ "+12.0% [+3.1, +20.4]" for a relative gain (fractions in, percent out)."""
+    """ "+12.0% [+3.1, +20.4]" for a relative gain (fractions in, percent out); an unbounded end of the CI
+    (the exact test cannot reject any shift that far at this n) shows as -inf / +inf."""
     if not np.isfinite(g):
         return NA
-    s = f"{g * 100:+.1f}%"
-    return s + (f" [{lo * 100:+.1f}, {hi * 100:+.1f}]" if np.isfinite(lo) and np.isfinite(hi) else "")
+    end = lambda v: f"{v * 100:+.1f}" if np.isfinite(v) else "-inf" if v < 0 else "+inf"  # noqa: E731
+    return f"{g * 100:+.1f}%" + (f" [{end(lo)}, {end(hi)}]" if not (np.isnan(lo) or np.isnan(hi)) else "")
 
 
 def normalise(name: str) -> str:
@@ -229,68 +231,69 @@ def gain_pairs(runs: pd.DataFrame, group: str = "variant") -> tuple[list[tuple[s
 def gain_rows(
     runs: pd.DataFrame, columns: dict[str, str], group: str, reps: int, seed: int
 ) -> tuple[list[tuple[str, dict[str, str]]], list[dict], list[str]]:
-    """Rows with the relative gain of each EMA-PG variant over its GRPO baseline (gain of the
-    seed means, bootstrap CI) and the probability of improvement, each paired over seeds where
-    the two share seeds (`compare`). Each cell says which: "(paired, n seeds)" or "(unpaired)"."""
+    """Three rows per EMA-PG variant against its GRPO baseline: the relative gain of the seed means with the
+    exact test's 95% CI, P(improvement), and the decision (`compare`; paired over the seeds both ran where they
+    share at least two, else unpaired). Each gain cell says which: "(paired, n seeds)" or "(unpaired)"."""
     pairs, notes = gain_pairs(runs, group)
     rows, numbers = [], []
     for ema, base in pairs:
-        g_cells, p_cells, unpaired = {}, {}, {}
+        g_cells, p_cells, d_cells, unpaired = {}, {}, {}, {}
         g_label, p_label = f"gain: {ema} vs {base}", f"P(improvement): {ema} > {base}"
+        d_label = f"decision: {ema} vs {base}"
         for col_label, col in columns.items():
-            c = compare(runs[runs[group] == ema], runs[runs[group] == base], col, reps, seed)
-            if c is None:
-                g_cells[col_label] = p_cells[col_label] = NA
+            got = compare(runs[runs[group] == ema], runs[runs[group] == base], col)
+            if got is None:
+                g_cells[col_label] = p_cells[col_label] = d_cells[col_label] = NA
                 continue
-            g, p, tag = c["gain"], c["poi"], f" ({c['pairing']})"
-            g_cells[col_label] = fmt_gain(*g) + tag
-            p_cells[col_label] = f"{p[0]:.2f}" + (f" [{p[1]:.2f}, {p[2]:.2f}]" if np.isfinite(p[1]) else "") + tag
-            src = f"ours ({c['pairing']})"
-            common = dict(column=col_label, n=c["n"], source=src)
+            c, pairing, why = got
+            (lo, hi), tag = c.ci, f" ({pairing})"
+            g_cells[col_label] = fmt_gain(c.gain, lo, hi) + tag
+            wins = f" ({c.poi * c.n:g} of {c.n} seeds)" if c.paired else ""
+            p_cells[col_label] = f"{c.poi:.2f}{wins}"
+            d_cells[col_label] = c.describe()
+            common = dict(column=col_label, n=c.n, source=f"ours ({pairing})")
             numbers += [
-                dict(row=g_label, value=g[0] * 100, ci_low=g[1] * 100, ci_high=g[2] * 100, unit="% relative", **common),
-                dict(row=p_label, value=p[0], ci_low=p[1], ci_high=p[2], unit="probability", **common),
+                dict(row=g_label, value=c.gain * 100, ci_low=lo * 100, ci_high=hi * 100, unit="% relative", **common),
+                dict(row=p_label, value=c.poi, ci_low=math.nan, ci_high=math.nan, unit="probability", **common),
+                dict(row=d_label, value=c.p, ci_low=math.nan, ci_high=math.nan, unit="p-value", **common),
             ]
-            if c["why_unpaired"]:
-                unpaired.setdefault(c["why_unpaired"], []).append(col_label)
-        rows += [(g_label, g_cells), (p_label, p_cells)]
+            if why:
+                unpaired.setdefault(why, []).append(col_label)
+        rows += [(g_label, g_cells), (p_label, p_cells), (d_label, d_cells)]
         notes += [f"{ema} vs {base}: unpaired for {', '.join(cs)}: {why}." for why, cs in unpaired.items()]
     return rows, numbers, notes + ([PAIRING_NOTE] if rows else [])
 
 
 PAIRING_NOTE = (
-    "gain and P(improvement): paired = over the seeds both methods ran on the same task and data "
-    "settings (same warm start, data order and sampling streams); the bootstrap resamples those seeds "
-    "jointly, and P(improvement) is the fraction of seeds on which EMA-PG beats GRPO (ties 1/2). "
-    "unpaired = the two methods share fewer than two such seeds: each is resampled on its own, and "
-    "P(improvement) is P(X > Y) over all pairs of runs. n = seeds paired, or runs of both methods."
+    "gain, P(improvement) and decision: paired = over the seeds both methods ran on the same task and data "
+    "settings (same warm start, data order and sampling streams); unpaired = the two share fewer than two such "
+    "seeds. The decision is an exact permutation test of no difference (paired: the 2^n ways to swap each "
+    "seed's two runs), at most 5% false 'clear' at any n; the gain's 95% CI is that test inverted, so it "
+    "excludes 0 exactly when the decision is clear, and is unbounded (inf) where n is too small to bound it: "
+    "a paired comparison needs at least 6 seeds to be clear at 95%. P(improvement): paired, the fraction of "
+    "seeds on which EMA-PG beats GRPO (ties 1/2); unpaired, P(X > Y) over all pairs of runs. 'seeds for 80% "
+    "power' plans the next sweep from the observed effect (a paired t-test's power). n = seeds paired, or runs "
+    "of both methods."
 )
-"""The table note that defines the paired / unpaired marks of the gain rows."""
+"""The table note that defines the paired / unpaired marks and the decision of the gain rows."""
 
 
-def compare(xs: pd.DataFrame, ys: pd.DataFrame, col: str, reps: int, seed: int) -> dict[str, Any] | None:
-    """Relative gain of the means and P(improvement) of runs `xs` over runs `ys` in `col`, as
-    {"gain": (point, lo, hi), "poi": (point, lo, hi), "pairing", "n", "why_unpaired"}.
+def compare(xs: pd.DataFrame, ys: pd.DataFrame, col: str, alpha: float = 0.05):
+    """(stats.Comparison of runs `xs` against runs `ys` in `col`, pairing label, why unpaired or None).
 
-    Paired over the common seeds (`pair_by_seed`: stats.paired_bootstrap_ci with
-    stats.relative_gain and stats.paired_poi_statistic) when there are at least two; otherwise
-    unpaired over all runs (stats.bootstrap_ci_two with stats.poi_statistic), `why_unpaired` saying
-    why. None when either side has no value or the baseline's mean is 0."""
+    Paired over the common seeds (`pair_by_seed`) when there are at least two; otherwise unpaired over all
+    runs, `why` saying why. None when either side has no value or the baseline's mean is not positive."""
     x_all = xs[col].dropna().to_numpy(float) if col in xs else np.array([])
     y_all = ys[col].dropna().to_numpy(float) if col in ys else np.array([])
     if len(x_all) == 0 or len(y_all) == 0:
         return None
     x, y, why = pair_by_seed(xs, ys, col)
-    if why is None:
-        ci, poi, pairing, n = stats.paired_bootstrap_ci, stats.paired_poi_statistic, f"paired, {len(x)} seeds", len(x)
-    else:
+    if why is not None:
         x, y = x_all, y_all
-        ci, poi, pairing, n = stats.bootstrap_ci_two, stats.poi_statistic, "unpaired", len(x) + len(y)
-    if np.mean(y) == 0:
+    if np.mean(y) <= 0:
         return None
-    g = ci(x, y, stats.relative_gain, reps=reps, seed=seed)
-    p = ci(x, y, poi, reps=reps, seed=seed)
-    return dict(gain=g, poi=p, pairing=pairing, n=n, why_unpaired=why)
+    c = stats.compare(x, y, paired=why is None, alpha=alpha)
+    return c, (f"paired, {len(x)} seeds" if why is None else "unpaired"), why
 
 
 def data_columns(columns: Sequence[str]) -> list[str]:
@@ -430,8 +433,8 @@ def paper_table(
     caption = (
         f"{task.capitalize()}: {METRIC_NAMES.get(metric, metric)} (%) at the {which} iteration. {published}"
         f"Ours: mean ± half-width of the 95% stratified-bootstrap CI "
-        f"over seeds ({reps} resamples); gains: relative gain of seed means [95% CI], paired or "
-        f"unpaired over seeds as marked (see the notes). "
+        f"over seeds ({reps} resamples); gains: relative gain of seed means [95% CI of the exact permutation "
+        f"test], paired or unpaired over seeds as marked, with the test's decision (see the notes). "
         f"— = unavailable (not reported in a verified source, or not logged)."
     )
     notes = [f"{tag}: {desc}" for tag, desc in paper.SOURCES.items()] if spec.paper else []

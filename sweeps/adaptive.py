@@ -8,15 +8,20 @@
 
 A comparison is one value `v` of the compare key (not the baseline) at one point of the other grid keys,
 against the baseline value at the same point. After each round it is decided with the report's own
-paired statistic (analysis.stats.paired_bootstrap_ci of analysis.stats.relative_gain over the seeds both
-points finished, resampled jointly): its rule is met (any of `stop_when`: the CI excludes 0, or is
+comparison (analysis.stats.compare: the exact paired permutation test over the seeds both points finished,
+and its inverted CI of the relative gain): its rule is met (any of `stop_when`: the CI excludes 0, or is
 narrower than X), or it has `max` seeds, or it gets `step` more seeds (and so does its baseline point).
+Looking after every round would make a no-effect comparison "clear" more often than 1 - confidence, so each
+look (seed count start, start + step, ..., max) is tested at its own level, `levels`: 1 - confidence split
+over the looks that can decide (analysis.stats.look_alphas). A look at which the exact test cannot reach its
+level (fewer than 6 seeds at 95%) only adds seeds.
 
 <sweep_dir>/adaptive.jsonl, one JSON object a line, appended in order (the sweep's decisions, and what
 --resume reads to continue the round it was in):
     {"event": "plan", "round": r, "trials": [{"point": {...}, "seed": s}, ...]}
-    {"event": "decide", "round": r, "comparisons": [{"point", "baseline", "seeds", "paired", "gain", "ci",
-     "decision": stop | more | max, "why", "next_seeds"}, ...], "next_trials": n}
+    {"event": "decide", "round": r, "comparisons": [{"point", "baseline", "seeds", "paired", "gain", "ci", "p",
+     "alpha", "decision": stop | more | max, "why", "next_seeds"}, ...], "next_trials": n}
+    ("ci" at level 1 - alpha, +-Infinity where unbounded; "p" the exact two-sided p-value)
 """
 
 from __future__ import annotations
@@ -56,17 +61,32 @@ def worst_case(spec: Spec) -> int:
     return len(grid_points(spec)) * spec.adaptive.max
 
 
+def looks(spec: Spec) -> list[int]:
+    """The seed counts at which a comparison is decided: start, start + step, ..., max."""
+    a = spec.adaptive
+    return [*range(a.start, a.max, a.step), a.max]
+
+
+def levels(spec: Spec) -> dict[int, float]:
+    """The test level (alpha) of each look, {seeds: alpha}; they sum to 1 - confidence."""
+    from analysis import stats  # loads pandas, numpy
+
+    n = looks(spec)
+    return dict(zip(n, stats.look_alphas(n, 1 - spec.adaptive.confidence)))
+
+
 def plan_text(spec: Spec) -> str:
-    """The dry run's description of the adaptive plan (rounds, rule, worst-case trial count)."""
+    """The dry run's description of the adaptive plan (rounds, rule, levels, worst-case trial count)."""
     a = spec.adaptive
     rules = " or ".join(r if x is None else f"{r} {x:g}" for r, x in a.rules)
     n_comp, n_pts = len(comparisons(spec)), len(grid_points(spec))
+    at = ", ".join(f"{n}: {lvl:.3g}" for n, lvl in levels(spec).items())
     return "\n".join(
         [
             f"  adaptive seeds: round 0 runs seeds {a.first}..{a.first + a.start - 1} at all {n_pts} points; then per "
             f"comparison ({n_comp}: each {a.key} != {a.baseline!r} vs {a.key}={a.baseline!r} at the same point)",
-            f"  +{a.step} seeds while not ({rules}) on the paired {a.confidence:.0%} bootstrap CI of the relative gain "
-            f"in {_column(spec)}, up to {a.max} seeds",
+            f"  +{a.step} seeds while not ({rules}) on the exact paired test of {_column(spec)}, up to {a.max} seeds;",
+            f"  level per look (seeds: alpha; {1 - a.confidence:.3g} in all, 0 = cannot decide): {at}",
             f"  trials: {n_pts * a.start} in round 0, at most {worst_case(spec)} in all (worst case); below: round 0",
         ]
     )
@@ -105,38 +125,39 @@ def _number(v) -> float | None:
     return None if math.isnan(f) else f
 
 
-def rule_met(spec: Spec, lo: float, hi: float) -> str | None:
-    """The first `stop_when` rule the CI [lo, hi] meets, worded; None if none (or the CI is undefined)."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return None
+def rule_met(spec: Spec, c) -> str | None:
+    """The first `stop_when` rule the comparison `c` (analysis.stats.Comparison) meets, worded; None if none."""
+    lo, hi = c.ci
     for rule, x in spec.adaptive.rules:
-        if rule == "ci_excludes_zero" and (lo > 0 or hi < 0):
+        if rule == "ci_excludes_zero" and c.clear:
             return "CI excludes 0"
-        if rule == "ci_width_below" and hi - lo < x:
+        if rule == "ci_width_below" and math.isfinite(lo) and math.isfinite(hi) and hi - lo < x:
             return f"CI width {hi - lo:.3g} < {x:g}"
     return None
 
 
 def decide(spec: Spec, rows: list[dict], seeds_of: dict[str, int]) -> list[dict]:
     """One decision per comparison from the sweep's rows so far; `seeds_of`: seeds planned per point key."""
-    from analysis import stats  # loads pandas, numpy
+    from analysis import stats  # loads pandas, numpy, scipy
 
-    a, column = spec.adaptive, _column(spec)
+    a, column, level = spec.adaptive, _column(spec), levels(spec)
     out = []
     for point, base in comparisons(spec):
         x, y = paired_values(rows, column, point, base)
-        gain, lo, hi = math.nan, math.nan, math.nan
-        if x and sum(y) != 0:
-            gain, lo, hi = stats.paired_bootstrap_ci(x, y, stats.relative_gain, reps=a.reps, confidence=a.confidence)
         have = seeds_of.get(point_key(point), 0)
-        met = rule_met(spec, lo, hi)
+        alpha = level.get(have, 0.0)
+        c = stats.compare(x, y, alpha=alpha) if len(x) >= 2 and sum(y) > 0 else None
+        met = rule_met(spec, c) if c else None
         decision, nxt = (
             ("stop", have) if met else ("max", have) if have >= a.max else ("more", min(a.max, have + a.step))
         )
         why = met or (f"{a.max} seeds reached" if decision == "max" else "rule not met")
+        if c and not met and c.verdict == "not separable":
+            why += f" (no {len(x)}-seed result can be clear at alpha {alpha:.3g})"
         out.append(
-            dict(point=point, baseline=base, seeds=have, paired=len(x), gain=gain, ci=[lo, hi], decision=decision)
-            | dict(why=why if len(x) >= 2 else f"{why} ({len(x)} paired seed(s): no CI)", next_seeds=nxt)
+            dict(point=point, baseline=base, seeds=have, paired=len(x), gain=c.gain if c else math.nan)
+            | dict(ci=list(c.ci) if c else [math.nan, math.nan], p=c.p if c else math.nan, alpha=alpha)
+            | dict(decision=decision, why=why if c else f"{why} ({len(x)} paired seed(s): no test)", next_seeds=nxt)
         )
     return out
 
@@ -167,11 +188,13 @@ def seeds_planned(events: list[dict]) -> dict[str, int]:
 
 def decision_lines(spec: Spec, rnd: int, decided: list[dict], n_next: int) -> str:
     """What the sweep prints after a round: one line per comparison, then what happens next."""
+    from analysis.tables import fmt_gain  # loads pandas, numpy
+
     lines = [f"adaptive seeds, round {rnd}: paired relative gain in {_column(spec)} ({spec.adaptive.key} vs baseline)"]
     for d in decided:
         where = " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in d["point"].items())
-        lo, hi = d["ci"]
-        ci = f"{d['gain']:+.1%} [{lo:+.1%}, {hi:+.1%}]" if math.isfinite(lo) else "no CI"
+        ci = f"{fmt_gain(d['gain'], *d['ci'])}, p={d['p']:.3g} at alpha {d['alpha']:.3g}"
+        ci = ci if math.isfinite(d["gain"]) else "no test"
         nxt = f" -> {d['next_seeds']} seeds" if d["decision"] == "more" else ""
         lines.append(f"  {where}: {d['paired']} paired seeds, {ci}: {d['decision']} ({d['why']}){nxt}")
     lines.append(f"  next: {n_next} trial(s) in round {rnd + 1}" if n_next else "  every comparison is decided")

@@ -22,7 +22,7 @@ and completes a sweep YAML with (first line ``# yaml-language-server: $schema=sc
       algo.anchor.period: {int: [1, 20]}                      # int: [low, high], both inclusive
       algo.kl.type,algo.kl.tail: {grid: [[k3, none], [topk_reverse, paper]]}  # keys varied together
     seeds: [0, 1, 2]                  # every point runs once per seed (or put `seed` in space), or adaptive:
-    # seeds: {adaptive: {compare: {key: algo.anchor.tau, baseline: 1.0}, start: 3, step: 2, max: 11,
+    # seeds: {adaptive: {compare: {key: algo.anchor.tau, baseline: 1.0}, start: 7, step: 3, max: 13,
     #         stop_when: [ci_excludes_zero, {ci_width_below: 0.04}]}}   # more seeds only where unclear
     #         (sweeps/adaptive.py; the fields and defaults: `Adaptive`; needs search: grid, scheduler: none)
     #         every seed (and search.seed) is an integer in [0, 2**32 - 1] (ema_pg_core.config.SEED_MAX)
@@ -71,7 +71,7 @@ from pydantic import ValidationError
 from ema_pg_core.overrides import hydra_value
 from experiments.errors import UserError, shown, validation_line
 from experiments.user_yaml import NoAliasLoader, read
-from sweeps.adaptive import plan_text
+from sweeps.adaptive import levels, plan_text
 from sweeps.model import (
     KINDS,
     MAX_TRIALS,
@@ -228,6 +228,13 @@ def _check_adaptive(spec: Spec) -> None:
             f"seeds.adaptive.compare.baseline={shown(a.baseline)} must be one of space.{a.key}'s values "
             f"{shown(list(values))} "
             "(which need at least one other value to compare)"
+        )
+    if not any(levels(spec).values()):
+        from analysis.stats import min_seeds  # loads numpy, pandas
+
+        raise SpecError(
+            f"seeds.adaptive.max={a.max} is too few seeds to decide anything at confidence {a.confidence:g}: the exact "
+            f"paired test needs max >= {min_seeds(1 - a.confidence)} (more where start/step split it over looks)"
         )
 
 

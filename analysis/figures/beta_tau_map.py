@@ -4,8 +4,9 @@ anchor accuracy, and the paired relative gain of each τ < 1 over τ = 1 at the 
     fig = make(runs, "final/eval/math_tiny/acc", "final/eval_anchor/math_tiny/acc", reps=2000)
     cells = map_cells(runs, metric, anchor_metric, reps=2000)   # the numbers behind the figure, one row per cell
 
-The gain is the report's own comparison (analysis.tables.compare: relative gain of the seed means, paired
-over the seeds both cells ran, else unpaired), so the figure and the report's tables agree.
+The gain is the report's own comparison (analysis.tables.compare: relative gain of the seed means with the
+exact permutation test's CI, paired over the seeds both cells ran, else unpaired), so the figure and the
+report's tables agree.
 
 No stability boundary is drawn. The paper derives stability conditions for the EMA anchor that this
 project could not read, and the region `emapg figures` draws is our own toy quadratic model,
@@ -34,19 +35,19 @@ BASELINE_TAU = 1.0
 
 def map_cells(runs: pd.DataFrame, metric: str, anchor_metric: str | None, *, reps: int, seed: int = 0) -> pd.DataFrame:
     """One row per (kl_coef, anchor_tau): n, policy mean, anchor mean, gain over τ=1 (point, lo, hi) and
-    its pairing. Columns: kl_coef, anchor_tau, n, policy, anchor, gain, gain_lo, gain_hi, pairing."""
+    its pairing. Columns: kl_coef, anchor_tau, n, policy, anchor, gain, gain_lo, gain_hi, p, pairing."""
     df = _common.as_frame(runs, (*REQUIRED, metric))
     rows = []
     for (beta, tau), cell in df.groupby(["kl_coef", "anchor_tau"], sort=True):
         base = df[(df["kl_coef"] == beta) & (df["anchor_tau"] == BASELINE_TAU)]
-        c = None if tau == BASELINE_TAU or base.empty else tables.compare(cell, base, metric, reps, seed)
+        got = None if tau == BASELINE_TAU or base.empty else tables.compare(cell, base, metric)
         vals = cell[metric].dropna()
         anchor = cell[anchor_metric].dropna() if anchor_metric and anchor_metric in cell else pd.Series([], dtype=float)
         rows.append(
             dict(kl_coef=beta, anchor_tau=tau, n=len(vals), policy=vals.mean() if len(vals) else math.nan)
             | dict(anchor=anchor.mean() if len(anchor) else math.nan)
-            | dict(zip(("gain", "gain_lo", "gain_hi"), c["gain"] if c else (math.nan,) * 3))
-            | dict(pairing=c["pairing"] if c else "")
+            | dict(zip(("gain", "gain_lo", "gain_hi"), (got[0].gain, *got[0].ci) if got else (math.nan,) * 3))
+            | dict(p=got[0].p if got else math.nan, pairing=got[1] if got else "")
         )
     return pd.DataFrame(rows)
 
@@ -88,7 +89,8 @@ def make(
         ax.grid(False)
     note = (
         "cells: mean over seeds (n = seeds); gain: relative gain of the seed means, paired over seeds (p) or "
-        "unpaired (u), 95% bootstrap CI; boxed: CI excludes 0. No stability boundary drawn: its quantities "
+        "unpaired (u), 95% CI of the exact permutation test (inf: too few seeds to bound it); "
+        "boxed: CI excludes 0. No stability boundary drawn: its quantities "
         "are not logged (docs/results.md, the β × τ map)."
     )
     return style.finish(fig, title, note)
@@ -134,7 +136,8 @@ def _gain_text(g: pd.DataFrame, lo: pd.DataFrame, hi: pd.DataFrame, pairing: pd.
                 row.append("—")
             else:
                 tag = "p" if str(p).startswith("paired") else "u"
-                ci = f"\n[{a:+.1f}, {b:+.1f}]" if np.isfinite(a) else ""
+                end = lambda x: f"{x:+.1f}" if np.isfinite(x) else "-inf" if x < 0 else "+inf"  # noqa: E731
+                ci = f"\n[{end(a)}, {end(b)}]" if not (np.isnan(a) or np.isnan(b)) else ""
                 row.append(f"{v:+.1f}{ci} {tag}")
         out.append(row)
     return out
@@ -145,5 +148,5 @@ def _mark_clear(ax: Axes, lo: pd.DataFrame, hi: pd.DataFrame) -> None:
     for i in range(lo.shape[0]):
         for j in range(lo.shape[1]):
             a, b = lo.iat[i, j], hi.iat[i, j]
-            if np.isfinite(a) and np.isfinite(b) and (a > 0 or b < 0):
+            if a > 0 or b < 0:  # NaN compares False
                 ax.add_patch(Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, lw=2, ec="black"))

@@ -37,7 +37,7 @@ def test_the_report_lists_it_apart_and_never_averages_it(sweep_dir, synth, tmp_p
         report.report(sweep_dir, out, reps=50, include_incomplete=include)
         main = (out / "math_tiny_main.md").read_text()
         # tau=0.9: 3 finished seeds (+ the failed and the partial one with include_incomplete), never the stopped one
-        assert f"— ours, {5 if include else 3} seeds" in main and "6 seeds" not in main
+        assert f"— ours, {5 if include else 3} seeds" in main and "— ours, 6 seeds" not in main
         prov = {o["title"]: o["run_ids"] for o in json.loads((out / "provenance.json").read_text())["outputs"]}
         assert prov["Stopped by a health rule (in no number)"] == [run_id]
         assert [t for t, ids in prov.items() if run_id in ids] == [

@@ -8,6 +8,8 @@ import pytest
 from analysis import audit_schema, paper, tables
 
 EMA = "EMA-PG (τ=0.9, P=10; topk k=32, paper)"
+# 2 paired seeds, both +15 points: the smallest p-value of 2 seeds is 2/4, so no decision is possible
+NOT_SEPARABLE = "not separable at 2 seeds (a 95% decision needs >= 6); 80% power at this effect: ~6 seeds"
 
 
 def golden_runs() -> pd.DataFrame:
@@ -55,9 +57,10 @@ def test_search_table_golden():
             [na, na, na, "+48.5%", "+46.4%", na, na, "+33.3% [ABS]"],
             [na, na, na, "30.0 ± 0.0", "25.0 ± 0.0", na, na, na],
             [na, na, na, "45.0 ± 0.0", "37.5 ± 0.0", na, na, na],
-            [na, na, na, "+50.0% [+50.0, +50.0] (paired, 2 seeds)", "+50.0% [+50.0, +50.0] (paired, 2 seeds)"]
+            [na, na, na, "+50.0% [-inf, +inf] (paired, 2 seeds)", "+50.0% [-inf, +inf] (paired, 2 seeds)"]
             + [na, na, na],
-            [na, na, na, "1.00 [1.00, 1.00] (paired, 2 seeds)", "1.00 [1.00, 1.00] (paired, 2 seeds)", na, na, na],
+            [na, na, na, "1.00 (2 of 2 seeds)", "1.00 (2 of 2 seeds)", na, na, na],
+            [na, na, na, NOT_SEPARABLE, NOT_SEPARABLE, na, na, na],
         ],
         columns=cols,
         index=pd.Index(
@@ -69,6 +72,7 @@ def test_search_table_golden():
                 f"{EMA} — ours, 2 seeds",
                 f"gain: {EMA} vs GRPO (k3)",
                 f"P(improvement): {EMA} > GRPO (k3)",
+                f"decision: {EMA} vs GRPO (k3)",
             ],
             name="method",
         ),
@@ -117,7 +121,7 @@ def test_tiny_table_layout():
     assert t.cells.loc["GRPO (k3) — ours, 1 seed"].tolist() == ["50.0", "40.0", "50.0"]  # no CI from 1 seed
     assert t.cells.loc[f"{EMA} — ours, 2 seeds", "policy acc"] == "75.0 ± 5.0"  # CI [70, 80]
     # 1 baseline seed: no CI, and no pairing (pairing needs 2 common seeds)
-    assert t.cells.loc[f"gain: {EMA} vs GRPO (k3)", "policy acc"] == "+50.0% (unpaired)"
+    assert t.cells.loc[f"gain: {EMA} vs GRPO (k3)", "policy acc"] == "+50.0% [-inf, +inf] (unpaired)"
     assert f"{EMA} vs GRPO (k3): unpaired for policy acc, policy pass@1, anchor acc: 1 seed in common" in t.notes[0]
 
 
@@ -131,15 +135,21 @@ def paired_runs(y: list[float], x: list[float], seeds_x: list[int] | None = None
 
 
 def test_gains_are_paired_over_common_seeds():
-    # x = y + 0.01 per seed with a large spread across seeds: the paired CI excludes 0, and
-    # P(improvement) is 1 (EMA-PG wins on every seed); the gain of the means is 0.01 / 0.5 = +2%
-    y = [0.2, 0.5, 0.8]
+    # x = y + 0.01 on each of 6 seeds, with a large spread across seeds: paired, every sign flip but the two
+    # all-equal ones gives a smaller |sum|, so p = 2/64 <= 5%: clear. Any shift other than 0.01 leaves all six
+    # differences of one sign (rejected), so the CI is the point; the gain of the means is 0.01 / 0.5 = +2%.
+    y = [0.2, 0.5, 0.8, 0.3, 0.7, 0.5]
     t = tables.tiny_table(paired_runs(y, [v + 0.01 for v in y]), "t", reps=500)
-    gain = t.cells.loc[f"gain: {EMA} vs GRPO (k3)", "policy acc"]
-    assert gain.startswith("+2.0% [+1.") and gain.endswith(" (paired, 3 seeds)")
-    assert t.cells.loc[f"P(improvement): {EMA} > GRPO (k3)", "policy acc"] == "1.00 [1.00, 1.00] (paired, 3 seeds)"
+    assert t.cells.loc[f"gain: {EMA} vs GRPO (k3)", "policy acc"] == "+2.0% [+2.0, +2.0] (paired, 6 seeds)"
+    assert t.cells.loc[f"P(improvement): {EMA} > GRPO (k3)", "policy acc"] == "1.00 (6 of 6 seeds)"
+    assert t.cells.loc[f"decision: {EMA} vs GRPO (k3)", "policy acc"] == "clear, p=0.0312"
+    # the same at 3 seeds cannot be decided: the gain is shown, the CI is unbounded, the verdict says why
+    t3 = tables.tiny_table(paired_runs(y[:3], [v + 0.01 for v in y[:3]]), "t", reps=500)
+    assert t3.cells.loc[f"gain: {EMA} vs GRPO (k3)", "policy acc"] == "+2.0% [-inf, +inf] (paired, 3 seeds)"
+    assert t3.cells.loc[f"decision: {EMA} vs GRPO (k3)", "policy acc"].startswith("not separable at 3 seeds")
     # only the common seeds 1 and 2 pair: seed 3 of EMA-PG has no GRPO run
-    x, y, why = tables.pair_by_seed(*_sides(paired_runs(y, [0.3, 0.6, 0.9], seeds_x=[1, 2, 3])), "final/eval/t/acc")
+    runs = paired_runs([0.2, 0.5, 0.8], [0.3, 0.6, 0.9], seeds_x=[1, 2, 3])
+    x, y, why = tables.pair_by_seed(*_sides(runs), "final/eval/t/acc")
     assert (x.tolist(), y.tolist(), why) == ([0.3, 0.6], [0.5, 0.8], None)
 
 
@@ -151,9 +161,9 @@ def test_gains_fall_back_to_unpaired_when_seeds_do_not_match():
     y = [0.2, 0.5, 0.8]
     t = tables.tiny_table(paired_runs(y, [0.21, 0.51, 0.81], seeds_x=[3, 4, 5]), "t", reps=500)
     gain = t.cells.loc[f"gain: {EMA} vs GRPO (k3)", "policy acc"]
-    assert gain.startswith("+2.0% [-") and gain.endswith(" (unpaired)")  # the unpaired CI straddles 0
+    assert gain == "+2.0% [-inf, +inf] (unpaired)"  # 20 relabellings of 3 + 3 runs: p >= 2/20, never clear
     # unpaired P(improvement): 0.21 beats 0.2 only, 0.51 beats 2, 0.81 beats 3 -> 6 / 9
-    assert t.cells.loc[f"P(improvement): {EMA} > GRPO (k3)", "policy acc"].startswith("0.67 [")
+    assert t.cells.loc[f"P(improvement): {EMA} > GRPO (k3)", "policy acc"] == "0.67"
     assert any("unpaired for policy acc: 0 seeds in common" in n for n in t.notes)
     num = t.numbers.set_index(["row", "column"]).loc[(f"gain: {EMA} vs GRPO (k3)", "policy acc")]
     assert (num["n"], num["source"]) == (6, "ours (unpaired)")

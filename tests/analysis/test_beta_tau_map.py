@@ -11,11 +11,12 @@ from analysis import report, stats
 from analysis.figures import beta_tau_map, style
 
 ACC, ANCHOR = "final/eval/math_tiny/acc", "final/eval_anchor/math_tiny/acc"
-BASE = {0: 0.40, 1: 0.50, 2: 0.45, 3: 0.55}  # τ = 1 per seed: a large seed-to-seed spread
+BASE = {0: 0.40, 1: 0.50, 2: 0.45, 3: 0.55, 4: 0.35, 5: 0.60}  # τ = 1 per seed: a large seed-to-seed spread
 
 
 def runs_frame() -> pd.DataFrame:
-    """β ∈ {0, 0.1} × τ ∈ {1, 0.9, 0.5}, 4 seeds. At β = 0 every τ scores as τ = 1 (the KL term is off);
+    """β ∈ {0, 0.1} × τ ∈ {1, 0.9, 0.5}, 6 seeds (the fewest an exact paired test can decide at 95%).
+    At β = 0 every τ scores as τ = 1 (the KL term is off);
     at β = 0.1, τ = 0.9 adds +0.05 on every seed (clear when paired) and τ = 0.5 adds ±0.05 (unclear)."""
     rows = []
     for beta in (0.0, 0.1):
@@ -32,18 +33,17 @@ def runs_frame() -> pd.DataFrame:
 
 def test_cells_are_the_reports_paired_gain_over_tau_1():
     cells = beta_tau_map.map_cells(runs_frame(), ACC, ANCHOR, reps=500).set_index(["kl_coef", "anchor_tau"])
-    assert len(cells) == 6 and (cells["n"] == 4).all()
+    assert len(cells) == 6 and (cells["n"] == 6).all()
     assert cells.loc[(0.1, 1.0), "policy"] == pytest.approx(np.mean(list(BASE.values())))
     assert np.isnan(cells.loc[(0.1, 1.0), "gain"]) and cells.loc[(0.1, 1.0), "pairing"] == ""
     same = cells.loc[(0.0, 0.5)]  # identical runs: the paired CI is exactly [0, 0]
     assert (same["gain"], same["gain_lo"], same["gain_hi"]) == (0.0, 0.0, 0.0)
     clear = cells.loc[(0.1, 0.9)]
     y = np.array(list(BASE.values()))
-    assert (clear["gain"], clear["gain_lo"], clear["gain_hi"]) == stats.paired_bootstrap_ci(
-        y + 0.05, y, stats.relative_gain, reps=500
-    )
-    assert clear["gain"] == pytest.approx(0.05 / y.mean()) and clear["gain_lo"] > 0
-    assert clear["pairing"] == "paired, 4 seeds"
+    c = stats.compare(y + 0.05, y)
+    assert (clear["gain"], clear["gain_lo"], clear["gain_hi"], clear["p"]) == (c.gain, *c.ci, c.p)
+    assert clear["gain"] == pytest.approx(0.05 / y.mean()) and clear["gain_lo"] > 0 and c.p == 2 / 64
+    assert clear["pairing"] == "paired, 6 seeds"
     unclear = cells.loc[(0.1, 0.5)]
     assert unclear["gain_lo"] < 0 < unclear["gain_hi"]
     assert cells.loc[(0.1, 0.5), "anchor"] == pytest.approx(0.45)

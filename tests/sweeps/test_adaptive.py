@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import pytest
 from test_tune import fake_spec, fakes, local_ray, rows  # noqa: F401  (fixtures)
@@ -17,7 +18,15 @@ from sweeps import tune as T
 from sweeps.spec import SPEC_DEFAULTS, SpecError, parse, table
 
 ACC = "eval/math_tiny/acc"
-ADAPTIVE = {"compare": {"key": "algo.anchor.tau", "baseline": 1.0}, "start": 2, "step": 1, "max": 4}
+# looks at 6, 7 and 8 seeds, each at 0.1 / 3: an exact paired test of 6 seeds reaches p = 2/64 < 0.0333 when all six
+# agree in sign, so a clear comparison can stop at `start`
+ADAPTIVE = {
+    "compare": {"key": "algo.anchor.tau", "baseline": 1.0},
+    "start": 6,
+    "step": 1,
+    "max": 8,
+    "confidence": 0.9,
+}
 
 
 def spec_dict(name: str = "adapt", noise: float = 0.3, **knobs) -> dict:
@@ -82,37 +91,61 @@ def hand_rows(values: dict[float, list[float]]) -> list[dict]:
     ]
 
 
-def test_decide_uses_the_reports_paired_gain_and_plans_only_unclear_comparisons():
+def test_decide_uses_the_reports_comparison_and_plans_only_unclear_comparisons():
     spec = parse(spec_dict())
-    values = {1.0: [0.5, 0.6], 0.5: [0.3, 0.35], 0.95: [0.55, 0.58]}  # 0.95: +10% and -3.3%: unclear
-    seeds_of = {A.point_key({"algo.anchor.tau": t}): 2 for t in values}
+    assert A.looks(spec) == [6, 7, 8] and list(A.levels(spec).values()) == pytest.approx([0.1 / 3] * 3)
+    base = [0.5, 0.6, 0.4, 0.55, 0.45, 0.5]
+    values = {
+        1.0: base,
+        0.5: [v - 0.2 for v in base],
+        0.95: [v + (0.05 if i % 2 else -0.04) for i, v in enumerate(base)],
+    }
+    seeds_of = {A.point_key({"algo.anchor.tau": t}): 6 for t in values}
     clear, unclear = A.decide(spec, hand_rows(values), seeds_of)
-    assert clear["decision"] == "stop" and clear["why"] == "CI excludes 0" and clear["next_seeds"] == 2
-    assert clear["gain"] == pytest.approx(0.325 / 0.55 - 1)  # relative gain of the seed means
-    assert unclear["decision"] == "more" and unclear["next_seeds"] == 3 and unclear["paired"] == 2
-    assert (unclear["gain"], *unclear["ci"]) == stats.paired_bootstrap_ci(
-        [0.55, 0.58], [0.5, 0.6], stats.relative_gain, reps=2000
-    )
-    nxt = A.next_round(spec, [clear, unclear], seeds_of)  # seed 2 for tau 0.95 and for its baseline
-    assert nxt == [{"point": {"algo.anchor.tau": 0.95}, "seed": 2}, {"point": {"algo.anchor.tau": 1.0}, "seed": 2}]
-    seeds_of = {k: 4 for k in seeds_of}  # at max: no more seeds
+    assert clear["decision"] == "stop" and clear["why"] == "CI excludes 0" and clear["next_seeds"] == 6
+    assert clear["gain"] == pytest.approx(-0.2 / 0.5) and clear["p"] == 2 / 64 and clear["ci"][1] < 0
+    assert unclear["decision"] == "more" and unclear["next_seeds"] == 7 and unclear["paired"] == 6
+    c = stats.compare(values[0.95], base, alpha=0.1 / 3)
+    assert (unclear["gain"], *unclear["ci"], unclear["p"]) == (c.gain, *c.ci, c.p)
+    nxt = A.next_round(spec, [clear, unclear], seeds_of)  # seed 6 for tau 0.95 and for its baseline
+    assert nxt == [{"point": {"algo.anchor.tau": 0.95}, "seed": 6}, {"point": {"algo.anchor.tau": 1.0}, "seed": 6}]
+    seeds_of = {k: 8 for k in seeds_of}  # at max: no more seeds
     assert [d["decision"] for d in A.decide(spec, hand_rows(values), seeds_of)] == ["stop", "max"]
+
+
+def test_a_look_that_cannot_decide_only_adds_seeds():
+    raw = spec_dict()
+    raw["seeds"]["adaptive"].update(start=3, step=2, max=7, confidence=0.95)  # looks 3, 5, 7 at 0, 0, 0.05
+    spec = parse(raw)
+    assert A.levels(spec) == {3: 0.0, 5: 0.0, 7: pytest.approx(0.05)}
+    values = {1.0: [0.5, 0.6, 0.7], 0.5: [0.1, 0.2, 0.3], 0.95: [0.5, 0.6, 0.7]}  # 0.5: lower on every seed
+    seeds_of = {A.point_key({"algo.anchor.tau": t}): 3 for t in values}
+    lower, _ = A.decide(spec, hand_rows(values), seeds_of)
+    assert lower["decision"] == "more" and lower["ci"] == [-math.inf, math.inf]
+    assert lower["why"] == "rule not met (no 3-seed result can be clear at alpha 0)"
+    assert "level per look (seeds: alpha; 0.05 in all, 0 = cannot decide): 3: 0, 5: 0, 7: 0.05" in table(spec)
+    raw["seeds"]["adaptive"].update(start=3, step=1, max=5)
+    with pytest.raises(SpecError, match="max=5 is too few seeds to decide anything at confidence 0.95: the exact"):
+        parse(raw)
 
 
 def test_ci_width_rule_and_failed_trials():
     raw = spec_dict()
     raw["seeds"]["adaptive"]["stop_when"] = [{"ci_width_below": 0.01}]
     spec = parse(raw)
-    values = {1.0: [0.5, 0.6, 0.7], 0.5: [0.5, 0.6, 0.7], 0.95: [0.5, 0.6, 0.9]}
+    base = [0.5, 0.6, 0.7, 0.4, 0.55, 0.65]
+    values = {1.0: base, 0.5: list(base), 0.95: [*base[:5], 0.9]}
     got = hand_rows(values)
-    got[-1]["status"] = "failed"  # tau 0.95 seed 2: not paired
-    seeds_of = {A.point_key({"algo.anchor.tau": t}): 3 for t in values}
+    got[-1]["status"] = "failed"  # tau 0.95 seed 5: not paired
+    seeds_of = {A.point_key({"algo.anchor.tau": t}): 6 for t in values}
     same, other = A.decide(spec, got, seeds_of)
     assert same["decision"] == "stop" and same["ci"] == [0.0, 0.0] and same["why"].startswith("CI width 0 < 0.01")
-    assert other["paired"] == 2 and other["decision"] == "stop"  # identical on its 2 paired seeds: width 0
-    got[-2]["status"] = "failed"  # now one paired seed: no CI
+    assert other["paired"] == 5 and other["decision"] == "more"  # identical on its 5 paired seeds, but 5 can't bound
+    assert other["ci"] == [-math.inf, math.inf]
+    for r in got[-5:]:
+        r["status"] = "failed"  # now one paired seed: no test
     _, other = A.decide(spec, got, seeds_of)
-    assert other["decision"] == "more" and "no CI" in other["why"]
+    assert other["decision"] == "more" and "no test" in other["why"]
 
 
 # ------------------------------------------------------------------ sweeps of the stand-in
@@ -128,11 +161,12 @@ def decisions(sweep_dir) -> list[tuple[int, dict[float, tuple[str, int, int]]]]:
     ]
 
 
-EXPECTED = [  # tau 0.5 is clear at start=2 seeds; tau 0.95 grows by step=1 to max=4
-    (0, {0.5: ("stop", 2, 2), 0.95: ("more", 2, 3)}),
-    (1, {0.5: ("stop", 2, 2), 0.95: ("more", 3, 4)}),
-    (2, {0.5: ("stop", 2, 2), 0.95: ("max", 4, 4)}),
+EXPECTED = [  # tau 0.5 is clear at start=6 seeds; tau 0.95 grows by step=1 to max=8
+    (0, {0.5: ("stop", 6, 6), 0.95: ("more", 6, 7)}),
+    (1, {0.5: ("stop", 6, 6), 0.95: ("more", 7, 8)}),
+    (2, {0.5: ("stop", 6, 6), 0.95: ("max", 8, 8)}),
 ]
+SEEDS_RUN = {1.0: list(range(8)), 0.5: list(range(6)), 0.95: list(range(8))}
 
 
 def seeds_run(sweep_dir) -> dict[float, list[int]]:
@@ -147,17 +181,18 @@ def seeds_run(sweep_dir) -> dict[float, list[int]]:
 def test_clear_stops_at_start_unclear_grows_to_max(tmp_path, capsys):
     out = T.run_sweep(parse(spec_dict()), tmp_path / "adapt", report=False)
     assert decisions(out) == EXPECTED
-    assert seeds_run(out) == {1.0: [0, 1, 2, 3], 0.5: [0, 1], 0.95: [0, 1, 2, 3]}
+    assert seeds_run(out) == SEEDS_RUN
     plans = [e for e in A.read_events(out) if e["event"] == "plan"]
-    assert [len(p["trials"]) for p in plans] == [6, 2, 2]
+    assert [len(p["trials"]) for p in plans] == [18, 2, 2]
     printed = capsys.readouterr().out
-    assert "adaptive seeds, round 0:" in printed and "tau=0.95: 2 paired seeds" in printed
+    assert "adaptive seeds, round 0:" in printed and "tau=0.95: 6 paired seeds" in printed
     assert "every comparison is decided" in printed
-    # the recorded gain is the report's paired statistic on the sweep's own values
+    # the recorded gain is the report's comparison on the sweep's own values, at the last look's level
     final = {(float(r["algo.anchor.tau"]), int(r["seed"])): float(r[f"final/{ACC}"]) for r in rows(out)}
     last = [e for e in A.read_events(out) if e["event"] == "decide"][-1]["comparisons"][1]
-    x, y = [final[(0.95, s)] for s in range(4)], [final[(1.0, s)] for s in range(4)]
-    assert [last["gain"], *last["ci"]] == list(stats.paired_bootstrap_ci(x, y, stats.relative_gain))
+    x, y = [final[(0.95, s)] for s in range(8)], [final[(1.0, s)] for s in range(8)]
+    c = stats.compare(x, y, alpha=last["alpha"])
+    assert [last["gain"], *last["ci"], last["p"]] == [c.gain, *c.ci, c.p] and last["alpha"] == pytest.approx(0.1 / 3)
     with pytest.raises(ValueError, match="already holds sweep 'adapt'"):
         T.run_sweep(parse(spec_dict()), out)
 
@@ -177,10 +212,10 @@ def test_resumed_sweep_continues_the_round_it_was_in(tmp_path, capsys):
         assert f"did not finish; continue with: emapg sweep {out}/sweep.yaml --resume --out {out}\n" in printed
         T.run_sweep(spec, out, resume=True, report=False)
     assert decisions(out) == EXPECTED
-    assert seeds_run(out) == {1.0: [0, 1, 2, 3], 0.5: [0, 1], 0.95: [0, 1, 2, 3]}
+    assert seeds_run(out) == SEEDS_RUN
     runs = {}
     for line in (out / "calls.jsonl").read_text().splitlines():
         c = json.loads(line)
         runs.setdefault(c["trial"], []).append(c["iteration"])
-    assert len(runs) == 10  # no trial re-planned or duplicated; each continued from its checkpoint at 1
+    assert len(runs) == 22  # no trial re-planned or duplicated; each continued from its checkpoint at 1
     assert all(its[:2] == [0, 1] and its[-1] == 3 and its.count(0) == 1 for its in runs.values()), runs
