@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from experiments import numerics
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
 GB, GiB, MiB = 1e9, 2**30, 2**20
@@ -82,15 +84,9 @@ def machine() -> dict:
     """CPU model, cores, RAM, torch version, load average, UTC date."""
     import torch
 
-    cpu = platform.processor() or "?"
-    try:
-        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
-        cpu = m.group(1).strip() if m else cpu
-    except OSError:
-        pass
     total = re.search(r"^MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
     return {
-        "cpu": cpu,
+        "cpu": numerics.cpu_model(),
         "cores": os.cpu_count(),
         "ram_gib": round(int(total.group(1)) / 2**20, 1) if total else None,
         "torch": torch.__version__,

@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 
-from experiments import errors, progress
+from experiments import errors, numerics, progress
 from experiments.errors import RunInterrupted, UserError, raise_terminated
 
 
@@ -188,6 +188,10 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        numerics.pin()  # before any command loads torch: it and every process it starts compute on the pinned path
+    except errors.UserError as e:  # EMAPG_NUMERICS misspelt: one line, exit 2
+        return errors.handle("emapg", e)
     parser = argparse.ArgumentParser(
         prog="emapg",
         description="EMA-PG: train, sweep, report.",

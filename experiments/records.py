@@ -336,6 +336,22 @@ def read_summary(run_dir: str | Path) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
+def numerics_key(run: Mapping[str, Any] | str | Path) -> tuple[tuple[str, Any], ...] | None:
+    """What two runs must share for their numbers to be comparable, from a summary.json dict or a run directory:
+    the sorted (dotted field, value) pairs of its "numerics" that `comparable_numerics` keeps. None for a record
+    without them (written before they were recorded, a verl run, a run still going)."""
+    summary = run if isinstance(run, Mapping) else read_summary(run)
+    found = (summary or {}).get("numerics")
+    return tuple(sorted(flat(comparable_numerics(found)).items())) if found else None
+
+
+def comparable_numerics(fingerprint: Mapping[str, Any]) -> dict:
+    """The fields of an experiments.numerics fingerprint that two runs (or two warm starts) must share for their
+    numbers to be comparable: mode, code paths, thread count, determinism switch, library versions, warm-start
+    weights; the CPU's name only in native mode (the reproducible mode's pins make it irrelevant)."""
+    return {k: v for k, v in fingerprint.items() if k != "cpu" or fingerprint.get("mode") != "reproducible"}
+
+
 def read_wandb_state(run_dir: str | Path) -> dict:
     path = Path(run_dir) / WANDB_STATE
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -358,10 +374,11 @@ def _dig(d: Any, dotted: str) -> Any:
     return d
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
+def flat(d: dict, prefix: str = "") -> dict:
+    """{dotted key: value} of a nested dict's leaves (an empty dict is a leaf)."""
     out = {}
     for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
     return out
 
 
@@ -409,6 +426,7 @@ class RunRecord:
         self.status = "running"
         self.last_iteration: int | None = None
         self.forced = False  # resumed with resume=force at some point (summary.json: forced_resume)
+        self.numerics: dict | None = None  # experiments.numerics.fingerprint of the process training (local backend)
         self._offset_s, self._t0 = 0.0, _clock()
         self._beat: threading.Event | None = None
 
@@ -605,6 +623,7 @@ class RunRecord:
             "wall_time_s": round(self.elapsed(), 3),
             "final": final,
             "best": best,
+            "numerics": self.numerics,
         }
 
     def _close(self, state: str, detail: str | None, extra: Mapping[str, Any] | None) -> dict:
@@ -698,7 +717,7 @@ def config_changes(old_path: Path, new: dict) -> dict[str, tuple]:
     HASH_EXCLUDE ({} when there is no config.yaml yet)."""
     if not old_path.is_file():
         return {}
-    old, cur = _flat(OmegaConf.to_container(OmegaConf.load(old_path))), _flat(new)
+    old, cur = flat(OmegaConf.to_container(OmegaConf.load(old_path))), flat(new)
     return {
         k: (old.get(k), cur.get(k))
         for k in sorted(set(old) | set(cur))

@@ -26,7 +26,7 @@ from ema_pg_core.local.device import resolve_device
 from ema_pg_core.local.trainer import Hooks, Interrupted, LocalTrainer, seed_everything
 from ema_pg_core.verl import failures as verl_failures
 from ema_pg_core.verl.failures import VerlExited
-from experiments import build, progress, records, stages
+from experiments import build, numerics, progress, records, stages
 from experiments.backends import verl as verl_backend
 from experiments.errors import RunFailed, RunInterrupted, StoppedUnhealthy, Terminated, UserError
 from experiments.records import RunRecord, make_run_id
@@ -114,6 +114,7 @@ def run(
     `timeline`: the caller's stamps, completed here (STAMPS) and written to summary.json."""
     timeline = {} if timeline is None else timeline
     _stamp(timeline, "run")
+    numerics.pin()  # torch is loaded: raises unless the pins of EMAPG_NUMERICS were set before it loaded
     progress.quiet_libraries()
     if cfg.get("stages") or cfg.get("stage") is not None or cfg.get("resume_from"):
 
@@ -194,6 +195,7 @@ def _advance(bar, it: int, m: dict) -> None:
 def _train(cfg, local_cfg, record, logger, *, ckpt_dir: Path, state: dict | None, callback: Callback | None, timeline):
     task = build.task(cfg)
     policy, tok = build.model(cfg)
+    record.numerics = numerics.fingerprint(policy.name_or_path if cfg.model.path is None else None)
     _stamp(timeline, "model")
     bar = None
     rows: dict[int, dict] = {}

@@ -43,6 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import ray
+import torch
 import yaml
 from omegaconf import OmegaConf
 from ray import tune
@@ -53,7 +54,7 @@ from analysis.dashboard import SweepInfo, after_sweep
 from ema_pg_core.local import checkpoints
 from ema_pg_core.verl import resources as verl_resources
 from ema_pg_core.verl.resources import free_line
-from experiments import records
+from experiments import numerics, records
 from experiments.backends.verl import placement_for
 from experiments.errors import StoppedUnhealthy, is_ray_auth_error, ray_auth_line
 from sweeps import adaptive, lock, results
@@ -425,13 +426,15 @@ def _error_line(trial) -> str:
 
 
 def _init_ray(address: str | None, num_cpus: int | None) -> bool:
-    """Connect to `address`, or start a local Ray on 127.0.0.1 (no dashboard). True if we started it."""
+    """Connect to `address`, or start a local Ray on 127.0.0.1 (no dashboard). True if we started it. A local Ray's
+    workers inherit this process's environment, the numerics pins with it (experiments.numerics); a cluster's get
+    them as the job's runtime_env."""
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address:
         try:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": numerics.env()})
         except Exception as e:
             if not is_ray_auth_error(e):
                 raise
@@ -911,10 +914,11 @@ def _warm_start(spec: Spec) -> None:
     for point in grid_points(spec):
         cfg = build.compose(spec.overrides_for(point, spec.seed_axis[0]))
         m = cfg.model
-        key = (cfg.task.name, m.hidden, m.layers, m.heads, m.pretrain_steps, m.cache_dir)
+        key = (cfg.task.name, m.hidden, m.layers, m.heads, m.pretrain_steps, m.cache_dir, cfg.trainer.threads)
         if m.path is None and key not in seen:
             seen.add(key)
             print(f"warm start of the tiny {cfg.task.name} model (built once, cached in {m.cache_dir})", flush=True)
+            torch.set_num_threads(int(cfg.trainer.threads))  # the trials': the thread count is in its provenance
             build.model(cfg)
 
 
