@@ -271,8 +271,9 @@ class TrainerConfig:
     """Checkpoint every this many iterations (and on SIGTERM/SIGINT); 0 = only at the end."""
     keep_checkpoints: int = 2
     """How many checkpoints to keep (oldest removed), >= 1: the newest is what a resume continues from."""
-    threads: int = 2
-    """torch.set_num_threads, >= 1."""
+    threads: int = 1
+    """torch.set_num_threads, >= 1. 1: the numbers are the same from run to run (and, with EMAPG_NUMERICS's pins,
+    across x86-64 CPUs); with more threads they were not on a 2-core AMD EPYC (docs/usage.md)."""
     dtype: str = "float32"
     """Policy dtype: float32 | bfloat16 | float64."""
     probe_every: int | None = None

@@ -1,14 +1,16 @@
-"""Supervised warm start of a tiny model on task demonstrations, cached by a hash of its config.
+"""Supervised warm start of a tiny model on task demonstrations, cached by a hash of its config and provenance.
 
-    emapg pretrain task=math_tiny                   # or: python -m experiments.pretrain task=math_tiny
+    emapg pretrain task=math_tiny
     emapg pretrain task=search_tiny steps=300 model.layers=4 knobs.two_hop=0.3 eval=true
 
 RL from a random tiny model never sees a reward, so each `*_tiny` task first gets a short SFT
 phase: next-token loss on prompt + demonstration, counted only on the tokens the model would
 generate (the prompt and the environment's `<information>` blocks get no loss), plus EOS. The
 result is an HF checkpoint (`AutoModelForCausalLM` / `AutoTokenizer` load it) in
-`<cache_dir>/<task>-<hash of the resolved config>/`; a directory with the completion marker is
-reused, so the warm start is built once per config, whoever asks for it.
+`<cache_dir>/<task>-<hash of the resolved config and its provenance>/`: the provenance is whatever else decides
+the weights (the builder's source code, the numerical code path, thread count and library versions:
+`provenance`). A directory with the completion marker is reused, so the warm start is built once per config and
+provenance, whoever asks for it; one whose marker records another provenance is rebuilt, saying why.
 
 The calibrated defaults (each task module's `PRETRAIN`) leave the model neither hopeless nor solved on held-out
 problems (target 15-60%, greedy and sampled at temperature 1) so that RL has room to improve: SFT
@@ -40,15 +42,14 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ema_pg_core.local.tiny import CHARSET, build_model, build_tokenizer
-from experiments import user_yaml
+from ema_pg_core.local import tiny
+from ema_pg_core.local.tiny import build_model, build_tokenizer
+from experiments import numerics, records, tasks, user_yaml
 from experiments.progress import bar as progress_bar
 from experiments.tasks import Example, get_task, make_knobs
 
-FORMAT_VERSION = 1
-"""Bump when demonstrations or the SFT recipe change, so cached warm starts are rebuilt."""
 MARKER = "pretrain.json"
-"""Written last into a finished warm start: the resolved config and training statistics."""
+"""Written last into a finished warm start: the resolved config, its provenance and training statistics."""
 
 
 @dataclass
@@ -108,10 +109,30 @@ def resolve(task: str, **overrides) -> PretrainConfig:
     return cfg
 
 
-def config_hash(cfg: PretrainConfig) -> str:
-    """12 hex chars of sha256 over the resolved config, the charset and FORMAT_VERSION."""
-    payload = json.dumps({"cfg": asdict(cfg), "charset": CHARSET, "format": FORMAT_VERSION}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+def provenance(task: str) -> dict:
+    """What besides its config decides a warm start's weights: {"builder": sha256 (16 hex digits) of the code that
+    builds it (this module, the tiny model and tokenizer, the task registry and the task's module: its data and
+    demonstrations), "numerics": the code paths, thread count and library versions in effect
+    (experiments.records.comparable_numerics)}."""
+    digest = hashlib.sha256()
+    for source in (__file__, tiny.__file__, tasks.__file__, inspect.getfile(get_task(task))):
+        digest.update(Path(source).read_bytes())
+    return {"builder": digest.hexdigest()[:16], "numerics": records.comparable_numerics(numerics.fingerprint())}
+
+
+def cache_name(cfg: PretrainConfig, built: dict) -> str:
+    """<task>-<12 hex digits of records.config_hash over the resolved config and its provenance `built`>."""
+    return f"{cfg.task}-{records.config_hash({'cfg': asdict(cfg), 'provenance': built})}"
+
+
+def stale(path: Path, built: dict) -> str | None:
+    """Why the finished warm start at `path` may not be reused: what its marker records that differs from
+    provenance `built` ("numerics.versions.torch: '2.12.0' -> '2.13.0'"); None when it matches or is unfinished."""
+    if not (path / MARKER).exists():
+        return None
+    old, new = records.flat(json.loads((path / MARKER).read_text()).get("provenance") or {}), records.flat(built)
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys) or None
 
 
 def default_cache_dir() -> Path:
@@ -265,16 +286,20 @@ def pretrain(
 
     Unset arguments take the task's calibrated values (its `PRETRAIN`); `overrides` set other
     `PretrainConfig` fields (target_acc, eval_every, val_size, pool, weight_decay). The checkpoint lives in
-    `cache_dir/<task>-<config hash>/` and counts as built once `pretrain.json` is in it. Training
+    `cache_dir/<cache_name>/` and counts as built once `pretrain.json` is in it with this provenance. Training
     happens in a temporary sibling directory renamed into place, so concurrent callers (sweep
     trials) never see a half-written checkpoint.
     """
     named = dict(model=model_cfg, steps=steps, lr=lr, batch_size=batch_size, seed=seed, knobs=knobs)
     cfg = resolve(task, **{k: v for k, v in named.items() if v is not None}, **overrides)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = root / f"{cfg.task}-{config_hash(cfg)}"
-    if (final / MARKER).exists():
+    built = provenance(cfg.task)
+    final = root / cache_name(cfg, built)
+    why = stale(final, built)
+    if (final / MARKER).exists() and why is None:
         return final
+    if why:
+        print(f"warm start {final} was built otherwise ({why}): rebuilding it", file=sys.stderr)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -285,11 +310,12 @@ def pretrain(
             f"target_acc={cfg.target_acc} within steps={cfg.steps}; raise steps",
             stacklevel=2,
         )
-    (tmp / MARKER).write_text(json.dumps({"config": asdict(cfg), "hash": final.name, **stats}, indent=2))
+    marker = {"config": asdict(cfg), "hash": final.name, "provenance": built, **stats}
+    (tmp / MARKER).write_text(json.dumps(marker, indent=2))
     try:
         os.replace(tmp, final)
-    except OSError:  # another process finished first (or a stale unfinished dir is in the way)
-        if not (final / MARKER).exists():
+    except OSError:  # another process finished first (or a stale or unfinished dir is in the way)
+        if not (final / MARKER).exists() or stale(final, built):
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -380,14 +406,14 @@ def _parse_overrides(argv: Sequence[str]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`emapg pretrain task=<name> [<PretrainConfig field>=value ...] [model.<k>=v] [knobs.<k>=v]
-    [cache_dir=DIR] [eval=true] [threads=2]`: build (or reuse) the warm start and print its path;
+    [cache_dir=DIR] [eval=true] [threads=1]`: build (or reuse) the warm start and print its path;
     eval=true also prints its greedy and sampled accuracy on 100 test problems."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
         print(main.__doc__)
         return 0
     args = _parse_overrides(argv)
-    torch.set_num_threads(int(args.pop("threads", 2)))
+    torch.set_num_threads(int(args.pop("threads", 1)))  # the trainer's default: the same cache entry
     do_eval = bool(args.pop("eval", False))
     task = args.pop("task", "math_tiny")
     model_cfg, knobs = args.pop("model", None), args.pop("knobs", None)

@@ -76,10 +76,14 @@ def test_sft_labels_mask_prompt_and_environment_text():
         P.encode_example(tok, t, ex, demo.replace("born in", "born at", 1), t.make_env())
 
 
-def test_config_hash_is_canonical():
+def test_cache_name_is_canonical_and_covers_the_provenance():
     explicit = P.resolve("math_tiny", knobs=dict(get_task("math_tiny").Knobs().__dict__), model=dict(hidden=128))
-    assert P.config_hash(P.resolve("math_tiny")) == P.config_hash(explicit)
-    assert P.config_hash(P.resolve("math_tiny", seed=1)) != P.config_hash(P.resolve("math_tiny"))
+    built = P.provenance("math_tiny")
+    assert P.cache_name(P.resolve("math_tiny"), built) == P.cache_name(explicit, built)
+    assert P.cache_name(P.resolve("math_tiny", seed=1), built) != P.cache_name(P.resolve("math_tiny"), built)
+    other_torch = {**built, "numerics": {**built["numerics"], "versions": {"torch": "0.0"}}}
+    assert P.cache_name(explicit, other_torch) != P.cache_name(explicit, built)
+    assert P.provenance("math_tiny")["builder"] != P.provenance("search_tiny")["builder"]  # the task's module
     with pytest.raises(ValueError, match="unknown pretrain"):
         P.resolve("math_tiny", epochs=3)
     with pytest.raises(ValueError, match="unknown math_tiny knob"):
@@ -111,6 +115,29 @@ def test_pretrain_builds_once_then_reuses_the_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(P, "train", no_training)
     assert P.pretrain("math_tiny", **kwargs) == path
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary directories left
+
+
+@pytest.mark.parametrize(
+    "field, recorded",
+    [("numerics.versions.torch", "2.0.0"), ("numerics.versions.transformers", "4.0.0"), ("builder", "0" * 16)],
+)
+def test_a_warm_start_built_otherwise_is_rebuilt_saying_why(tmp_path, monkeypatch, capsys, field, recorded):
+    kwargs = dict(model_cfg=TINY, steps=2, batch_size=2, cache_dir=tmp_path, progress=False, pool=8, val_size=2)
+    path = P.pretrain("math_tiny", target_acc=None, **kwargs)
+    marker = json.loads((path / P.MARKER).read_text())
+    *parents, leaf = field.split(".")
+    node = marker["provenance"]
+    for key in parents:
+        node = node[key]
+    now, node[leaf] = node[leaf], recorded  # as if a torch, transformers or builder of another version built it
+    (path / P.MARKER).write_text(json.dumps(marker))
+    trained, train = [], P.train
+    monkeypatch.setattr(P, "train", lambda *a, **kw: trained.append(a) or train(*a, **kw))
+    assert P.pretrain("math_tiny", target_acc=None, **kwargs) == path
+    assert len(trained) == 1
+    assert f"{field}: {recorded!r} -> {now!r}" in capsys.readouterr().err
+    assert P.stale(path, P.provenance("math_tiny")) is None  # rebuilt with this provenance
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 def test_pretrain_stops_at_the_target_accuracy(tmp_path, monkeypatch):
