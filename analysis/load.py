@@ -236,6 +236,22 @@ def final_and_best(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str
     return records.final_values(rows), records.best_values(rows)
 
 
+def numerics_label(summary: dict) -> str | None:
+    """A run's numerical fingerprint (experiments.records.numerics_key: what two runs must share for their numbers
+    to be comparable) as one short string: mode, ATen's code path / MKL's branch, threads, torch, the warm start's
+    weights, and a digest of every field; equal strings = comparable numbers. None for a record without one."""
+    key = records.numerics_key(summary)
+    if key is None:
+        return None
+    d = dict(key)
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:6]
+    ws = str(d.get("warm_start") or "-")[:8]
+    return (
+        f"{d.get('mode')} {d.get('aten_capability')}/{d.get('mkl_cbwr')} {d.get('threads')}t "
+        f"torch {d.get('versions.torch')} warm start {ws} [{digest}]"
+    )
+
+
 def run_row(raw: RawRun, rows: list[dict[str, Any]], n_relogged: int) -> dict[str, Any]:
     """The `runs` frame row of one run."""
     summary = raw.summary or {}
@@ -263,6 +279,7 @@ def run_row(raw: RawRun, rows: list[dict[str, Any]], n_relogged: int) -> dict[st
         "config_hash": summary.get("config_hash"),
         "config_key": config_key(raw.config),
         "git_sha": summary.get("git_sha"),
+        "numerics": numerics_label(summary),
         "wandb_run_id": summary.get("wandb_run_id", raw.extra.get("wandb_run_id")),
         "iterations_done": summary.get("iterations_done", rows[-1]["iteration"] if rows else None),
         "wall_time_s": summary.get("wall_time_s", _last(rows, "time_s")),

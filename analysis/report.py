@@ -210,7 +210,26 @@ def _report_header(runs: pd.DataFrame, source: str, reps: int, seed: int, includ
         'task and data settings (same warm start, data order and sampling streams; marked "paired, n seeds"), '
         'and unpaired otherwise (marked "unpaired"). A decision is an exact permutation test at 5% (at most 5% '
         "false 'clear' at any n); with fewer than 6 paired seeds no comparison can be clear at 95%.",
+        _numerics_line(runs),
     ]
+
+
+def _numerics_line(runs: pd.DataFrame) -> str:
+    """Which numerical fingerprints (analysis.load.numerics_label) the runs computed under; a warning when several."""
+    labels = runs["numerics"].dropna() if "numerics" in runs else pd.Series([], dtype=object)
+    missing = len(runs) - len(labels)
+    unknown = f"; {missing} run(s) recorded none (older records, verl runs)" if missing else ""
+    counts = labels.value_counts()
+    if len(counts) == 0:
+        return "Numerics: no run recorded its numerical fingerprint."
+    if len(counts) == 1:
+        return f"Numerics: every run with a fingerprint computed under one: {counts.index[0]}{unknown}."
+    listed = "; ".join(f"{n} run(s): {label}" for label, n in counts.items())
+    return (
+        f"**Warning: the runs computed under {len(counts)} numerical fingerprints** ({listed}{unknown}): runs of "
+        "different fingerprints differ by their machine or library versions as well as their settings, and a table "
+        "row that mixes them says so in its notes (docs/run-record.md, numerics)."
+    )
 
 
 def _task_tables(

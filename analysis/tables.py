@@ -261,6 +261,12 @@ def gain_rows(
                 unpaired.setdefault(why, []).append(col_label)
         rows += [(g_label, g_cells), (p_label, p_cells), (d_label, d_cells)]
         notes += [f"{ema} vs {base}: unpaired for {', '.join(cs)}: {why}." for why, cs in unpaired.items()]
+        fingerprints = runs[runs[group].isin([ema, base])]["numerics"] if "numerics" in runs else pd.Series([])
+        if fingerprints.dropna().nunique() > 1:
+            notes.append(
+                f"{ema} vs {base}: the runs compared computed under {fingerprints.dropna().nunique()} numerical "
+                "fingerprints (the report's front page lists them): the gain may be partly the machine's."
+            )
     return rows, numbers, notes + ([PAIRING_NOTE] if rows else [])
 
 

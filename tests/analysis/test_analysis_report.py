@@ -154,3 +154,36 @@ def test_a_config_and_seed_run_twice_counts_once(sweep_dir, tmp_path, synth, cap
     notes = [n for n in capsys.readouterr().out.splitlines() if "train the same config and seed" in n]
     assert len(notes) == 2 and all(n.endswith(f"counted once, as {n.split(' as ')[-1]}") for n in notes)
     assert sum("train the same config and seed" in line for line in (tmp_path / "index.md").read_text().splitlines())
+
+
+def test_the_report_shows_the_numerics_and_flags_a_comparison_that_mixes_them(sweep_dir, tmp_path):
+    """summary.json's "numerics" (experiments.numerics.fingerprint): one fingerprint is named on the front page;
+    a GRPO run computed on another code path makes the front page warn and the gain rows' notes say so."""
+    fp = {
+        "mode": "reproducible",
+        "cpu": "AMD EPYC",
+        "aten_capability": "AVX2",
+        "mkl_cbwr": "COMPATIBLE",
+        "onednn_max_cpu_isa": "AVX2",
+        "threads": 1,
+        "deterministic_algorithms": False,
+        "versions": {"torch": "2.13.0", "transformers": "5.10.4", "mkl": "2025.0"},
+        "warm_start": "0123456789abcdef",
+    }
+    summaries = sorted((sweep_dir / "runs").glob("*/summary.json"))
+    for path in summaries:
+        s = json.loads(path.read_text())
+        path.write_text(json.dumps(s | {"numerics": fp | {"cpu": f"CPU of {path.parent.name}"}}))  # cpu: not compared
+    report.report(sweep_dir, tmp_path / "same", reps=50)
+    index = (tmp_path / "same" / "index.md").read_text()
+    assert "Numerics: every run with a fingerprint computed under one: reproducible AVX2/COMPATIBLE 1t" in index
+    assert "numerical fingerprints" not in (tmp_path / "same" / "math_tiny_main.md").read_text()
+    grpo = next(p for p in summaries if "grpo" in p.parent.name)
+    s = json.loads(grpo.read_text())
+    grpo.write_text(json.dumps(s | {"numerics": fp | {"mode": "native", "aten_capability": "AVX512"}}))
+    report.report(sweep_dir, tmp_path / "mixed", reps=50)
+    index = (tmp_path / "mixed" / "index.md").read_text()
+    assert "**Warning: the runs computed under 2 numerical fingerprints** (8 run(s): reproducible" in index
+    assert "1 run(s): native AVX512/COMPATIBLE" in index
+    main = (tmp_path / "mixed" / "math_tiny_main.md").read_text()
+    assert "vs GRPO (k3): the runs compared computed under 2 numerical fingerprints" in main
