@@ -1,0 +1,100 @@
+"""What the reproducible numerics cost: training iterations and warm-start steps, pinned vs native, in the same run.
+
+    python benchmarks/numerics_cost.py [--iterations 20] [--repeats 2] [--experiment math_tiny_grpo] [--write]
+
+Each repeat trains the experiment once per mode (EMAPG_NUMERICS=native, then reproducible: experiments/numerics.py),
+each an `emapg train` process of its own, so the pins are set before torch loads as they are for a user; the modes
+alternate so that a change of the machine's load hits both. Each mode builds its own warm start (a pinned one is
+another cache entry) in the first repeat, in a temporary EMAPG_CACHE. Figures: the mean of perf/iter_s (rollout
+to anchor update) over the training iterations but the first, and the warm start's SFT seconds per step
+(pretrain.json: train_s / steps_done), each mode's as a ratio to native's. Writes its section of
+docs/benchmarks.md with ``--write``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine, machine_line, md_table, write_section  # noqa: E402
+
+MODES = ("native", "reproducible")
+
+
+def train(mode: str, experiment: str, iterations: int, root: Path, run: str) -> dict:
+    """One `emapg train` in `mode` -> {"iter_s": [perf/iter_s of iterations 2..], "sft_step_s", "numerics"}."""
+    run_dir, cache = root / run, root / f"cache-{mode}"
+    overrides = [f"experiment={experiment}", f"trainer.iterations={iterations}", f"trainer.eval_every={iterations}"]
+    overrides += ["trainer.save_every=0", "logger.name=none", f"run_dir={run_dir}"]
+    env = {**os.environ, "EMAPG_NUMERICS": mode, "EMAPG_CACHE": str(cache), "EMAPG_PROGRESS": "0"}
+    subprocess.run(["emapg", "train", *overrides], env=env, check=True, capture_output=True)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    warm = json.loads(next(cache.glob("*/pretrain.json")).read_text())
+    return {
+        "iter_s": [r["perf/iter_s"] for r in rows if r["iteration"] >= 2],
+        "sft_step_s": warm["train_s"] / warm["steps_done"],
+        "numerics": json.loads((run_dir / "summary.json").read_text())["numerics"],
+    }
+
+
+def measure(experiment: str, iterations: int, repeats: int) -> dict[str, dict]:
+    """{mode: {"iter_s": every timed iteration of every repeat, "sft_step_s", "numerics"}}."""
+    out: dict[str, dict] = {m: {"iter_s": []} for m in MODES}
+    with tempfile.TemporaryDirectory() as d:
+        for rep in range(repeats):
+            for mode in MODES if rep % 2 == 0 else MODES[::-1]:
+                got = train(mode, experiment, iterations, Path(d), f"{mode}-{rep}")
+                out[mode]["iter_s"] += got["iter_s"]
+                out[mode].setdefault("sft_step_s", got["sft_step_s"])  # built in the first repeat only
+                out[mode]["numerics"] = got["numerics"]
+    return out
+
+
+def section(results: dict[str, dict], command: str, machine_text: str, iterations: int) -> str:
+    """The docs/benchmarks.md section: how it was measured, the table, the ratios."""
+    mean = {m: sum(r["iter_s"]) / len(r["iter_s"]) for m, r in results.items()}
+    rows = [
+        [m, f"{r['numerics']['aten_capability']} / {r['numerics']['mkl_cbwr']}", len(r["iter_s"]),
+         f"{mean[m]:.3f}", f"{mean[m] / mean['native']:.2f}", f"{r['sft_step_s']:.3f}",
+         f"{r['sft_step_s'] / results['native']['sft_step_s']:.2f}"]
+        for m, r in results.items()
+    ]  # fmt: skip
+    header = ["EMAPG_NUMERICS", "ATen / MKL branch", "iterations timed", "iteration (s)", "ratio",
+              "warm-start step (s)", "ratio"]  # fmt: skip
+    return "\n\n".join(
+        [
+            "## The reproducible numerics' cost (`benchmarks/numerics_cost.py`)",
+            f"Command: `{command}`. {machine_text}".rstrip(),
+            f"Each mode's `emapg train` processes ({iterations} iterations each, the modes alternating), iteration = "
+            "mean perf/iter_s over the training iterations but the first; warm-start step = the SFT's seconds per "
+            "step. Ratios are to native, measured in the same run.",
+            md_table(header, rows),
+        ]
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--experiment", default="math_tiny_grpo")
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
+    args = ap.parse_args()
+    m = machine()
+    results = measure(args.experiment, args.iterations, args.repeats)
+    command = " ".join(["python benchmarks/numerics_cost.py", *sys.argv[1:]])
+    body = section(results, command, machine_line(m, results["native"]["numerics"]["threads"]), args.iterations)
+    print(body)
+    if args.write:
+        write_section("numerics_cost", body)
+
+
+if __name__ == "__main__":
+    main()
