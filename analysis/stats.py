@@ -168,7 +168,7 @@ def compare(x, y, *, paired: bool = True, alpha: float = 0.05, seed: int = 0) ->
     shift = float(w[0] @ z0)  # the observed mean difference (w[0] is the identity)
     p = _p_value(w, z0)
     min_p = _p_value(w, z0 - 1e6 * (np.abs(z0).max() + 1) * u)  # a shift that orders every pair
-    lo, hi = _invert(w, z0, u, shift, alpha, min_p)
+    lo, hi = _invert(w, z0, u, shift=shift, alpha=alpha, min_p=min_p)
     ci = (lo / base, hi / base) if base > 0 else (math.nan, math.nan)
     poi = paired_poi(x, y) if paired else probability_of_improvement(x, y)
     n = z0.size if paired else len(x) + len(y)
@@ -208,7 +208,7 @@ def _p_value(w: np.ndarray, z: np.ndarray) -> float:
     return float(np.mean(np.abs(t) >= abs(t[0]) - tol))
 
 
-def _invert(w, z0, u, shift: float, alpha: float, min_p: float) -> tuple[float, float]:
+def _invert(w, z0, u, *, shift: float, alpha: float, min_p: float) -> tuple[float, float]:
     """The shifts delta the test does not reject at alpha (p > alpha), as [lo, hi]; +-inf where no shift on
     that side can be rejected at this n. Each statistic is linear in delta, w[g] @ z0 - delta * w[g] @ u, so
     p(delta) steps only where |statistic g| crosses |statistic 0|: each end is found by bisection outward from
@@ -242,7 +242,7 @@ def min_seeds(alpha: float) -> int:
 def seeds_for_power(d: np.ndarray, alpha: float, power: float = 0.8, most: int = 1000) -> int | None:
     """Paired seeds for `power` at the effect these per-seed differences show (mean / sd, a paired t-test's
     noncentral t; never below `min_seeds`). None when the mean difference is 0; most + 1 when beyond `most`."""
-    from scipy import stats as st  # loads scipy
+    from scipy import stats as st  # loads scipy.stats
 
     d = np.asarray(d, dtype=float)
     m, s = float(d.mean()), float(d.std(ddof=1)) if d.size > 1 else math.nan

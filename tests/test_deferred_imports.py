@@ -41,6 +41,7 @@ HEAVY = {
     "omegaconf": "tens of ms; configs are composed in experiments.build",
     "pandas": "about 400 ms",
     "pyarrow": "about 100 ms",
+    "scipy": "scipy.stats is about 300 ms; only planning seeds for power (analysis.stats.seeds_for_power) needs it",
     "matplotlib": "over 200 ms",
     "wandb": "about half a second",
     "wandb_workspaces": "its reports and workspaces import wandb",
