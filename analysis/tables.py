@@ -229,7 +229,7 @@ def gain_pairs(runs: pd.DataFrame, group: str = "variant") -> tuple[list[tuple[s
 
 
 def gain_rows(
-    runs: pd.DataFrame, columns: dict[str, str], group: str, reps: int, seed: int
+    runs: pd.DataFrame, columns: dict[str, str], group: str
 ) -> tuple[list[tuple[str, dict[str, str]]], list[dict], list[str]]:
     """Three rows per EMA-PG variant against its GRPO baseline: the relative gain of the seed means with the
     exact test's 95% CI, P(improvement), and the decision (`compare`; paired over the seeds both ran where they
@@ -453,7 +453,7 @@ def paper_table(
         )
         + "."
     )
-    g_rows, g_nums, g_notes = gain_rows(runs, columns, group, reps, seed)
+    g_rows, g_nums, g_notes = gain_rows(runs, columns, group)
     blocks = [paper_rows(spec.paper, list(columns))] if spec.paper else []
     blocks += [ours_rows(runs, columns, group, reps=reps, seed=seed), (g_rows, g_nums)]
     return assemble(
@@ -487,7 +487,7 @@ def tiny_table(
         f"half-width of the 95% stratified-bootstrap CI over seeds ({reps} resamples). "
         f"— = not logged."
     )
-    g_rows, g_nums, g_notes = gain_rows(runs, columns, group, reps, seed)
+    g_rows, g_nums, g_notes = gain_rows(runs, columns, group)
     blocks = [ours_rows(runs, columns, group, reps=reps, seed=seed), (g_rows, g_nums)]
     return assemble(f"{task}_main", caption, list(columns), blocks, notes=g_notes, run_ids=runs["run_id"].tolist())
 

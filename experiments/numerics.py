@@ -83,14 +83,10 @@ def env() -> dict[str, str]:
 
 
 def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), else what platform knows."""
-    try:
-        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
-        if m:
-            return m.group(1).strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's model name (/proc/cpuinfo on Linux), else what platform knows (macOS, Windows)."""
+    info = Path("/proc/cpuinfo")
+    m = re.search(r"^model name\s*:\s*(.+)$", info.read_text(), re.M) if info.is_file() else None
+    return m.group(1).strip() if m else platform.processor() or platform.machine()
 
 
 def mkl_branch() -> str | None:
