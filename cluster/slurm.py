@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+import re
 import shlex
 from pathlib import Path
 
 import yaml
 
+from experiments.errors import UserError, shown
 from experiments.user_yaml import read
 
 TEMPLATE = Path(__file__).with_name("slurm.sbatch")
@@ -23,26 +26,81 @@ DEFAULTS = {
 }
 
 
+OPTIONAL = ("account", "qos", "constraint", "mem", "exclude", "setup", "env")
+KEYS = REQUIRED + OPTIONAL + tuple(DEFAULTS)
+TIME_FORMATS = (
+    "minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, days-hours:minutes:seconds"
+)
+TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}")  # a days- prefix or not, then 1 to 3 numbers: Slurm's six formats
+WORD = re.compile(r"[^\s'\"\\]+")  # an #SBATCH value: one word, no quotes
+MEM = re.compile(r"\d+[KMGT]?", re.IGNORECASE)
+SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MINIMUM = {"gpus_per_node": 0, "cpus_per_node": 1, "port_base": 1, "port_slots": 1, "ready_timeout": 1, "stop_grace": 1}
+MINIMUM["port_stride"] = 20  # 10 service ports + the workers'
+
+
 def load_site(path: str | Path) -> dict:
-    """The site file's settings; ValueError naming the file when it is unreadable, holds a YAML alias
-    (experiments.user_yaml) or lacks a required key."""
+    """The site file's settings, every key's default filled in; UserError (one line naming the file and the key)
+    when it is unreadable, holds a YAML alias (experiments.user_yaml), an unknown key, lacks a required key, or a
+    value the script cannot hold as it is meant."""
     site = read(path, "site file") or {}
     if not isinstance(site, dict):
-        raise ValueError(f"site file {path}: must be a mapping of settings; got {type(site).__name__}")
+        raise UserError(f"site file {path}: must be a mapping of settings; got {type(site).__name__}")
+
+    def bad(key: str, what: str, value) -> UserError:
+        return UserError(f"site file {path}: {key} {what}; got {shown(value)}")
+
+    for key in site:
+        if key not in KEYS:
+            near = difflib.get_close_matches(str(key), KEYS, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise UserError(f"site file {path}: unknown key {shown(key)}{hint}; allowed: {', '.join(KEYS)}")
     missing = [k for k in REQUIRED if site.get(k) in (None, "")]
     if missing:
-        raise ValueError(f"site file {path} lacks {', '.join(missing)}")
-    for key in [k for k, v in DEFAULTS.items() if isinstance(v, int)]:
-        if not isinstance(site.get(key, DEFAULTS[key]), int) or site.get(key, DEFAULTS[key]) < 1:
-            raise ValueError(f"site file {path}: {key} must be a positive integer")
-    if site.get("port_stride", DEFAULTS["port_stride"]) < 20:
-        raise ValueError(f"site file {path}: port_stride must be >= 20 (10 service ports + the workers')")
-    top = site.get("port_base", DEFAULTS["port_base"]) + site.get("port_slots", DEFAULTS["port_slots"]) * site.get(
-        "port_stride", DEFAULTS["port_stride"]
-    )
+        raise UserError(f"site file {path} lacks {', '.join(missing)}")
+    site = {**DEFAULTS, **{k: v for k, v in site.items() if v is not None}}
+    if not isinstance(site["time"], str) or not TIME.fullmatch(site["time"]):
+        raise bad(
+            "time",
+            f'must be a quoted string in a Slurm time format ({TIME_FORMATS}), e.g. time: "48:00:00" (YAML reads an '
+            "unquoted 48:00:00 as the number 172800)",
+            site["time"],
+        )
+    for key in ("partition", "account", "qos", "constraint"):
+        if key in site and not (isinstance(site[key], str) and WORD.fullmatch(site[key])):
+            raise bad(key, "must be one word (no spaces or quotes)", site[key])
+    for key, low in MINIMUM.items():
+        if type(site[key]) is not int or site[key] < low:
+            raise bad(key, f"must be an integer >= {low}", site[key])
+    top = site["port_base"] + site["port_slots"] * site["port_stride"]
     if top > 65536:
-        raise ValueError(f"site file {path}: port_base + port_slots * port_stride = {top} exceeds 65536")
+        raise UserError(f"site file {path}: port_base + port_slots * port_stride = {top} exceeds 65536")
+    if "mem" in site and not (type(site["mem"]) in (int, str) and MEM.fullmatch(str(site["mem"]))):
+        raise bad("mem", "must be megabytes (an integer >= 0, 0 = all of the node's) or a size like 64G", site["mem"])
+    for key in ("ray_tmp", "token_dir"):
+        if not isinstance(site[key], str) or not site[key]:
+            raise bad(key, "must be a path", site[key])
+    for key, what in (("exclude", "node names"), ("setup", "shell lines")):
+        if not isinstance(site.get(key, []), list) or not all(isinstance(v, str) for v in site.get(key, [])):
+            raise bad(key, f"must be a list of {what}", site[key])
+    if not all(WORD.fullmatch(node) for node in site.get("exclude", [])):
+        raise bad("exclude", "must be a list of node names (no spaces or quotes)", site["exclude"])
+    if not isinstance(site.get("env", {}), dict):
+        raise bad("env", "must be a mapping of variable names to values", site["env"])
+    for name, value in site.get("env", {}).items():
+        if not (isinstance(name, str) and SHELL_NAME.fullmatch(name)):
+            raise UserError(f"site file {path}: env: {shown(name)} is not a shell variable name (letters, digits, _)")
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            quote = "quote it: YAML reads off, no, yes, on as true/false"
+            raise bad(f"env.{name}", f"must be a string or a number ({quote})", value)
     return site
+
+
+def shell_word(value) -> str:
+    """`value` as one shell word in double quotes: spaces, `;`, quotes, backquotes and `$(...)` stay literal, while
+    `$NAME` and `${NAME}` expand (``HF_HOME: $HOME/.cache/huggingface``)."""
+    parts = re.split(r"(\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*\})", str(value))
+    return '"' + "".join(p if i % 2 else re.sub(r'([\\"`$])', r"\\\1", p) for i, p in enumerate(parts)) + '"'
 
 
 def sweep_dir(command: list[str]) -> str | None:
@@ -83,7 +141,7 @@ def render_sbatch(
             extra.append(f"#SBATCH --{flag}={site[key]}")
     if site.get("exclude"):
         extra.append(f"#SBATCH --exclude={','.join(site['exclude'])}")
-    env = "\n".join(f"export {k}={v}" for k, v in (site.get("env") or {}).items())
+    env = "\n".join(f"export {k}={shell_word(v)}" for k, v in site.get("env", {}).items())
     cmd = (
         " ".join(shlex.quote(c) for c in command)
         if command
@@ -104,11 +162,13 @@ def render_sbatch(
         gpus_per_node=site["gpus_per_node"],
         cpus_per_node=site["cpus_per_node"],
         mem=site.get("mem", 0),
+        ray_tmp=shell_word(site["ray_tmp"]),
+        token_dir=shell_word(site["token_dir"]),
         time=site["time"],
         sbatch_extra="\n".join(extra),
-        setup="\n".join(site.get("setup") or []),
+        setup="\n".join(site.get("setup", [])),
         env=env,
         resume=resume,
         command=cmd,
-        **{k: site.get(k, v) for k, v in DEFAULTS.items()},
+        **{k: site[k] for k in DEFAULTS if k not in ("ray_tmp", "token_dir")},
     )
