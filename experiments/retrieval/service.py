@@ -6,7 +6,10 @@ a body over `max_body_bytes` is answered 413 (refused on its Content-Length, or 
 streamed body passes the limit, without reading the rest), more than `max_queries` queries or a
 topk outside 1..`max_topk` 422, each with a message naming the flag. With a token (`--token`, or
 the environment variable `TOKEN_ENV`), every request must carry ``Authorization: Bearer <token>``
-(else 401); the client `HTTPRetriever` sends the token of that variable when it is set.
+(else 401); the client `HTTPRetriever` sends the token of that variable when it is set, and a 401 it gets is one
+line saying that the token was refused (`check_answers`: the check that a run's retriever answers, token included).
+A connection that sends no request for `Limits.idle_timeout` seconds is closed (`IdleClosing`), so that idle
+connections cannot hold the server's file descriptors until nobody else is answered.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ TOKEN_ENV = "EMAPG_RETRIEVER_TOKEN"
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may ask of the server; the field defaults are `emapg retriever serve`'s."""
+    """What one request or connection may ask of the server; the field defaults are `emapg retriever serve`'s."""
 
     max_body_bytes: int = 8 * 2**20  # a request body: 413 beyond (--max-body-bytes)
     max_queries: int = 4096  # queries in one POST /retrieve: 422 beyond (--max-queries)
     max_topk: int = 100  # topk of a POST /retrieve: 422 outside 1..max_topk (--max-topk)
+    idle_timeout: float = 5.0  # seconds a connection may wait without a request before it is closed
 
 
 def configured_token(given: str | None = None) -> str | None:
@@ -55,8 +59,8 @@ class HTTPRetriever:
         import httpx
 
         self.url = url.rstrip("/")
-        token = configured_token(token)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.token = configured_token(token)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._client = httpx.Client(timeout=timeout, headers=headers)
 
     def search(self, query: str, k: int = 3) -> list[str]:
@@ -64,17 +68,41 @@ class HTTPRetriever:
 
     def batch_search(self, queries: Sequence[str], k: int = 3) -> list[list[str]]:
         check_k(k)
-        response = self._client.post(f"{self.url}/retrieve", json={"queries": list(queries), "topk": k})
+        response = self._answer(self._client.post(f"{self.url}/retrieve", json={"queries": list(queries), "topk": k}))
         response.raise_for_status()
         return response.json()["result"]
 
     def health(self) -> dict:
-        response = self._client.get(f"{self.url}/health")
+        response = self._answer(self._client.get(f"{self.url}/health"))
         response.raise_for_status()
         return response.json()
 
+    def _answer(self, response):
+        """`response`, unless it is a 401: then ValueError, one line saying the token was refused (or is missing)."""
+        if response.status_code != 401:
+            return response
+        if self.token:
+            raise ValueError(
+                f"the retriever at {self.url} refused this client's token (HTTP 401): set ${TOKEN_ENV} to the token "
+                "the server was started with (its --token or ${TOKEN_ENV})"
+            )
+        raise ValueError(
+            f"the retriever at {self.url} needs a token (HTTP 401): set ${TOKEN_ENV} to the server's token"
+        )
+
     def close(self) -> None:
         self._client.close()
+
+
+def check_answers(url: str, timeout: float = 4.0) -> None:
+    """Return once the retriever at `url` answers GET /health, asked with this process's token, with anything but a
+    401 (Search-R1-compatible servers may have no /health: a 404 answers); ValueError (one line) when it refuses the
+    token, httpx's error when nothing answers (`timeout` seconds to connect, then as many to answer)."""
+    client = HTTPRetriever(url, timeout=timeout)
+    try:
+        client._answer(client._client.get(f"{client.url}/health"))
+    finally:
+        client.close()
 
 
 # ---------------------------------------------------------------- server
@@ -223,11 +251,37 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _idle_closing():
+    """`IdleClosing`: uvicorn's HTTP/1.1 protocol, which closes an idle connection only after a response (its
+    keep-alive timeout), made to close one that sends no request, or part of a request head, as long too."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class IdleClosing(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._close_when_idle()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.cycle is None or self.cycle.response_complete:  # no whole request yet: still idle
+                self._close_when_idle()
+
+        def _close_when_idle(self) -> None:
+            self._unset_keepalive_if_required()
+            if not self.transport.is_closing():
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
+
+    return IdleClosing
+
+
 def _server(retriever: Retriever, limits: Limits, token: str | None):
     import uvicorn
 
     num_docs = len(retriever.docs) if hasattr(retriever, "docs") else None
-    config = uvicorn.Config(make_app(retriever, num_docs, limits, token), log_level="warning")
+    app = make_app(retriever, num_docs, limits, token)
+    config = uvicorn.Config(app, log_level="warning", http=_idle_closing(), timeout_keep_alive=limits.idle_timeout)
     return uvicorn.Server(config)
 
 

@@ -160,7 +160,7 @@ def test_a_token_is_checked_on_every_request_and_the_client_sends_it(monkeypatch
         ):
             assert response.status_code == 401 and TOKEN_ENV in response.text, response.text
             assert "s3cret-token" not in response.text
-        with pytest.raises(httpx.HTTPStatusError, match="401"):
+        with pytest.raises(ValueError, match="needs a token"):
             HTTPRetriever(url).health()
         monkeypatch.setenv(TOKEN_ENV, "s3cret-token")  # the search task's client (local and verl) reads it
         from experiments.tasks import search
@@ -232,3 +232,89 @@ def test_cli_names_a_port_in_use_before_serving(capsys):
     out, err = capsys.readouterr()
     assert exit_.value.code == 2 and "serving" not in out, out + err
     assert err.count("\n") == 1 and f"--port {port}" in err and "in use" in err, err
+
+
+def test_a_refused_token_is_one_line_saying_so_not_an_answer(monkeypatch):
+    """A client whose token the server refuses (401), or that has none, gets one line naming the token and where it
+    comes from (exit 2 in a CLI), from every call; `check_answers`, the start-up check of a run's retriever, too."""
+    from experiments.retrieval.service import TOKEN_ENV, check_answers
+
+    with running_server(BM25Retriever(DOCS), port=0, token="right-token") as url:
+        monkeypatch.setenv(TOKEN_ENV, "wrong-token")
+        for call in (HTTPRetriever(url).health, lambda: HTTPRetriever(url).search("Tesmo"), lambda: check_answers(url)):
+            with pytest.raises(ValueError) as refused:
+                call()
+            line = str(refused.value)
+            assert "\n" not in line and f"{url} refused this client's token (HTTP 401)" in line, line
+            assert TOKEN_ENV in line and "wrong-token" not in line and "right-token" not in line, line
+        monkeypatch.delenv(TOKEN_ENV)
+        with pytest.raises(ValueError, match=rf"{url} needs a token \(HTTP 401\): set \${TOKEN_ENV}"):
+            check_answers(url)
+        monkeypatch.setenv(TOKEN_ENV, "right-token")
+        check_answers(url)
+
+
+def test_check_answers_takes_any_other_answer_and_raises_httpx_errors_when_nothing_answers():
+    """Search-R1-compatible servers may have no /health: a 404 is an answer. A closed port: httpx's ConnectError."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from experiments.retrieval.service import check_answers
+
+    class NoHealth(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), NoHealth)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        check_answers(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # bound, not listening: connections are refused
+        with pytest.raises(httpx.ConnectError):
+            check_answers(f"http://127.0.0.1:{closed}", timeout=2.0)
+
+
+def test_idle_connections_are_closed_and_health_still_answers():
+    """Connections that send nothing, part of a request head, or nothing after a response are closed after the idle
+    timeout (uvicorn alone times out only the last kind: the others were held for ever, until the process ran out of
+    descriptors and /health stopped answering). A request the server is still answering is not cut."""
+    import select
+    import socket
+    import threading
+    import time
+
+    from experiments.retrieval.service import Limits
+
+    class Slow(BM25Retriever):
+        def batch_search(self, queries, k=3):
+            time.sleep(1.0)  # twice the idle timeout
+            return super().batch_search(queries, k)
+
+    with running_server(Slow(DOCS), port=0, limits=Limits(idle_timeout=0.5)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+        idle[0].sendall(b"GET /hea")  # part of a request head
+        idle[1].sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # a whole request, then nothing (keep-alive)
+        slow = threading.Thread(target=lambda: answers.append(HTTPRetriever(url).search("Tesmo", k=1)))
+        answers: list = []
+        slow.start()
+        deadline, open_ = time.monotonic() + 30, set(idle)  # a hang guard, not a timing
+        while open_ and time.monotonic() < deadline:
+            for s in select.select(list(open_), [], [], 1.0)[0]:
+                if s.recv(4096) == b"":  # closed by the server (idle[1] reads its response first)
+                    open_.discard(s)
+        for s in idle:
+            s.close()
+        assert not open_, f"{len(open_)} of {len(idle)} idle connections still open"
+        slow.join(timeout=30)
+        assert answers == [["Tesmo is a city in Valdoria."]]
+        assert HTTPRetriever(url).health()["status"] == "ok"
