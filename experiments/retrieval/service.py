@@ -84,7 +84,7 @@ class HTTPRetriever:
         if self.token:
             raise ValueError(
                 f"the retriever at {self.url} refused this client's token (HTTP 401): set ${TOKEN_ENV} to the token "
-                "the server was started with (its --token or ${TOKEN_ENV})"
+                f"the server was started with (its --token or ${TOKEN_ENV})"
             )
         raise ValueError(
             f"the retriever at {self.url} needs a token (HTTP 401): set ${TOKEN_ENV} to the server's token"
