@@ -339,29 +339,30 @@ def main(argv: list[str]) -> int:
     st = settings(args, t, task_cfg.name, benches, pick_engine(args.engine, module))
     problem_sets = {b: problems(module, task_cfg, b, args.limit) for b in benches}  # a missing file: named here
     out = out_dir(args, t)
-    done = {(r["model"], r["benchmark"], r["problem_id"]) for r in records.start_eval(out, st)}
-    loaders = model_loaders(t)
-    total = len(loaders) * sum(len(v) for v in problem_sets.values())
-    bar = progress.bar(total, f"eval {t.path.name}", unit="problem")
-    bar.update(sum(1 for m in loaders for b, exs in problem_sets.items() for e in exs if (m, b, str(e.id)) in done))
-    try:
-        for name, load in loaders.items():
-            run_model(
-                name,
-                load,
-                module=module,
-                task_cfg=task_cfg,
-                problem_sets=problem_sets,
-                st=st,
-                out=out,
-                done=done,
-                bar=bar,
-                device=args.device,
-            )
-    finally:
-        bar.close()
-    summary = summarize(records.read_evals(out), st)
-    records.write_eval_summary(out, summary)
+    with records.eval_dir(out, st) as rows:  # one writer per evaluation directory
+        done = {(r["model"], r["benchmark"], r["problem_id"]) for r in rows}
+        loaders = model_loaders(t)
+        total = len(loaders) * sum(len(v) for v in problem_sets.values())
+        bar = progress.bar(total, f"eval {t.path.name}", unit="problem")
+        bar.update(sum(1 for m in loaders for b, exs in problem_sets.items() for e in exs if (m, b, str(e.id)) in done))
+        try:
+            for name, load in loaders.items():
+                run_model(
+                    name,
+                    load,
+                    module=module,
+                    task_cfg=task_cfg,
+                    problem_sets=problem_sets,
+                    st=st,
+                    out=out,
+                    done=done,
+                    bar=bar,
+                    device=args.device,
+                )
+        finally:
+            bar.close()
+        summary = summarize(records.read_evals(out), st)
+        records.write_eval_summary(out, summary)
     print(format_summary(summary, out))
     return 0
 

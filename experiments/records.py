@@ -24,6 +24,7 @@ non-finite floats (NaN, +-inf) are written as null, so the files are strict JSON
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -34,16 +35,16 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.errors import RecordWriteError
+from experiments import owner
+from experiments.errors import RecordWriteError, UserError
 
 CONFIG, METRICS, EVALS, SUMMARY, STATUS = "config.yaml", "metrics.jsonl", "evals.jsonl", "summary.json", "status"
 RESUMES = "resumes.jsonl"  # one line per resume: config changes, forced or not, the checkpoint used, those skipped
@@ -55,8 +56,8 @@ STOPPED_BY_EXIT = (
     "stopped by sys.exit(0) during the run: in a sweep, Ray Tune ended the trial (its scheduler stopped it early, "
     "or the sweep was interrupted); the last checkpoint is kept"
 )
-HEARTBEAT_S = 30.0  # a running record touches its status file this often
-STALE_S = 600.0  # a `running` status untouched this long (another host, or no pid) reads as crashed
+STALE_S = 600.0  # a `running` record whose owner's heartbeat is this far from now (past or future) reads as crashed
+RUN_BUSY = "wait for it to end, or choose another run_dir"
 WANDB_STATE = "wandb_run.json"  # written by experiments.wandb_logger: {"id", "last_step", ...}
 RESERVED = ("iteration", "time_s")  # set by the record, never by the caller
 # Run-local keys that do not change what is trained: left out of config_hash.
@@ -229,37 +230,33 @@ def read_evals(run_dir: str | Path) -> list[dict]:
 def read_status(run_dir: str | Path) -> tuple[str, str | None]:
     """(running | finished | interrupted | failed, the rest of the file: the error of a failed run, the
     message of an interrupted one, the process of a running one), as written."""
-    first, _, rest = (Path(run_dir) / STATUS).read_text(encoding="utf-8").strip().partition("\n")
-    return first.strip() or "unknown", rest.strip() or None
+    text = (Path(run_dir) / STATUS).read_bytes().decode("utf-8", errors="replace")
+    first, _, rest = text.strip().partition("\n")
+    return (first.strip() if first.strip() in STATES else "unknown"), rest.strip() or None
 
 
 def read_state(run_dir: str | Path, now: float | None = None) -> str:
-    """The run's state as a reader should show it: the status file's, except that a `running` record
-    whose process is gone reads as `crashed` (SIGKILL, OOM, a lost node): its pid is not alive on this
-    host, or the status file's heartbeat is older than STALE_S."""
-    path = Path(run_dir) / STATUS
+    """The run's state as a reader should show it: the status file's, except that a `running` record whose
+    writer is gone reads as `crashed` (SIGKILL, OOM, a lost node): its owner (experiments.owner: pid and process
+    start, so a reused pid does not count) is not alive on this host, or it let go, or its heartbeat is more
+    than STALE_S from now, in the past or in the future (two hosts' clocks that far apart cannot vouch for it)."""
+    run_dir = Path(run_dir)
     state, rest = read_status(run_dir)
     if state != "running":
         return state
-    proc = dict(re.findall(r"(\w+)=(\S+)", rest or ""))
-    if proc.get("host") == socket.gethostname() and proc.get("pid", "").isdigit() and not _alive(int(proc["pid"])):
+    lock = run_dir / owner.FILE
+    try:
+        rec = json.loads(lock.read_text(encoding="utf-8")) if lock.is_file() else {}
+    except ValueError:
+        rec = {}
+    proc = rec if isinstance(rec, dict) and rec.get("pid") else dict(re.findall(r"(\w+)=(\S+)", rest or ""))
+    pid = str(proc.get("pid", ""))
+    if "ended" in proc:
         return CRASHED
-    age = (time.time() if now is None else now) - path.stat().st_mtime
-    return CRASHED if age > STALE_S else state
-
-
-def _alive(pid: int) -> bool:
-    """Is process `pid` alive (a zombie is not)?"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    if proc.get("host") == socket.gethostname() and pid.isdigit() and not owner.alive(int(pid), proc.get("pid_start")):
+        return CRASHED
+    beat = (lock if lock.is_file() else run_dir / STATUS).stat().st_mtime
+    return CRASHED if abs((time.time() if now is None else now) - beat) > STALE_S else state
 
 
 def read_resumes(run_dir: str | Path) -> list[dict]:
@@ -298,6 +295,16 @@ EVAL_ROW_KEYS = ("iteration", "model", "benchmark", "problem_id", "n", "n_correc
 def eval_dirs(run_dir: str | Path) -> list[Path]:
     """The standalone evaluations of a run (`emapg eval`): <run_dir>/evals/<name>/ with eval.json."""
     return sorted(p.parent for p in (Path(run_dir) / EVAL_ROOT).glob(f"*/{EVAL_SETTINGS}"))
+
+
+@contextlib.contextmanager
+def eval_dir(out_dir: str | Path, settings: Mapping[str, Any]) -> Iterator[list[dict]]:
+    """Hold an evaluation directory for the block (one writer: a second `emapg eval` on it exits 2 naming this
+    one) and yield the rows already written; see `start_eval`."""
+    if holds_run(out_dir) or (Path(out_dir) / "sweep.yaml").exists():
+        raise UserError(f"--out {out_dir} holds a run or a sweep record; an evaluation needs a directory of its own")
+    with owner.held(out_dir, "evaluation", "wait for it to end, or pass --out <another dir>"):
+        yield start_eval(out_dir, settings)
 
 
 def start_eval(out_dir: str | Path, settings: Mapping[str, Any]) -> list[dict]:
@@ -428,7 +435,7 @@ class RunRecord:
         self.forced = False  # resumed with resume=force at some point (summary.json: forced_resume)
         self.numerics: dict | None = None  # experiments.numerics.fingerprint of the process training (local backend)
         self._offset_s, self._t0 = 0.0, _clock()
-        self._beat: threading.Event | None = None
+        self.owner: owner.Owner | None = None  # this process's hold on run_dir (experiments.owner)
 
     @classmethod
     def create(
@@ -441,6 +448,7 @@ class RunRecord:
         checkpoint: str | None = None,
         skipped: list[dict] | tuple = (),
         stage: Mapping[str, Any] | None = None,
+        held: owner.Owner | None = None,
     ) -> RunRecord:
         """Write config.yaml (resolved) and status=running; drop a stale summary.json.
 
@@ -455,7 +463,16 @@ class RunRecord:
         continuation that may also change the stage's own keys, recorded in stages.jsonl, not resumes.jsonl.
         """
         run_dir = Path(run_dir)
-        config = resolved(cfg)
+        _writable(run_dir)
+        held = held or owner.acquire(run_dir, "run", RUN_BUSY)  # one writer per record, before any read or write
+        try:
+            return cls._open(run_dir, held, resolved(cfg), resume, force, checkpoint, skipped, stage)
+        except BaseException:
+            held.release()
+            raise
+
+    @classmethod
+    def _open(cls, run_dir, held, config, resume, force, checkpoint, skipped, stage) -> RunRecord:
         changes = config_changes(run_dir / CONFIG, config) if resume else {}
         stage_keys = ("stage", *(stage or {}).get("may_change", ()))
         refused = {k: v for k, v in changes.items() if not (_may_change(k) or (stage and _under(k, stage_keys)))}
@@ -465,10 +482,10 @@ class RunRecord:
             _check_unhealthy_resume(run_dir, changes, force)
         if not resume:
             _check_fresh(run_dir)
-        _writable(run_dir)
         for name in (SUMMARY,) if resume else (SUMMARY, METRICS, EVALS, WANDB_STATE, RESUMES, STAGES):
             (run_dir / name).unlink(missing_ok=True)
         rec = cls(run_dir, config)
+        rec.owner = held
         rec._write(run_dir / CONFIG, OmegaConf.to_yaml(config))
         if resume:
             rec.rewind(None)
@@ -487,7 +504,6 @@ class RunRecord:
         if resume:
             rec.forced = any(r.get("forced") for r in read_resumes(run_dir) + read_stages(run_dir))
         rec._write_status("running", f"pid={os.getpid()} host={socket.gethostname()}")
-        rec._start_heartbeat()
         return rec
 
     def _log_stage(self, stage: Mapping[str, Any], checkpoint: str | None, changes: dict, forced: bool) -> None:
@@ -601,8 +617,13 @@ class RunRecord:
             except Exception as err:  # keep the original exception; it is re-raised below
                 if not isinstance(exc, RecordWriteError):  # that one already names the path
                     print(f"warning: could not record how the run ended in {self.run_dir}: {err}", file=sys.stderr)
-        self._stop_heartbeat()
+        self.release()
         return False
+
+    def release(self) -> None:
+        """Let go of run_dir (the block's end does it): another process may then write this record."""
+        if self.owner is not None:
+            self.owner.release()
 
     # ------------------------------------------------------------ internals
     def summary(self, status: str) -> dict:
@@ -627,7 +648,7 @@ class RunRecord:
         }
 
     def _close(self, state: str, detail: str | None, extra: Mapping[str, Any] | None) -> dict:
-        self._stop_heartbeat()
+        """Write summary.json and the final status, then let go of run_dir."""
         summary = self.summary(state)
         summary.update(jsonable(dict(extra or {})))
         summary["status"] = state
@@ -635,6 +656,7 @@ class RunRecord:
             summary["forced_resume"] = True
         self._write(self.run_dir / SUMMARY, json.dumps(summary, indent=1, allow_nan=False) + "\n")
         self._write_status(state, detail)
+        self.release()
         return summary
 
     def _write_status(self, state: str, detail: str | None = None) -> None:
@@ -654,24 +676,6 @@ class RunRecord:
             return fn(*args)
         except OSError as e:
             raise RecordWriteError(f"cannot write the run record {path}: {e.strerror or e}") from e
-
-    def _start_heartbeat(self) -> None:
-        """Touch the status file every HEARTBEAT_S while running, so readers can tell a live run from a dead one."""
-        self._beat = stop = threading.Event()
-        path = self.run_dir / STATUS
-
-        def beat() -> None:
-            while not stop.wait(HEARTBEAT_S):
-                try:
-                    os.utime(path)
-                except OSError:
-                    pass  # a later write reports it; a stale heartbeat then reads as crashed
-
-        threading.Thread(target=beat, name=f"heartbeat {self.run_id}", daemon=True).start()
-
-    def _stop_heartbeat(self) -> None:
-        if self._beat is not None:
-            self._beat.set()
 
     def _check_running(self) -> None:
         if self.status != "running":

@@ -26,7 +26,7 @@ from ema_pg_core.local.device import resolve_device
 from ema_pg_core.local.trainer import Hooks, Interrupted, LocalTrainer, seed_everything
 from ema_pg_core.verl import failures as verl_failures
 from ema_pg_core.verl.failures import VerlExited
-from experiments import build, numerics, progress, records, stages
+from experiments import build, numerics, owner, progress, records, stages
 from experiments.backends import verl as verl_backend
 from experiments.errors import RunFailed, RunInterrupted, StoppedUnhealthy, Terminated, UserError
 from experiments.records import RunRecord, make_run_id
@@ -145,6 +145,37 @@ def _run_one(
     run_dir = resolve_run_dir(cfg)
     cfg = OmegaConf.merge(cfg, run_keys(cfg, run_dir))
     build.check_retriever(cfg)  # an unreachable retriever: refused before any work
+    held = owner.acquire(run_dir, "run", records.RUN_BUSY)  # one writer per record, before its checkpoint is read
+    try:
+        record, state = _open_record(cfg, run_dir, stage, held)
+    except BaseException:
+        held.release()
+        raise
+    _stamp(timeline, "record")
+    with record:
+        logger = _make_logger(cfg, run_dir)
+        _stamp(timeline, "logger")
+        with logger:
+            try:
+                summary = _train(
+                    cfg,
+                    local_cfg,
+                    record,
+                    logger,
+                    ckpt_dir=run_dir / "checkpoints",
+                    state=state,
+                    callback=callback,
+                    timeline=timeline,
+                )
+            except Interrupted as e:  # a checkpoint is on disk: recorded as interrupted, not failed
+                record.interrupt(str(e))
+                raise RunInterrupted(str(e), e.signame, run_dir) from None
+    return _flat_summary(summary)
+
+
+def _open_record(cfg: DictConfig, run_dir: Path, stage: dict | None, held: owner.Owner) -> tuple[RunRecord, dict]:
+    """(the run's record, the state to continue from or None): opened fresh, or resumed from the newest checkpoint
+    in run_dir that loads (or from ``resume_from``, a stage's start)."""
     ckpt_dir = run_dir / "checkpoints"
     found = checkpoints.load_newest(ckpt_dir) if cfg.resume else None  # (dir, state, skipped) or None
     if found is None and cfg.get("resume_from"):  # a stage started from a checkpoint trained elsewhere
@@ -166,21 +197,9 @@ def _run_one(
         checkpoint=found[0].name if found else None,
         skipped=found[2] if found else (),
         stage=stage,
+        held=held,
     )
-    _stamp(timeline, "record")
-    with record:
-        logger = _make_logger(cfg, run_dir)
-        _stamp(timeline, "logger")
-        with logger:
-            try:
-                state = found[1] if found else None
-                summary = _train(
-                    cfg, local_cfg, record, logger, ckpt_dir=ckpt_dir, state=state, callback=callback, timeline=timeline
-                )
-            except Interrupted as e:  # a checkpoint is on disk: recorded as interrupted, not failed
-                record.interrupt(str(e))
-                raise RunInterrupted(str(e), e.signame, run_dir) from None
-    return _flat_summary(summary)
+    return record, found[1] if found else None
 
 
 def _advance(bar, it: int, m: dict) -> None:

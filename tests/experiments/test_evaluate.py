@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import types
 
 import pytest
 
-from experiments import evaluate, records
+from experiments import evaluate, owner, records
 from experiments.cli import main
 from experiments.tasks import get_task
 from tests.experiments.small_run import small_run
@@ -134,3 +135,18 @@ def test_vllm_path_up_to_the_engine(monkeypatch):
     g, s = calls["params"]
     assert (g.n, g.temperature, g.max_tokens) == (1, 0.0, 32768)
     assert (s.n, s.temperature, s.top_p, s.max_tokens, s.seed) == (3, 0.6, 0.95, 32768, 11)
+
+
+def test_a_second_eval_on_one_out_is_refused_and_nothing_is_written_twice(run_dir, tmp_path, capsys):
+    """The audit's case: two `emapg eval` into one --out wrote every row twice (8 problems for --limit 4). While
+    one evaluation holds the directory, a second exits 2 in one line naming it; a run record is no --out."""
+    out = tmp_path / "ev"
+    with owner.held(out, "evaluation"):
+        assert main(["eval", str(run_dir), *EVAL, "--limit", "4", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{out} is in use by the evaluation pid {os.getpid()}" in err[0]
+    assert not (out / "evals.jsonl").exists()
+    assert main(["eval", str(run_dir), *EVAL, "--limit", "4", "--out", str(out)]) == 0
+    assert len(records.read_evals(out)) == 2 * 4  # policy and anchor, 4 problems each, once
+    assert main(["eval", str(run_dir), *EVAL, "--out", str(run_dir)]) == 2
+    assert "holds a run or a sweep record" in capsys.readouterr().err

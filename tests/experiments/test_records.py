@@ -232,7 +232,7 @@ def test_writes_are_atomic_a_crash_before_replace_leaves_the_old_file(tmp_path, 
     monkeypatch.undo()
     assert read_status(run_dir)[0] == "running"  # status untouched, not half-written
     assert read_summary(run_dir) is None
-    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "metrics.jsonl", "status"]  # temp removed
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "metrics.jsonl", "owner.lock", "status"]
 
 
 @pytest.mark.parametrize("code", [0, None])
@@ -281,6 +281,7 @@ def test_resume_rewinds_to_the_checkpoint_and_continues_time(tmp_path, clock):
         clock.t += 10.0
     (run_dir / "metrics.jsonl").open("a").write('{"iteration": 6, "time_')  # died mid-line
     clock.t += 1000.0  # downtime is not run time
+    rec.release()  # the process died: the kernel lets go of run_dir
 
     rec = RunRecord.create(run_dir, cfg(resume=True), resume=True)
     assert read_status(run_dir)[0] == "running"
@@ -330,7 +331,7 @@ def test_fresh_create_never_overwrites_a_record_with_data(tmp_path):
         RunRecord.create(run_dir, cfg())
     # a run that died before its first metric (and its W&B id) is simply started over
     crashed = tmp_path / "crashed"
-    RunRecord.create(crashed, cfg())
+    RunRecord.create(crashed, cfg()).release()  # the process died: the kernel lets go of run_dir
     (crashed / "wandb_run.json").write_text('{"id": "old", "last_step": null}')
     RunRecord.create(crashed, cfg())
     assert not (crashed / "wandb_run.json").exists()

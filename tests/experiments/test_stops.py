@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments import records
+from experiments import owner, records
 from experiments.cli import main
 from tests.experiments.small_run import small_run
 
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = small_run({"trainer.save_every": 1, "trainer.keep_checkpoints": 2})
 VOLATILE = ("time_s",)  # wall-clock; perf/* too
 pytestmark = pytest.mark.filterwarnings("ignore:pretrain .* did not reach target_acc")  # 2 warm-start steps, on purpose
@@ -60,13 +61,14 @@ def assert_same_from(a: Path, b: Path, start: int) -> None:
 def test_resume_with_a_changed_algorithm_key_is_refused(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert train(run_dir, "trainer.iterations=2") == 0
-    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    files = lambda: {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != "owner.lock"}  # noqa: E731
+    before = files()
     assert train(run_dir, "trainer.iterations=2", "resume=true", "algo.anchor.tau=0.5", "algo.kl.type=k3") == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert "algo.anchor.tau: 0.9 -> 0.5" in err and "algo.kl.type: 'topk_reverse' -> 'k3'" in err
     assert "resume=force" in err
-    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before  # nothing touched
+    assert files() == before  # nothing touched (but the owner lock, taken before anything is read)
 
 
 def test_resume_extending_iterations_is_allowed_recorded_and_exact(tmp_path):
@@ -257,18 +259,18 @@ def test_when_even_the_status_cannot_be_written_the_run_reads_as_crashed(tmp_pat
 
 
 def test_the_record_keeps_its_heartbeat_while_running(tmp_path, monkeypatch):
-    monkeypatch.setattr(records, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(owner, "BEAT_S", 0.05)
     rec = records.RunRecord.create(tmp_path / "run", {"seed": 0})
-    status = tmp_path / "run" / "status"
-    os.utime(status, (0, 0))
+    lock = tmp_path / "run" / owner.FILE
     deadline = time.monotonic() + 10
-    while status.stat().st_mtime == 0:
+    while json.loads(lock.read_text() or "{}").get("beats", 0) < 2:
         assert time.monotonic() < deadline, "no heartbeat"
         time.sleep(0.01)
+    assert records.read_state(tmp_path / "run") == "running"
     rec.finish()
-    os.utime(status, (0, 0))
+    beats = json.loads(lock.read_text())
     time.sleep(0.3)
-    assert status.stat().st_mtime == 0  # stopped with the run
+    assert json.loads(lock.read_text()) == beats and "ended" in beats  # stopped with the run
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "finished"
 
 
@@ -308,3 +310,32 @@ def test_the_summary_keeps_the_runs_timeline(tmp_path):
     assert stamps["saved"] - stamps["eval0_start"] == pytest.approx(summary["train_wall_time_s"], abs=0.05)
     assert train(run_dir, "trainer.iterations=3", "resume=true") == 0
     assert list(records.read_summary(run_dir)["timeline"]) == [s for s in STAMPS if s != "eval0_end"]
+
+
+# ---------------------------------------------------------------- one writer per record
+
+
+def test_a_second_writer_on_a_run_dir_is_refused_naming_the_first(tmp_path):
+    """The audit's case: `emapg train ... run_dir=runs/x resume=auto` twice at once interleaved 174 metric rows
+    for 121 iterations, both `finished`. Now the second exits 2 in one line naming the first, which goes on alone."""
+    run_dir = tmp_path / "x"
+    args = [sys.executable, "-m", "experiments.cli", "train"]
+    args += small_run({"trainer.iterations": 5000, "trainer.save_every": 1}) + [f"run_dir={run_dir}", "resume=auto"]
+    env = {**os.environ, "EMAPG_PROGRESS": "0"}
+    first = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "checkpoints" / "latest").exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.poll() else ""
+            time.sleep(0.2)
+        second = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert first.poll() is None, "the first run must still be going"
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=120)
+    lines = (second.stdout + second.stderr).strip().splitlines()
+    assert second.returncode == 2 and len(lines) == 1, second.stderr
+    assert f"{run_dir} is in use by the run pid {first.pid} on host" in lines[0]
+    its = [r["iteration"] for r in records.read_metrics(run_dir)]
+    assert its == sorted(set(its)) and records.read_status(run_dir)[0] == "interrupted"
+    assert records.read_resumes(run_dir) == []  # the refused writer wrote nothing
