@@ -54,10 +54,10 @@ from analysis.dashboard import SweepInfo, after_sweep
 from ema_pg_core.local import checkpoints
 from ema_pg_core.verl import resources as verl_resources
 from ema_pg_core.verl.resources import free_line
-from experiments import numerics, records
+from experiments import numerics, owner, records
 from experiments.backends.verl import placement_for
 from experiments.errors import StoppedUnhealthy, is_ray_auth_error, ray_auth_line
-from sweeps import adaptive, lock, results
+from sweeps import adaptive, results
 from sweeps.model import Spec, grid_points
 from sweeps.spec import Param
 
@@ -507,6 +507,9 @@ def _tune_config(spec: Spec) -> tune.TuneConfig:
     )
 
 
+DRIVER_BUSY = "wait for it to end, or pass --out <another dir>"
+
+
 def run_sweep(
     spec: Spec,
     sweep_dir: str | Path | None = None,
@@ -520,8 +523,10 @@ def run_sweep(
     """Run (or with resume=True finish) the sweep; returns its directory. `num_cpus` sizes a local Ray
     (default: all cores). Adaptive seeds (`spec.adaptive`) run in rounds: `run_adaptive`."""
     sweep_dir = Path(sweep_dir or Path("outputs") / "sweeps" / spec.name).resolve()
-    with lock.held(sweep_dir, resume=resume) as killed:  # one driver per directory, before anything is written
-        killed_s = lock.killed_wall_s(killed) if resume and killed else None
+    if resume and not sweep_dir.is_dir():
+        raise ValueError(f"--resume: {sweep_dir} holds no sweep to resume (the directory does not exist)")
+    with owner.held(sweep_dir, "sweep driver", DRIVER_BUSY) as killed:  # one driver per directory, before any write
+        killed_s = owner.killed_wall_s(killed) if resume and killed else None
         how = dict(
             resume=resume, address=address, num_cpus=num_cpus, progress=progress, report=report, killed_s=killed_s
         )
