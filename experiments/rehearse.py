@@ -22,7 +22,15 @@ resumes to ``steps`` in a second process, and checks the run directory (``checks
 recorded, the anchor updated exactly at its scheduled steps, the Top-k statistics present when the
 estimator needs them, the KL probe scored at every step on the same tokens across the kill,
 checkpoints with their anchor written and pruned, and the resume continuing the step count and the
-anchor. Exit status 0 only when every check passed.
+anchor. Exit status 0 only when every check passed; otherwise the last line printed is ``FAILED: <what>; logs:
+<dir>``, the first failing check (or the attempt that failed, with its last error line) and the directory that
+holds every log of the rehearsal (``<name>.attempt1.log`` and ``<name>.attempt2.log``: each attempt's driver with
+its Ray workers' output; ``<name>.failure.txt``: the failing checks' lines). The logs are kept after a pass too.
+
+No wait has a fixed wall-clock limit that a loaded machine could miss while the run still progresses: an attempt
+is stopped only after ``ATTEMPT_STALL_S`` without a new step or checkpoint, a step only after ``STEP_TIMEOUT_S``
+without one (verl's own watch, ``backend.verl.step_timeout_s``), the retriever only when it exits or stays silent
+for ``RETRIEVER_START_S``.
 
 What a rehearsal proves and what it cannot: docs/scaling-out.md.
 """
@@ -64,8 +72,9 @@ ROWS = {"train": 16, "test": 2}
 """Rows of generated data: training prompts, and per benchmark / test source (the task's ``rehearsal_data``)."""
 PROBE_PROMPTS = 2
 """trainer.probe_size of a rehearsal whose target runs the KL probe (then scored every step)."""
-STEP_TIMEOUT_S = 600
-"""backend.verl.step_timeout_s of a rehearsal: start-up and each step take well under a minute on CPU."""
+STEP_TIMEOUT_S = 1200
+"""backend.verl.step_timeout_s of a rehearsal (no step for that long: the run fails, saying so). Start-up and each
+step take well under a minute on 2 idle cores; this leaves room for a machine 10x slower (other jobs beside it)."""
 
 
 # --------------------------------------------------------------------------------------
@@ -201,8 +210,9 @@ def _quote(s: str) -> str:
 # --------------------------------------------------------------------------------------
 # Running: attempt 1 (killed after step KILL_AFTER's checkpoint), attempt 2 (resume to the end)
 # --------------------------------------------------------------------------------------
-ATTEMPT_TIMEOUT_S = 900.0
-"""An attempt that has not finished (or reached its kill point) by then is stopped and the rehearsal fails."""
+ATTEMPT_STALL_S = 1800.0
+"""An attempt that logs no new step and writes no new checkpoint for this long is stopped and the rehearsal fails
+(longer than ``STEP_TIMEOUT_S``, after which the run stops itself with its cause in its log)."""
 
 
 @dataclass
@@ -210,12 +220,13 @@ class Attempt:
     started: float
     """time.time() when the process was started."""
     returncode: int | None
-    """The exit status; None when it was killed (at its kill point, or on timeout)."""
+    """The exit status; None when it was killed (at its kill point, or stalled)."""
     killed_at: int | None
     """The last complete checkpoint when the attempt was killed (None: it was not killed)."""
     seconds: float
     log: Path
     timed_out: bool = False
+    """Stopped after `timeout_s` without progress."""
 
 
 def logged_step(run_dir: Path) -> int:
@@ -248,12 +259,13 @@ def run_attempt(
     log: Path,
     *,
     kill_after: int | None,
-    timeout_s: float = ATTEMPT_TIMEOUT_S,
+    timeout_s: float = ATTEMPT_STALL_S,
     on_wait: Callable[[float], None] | None = None,
 ) -> Attempt:
-    """``emapg train <overrides>`` in its own process group; with `kill_after`, SIGKILL the whole group
-    (driver, Ray, workers) once the checkpoint of that step is complete and its metrics are logged
-    (verl writes them after the checkpoint)."""
+    """``emapg train <overrides>`` in its own process group, its stdout and stderr to `log`; with `kill_after`,
+    SIGKILL the whole group (driver, Ray, workers) once the checkpoint of that step is complete and its metrics are
+    logged (verl writes them after the checkpoint). Stopped (``timed_out``) after `timeout_s` with no new step logged
+    and no new checkpoint: progress, not a wall clock, decides, so a loaded machine only makes it slower."""
     inherited = ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")  # its own Ray; trainer.device decides
     env = {k: v for k, v in os.environ.items() if k not in inherited}
     env.update(
@@ -268,14 +280,17 @@ def run_attempt(
     t0 = time.time()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        killed, timed_out = None, False
+        killed, timed_out, seen, since = None, False, None, t0
         try:
             while proc.poll() is None:
                 elapsed = time.time() - t0
-                if kill_after is not None and min(latest_checkpoint(run_dir), logged_step(run_dir)) >= kill_after:
-                    killed = latest_checkpoint(run_dir)
+                now = (latest_checkpoint(run_dir), logged_step(run_dir))
+                if kill_after is not None and min(now) >= kill_after:
+                    killed = now[0]
                     break
-                if elapsed > timeout_s:
+                if now != seen:
+                    seen, since = now, time.time()
+                elif time.time() - since > timeout_s:
                     timed_out = True
                     break
                 if on_wait is not None:
@@ -531,7 +546,7 @@ class Shared:
             with open(self.root / "retriever.log", "w") as log:  # the child keeps its own copy of the descriptor
                 self._retriever = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self.retriever_url = f"http://127.0.0.1:{port}"
-            _wait_healthy(self.retriever_url, self._retriever)
+            _wait_healthy(self.retriever_url, self._retriever, self.root / "retriever.log")
         return self.retriever_url
 
     def close(self) -> None:
@@ -546,9 +561,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+RETRIEVER_START_S = 600.0
+"""The rehearsal's retriever has this long to answer GET /health while its process lives (it answers within seconds
+on an idle machine; a process that exits fails the wait at once)."""
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = RETRIEVER_START_S) -> None:
     """Wait for the retriever's GET /health (asked by the client the runs use: it sends $EMAPG_RETRIEVER_TOKEN,
-    which the server, started with this environment, then requires)."""
+    which the server, started with this environment, then requires); its output goes to `log`."""
     import httpx
 
     from experiments.retrieval.service import HTTPRetriever  # loads pydantic
@@ -558,8 +578,9 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) ->
     try:
         while time.time() - t0 < timeout_s:
             if proc.poll() is not None:
-                status = proc.returncode
-                raise RuntimeError(f"the rehearsal's retriever exited with status {status} (see retriever.log)")
+                raise RuntimeError(
+                    f"the rehearsal's retriever exited with status {proc.returncode}: {last_error(log)} (log: {log})"
+                )
             try:
                 client.health()
                 return
@@ -568,7 +589,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) ->
             time.sleep(0.5)
     finally:
         client.close()
-    raise RuntimeError(f"the rehearsal's retriever did not answer at {url} within {timeout_s:.0f} s")
+    raise RuntimeError(f"the rehearsal's retriever did not answer at {url} within {timeout_s:.0f} s (log: {log})")
 
 
 def rehearse_config(
@@ -621,15 +642,21 @@ def rehearse_config(
 
 def _failure(a: Attempt) -> str:
     if a.timed_out:
-        why = f"still running after {a.seconds:.0f} s (stopped)"
+        why = f"no new step or checkpoint for {ATTEMPT_STALL_S:.0f} s (stopped after {a.seconds:.0f} s)"
     elif a.returncode == 0:
         why = "finished before reaching its kill point"
     else:
         why = f"exited with status {a.returncode} after {a.seconds:.0f} s"
-    lines = [ln for ln in a.log.read_text(errors="replace").splitlines() if ln.strip()] if a.log.exists() else []
-    ours = [ln for ln in lines if ln.startswith("emapg ")]  # the CLI's own one-line error
+    return f"{why}; {last_error(a.log)} (log: {a.log})"
+
+
+def last_error(log: Path, prog: str = "emapg ") -> str:
+    """The line of a process's log that says why it failed: its CLI's own one-line error (`prog`...), else the last
+    line naming an error, else its last line ("no output" for none); at most 300 characters."""
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.is_file() else []
+    ours = [ln for ln in lines if ln.startswith(prog)]
     errors = ours or [ln for ln in lines if "Error" in ln or "error:" in ln]
-    return f"{why}; {(errors or lines or ['no output'])[-1][:300]} (log: {a.log})"
+    return (errors or lines or ["no output"])[-1].strip()[:300]
 
 
 def targets(argv: list[str]) -> list[tuple[str, list[str]]]:
@@ -677,11 +704,25 @@ def main(argv: list[str] | None = None) -> int:
             for c in result.checks:
                 print(c.line())
             results.append(result)
+            if not result.ok:  # beside its attempts' logs: what failed, whole
+                failed = "\n".join(c.line() for c in result.checks if not c.ok)
+                (out / f"{name}.failure.txt").write_text(failed + "\n")
     finally:
         shared.close()
     if len(results) > 1:
         print("\n" + table(results))
-    return 0 if all(r.ok for r in results) else 1
+    bad = [(r.name, c) for r in results for c in r.checks if not c.ok]
+    if bad:
+        name, c = bad[0]
+        print(failed_line(f"{name}: {c.name}: {c.detail}", out))
+    return 0 if not bad else 1
+
+
+def failed_line(what: str, logs: Path) -> str:
+    """The last line of a failed rehearsal: what failed (one line, at most 400 characters) and the directory that
+    holds every log of it."""
+    what = " ".join(what.split())
+    return f"FAILED: {what if len(what) <= 400 else what[:399] + '…'}; logs: {logs.resolve()}"
 
 
 def table(results: list[Result]) -> str:

@@ -18,6 +18,12 @@ two-node Ray cluster, at world size 2, two trials at once, with a node lost and 
    ``emapg sweep ... --resume`` finishes the sweep.
 7. Every trial's run directory is checked (``checks``); the exit status is 0 only when every check passed.
 
+Every process's output is kept under ``<out>/<spec>__<layout>/logs/`` (``LOGS``), after a pass too. A failure,
+whether a check, a wait or an exception, ends the output with one line: ``FAILED: <what>; logs: <that folder>``.
+No wait has a fixed wall-clock limit that a loaded machine could miss while the sweep still moves: a phase fails
+after ``STALL_S`` without progress (``_wait``), a node has ``NODE_START_S`` to register (Ray's own wait is 30 s), and
+Ray workers ``WORKER_REGISTER_S`` to register with their raylet (Ray's default: 60 s).
+
 What this proves and what only GPUs can show: docs/scaling-out.md.
 """
 
@@ -27,10 +33,12 @@ import argparse
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +56,23 @@ NODE_CPUS, NODE_GPUS = 16, 2
 """Each node of the rehearsal cluster: Ray CPUs (reservations, not cores) and virtual GPUs (verl's CPU platform)."""
 STEPS = 4
 """Training steps per trial: the anchor updates after steps 2 and 4 (period 2), checkpoints 3 and 4 are kept."""
-TIMEOUT_S = 1800.0
-"""A phase (the sweep to a kill point, or the resumed sweep to its end) that takes longer fails the rehearsal."""
+STALL_S = 1800.0
+"""A phase (the sweep to a kill point, or the resumed sweep to its end) fails once no trial has started, attempted
+again, logged a step or written a checkpoint for this long (``_wait``): longer than a trial's own limit without a
+step (``experiments.rehearse.STEP_TIMEOUT_S``), after which Tune retries the trial (a new attempt: progress)."""
+NODE_START_S = 600.0
+"""A node of the rehearsal cluster has this long to register with the GCS (a few seconds on an idle machine; Ray's
+own ``Cluster.add_node`` waits 30 s), and the GCS to write its port (Ray: 30 s; RAY_gcs_server_port_wait_time_s)."""
+WORKER_REGISTER_S = 600
+"""Ray's worker_register_timeout_seconds on the rehearsal cluster (Ray's default: 60): a Python worker that starts
+beside many others (verl starts about ten per trial at once) on busy cores may take longer to register."""
+LOGS = "logs"
+"""The rehearsal's folder of every process's output, kept after a pass too (a few MB; the next rehearsal of the
+same spec and layout replaces it): ``rehearse.log`` (all this command printed, every check's line among it),
+``sweep.log`` (the `emapg sweep` driver, both invocations), ``ray/`` (the Ray session's logs of the head and every
+worker node: GCS, raylets, and each Ray worker's stdout/stderr, every trial's and its verl actors' output among
+them), ``trials.txt`` (which of those files hold each trial's output), ``retriever.log`` (a search sweep's
+retriever) and, after a failure, ``failure.txt`` (the failing checks' lines, or the error and its traceback)."""
 SKIP = ("run_dir", "backend.verl.checkpoint_dir")
 """Rehearsal overrides a sweep trial sets itself (its run directory; verl's checkpoints inside it)."""
 
@@ -112,17 +135,28 @@ def _as_mapping(overrides: list[str]) -> dict:
 
 # ---------------------------------------------------------------------------- the cluster
 class LocalCluster:
-    """Two raylets on this machine (``ray.cluster_utils.Cluster``); the second can be lost and replaced."""
+    """Two raylets on this machine (``ray.cluster_utils.Cluster``); the second can be lost and replaced. ``start``
+    starts them; ``logs_dir`` is then the Ray session's log folder, which every node of it writes to."""
 
     def __init__(self):
+        self.cluster, self.worker, self.added = None, None, 0
+        self.logs_dir: Path | None = None
+
+    def start(self) -> None:
         import ray.cluster_utils
 
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        self.cluster = ray.cluster_utils.Cluster(
-            initialize_head=True, head_node_args=self._node_args("head"), shutdown_at_exit=True
-        )
-        self.worker = self.cluster.add_node(**self._node_args("node1"))
+        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(int(NODE_START_S)))
+        self.cluster = ray.cluster_utils.Cluster(shutdown_at_exit=True)
+        head = self._add("head", _system_config={"worker_register_timeout_seconds": WORKER_REGISTER_S})
+        self.logs_dir = Path(head.get_logs_dir_path())
+        self.worker = self._add("node1")
         self.added = 1
+
+    def _add(self, name: str, **extra):
+        node = self.cluster.add_node(wait=False, **self._node_args(name), **extra)
+        self.cluster._wait_for_node(node, timeout=NODE_START_S)
+        return node
 
     def _node_args(self, name: str) -> dict:
         return {
@@ -142,10 +176,12 @@ class LocalCluster:
         """Kill the second node's raylet and every process on it, without warning; then a fresh node joins."""
         self.cluster.remove_node(self.worker, allow_graceful=False)
         self.added += 1
-        self.worker = self.cluster.add_node(**self._node_args(f"node{self.added}"))
+        self.worker = self._add(f"node{self.added}")
 
     def shutdown(self) -> None:
-        self.cluster.shutdown()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
 
 
 # ---------------------------------------------------------------------------- the driver, as a user runs it
@@ -163,14 +199,38 @@ def _runs(out: Path) -> list[Path]:
     return sorted(p for p in (out / "runs").glob("*") if p.is_dir())
 
 
-def _wait(what: str, ready: Callable[[], bool], proc: subprocess.Popen | None, timeout_s: float = TIMEOUT_S) -> None:
-    t0 = time.time()
+def _wait(
+    what: str,
+    ready: Callable[[], bool],
+    proc: subprocess.Popen | None,
+    sweep_dir: Path,
+    log: Path,
+    stall_s: float = STALL_S,
+) -> None:
+    """Until `ready()`; RuntimeError when the driver `proc` exits first (with its error line from `log`) or when the
+    sweep makes no progress (``_moves``) for `stall_s`: however slow the machine, a sweep that moves is waited for."""
+    seen, since = None, time.time()
     while not ready():
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what}: `emapg sweep` exited with status {proc.returncode} first")
-        if time.time() - t0 > timeout_s:
-            raise RuntimeError(f"{what}: not within {timeout_s:.0f} s")
+            from experiments.rehearse import last_error  # loads numpy
+
+            raise RuntimeError(
+                f"{what}: `emapg sweep` exited with status {proc.returncode} first: {last_error(log, 'emapg sweep:')}"
+            )
+        now = _moves(sweep_dir)
+        if now != seen:
+            seen, since = now, time.time()
+        elif time.time() - since > stall_s:
+            at = "; ".join(f"{n}: attempt {a}, step {s}, checkpoint {c}" for n, a, s, c in now) or "no trial started"
+            raise RuntimeError(f"{what}: no trial started, retried, stepped or checkpointed for {stall_s:.0f} s ({at})")
         time.sleep(1.0)
+
+
+def _moves(sweep_dir: Path) -> tuple:
+    """The sweep's progress: per trial run, its attempts, last step logged and last checkpoint."""
+    from experiments.rehearse import latest_checkpoint, logged_step  # loads numpy
+
+    return tuple((r.name, _attempts(r), logged_step(r), latest_checkpoint(r)) for r in _runs(sweep_dir))
 
 
 def _progress(run_dir: Path) -> int:
@@ -202,18 +262,18 @@ class Events:
 
 def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], None]) -> Events:
     """The sweep through the node loss and the driver kill to its end (``emapg sweep --resume``)."""
-    from experiments.rehearse import kill_group  # loads numpy
+    from experiments.rehearse import kill_group, last_error  # loads numpy
 
-    log, sweep_dir, t0 = out / "sweep.log", out / "sweep", time.time()
+    log, sweep_dir, t0 = out / LOGS / "sweep.log", out / "sweep", time.time()
     proc = _sweep(spec_file, cluster.address, sweep_dir, log)
     try:
         say("  waiting for a trial's first step and checkpoint ...")
-        _wait("a first checkpoint", lambda: any(_progress(r) >= 1 for r in _runs(sweep_dir)), proc)
+        _wait("a first checkpoint", lambda: any(_progress(r) >= 1 for r in _runs(sweep_dir)), proc, sweep_dir, log)
         lost_at = {r.name: _progress(r) for r in _runs(sweep_dir)}
         say(f"  node lost (its processes killed) at steps {lost_at}; a fresh node joins")
         cluster.lose_node()
         retried = lambda: [r for r in _runs(sweep_dir) if _attempts(r) > 1]  # noqa: E731
-        _wait("a retry after the node loss", lambda: any(_progress(r) >= 1 for r in retried()), proc)
+        _wait("a retry after the node loss", lambda: any(_progress(r) >= 1 for r in retried()), proc, sweep_dir, log)
         killed_at = {r.name: _progress(r) for r in _runs(sweep_dir)}
         say(f"  driver (`emapg sweep`) SIGKILLed at steps {killed_at}")
     finally:
@@ -221,13 +281,13 @@ def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], 
     say("  emapg sweep --resume ...")
     proc = _sweep(spec_file, cluster.address, sweep_dir, log, resume=True)
     try:
-        code = proc.wait(TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        code = None
+        _wait("the resumed sweep's end", lambda: proc.poll() is not None, None, sweep_dir, log)
     finally:
         kill_group(proc)
-    if code != 0:
-        raise RuntimeError(f"emapg sweep --resume exited with status {code} (see {log})")
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"emapg sweep --resume exited with status {proc.returncode}: {last_error(log, 'emapg sweep:')}"
+        )
     return Events(lost_at, killed_at, time.time() - t0)
 
 
@@ -392,35 +452,100 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) / (Path(args.spec).stem + f"__{args.layout}")
     if out.exists():
         shutil.rmtree(out)
-    out.mkdir(parents=True)
+    logs = out / LOGS
+    logs.mkdir(parents=True)
+    say = _Say(logs / "rehearse.log")
     shared = Shared(Path(args.out) / "_shared")
-    cluster = None
+    cluster, stage, failure = LocalCluster(), "the rehearsal spec", None
     try:
-        print(
-            f"{args.spec}: the rehearsal spec (CPU platform, tiny model, world size 2: {args.layout}) ...", flush=True
-        )
+        say(f"{args.spec}: the rehearsal spec (CPU platform, tiny model, world size 2: {args.layout}) ...")
         raw = rehearsal_spec(args.spec, out, shared, args.layout)
         spec_file = out / "rehearsal.yaml"
         spec_file.write_text(yaml.safe_dump(raw, sort_keys=False))
-        print(f"  a local Ray cluster of two nodes, {NODE_CPUS} CPUs and {NODE_GPUS} virtual GPUs each", flush=True)
-        cluster = LocalCluster()
-        print(f"  emapg sweep {spec_file} --address {cluster.address} --out {out / 'sweep'}", flush=True)
-        events = run(spec_file, out, cluster, lambda m: print(m, flush=True))
+        stage = "the local Ray cluster"
+        say(f"  a local Ray cluster of two nodes, {NODE_CPUS} CPUs and {NODE_GPUS} virtual GPUs each")
+        cluster.start()
+        stage = "the sweep"
+        say(f"  emapg sweep {spec_file} --address {cluster.address} --out {out / 'sweep'}")
+        events = run(spec_file, out, cluster, say)
+        stage = "the checks"
         results = checks(out / "sweep")
-    except RuntimeError as e:
-        print(f"FAILED: {e}", flush=True)
-        return 1
+    except Exception as e:
+        if stage == "the rehearsal spec" and isinstance(e, ValueError):
+            raise  # a spec the rehearsal cannot take: one line naming it, exit 2 (experiments.errors)
+        what = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+        failure = (f"{stage}: {what}", "".join(traceback.format_exception(e)))
     finally:
         shared.close()
-        if cluster is not None:
-            cluster.shutdown()
-    ok = all(c.ok for cs in results.values() for c in cs)
-    for name, cs in results.items():
-        print(f"{name}: {'passed' if all(c.ok for c in cs) else 'FAILED'}")
-        for c in cs:
-            print(c.line())
-    print(f"{args.spec} ({events.seconds:.0f} s): {'passed' if ok else 'FAILED'}", flush=True)
-    return 0 if ok else 1
+        cluster.shutdown()
+        _keep_logs(logs, cluster, shared, out / "sweep")
+    if failure is None:
+        for name, cs in results.items():
+            say(f"{name}: {'passed' if all(c.ok for c in cs) else 'FAILED'}")
+            for c in cs:
+                say(c.line())
+        bad = [(name, c) for name, cs in results.items() for c in cs if not c.ok]
+        say(f"{args.spec} ({events.seconds:.0f} s): {'passed' if not bad else 'FAILED'}")
+        if not bad:
+            return 0
+        name, c = bad[0]
+        more = f" (and {len(bad) - 1} more failed checks)" if len(bad) > 1 else ""
+        failure = (f"{name}: {c.name}: {c.detail}{more}", "\n".join(f"{n}:{c.line()}" for n, c in bad))
+    (logs / "failure.txt").write_text(failure[0] + "\n\n" + failure[1].rstrip() + "\n")
+    from experiments.rehearse import failed_line  # loads numpy
+
+    say(failed_line(failure[0], logs))
+    return 1
+
+
+class _Say:
+    """Print a line (flushed) and append it to the rehearsal's own log."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __call__(self, msg: str) -> None:
+        print(msg, flush=True)
+        with open(self.path, "a") as f:
+            f.write(msg + "\n")
+
+
+def _keep_logs(logs: Path, cluster: LocalCluster, shared, sweep_dir: Path) -> None:
+    """Into `logs`: the Ray session's logs (every node's; copied, Ray leaves its own under its temp dir), the index of
+    each trial's files among them (trials.txt) and the retriever's log. Best effort: what could not be copied is
+    named in NOT_COPIED.txt, and the rehearsal's own failure, if any, is still the one reported."""
+    try:
+        if cluster.logs_dir is not None and cluster.logs_dir.is_dir():
+            try:
+                shutil.copytree(cluster.logs_dir, logs / "ray", symlinks=True, dirs_exist_ok=True)
+            except shutil.Error as e:  # files that vanished or could not be read: the rest is copied
+                (logs / "NOT_COPIED.txt").write_text("\n".join(str(x) for x in e.args[0]) + "\n")
+            (logs / "trials.txt").write_text(_trial_logs(sweep_dir, logs / "ray"))
+        if shared.retriever_url is not None:  # this rehearsal started one
+            shutil.copyfile(shared.root / "retriever.log", logs / "retriever.log")
+    except OSError as e:  # a full disk, say
+        with open(logs / "NOT_COPIED.txt", "a") as f:
+            f.write(f"{type(e).__name__}: {e}\n")
+
+
+WORKER_LOG = re.compile(r"^worker-[0-9a-f]+-(?P<job>[0-9a-f]+)-\d+\.(out|err)$")
+"""A Ray worker's stdout/stderr file: worker-<worker id>-<job id>-<pid>.out|err."""
+
+
+def _trial_logs(sweep_dir: Path, ray_logs: Path) -> str:
+    """Per trial run: the Ray worker logs that name its run directory, and every worker log of a Ray job whose logs
+    name that run only (the verl job the trial starts: its task runner, workers, rollout and reward servers)."""
+    files = sorted(p for p in ray_logs.glob("worker-*") if WORKER_LOG.match(p.name))
+    runs = [r.name for r in _runs(sweep_dir)]
+    named = {p: {r for r in runs if r in p.read_text(errors="replace")} for p in files}
+    jobs: dict[str, set[str]] = {}
+    for p, rs in named.items():
+        jobs.setdefault(WORKER_LOG.match(p.name)["job"], set()).update(rs)
+    lines = []
+    for r in runs:
+        mine = [p.name for p in files if r in named[p] or jobs[WORKER_LOG.match(p.name)["job"]] == {r}]
+        lines.append(f"{r}: " + (" ".join(mine) if mine else "no Ray worker log names it"))
+    return "\n".join(lines or ["no trial started"]) + "\n"
 
 
 if __name__ == "__main__":
