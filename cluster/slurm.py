@@ -7,8 +7,6 @@ import re
 import shlex
 from pathlib import Path
 
-import yaml
-
 from experiments.errors import UserError, shown
 from experiments.user_yaml import read
 
@@ -122,9 +120,10 @@ def sweep_dir(command: list[str]) -> str | None:
     if spec is None:
         return None
     try:
-        name = (yaml.safe_load(Path(spec).read_text(encoding="utf-8")) or {}).get("name")
-    except (OSError, yaml.YAMLError, AttributeError):
-        name = None
+        data = read(spec, "sweep spec")  # user YAML: aliases and deep nesting refused (experiments.user_yaml)
+    except (UserError, OSError):  # unreadable here: the file stem
+        data = None
+    name = data.get("name") if isinstance(data, dict) else None
     return f"outputs/sweeps/{name or Path(spec).stem}"
 
 

@@ -18,9 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from ema_pg_core.config import eval_problems, probe_prompts
 from ema_pg_core.kl import get_estimator
 from ema_pg_core.local.trainer import LocalConfig
-from experiments import progress, tasks
+from experiments import progress, tasks, user_yaml
 from experiments.backends.verl import to_verl
-from experiments.errors import UserError, _is_hydra, hydra_message
+from experiments.errors import UserError, _is_hydra, hydra_message, shown
 from experiments.retrieval.service import HTTPRetriever
 from experiments.schema import RunConfig, register
 from experiments.tasks import TaskAdapter, ToolEnvAdapter, get_task
@@ -77,6 +77,9 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 
     register()
     overrides = list(overrides)
+    deep = too_deep(overrides)
+    if deep:
+        raise UserError(deep)
     exp = [o.split("=", 1)[1] for o in overrides if o.startswith("experiment=")]
     if exp and exp[-1] not in presets():
         raise ValueError(f"unknown experiment preset {exp[-1]!r}; allowed: {', '.join(presets())}")
@@ -95,6 +98,30 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
             if key not in given:
                 OmegaConf.update(cfg, key, value, merge=False)
     return cfg
+
+
+def too_deep(overrides: list[str]) -> str | None:
+    """For the first override nested deeper than user_yaml.MAX_DEPTH (its dotted key's levels, then the lists,
+    mappings, calls and interpolations of its value), one line naming it; None when none is. Hydra's override
+    parser and OmegaConf recurse per level: deeper input would end in a RecursionError, not a message."""
+    for override in overrides:
+        key, _, value = override.partition("=")
+        keys, nest, deepest, quote, quoted_at = key.count(".") + 1, 0, 0, None, 0
+        for i, c in enumerate(value):
+            if quote is None:
+                if c in "'\"":
+                    quote, quoted_at = c, nest
+                nest += (c in "[{(") - (c in "]})")
+            elif c == quote and value[i - 1 : i] != "\\":
+                quote = None
+            elif value.startswith("${", i):  # inside quotes only an interpolation nests: '${a:${b:c}}'
+                nest += 1
+            elif c == "}" and nest > quoted_at:
+                nest -= 1
+            deepest = max(deepest, nest)
+        if keys + deepest > user_yaml.MAX_DEPTH:
+            return f"override {shown(override)}: {user_yaml.too_deep()}"
+    return None
 
 
 def unquoted_value(overrides: list[str]) -> str | None:
