@@ -449,6 +449,7 @@ class RunRecord:
         skipped: list[dict] | tuple = (),
         stage: Mapping[str, Any] | None = None,
         held: owner.Owner | None = None,
+        trained: Mapping[str, Any] | None = None,
     ) -> RunRecord:
         """Write config.yaml (resolved) and status=running; drop a stale summary.json.
 
@@ -466,14 +467,14 @@ class RunRecord:
         _writable(run_dir)
         held = held or owner.acquire(run_dir, "run", RUN_BUSY)  # one writer per record, before any read or write
         try:
-            return cls._open(run_dir, held, resolved(cfg), resume, force, checkpoint, skipped, stage)
+            return cls._open(run_dir, held, resolved(cfg), resume, force, checkpoint, skipped, stage, trained)
         except BaseException:
             held.release()
             raise
 
     @classmethod
-    def _open(cls, run_dir, held, config, resume, force, checkpoint, skipped, stage) -> RunRecord:
-        changes = config_changes(run_dir / CONFIG, config) if resume else {}
+    def _open(cls, run_dir, held, config, resume, force, checkpoint, skipped, stage, trained) -> RunRecord:
+        changes = config_changes(trained if trained is not None else run_dir / CONFIG, config) if resume else {}
         stage_keys = ("stage", *(stage or {}).get("may_change", ()))
         refused = {k: v for k, v in changes.items() if not (_may_change(k) or (stage and _under(k, stage_keys)))}
         if refused and not force:
@@ -567,8 +568,9 @@ class RunRecord:
         self._offset_s = float(time_s if time_s is not None else (last or {}).get("time_s") or 0.0)
 
     def state(self) -> dict:
-        """Small state to keep in a checkpoint (the clock)."""
-        return {"time_s": self.elapsed(), "iteration": self.last_iteration}
+        """Small state to keep in a checkpoint: the clock, and the config it was trained under (a resume compares
+        against this one, not against config.yaml, which a user may edit or delete)."""
+        return {"time_s": self.elapsed(), "iteration": self.last_iteration, "config": self.config}
 
     def finish(self, extra_summary: Mapping[str, Any] | None = None) -> dict:
         """Write summary.json, then status=finished; return the summary."""
@@ -716,12 +718,14 @@ def read_health(run_dir: str | Path) -> dict | None:
     return (read_summary(run_dir) or {}).get("health")
 
 
-def config_changes(old_path: Path, new: dict) -> dict[str, tuple]:
-    """{dotted key: (recorded value, new value)} for every key that differs from config.yaml, except
-    HASH_EXCLUDE ({} when there is no config.yaml yet)."""
-    if not old_path.is_file():
-        return {}
-    old, cur = flat(OmegaConf.to_container(OmegaConf.load(old_path))), flat(new)
+def config_changes(before: Path | Mapping[str, Any], new: dict) -> dict[str, tuple]:
+    """{dotted key: (recorded value, new value)} for every key that differs from `before` (the config a checkpoint
+    was trained under, or a config.yaml), except HASH_EXCLUDE ({} when there is no config.yaml yet)."""
+    if isinstance(before, Path):
+        if not before.is_file():
+            return {}
+        before = OmegaConf.to_container(OmegaConf.load(before))
+    old, cur = flat(dict(before)), flat(new)
     return {
         k: (old.get(k), cur.get(k))
         for k in sorted(set(old) | set(cur))

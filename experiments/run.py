@@ -178,6 +178,7 @@ def _open_record(cfg: DictConfig, run_dir: Path, stage: dict | None, held: owner
     in run_dir that loads (or from ``resume_from``, a stage's start)."""
     ckpt_dir = run_dir / "checkpoints"
     found = checkpoints.load_newest(ckpt_dir) if cfg.resume else None  # (dir, state, skipped) or None
+    own = found is not None  # a checkpoint of this run_dir, not one trained elsewhere
     if found is None and cfg.get("resume_from"):  # a stage started from a checkpoint trained elsewhere
         found = _external_checkpoint(cfg.resume_from)
     if cfg.resume and found is None and (run_dir / "metrics.jsonl").exists():
@@ -186,6 +187,11 @@ def _open_record(cfg: DictConfig, run_dir: Path, stage: dict | None, held: owner
         print(
             f"warning: skipping checkpoint {ckpt_dir / s['checkpoint']} ({s['error']}); resuming from {found[0].name}",
             file=sys.stderr,
+        )
+    if found and int(found[1]["iteration"]) > int(cfg.trainer.iterations):
+        raise UserError(
+            f"trainer.iterations={cfg.trainer.iterations}: the checkpoint {found[0]} is at iteration "
+            f"{found[1]['iteration']}; a resume may lengthen a run, not shorten it (use a new run_dir)"
         )
     torch.set_num_threads(int(cfg.trainer.threads))
     seed_everything(int(cfg.seed))
@@ -198,6 +204,7 @@ def _open_record(cfg: DictConfig, run_dir: Path, stage: dict | None, held: owner
         skipped=found[2] if found else (),
         stage=stage,
         held=held,
+        trained=(found[1].get("hooks") or {}).get("config") if found and own else None,  # what it trained under
     )
     return record, found[1] if found else None
 

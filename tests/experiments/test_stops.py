@@ -71,6 +71,41 @@ def test_resume_with_a_changed_algorithm_key_is_refused(tmp_path, capsys):
     assert files() == before  # nothing touched (but the owner lock, taken before anything is read)
 
 
+@pytest.mark.parametrize("how", ["deleted", "edited"])
+def test_resume_compares_with_the_checkpoints_config_not_an_editable_config_yaml(tmp_path, capsys, how):
+    """The audit's case: config.yaml deleted, or edited to match the command line, let resume=true continue a
+    tau 0.9 / topk_reverse checkpoint as tau 0.5 / k3 with "forced": false. The checkpoint knows what it trained."""
+    run_dir = tmp_path / "run"
+    assert train(run_dir, "trainer.iterations=2") == 0
+    changed = ("algo.anchor.tau=0.5", "algo.kl.type=k3")
+    if how == "deleted":
+        (run_dir / "config.yaml").unlink()
+    else:
+        text = (run_dir / "config.yaml").read_text().replace("tau: 0.9", "tau: 0.5").replace("topk_reverse", "k3")
+        (run_dir / "config.yaml").write_text(text)
+    capsys.readouterr()
+    assert train(run_dir, "trainer.iterations=3", "resume=true", *changed) == 2
+    err = capsys.readouterr().err
+    assert "algo.anchor.tau: 0.9 -> 0.5" in err and "algo.kl.type: 'topk_reverse' -> 'k3'" in err
+    assert train(run_dir, "trainer.iterations=3", "resume=force", *changed) == 0  # forced: recorded as such
+    (entry,) = records.read_resumes(run_dir)
+    assert entry["forced"] and entry["changes"]["algo.anchor.tau"] == [0.9, 0.5]
+    assert records.read_summary(run_dir)["forced_resume"] is True
+
+
+def test_a_resume_cannot_shorten_a_run(tmp_path, capsys):
+    """The audit's case: trainer.iterations=2 resume=true on a 4-iteration run left config.yaml (2) and
+    summary.json (4 iterations done) disagreeing. Refused before any work, the record untouched."""
+    run_dir = tmp_path / "run"
+    assert train(run_dir, "trainer.iterations=4") == 0
+    before = (run_dir / "summary.json").read_text(), (run_dir / "config.yaml").read_text()
+    capsys.readouterr()
+    assert train(run_dir, "trainer.iterations=2", "resume=true") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trainer.iterations=2" in err[0] and "at iteration 4" in err[0]
+    assert ((run_dir / "summary.json").read_text(), (run_dir / "config.yaml").read_text()) == before
+
+
 def test_resume_extending_iterations_is_allowed_recorded_and_exact(tmp_path):
     assert train(tmp_path / "run", "trainer.iterations=2") == 0
     assert train(tmp_path / "run", "trainer.iterations=4", "resume=true") == 0
