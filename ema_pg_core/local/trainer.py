@@ -455,12 +455,16 @@ class LocalTrainer:
         tmp = self.ckpt_dir / f".tmp_{final.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        try:  # through a Python file: a full disk is an OSError with its errno (torch's own writer says less)
+        try:
             with open(tmp / "state.pt", "wb") as f:
                 torch.save(self.state_dict(), f)
-        except OSError as e:
+        except (OSError, RuntimeError) as e:
             shutil.rmtree(tmp, ignore_errors=True)  # no partial checkpoint left (and its space back)
-            raise OSError(e.errno, e.strerror, str(tmp / "state.pt")) from e
+            # torch's zip writer turns the file's OSError (a full disk: ENOSPC) into a RuntimeError around it
+            cause = e if isinstance(e, OSError) else e.__context__
+            if not isinstance(cause, OSError):
+                raise
+            raise OSError(cause.errno, cause.strerror, str(tmp / "state.pt")) from e
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         checkpoints.point_latest(self.ckpt_dir, final)

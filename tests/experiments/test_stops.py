@@ -374,3 +374,49 @@ def test_a_second_writer_on_a_run_dir_is_refused_naming_the_first(tmp_path):
     its = [r["iteration"] for r in records.read_metrics(run_dir)]
     assert its == sorted(set(its)) and records.read_status(run_dir)[0] == "interrupted"
     assert records.read_resumes(run_dir) == []  # the refused writer wrote nothing
+
+
+def test_a_full_disk_while_a_checkpoint_is_written_fails_the_run_in_one_line(tmp_path, monkeypatch, capsys):
+    """The audit's case: on a full disk torch's zip writer raises a RuntimeError around the file's OSError, so the
+    trainer's handler never ran: a traceback, `.tmp_iter_*` left behind, status `running`."""
+    import torch
+
+    def full(obj, f, *args, **kwargs):  # what torch.save does on a full disk (seen on a 64 KiB tmpfs)
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")  # noqa: B904
+
+    monkeypatch.setattr(torch, "save", full)
+    run_dir = tmp_path / "run"
+    assert train(run_dir, "trainer.iterations=2") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err) and err[-1].endswith("No space left on device")
+    assert not list((run_dir / "checkpoints").glob(".tmp_*"))
+    assert records.read_state(run_dir) == "failed"
+
+
+def test_a_dead_writer_reads_crashed_even_when_its_pid_was_reused_or_its_clock_runs_ahead(tmp_path):
+    """The audit's cases: a dead run whose pid was reused, or whose heartbeat lies in the future (clock skew
+    between hosts), read `running` forever."""
+    run_dir = tmp_path / "run"
+    records.RunRecord.create(run_dir, {"seed": 0}).release()  # the writer dies without closing its record
+    lock = run_dir / owner.FILE
+    rec = json.loads(lock.read_text())
+    lock.write_text(json.dumps({**{k: v for k, v in rec.items() if k != "ended"}, "pid_start": "1"}))
+    assert records.read_state(run_dir) == "crashed"  # this pid is alive, but it is not that process
+    lock.write_text(json.dumps({**{k: v for k, v in rec.items() if k != "ended"}, "host": "elsewhere"}))
+    assert records.read_state(run_dir) == "running"  # another host, a fresh heartbeat
+    ahead = time.time() + 86400
+    os.utime(lock, (ahead, ahead))
+    assert records.read_state(run_dir) == "crashed"  # a heartbeat a day ahead vouches for nothing
+
+
+def test_a_garbage_status_file_does_not_stop_a_resume(tmp_path, capsys):
+    """The audit's case: a status file of random bytes gave a UnicodeDecodeError traceback on resume."""
+    run_dir = tmp_path / "run"
+    assert train(run_dir, "trainer.iterations=2") == 0
+    (run_dir / "status").write_bytes(b"\xff\xfe\x00garbage\x89\n\xc3")
+    assert records.read_status(run_dir)[0] == "unknown"
+    assert train(run_dir, "trainer.iterations=3", "resume=true") == 0
+    assert records.read_state(run_dir) == "finished" and "Traceback" not in capsys.readouterr().err
