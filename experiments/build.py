@@ -252,15 +252,17 @@ so at most twice this in all)."""
 
 
 def check_retriever(cfg: DictConfig) -> None:
-    """A tool task's task.retriever_url must answer (any HTTP response: Search-R1-compatible servers may have no
-    /health) before any work, or the run is refused naming the URL (within 2 x RETRIEVER_TIMEOUT_S seconds)."""
+    """A tool task's task.retriever_url must answer (any HTTP response but a 401: Search-R1-compatible servers may
+    have no /health) before any work, or the run is refused naming the URL (within 2 x RETRIEVER_TIMEOUT_S seconds)."""
     url = cfg.task.retriever_url
     if not url or not get_task(cfg.task.name).STOP_STRINGS:
         return
     import httpx
 
+    from experiments.retrieval.service import check_answers  # loads pydantic
+
     try:
-        httpx.get(f"{str(url).rstrip('/')}/health", timeout=RETRIEVER_TIMEOUT_S)
+        check_answers(str(url), timeout=RETRIEVER_TIMEOUT_S)  # with this process's token: a 401 is not an answer
     except (httpx.HTTPError, httpx.InvalidURL) as e:
         raise ValueError(
             f"task.retriever_url={url} is not reachable ({type(e).__name__}: {_first_line(e)}); start it with "

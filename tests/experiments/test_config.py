@@ -135,3 +135,17 @@ def test_a_quoted_run_dir_with_a_leading_tilde_is_under_home(monkeypatch, tmp_pa
     monkeypatch.setenv("HOME", str(tmp_path))
     assert resolve_run_dir(build.compose(['run_dir="~/runs/x"'])) == tmp_path / "runs" / "x"
     assert resolve_run_dir(build.compose(['out_root="~/o"'])).parent == tmp_path / "o"
+
+
+def test_a_retriever_that_refuses_the_token_is_refused_before_any_work(monkeypatch):
+    """The audit's case: the start-up check counted a 401 as "answers", so a run with a wrong token started."""
+    from experiments.retrieval.bm25 import BM25Retriever
+    from experiments.retrieval.service import TOKEN_ENV, running_server
+
+    with running_server(BM25Retriever(["a document"]), port=0, token="right-token") as url:
+        monkeypatch.setenv(TOKEN_ENV, "wrong-token")
+        cfg = build.compose(["task=search_tiny", f"task.retriever_url={url}"])
+        with pytest.raises(ValueError, match="refused this client's token"):
+            build.check_retriever(cfg)
+        monkeypatch.setenv(TOKEN_ENV, "right-token")
+        build.check_retriever(cfg)
