@@ -10,7 +10,8 @@ result is an HF checkpoint (`AutoModelForCausalLM` / `AutoTokenizer` load it) in
 `<cache_dir>/<task>-<hash of the resolved config and its provenance>/`: the provenance is whatever else decides
 the weights (the builder's source code, the numerical code path, thread count and library versions:
 `provenance`). A directory with the completion marker is reused, so the warm start is built once per config and
-provenance, whoever asks for it; one whose marker records another provenance is rebuilt, saying why.
+provenance, whoever asks for it; one whose marker records another provenance, or whose files are not those its
+marker records (sizes and sha256: a truncated copy, a disk error), is rebuilt, saying why in one line.
 
 The calibrated defaults (each task module's `PRETRAIN`) leave the model neither hopeless nor solved on held-out
 problems (target 15-60%, greedy and sampled at temperature 1) so that RL has room to improve: SFT
@@ -49,7 +50,8 @@ from experiments.progress import bar as progress_bar
 from experiments.tasks import Example, get_task, make_knobs
 
 MARKER = "pretrain.json"
-"""Written last into a finished warm start: the resolved config, its provenance and training statistics."""
+"""Written last into a finished warm start: the resolved config, its provenance, training statistics and the
+size and sha256 of each of its files (`files`)."""
 
 
 @dataclass
@@ -133,6 +135,47 @@ def stale(path: Path, built: dict) -> str | None:
     old, new = records.flat(json.loads((path / MARKER).read_text()).get("provenance") or {}), records.flat(built)
     keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     return "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys) or None
+
+
+def files(path: Path) -> dict[str, dict]:
+    """{relative name: {"bytes", "sha256"}} of every file of the warm start at `path` but its marker."""
+    out = {}
+    for f in sorted(p for p in path.rglob("*") if p.is_file() and p.name != MARKER):
+        with f.open("rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        out[f.relative_to(path).as_posix()] = {"bytes": f.stat().st_size, "sha256": digest}
+    return out
+
+
+def damaged(path: Path) -> str | None:
+    """What of the finished warm start at `path` is not as its marker records ("model.safetensors is 1,024 bytes,
+    recorded 2,048", "... changed since it was built", "... is missing", "pretrain.json is unreadable"); None when
+    every file is as recorded, or the warm start is unfinished (no marker)."""
+    if not (path / MARKER).exists():
+        return None
+    try:
+        recorded = json.loads((path / MARKER).read_text(encoding="utf-8"))["files"]
+        sizes = {name: int(f["bytes"]) for name, f in recorded.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # cut short, not JSON, not this format
+        return f"{MARKER} is unreadable"
+    for name, size in sizes.items():
+        if not (path / name).is_file():
+            return f"{name} is missing"
+        if (path / name).stat().st_size != size:
+            return f"{name} is {(path / name).stat().st_size:,} bytes, recorded {size:,}"
+    now = files(path)
+    changed = [name for name in recorded if now[name]["sha256"] != recorded[name]["sha256"]]
+    return f"{changed[0]} changed since it was built (its sha256 differs from the recorded)" if changed else None
+
+
+def unusable(path: Path, built: dict) -> str | None:
+    """Why the finished warm start at `path` must be rebuilt ("is damaged (...)", "was built otherwise (...)"):
+    `damaged`, else `stale` against provenance `built`; None when it may be reused or is unfinished."""
+    broken = damaged(path)
+    if broken:
+        return f"is damaged ({broken})"
+    why = stale(path, built)
+    return f"was built otherwise ({why})" if why else None
 
 
 def default_cache_dir() -> Path:
@@ -286,7 +329,8 @@ def pretrain(
 
     Unset arguments take the task's calibrated values (its `PRETRAIN`); `overrides` set other
     `PretrainConfig` fields (target_acc, eval_every, val_size, pool, weight_decay). The checkpoint lives in
-    `cache_dir/<cache_name>/` and counts as built once `pretrain.json` is in it with this provenance. Training
+    `cache_dir/<cache_name>/` and counts as built once `pretrain.json` is in it with this provenance and its files
+    are as it records (`unusable`; else it is rebuilt, saying why on stderr). Training
     happens in a temporary sibling directory renamed into place, so concurrent callers (sweep
     trials) never see a half-written checkpoint.
     """
@@ -295,11 +339,11 @@ def pretrain(
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     built = provenance(cfg.task)
     final = root / cache_name(cfg, built)
-    why = stale(final, built)
+    why = unusable(final, built)
     if (final / MARKER).exists() and why is None:
         return final
     if why:
-        print(f"warm start {final} was built otherwise ({why}): rebuilding it", file=sys.stderr)
+        print(f"warm start {final} {why}: rebuilding it", file=sys.stderr)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -310,12 +354,12 @@ def pretrain(
             f"target_acc={cfg.target_acc} within steps={cfg.steps}; raise steps",
             stacklevel=2,
         )
-    marker = {"config": asdict(cfg), "hash": final.name, "provenance": built, **stats}
+    marker = {"config": asdict(cfg), "hash": final.name, "provenance": built, **stats, "files": files(tmp)}
     (tmp / MARKER).write_text(json.dumps(marker, indent=2))
     try:
         os.replace(tmp, final)
-    except OSError:  # another process finished first (or a stale or unfinished dir is in the way)
-        if not (final / MARKER).exists() or stale(final, built):
+    except OSError:  # another process finished first (or a stale, damaged or unfinished dir is in the way)
+        if not (final / MARKER).exists() or unusable(final, built):
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
         shutil.rmtree(tmp, ignore_errors=True)
