@@ -20,6 +20,7 @@ imports ray and `emapg report` never imports torch.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
@@ -186,8 +187,21 @@ COMMANDS = {
 }
 
 
+def absolute_cache_env() -> None:
+    """EMAPG_CACHE (the warm-start cache: experiments.pretrain, the run config's model.cache_dir) made absolute,
+    ~ expanded, from this process's working directory, in this process's environment: every process it starts
+    inherits the absolute path, a sweep trial's Ray worker too, which runs in the trial's own directory (where a
+    relative path would give each trial its own cache). An empty EMAPG_CACHE is unset: the default cache."""
+    cache = os.environ.get("EMAPG_CACHE")
+    if cache == "":
+        del os.environ["EMAPG_CACHE"]
+    elif cache is not None:
+        os.environ["EMAPG_CACHE"] = os.path.abspath(os.path.expanduser(cache))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    absolute_cache_env()  # before any command reads it or starts a process
     try:
         numerics.pin()  # before any command loads torch: it and every process it starts compute on the pinned path
     except errors.UserError as e:  # EMAPG_NUMERICS misspelt: one line, exit 2
