@@ -15,8 +15,11 @@ config entry as `cfg.<dotted.key>`, and `final/<metric>` / `best/<metric>` colum
 
 The format is docs/run-record.md. Nothing is dropped: failed, running and truncated runs are
 rows with flags, and callers decide what to include. A trailing partial JSON line (a crash while
-appending) is ignored and flags the run `truncated`; a corrupt line elsewhere is an error.
-If a resumed run re-logged iterations, the last line for each iteration wins (`n_relogged`).
+appending) is ignored and flags the run `truncated`; a corrupt line elsewhere is an error, and so is a
+metrics.jsonl whose iterations repeat or go back (`check_iterations`: a run record only appends increasing
+iterations, a resume rewinds the file first, so two processes wrote it). W&B history cannot be rewritten:
+there, the last line logged for an iteration wins (`n_relogged`).
+`config_key` is what makes two runs one seed of one configuration (analysis.report.one_per_config).
 """
 
 from __future__ import annotations
@@ -140,6 +143,7 @@ def read_run(run_dir: str | Path) -> RawRun:
     status, detail = records.read_status(run_dir)
     state = records.read_state(run_dir)  # `crashed`: left running by a process that is gone
     rows, truncated = records.scan_jsonl(run_dir / "metrics.jsonl")
+    check_iterations(rows, run_dir / "metrics.jsonl")
     run_id = (summary or {}).get("run_id") or run_dir.name
     forced = bool((summary or {}).get("forced_resume")) or any(r.get("forced") for r in records.read_resumes(run_dir))
     return RawRun(
@@ -206,6 +210,28 @@ def mask_inert_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
     if method_of(out.get("anchor_tau")) == "GRPO" and out.get("anchor_tau") is not None:
         out["anchor_period"] = None
     return out
+
+
+def check_iterations(rows: list[dict[str, Any]], path: str | Path) -> None:
+    """Refuse rows of a metrics.jsonl whose iterations do not strictly increase: a run record appends each
+    iteration once and in order, and a resume rewinds the file to its checkpoint first
+    (experiments.records.RunRecord.log / rewind), so a repeated or earlier iteration means two processes wrote
+    the record (e.g. a run started twice into one directory) and its curves and final values mix both. ValueError
+    naming the file, the line (as scan_jsonl counts them) and the first iteration out of order."""
+    last, seen = None, set()
+    for n, row in enumerate(rows, 1):
+        it = row.get("iteration")
+        if not _is_num(it):
+            continue
+        if last is not None and it <= last:
+            what = "repeats an iteration already logged" if it in seen else "goes back"
+            raise ValueError(
+                f"{path}:{n}: iteration {_fmt(it)} {what} (the line before it logged iteration {_fmt(last)}): "
+                "a run record's iterations only increase, so two processes wrote this record; move the run out "
+                "of the directory reported on, or keep one writer's lines"
+            )
+        last = it
+        seen.add(it)
 
 
 def clean_rows(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
@@ -297,12 +323,15 @@ def run_row(raw: RawRun, rows: list[dict[str, Any]], n_relogged: int) -> dict[st
 
 
 def config_key(config: dict[str, Any]) -> str | None:
-    """Equal for two runs that train the same thing, seed included: the flattened config without the keys a
-    run's identity ignores (``experiments.records.HASH_EXCLUDE``: where it is written, how it is logged, its
-    sweep trial). Computed for every run alike (killed runs have no summary.json and its config_hash)."""
+    """Equal for two runs of one configuration and one seed: the flattened config without the keys a run's
+    identity ignores (``experiments.records.HASH_EXCLUDE``: where it is written, how it is logged, its sweep
+    trial) and without those a resume may change (``RESUME_MAY_CHANGE``: how long it runs, how often it evaluates
+    and saves, its threads, health rules and stages). So a run and its shorter or longer sibling (another
+    `trainer.iterations`) share a key: they are one seed, never two. Computed for every run alike (killed runs
+    have no summary.json and its config_hash)."""
     if not config:
         return None
-    free = records.HASH_EXCLUDE
+    free = (*records.HASH_EXCLUDE, *records.RESUME_MAY_CHANGE)
     kept = sorted((k, repr(v)) for k, v in config.items() if not any(k == x or k.startswith(x + ".") for x in free))
     return hashlib.sha256(json.dumps(kept).encode()).hexdigest()[:12]
 

@@ -95,15 +95,14 @@ def test_missing_summary_on_finished_run_is_recomputed(tmp_path, synth):
     assert r["experiment"] == "ema_pg_tiny" and r["seed"] == 0 and pd.isna(r["sweep_name"])
 
 
-def test_relogged_iterations_keep_the_last_line(tmp_path, synth):
-    """A resumed run re-logs iterations after its checkpoint: the later lines win."""
+def test_relogged_iterations_on_disk_are_refused(tmp_path, synth):
+    """A resume rewinds metrics.jsonl before it logs again, so a record that re-logs iterations was written by two
+    processes: refused, naming the line (W&B's history keeps the last line: test_report_integrity)."""
     rows = [{"iteration": i, "time_s": float(i), "train/reward": float(i)} for i in range(4)]
     rows += [{"iteration": i, "time_s": 10.0 + i, "train/reward": 10.0 + i} for i in (2, 3, 4)]
     synth.write_run(tmp_path, "r", synth.config("math_tiny", 0, 0.9), rows, summary=False)
-    runs, metrics = load.load_runs(tmp_path)
-    assert metrics["iteration"].tolist() == [0, 1, 2, 3, 4]
-    assert metrics["train/reward"].tolist() == [0.0, 1.0, 12.0, 13.0, 14.0]
-    assert runs.iloc[0]["n_relogged"] == 2
+    with pytest.raises(ValueError, match=r"metrics.jsonl:5: iteration 2 repeats an iteration already logged"):
+        load.load_runs(tmp_path)
 
 
 def test_corrupt_middle_line_is_an_error(tmp_path, synth):
