@@ -19,6 +19,11 @@ What `report` writes (per task; whatever the logged metrics support, the rest is
     <task>_beta_tau_map.{png,pdf}        β × τ heatmaps (when both vary, τ = 1 among them): figures/beta_tau_map
     index.md, index.html, provenance.json  the front page: per task its tables inline and its figures,
                                          the provenance once per section (collapsed); then all runs
+    emapg_output.json                    which command wrote the directory (analysis.outdir.MARKER)
+
+`out_dir` must be new, empty, or a previous output of the same command, which is replaced whole (analysis.outdir;
+a run record, a sweep, the other command's output or any other non-empty directory is refused, exit 2). A
+(configuration, seed) counts once (`one_per_config`): the runs that repeat one are named on the front page.
 
 Numbers use finished runs only unless `include_incomplete`; the excluded runs are listed. Runs stopped by a
 health rule (status stopped_unhealthy) are never in a number, with or without `include_incomplete`: they get
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +44,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from analysis import audit_schema, load, tables
+from analysis import audit_schema, load, outdir, tables
 from analysis.figures import (
     ablation,
     anchor_horizon,
@@ -53,9 +59,11 @@ from analysis.figures import (
     training_dynamics,
 )
 from analysis.index import Output, run_provenance, write_index
+from experiments import records as run_records
 from experiments.tasks import reporting
 
 Built = tuple[list[Output], list[str]]  # (outputs written, notes on what was skipped and why)
+REPORT, FIGURES = "emapg report", "emapg figures"  # what analysis.outdir.MARKER says wrote a directory
 REPS = 2000
 """Bootstrap resamples behind every CI of a report (`report`, `report_frames`, `emapg report --reps`)."""
 ABLATION_KNOBS = ("anchor_tau", "anchor_period", "kl_k", "kl_type", "kl_tail", "kl_coef")
@@ -74,7 +82,9 @@ FIGURE_RENDERERS = (
 def report(
     runs_dir: str | Path, out_dir: str | Path, *, reps: int = REPS, seed: int = 0, include_incomplete: bool = False
 ) -> list[Path]:
-    """Load every run record below `runs_dir` and write the report into `out_dir`."""
+    """Load every run record below `runs_dir` and write the report into `out_dir` (analysis.outdir: a new or empty
+    directory, or a previous report, which is replaced whole; anything else is refused before any work)."""
+    outdir.check(out_dir, REPORT)
     runs, metrics = load.load_runs(runs_dir)
     if runs.empty:
         raise ValueError(f"no run records (config.yaml + status) found below {runs_dir}")
@@ -103,9 +113,35 @@ def report_frames(
     seed: int = 0,
     include_incomplete: bool = False,
 ) -> list[Path]:
-    """The report from already loaded frames (analysis.load.load_runs or load_wandb)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """The report from already loaded frames (analysis.load.load_runs or load_wandb), into `out_dir` as `report`
+    writes it."""
+    with outdir.replacing(out_dir, REPORT, {"source": source or "frames"}) as build:
+        paths = _report_into(
+            build,
+            runs,
+            metrics,
+            evals,
+            source,
+            sweep_metric,
+            reps=reps,
+            seed=seed,
+            include_incomplete=include_incomplete,
+        )
+    return outdir.moved(paths, build, out_dir)
+
+
+def _report_into(
+    out: Path,
+    runs: pd.DataFrame,
+    metrics: pd.DataFrame,
+    evals: pd.DataFrame | None,
+    source: str,
+    sweep_metric: str | None,
+    *,
+    reps: int,
+    seed: int,
+    include_incomplete: bool,
+) -> list[Path]:
     outputs: list[Output] = []
     skipped: list[str] = []
     rt = tables.runs_table(runs)
@@ -117,8 +153,8 @@ def report_frames(
     skipped += _left_out_notes(runs[~unhealthy], keep)
     keep, repeats = one_per_config(keep)
     skipped += repeats
-    for note in repeats:  # also in the index's notes
-        print(note, flush=True)
+    for note in repeats:  # also on the front page and in its notes
+        print(f"warning: {note}", file=sys.stderr, flush=True)
     for task in sorted(keep["task"].dropna().unique()):
         # columns logged only by other tasks are all-NaN here: drop them
         t_runs = keep[keep["task"] == task].dropna(axis=1, how="all")
@@ -130,8 +166,8 @@ def report_frames(
             skipped += s
     outputs += _unhealthy_output(runs[unhealthy], out)
     outputs.append(all_runs)
-    header = _report_header(runs, source, reps, seed, include_incomplete)
-    index = write_index(out, "emapg report", header, outputs, skipped)
+    header = _report_header(runs, source, reps, seed, include_incomplete) + _repeats_line(repeats)
+    index = write_index(out, REPORT, header, outputs, skipped)
     return [p for o in outputs for p in o.paths] + index
 
 
@@ -152,22 +188,67 @@ def _flag(runs: pd.DataFrame, col: str) -> pd.Series:
 
 
 def one_per_config(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """Each (config, seed) once: of runs with the same ``config_key`` (two sweeps into one directory, a point
-    run again after a driver was killed) the finished one with the most iterations is kept. Returns the kept
-    runs and one note per repeated config naming what was kept and what was not counted."""
+    """Each (configuration, seed) once. Runs with the same ``config_key`` (analysis.load: the config without where
+    and how it is logged and without what a resume may change, e.g. `trainer.iterations`) are one seed of one
+    configuration: two sweeps into one directory, a point run again after a driver was killed, a run and its
+    shorter or longer sibling, a stray `emapg train` in a sweep's directory. Of them the finished one with the
+    most iterations is kept (then the first run id). Returns the kept runs and one note per run left out, naming
+    its directory, the kept one's and the settings in which they differ."""
     if "config_key" not in runs or runs.empty:
         return runs, []
     order = runs.assign(_done=runs["complete"].astype(bool), _its=runs["iterations_done"].fillna(-1))
     order = order.sort_values(["_done", "_its", "run_id"], ascending=[False, False, True])
     keyed = order[order["config_key"].notna()]
     repeated = keyed[keyed.duplicated("config_key", keep="first")]
-    notes = [
-        f"runs {', '.join(group['run_id'])} train the same config and seed as {first}: counted once, as {first}"
-        for first, group in (
-            (keyed[keyed["config_key"] == key]["run_id"].iloc[0], g) for key, g in repeated.groupby("config_key")
+    kept = keyed.drop_duplicates("config_key", keep="first").set_index("config_key")
+    notes = []
+    for _, dup in repeated.iterrows():
+        first = kept.loc[dup["config_key"]]
+        diff = _differing(dup, first)
+        notes.append(
+            f"{_where(dup)} repeats the configuration and seed of {_where(first)} "
+            f"({'differing in ' + diff if diff else 'the same settings'}): not counted; {first['run_id']} is "
+            f"(of such runs, the finished one with the most iterations done is counted: "
+            f"{_fmt(dup['iterations_done'])} vs {_fmt(first['iterations_done'])})"
         )
-    ]
     return runs[~runs["run_id"].isin(repeated["run_id"])], notes
+
+
+def _where(run: pd.Series) -> str:
+    """A run's directory (its W&B path for W&B runs), else its id."""
+    loc = run.get("location")
+    return str(loc) if isinstance(loc, str) and loc else str(run["run_id"])
+
+
+def _differing(a: pd.Series, b: pd.Series) -> str:
+    """ "trainer.iterations: 6 vs 12; ..." for the config entries (cfg.* columns) two runs set differently, less
+    the run-local ones (experiments.records.HASH_EXCLUDE: where and how a run is logged)."""
+    out = []
+    for col in sorted(c for c in a.index if c.startswith("cfg.")):
+        key = col[4:]
+        if any(key == x or key.startswith(x + ".") for x in run_records.HASH_EXCLUDE):
+            continue
+        x, y = a.get(col), b.get(col)
+        if not (x == y or (_unset(x) and _unset(y))):
+            out.append(f"{key}: {_fmt(x)} vs {_fmt(y)}")
+    return "; ".join(out)
+
+
+def _unset(v: Any) -> bool:
+    """None, or the NaN a frame holds where a run's config lacks the key."""
+    return v is None or (isinstance(v, float) and v != v)
+
+
+def _repeats_line(repeats: list[str]) -> list[str]:
+    """The front page's warning when runs were left out as repeats of a (configuration, seed) counted once."""
+    if not repeats:
+        return []
+    return [
+        f"**Warning: {len(repeats)} run(s) repeat the configuration and seed of another run and are not counted** "
+        "(counting them would count one seed twice and narrow every CI): each is named under Skipped with the run "
+        "counted instead and the settings in which they differ; move the runs you do not mean out of the "
+        "directory reported on."
+    ]
 
 
 def _left_out_notes(runs: pd.DataFrame, keep: pd.DataFrame) -> list[str]:
@@ -432,10 +513,16 @@ def _task_beta_tau_map(
 
 
 def figures(records: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
-    """Render the no-training outputs from audit records (analysis.audit_schema) into `out_dir`."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Render the no-training outputs from audit records (analysis.audit_schema) into `out_dir` (analysis.outdir: a
+    new or empty directory, or a previous output of `figures`, which is replaced whole)."""
+    outdir.check(out_dir, FIGURES)
     frames = audit_schema.check_records(records)
+    with outdir.replacing(out_dir, FIGURES, {"source": "ema_pg_core.audit"}) as build:
+        paths = _figures_into(build, records, frames)
+    return outdir.moved(paths, build, out_dir)
+
+
+def _figures_into(out: Path, records: Mapping[str, Any], frames: Mapping[str, pd.DataFrame]) -> list[Path]:
     meta = dict(records.get("meta") or {})
     prov = {"computed by": "ema_pg_core.audit", **{k: v for k, v in meta.items()}}
     outputs, skipped = [], []
@@ -461,7 +548,7 @@ def figures(records: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
         )
     index = write_index(
         out,
-        "emapg figures (no training)",
+        f"{FIGURES} (no training)",
         ["Computed by ema_pg_core.audit (exact enumeration / Monte Carlo); rendered by analysis."],
         outputs,
         skipped,
@@ -495,18 +582,16 @@ def main_report(argv: Sequence[str] | None = None) -> int:
     if bool(a.runs_dir) == bool(a.wandb_project):
         p.error("give exactly one of RUNS_DIR or --wandb-project")
     kw = dict(reps=a.reps, seed=a.seed, include_incomplete=a.include_incomplete)
-    try:
-        if a.runs_dir:
-            paths = report(a.runs_dir, a.out, **kw)
-        else:
-            runs, metrics = load.load_wandb(a.wandb_project, a.wandb_entity, a.wandb_group, a.wandb_tag)
-            if runs.empty:
-                raise ValueError(
-                    f"no W&B runs matched project={a.wandb_project} group={a.wandb_group} tags={a.wandb_tag}"
-                )
-            paths = report_frames(runs, metrics, a.out, source=f"W&B {a.wandb_project}", **kw)
-    except (OSError, ValueError) as err:  # no records, corrupt record: a clear message
-        p.error(str(err))
+    # no records, a corrupt record, an --out that is not the report's: ValueError / OSError, one line and exit 2
+    # through the CLI's one error path (experiments.errors.handle)
+    if a.runs_dir:
+        paths = report(a.runs_dir, a.out, **kw)
+    else:
+        outdir.check(a.out, REPORT)
+        runs, metrics = load.load_wandb(a.wandb_project, a.wandb_entity, a.wandb_group, a.wandb_tag)
+        if runs.empty:
+            raise ValueError(f"no W&B runs matched project={a.wandb_project} group={a.wandb_group} tags={a.wandb_tag}")
+        paths = report_frames(runs, metrics, a.out, source=f"W&B {a.wandb_project}", **kw)
     print(f"wrote {len(paths)} files; open {Path(a.out) / 'index.html'}")
     return 0
 
@@ -517,6 +602,7 @@ def main_figures(argv: Sequence[str] | None, audit_fn: Callable[[], Mapping[str,
     p = argparse.ArgumentParser(prog="emapg figures", description="Figures that need no training.")
     p.add_argument("--out", required=True, help="output directory")
     a = p.parse_args(argv)
+    outdir.check(a.out, FIGURES)  # before the audit's work: a refused --out is one line, exit 2
     records = audit_fn() if callable(audit_fn) else audit_fn
     paths = figures(records, a.out)
     print(f"wrote {len(paths)} files; open {Path(a.out) / 'index.html'}")

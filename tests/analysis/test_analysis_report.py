@@ -47,8 +47,8 @@ def test_report_on_sweep(sweep_dir, tmp_path):
 
 
 def test_report_include_incomplete(sweep_dir, tmp_path):
-    report.report(sweep_dir, tmp_path, reps=50, include_incomplete=True)
-    main = (tmp_path / "math_tiny_main.md").read_text()
+    report.report(sweep_dir, tmp_path / "r", reps=50, include_incomplete=True)
+    main = (tmp_path / "r" / "math_tiny_main.md").read_text()
     assert "— ours, 5 seeds" in main  # 3 + failed + partial
 
 
@@ -148,12 +148,13 @@ def test_a_config_and_seed_run_twice_counts_once(sweep_dir, tmp_path, synth, cap
         cfg["sweep"]["trial_id"], cfg["run_dir"] = f"again{seed}", f"/elsewhere/{seed}"
         rows = synth.metric_rows("math_tiny", seed, 1.0)
         synth.write_run(sweep_dir / "runs", synth.rid("math_tiny", "grpo_tiny", seed, 50 + seed), cfg, rows)
-    report.report(sweep_dir, tmp_path, reps=50)
-    main = (tmp_path / "math_tiny_main.md").read_text()
+    report.report(sweep_dir, tmp_path / "r", reps=50)
+    main = (tmp_path / "r" / "math_tiny_main.md").read_text()
     assert "| GRPO (k3) — ours, 3 seeds |" in main and "4 seeds" not in main and "5 seeds" not in main
-    notes = [n for n in capsys.readouterr().out.splitlines() if "train the same config and seed" in n]
-    assert len(notes) == 2 and all(n.endswith(f"counted once, as {n.split(' as ')[-1]}") for n in notes)
-    assert sum("train the same config and seed" in line for line in (tmp_path / "index.md").read_text().splitlines())
+    notes = [n for n in capsys.readouterr().err.splitlines() if "repeats the configuration and seed of" in n]
+    assert len(notes) == 2 and all("(the same settings): not counted;" in n for n in notes), notes
+    index = (tmp_path / "r" / "index.md").read_text().splitlines()
+    assert sum("repeats the configuration and seed of" in line for line in index) == 2
 
 
 def test_the_report_shows_the_numerics_and_flags_a_comparison_that_mixes_them(sweep_dir, tmp_path):
