@@ -135,7 +135,12 @@ def _sweep(argv: list[str]) -> int:
 def _report(argv: list[str]) -> int:
     from analysis.report import main_report  # loads pandas, matplotlib: keeps `emapg --help` fast
 
-    return main_report(argv) or 0
+    if not any(a.startswith("--wandb-p") for a in argv):  # --wandb-project, as argparse reads it abbreviated too
+        return main_report(argv) or 0
+    from experiments.wandb_logger import reaching  # W&B's errors in one line: no key (exit 2), unreachable (1)
+
+    with reaching("emapg report --wandb-project", instead="report from a directory of run records"):
+        return main_report(argv) or 0
 
 
 def _dashboard(argv: list[str]) -> int:

@@ -14,6 +14,10 @@
   last one logged. The steps between the checkpoint and the crash therefore keep the values of
   the crashed attempt in W&B; the run record (rewound and rewritten) is the source of truth.
 - A failing W&B call never kills training: it warns once and the logger turns itself off.
+- Starting W&B online ends in one line, within a bounded wait (`settings`: W&B's own init and login timeouts),
+  when it cannot start (`reaching`): no API key, or one the server refuses, is the user's to fix (UserError, exit
+  2); a server that does not answer is a run that failed (RunFailed, exit 1). `emapg report --wandb-project` goes
+  through `reaching` too (experiments.cli).
 - No API key is read or written here; `wandb login` / WANDB_API_KEY are W&B's business.
 """
 
@@ -24,13 +28,15 @@ import os
 import secrets
 import string
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
 
+from experiments.errors import RunFailed, UserError
 from experiments.records import WANDB_STATE, atomic_write, read_wandb_state
 
 MODES = ("online", "offline", "disabled")
@@ -45,6 +51,70 @@ def resolve_mode(configured: str | None) -> str:
         source = "the WANDB_MODE environment variable" if env else "logger.mode"
         raise ValueError(f"W&B mode {mode!r} from {source} is not allowed; allowed values: {', '.join(MODES)}")
     return mode
+
+
+INIT_TIMEOUT_S = 30.0
+"""How long wandb.init waits for the W&B server online (W&B's own default: 90 s), unless WANDB_INIT_TIMEOUT sets it."""
+LOGIN_TIMEOUT_S = 60.0
+"""How long W&B's own login prompt (no API key found, a terminal to ask at) waits, unless WANDB_LOGIN_TIMEOUT sets
+it (W&B's default: for ever)."""
+
+
+def settings():
+    """wandb.Settings bounding W&B's waits to INIT_TIMEOUT_S and LOGIN_TIMEOUT_S, each where the environment does
+    not set it (W&B reads WANDB_INIT_TIMEOUT, WANDB_LOGIN_TIMEOUT itself; a setting given here would win)."""
+    import wandb
+
+    bounds = {"init_timeout": INIT_TIMEOUT_S, "login_timeout": LOGIN_TIMEOUT_S}
+    return wandb.Settings(**{k: v for k, v in bounds.items() if not os.environ.get(f"WANDB_{k.upper()}")})
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _key_refused(err: BaseException) -> bool:
+    """Is W&B's AuthenticationError about the key itself (its format, or the server answering 401/403), not about
+    reaching the server to check it? W&B raises it for both; only a check that ran has a cause."""
+    cause = err.__cause__
+    if cause is None:
+        return True
+    status = getattr(getattr(cause, "response", None), "http_status", None)
+    return status in (401, 403)
+
+
+OFFLINE = "log offline (logger.mode=offline) and `wandb sync` the run later"
+"""What to do instead of waiting for W&B, in `reaching`'s line for a run."""
+
+
+@contextmanager
+def reaching(what: str, instead: str = OFFLINE) -> Iterator[None]:
+    """W&B's errors inside, as one line naming `what` (the setting or flag that wants W&B online) and what to do
+    `instead`: no API key, a key the server refuses or a W&B setting it rejects -> UserError (exit 2); the server
+    unreachable or too slow (W&B's CommError, its init timeout) -> RunFailed (exit 1). W&B is torn down first, so
+    its own closing lines come before that one. No key is read or written here: W&B's login does."""
+    import wandb
+
+    try:
+        yield
+    except (wandb.errors.Error, TimeoutError) as err:
+        try:
+            wandb.teardown()  # prints W&B's "Find logs at" now, not after the line below at exit
+        except Exception:  # noqa: BLE001  a W&B that failed to start may fail to stop too: the error below stands
+            pass
+        detail = _one_line(err)
+        if isinstance(err, wandb.errors.UsageError):  # no key and no terminal to ask at, or a setting W&B refuses
+            raise UserError(
+                f"{what}: W&B cannot start ({detail}); `wandb login` (or W&B's WANDB_API_KEY) gives it a key; "
+                f"or {instead}"
+            ) from None
+        if isinstance(err, wandb.errors.AuthenticationError) and _key_refused(err):
+            raise UserError(
+                f"{what}: W&B refused the API key ({detail}); `wandb login --relogin` gives it another; or {instead}"
+            ) from None
+        raise RunFailed(  # CommError: the server unreachable, or not within init_timeout
+            f"{what}: the W&B server did not answer ({detail}); check the network and WANDB_BASE_URL, or {instead}"
+        ) from None
 
 
 def new_run_id() -> str:
@@ -91,18 +161,27 @@ class WandbLogger:
         self._save()  # before init: a crash inside init still resumes the same W&B run
         if config is not None and not isinstance(config, dict):
             config = OmegaConf.to_container(config, resolve=True)
-        self._run = wandb.init(
-            project=project,
-            group=group,
-            tags=list(tags or ()),
-            config=config,
-            name=name or self.run_dir.name,
-            id=self.wandb_run_id,
-            dir=str(self.run_dir),
-            mode=self.mode,
-            resume="allow",
-            reinit="create_new",
-        )
+        what = "WANDB_MODE=online" if os.environ.get("WANDB_MODE") else "logger.mode=online"
+        with reaching(what if self.mode == "online" else f"W&B mode {self.mode}"):
+            self._run = wandb.init(
+                project=project,
+                group=group,
+                tags=list(tags or ()),
+                config=config,
+                name=name or self.run_dir.name,
+                id=self.wandb_run_id,
+                dir=str(self.run_dir),
+                mode=self.mode,
+                resume="allow",
+                reinit="create_new",
+                settings=settings(),
+            )
+        if self.mode == "online" and self._run.disabled:  # W&B's login prompt timed out: it gave up on the run
+            self._close(exit_code=1)
+            raise UserError(
+                f"{what}: W&B found no API key and its login prompt timed out; run `wandb login`, or log offline "
+                "(logger.mode=offline) and `wandb sync` the run later"
+            )
         if self._run.resumed and self._run.step > 0:  # online: the server knows the next step
             self.last_step = max(self.last_step if self.last_step is not None else -1, self._run.step - 1)
 
