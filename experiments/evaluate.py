@@ -252,9 +252,15 @@ def score_rows(module, exs: list, greedy: list[str], sampled: list[str], st: dic
 
 
 def pick_engine(engine: str, module) -> str:
-    """auto -> vllm when it is installed and a GPU is present (single-turn tasks), else hf."""
+    """auto -> vllm when it is installed and a GPU is present (single-turn tasks), else hf; vllm where it is not
+    installed is refused (UserError), before any work."""
     if engine == "vllm" and getattr(module, "STOP_STRINGS", ()):
         raise UserError(f"--engine vllm evaluates single-turn tasks; {module.NAME} uses tools: --engine hf")
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise UserError(
+            "--engine vllm: vLLM is not installed here; install verl's vLLM stack (cluster/gpu-install.sh, "
+            "docs/scaling-out.md), or evaluate with --engine hf"
+        )
     if engine != "auto":
         return engine
     if getattr(module, "STOP_STRINGS", ()) or importlib.util.find_spec("vllm") is None:
