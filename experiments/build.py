@@ -21,7 +21,7 @@ from ema_pg_core.local.trainer import LocalConfig
 from experiments import progress, tasks, user_yaml
 from experiments.backends.verl import to_verl
 from experiments.errors import UserError, _is_hydra, hydra_message, shown
-from experiments.retrieval.service import HTTPRetriever
+from experiments.retrieval.service import HTTPRetriever, check_answers
 from experiments.schema import RunConfig, register
 from experiments.tasks import TaskAdapter, ToolEnvAdapter, get_task
 from experiments.tasks import conf_dirs as task_conf_dirs
@@ -258,8 +258,6 @@ def check_retriever(cfg: DictConfig) -> None:
     if not url or not get_task(cfg.task.name).STOP_STRINGS:
         return
     import httpx
-
-    from experiments.retrieval.service import check_answers  # loads pydantic
 
     try:
         check_answers(str(url), timeout=RETRIEVER_TIMEOUT_S)  # with this process's token: a 401 is not an answer

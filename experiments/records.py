@@ -467,13 +467,14 @@ class RunRecord:
         _writable(run_dir)
         held = held or owner.acquire(run_dir, "run", RUN_BUSY)  # one writer per record, before any read or write
         try:
-            return cls._open(run_dir, held, resolved(cfg), resume, force, checkpoint, skipped, stage, trained)
+            how = dict(resume=resume, force=force, checkpoint=checkpoint, skipped=skipped, stage=stage, trained=trained)
+            return cls._open(run_dir, held, resolved(cfg), **how)
         except BaseException:
             held.release()
             raise
 
     @classmethod
-    def _open(cls, run_dir, held, config, resume, force, checkpoint, skipped, stage, trained) -> RunRecord:
+    def _open(cls, run_dir, held, config, *, resume, force, checkpoint, skipped, stage, trained) -> RunRecord:
         changes = config_changes(trained if trained is not None else run_dir / CONFIG, config) if resume else {}
         stage_keys = ("stage", *(stage or {}).get("may_change", ()))
         refused = {k: v for k, v in changes.items() if not (_may_change(k) or (stage and _under(k, stage_keys)))}

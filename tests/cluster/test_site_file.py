@@ -92,18 +92,18 @@ def test_env_values_are_quoted_and_variables_in_them_expand(tmp_path):
     run = subprocess.run(
         ["bash", "-c", "\n".join(["set -eu", "job=7", *exports, *lines, show])],
         cwd=tmp_path,
-        env={"HOME": "/home/u", "PATH": "/usr/bin:/bin"},
+        env={"HOME": "/users/u", "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == [
         "a b; touch pwned `touch pwned2` $(touch pwned3) 'q' \"dq\" \\ $ 5$",
-        "/home/u/.cache/hf",
-        "/home/ux",
+        "/users/u/.cache/hf",
+        "/users/ux",
         "4",
         "/tmp/my dir/ray-7",
-        "/home/u/tok en/.ray-auth-7",
+        "/users/u/tok en/.ray-auth-7",
     ]
     assert not list(tmp_path.glob("pwned*"))
 

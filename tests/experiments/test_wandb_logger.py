@@ -85,7 +85,8 @@ def test_offline_run_files_and_resume_continue_the_same_run(tmp_path, wandb_env)
     assert logger.wandb_run_id in first[0].name
     assert json.loads((run_dir / "wandb_run.json").read_text())["last_step"] == 3
 
-    # the process dies; the checkpoint was at iteration 1; resume
+    # the process dies (the kernel lets go of run_dir); the checkpoint was at iteration 1; resume
+    rec.release()
     rec = RunRecord.create(
         run_dir, {"experiment": "math_tiny_ema_pg", "seed": 1, "task": {"name": "math_tiny"}}, resume=True
     )
