@@ -40,7 +40,7 @@ import yaml
 
 from experiments import records
 from experiments.errors import UserError
-from experiments.wandb_logger import new_run_id, resolve_mode
+from experiments.wandb_logger import new_run_id, reaching, resolve_mode, settings
 
 SPEC_FILE = "wandb_dashboard.json"
 """The dashboard spec in the sweep directory (written offline; read by --publish)."""
@@ -494,11 +494,12 @@ def log_summary_run(sweep_dir: str | Path, info: SweepInfo) -> str | None:
     state = {"id": run_id, "last_step": None, "project": lg["project"], "mode": mode}
     records.atomic_write(where / records.WANDB_STATE, json.dumps(state) + "\n")
     cols, rows = trials_table(sweep_dir, info)
-    run = wandb.init(
-        project=lg["project"], group=info.name, job_type=SUMMARY_JOB, name=f"{info.name}__summary", id=run_id,
-        resume="allow", dir=str(where), mode=mode, config={"sweep": info.raw}, tags=[f"sweep:{info.name}"],
-        reinit="create_new",
-    )  # fmt: skip
+    with reaching("the sweep's W&B summary run (logger.mode=online)", "set WANDB_MODE=offline"):
+        run = wandb.init(
+            project=lg["project"], group=info.name, job_type=SUMMARY_JOB, name=f"{info.name}__summary", id=run_id,
+            resume="allow", dir=str(where), mode=mode, config={"sweep": info.raw}, tags=[f"sweep:{info.name}"],
+            reinit="create_new", settings=settings(),
+        )  # fmt: skip
     try:
         figures = {figure_key(p): wandb.Image(str(p)) for p in figure_files(sweep_dir)}
         run.log({"trials": wandb.Table(columns=cols, data=rows), **figures})

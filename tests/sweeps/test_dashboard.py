@@ -301,3 +301,28 @@ def test_logger_none_means_no_wandb_at_all(sweep_dir, tmp_path):
     D.after_sweep(copy, cli.load_sweep_info(copy / "sweep.yaml"), say=said.append)
     assert said == [] and not (copy / D.SPEC_FILE).exists() and not (copy / D.SUMMARY_DIR).exists()
     assert D.log_summary_run(copy, cli.load_sweep_info(copy / "sweep.yaml")) is None
+
+
+def test_an_online_summary_run_without_a_key_is_one_line(sweep_dir, tmp_path, monkeypatch):
+    """W&B online with no API key to find: the sweep-summary run ends in one line (exit 2 in the CLI), not W&B's
+    traceback after its login wait. No network: W&B points at a closed local port."""
+    import shutil
+
+    import wandb
+
+    from experiments.errors import UserError
+
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("WANDB_MODE", "online")
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep_dir, copy)
+    wandb.teardown()
+    try:
+        with pytest.raises(UserError, match=r"^the sweep's W&B summary run \(logger.mode=online\): W&B cannot start"):
+            D.log_summary_run(copy, cli.load_sweep_info(copy / "sweep.yaml"))
+    finally:
+        wandb.teardown()
