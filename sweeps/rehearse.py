@@ -58,8 +58,8 @@ STEPS = 4
 """Training steps per trial: the anchor updates after steps 2 and 4 (period 2), checkpoints 3 and 4 are kept."""
 STALL_S = 1800.0
 """A phase (the sweep to a kill point, or the resumed sweep to its end) fails once no trial has started, attempted
-again, logged a step or written a checkpoint for this long (``_wait``): longer than a trial's own limit without a
-step (``experiments.rehearse.STEP_TIMEOUT_S``), after which Tune retries the trial (a new attempt: progress)."""
+again, logged a step, written a checkpoint or printed (its verl job's log) for this long (``_wait``): longer than a
+trial's own limit without a step (``experiments.rehearse.STEP_TIMEOUT_S``), after which Tune retries the trial."""
 NODE_START_S = 600.0
 """A node of the rehearsal cluster has this long to register with the GCS (a few seconds on an idle machine; Ray's
 own ``Cluster.add_node`` waits 30 s), and the GCS to write its port (Ray: 30 s; RAY_gcs_server_port_wait_time_s)."""
@@ -71,7 +71,8 @@ LOGS = "logs"
 same spec and layout replaces it): ``rehearse.log`` (all this command printed, every check's line among it),
 ``sweep.log`` (the `emapg sweep` driver, both invocations), ``ray/`` (the Ray session's logs of the head and every
 worker node: GCS, raylets, and each Ray worker's stdout/stderr, every trial's and its verl actors' output among
-them), ``trials.txt`` (which of those files hold each trial's output), ``retriever.log`` (a search sweep's
+them), ``trials.txt`` (per trial: its verl job's own log, ``sweep/runs/<run>/verl_driver.log``, and which of the
+Ray files hold its output), ``retriever.log`` (a search sweep's
 retriever) and, after a failure, ``failure.txt`` (the failing checks' lines, or the error and its traceback)."""
 SKIP = ("run_dir", "backend.verl.checkpoint_dir")
 """Rehearsal overrides a sweep trial sets itself (its run directory; verl's checkpoints inside it)."""
@@ -221,16 +222,26 @@ def _wait(
         if now != seen:
             seen, since = now, time.time()
         elif time.time() - since > stall_s:
-            at = "; ".join(f"{n}: attempt {a}, step {s}, checkpoint {c}" for n, a, s, c in now) or "no trial started"
-            raise RuntimeError(f"{what}: no trial started, retried, stepped or checkpointed for {stall_s:.0f} s ({at})")
+            at = "; ".join(f"{n}: attempt {a}, step {s}, checkpoint {c}" for n, a, s, c, _ in now) or "no trial started"
+            raise RuntimeError(
+                f"{what}: no trial started, retried, stepped, checkpointed or printed for {stall_s:.0f} s ({at})"
+            )
         time.sleep(1.0)
 
 
+DRIVER_LOG = "verl_driver.log"
+"""A trial's verl job's output, in its run directory (``ema_pg_core.verl.main.DRIVER_LOG``, which loads verl)."""
+
+
 def _moves(sweep_dir: Path) -> tuple:
-    """The sweep's progress: per trial run, its attempts, last step logged and last checkpoint."""
+    """The sweep's progress: per trial run, its attempts, last step logged, last checkpoint and how much its verl job
+    has printed (verl starting up, which on busy cores takes minutes before the first step)."""
     from experiments.rehearse import latest_checkpoint, logged_step  # loads numpy
 
-    return tuple((r.name, _attempts(r), logged_step(r), latest_checkpoint(r)) for r in _runs(sweep_dir))
+    def printed(r: Path) -> int:
+        return (r / DRIVER_LOG).stat().st_size if (r / DRIVER_LOG).is_file() else 0
+
+    return tuple((r.name, _attempts(r), logged_step(r), latest_checkpoint(r), printed(r)) for r in _runs(sweep_dir))
 
 
 def _progress(run_dir: Path) -> int:
@@ -533,8 +544,9 @@ WORKER_LOG = re.compile(r"^worker-[0-9a-f]+-(?P<job>[0-9a-f]+)-\d+\.(out|err)$")
 
 
 def _trial_logs(sweep_dir: Path, ray_logs: Path) -> str:
-    """Per trial run: the Ray worker logs that name its run directory, and every worker log of a Ray job whose logs
-    name that run only (the verl job the trial starts: its task runner, workers, rollout and reward servers)."""
+    """Per trial run: its verl job's driver log (in its run directory), the Ray worker logs that name its run
+    directory, and every worker log of a Ray job whose logs name that run only (the verl job the trial starts: its
+    task runner, workers, rollout and reward servers)."""
     files = sorted(p for p in ray_logs.glob("worker-*") if WORKER_LOG.match(p.name))
     runs = [r.name for r in _runs(sweep_dir)]
     named = {p: {r for r in runs if r in p.read_text(errors="replace")} for p in files}
@@ -543,8 +555,9 @@ def _trial_logs(sweep_dir: Path, ray_logs: Path) -> str:
         jobs.setdefault(WORKER_LOG.match(p.name)["job"], set()).update(rs)
     lines = []
     for r in runs:
-        mine = [p.name for p in files if r in named[p] or jobs[WORKER_LOG.match(p.name)["job"]] == {r}]
-        lines.append(f"{r}: " + (" ".join(mine) if mine else "no Ray worker log names it"))
+        mine = [f"ray/{p.name}" for p in files if r in named[p] or jobs[WORKER_LOG.match(p.name)["job"]] == {r}]
+        driver = sweep_dir / "runs" / r / DRIVER_LOG
+        lines.append(f"{r}: " + " ".join([str(driver.resolve())] * driver.is_file() + (mine or ["(no Ray log)"])))
     return "\n".join(lines or ["no trial started"]) + "\n"
 
 

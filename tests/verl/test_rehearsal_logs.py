@@ -3,7 +3,7 @@ nodes', the sweep driver's, the trials', the failing check's own output), withou
 
 The first test starts the real two-node cluster and the real `emapg sweep` driver on a spec it refuses (a
 ``rehearsal_spec`` that gets past the rehearsal's validation), about 30 s; the second fakes the cluster and the
-sweep and makes one check fail.
+sweep and makes one check fail; the third checks the index of each trial's log files.
 """
 
 import re
@@ -97,3 +97,27 @@ def test_a_failing_check_is_named_with_its_output(rehearse_env, monkeypatch, tmp
     assert "[FAIL] attempts: 2 attempt(s) trained [[1], [3]]" in failure and "steps recorded" not in failure
     every = (logs / "rehearse.log").read_text()  # all it printed, every check among it
     assert "[ok] steps recorded: fine" in every and "[FAIL] attempts" in every
+
+
+def test_trials_txt_names_each_trials_files(tmp_path):
+    from sweeps.rehearse import _trial_logs
+
+    sweep, ray = tmp_path / "sweep", tmp_path / "logs" / "ray"
+    for run in ("run_a__00000", "run_b__00001"):
+        (sweep / "runs" / run).mkdir(parents=True)
+    (sweep / "runs" / "run_a__00000" / "verl_driver.log").write_text("verl starts\n")
+    ray.mkdir(parents=True)
+    files = {
+        "worker-aa-01000000-1.out": ":actor_name:ImplicitFunc\nrun_a__00000\n",  # Tune's job: a trial actor
+        "worker-bb-01000000-2.out": ":actor_name:ImplicitFunc\nrun_b__00001\n",
+        "worker-cc-02000000-3.out": ":actor_name:EmaPGTaskRunner\n.../runs/run_a__00000/checkpoints\n",  # a's verl job
+        "worker-dd-02000000-4.err": "a rank's stderr, naming no run\n",
+        "raylet.out": "run_a__00000 run_b__00001\n",
+    }
+    for name, text in files.items():
+        (ray / name).write_text(text)
+    lines = dict(line.split(": ", 1) for line in _trial_logs(sweep, ray).splitlines())
+    a, b = lines["run_a__00000"].split(), lines["run_b__00001"].split()
+    assert a[0] == str((sweep / "runs" / "run_a__00000" / "verl_driver.log").resolve())
+    assert a[1:] == ["ray/worker-aa-01000000-1.out", "ray/worker-cc-02000000-3.out", "ray/worker-dd-02000000-4.err"]
+    assert b == ["ray/worker-bb-01000000-2.out"]
