@@ -28,9 +28,9 @@ holds every log of the rehearsal (``<name>.attempt1.log`` and ``<name>.attempt2.
 its Ray workers' output; ``<name>.failure.txt``: the failing checks' lines). The logs are kept after a pass too.
 
 No wait has a fixed wall-clock limit that a loaded machine could miss while the run still progresses: an attempt
-is stopped only after ``ATTEMPT_STALL_S`` without a new step or checkpoint, a step only after ``STEP_TIMEOUT_S``
-without one (verl's own watch, ``backend.verl.step_timeout_s``), the retriever only when it exits or stays silent
-for ``RETRIEVER_START_S``.
+is stopped only after ``ATTEMPT_STALL_S`` without a new step, checkpoint or line of output, a step only after
+``STEP_TIMEOUT_S`` without one (verl's own watch, ``backend.verl.step_timeout_s``), the retriever only when it exits
+or stays silent for ``RETRIEVER_START_S``.
 
 What a rehearsal proves and what it cannot: docs/scaling-out.md.
 """
@@ -211,8 +211,8 @@ def _quote(s: str) -> str:
 # Running: attempt 1 (killed after step KILL_AFTER's checkpoint), attempt 2 (resume to the end)
 # --------------------------------------------------------------------------------------
 ATTEMPT_STALL_S = 1800.0
-"""An attempt that logs no new step and writes no new checkpoint for this long is stopped and the rehearsal fails
-(longer than ``STEP_TIMEOUT_S``, after which the run stops itself with its cause in its log)."""
+"""An attempt that logs no new step, writes no new checkpoint and prints nothing for this long is stopped and the
+rehearsal fails (longer than ``STEP_TIMEOUT_S``, after which the run stops itself with its cause in its log)."""
 
 
 @dataclass
@@ -264,8 +264,8 @@ def run_attempt(
 ) -> Attempt:
     """``emapg train <overrides>`` in its own process group, its stdout and stderr to `log`; with `kill_after`,
     SIGKILL the whole group (driver, Ray, workers) once the checkpoint of that step is complete and its metrics are
-    logged (verl writes them after the checkpoint). Stopped (``timed_out``) after `timeout_s` with no new step logged
-    and no new checkpoint: progress, not a wall clock, decides, so a loaded machine only makes it slower."""
+    logged (verl writes them after the checkpoint). Stopped (``timed_out``) after `timeout_s` with no new step logged,
+    no new checkpoint and no output: progress, not a wall clock, decides, so a loaded machine only makes it slower."""
     inherited = ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")  # its own Ray; trainer.device decides
     env = {k: v for k, v in os.environ.items() if k not in inherited}
     env.update(
@@ -288,8 +288,8 @@ def run_attempt(
                 if kill_after is not None and min(now) >= kill_after:
                     killed = now[0]
                     break
-                if now != seen:
-                    seen, since = now, time.time()
+                if (now, log.stat().st_size) != seen:  # a new step or checkpoint, or output (verl starting up)
+                    seen, since = (now, log.stat().st_size), time.time()
                 elif time.time() - since > timeout_s:
                     timed_out = True
                     break
@@ -642,7 +642,7 @@ def rehearse_config(
 
 def _failure(a: Attempt) -> str:
     if a.timed_out:
-        why = f"no new step or checkpoint for {ATTEMPT_STALL_S:.0f} s (stopped after {a.seconds:.0f} s)"
+        why = f"stalled: no new step, checkpoint or output for too long (stopped after {a.seconds:.0f} s)"
     elif a.returncode == 0:
         why = "finished before reaching its kill point"
     else:
