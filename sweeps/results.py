@@ -15,14 +15,16 @@ sweep.csv, one row per trial:
                      eval/* and eval_anchor/*, and the sweep metric by the sweep's mode,
     health           a stopped_unhealthy trial's rule, iteration and why (its summary.json["health"])
     error            the last line of a failed trial's error
-status: finished | stopped (ended early by the scheduler or the time budget) | stopped_unhealthy (ended by a
-health rule, ema_pg_core.health: that trial only; `emapg report` lists it apart and never averages it) |
-failed | interrupted (SIGTERM/SIGINT: --resume continues it) | crashed (its process was killed: --resume continues it) |
-pending | paused (the sweep ended before the trial did).
+status: finished | stopped (ended early by the scheduler) | stopped_unhealthy (ended by a health rule,
+ema_pg_core.health: that trial only; `emapg report` lists it apart and never averages it) | failed |
+interrupted (SIGTERM/SIGINT: --resume continues it) | crashed (its process was killed: --resume continues it) |
+pending | paused (the sweep ended before the trial did) | not_run (the time budget, budget.time_budget_s, ran out
+before the trial started or before it ended: its `error` says which; --resume runs no more of it, and a trial Tune
+never created has no trial_id).
 
-timing.json: wall_s (summed over invocations), invocations, last_wall_s, trials, slots, train_s_sum,
-overhead_fraction, and "timeline": where the last invocation's slot time went (``timeline``: each phase of a
-trial, the slots' start-up, the idle tail, the fixed cost per trial, each trial's stamps).
+timing.json: wall_s (summed over invocations), invocations, last_wall_s, trials, statuses (trials per status),
+slots, train_s_sum, overhead_fraction, and "timeline": where the last invocation's slot time went (``timeline``:
+each phase of a trial, the slots' start-up, the idle tail, the fixed cost per trial, each trial's stamps).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import csv
 import json
 import os
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,10 @@ STATUS = {
     "PENDING": "pending",
     "PAUSED": "paused",
 }
+NOT_RUN = "not_run"
+"""sweep.csv's status of a trial the time budget stopped, or never started (``Trial.cut``)."""
+LABELS = {NOT_RUN: "not run"}
+"""How the closing line names a status (the status itself where not listed)."""
 
 
 @dataclass(frozen=True)
@@ -57,10 +64,15 @@ class Trial:
     seed: int | None = None  # None when `seed` is a key of the point
     iterations: int = 0  # the last training_iteration Tune saw
     error: str = ""  # the last line of a failed trial's error file
+    cut: str = ""  # why Tune may have ended it before it ended itself (its time budget ran out), or never created it
 
 
-def status(trial_state: str, run_state: str | None) -> str:
-    """sweep.csv's status from Tune's trial state and the run record's (read_state, None without one)."""
+def status(trial_state: str, run_state: str | None, cut: str = "") -> str:
+    """sweep.csv's status from Tune's trial state and the run record's (read_state, None without one). `cut`
+    (``Trial.cut``): Tune ended the trial without a scheduler's decision, which leaves it not run unless its record
+    says it ran to its end (its function returned first)."""
+    if cut and run_state not in ("finished", records.UNHEALTHY):
+        return NOT_RUN
     out = STATUS.get(trial_state, trial_state.lower())
     if run_state == records.UNHEALTHY:  # the trial function returned after its run's health stop
         return records.UNHEALTHY
@@ -72,8 +84,9 @@ def status(trial_state: str, run_state: str | None) -> str:
 
 
 def row(sweep_dir: str | Path, metric: str, mode: str, trial: Trial) -> dict[str, Any]:
-    """One line of sweep.csv, from the trial's run record (found by its trial id)."""
-    run_dir = records.find_trial_run(Path(sweep_dir) / "runs", trial.trial_id)
+    """One line of sweep.csv, from the trial's run record (found by its trial id; none for a trial Tune never
+    created, which has no id)."""
+    run_dir = records.find_trial_run(Path(sweep_dir) / "runs", trial.trial_id) if trial.trial_id else None
     rows, summary, run_state, error = _read(run_dir)
     rows.sort(key=lambda r: r["iteration"])
     final, best = records.final_values(rows), records.best_values(rows, metric, mode)
@@ -81,7 +94,7 @@ def row(sweep_dir: str | Path, metric: str, mode: str, trial: Trial) -> dict[str
     out = {
         "trial_id": trial.trial_id,
         "run_id": run_dir.name if run_dir else "",
-        "status": status(trial.state, run_state),
+        "status": (state := status(trial.state, run_state, trial.cut)),
         **trial.point,
         **({"seed": trial.seed} if trial.seed is not None else {}),
         "iterations": trial.iterations,
@@ -95,7 +108,7 @@ def row(sweep_dir: str | Path, metric: str, mode: str, trial: Trial) -> dict[str
     out.update({f"best/{k}": v for k, v in sorted(best.items())})
     if health := summary.get("health"):  # a stopped_unhealthy run: which rule, where, on what
         out["health"] = f"{health.get('rule')} at iteration {health.get('iteration')}: {health.get('message')}"
-    out["error"] = trial.error or error
+    out["error"] = trial.cut if state == NOT_RUN else trial.error or error
     return out
 
 
@@ -161,6 +174,7 @@ def write_timing(
         "invocations": int(before.get("invocations", 1 if before else 0)) + 1,
         "last_wall_s": round(wall, 2),
         "trials": len(rows),
+        "statuses": dict(sorted(Counter(r["status"] for r in rows).items())),
         "slots": slots,
         "train_s_sum": round(train, 2),
         "overhead_fraction": round(1 - train / (total * slots), 4) if total > 0 else None,
@@ -171,9 +185,11 @@ def write_timing(
     if progress:
         n = {
             s: sum(r["status"] == s for r in rows)
-            for s in ("finished", "stopped", "failed", "interrupted", "crashed", records.UNHEALTHY)
+            for s in ("finished", "stopped", "failed", "interrupted", "crashed", records.UNHEALTHY, NOT_RUN)
         }
-        others = "".join(f", {n[s]} {s}" for s in ("interrupted", "crashed", records.UNHEALTHY) if n[s])
+        others = "".join(
+            f", {n[s]} {LABELS.get(s, s)}" for s in ("interrupted", "crashed", records.UNHEALTHY, NOT_RUN) if n[s]
+        )
         overhead = f"{t['overhead_fraction']:.0%}" if t["overhead_fraction"] is not None else "n/a"
         print(
             f"{name}: {n['finished']} finished, {n['stopped']} stopped early, {n['failed']} failed{others} of "

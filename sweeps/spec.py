@@ -183,6 +183,18 @@ def load(path: str | Path, check_config: bool = True) -> Spec:
         raise SpecError(str(e)) from None
 
 
+def read_raw(path: str | Path) -> dict:
+    """A sweep YAML's mapping as written, not validated (a sweep directory's sweep.yaml: what --resume compares the
+    spec with); SpecError naming the file when it is missing, not YAML, cut short, or not a mapping."""
+    try:
+        data = read(path, "sweep spec", UniqueKeyLoader)
+    except (SpecError, UserError) as e:  # not text, not YAML, an alias, a duplicate key (the message names the file)
+        raise SpecError(str(e) if str(e).startswith(str(path)) else f"{path}: {e}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: is empty" if data is None else f"{path}: not a mapping (got {shown(data, 60)})")
+    return data
+
+
 def parse(data: Any, check_config: bool = True) -> Spec:
     """Validate a loaded YAML mapping into a Spec (and against the config tree unless told not to)."""
     try:

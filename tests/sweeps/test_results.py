@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments import records
 from sweeps import results
 from sweeps.results import Trial
 
@@ -107,8 +108,8 @@ def test_timing(tmp_path, capsys):
     rows = [{"status": "finished", "train_time_s": 30.0}, {"status": "crashed", "train_time_s": ""}]
     t = results.write_timing(tmp_path, "s", rows, wall=40.0, slots=4)
     assert t == {
-        "wall_s": 40.0, "invocations": 1, "last_wall_s": 40.0, "trials": 2, "slots": 2, "train_s_sum": 30.0,
-        "overhead_fraction": 0.625,
+        "wall_s": 40.0, "invocations": 1, "last_wall_s": 40.0, "trials": 2, "statuses": {"crashed": 1, "finished": 1},
+        "slots": 2, "train_s_sum": 30.0, "overhead_fraction": 0.625,
     }  # fmt: skip
     assert json.loads((tmp_path / "timing.json").read_text()) == t
     assert "s: 1 finished, 0 stopped early, 0 failed, 1 crashed of 2 trials in 40s (" in capsys.readouterr().out
@@ -186,3 +187,37 @@ def test_timing_json_holds_the_timeline(tmp_path, capsys):
     t = results.write_timing(tmp_path, "s", [{"status": "finished", "train_time_s": 30.0}], 40.0, 1, timeline=tl)
     assert json.loads((tmp_path / "timing.json").read_text())["timeline"] == t["timeline"] == tl
     assert "fixed cost 1.5s per trial, 0.5s in a started slot, idle tail 3s" in capsys.readouterr().out
+
+
+def test_a_trial_the_time_budget_ended_is_not_run_unless_its_record_says_it_finished(tmp_path, capsys):
+    """Tune ends every live trial when its time budget runs out, the same way as a trial whose function returned
+    (TERMINATED): sweeps.tune passes the budget's line as `cut`, and the run record tells the two apart. A trial Tune
+    never created has no id and no record. Before: each of these was `finished` (or missing), and the closing line
+    counted them so."""
+    why = "not run to its end: the time budget (budget.time_budget_s=60) ran out at iteration 2"
+    assert results.status("TERMINATED", "running", why) == results.NOT_RUN
+    assert results.status("TERMINATED", records.CRASHED, why) == results.NOT_RUN
+    assert results.status("TERMINATED", None, why) == results.NOT_RUN
+    assert results.status("TERMINATED", "finished", why) == "finished"  # its function returned first
+    assert results.status("TERMINATED", records.UNHEALTHY, why) == records.UNHEALTHY
+    assert results.status("TERMINATED", "running", "") == "stopped"  # a scheduler's stop: unchanged
+    run = tmp_path / "runs" / "math_tiny__grpo__s0__t_00000"
+    run.mkdir(parents=True)
+    (run / "status").write_text("interrupted\nstopped\n")
+    (run / "metrics.jsonl").write_text('{"iteration": 0, "eval/math_tiny/acc": 0.25}\n')
+    never = "not run: the time budget (budget.time_budget_s=60) ran out before it started"
+    got = results.write_csv(
+        tmp_path,
+        ACC,
+        "max",
+        [
+            results.Trial("t_00000", "TERMINATED", {"algo.anchor.tau": 1.0}, 0, iterations=2, cut=why),
+            results.Trial("", "TERMINATED", {"algo.anchor.tau": 0.9}, 0, cut=never),
+        ],
+    )
+    assert [(r["trial_id"], r["run_id"], r["status"], r["error"]) for r in got] == [
+        ("t_00000", run.name, "not_run", why),
+        ("", "", "not_run", never),
+    ]
+    results.write_timing(tmp_path, "s", got, wall=60.0, slots=1)
+    assert "s: 0 finished, 0 stopped early, 0 failed, 2 not run of 2 trials in 60s" in capsys.readouterr().out
