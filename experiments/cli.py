@@ -127,9 +127,15 @@ def _rehearse(argv: list[str]) -> int:
 
 
 def _sweep(argv: list[str]) -> int:
-    from sweeps.cli import main  # loads torch, pydantic: keeps `emapg --help` fast
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, raise_terminated) if main_thread else None  # the imports too: exit 143
+    try:
+        from sweeps.cli import main  # loads torch, pydantic: keeps `emapg --help` fast
 
-    return main(argv) or 0
+        return main(argv) or 0
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _report(argv: list[str]) -> int:

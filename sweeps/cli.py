@@ -10,10 +10,17 @@ An editor with the YAML language server validates and completes a sweep YAML aga
 first line is `# yaml-language-server: $schema=schema.json` (a path relative to the YAML, or a URL), as in
 the shipped sweeps/*.yaml.
 
-Without --address a local Ray is started on 127.0.0.1 with every core. On a multi-node cluster,
---out must be on storage every node can write (the trials write their run records there).
-Exit status: 0 when every trial finished (or was stopped early by the scheduler), 1 when a
-trial failed or the sweep did not finish, 2 for an invalid spec.
+Without --address a local Ray is started on 127.0.0.1 with every core; with it, something must answer at the
+address within seconds (else exit 2, naming it). On a multi-node cluster, --out must be on storage every node
+can write (the trials write their run records there). --out holds one sweep: a new sweep needs a new or empty
+directory (one holding another sweep, this sweep already, a run record or other files is refused, exit 2:
+continue this sweep with --resume, or pass another --out; nothing is ever deleted for you).
+
+Exit status (experiments/errors.py): 0 when every trial finished (or was stopped early by the scheduler);
+1 when a trial failed, stopped unhealthy, or was not run (the time budget, budget.time_budget_s, ran out:
+sweep.csv lists it as not_run), or the sweep did not finish; 2 for an invalid spec, --out or --address;
+143 / 130 when SIGTERM / SIGINT stopped the driver, at any point, with the command that resumes (a sweep
+stopped before any trial ran starts from the beginning on --resume).
 """
 
 from __future__ import annotations
@@ -21,14 +28,31 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from experiments.errors import bounded, is_path_error
+from experiments.errors import bounded, is_path_error, raise_terminated
 from sweeps.spec import load, schema, table
+
+SUCCESS = ("finished", "stopped")
+"""sweep.csv statuses of a sweep that exits 0; any other (failed, stopped_unhealthy, not_run, interrupted, ...) 1."""
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`emapg sweep`; SIGTERM unwinds it from here on as Ctrl-C does (experiments.errors.Terminated, exit 143:
+    `emapg sweep` sets the same handler before it imports this module, experiments.cli._sweep)."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, raise_terminated) if main_thread else None
+    try:
+        return _main(argv)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="emapg sweep",
         description="Run a sweep spec (sweeps/*.yaml) with Ray Tune.",
@@ -73,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with open(Path(sweep_dir) / "sweep.csv", newline="", encoding="utf-8") as f:
         statuses = [row["status"] for row in csv.DictReader(f)]
-    return 0 if all(s in ("finished", "stopped") for s in statuses) else 1
+    return 0 if all(s in SUCCESS for s in statuses) else 1
 
 
 def write_schema(path: str) -> int:

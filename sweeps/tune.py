@@ -13,7 +13,8 @@ into its run directory and continues with ``resume=true``: the iteration counter
 is retrained. sweep.csv and timing.json are written by sweeps.results from the run records.
 
 <sweep_dir>/
-    sweep.yaml       the spec (analysis.report reads its metric)
+    sweep.yaml       the spec (analysis.report reads its metric; --resume compares the spec with it), written
+                     whole (experiments.records.atomic_write) before anything else of the sweep
     runs/<run_id>/   one run record per trial; run_id = experiments.records.make_run_id(..., trial_id=tune trial id)
     tune/<name>/     Tune's experiment state, results and checkpoints (what --resume restores)
                      (adaptive seeds: tune/round_<r>/<name>/, one Tune experiment per round)
@@ -33,12 +34,15 @@ import logging
 import math
 import os
 import pickletools
+import select
 import shlex
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,10 +60,23 @@ from ema_pg_core.verl import resources as verl_resources
 from ema_pg_core.verl.resources import free_line
 from experiments import numerics, owner, records
 from experiments.backends.verl import placement_for
-from experiments.errors import StoppedUnhealthy, is_ray_auth_error, ray_auth_line
+from experiments.doctor import CONNECT_TIMEOUT_S, parse_address
+from experiments.errors import (
+    RunInterrupted,
+    StoppedUnhealthy,
+    Terminated,
+    UserError,
+    bounded,
+    exit_code_of_signal,
+    is_ray_auth_error,
+    raise_terminated,
+    ray_auth_line,
+    shown,
+)
 from sweeps import adaptive, results
 from sweeps.model import Spec, grid_points
-from sweeps.spec import Param
+from sweeps.spec import Param, SpecError, read_raw
+from sweeps.spec import trials as spec_trials
 
 SETTLE_S = 15.0
 """After an interrupted Tune run, how long the driver waits for stopped trials to close their run records."""
@@ -425,26 +442,62 @@ def _error_line(trial) -> str:
     return (lines[-1] if lines else "")[:300]
 
 
-def _init_ray(address: str | None, num_cpus: int | None) -> bool:
-    """Connect to `address`, or start a local Ray on 127.0.0.1 (no dashboard). True if we started it. A local Ray's
-    workers inherit this process's environment, the numerics pins with it (experiments.numerics); a cluster's get
-    them as the job's runtime_env."""
+def _init_ray(address: str | None, num_cpus: int | None, sweep_dir: Path | None = None) -> bool:
+    """Connect to `address` (after ``_check_address``: something answers there), or start a local Ray on 127.0.0.1
+    (no dashboard). True if we started it. A local Ray's workers inherit this process's environment, the numerics
+    pins with it (experiments.numerics); a cluster's get them as the job's runtime_env. A SIGTERM/SIGINT while
+    ray.init blocks ends the driver (``_signal_ends``); the driver's own handlers are back once it returned."""
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address:
+        _check_address(address)
+        print(f"connecting to the Ray cluster at --address {address}", flush=True)
         try:
-            ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": numerics.env()})
-        except Exception as e:
-            if not is_ray_auth_error(e):
+            with _ray_signals(f"while connecting to the Ray cluster at --address {address}", sweep_dir):
+                ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": numerics.env()})
+        except Exception as e:  # a refused token, no Ray there (ConnectionError), another Ray version (RuntimeError)
+            if is_ray_auth_error(e):
+                raise UserError(ray_auth_line(f"--address {address}", "driver")) from None
+            if not isinstance(e, (ConnectionError, RuntimeError)):
                 raise
-            raise ValueError(ray_auth_line(f"--address {address}", "driver")) from None
+            line = (str(e).strip() or type(e).__name__).splitlines()[0]
+            raise UserError(f"--address {address}: cannot join the Ray cluster there: {line}") from None
         return True
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # else Ray may pick a non-loopback interface
-    ray.init(
-        address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False
-    )
+    with _ray_signals("while starting a local Ray", sweep_dir):
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+        )
     return True
+
+
+def _check_address(address: str) -> None:
+    """A bounded check that something answers at `address` before the one ray.init (which retries an address where
+    nothing listens for minutes): experiments.doctor's (HOST:PORT, CONNECT_TIMEOUT_S). UserError naming --address.
+    "auto" is checked as the RAY_ADDRESS it reads, if set (else Ray's own lookup fails at once); ray://HOST:PORT (Ray
+    Client) as HOST:PORT."""
+    target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
+    if not target or target in ("auto", "local"):
+        return
+    try:
+        host, port = parse_address(target.split("://", 1)[-1])
+    except UserError:
+        raise UserError(
+            f"--address {address}: expected HOST:PORT (the Ray head's GCS address, e.g. 10.0.0.1:6379), "
+            "ray://HOST:PORT or auto"
+        ) from None
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise UserError(
+            f"--address {address}: nothing answers there ({e.strerror or e}); expected the Ray head's GCS address "
+            "(`ray status` on the head shows it)"
+        ) from None
 
 
 def _check_fits(spec: Spec) -> None:
@@ -521,42 +574,62 @@ def run_sweep(
     report: bool = True,
 ) -> Path:
     """Run (or with resume=True finish) the sweep; returns its directory. `num_cpus` sizes a local Ray
-    (default: all cores). Adaptive seeds (`spec.adaptive`) run in rounds: `run_adaptive`."""
+    (default: all cores). Adaptive seeds (`spec.adaptive`) run in rounds: `run_adaptive`.
+
+    The directory is checked before anything is written to it (``_check_out``: another sweep, a run record or
+    unrelated files there are refused). SIGTERM and SIGINT end the driver at any point with RunInterrupted (exit
+    143 / 130 through experiments.errors, with the command that resumes), ``_driver_signals``; a sweep stopped before
+    Tune saved any state starts afresh on --resume."""
     sweep_dir = Path(sweep_dir or Path("outputs") / "sweeps" / spec.name).resolve()
-    if resume and not sweep_dir.is_dir():
-        raise ValueError(f"--resume: {sweep_dir} holds no sweep to resume (the directory does not exist)")
-    with owner.held(sweep_dir, "sweep driver", DRIVER_BUSY) as killed:  # one driver per directory, before any write
-        killed_s = owner.killed_wall_s(killed) if resume and killed else None
-        how = dict(
-            resume=resume, address=address, num_cpus=num_cpus, progress=progress, report=report, killed_s=killed_s
-        )
-        if spec.adaptive is not None:
-            return run_adaptive(spec, sweep_dir, **how)
-        return _run_tune(spec, sweep_dir, **how)
+    _check_out(spec, sweep_dir, resume)  # before the owner lock writes into it
+    _PHASE[0] = BEFORE_TUNE
+    with _driver_signals():
+        try:
+            with owner.held(sweep_dir, "sweep driver", DRIVER_BUSY) as killed:  # one driver per directory
+                killed_s = owner.killed_wall_s(killed) if resume and killed else None
+                how = dict(
+                    resume=resume,
+                    address=address,
+                    num_cpus=num_cpus,
+                    progress=progress,
+                    report=report,
+                    killed_s=killed_s,
+                )
+                if spec.adaptive is not None:
+                    return run_adaptive(spec, sweep_dir, **how)
+                return _run_tune(spec, sweep_dir, **how)
+        except (Terminated, KeyboardInterrupt) as e:  # outside Tune's run: before it, or after it returned
+            raise _interrupted(sweep_dir, "SIGINT" if isinstance(e, KeyboardInterrupt) else "SIGTERM") from None
 
 
 def _run_tune(spec, sweep_dir, *, resume, address, num_cpus, progress, report, killed_s) -> Path:
     """run_sweep without adaptive seeds: one Tune experiment (the directory's lock held by the caller)."""
     exp_path = sweep_dir / "tune" / spec.name
-    _prepare(spec, sweep_dir, exp_path, resume)
-    started = _init_ray(address, num_cpus)
-    if started and not address:
-        _check_fits(spec)
-    _warm_start(spec)
-    _quiet_tune_env()
+    _prepare(spec, sweep_dir, resume)
+    restore = resume and _restorable(exp_path)
+    if resume and not restore:  # stopped before Tune saved anything: nothing ran, the spec is the same
+        _afresh(spec, exp_path)
+    started = _init_ray(address, num_cpus, sweep_dir)
     try:
-        tuner = _tuner(spec, sweep_dir, exp_path, resume, progress)
+        if started and not address:
+            _check_fits(spec)
+        _warm_start(spec)
+        _quiet_tune_env()
+        tuner = _tuner(spec, sweep_dir, exp_path, restore, progress)
         slots = _slots(spec)
         _STAMPS.clear()
         t0 = time.time()
-        with _quiet(), _sigterm_stops_tune():
+        with _quiet(), _signals_stop_tune() as stopped_by:
             tuner.fit()
             wall = time.time() - t0
             trials = tune.ExperimentAnalysis(str(exp_path)).trials
+        _PHASE[0] = AFTER_TUNE
         known = _known(spec, trials)
         _settle(sweep_dir, known)
         if resume:
             _set_aside_orphans(sweep_dir, {t.trial_id for t in known})
+        if not stopped_by:  # Tune ran to its end: a trial it never created was left out by the time budget
+            known += _never_created(spec, known)
         rows = results.write_csv(sweep_dir, spec.metric, spec.mode, known)
     finally:
         if started:
@@ -565,13 +638,36 @@ def _run_tune(spec, sweep_dir, *, resume, address, num_cpus, progress, report, k
     results.write_timing(
         sweep_dir, spec.name, rows, wall, slots, progress=progress, resumed=resume, killed_s=killed_s, timeline=timeline
     )
-    hint = _unfinished_hint(spec, sweep_dir, trials)
-    if hint:
-        print(hint, flush=True)
-    elif report:
+    if stopped_by:
+        raise _interrupted(sweep_dir, stopped_by[0], sum(r["status"] in _UNFINISHED for r in rows))
+    unfinished = _unfinished_hint(spec, sweep_dir, trials)  # stopped without a signal to this driver (SIGUSR1)
+    for hint in (unfinished, _not_run_hint(spec, rows)):
+        if hint:
+            print(hint, flush=True)
+    if report and not unfinished and any(r["run_id"] for r in rows):  # a report of what ran
         _report(sweep_dir, progress)
         _dashboard(spec, sweep_dir)
     return sweep_dir
+
+
+_UNFINISHED = ("interrupted", "crashed", "pending", "paused")
+"""sweep.csv statuses of trials that --resume continues."""
+BEFORE_TUNE, AFTER_TUNE = "before Tune started the trials", "after Tune ended (sweep.csv may be stale)"
+_PHASE = [BEFORE_TUNE]
+"""Where the driver is outside Tune's run, for the interrupted line (``_interrupted``)."""
+
+
+def _interrupted(
+    sweep_dir: Path | None, signame: str, unfinished: int | None = None, where: str | None = None
+) -> RunInterrupted:
+    """The RunInterrupted that ends the driver after SIGTERM/SIGINT: the interrupted line (`where` the driver was,
+    ``_PHASE`` by default, or how many trials Tune's run left unfinished) and the command that resumes, once the
+    sweep had started (its sweep.yaml written)."""
+    if sweep_dir is None or not (sweep_dir / "sweep.yaml").is_file():
+        return RunInterrupted(f"interrupted ({signame}) before the sweep started: nothing was run", signame)
+    what = f" {where or _PHASE[0]}" if unfinished is None else f": {unfinished} trial(s) not finished"
+    resume = f"resume with: {resume_command(sweep_dir)}"
+    return RunInterrupted(f"interrupted ({signame}){what}\n{resume}", signame, sweep_dir)
 
 
 STATE_PERIOD_S = "2"
@@ -666,25 +762,128 @@ def resume_command(sweep_dir: Path) -> str:
     return shlex.join(["emapg", "sweep", str(sweep_dir / "sweep.yaml"), "--resume", "--out", str(sweep_dir)])
 
 
+# ---------------------------------------------------------------------------- signals
+# The driver's SIGTERM (what SLURM, Kubernetes and `kill` send) and SIGINT (Ctrl-C) end it at any point with the
+# interrupted line and exit 143 / 130 (experiments.errors), never with Ray's own exit: outside Tune's run they unwind
+# the driver (``_driver_signals``); while ray.init blocks in Ray's C++ code they end it from a helper thread
+# (``_ray_signals``); during Tune's run they stop Tune first (``_signals_stop_tune``). Only the main thread can
+# set a handler: elsewhere (a driver run in a thread) the caller's handling stands.
+RAY_GRACE_S = 2.0
+"""After a signal while ray.init runs: how long it has to return (the driver then unwinds) before the driver ends."""
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _own_handlers() -> None:
+    """SIGTERM raises experiments.errors.Terminated, SIGINT KeyboardInterrupt: the driver unwinds (its records and
+    locks closed) to RunInterrupted (``run_sweep``). Put back after ray.init, which sets Ray's (an exit at once)."""
+    signal.signal(signal.SIGTERM, raise_terminated)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @contextlib.contextmanager
-def _sigterm_stops_tune():
-    """Within the block, SIGTERM (what SLURM, Kubernetes and `kill` send) stops the sweep as Ctrl-C does: Tune
-    stops the trials (each run's record says ``interrupted``), saves its state, and the driver prints how to resume.
-    A second signal skips that. Installed after ray.init: Ray's driver would exit on SIGTERM at once, leaving every
-    trial's record ``running`` and no resume line. Only the main thread may set a handler."""
-    if threading.current_thread() is not threading.main_thread():
+def _driver_signals():
+    """The driver's own handlers (``_own_handlers``) for the block; the previous ones after it."""
+    if not _main_thread():
         yield
         return
-
-    def as_ctrl_c(signum, frame):
-        print("emapg sweep: SIGTERM: stopping the trials and saving the sweep's state", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGINT)  # Tune's own handler while it runs; KeyboardInterrupt after it
-
-    previous = signal.signal(signal.SIGTERM, as_ctrl_c)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    _own_handlers()
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _ray_signals(what: str, sweep_dir: Path | None):
+    """Around ray.init, which can block for minutes in Ray's C++ code (retrying an address), where no Python handler
+    runs, and which sets Ray's own SIGTERM handler (``sys.exit(15)``): a SIGTERM/SIGINT then ends the driver with the
+    interrupted line and exit 143 / 130, from a thread that sees the signal through Python's wakeup fd, unless ray.init
+    returns within RAY_GRACE_S (the driver then unwinds as anywhere else). Ray's ``SystemExit(15)`` becomes
+    Terminated, and the driver's handlers are put back after the call."""
+    if not _main_thread():
+        yield
+        return
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    returned = threading.Event()
+
+    def watch() -> None:
+        while not returned.is_set():
+            if not select.select([reader], [], [], 0.2)[0]:
+                continue
+            try:
+                got = [b for b in reader.recv(64) if b in (signal.SIGTERM, signal.SIGINT)]
+            except OSError:
+                continue
+            if got and not returned.wait(RAY_GRACE_S):
+                name = signal.Signals(got[0]).name
+                sys.stdout.flush()
+                print(bounded(f"emapg sweep: {_interrupted(sweep_dir, name, where=what)}"), file=sys.stderr, flush=True)
+                os._exit(exit_code_of_signal(name))  # ray.init holds the main thread: no unwinding is possible
+
+    watcher = threading.Thread(target=watch, name="emapg-sweep-signals", daemon=True)
+    watcher.start()
+    try:
+        yield
+    except SystemExit as e:  # Ray's SIGTERM handler, set by ray.init: the driver's interruption instead
+        if e.code != signal.SIGTERM:
+            raise
+        raise Terminated("SIGTERM") from None
+    finally:
+        returned.set()
+        watcher.join()
+        signal.set_wakeup_fd(previous)
+        reader.close()
+        writer.close()
+        _own_handlers()
+
+
+@contextlib.contextmanager
+def _signals_stop_tune():
+    """Within Tune's run (the block around Tuner.fit), the first SIGTERM or SIGINT stops the sweep as Ctrl-C stops
+    Tune: Tune stops the trials (each run's record says ``interrupted``) and saves its state; the caller then writes
+    sweep.csv and raises RunInterrupted. Yields the list of the signals received ([]: none). A second signal, or one
+    before Tune set its own handler, unwinds at once. Tune's handler is reached through SIGUSR1, which Tune always
+    catches; its SIGINT handler is turned off (TUNE_DISABLE_SIGINT_HANDLER), so that the driver knows which signal
+    it was, and Tune's handler never outlives its run."""
+    got: list[str] = []
+    if not _main_thread():
+        yield got
+        return
+
+    def stop(signum, frame) -> None:
+        name = signal.Signals(signum).name
+        got.append(name)
+        tunes = signal.getsignal(signal.SIGUSR1)
+        if len(got) > 1 or not callable(tunes):  # a second signal, or Tune's run not started yet
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Terminated(name)
+        print(f"emapg sweep: {name}: stopping the trials and saving the sweep's state", file=sys.stderr, flush=True)
+        tunes(signal.SIGUSR1, frame)
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # until Tune sets its own
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        yield got
+    finally:
+        if env is None:
+            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+        else:
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = env
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 # ---------------------------------------------------------------------------- adaptive seeds, in rounds
@@ -703,29 +902,39 @@ def run_adaptive(
     round planned in adaptive.jsonl before it starts and decided there after it ends; --resume continues the
     round the sweep was in (its Tune experiment restored), then plans the rest. sweep.csv holds every round."""
     _prepare_adaptive(spec, sweep_dir, resume)
-    started = _init_ray(address, num_cpus)
-    if started and not address:
-        _check_fits(spec)
-    _warm_start(spec)
-    _quiet_tune_env()
-    wall, rows, done, slots = 0.0, [], False, _slots(spec)
+    started = _init_ray(address, num_cpus, sweep_dir)
+    wall, rows, done = 0.0, [], False
     try:
+        if started and not address:
+            _check_fits(spec)
+        _warm_start(spec)
+        _quiet_tune_env()
+        slots = _slots(spec)
         while not done:
             events = adaptive.read_events(sweep_dir)
             rnd, planned = _round_to_run(spec, sweep_dir, events)
             if planned is None:
                 break
             t0 = time.time()
-            _run_round(spec, sweep_dir, rnd, planned, progress)
+            _PHASE[0] = BEFORE_TUNE
+            stopped_by = _run_round(spec, sweep_dir, rnd, planned, progress)
+            _PHASE[0] = AFTER_TUNE
             wall += time.time() - t0
-            known = _adaptive_trials(spec, sweep_dir)
+            known = _adaptive_trials(spec, sweep_dir, None if not stopped_by else rnd)
             _settle(sweep_dir, known)
             rows = results.write_csv(sweep_dir, spec.metric, spec.mode, known)
-            if any(r["status"] not in _ROUND_ENDED for r in rows):
+            if stopped_by or any(r["status"] not in _ROUND_ENDED for r in rows):
                 results.write_timing(
                     sweep_dir, spec.name, rows, wall, slots, progress=progress, resumed=resume, killed_s=killed_s
                 )
-                hint = f"{spec.name}: round {rnd} did not finish; continue with: {resume_command(sweep_dir)}"
+                if stopped_by:
+                    raise _interrupted(sweep_dir, stopped_by[0], sum(r["status"] in _UNFINISHED for r in rows))
+                hint = _not_run_hint(spec, rows)
+                hint = (
+                    f"{hint}\n{spec.name}: round {rnd} cannot be decided without them"
+                    if hint
+                    else f"{spec.name}: round {rnd} did not finish; continue with: {resume_command(sweep_dir)}"
+                )
                 print(hint, flush=True)
                 return sweep_dir
             done = _decide_round(spec, sweep_dir, rnd, rows)
@@ -741,15 +950,11 @@ def run_adaptive(
 
 
 def _prepare_adaptive(spec: Spec, sweep_dir: Path, resume: bool) -> None:
-    """As `_prepare`, with adaptive.jsonl as the mark of a started sweep."""
-    started = (sweep_dir / adaptive.FILE).is_file()
-    if resume and not started:
-        raise ValueError(f"--resume: {sweep_dir} holds no adaptive sweep {spec.name!r} to resume (no {adaptive.FILE})")
-    if not resume and started:
-        raise ValueError(
-            f"{sweep_dir} already holds sweep {spec.name!r}; finish it with --resume, or pass --out <new dir>"
-        )
-    _prepare(spec, sweep_dir, _round_path(sweep_dir, spec, 0), resume)
+    """As `_prepare`; adaptive.jsonl marks a sweep that planned its first round: a --resume without it (stopped in
+    the warm start, or while Ray started) starts from the beginning."""
+    _prepare(spec, sweep_dir, resume)
+    if resume and not (sweep_dir / adaptive.FILE).is_file():
+        _afresh(spec, sweep_dir / "tune")
 
 
 def _round_path(sweep_dir: Path, spec: Spec, rnd: int) -> Path:
@@ -781,26 +986,36 @@ def _round_spec(spec: Spec, planned: list[dict]) -> Spec:
     return replace(spec, space=(Param((*keys, "seed"), "grid", values),), seeds=(0,), adaptive=None)
 
 
-def _run_round(spec: Spec, sweep_dir: Path, rnd: int, planned: list[dict], progress: bool) -> None:
-    """Run (or, if its Tune state exists, resume) one round's trials."""
+def _run_round(spec: Spec, sweep_dir: Path, rnd: int, planned: list[dict], progress: bool) -> list[str]:
+    """Run (or, if its Tune state exists, resume) one round's trials; returns the signals that stopped it ([]: none,
+    ``_signals_stop_tune``)."""
     exp_path = _round_path(sweep_dir, spec, rnd)
     if progress:
         print(f"{spec.name}: adaptive seeds, round {rnd}: {len(planned)} trial(s)", flush=True)
-    tuner = _tuner(_round_spec(spec, planned), sweep_dir, exp_path, tune.Tuner.can_restore(str(exp_path)), progress)
-    with _quiet(), _sigterm_stops_tune():
+    restore = _restorable(exp_path)
+    if not restore:  # what a driver stopped before Tune saved its state left: nothing to restore
+        shutil.rmtree(exp_path, ignore_errors=True)
+    tuner = _tuner(_round_spec(spec, planned), sweep_dir, exp_path, restore, progress)
+    with _quiet(), _signals_stop_tune() as stopped_by:
         tuner.fit()
+    return stopped_by
 
 
-def _adaptive_trials(spec: Spec, sweep_dir: Path) -> list[results.Trial]:
-    """What Tune knows of every trial of every round so far, rounds in order, the seed back in its column."""
+def _adaptive_trials(spec: Spec, sweep_dir: Path, interrupted: int | None = None) -> list[results.Trial]:
+    """What Tune knows of every trial of every round so far, rounds in order, the seed back in its column (and the
+    trials the time budget left Tune no time to create, except in round `interrupted`, which --resume continues)."""
     out = []
     for e in adaptive.read_events(sweep_dir):
         exp_path = _round_path(sweep_dir, spec, e["round"])
-        if e["event"] != "plan" or not tune.Tuner.can_restore(str(exp_path)):
+        if e["event"] != "plan" or not _restorable(exp_path):
             continue
         with _quiet():
             trials = tune.ExperimentAnalysis(str(exp_path)).trials
-        for t in _known(_round_spec(spec, e["trials"]), trials):
+        round_spec = _round_spec(spec, e["trials"])
+        known = _known(round_spec, trials)
+        if e["round"] != interrupted:
+            known += _never_created(round_spec, known)
+        for t in known:
             point = {k: v for k, v in t.point.items() if k != "seed"}
             out.append(replace(t, point=point, seed=t.point["seed"]))
     return out
@@ -927,25 +1142,108 @@ def _warm_start(spec: Spec) -> None:
             build.model(cfg)
 
 
-def _prepare(spec: Spec, sweep_dir: Path, exp_path: Path, resume: bool) -> None:
-    """Refuse to mix sweeps in one directory; on resume, insist on the spec the sweep started with."""
-    if resume:
-        if not tune.Tuner.can_restore(str(exp_path)) or not (sweep_dir / "sweep.yaml").is_file():
-            raise ValueError(f"--resume: {sweep_dir} holds no sweep {spec.name!r} to resume (looked for {exp_path})")
-        stored = yaml.safe_load((sweep_dir / "sweep.yaml").read_text(encoding="utf-8"))
-        if stored != spec.raw:
-            changed = sorted(k for k in set(stored) | set(spec.raw) if stored.get(k) != spec.raw.get(k))
-            raise ValueError(
-                f"--resume: the spec differs from the one {sweep_dir} was started with (keys: "
-                f"{', '.join(changed)}); resume with the original spec, or start a new sweep with --out"
-            )
+def _prepare(spec: Spec, sweep_dir: Path, resume: bool) -> None:
+    """With the directory held: check it again (``_check_out``: a driver may have started a sweep there since), and
+    for a new sweep write its sweep.yaml, whole or not at all (a kill mid-write leaves no torn copy)."""
+    _check_out(spec, sweep_dir, resume)
+    if not resume:
+        records.atomic_write(sweep_dir / "sweep.yaml", yaml.safe_dump(spec.raw, sort_keys=False))
+
+
+SWEEP_ENTRIES = ("sweep.yaml", "sweep.csv", "timing.json", "tune", "runs", adaptive.FILE, "report", "orphaned")
+"""What a sweep writes into its directory (besides its owner lock): their presence marks an emapg sweep."""
+_OWN_FILES = (owner.FILE, "driver.lock")  # the owner lock (and the one the sweeps wrote before experiments.owner)
+
+
+def _entries(sweep_dir: Path) -> list[str]:
+    """The names in `sweep_dir` besides its owner lock and the temporary files of an interrupted atomic write."""
+    if not sweep_dir.is_dir():
+        return []
+    return sorted(
+        p.name
+        for p in sweep_dir.iterdir()
+        if p.name not in _OWN_FILES and not (p.name.startswith(".sweep.") and p.name.endswith(".tmp"))
+    )
+
+
+def _check_out(spec: Spec, sweep_dir: Path, resume: bool) -> None:
+    """Refuse a sweep directory (--out) that is not this sweep's, before anything is written to it (ValueError, one
+    line naming what is there and what to do). A new sweep needs a new or empty directory (its owner lock aside):
+    one that holds a sweep (this one: --resume continues it; another: never mixed in), a run record, or anything
+    else is refused. --resume needs this sweep there: its sweep.yaml, readable and the same spec."""
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise ValueError(f"--out {sweep_dir} is a file, not a directory; pass a new or empty directory")
+    there = _entries(sweep_dir)
+    stored, unreadable = None, None
+    if "sweep.yaml" in there:
+        try:
+            stored = read_raw(sweep_dir / "sweep.yaml")
+        except SpecError as e:  # empty or torn (written by a version without atomic writes), or edited
+            unreadable = str(e)
+    if not resume:
+        if there:
+            raise ValueError(_occupied(spec, sweep_dir, there, stored, unreadable))
         return
-    if exp_path.exists():
+    if unreadable:
         raise ValueError(
-            f"{sweep_dir} already holds sweep {spec.name!r}; finish it with --resume, or pass --out <new dir>"
+            f"--resume: {unreadable}; this copy of the spec the sweep started with cannot be compared with the spec "
+            "given: put the original spec there, or pass another --out"
         )
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    (sweep_dir / "sweep.yaml").write_text(yaml.safe_dump(spec.raw, sort_keys=False), encoding="utf-8")
+    if stored is None:
+        held = f" (it holds {_listed(there)})" if there else ""
+        raise ValueError(
+            f"--resume: {sweep_dir} holds no sweep to resume (no sweep.yaml){held}; start a new sweep without --resume"
+        )
+    if stored != spec.raw:
+        changed = sorted(k for k in set(stored) | set(spec.raw) if stored.get(k) != spec.raw.get(k))
+        raise ValueError(
+            f"--resume: the spec differs from the one {sweep_dir} was started with (keys: "
+            f"{', '.join(map(str, changed))}); resume with the original spec ({sweep_dir / 'sweep.yaml'}), or start "
+            "a new sweep with another --out"
+        )
+
+
+def _occupied(spec: Spec, sweep_dir: Path, there: list[str], stored: dict | None, unreadable: str | None) -> str:
+    """Why a new sweep may not start in `sweep_dir`, which holds `there`."""
+    if stored == spec.raw:
+        return f"{sweep_dir} already holds sweep {spec.name!r}; finish it with --resume, or pass --out <new dir>"
+    if stored is not None:
+        return (
+            f"--out {sweep_dir} already holds sweep {shown(stored.get('name'))}, started with another spec; pass "
+            f"another --out (that sweep continues with: {resume_command(sweep_dir)})"
+        )
+    if unreadable:
+        return (
+            f"--out {sweep_dir} already holds a sweep whose spec copy is unreadable ({unreadable}); pass another --out"
+        )
+    if records.holds_run(sweep_dir):
+        return (
+            f"--out {sweep_dir} holds a run record ({_listed(there)}: emapg train's), not a sweep; pass another --out"
+        )
+    ours = [n for n in there if n in SWEEP_ENTRIES]
+    if ours:
+        return f"--out {sweep_dir} holds a sweep's files ({_listed(ours)}) but no sweep.yaml; pass another --out"
+    return (
+        f"--out {sweep_dir} is not empty and holds no emapg sweep (it holds {_listed(there)}); pass a new or "
+        "empty directory"
+    )
+
+
+def _listed(names: list[str], most: int = 5) -> str:
+    more = f", ... ({len(names) - most} more)" if len(names) > most else ""
+    return ", ".join(shown(n, 60).strip("'\"") for n in names[:most]) + more
+
+
+def _restorable(exp_path: Path) -> bool:
+    """Tune saved this experiment's state (its tuner.pkl and an experiment state): Tuner.restore can continue it."""
+    return tune.Tuner.can_restore(str(exp_path)) and any(exp_path.glob("experiment_state-*.json*"))
+
+
+def _afresh(spec: Spec, exp_path: Path) -> None:
+    """--resume of a sweep stopped before Tune saved its state (in the warm start, while Ray started): nothing ran and
+    its sweep.yaml is this spec, so it starts from the beginning (what Tune left there, unrestorable, goes)."""
+    print(f"{spec.name}: the sweep was stopped before Tune saved its state; starting it from the beginning", flush=True)
+    shutil.rmtree(exp_path, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------- after the sweep
@@ -969,17 +1267,67 @@ def _set_aside_orphans(sweep_dir: Path, trial_ids: set[str]) -> list[Path]:
 
 
 def _known(spec: Spec, trials) -> list[results.Trial]:
-    """What Tune knows of each trial, in launch order, for sweeps.results."""
-    return [
-        results.Trial(
-            t.trial_id,
-            t.status,
-            *decode(spec, t.config),
-            iterations=(t.last_result or {}).get("training_iteration", 0),
-            error=_error_line(t) if t.status == "ERROR" else "",
-        )
-        for t in sorted(trials, key=_launch_index)
-    ]
+    """What Tune knows of each trial, in launch order, for sweeps.results (with the time budget's line for a trial
+    it may have cut short, ``_maybe_cut``)."""
+    out = []
+    for t in sorted(trials, key=_launch_index):
+        it = (t.last_result or {}).get("training_iteration", 0)
+        cut = _budget_line(spec, it) if _maybe_cut(spec, t) else ""
+        error = _error_line(t) if t.status == "ERROR" else ""
+        out.append(results.Trial(t.trial_id, t.status, *decode(spec, t.config), iterations=it, error=error, cut=cut))
+    return out
+
+
+def _maybe_cut(spec: Spec, trial) -> bool:
+    """Did Tune's time budget end the trial? With a budget, Tune ends every live trial (running, paused or not
+    started) when it runs out (its TuneController's stopper: TERMINATED, the last result not marked done), while a
+    scheduler's stop marks the result done. A trial whose function returned is TERMINATED, not done, too: its run
+    record, finished, tells it apart (sweeps.results.status)."""
+    return bool(spec.time_budget_s) and trial.status == "TERMINATED" and not (trial.last_result or {}).get("done")
+
+
+def _budget_line(spec: Spec, iteration: int | None) -> str:
+    """Why a trial did not run (sweep.csv's error column): the time budget, and how far the trial got."""
+    budget = f"budget.time_budget_s={spec.time_budget_s:g}" if spec.time_budget_s else "the time budget"
+    if iteration:
+        return f"not run to its end: the time budget ({budget}) ran out at iteration {iteration}"
+    return f"not run: the time budget ({budget}) ran out before it started"
+
+
+def _never_created(spec: Spec, known: list[results.Trial]) -> list[results.Trial]:
+    """The trials of the spec Tune never created (its time budget ran out before it got to them), as not-run rows in
+    launch order: each grid point and seed (sweeps.spec.trials) beyond the trials Tune knows there. A sampled key
+    (random, optuna) has no value: nothing was sampled."""
+    if not spec.time_budget_s or len(known) >= spec.num_trials:
+        return []
+    grid = [k for p in spec.space if p.kind == "grid" for k in p.keys]
+    with_seed = spec.seed_axis != (None,)
+
+    def where(point: dict, seed) -> str:
+        return json.dumps([point.get(k) for k in grid] + [seed], sort_keys=True, default=str)
+
+    have = Counter(where(t.point, t.seed) for t in known)
+    out = []
+    for row in spec_trials(spec):
+        point, seed = {k: row[k] for k in grid}, row.get("seed") if with_seed else None
+        key = where(point, seed)
+        if have[key]:
+            have[key] -= 1
+            continue
+        out.append(results.Trial("", "TERMINATED", point, seed, cut=_budget_line(spec, None)))
+    return out
+
+
+def _not_run_hint(spec: Spec, rows: list[dict]) -> str | None:
+    """The line that says the time budget left trials not run, and that --resume does not run them; None if none."""
+    n = sum(r["status"] == results.NOT_RUN for r in rows)
+    if not n:
+        return None
+    return (
+        f"{spec.name}: {n} of {len(rows)} trial(s) not run: the time budget (budget.time_budget_s="
+        f"{spec.time_budget_s or 0:g}) ran out; --resume does not run them: raise the budget and start the sweep "
+        "again with another --out"
+    )
 
 
 def _settle(sweep_dir: Path, trials: list[results.Trial], timeout_s: float = SETTLE_S) -> None:

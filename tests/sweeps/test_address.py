@@ -1,5 +1,8 @@
 """`emapg sweep --address` against a cluster whose token authentication refuses this driver: one line, exit 2."""
 
+import socket
+
+import pytest
 import ray
 
 from experiments.cli import main
@@ -7,17 +10,42 @@ from experiments.errors import RAY_TOKEN_AUTH_DOCS, is_ray_auth_error
 from tests.experiments.small_run import one_point_spec
 
 
-def test_a_refused_token_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def listening():
+    """An address where something accepts connections (the driver's bounded check before ray.init passes)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_refused_token_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsys, listening):
     def refuse(*args, **kwargs):  # what ray.init raised against a `ray start` head (Ray 2.60, token auth on)
         raise ray.exceptions.AuthenticationError("InvalidAuthToken: Authentication token is missing or incorrect")
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", refuse)
     spec = one_point_spec(tmp_path / "s.yaml")
-    assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--address", "127.0.0.1:6399"]) == 2
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--address", listening]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--address 127.0.0.1:6399: the Ray cluster refused this driver's authentication" in err[0]
+    assert len(err) == 1 and f"--address {listening}: the Ray cluster refused this driver's authentication" in err[0]
     assert "RAY_AUTH_TOKEN_PATH=" in err[0] and "RAY_AUTH_MODE=disabled" in err[0] and RAY_TOKEN_AUTH_DOCS in err[0]
+
+
+def test_no_ray_at_an_answering_address_is_one_line(tmp_path, monkeypatch, capsys, listening):
+    """ray.init's ConnectionError (something answers, but no Ray head there): one line naming --address, exit 2."""
+
+    def no_ray(*args, **kwargs):
+        raise ConnectionError(f"Failed to connect to Ray cluster at {listening}\nmore detail")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_ray)
+    spec = one_point_spec(tmp_path / "s.yaml")
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--address", listening]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"emapg sweep: error: --address {listening}: cannot join the Ray cluster there: Failed to connect to Ray "
+        f"cluster at {listening}"
+    ]
 
 
 def test_other_connection_errors_are_not_called_authentication():

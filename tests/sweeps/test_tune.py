@@ -473,9 +473,10 @@ def test_real_runs_end_to_end(local_ray, tmp_path):
 @pytest.mark.filterwarnings("ignore:pretrain .* did not reach target_acc")
 def test_sigterm_stops_the_sweep_as_ctrl_c_does_and_the_printed_command_resumes_it(local_ray, tmp_path):
     """SIGTERM is what SLURM (preemption, scancel), Kubernetes and `kill` send to `emapg sweep`. It stops the
-    trials (each run's record says interrupted: none is left `running`), saves Tune's state and exits 1 with the
-    command that resumes; that command finishes every trial from its checkpoint. Before: Ray's driver exited on
-    the signal at once (status -15, a C++ stack dump, every record `running`, no resume line)."""
+    trials (each run's record says interrupted: none is left `running`), saves Tune's state and exits 143 with the
+    interrupted line and the command that resumes, as every command does (experiments/errors.py); that command
+    finishes every trial from its checkpoint. Before: Ray's driver exited on the signal at once (status -15, a C++
+    stack dump, every record `running`, no resume line); then exit 1, not the interrupted exit."""
     spec_path = tmp_path / "term.yaml"
     overrides = {"smoke": True, "logger": "none", "trainer.iterations": 40, "trainer.save_every": 2}
     spec = {"name": "term", "base": {"experiment": "math_tiny_grpo", "overrides": overrides}, "metric": ACC}
@@ -497,9 +498,9 @@ def test_sigterm_stops_the_sweep_as_ctrl_c_does_and_the_printed_command_resumes_
         with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, 9)
     command = f"emapg sweep {out}/sweep.yaml --resume --out {out}"
-    assert f"term: 2 trial(s) not finished; continue with: {command}" in printed, printed
+    assert printed.endswith(f"emapg sweep: interrupted (SIGTERM): 2 trial(s) not finished\nresume with: {command}\n")
     assert "emapg sweep: SIGTERM: stopping the trials and saving the sweep's state" in printed, printed
-    assert "SIGTERM received at time" not in printed and driver.returncode == 1, printed  # not Ray's own exit
+    assert "SIGTERM received at time" not in printed and driver.returncode == 143, printed  # not Ray's own exit
     assert "term: 0 running, 0 done, 2 interrupted, 0 failed" in printed and "Tuner.restore(" not in printed
     assert [r["status"] for r in rows(out)] == ["interrupted"] * 2
     for run in (out / "runs").iterdir():
@@ -667,3 +668,103 @@ def test_the_best_so_far_names_the_same_configuration_whatever_order_tied_result
             progress._consider(acc, config)
         seen.append(progress.best)
     assert len(set(seen)) == 1 and seen[0][0] == 0.5  # seeds 1 and 2 tie at 0.5: the first in describe order
+
+
+def test_trials_the_time_budget_stopped_or_never_started_are_listed_as_not_run(fakes, tmp_path, capsys):
+    """A time budget that runs out during the first of three trials (one at a time): that trial is cut short and the
+    other two never start. Each is a `not_run` row of sweep.csv naming the budget, the closing line and timing.json
+    count them, and `emapg sweep` exits 1. Before: "1 finished ... of 1 trials", exit 0, two trials missing."""
+    from sweeps.cli import main
+
+    spec_path = tmp_path / "budget.yaml"
+    raw = fake_spec("budget", iterations=40, sleep=0.25, max_concurrent=1, budget={"time_budget_s": 1})
+    spec_path.write_text(yaml.safe_dump({**raw, "space": {"algo.anchor.tau": {"grid": [1.0, 0.9, 0.8]}}}))
+    out = tmp_path / "budget"
+    assert main([str(spec_path), "--out", str(out)]) == 1
+    got = rows(out)
+    assert [(float(r["algo.anchor.tau"]), r["status"]) for r in got] == [(1.0, "not_run"), (0.9, "not_run"),
+                                                                         (0.8, "not_run")]  # fmt: skip
+    # the first trial started and was cut short, or (a slow worker start) never started; the others never did
+    assert re.search(r"budget.time_budget_s=1\) ran out (at iteration \d+|before it started)", got[0]["error"])
+    assert int(got[0]["iterations"]) < 40 and got[0]["trial_id"]
+    assert all("not run: the time budget (budget.time_budget_s=1) ran out before it started" == r["error"]
+               for r in got[1:])  # fmt: skip
+    assert all(r["trial_id"] == r["run_id"] == "" for r in got[1:])  # Tune never created them
+    printed = capsys.readouterr().out
+    assert "budget: 0 finished, 0 stopped early, 0 failed, 3 not run of 3 trials" in printed, printed
+    assert "budget: 3 of 3 trial(s) not run: the time budget (budget.time_budget_s=1) ran out" in printed
+    assert json.loads((out / "timing.json").read_text())["statuses"] == {"not_run": 3}
+    assert main([str(spec_path), "--resume", "--out", str(out)]) == 1  # nothing more runs, still not run
+    assert [r["status"] for r in rows(out)] == ["not_run"] * 3
+
+
+def test_sigterm_in_the_warm_start_exits_143_and_resume_starts_the_sweep(fakes, tmp_path):
+    """SIGTERM while the driver builds the warm start (Ray connected, Tune not started: what a SLURM requeue or
+    preemption hits first): the interrupted line with the command that resumes, exit 143; that --resume runs the
+    whole sweep, since nothing ran. Before: Ray's own SIGTERM exit (no line, exit 15 or a native dump), and every
+    --resume was refused for want of Tune's state, so a requeued job failed on every requeue."""
+    spec_path, out = tmp_path / "warm.yaml", tmp_path / "warm"
+    spec_path.write_text(yaml.safe_dump(fake_spec("warm", iterations=2, sleep=0.0)))
+    code = (
+        "import sys, time; from sweeps import tune as T; from experiments.cli import main\n"
+        "T._warm_start = lambda spec: (print('warm start', flush=True), time.sleep(300))\n"
+        f"sys.exit(main(['sweep', {str(spec_path)!r}, '--out', {str(out)!r}, '--address', {fakes!r}]))"
+    )
+    driver = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        for line in driver.stdout:
+            lines.append(line)
+            if line == "warm start\n":
+                driver.send_signal(signal.SIGTERM)
+        driver.wait(timeout=60)  # a guard against a hang only
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, 9)
+    printed = "".join(lines)
+    assert driver.returncode == 143, printed
+    assert printed.endswith(
+        "emapg sweep: interrupted (SIGTERM) before Tune started the trials\n"
+        f"resume with: emapg sweep {out}/sweep.yaml --resume --out {out}\n"
+    ), printed
+    assert "SIGTERM received" not in printed and "Traceback" not in printed, printed  # no dump of Ray's
+    T.run_sweep(load(out / "sweep.yaml"), out, resume=True, report=False)
+    assert [r["status"] for r in rows(out)] == ["finished", "finished"]
+
+
+def test_which_trials_the_time_budget_ended_and_which_it_left_uncreated():
+    """Tune's view after its time budget ran out (no Ray here): a scheduler's stop is marked done, a returned
+    function is not (its record decides, sweeps.results.status), a trial cut running or not yet started carries the
+    budget's line, and each grid point and seed Tune never created comes back as a not-run trial, in launch order.
+    Without a budget nothing is cut."""
+    from types import SimpleNamespace
+
+    raw = fake_spec("cut", budget={"time_budget_s": 30}, seeds=[0, 1])
+    spec = parse(raw)
+
+    def trial(i, tau, seed, last):
+        return SimpleNamespace(
+            trial_id=f"t_{i:05d}", status="TERMINATED", config={"algo.anchor.tau": tau, "seed": seed},
+            last_result=last, experiment_tag=f"{i}_tau", error_file=None,
+        )  # fmt: skip
+
+    tune_trials = [
+        trial(0, 1.0, 0, {"training_iteration": 6, "done": True}),  # a scheduler stopped it
+        trial(1, 0.5, 0, {"training_iteration": 6, "done": False}),  # returned (or cut at its last iteration)
+        trial(2, 1.0, 1, {"training_iteration": 3, "done": False}),  # cut running
+    ]
+    known = T._known(spec, tune_trials)
+    assert [t.cut for t in known] == [
+        "",
+        "not run to its end: the time budget (budget.time_budget_s=30) ran out at iteration 6",
+        "not run to its end: the time budget (budget.time_budget_s=30) ran out at iteration 3",
+    ]
+    (missing,) = T._never_created(spec, known)
+    assert (missing.trial_id, missing.point, missing.seed) == ("", {"algo.anchor.tau": 0.5}, 1)
+    assert missing.cut == "not run: the time budget (budget.time_budget_s=30) ran out before it started"
+    unbudgeted = parse({**raw, "budget": {}})
+    assert [t.cut for t in T._known(unbudgeted, tune_trials)] == ["", "", ""]
+    assert T._never_created(unbudgeted, known) == []
