@@ -304,3 +304,28 @@ def test_sigterm_while_ray_init_connects_ends_the_driver_with_the_interrupted_li
         f"emapg sweep: interrupted (SIGTERM) while connecting to the Ray cluster at --address {address}\n",
         f"resume with: emapg sweep {out}/sweep.yaml --resume --out {out}\n",
     ], lines
+
+
+@pytest.mark.slow  # a real sweep (about a minute); make test has the same case on the lock alone (test_owner.py)
+def test_a_second_driver_after_the_lock_file_was_deleted_is_refused(tmp_path):
+    """The audit's case, as written: a sweep running, its lock file deleted, `emapg sweep --resume` on the same --out
+    ran a second driver on the same trials (a trial with 383 iterations twice). The directory itself stays locked."""
+    out = tmp_path / "out"
+    spec = write_spec(tmp_path / "a.yaml", base={**BASE, "overrides": {"trainer.iterations": 100000}})
+    cmd = [sys.executable, "-m", "experiments.cli", "sweep", spec, "--out", str(out)]
+    env = {**os.environ, "EMAPG_PROGRESS": "0"}
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(out.glob("runs/*/metrics.jsonl")):  # a trial is training
+            assert first.poll() is None and time.monotonic() < deadline, "the first sweep never started a trial"
+            time.sleep(0.5)
+        (out / "owner.lock").unlink()
+        second = subprocess.run([*cmd, "--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert first.poll() is None, "the first driver must still be running"
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=300)
+    lines = (second.stdout + second.stderr).strip().splitlines()
+    assert second.returncode == 2 and len(lines) == 1, second.stderr[-2000:]
+    assert f"{out.resolve()} is in use by another emapg sweep driver" in lines[0]
