@@ -72,9 +72,12 @@ ROWS = {"train": 16, "test": 2}
 """Rows of generated data: training prompts, and per benchmark / test source (the task's ``rehearsal_data``)."""
 PROBE_PROMPTS = 2
 """trainer.probe_size of a rehearsal whose target runs the KL probe (then scored every step)."""
-STEP_TIMEOUT_S = 1200
-"""backend.verl.step_timeout_s of a rehearsal (no step for that long: the run fails, saying so). Start-up and each
-step take well under a minute on 2 idle cores; this leaves room for a machine 10x slower (other jobs beside it)."""
+STEP_TIMEOUT_S = 7200
+"""backend.verl.step_timeout_s of a rehearsal (no step for that long, verl's start-up included: the run fails, saying
+so), the product's default. Start-up and each step take about a minute on 2 idle cores, but over 20 minutes beside
+other jobs (load 10 on 2 cores: two trials start some twenty Python processes that each import torch and verl), so
+the rehearsal's own watch on progress, output included (``ATTEMPT_STALL_S``; sweeps: ``sweeps.rehearse.STALL_S``),
+catches a silent hang first; this one stops a run that prints but never steps."""
 
 
 # --------------------------------------------------------------------------------------
@@ -212,7 +215,7 @@ def _quote(s: str) -> str:
 # --------------------------------------------------------------------------------------
 ATTEMPT_STALL_S = 1800.0
 """An attempt that logs no new step, writes no new checkpoint and prints nothing for this long is stopped and the
-rehearsal fails (longer than ``STEP_TIMEOUT_S``, after which the run stops itself with its cause in its log)."""
+rehearsal fails."""
 
 
 @dataclass

@@ -58,8 +58,8 @@ STEPS = 4
 """Training steps per trial: the anchor updates after steps 2 and 4 (period 2), checkpoints 3 and 4 are kept."""
 STALL_S = 1800.0
 """A phase (the sweep to a kill point, or the resumed sweep to its end) fails once no trial has started, attempted
-again, logged a step, written a checkpoint or printed (its verl job's log) for this long (``_wait``): longer than a
-trial's own limit without a step (``experiments.rehearse.STEP_TIMEOUT_S``), after which Tune retries the trial."""
+again, logged a step, written a checkpoint or printed (its verl job's log) for this long (``_wait``). A trial that
+prints but never steps ends at its own limit (``experiments.rehearse.STEP_TIMEOUT_S``) and Tune retries it."""
 NODE_START_S = 600.0
 """A node of the rehearsal cluster has this long to register with the GCS (a few seconds on an idle machine; Ray's
 own ``Cluster.add_node`` waits 30 s), and the GCS to write its port (Ray: 30 s; RAY_gcs_server_port_wait_time_s)."""
@@ -486,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
             raise  # a spec the rehearsal cannot take: one line naming it, exit 2 (experiments.errors)
         what = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
         failure = (f"{stage}: {what}", "".join(traceback.format_exception(e)))
+    except KeyboardInterrupt:
+        say(f"interrupted during {stage}; logs: {logs.resolve()}")  # kept below, as after a failure
+        raise
     finally:
         shared.close()
         cluster.shutdown()
