@@ -206,6 +206,7 @@ def _wait(
     proc: subprocess.Popen | None,
     sweep_dir: Path,
     log: Path,
+    *,
     stall_s: float = STALL_S,
 ) -> None:
     """Until `ready()`; RuntimeError when the driver `proc` exits first (with its error line from `log`) or when the
