@@ -95,7 +95,10 @@ CASES = [
     (["train", "health.length_cap.patience=-1"], ["health.length_cap.patience must be an integer >= 1"]),
     (["train", "health.kl_spike.factr=3"], ["health.kl_spike.factr", "did you mean health.kl_spike.factor"]),
     (["train", "health.nonfinite=false"], ["health.nonfinite is not a config key"]),
-    (["train", "run_dir={tmp}/unhealthy", "resume=true"], ["stopped by health rule kl_spike at iteration 7", "relax"]),
+    (
+        ["train", "run_dir={tmp}/unhealthy", "resume=true", "trainer.iterations=8"],
+        ["stopped by health rule kl_spike at iteration 7", "relax"],
+    ),
     # ---- emapg sweep --dry-run
     (["sweep", "{tmp}/missing.yaml", "--dry-run"], ["missing.yaml", "no such sweep spec"]),
     (["sweep", "{tmp}/dup.yaml", "--dry-run"], ["dup.yaml", "duplicate key", "lines"]),
