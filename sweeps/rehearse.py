@@ -252,6 +252,20 @@ def _progress(run_dir: Path) -> int:
     return min(latest_checkpoint(run_dir), logged_step(run_dir))
 
 
+def _retry_progress(run_dir: Path) -> int:
+    """``_progress`` of the attempt the trial's last retry started: 0 until that attempt's verl job has written its
+    own metrics file. The retry writes its resumes.jsonl line at once, but the earlier attempt's metrics file stays
+    the live one until the new job's TaskRunner renames it (``rotate``), minutes later on busy cores: until then its
+    steps are the killed attempt's, not the retry's."""
+    from experiments.records import RESUMES  # loads omegaconf
+    from experiments.verl_metrics import FILE  # loads torch
+
+    live, resumes = run_dir / FILE, run_dir / RESUMES
+    if not (live.is_file() and resumes.is_file()) or live.stat().st_mtime_ns <= resumes.stat().st_mtime_ns:
+        return 0
+    return _progress(run_dir)
+
+
 def _attempts(run_dir: Path) -> int:
     """How many times the trial has started its run: once, plus one line of resumes.jsonl per resume (verl's
     metrics files do not count them: an attempt that logged nothing leaves no file of its own)."""
@@ -285,7 +299,8 @@ def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], 
         say(f"  node lost (its processes killed) at steps {lost_at}; a fresh node joins")
         cluster.lose_node()
         retried = lambda: [r for r in _runs(sweep_dir) if _attempts(r) > 1]  # noqa: E731
-        _wait("a retry after the node loss", lambda: any(_progress(r) >= 1 for r in retried()), proc, sweep_dir, log)
+        retry_stepped = lambda: any(_retry_progress(r) >= 1 for r in retried())  # noqa: E731
+        _wait("a retry after the node loss", retry_stepped, proc, sweep_dir, log)
         killed_at = {r.name: _progress(r) for r in _runs(sweep_dir)}
         say(f"  driver (`emapg sweep`) SIGKILLed at steps {killed_at}")
     finally:

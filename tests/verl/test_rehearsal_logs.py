@@ -3,7 +3,8 @@ nodes', the sweep driver's, the trials', the failing check's own output), withou
 
 The first test starts the real two-node cluster and the real `emapg sweep` driver on a spec it refuses (a
 ``rehearsal_spec`` that gets past the rehearsal's validation), about 30 s; the second fakes the cluster and the
-sweep and makes one check fail; the third checks the index of each trial's log files.
+sweep and makes one check fail; the third checks the index of each trial's log files; the fourth, that the
+wait for a retried trial's step ignores the steps of the attempt the node loss killed.
 """
 
 import re
@@ -121,3 +122,29 @@ def test_trials_txt_names_each_trials_files(tmp_path):
     assert a[0] == str((sweep / "runs" / "run_a__00000" / "verl_driver.log").resolve())
     assert a[1:] == ["ray/worker-aa-01000000-1.out", "ray/worker-cc-02000000-3.out", "ray/worker-dd-02000000-4.err"]
     assert b == ["ray/worker-bb-01000000-2.out"]
+
+
+def test_a_retry_counts_only_the_steps_of_its_own_attempt(tmp_path):
+    """The driver is killed once a retried trial's new attempt has logged a step: the killed attempt's metrics file,
+    live until the new verl job renames it, does not count (it did, and the kill came before the retry stepped)."""
+    import json
+    import os
+
+    from sweeps.rehearse import _progress, _retry_progress
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+
+    def step(path, n):
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": n, "data": {"actor/pg_loss": 0.1}}) + "\n")
+        (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(n))
+
+    step(run / "verl_metrics.jsonl", 1)  # the attempt the node loss killed
+    (run / "resumes.jsonl").write_text('{"after_iteration": 1}\n')  # the retry starts
+    os.utime(run / "verl_metrics.jsonl", ns=(1, 1))
+    assert _progress(run) == 1 and _retry_progress(run) == 0
+    os.replace(run / "verl_metrics.jsonl", run / "verl_metrics.1.jsonl")  # the new TaskRunner's rotate
+    assert _retry_progress(run) == 0
+    step(run / "verl_metrics.jsonl", 2)  # the retry's first step
+    assert _retry_progress(run) == 2
