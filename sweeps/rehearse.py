@@ -148,6 +148,7 @@ class LocalCluster:
 
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(int(NODE_START_S)))
+        os.environ.setdefault("RAY_worker_niceness", "0")  # as sweeps.tune.WORKER_NICENESS: trials not starved by load
         self.cluster = ray.cluster_utils.Cluster(shutdown_at_exit=True)
         head = self._add("head", _system_config={"worker_register_timeout_seconds": WORKER_REGISTER_S})
         self.logs_dir = Path(head.get_logs_dir_path())

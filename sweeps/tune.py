@@ -450,6 +450,7 @@ def _init_ray(address: str | None, num_cpus: int | None, sweep_dir: Path | None 
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault(WORKER_NICENESS, "0")  # a local Ray's workers (the trials) at the driver's priority
     if address:
         _check_address(address)
         print(f"connecting to the Ray cluster at --address {address}", flush=True)
@@ -559,6 +560,10 @@ def _tune_config(spec: Spec) -> tune.TuneConfig:
         reuse_actors=spec.backend == "local",  # one Ray worker per slot runs trial after trial: imports, once
     )
 
+
+WORKER_NICENESS = "RAY_worker_niceness"
+"""Ray starts its workers at nice 15 by default: beside two busy processes per core a trial then gets a few percent
+of a CPU (a rehearsal's verl start-up took 35 minutes instead of 3). The raylet of a Ray emapg starts reads this."""
 
 DRIVER_BUSY = "wait for it to end, or pass --out <another dir>"
 

@@ -1,5 +1,6 @@
 """`emapg sweep --address` against a cluster whose token authentication refuses this driver: one line, exit 2."""
 
+import os
 import socket
 
 import pytest
@@ -63,3 +64,18 @@ def test_ray_inits_connection_error_raised_from_a_refused_token_is_authenticatio
             raise ConnectionError("Failed to connect to Ray cluster at 127.0.0.1:24100")  # noqa: B904
     except ConnectionError as e:
         assert is_ray_auth_error(e)
+
+
+def test_a_local_rays_workers_run_at_the_drivers_priority(monkeypatch):
+    """Ray starts workers at nice 15 by default: beside two busy processes per core a rehearsal's trials got a few
+    percent of a CPU each and verl's start-up took 35 minutes. The local Ray the driver starts runs them at nice 0."""
+    import ray
+
+    from sweeps import tune as T
+
+    monkeypatch.delenv(T.WORKER_NICENESS, raising=False)
+    assert T._init_ray(None, 1)
+    try:
+        assert ray.get(ray.remote(lambda: os.nice(0)).remote()) == os.nice(0)
+    finally:
+        ray.shutdown()
