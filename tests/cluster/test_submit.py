@@ -211,6 +211,7 @@ def test_slurm_render(tmp_path):
     assert "#SBATCH --nodes=3" in out and "#SBATCH --partition=gpu" in out and "#SBATCH --gpus-per-node=8" in out
     assert "ray start --block" in out and '--head --port="$port"' in out and 'role=(--address="$RAY_ADDRESS")' in out
     assert "#SBATCH --requeue" in out and "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=" in out
+    assert "export RAY_worker_niceness=0" in out  # the trials at the job's priority, not Ray's nice 15
     assert "emapg sweep sweeps/math_deepscaler_ema_pg.yaml --address auto $resume &" in out
     assert "base, stride, slots = 20000, 400, 100" in out and "{port_base}" not in out  # site values filled
     bad = tmp_path / "bad.yaml"
