@@ -67,7 +67,7 @@ WORKER_REGISTER_S = 600
 """Ray's worker_register_timeout_seconds on the rehearsal cluster (Ray's default: 60): a Python worker that starts
 beside many others (verl starts about ten per trial at once) on busy cores may take longer to register."""
 LOGS = "logs"
-"""The rehearsal's folder of every process's output, kept after a pass too (a few MB; the next rehearsal of the
+"""The rehearsal's folder of every process's output, kept after a pass too (5 to 40 MB; the next rehearsal of the
 same spec and layout replaces it): ``rehearse.log`` (all this command printed, every check's line among it),
 ``sweep.log`` (the `emapg sweep` driver, both invocations), ``ray/`` (the Ray session's logs of the head and every
 worker node: GCS, raylets, and each Ray worker's stdout/stderr, every trial's and its verl actors' output among
