@@ -49,12 +49,11 @@ def pid_start(pid: int) -> str | None:
 
 def alive(pid: int, start: str | None = None) -> bool:
     """Is process `pid` (started at `start`, when known) alive on this host? A zombie is not."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        pass
+    with contextlib.suppress(PermissionError):  # PermissionError: someone else's process, alive
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):

@@ -29,7 +29,7 @@ import secrets
 import string
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +98,9 @@ def reaching(what: str, instead: str = OFFLINE) -> Iterator[None]:
     try:
         yield
     except (wandb.errors.Error, TimeoutError) as err:
-        try:
+        # a W&B that failed to start may fail to stop too: the error below stands
+        with suppress(Exception):
             wandb.teardown()  # prints W&B's "Find logs at" now, not after the line below at exit
-        except Exception:  # noqa: BLE001  a W&B that failed to start may fail to stop too: the error below stands
-            pass
         detail = _one_line(err)
         if isinstance(err, wandb.errors.UsageError):  # no key and no terminal to ask at, or a setting W&B refuses
             raise UserError(
