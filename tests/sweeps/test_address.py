@@ -1,7 +1,9 @@
 """`emapg sweep --address` against a cluster whose token authentication refuses this driver: one line, exit 2."""
 
-import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import ray
@@ -9,6 +11,8 @@ import ray
 from experiments.cli import main
 from experiments.errors import RAY_TOKEN_AUTH_DOCS, is_ray_auth_error
 from tests.experiments.small_run import one_point_spec
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -66,16 +70,19 @@ def test_ray_inits_connection_error_raised_from_a_refused_token_is_authenticatio
         assert is_ray_auth_error(e)
 
 
-def test_a_local_rays_workers_run_at_the_drivers_priority(monkeypatch):
+def test_a_local_rays_workers_run_at_the_drivers_priority():
     """Ray starts workers at nice 15 by default: beside two busy processes per core a rehearsal's trials got a few
-    percent of a CPU each and verl's start-up took 35 minutes. The local Ray the driver starts runs them at nice 0."""
-    import ray
-
-    from sweeps import tune as T
-
-    monkeypatch.delenv(T.WORKER_NICENESS, raising=False)
-    assert T._init_ray(None, 1)
-    try:
-        assert ray.get(ray.remote(lambda: os.nice(0)).remote()) == os.nice(0)
-    finally:
-        ray.shutdown()
+    percent of a CPU each and verl's start-up took 35 minutes. The local Ray the driver starts runs them at nice 0.
+    In a subprocess: a Ray started, used and shut down in the test process left the next sweep's trials cancelled."""
+    code = (
+        "import os, ray\n"
+        "from sweeps import tune as T\n"
+        "os.environ.pop(T.WORKER_NICENESS, None)\n"
+        "assert T._init_ray(None, 1)\n"
+        "print(ray.get(ray.remote(lambda: os.nice(0)).remote()), os.nice(0))\n"
+        "ray.shutdown()\n"
+    )
+    got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert got.returncode == 0, got.stderr[-2000:]
+    worker, driver = got.stdout.split()[-2:]
+    assert worker == driver
