@@ -36,7 +36,7 @@ import engines  # noqa: E402  tests/verl: verl's engines around the tiny model, 
 
 from benchmarks._common import machine, machine_line, md_table, write_section  # noqa: E402
 from ema_pg_core.config import KLConfig, LossConfig  # noqa: E402
-from ema_pg_core.verl import require_verl  # noqa: E402
+from experiments.backends.verl import require_verl  # noqa: E402
 
 K = 32
 WARMUP = 3
@@ -51,7 +51,7 @@ def engines_pair(tmp: str):
 
 def topk_fields(actor, ref, kl) -> dict:
     """The fields pi_old's pass (the head ids) and the anchor's pass (its log-probs there) add to the batch."""
-    from ema_pg_core.verl.config import topk_passes  # loads pydantic
+    from experiments.backends.verl.config import topk_passes  # loads pydantic
 
     return engines.pass_fields(actor, ref, topk_passes(kl))[1]
 
@@ -60,8 +60,8 @@ def update_pass(actor, kl, fields: dict) -> float:
     """Seconds of one forward-backward of the actor's loss over the batch (verl's update, one micro-batch)."""
     from verl.workers.config import FSDPActorConfig
 
-    from ema_pg_core.verl.engine import set_pass  # loads verl, after main's require_verl
-    from ema_pg_core.verl.loss import emapg_actor_loss  # loads verl, after main's require_verl
+    from experiments.backends.verl.engine import set_pass  # loads verl, after main's require_verl
+    from experiments.backends.verl.loss import emapg_actor_loss  # loads verl, after main's require_verl
 
     cfg = FSDPActorConfig(
         strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False, rollout_n=1

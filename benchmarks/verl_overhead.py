@@ -69,7 +69,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ema_pg_core.verl import require_verl
+from experiments.backends.verl import require_verl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, machine, md_table, write_section  # noqa: E402
@@ -145,13 +145,13 @@ def edit_argv(argv: list[str], edits: dict[str, str]) -> list[str]:
 
 
 def variant_argv(variant: Variant, model: str, data, run_dir: Path, steps: int) -> list[str]:
-    """The verl launch (``python -m ema_pg_core.verl.main`` arguments) of `variant`'s rehearsal-sized run: the
+    """The verl launch (``python -m experiments.backends.verl.main`` arguments) of `variant`'s rehearsal-sized run: the
     overrides ``emapg rehearse`` uses, compiled by ``to_verl`` as ``emapg train`` does (W&B off), then
     ``COMMON_EDITS``, this script's worker setup hook, and for (a) ``STOCK_EDITS``."""
     from omegaconf import OmegaConf
 
     from experiments import build  # loads torch, omegaconf
-    from experiments.backends.verl import to_verl  # loads torch
+    from experiments.backends.verl.launch import to_verl  # loads torch
     from experiments.rehearse import rehearsal_overrides  # loads numpy
 
     target = list(variant.target)
@@ -163,14 +163,15 @@ def variant_argv(variant: Variant, model: str, data, run_dir: Path, steps: int) 
 
 
 def launch(run_dir: Path) -> int:
-    """In the child process of one job: verl's run as ``emapg train`` starts it (``ema_pg_core.verl.main.main``),
-    from ``<run_dir>/launch.json``. For (a) the plugin's check of its own requirements (trainer mode emapg_sync)
-    is skipped: verl's TaskRunner then builds verl's own trainer, whose worker, engine and loss are verl's."""
+    """In the child process of one job: verl's run as ``emapg train`` starts it
+    (``experiments.backends.verl.main.main``), from ``<run_dir>/launch.json``. For (a) the plugin's check of its
+    own requirements (trainer mode emapg_sync) is skipped: verl's TaskRunner then builds verl's own trainer, whose
+    worker, engine and loss are verl's."""
     spec = json.loads((run_dir / "launch.json").read_text())
-    from ema_pg_core.verl import main as entry  # loads verl, torch
+    from experiments.backends.verl import main as entry  # loads verl, torch
 
     if spec["stock"]:
-        from ema_pg_core.verl import trainer  # loads verl's trainer, verl
+        from experiments.backends.verl import trainer  # loads verl's trainer, verl
 
         trainer.check_verl = lambda config, section: None
     return entry.main(spec["argv"])
@@ -231,9 +232,9 @@ def _wait(proc: subprocess.Popen, timeout_s: float, loads: list[float], every_s:
 # TransferQueue records (in every Ray process of a run: the worker setup hook)
 # --------------------------------------------------------------------------------------
 def setup_worker() -> None:
-    """Ray ``worker_process_setup_hook`` of the benchmark's runs: the CPU run's own (``ema_pg_core.verl.cpu``),
+    """Ray ``worker_process_setup_hook`` of the benchmark's runs: the CPU run's own (``experiments.backends.verl.cpu``),
     then, with ``TQ_LOG_ENV`` set, the TransferQueue client's gets and puts timed and sized into that file."""
-    from ema_pg_core.verl import cpu  # loads torch
+    from experiments.backends.verl import cpu  # loads torch
 
     cpu.setup_worker()
     path = os.environ.get(TQ_LOG_ENV)
@@ -580,7 +581,7 @@ def _preamble(args, m: dict, wall_s: float, loads: list[tuple], names: list[str]
         "",
         f"Command: `{cmd} --write` (total {wall_s / 60:.1f} min).  ",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, no GPU; torch {m['torch']}, Python "
-        f"{m['python']}; verl 0.9.1 on its CPU platform (ema_pg_core.verl.cpu), one torch thread per process "
+        f"{m['python']}; verl 0.9.1 on its CPU platform (experiments.backends.verl.cpu), one torch thread per process "
         "(`OMP_NUM_THREADS=1`). "
         f"Load average at start {m['loadavg']} (1/5/15 min); 1-min load at the start of each job {lo:.2f} to "
         f"{hi:.2f} (the machine is shared: other jobs ran alongside). Date: {m['date']}.",

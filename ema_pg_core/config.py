@@ -281,7 +281,7 @@ class TrainerConfig:
     ``kl/estimate_gap``; docs/run-record.md); 0 = no probe; null = every ``PROBE_EVERY`` iterations."""
     probe_size: int | None = None
     """Prompts in the probe set, one response each, drawn by the policy once and checkpointed: held-out (test
-    split) prompts on the local backend, the first training batch's on verl (ema_pg_core.verl.probe, so at
+    split) prompts on the local backend, the first training batch's on verl (experiments.backends.verl.probe, so at
     most ``rollout.prompts_per_iter`` there); null = ``PROBE_SIZE``, capped at the held-out split (local:
     ``probe_prompts``) or at prompts_per_iter (verl). A value above that is refused, not cut."""
 

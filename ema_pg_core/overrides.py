@@ -1,5 +1,5 @@
 """Python values as Hydra command-line override values: the one formatter of the sweep trials
-(``sweeps.spec``) and of the verl launch (``ema_pg_core.verl.config``). Pure Python: no hydra, no omegaconf.
+(``sweeps.spec``) and of the verl launch (``experiments.backends.verl.config``). Pure Python: no hydra, no omegaconf.
 
     hydra_value(None), hydra_value(True), hydra_value(1e-6)   # 'null', 'true', '1e-06'
     hydra_value("k3++"), hydra_value("True"), hydra_value("a b")   # "k3++", "'True'", "'a b'"

@@ -19,7 +19,7 @@ from ema_pg_core.config import eval_problems, probe_prompts
 from ema_pg_core.kl import get_estimator
 from ema_pg_core.local.trainer import LocalConfig
 from experiments import progress, tasks, user_yaml
-from experiments.backends.verl import to_verl
+from experiments.backends.verl.launch import to_verl
 from experiments.errors import UserError, _is_hydra, hydra_message, shown
 from experiments.retrieval.service import HTTPRetriever, check_answers
 from experiments.schema import RunConfig, register

@@ -16,7 +16,7 @@ one line and exit 2, like every command. The GPU checks describe this machine: r
 run on every node as Ray tasks (one line per node); the checkpoint directory must then be shared.
 
 Not checked: Ray's CPU reservations (``emapg train`` refuses a cluster too small for them before launch,
-``ema_pg_core.verl.resources.check_fits``), the driver, imports and NCCL settings of nodes other than this one,
+``experiments.backends.verl.resources.check_fits``), the driver, imports and NCCL settings of nodes other than this one,
 the environment Ray's workers get (that of ``ray start``, not of this shell), the retriever service, and a staged
 run's later stages (the config is checked as composed).
 
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ema_pg_core.verl import VERL_VERSION
+from experiments.backends.verl import VERL_VERSION
 from experiments.errors import UserError, is_ray_auth_error, ray_auth_line
 
 STATUSES = ("PASS", "WARN", "FAIL", "N/A")
@@ -60,7 +60,7 @@ TORCH_CUDA_WHEELS = "https://download.pytorch.org/whl/"
 VERL_ATTN_DEFAULT = "flash_attention_2"
 """verl 0.9.1's attn_implementation when the config sets none (verl/workers/config/model.py, HFModelConfig)."""
 ROLLOUT_MODULES = {"vllm": "vllm", "sglang": "sglang"}
-"""verl rollout engine -> the module it needs (the hf engine is ours: ema_pg_core.verl.hf_rollout)."""
+"""verl rollout engine -> the module it needs (the hf engine is ours: experiments.backends.verl.hf_rollout)."""
 SOCKET_IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 """Variables naming the network interfaces NCCL / gloo bind to (a comma list; ^ excludes, = is exact)."""
 
@@ -149,8 +149,8 @@ def verl_settings(overrides: Sequence[str]) -> dict[str, Any]:
 def _verl_demand(cfg) -> Demand:
     from omegaconf import OmegaConf
 
-    from ema_pg_core.verl.resources import worker_pool  # loads omegaconf
-    from experiments.backends.verl import checkpoint_root, to_verl  # loads torch
+    from experiments.backends.verl.launch import checkpoint_root, to_verl  # loads torch
+    from experiments.backends.verl.resources import worker_pool  # loads omegaconf
     from experiments.run import agent_loops_path, resolve_run_dir  # loads torch, omegaconf
 
     run = OmegaConf.to_container(

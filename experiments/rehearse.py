@@ -55,8 +55,8 @@ from pathlib import Path
 
 import yaml
 
-from ema_pg_core.verl import require_verl
 from experiments import tasks
+from experiments.backends.verl import require_verl
 from experiments.tasks import RehearsalData, get_task
 
 CHAT_TEMPLATE = (
@@ -400,7 +400,7 @@ def check_probe(run_dir: Path, e: Expect) -> Check:
     import torch
 
     from ema_pg_core.telemetry import PROBE_KEYS  # loads torch
-    from ema_pg_core.verl.probe import PROBE_FILE  # loads verl, torch
+    from experiments.backends.verl.probe import PROBE_FILE  # loads verl, torch
 
     m = _metrics(run_dir)
     logged = [s for s, r in sorted(m.items()) if all(k in r for k in PROBE_KEYS)]
@@ -628,7 +628,7 @@ def rehearse_config(
         return Result(name, [Check("attempt 2", False, _failure(second))], time.time() - t0)
     kl = cfg.algo.kl
     from ema_pg_core.config import KLConfig  # loads torch
-    from ema_pg_core.verl.config import uses_topk  # loads torch
+    from experiments.backends.verl.config import uses_topk  # loads torch
 
     expect = Expect(
         steps=steps,

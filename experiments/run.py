@@ -19,15 +19,15 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ema_pg_core import verl as verl_plugin
 from ema_pg_core.health import HealthMonitor
 from ema_pg_core.local import checkpoints
 from ema_pg_core.local.device import resolve_device
 from ema_pg_core.local.trainer import Hooks, Interrupted, LocalTrainer, seed_everything
-from ema_pg_core.verl import failures as verl_failures
-from ema_pg_core.verl.failures import VerlExited
 from experiments import build, numerics, owner, progress, records, stages
-from experiments.backends import verl as verl_backend
+from experiments.backends import verl as verl_plugin
+from experiments.backends.verl import failures as verl_failures
+from experiments.backends.verl import launch as verl_backend
+from experiments.backends.verl.failures import VerlExited
 from experiments.errors import RunFailed, RunInterrupted, StoppedUnhealthy, Terminated, UserError
 from experiments.records import RunRecord, make_run_id
 from experiments.stages import verl_logged_resume, verl_resume_overrides

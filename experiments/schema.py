@@ -20,7 +20,7 @@ from ema_pg_core.config import (
     check_integer,
     check_seed,
 )
-from experiments.backends.verl import VerlSettings
+from experiments.backends.verl.launch import VerlSettings
 
 
 @dataclass

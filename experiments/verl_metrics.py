@@ -4,7 +4,7 @@ verl run exactly like a local one.
 verl's "file" logger writes one JSON line per training step, ``{"step": N, "data": {key: value}}``,
 to ``VERL_FILE_LOGGER_PATH``; our TaskRunner points it at ``<run_dir>/verl_metrics.jsonl``. verl opens
 that file with mode "wb", so a resumed run would truncate it: ``rotate`` (in
-``ema_pg_core.verl.config``, called by the TaskRunner) moves a non-empty file aside
+``experiments.backends.verl.config``, called by the TaskRunner) moves a non-empty file aside
 to ``verl_metrics.<n>.jsonl`` first, and ``read_attempts`` reads every attempt in order, later
 attempts overriding the steps they replay (a resume restarts after its checkpoint).
 
@@ -21,14 +21,14 @@ Key mapping (verl 0.9.1 names on the left):
     anchor/*                             -> anchor/* (logged by our trainer)
     actor/topk/*                         -> topk/* (Top-k telemetry of our loss; ema_pg_core.telemetry)
     kl/exact, kl/estimate_on_probe,      -> the same (the KL probe, logged by our trainer every
-    kl/estimate_gap, perf/probe_s           probe_every steps; ema_pg_core.verl.probe)
+    kl/estimate_gap, perf/probe_s           probe_every steps; experiments.backends.verl.probe)
     val-core/<source>/<var>/mean@N       -> eval/<source>/acc    (greedy validation: T = 0)
                                             eval/<source>/pass@1 (sampled: mean over N samples)
     and eval/<task>/<acc|pass@1>         =  the unweighted mean over the sources of that step,
                                             as the paper's "average" column
     val-anchor-core/...                  -> eval_anchor/... the same for the EMA anchor (our trainer)
 
-Per-problem rows: our trainer appends them to ``<run_dir>/verl_evals.jsonl`` (``ema_pg_core.verl.evals``)
+Per-problem rows: our trainer appends them to ``<run_dir>/verl_evals.jsonl`` (``experiments.backends.verl.evals``)
 in the schema of evals.jsonl; ``eval_rows`` reads them for the run record.
 
 Everything else stays in the raw file only.
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from ema_pg_core.telemetry import PROBE_KEYS
-from ema_pg_core.verl.config import rotate  # noqa: F401  (re-exported: the TaskRunner calls it)
-from ema_pg_core.verl.evals import FILE as EVALS_FILE
+from experiments.backends.verl.config import rotate  # noqa: F401  (re-exported: the TaskRunner calls it)
+from experiments.backends.verl.evals import FILE as EVALS_FILE
 
 FILE = "verl_metrics.jsonl"
 TRAIN_KEYS = {
@@ -133,7 +133,7 @@ def convert(data: Mapping[str, Any], task: str, greedy: bool) -> dict[str, float
 
 
 def eval_rows(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The per-problem rows our verl trainer wrote (``ema_pg_core.verl.evals``), one per (iteration, model,
+    """The per-problem rows our verl trainer wrote (``experiments.backends.verl.evals``), one per (iteration, model,
     benchmark, problem): a step validated again by a resumed attempt keeps its latest rows. A trailing
     partial line is dropped."""
     from experiments.records import read_jsonl  # loads omegaconf

@@ -241,7 +241,7 @@ def verl_env(
     config: Mapping[str, Any],
     mode: str | None,
 ) -> dict[str, str]:
-    """The W&B settings of a verl run as WANDB_* variables (experiments.backends.verl.WANDB_ENV); {} when
+    """The W&B settings of a verl run as WANDB_* variables (experiments.backends.verl.launch.WANDB_ENV); {} when
     disabled. verl 0.9.1's tracker passes wandb.init only project, name (the run id), entity and verl's
     config, so the id (kept in <run_dir>/wandb_run.json, as WandbLogger keeps it: a resumed run continues
     the same W&B run), resume, group, tags, mode and directory go through the environment, and the run's

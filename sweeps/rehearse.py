@@ -45,7 +45,7 @@ from pathlib import Path
 
 import yaml
 
-from ema_pg_core.verl import require_verl
+from experiments.backends.verl import require_verl
 
 LAYOUTS = {
     "across": {"backend.verl.nnodes": 2, "backend.verl.n_gpus_per_node": 1},
@@ -232,7 +232,7 @@ def _wait(
 
 
 DRIVER_LOG = "verl_driver.log"
-"""A trial's verl job's output, in its run directory (``ema_pg_core.verl.main.DRIVER_LOG``, which loads verl)."""
+"""A trial's verl job's output, in its run directory (``backends.verl.main.DRIVER_LOG``, which loads verl)."""
 
 
 def _moves(sweep_dir: Path) -> tuple:
@@ -357,7 +357,7 @@ def _csv(path: Path):
 def _expect(run_dir: Path):
     """What a trial's rehearsal must show, from its recorded config."""
     from ema_pg_core.config import KLConfig  # loads torch
-    from ema_pg_core.verl.config import uses_topk  # loads torch
+    from experiments.backends.verl.config import uses_topk  # loads torch
     from experiments.rehearse import ANCHOR_PERIOD, Expect  # loads numpy
 
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())

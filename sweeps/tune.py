@@ -56,10 +56,10 @@ from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Repeater
 
 from analysis.dashboard import SweepInfo, after_sweep
 from ema_pg_core.local import checkpoints
-from ema_pg_core.verl import resources as verl_resources
-from ema_pg_core.verl.resources import free_line
 from experiments import numerics, owner, records
-from experiments.backends.verl import placement_for
+from experiments.backends.verl import resources as verl_resources
+from experiments.backends.verl.launch import placement_for
+from experiments.backends.verl.resources import free_line
 from experiments.doctor import CONNECT_TIMEOUT_S, parse_address
 from experiments.errors import (
     RunInterrupted,
@@ -729,7 +729,7 @@ def _slots(spec: Spec) -> int:
 
 
 def verl_placement(spec: Spec, point: dict, seed: int | None):
-    """What a verl trial of (point, seed) reserves (``ema_pg_core.verl.resources.TrialPlacement``), from its
+    """What a verl trial of (point, seed) reserves (``experiments.backends.verl.resources.TrialPlacement``), from its
     composed config; cached, since Tune asks once per trial."""
     return _placement(tuple(spec.overrides_for(point, seed)))
 

@@ -27,7 +27,7 @@ FORBIDDEN = {
 }
 
 
-VERL_SIDE = ("ema_pg_core.verl", "experiments.verl_search_agent")
+VERL_SIDE = ("experiments.backends.verl", "experiments.verl_search_agent")
 """The verl plugin and the verl agent loop import verl (and through it Ray) by design; [verl] extra only."""
 
 

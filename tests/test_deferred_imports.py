@@ -61,7 +61,7 @@ HEAVY = {
     "jsonschema": "the [dev] extra only",
     "verl": _VERL,
     "verl.trainer.ppo.v1.trainer_sync": "most of a second more than verl's entry point, and it detects the "
-    "accelerator, which ema_pg_core.verl.cpu.install must precede on CPU",
+    "accelerator, which experiments.backends.verl.cpu.install must precede on CPU",
     "tensordict": _VERL,
     "transfer_queue": _VERL,
     "datasets": _VERL,

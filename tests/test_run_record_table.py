@@ -49,7 +49,7 @@ def _anchor_literals() -> set[str]:
     """Every "anchor/..." string constant in the verl plugin's worker, EMA and trainer modules."""
     found = set()
     for name in ("worker.py", "ema.py", "trainer.py"):
-        tree = ast.parse((ROOT / "ema_pg_core" / "verl" / name).read_text())
+        tree = ast.parse((ROOT / "experiments" / "backends" / "verl" / name).read_text())
         found |= {
             n.value
             for n in ast.walk(tree)

@@ -23,7 +23,7 @@ from ema_pg_core import anchor as anchor_mod
 from ema_pg_core.anchor import EmaAnchor, ema_update_
 from ema_pg_core.kl import ImportanceWeight, kl_per_token
 from ema_pg_core.topk import kl_inputs, token_stats_from_hidden
-from ema_pg_core.verl.ema import ema_update_sharded_, wait_for_offload
+from experiments.backends.verl.ema import ema_update_sharded_, wait_for_offload
 from tests.core.test_fused import FP32_REL_TOL, make_models, naive_stats
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

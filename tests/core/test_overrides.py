@@ -147,12 +147,12 @@ def test_dict_keys_hydra_cannot_read_back_are_refused():
 def test_the_sweeps_and_the_verl_launch_share_the_formatter():
     """Regression: the verl launch had its own formatter, which wrote the string "True" unquoted (read back
     as a bool) and a dict as the string "{'a': 1}"; its emapg section was read back as YAML (1e-05: a string)."""
-    from ema_pg_core.verl.config import split_argv
-    from experiments.backends import verl
-    from experiments.backends.verl import to_verl
+    from experiments.backends.verl import launch
+    from experiments.backends.verl.config import split_argv
+    from experiments.backends.verl.launch import to_verl
     from sweeps import spec
 
-    assert spec.hydra_value is hydra_value and verl.hydra_value is hydra_value
+    assert spec.hydra_value is hydra_value and launch.hydra_value is hydra_value
     run = yaml.safe_load((GOLDEN / "math_deepscaler_8k.run.yaml").read_text())
     run["backend"]["verl"]["checkpoint_dir"] = "True"
     run["algo"]["kl"]["coef"] = 1e-5

@@ -126,7 +126,7 @@ def test_first_ppo_step_matches_the_recomputing_path(kl, tail, tmp_path):
 
 
 def test_verl_refuses_sampler_statistics():
-    from experiments.backends.verl import to_verl
+    from experiments.backends.verl.launch import to_verl
 
     with pytest.raises(ValueError, match="trainer.old_logprobs=rollout is not allowed with the verl backend"):
         to_verl({"trainer": {"old_logprobs": "rollout"}, "model": {"path": "m"}})

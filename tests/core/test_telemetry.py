@@ -181,7 +181,7 @@ def test_probe_settings_are_validated():
 
 def test_probe_every_null_is_every_5_iterations_on_both_backends():
     from ema_pg_core.config import PROBE_EVERY
-    from experiments.backends.verl import to_verl
+    from experiments.backends.verl.launch import to_verl
 
     assert TrainerConfig().resolved_probe_every == PROBE_EVERY > 0
     assert TrainerConfig(probe_every=0).resolved_probe_every == 0

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from ema_pg_core.config import AnchorConfig, KLConfig
-from ema_pg_core.verl.config import EmaPGSection, split_argv
+from experiments.backends.verl.config import EmaPGSection, split_argv
 from experiments.errors import classify, validation_line
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ema_pg_core.verl.config import EmaPGSection, run_runner_setup, split_argv
-from experiments.backends.verl import RUNNER_SETUP, apply_wandb_env, to_verl
+from experiments.backends.verl.config import EmaPGSection, run_runner_setup, split_argv
+from experiments.backends.verl.launch import RUNNER_SETUP, apply_wandb_env, to_verl
 
 RUN = Path(__file__).resolve().parents[1] / "verl" / "golden" / "math_deepscaler_8k.run.yaml"
 
@@ -42,7 +42,7 @@ def test_unknown_wandb_key_is_refused():
 
 def test_the_core_calls_the_runner_setup_hook_by_name(monkeypatch):
     seen = []
-    monkeypatch.setattr("experiments.backends.verl.apply_wandb_env", seen.append)
+    monkeypatch.setattr("experiments.backends.verl.launch.apply_wandb_env", seen.append)
     run_runner_setup({"runner_setup": RUNNER_SETUP, "runner_env": {"WANDB_MODE": 1}})
     run_runner_setup({"runner_setup": None, "runner_env": {"WANDB_MODE": "x"}})  # no hook: nothing is called
     assert seen == [{"WANDB_MODE": "1"}]

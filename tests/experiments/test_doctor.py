@@ -95,7 +95,7 @@ def test_demand_of_the_local_and_verl_configs(cfgs):
     v = doctor.demand(cfgs["verl"])
     assert (v.gpus_per_node, v.nodes, v.rollout, v.attn) == (8, 1, "vllm", "sdpa")
     assert doctor.demand(cfgs["verl_flash"]).attn == "flash_attention_2"
-    assert v.sizes == "trainer.nnodes=1 x trainer.n_gpus_per_node=8"  # ema_pg_core.verl.resources.worker_pool
+    assert v.sizes == "trainer.nnodes=1 x trainer.n_gpus_per_node=8"  # experiments.backends.verl.resources.worker_pool
     assert v.gpu_memory_utilization == 0.85 and v.model == "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
     assert dict(v.files) == {
         "backend.verl.train_files": "~/data/emapg/math/train.parquet",

@@ -9,8 +9,8 @@ import types
 
 import pytest
 
-from ema_pg_core.verl.config import rotate
 from experiments import build
+from experiments.backends.verl.config import rotate
 from experiments.errors import StoppedUnhealthy
 from experiments.records import RunRecord, read_health, read_metrics, read_status
 from experiments.run import _VerlFollower, run
@@ -47,7 +47,7 @@ def test_the_follower_stops_at_a_kl_spike_and_records_nothing_after_it(tmp_path)
 
 @pytest.fixture
 def fake_verl(monkeypatch):
-    """`experiments.backends.verl.run_config` writing `steps` like verl would; stop_run calls are counted."""
+    """`experiments.backends.verl.launch.run_config` writing `steps` like verl would; stop_run calls are counted."""
     fake = types.SimpleNamespace(steps={}, stops=0)
 
     def run_config(run, *rest):  # (the job, and W&B settings when the run has them)
@@ -57,9 +57,9 @@ def fake_verl(monkeypatch):
     def stop_run():
         fake.stops += 1
 
-    monkeypatch.setattr("experiments.backends.verl.run_config", run_config)
-    monkeypatch.setattr("ema_pg_core.verl.require_verl", lambda: None)
-    monkeypatch.setattr("ema_pg_core.verl.failures.stop_run", stop_run)
+    monkeypatch.setattr("experiments.backends.verl.launch.run_config", run_config)
+    monkeypatch.setattr("experiments.backends.verl.require_verl", lambda: None)
+    monkeypatch.setattr("experiments.backends.verl.failures.stop_run", stop_run)
     monkeypatch.setattr("experiments.run.VERL_POLL_S", 0.0)
     return fake
 

@@ -29,7 +29,7 @@ from ema_pg_core.config import (
     probe_prompts,
 )
 from ema_pg_core.local.trainer import LocalConfig
-from experiments.backends.verl import VerlSettings
+from experiments.backends.verl.launch import VerlSettings
 from experiments.errors import classify
 from experiments.schema import ModelConfig, RunConfig, TaskConfig
 

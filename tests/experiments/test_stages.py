@@ -118,7 +118,7 @@ def test_task_stages_and_their_checks():
 
 
 def test_a_verl_stage_starts_from_the_previous_global_step_with_the_anchor(tmp_path):
-    from experiments.backends.verl import to_verl
+    from experiments.backends.verl.launch import to_verl
     from experiments.run import stage_job_config
 
     ckpt = tmp_path / "ckpt"

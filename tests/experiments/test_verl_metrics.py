@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ema_pg_core.verl.config import rotate
 from experiments import build
+from experiments.backends.verl.config import rotate
 from experiments.records import read_metrics, read_status, read_summary
 from experiments.run import run
 from experiments.verl_metrics import FILE, attempt_files, convert, read_attempts, to_rows
@@ -99,7 +99,7 @@ def test_a_resumed_attempts_first_validation_joins_the_checkpoint_step(tmp_path)
 
 
 class FakeVerl:
-    """`experiments.backends.verl.run_config` stand-in: writes verl's file-logger lines like verl would
+    """`experiments.backends.verl.launch.run_config` stand-in: writes verl's file-logger lines like verl would
     (to the path our TaskRunner rotates), then returns 0 or crashes. Set `steps`/`crash` per call."""
 
     def __init__(self):
@@ -118,8 +118,8 @@ class FakeVerl:
 @pytest.fixture
 def fake_verl(monkeypatch):
     fake = FakeVerl()
-    monkeypatch.setattr("experiments.backends.verl.run_config", lambda *a, **k: fake.run_config(*a, **k))
-    monkeypatch.setattr("ema_pg_core.verl.require_verl", lambda: None)
+    monkeypatch.setattr("experiments.backends.verl.launch.run_config", lambda *a, **k: fake.run_config(*a, **k))
+    monkeypatch.setattr("experiments.backends.verl.require_verl", lambda: None)
     return fake
 
 
@@ -157,7 +157,7 @@ def test_a_verl_run_is_recorded_and_reported_while_it_runs(monkeypatch, tmp_path
     import threading
 
     monkeypatch.setattr("experiments.run.VERL_POLL_S", 0.01)
-    monkeypatch.setattr("ema_pg_core.verl.require_verl", lambda: None)
+    monkeypatch.setattr("experiments.backends.verl.require_verl", lambda: None)
     seen_live = threading.Event()
     callers = set()
 
@@ -171,7 +171,7 @@ def test_a_verl_run_is_recorded_and_reported_while_it_runs(monkeypatch, tmp_path
             f.write(json.dumps({"step": 2, "data": STEP}) + "\n")
         return 0
 
-    monkeypatch.setattr("experiments.backends.verl.run_config", run_config)
+    monkeypatch.setattr("experiments.backends.verl.launch.run_config", run_config)
 
     def callback(it, metrics, ckpt):
         callers.add(threading.current_thread().name)
@@ -210,7 +210,7 @@ def test_follower_rewinds_a_step_a_resumed_attempt_replays(tmp_path):
 
 
 def test_follower_stops_a_run_on_failed_rollouts_or_no_progress_but_not_a_finished_one(tmp_path, monkeypatch):
-    from ema_pg_core.verl import failures
+    from experiments.backends.verl import failures
     from experiments.records import RunRecord
     from experiments.run import RunFailed, _VerlFollower
 
@@ -296,7 +296,7 @@ def test_a_stopped_verl_run_is_interrupted_not_failed(fake_verl, tmp_path, monke
     from experiments.errors import Terminated
 
     stopped = []
-    monkeypatch.setattr("ema_pg_core.verl.failures.stop_run", lambda: stopped.append(True))
+    monkeypatch.setattr("experiments.backends.verl.failures.stop_run", lambda: stopped.append(True))
     real = fake_verl.run_config
 
     def run_config(run, wandb=None):
@@ -314,7 +314,7 @@ def test_a_stopped_verl_run_is_interrupted_not_failed(fake_verl, tmp_path, monke
 
 # ---------------------------------------------------------------- per-problem rows and the anchor's evaluation
 def test_validation_samples_become_one_row_per_problem_and_model():
-    from ema_pg_core.verl.evals import anchor_keys, problem_id, problem_rows
+    from experiments.backends.verl.evals import anchor_keys, problem_id, problem_rows
 
     # two prompts x 3 samples, interleaved as verl may return them; scores are the 0/1 reward
     sources = ["aime2024", "amc", "aime2024", "amc", "aime2024", "amc"]
@@ -357,7 +357,7 @@ def test_convert_maps_the_anchors_validation_to_eval_anchor():
 def test_anchor_weights_go_into_the_actor_and_the_actor_comes_back_exactly():
     import torch
 
-    from ema_pg_core.verl.evals import load_anchor_, restore_actor_
+    from experiments.backends.verl.evals import load_anchor_, restore_actor_
 
     g = torch.Generator().manual_seed(0)
     actor = [torch.randn(3, 4, generator=g), torch.randn(5, generator=g, dtype=torch.float64)]
@@ -370,8 +370,8 @@ def test_anchor_weights_go_into_the_actor_and_the_actor_comes_back_exactly():
 
 
 def test_follower_records_the_rows_of_the_steps_it_recorded(tmp_path):
-    from ema_pg_core.verl.evals import FILE as EVALS
-    from ema_pg_core.verl.evals import append_rows
+    from experiments.backends.verl.evals import FILE as EVALS
+    from experiments.backends.verl.evals import append_rows
     from experiments.records import RunRecord, read_evals
     from experiments.run import _VerlFollower
 

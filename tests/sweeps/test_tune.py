@@ -640,7 +640,7 @@ def test_settle_waits_for_stopped_trials_to_close_their_records(tmp_path):
 def test_every_status_line_says_what_waiting_trials_reserve_and_what_each_node_has_free(monkeypatch, capsys):
     from types import SimpleNamespace
 
-    import ema_pg_core.verl.resources as resources
+    import experiments.backends.verl.resources as resources
     from sweeps import spec as sweep_spec
     from sweeps import tune as sweep_tune
 

@@ -1,5 +1,5 @@
 """verl's real FSDP2 engine on CPU in a test process: the product's CPU platform
-(``ema_pg_core.verl.cpu.install``) and a gloo process group of the caller's (``init_gloo``).
+(``experiments.backends.verl.cpu.install``) and a gloo process group of the caller's (``init_gloo``).
 
 verl's engine needs a process group even at world size 1; outside Ray, nothing creates it.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 
-from ema_pg_core.verl.cpu import install  # noqa: F401  (the tests' entry point)
+from experiments.backends.verl.cpu import install  # noqa: F401  (the tests' entry point)
 
 
 def free_port() -> int:

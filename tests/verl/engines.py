@@ -188,7 +188,7 @@ def emapg_worker(model_path: str, section, rollout_temperature: float = 1.0):
     from verl.workers.config import FSDPActorConfig
     from verl.workers.utils.losses import ppo_loss
 
-    from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
+    from experiments.backends.verl.worker import EmaPGActorRolloutRefWorker
 
     w = object.__new__(EmaPGActorRolloutRefWorker)
     w.role, w.distillation_enabled = "actor_rollout_ref", False
@@ -216,7 +216,7 @@ def perturb(module, scale: float, seed: int) -> None:
 def actor_and_anchor(model_path):
     """(actor, anchor): training workers on the same tiny model with the plugin's engine class, the anchor's
     weights perturbed so that it differs from the policy."""
-    from ema_pg_core.verl.engine import reclass
+    from experiments.backends.verl.engine import reclass
 
     actor = training_worker(model_path, forward_only=False)
     ref = training_worker(model_path, forward_only=True)
@@ -229,7 +229,7 @@ def actor_and_anchor(model_path):
 def pass_fields(actor, ref, passes, temperature: float = 0.8) -> tuple[dict[str, int], dict[str, torch.Tensor]]:
     """({pass: bytes per token it adds}, {key: nested tensor} all passes added): pi_old's pass on `actor`, then the
     anchor's on `ref`, over the test batch, with the pass flags ``passes["old"]``, ``passes["ref"]``."""
-    from ema_pg_core.verl.engine import set_pass
+    from experiments.backends.verl.engine import set_pass
 
     verl_own = set(actor.infer_batch(batch(temperature=temperature)[0]).keys())  # mode "off": plain verl's
     per_token, fields = {}, {}

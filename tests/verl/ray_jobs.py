@@ -1,7 +1,7 @@
 """Ray drivers the placement tests start as child processes (each its own Ray job on the test's cluster).
 
 python tests/verl/ray_jobs.py transfer_queue <address> <namespace> <name> <barrier dir> <fail: 0|1>
-python -m ema_pg_core.verl.main ... is what a sweep trial starts; ``probe_main`` stands in for it here.
+python -m experiments.backends.verl.main ... is what a sweep trial starts; ``probe_main`` stands in for it here.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def transfer_queue(address: str, namespace: str, name: str, barrier: str, fail: 
     have done the same, and lists the keys its TransferQueue holds. Prints one JSON line."""
     import ray
 
-    from ema_pg_core.verl.failures import SETUP_HOOK, create_actor
+    from experiments.backends.verl.failures import SETUP_HOOK, create_actor
 
     ray.init(address=address, namespace=namespace, runtime_env={"worker_process_setup_hook": SETUP_HOOK})
     log = create_actor()
@@ -61,19 +61,19 @@ def _meet(barrier: str, stage: str, name: str, jobs: int = 2) -> None:
 
 
 def probe_main(probe_out: str, argv: list[str]) -> int:
-    """What ``ema_pg_core.verl.main`` does in a sweep trial's child, with a TaskRunner that only reports what
+    """What ``experiments.backends.verl.main`` does in a sweep trial's child, with a TaskRunner that only reports what
     its workers see: the composed verl config joins the trial (``join_trial``) and verl's ``run_ppo`` starts Ray
     and the TaskRunner (``_Launch``: in the trial's group). The TaskRunner then logs a failed rollout and waits
     until the trial has seen it (``<output>.seen``)."""
     import ray
     from omegaconf import open_dict
 
-    from ema_pg_core.verl import require_verl
+    from experiments.backends.verl import require_verl
 
     require_verl()  # before verl detects a platform: registers ours when VERL_PLATFORM=cpu (as main does)
     from verl.trainer.main_ppo import run_ppo
 
-    from ema_pg_core.verl.main import _Launch, compose, join_trial
+    from experiments.backends.verl.main import _Launch, compose, join_trial
 
     cfg = compose(argv)
     join_trial(cfg)
@@ -86,7 +86,7 @@ def probe_main(probe_out: str, argv: list[str]) -> int:
             def child():
                 import logging as lg
 
-                from ema_pg_core.verl import failures, placement
+                from experiments.backends.verl import failures, placement
 
                 hooked = any(isinstance(h, failures._Forward) for h in lg.getLogger().handlers)
                 pg = ray.util.get_current_placement_group()

@@ -22,7 +22,7 @@ def ema_worker(rank, world, port, out_dir):
     from torch.distributed.fsdp import fully_shard
 
     from ema_pg_core.anchor import EmaAnchor, ema_update_
-    from ema_pg_core.verl.ema import drift, ema_update_sharded_, floating_state
+    from experiments.backends.verl.ema import drift, ema_update_sharded_, floating_state
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -71,7 +71,7 @@ def verl_engines_ema_worker(rank, world, port, model_path, out_dir):
     cpu_shim.install()
     cpu_shim.init_gloo(rank, world, port)
     from ema_pg_core.anchor import ema_update_
-    from ema_pg_core.verl.ema import drift, ema_update_sharded_
+    from experiments.backends.verl.ema import drift, ema_update_sharded_
 
     actor = engines.training_worker(model_path, forward_only=False)
     ref = engines.training_worker(model_path, forward_only=True)
@@ -108,7 +108,7 @@ def drop_count_worker(rank, world, port, model_path, out_dir):
     cpu_shim.init_gloo(rank, world, port)
     from verl.utils import tensordict_utils as tu
 
-    from ema_pg_core.verl.engine import DROP_KEY, reclass
+    from experiments.backends.verl.engine import DROP_KEY, reclass
 
     actor = engines.training_worker(model_path, forward_only=False)
     reclass(actor.engine)

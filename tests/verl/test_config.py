@@ -1,4 +1,4 @@
-"""Run config -> verl launch (``experiments.backends.verl.to_verl``).
+"""Run config -> verl launch (``experiments.backends.verl.launch.to_verl``).
 
 - golden: the paper's math (8k stage) and search runs (the authors' released scripts) compile to the committed
   command lines in golden/*.cmd.txt (regenerate with EMAPG_UPDATE_GOLDEN=1 and review the diff);
@@ -20,8 +20,8 @@ import yaml
 from pydantic import ValidationError
 
 from ema_pg_core.overrides import hydra_value
-from ema_pg_core.verl.config import EmaPGSection, split_argv, topk_passes
-from experiments.backends.verl import to_verl
+from experiments.backends.verl.config import EmaPGSection, split_argv, topk_passes
+from experiments.backends.verl.launch import to_verl
 
 GOLDEN = Path(__file__).parent / "golden"
 RUNS = sorted(p.name[: -len(".run.yaml")] for p in GOLDEN.glob("*.run.yaml"))
@@ -161,7 +161,7 @@ def test_passes_follow_capabilities():
 def test_anchor_schedule_matches_core():
     from ema_pg_core.anchor import EmaAnchor
     from ema_pg_core.config import AnchorConfig
-    from ema_pg_core.verl.config import anchor_due
+    from experiments.backends.verl.config import anchor_due
 
     for tau, period in ((0.9, 10), (0.95, 3), (1.0, 10)):
         core = EmaAnchor(__import__("torch").nn.Linear(1, 1), tau, period)
@@ -267,10 +267,10 @@ def test_compiled_config_instantiates_verl_dataclasses(name, tiny_path):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-    from ema_pg_core.verl.main import compose
+    from experiments.backends.verl.main import compose
 
     job = _job(name)
-    # argv after `python -m ema_pg_core.verl.main`; the model path points at the local tiny model
+    # argv after `python -m experiments.backends.verl.main`; the model path points at the local tiny model
     # because verl's model config reads the HF config (no downloads in tests)
     cfg = compose(job.command()[3:] + [f"actor_rollout_ref.model.path={tiny_path}"])
     assert cfg.emapg.kl.type == job.emapg["kl"]["type"]
@@ -299,7 +299,7 @@ def test_compiled_config_instantiates_verl_dataclasses(name, tiny_path):
 
 
 def test_cpu_device_compiles_to_verls_cpu_mode_and_every_run_gets_the_failure_hook():
-    from ema_pg_core.verl import cpu, failures
+    from experiments.backends.verl import cpu, failures
 
     run = yaml.safe_load((GOLDEN / "math_deepscaler_8k.run.yaml").read_text())
     gpu = _overrides(to_verl(run))
@@ -358,7 +358,7 @@ def test_verl_builds_the_models_with_the_composed_attention(drop_ours, tiny_path
     and the reference alike) and defaults to flash_attention_2 without it: the key is what keeps flash-attn out."""
     from verl.utils.config import omega_conf_to_dataclass
 
-    from ema_pg_core.verl.main import compose
+    from experiments.backends.verl.main import compose
 
     argv = [a for a in _job("math_deepscaler_8k").command()[3:] if not (drop_ours and a.startswith(ATTN))]
     cfg = compose(argv + [f"actor_rollout_ref.model.path={tiny_path}"])

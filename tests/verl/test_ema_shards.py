@@ -34,7 +34,7 @@ def test_sharded_ema_equals_unsharded(world, tmp_path):
 
 
 def test_mismatched_modules_are_refused():
-    from ema_pg_core.verl.ema import ema_update_sharded_
+    from experiments.backends.verl.ema import ema_update_sharded_
 
     a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2, bias=False)
     with pytest.raises(ValueError, match="differ"):

@@ -19,7 +19,7 @@ LAYOUTS = {  # (remove_padding, micro-batch size, dynamic token budget)
 
 @pytest.fixture(scope="module", params=list(LAYOUTS), ids=list(LAYOUTS))
 def workers(request, tiny_path):
-    from ema_pg_core.verl.engine import reclass
+    from experiments.backends.verl.engine import reclass
 
     rmpad, micro, tokens = LAYOUTS[request.param]
     actor = engines.training_worker(
@@ -50,7 +50,7 @@ def _plain_copy(tiny_path, worker):
 def test_topk_outputs_equal_naive(workers, tiny_path):
     from verl.workers.utils.padding import no_padding_2_padding
 
-    from ema_pg_core.verl.engine import set_pass
+    from experiments.backends.verl.engine import set_pass
 
     actor, ref, base_lp = workers
     T = 0.7
@@ -100,7 +100,7 @@ def test_pass_off_is_plain_verl(workers):
 
 
 def test_reclass_refuses_other_engines():
-    from ema_pg_core.verl.engine import reclass
+    from experiments.backends.verl.engine import reclass
 
     with pytest.raises(TypeError, match="FSDPEngineWithLMHead"):
         reclass(object())
@@ -108,7 +108,7 @@ def test_reclass_refuses_other_engines():
 
 def _pass(worker, mode, carry=None, **flags):
     """The tensors a pass adds (prefix "p_"), on the fixed test batch at temperature 0.7."""
-    from ema_pg_core.verl.engine import set_pass
+    from experiments.backends.verl.engine import set_pass
 
     td, _ = engines.batch(temperature=0.7)
     td.update(carry or {})
@@ -145,7 +145,7 @@ def test_ids_mode_and_logp_flag_send_exactly_what_self_and_gather_would(workers)
 def test_ids_mode_breaks_ties_as_self_does(tiny_path):
     """Logits with ties at the head's cut: 50 of the 100 vocabulary rows of the (tied) LM head are zero, so each
     position has 50 logits exactly 0 and a top-40 that ends inside them; "ids" keeps the same of them as "self"."""
-    from ema_pg_core.verl.engine import reclass
+    from experiments.backends.verl.engine import reclass
 
     worker = engines.training_worker(tiny_path, forward_only=True)
     with torch.no_grad():

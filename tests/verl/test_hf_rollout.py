@@ -1,4 +1,4 @@
-"""The hf rollout engine (ema_pg_core.verl.hf_rollout) outside Ray: sampling settings, stop strings,
+"""The hf rollout engine (experiments.backends.verl.hf_rollout) outside Ray: sampling settings, stop strings,
 log-probs, batching of concurrent requests, weight syncs, and the registration in verl's registries."""
 
 import asyncio
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.verl
 def _server(tiny_path, **rollout):
     from verl.workers.config import RolloutConfig
 
-    from ema_pg_core.verl.hf_rollout import HFGenerationServer
+    from experiments.backends.verl.hf_rollout import HFGenerationServer
 
     cfg = RolloutConfig(name="hf", prompt_length=16, response_length=12, **rollout)
     mc = types.SimpleNamespace(
@@ -23,7 +23,7 @@ def _server(tiny_path, **rollout):
 
 
 def test_sampling_params_and_the_cut():
-    from ema_pg_core.verl.hf_rollout import Sampling, cut
+    from experiments.backends.verl.hf_rollout import Sampling, cut
 
     s = Sampling.from_params(
         {
@@ -100,7 +100,7 @@ def test_registered_in_both_verl_registries():
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.rollout.replica import RolloutReplica, get_rollout_replica_class
 
-    from ema_pg_core.verl import hf_rollout
+    from experiments.backends.verl import hf_rollout
 
     hf_rollout.register()
     assert issubclass(get_rollout_replica_class("hf"), RolloutReplica)

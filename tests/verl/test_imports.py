@@ -1,11 +1,16 @@
-"""Importing ema_pg_core.verl (and its pure modules) never imports verl; the rest is lazy."""
+"""Importing experiments.backends.verl (and its pure modules) never imports verl; the rest is lazy."""
 
 import subprocess
 import sys
 
 import pytest
 
-PURE = ["ema_pg_core.verl", "ema_pg_core.verl.config", "ema_pg_core.verl.ema", "ema_pg_core.verl.layout"]
+PURE = [
+    "experiments.backends.verl",
+    "experiments.backends.verl.config",
+    "experiments.backends.verl.ema",
+    "experiments.backends.verl.layout",
+]
 
 
 def test_pure_modules_import_without_verl():
@@ -25,7 +30,7 @@ def test_require_verl_message(monkeypatch):
 
     import pytest
 
-    from ema_pg_core.verl import require_verl
+    from experiments.backends.verl import require_verl
 
     real = builtins.__import__
 
@@ -47,6 +52,10 @@ def test_verl_platform_cpu_in_the_environment_is_a_known_platform():
 
     env = {**os.environ, "VERL_PLATFORM": "cpu"}
     out = subprocess.run(
-        [sys.executable, "-c", "import ema_pg_core.verl.main"], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-c", "import experiments.backends.verl.main"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-2000:]

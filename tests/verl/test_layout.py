@@ -29,7 +29,7 @@ def _nested_batch(td):
 def test_layout_packed_inverts_no_padding_2_padding(verl_cpu, nested):
     from verl.workers.utils.padding import no_padding_2_padding
 
-    from ema_pg_core.verl.layout import Layout, padded_response
+    from experiments.backends.verl.layout import Layout, padded_response
 
     td, padded = engines.batch()
     if nested:
@@ -59,7 +59,7 @@ def test_layout_is_no_padding_2_padding_with_the_positions_computed_once(verl_cp
     refused."""
     from verl.workers.utils.padding import no_padding_2_padding
 
-    from ema_pg_core.verl.layout import Layout
+    from experiments.backends.verl.layout import Layout
 
     td, _ = engines.batch()
     if nested:

@@ -26,7 +26,7 @@ CASES = [  # (kl type, tail, use_iw, agg)
 
 
 def _pair(tiny_path, dynamic_tokens=None):
-    from ema_pg_core.verl.engine import reclass
+    from experiments.backends.verl.engine import reclass
 
     micro = 1 if dynamic_tokens else 4
     actor = engines.training_worker(tiny_path, forward_only=False, micro=micro, dynamic_tokens=dynamic_tokens)
@@ -62,8 +62,8 @@ def _plain(tiny_path, worker):
 
 def _train_batch(actor, ref, kl_cfg, T, drop=()):
     """The update-pass TensorDict with the Top-k fields produced by the engines' own passes."""
-    from ema_pg_core.verl.config import topk_passes
-    from ema_pg_core.verl.engine import set_pass
+    from experiments.backends.verl.config import topk_passes
+    from experiments.backends.verl.engine import set_pass
 
     passes = topk_passes(kl_cfg)
     fields = {}
@@ -113,7 +113,7 @@ def test_truncation_cap_masks_the_capped_response_in_the_engine(engines_pair, kl
     """mask_truncated without TransferQueue writes: the full masks, as TransferQueue holds them (``response_mask``
     and ``loss_mask``, dense or jagged), with the engine's CAP_KEY give verl's loss value and gradients of the
     batch whose capped response (row 0, 7 tokens) had its masks zeroed beforehand, bit for bit."""
-    from ema_pg_core.verl.engine import CAP_KEY, DROP_KEY
+    from experiments.backends.verl.engine import CAP_KEY, DROP_KEY
 
     actor, ref = engines_pair
     capped = _verl_value_and_grads(actor, ref, kl_type, tail, use_iw, agg, jagged, {CAP_KEY: 7, DROP_KEY: True})
@@ -134,7 +134,7 @@ def _verl_value_and_grads(actor, ref, kl_type, tail, use_iw, agg, jagged, flags,
     from verl.workers.config import FSDPActorConfig
 
     from ema_pg_core.config import KLConfig, LossConfig
-    from ema_pg_core.verl.loss import emapg_actor_loss
+    from experiments.backends.verl.loss import emapg_actor_loss
 
     kl_cfg = KLConfig(type=kl_type, k=4, tail=tail, coef=0.5, use_iw=use_iw)
     cfg = FSDPActorConfig(
@@ -166,8 +166,8 @@ def _check(pair, tiny_path, kl_type, tail, use_iw, agg, dynamic, drop=(), drop_k
     from ema_pg_core.kl import KLInputs, get_estimator
     from ema_pg_core.loss import policy_loss
     from ema_pg_core.topk import kl_inputs, token_stats_from_logits
-    from ema_pg_core.verl.engine import DROP_KEY
-    from ema_pg_core.verl.loss import emapg_actor_loss
+    from experiments.backends.verl.engine import DROP_KEY
+    from experiments.backends.verl.loss import emapg_actor_loss
 
     actor, ref = pair
     T = 0.8

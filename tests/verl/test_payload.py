@@ -51,7 +51,7 @@ def pair(tiny_path):
 @pytest.mark.parametrize("kl_type", ["topk_reverse", "topk_forward"])
 def test_payload_bytes_per_token(pair, kl_type):
     from ema_pg_core.config import KLConfig
-    from ema_pg_core.verl.config import topk_passes
+    from experiments.backends.verl.config import topk_passes
 
     actor, ref = pair
     now, _ = engines.pass_fields(actor, ref, topk_passes(KLConfig(type=kl_type, k=K)))
@@ -74,7 +74,7 @@ class _VerlLayout:
     def __init__(self, data):
         from verl.workers.utils.padding import no_padding_2_padding
 
-        from ema_pg_core.verl.layout import Layout
+        from experiments.backends.verl.layout import Layout
 
         self.data, self.packed, self.to_response = data, Layout.of(data).packed, no_padding_2_padding
         self.valid = no_padding_2_padding(torch.ones(data["input_ids"].values().shape[0], dtype=torch.bool), data)
@@ -90,8 +90,8 @@ def _loss(actor, fields, kl_cfg, T=0.8):
     from verl.workers.config import FSDPActorConfig
 
     from ema_pg_core.config import LossConfig
-    from ema_pg_core.verl.engine import set_pass
-    from ema_pg_core.verl.loss import emapg_actor_loss
+    from experiments.backends.verl.engine import set_pass
+    from experiments.backends.verl.loss import emapg_actor_loss
 
     cfg = FSDPActorConfig(
         strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False, rollout_n=1
@@ -112,8 +112,8 @@ def _loss(actor, fields, kl_cfg, T=0.8):
 @pytest.mark.parametrize("kl_type,tail,use_iw", [("topk_reverse", "unbiased", True), ("topk_forward", "paper", True)])
 def test_loss_is_unchanged_by_the_smaller_payload(pair, monkeypatch, kl_type, tail, use_iw):
     from ema_pg_core.config import KLConfig
-    from ema_pg_core.verl import loss
-    from ema_pg_core.verl.config import topk_passes
+    from experiments.backends.verl import loss
+    from experiments.backends.verl.config import topk_passes
 
     actor, ref = pair
     kl_cfg = KLConfig(type=kl_type, k=K, tail=tail, coef=0.5, use_iw=use_iw)
@@ -159,8 +159,8 @@ def test_one_log_prob_pass_gives_the_loss_of_two(pair, monkeypatch, kl_type, tai
     from verl.workers.engine.fsdp import transformer_impl
 
     from ema_pg_core.config import KLConfig
-    from ema_pg_core.verl import engine, loss
-    from ema_pg_core.verl.config import topk_passes
+    from experiments.backends.verl import engine, loss
+    from experiments.backends.verl.config import topk_passes
 
     actor, ref = pair
     kl_cfg = KLConfig(type=kl_type, k=K, tail=tail, coef=0.5, use_iw=use_iw)
@@ -197,8 +197,8 @@ def test_loss_is_unchanged_by_the_layout_computed_once(pair, monkeypatch, kl_typ
     micro-batch; with verl's ``no_padding_2_padding`` on every field (the loss before) its value, its ``topk/*``
     metrics and every gradient are the same bit for bit."""
     from ema_pg_core.config import KLConfig
-    from ema_pg_core.verl import loss
-    from ema_pg_core.verl.config import topk_passes
+    from experiments.backends.verl import loss
+    from experiments.backends.verl.config import topk_passes
 
     actor, ref = pair
     kl_cfg = KLConfig(type=kl_type, k=K, tail="unbiased", coef=0.5, use_iw=True)

@@ -1,4 +1,4 @@
-"""A verl job inside a Ray Tune trial and beside other verl jobs (``ema_pg_core.verl.placement``, ``resources``).
+"""A verl job inside a Ray Tune trial and beside other verl jobs (``backends.verl.placement``, ``resources``).
 
 - what a trial reserves for its verl job, per layout (one bundle per rank; the TaskRunner, TransferQueue's
   controller and storage units inside), and what is refused;
@@ -27,9 +27,9 @@ HERE = Path(__file__).parent
 def _verl_config(*overrides: str):
     from omegaconf import OmegaConf
 
-    from ema_pg_core.verl.main import compose
     from experiments import build
-    from experiments.backends.verl import to_verl
+    from experiments.backends.verl.launch import to_verl
+    from experiments.backends.verl.main import compose
 
     cfg = build.compose(["experiment=math_deepscaler_ema_pg", "trainer.device=cpu", "backend.verl.rollout_engine=hf"])
     run = OmegaConf.to_container(cfg, resolve=True)
@@ -41,7 +41,7 @@ def _verl_config(*overrides: str):
     "nodes, per_node, strategy", [(1, 8, "STRICT_PACK"), (2, 1, "STRICT_SPREAD"), (2, 4, "PACK"), (1, 2, "STRICT_PACK")]
 )
 def test_a_trial_reserves_one_bundle_per_rank_with_the_taskrunner_and_transfer_queue_inside(nodes, per_node, strategy):
-    from ema_pg_core.verl.resources import trial_placement
+    from experiments.backends.verl.resources import trial_placement
 
     _, cfg = _verl_config(f"trainer.nnodes={nodes}", f"trainer.n_gpus_per_node={per_node}")
     p = trial_placement(cfg)
@@ -62,7 +62,7 @@ def test_a_trial_reserves_one_bundle_per_rank_with_the_taskrunner_and_transfer_q
 
 
 def test_pools_a_single_group_cannot_express_are_refused():
-    from ema_pg_core.verl.resources import trial_placement
+    from experiments.backends.verl.resources import trial_placement
 
     _, cfg = _verl_config("trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=4")
     with pytest.raises(ValueError, match="tensor_model_parallel_size=4 spans nodes"):
@@ -127,8 +127,8 @@ def test_two_verl_jobs_on_one_cluster_see_only_their_own_transfer_queue_and_fail
 def test_a_trial_runs_its_verl_job_as_a_ray_job_of_its_own_in_the_trials_group(local_ray, tmp_path):
     from ray import tune
 
-    from ema_pg_core.verl.main import _run_in_trial
-    from ema_pg_core.verl.resources import trial_placement
+    from experiments.backends.verl.main import _run_in_trial
+    from experiments.backends.verl.resources import trial_placement
 
     argv, cfg = _verl_config(
         "trainer.n_gpus_per_node=2", "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"
@@ -143,7 +143,7 @@ def test_a_trial_runs_its_verl_job_as_a_ray_job_of_its_own_in_the_trials_group(l
 
         import ray
 
-        from ema_pg_core.verl.failures import first_failure
+        from experiments.backends.verl.failures import first_failure
 
         pg = ray.util.get_current_placement_group()
         job = threading.Thread(target=_run_in_trial, args=(argv, pg, tmp_path / "run", launcher))
@@ -184,7 +184,7 @@ def test_waiting_trials_say_what_they_reserve_and_what_each_node_has_free():
 
 
 def test_a_run_on_a_shared_cluster_says_what_it_waits_for_until_its_demand_is_free():
-    from ema_pg_core.verl.resources import Item, wait_for_room
+    from experiments.backends.verl.resources import Item, wait_for_room
 
     need = [Item("TaskRunner", (), 1, 1.0), Item("workers", (), 2, 6.0, 2.0)]
     frees = iter(
@@ -195,7 +195,7 @@ def test_a_run_on_a_shared_cluster_says_what_it_waits_for_until_its_demand_is_fr
     def sleep(s):  # a fake clock: each poll advances it
         clock[0] += s
 
-    import ema_pg_core.verl.resources as resources
+    import experiments.backends.verl.resources as resources
 
     real = resources.time.monotonic
     resources.time.monotonic = lambda: clock[0]

@@ -41,7 +41,7 @@ def _full(module) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def step_one(tiny_path):
     """(actor, reference) with verl's default mixed precision and the same weights."""
-    from ema_pg_core.verl.engine import reclass
+    from experiments.backends.verl.engine import reclass
 
     actor = engines.training_worker(tiny_path, forward_only=False, verl_precision=True)
     ref = engines.training_worker(tiny_path, forward_only=True, verl_precision=True)
@@ -62,7 +62,7 @@ def _recording_loss(
     config, model_output=None, data=None, dp_group=None, student_logits=None, data_format="thd", *, kl, loss, seen
 ):
     """``emapg_actor_loss``; its final-loss role also records the per-token KL (B, T) it aggregates and the mask."""
-    from ema_pg_core.verl.loss import emapg_actor_loss
+    from experiments.backends.verl.loss import emapg_actor_loss
 
     out = emapg_actor_loss(
         config=config,
@@ -83,8 +83,8 @@ def _loss_kl(model_output, data, kl) -> tuple[torch.Tensor, torch.Tensor]:
     """(per-token KL (B, T), response mask (B, T)) as ``final_loss`` sees them: the hook's Top-k KL, or
     the sampled estimator on verl's log-probs."""
     from ema_pg_core.kl import ImportanceWeight, KLInputs, kl_per_token
-    from ema_pg_core.verl.layout import Layout, padded_response
-    from ema_pg_core.verl.loss import KL_KEY
+    from experiments.backends.verl.layout import Layout, padded_response
+    from experiments.backends.verl.loss import KL_KEY
 
     lay = Layout.of(data)
     logp = lay.response(model_output["log_probs"]).detach()  # (B, T)
@@ -104,8 +104,8 @@ def _step_one_kl(actor, ref, kl_cfg, temperature: float) -> torch.Tensor:
     from verl.workers.utils.padding import no_padding_2_padding
 
     from ema_pg_core.config import LossConfig
-    from ema_pg_core.verl.config import topk_passes
-    from ema_pg_core.verl.engine import set_pass
+    from experiments.backends.verl.config import topk_passes
+    from experiments.backends.verl.engine import set_pass
 
     passes = topk_passes(kl_cfg)
     fields, logprobs = {}, {}

@@ -1,4 +1,4 @@
-"""The KL probe on the verl backend (``ema_pg_core.verl.probe``) through the worker's RPC methods on real CPU
+"""The KL probe on the verl backend (``experiments.backends.verl.probe``) through the worker's RPC methods on real CPU
 FSDP2 engines (fp32; the worker built outside Ray as in test_worker_checkpoint):
 
 - ``capture_probe`` keeps the sequences and the policy's log-probs of them (pi_probe); after the policy moves,
@@ -21,7 +21,7 @@ T = 0.7  # the rollout temperature
 
 def _worker(tiny_path, kl_type="topk_reverse", tail="unbiased", agg="token-mean"):
     from ema_pg_core.config import AnchorConfig, KLConfig, LossConfig
-    from ema_pg_core.verl.config import EmaPGSection
+    from experiments.backends.verl.config import EmaPGSection
 
     kl = KLConfig(type=kl_type, k=8, tail=tail, coef=0.1)
     section = EmaPGSection(kl=kl, anchor=AnchorConfig(tau=0.9, period=10), loss=LossConfig(agg=agg))
@@ -94,7 +94,7 @@ def test_probe_equals_a_direct_computation_after_the_policy_moved(tiny_path, kl_
 
 
 def test_the_probe_travels_with_the_checkpoint(tiny_path, tmp_path):
-    from ema_pg_core.verl.probe import PROBE_FILE
+    from experiments.backends.verl.probe import PROBE_FILE
 
     w = _worker(tiny_path)
     _perturb(w.ref.engine.module, 0.05, seed=1)
@@ -119,7 +119,7 @@ def test_score_before_capture_is_an_error(tiny_path):
 
 
 def test_pick_takes_the_first_response_of_each_prompt_and_skips_padding():
-    from ema_pg_core.verl.probe import pick
+    from experiments.backends.verl.probe import pick
 
     uids = ["a", "a", "x", "b", "c", "b", "d"]
     tags = [{}, {}, {"is_padding": True}, {}, {}, {}, {}]
@@ -128,7 +128,7 @@ def test_pick_takes_the_first_response_of_each_prompt_and_skips_padding():
 
 
 def test_chunks_keep_each_group_within_the_budget():
-    from ema_pg_core.verl.probe import chunks
+    from experiments.backends.verl.probe import chunks
 
     assert chunks([3, 3, 3, 3], vocab=10, budget=3 * 10 * 4 * 2) == [[0, 1], [2, 3]]
     assert chunks([50, 1, 1], vocab=10, budget=100) == [[0], [1, 2]]  # one sequence over the budget: alone

@@ -1,4 +1,4 @@
-"""Ray resources of a verl launch (``ema_pg_core.verl.resources``), from the composed configs of the
+"""Ray resources of a verl launch (``experiments.backends.verl.resources``), from the composed configs of the
 shipped presets; no Ray is started.
 
 - the itemised demand of the math and search presets (1 node x 8 GPUs): TaskRunner 1 CPU,
@@ -30,9 +30,9 @@ def _composed(preset: str, *verl_overrides: str):
     """verl's composed config for a preset (``experiment=<preset>``), verl overrides appended last."""
     from omegaconf import OmegaConf
 
-    from ema_pg_core.verl.main import compose
     from experiments import build
-    from experiments.backends.verl import to_verl
+    from experiments.backends.verl.launch import to_verl
+    from experiments.backends.verl.main import compose
 
     cfg = build.compose([f"experiment={preset}"])
     build.validate(cfg)
@@ -49,7 +49,7 @@ def _no_detection(resource):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_demand_is_itemised_with_its_settings(preset):
-    from ema_pg_core.verl.resources import ray_demand
+    from experiments.backends.verl.resources import ray_demand
 
     need = ray_demand(_composed(preset))
     assert _table(need) == {
@@ -67,7 +67,7 @@ def test_preset_demand_is_itemised_with_its_settings(preset):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_default_demand_does_not_fit_two_cpus(preset):
-    from ema_pg_core.verl.resources import check_fits, ray_demand
+    from experiments.backends.verl.resources import check_fits, ray_demand
 
     with pytest.raises(ValueError) as err:
         check_fits(ray_demand(_composed(preset)), cluster_cpus=2, cluster_gpus=0)
@@ -85,7 +85,7 @@ def test_default_demand_does_not_fit_two_cpus(preset):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_shrunk_demand_fits_a_local_ray_of_the_computed_size(preset):
-    from ema_pg_core.verl.resources import check_fits, cluster_size, ray_demand
+    from experiments.backends.verl.resources import check_fits, cluster_size, ray_demand
 
     need = ray_demand(_composed(preset, *SHRUNK))
     cpus, gpus = sum(i.cpus for i in need), sum(i.gpus for i in need)
@@ -104,7 +104,7 @@ def test_shrunk_demand_fits_a_local_ray_of_the_computed_size(preset):
 
 
 def test_remote_reward_manager_starts_num_workers_processes_per_reward_worker():
-    from ema_pg_core.verl.resources import ray_demand
+    from experiments.backends.verl.resources import ray_demand
 
     table = _table(ray_demand(_composed(PRESETS[0], "reward.reward_manager.name=remote", "reward.num_workers=3")))
     settings = {"reward.num_workers": 3, "reward.reward_manager.name": "remote"}
@@ -112,7 +112,7 @@ def test_remote_reward_manager_starts_num_workers_processes_per_reward_worker():
 
 
 def test_rollout_servers_follow_the_replicas():
-    from ema_pg_core.verl.resources import ray_demand
+    from experiments.backends.verl.resources import ray_demand
 
     table = _table(ray_demand(_composed(PRESETS[0], "actor_rollout_ref.rollout.tensor_model_parallel_size=2")))
     assert table["rollout server actors (vllm)"][1:] == (4, 0, 0)  # 8 GPUs / TP 2, one node per replica
@@ -121,7 +121,7 @@ def test_rollout_servers_follow_the_replicas():
 def test_cluster_size_sources():
     from omegaconf import OmegaConf
 
-    from ema_pg_core.verl.resources import cluster_size
+    from experiments.backends.verl.resources import cluster_size
 
     def cfg(device="cuda", **ray_init):
         ray_kwargs = {"ray_init": {"num_cpus": None, **ray_init}}
@@ -143,7 +143,7 @@ def test_cluster_size_sources():
 
 
 def test_check_fits_counts_gpus_too():
-    from ema_pg_core.verl.resources import Item, check_fits
+    from experiments.backends.verl.resources import Item, check_fits
 
     need = [Item("pool", (("trainer.n_gpus_per_node", 2),), 2, 6, 2), Item("loop", (("k", 4),), 4, 0)]
     check_fits(need, 6, 2)

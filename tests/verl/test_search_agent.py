@@ -242,9 +242,9 @@ def test_search_preset_launch_reaches_the_loop(tmp_path, tiny_path):
     from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
 
-    from ema_pg_core.verl.main import compose
     from experiments import build
-    from experiments.backends.verl import to_verl
+    from experiments.backends.verl.launch import to_verl
+    from experiments.backends.verl.main import compose
     from experiments.run import agent_loops_path
 
     cfg = build.compose(["experiment=search_r1_ema_pg"])

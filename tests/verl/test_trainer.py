@@ -11,8 +11,8 @@ def test_registered_and_runner(verl_cpu):
     from verl.trainer.main_ppo import TaskRunnerV1
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    from ema_pg_core.verl.main import EmaPGTaskRunner
-    from ema_pg_core.verl.trainer import EmaPGTrainerSync
+    from experiments.backends.verl.main import EmaPGTaskRunner
+    from experiments.backends.verl.trainer import EmaPGTrainerSync
 
     assert get_trainer_cls("emapg_sync") is EmaPGTrainerSync
     assert issubclass(EmaPGTaskRunner, TaskRunnerV1.__ray_actor_class__)
@@ -25,8 +25,8 @@ def test_verl_runs_the_trainer_as_sync(monkeypatch, verl_cpu):
     from tensordict import TensorDict
     from verl.trainer.ppo.v1 import replay_buffer, trainer_base
 
-    from ema_pg_core.verl.main import compose
-    from ema_pg_core.verl.trainer import EmaPGTrainerSync
+    from experiments.backends.verl.main import compose
+    from experiments.backends.verl.trainer import EmaPGTrainerSync
 
     cfg = compose(
         [
@@ -67,8 +67,8 @@ def _trainer(monkeypatch, kl_type="topk_reverse", tau=0.9, period=3):
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
     from ema_pg_core.config import AnchorConfig, KLConfig
-    from ema_pg_core.verl.config import EmaPGSection, topk_passes
-    from ema_pg_core.verl.trainer import EmaPGTrainerSync
+    from experiments.backends.verl.config import EmaPGSection, topk_passes
+    from experiments.backends.verl.trainer import EmaPGTrainerSync
 
     seen = {}
 
@@ -89,7 +89,7 @@ def _trainer(monkeypatch, kl_type="topk_reverse", tau=0.9, period=3):
 
 
 def test_flags_per_pass_and_ema_schedule(monkeypatch, verl_cpu):
-    from ema_pg_core.verl.engine import IDS_KEY, LOGP, MODE
+    from experiments.backends.verl.engine import IDS_KEY, LOGP, MODE
 
     t, seen = _trainer(monkeypatch)
     updated = []
@@ -114,7 +114,7 @@ def test_flags_per_pass_and_ema_schedule(monkeypatch, verl_cpu):
 def test_ema_and_probe_are_timed_in_verls_timings(monkeypatch, verl_cpu):
     """The EMA and KL probe RPCs land in verl's timing_raw (logged as timing_s/emapg_ema, timing_s/emapg_probe)
     at the steps that run them, and nowhere else."""
-    from ema_pg_core.verl.trainer import EMA_TIMER, PROBE_TIMER
+    from experiments.backends.verl.trainer import EMA_TIMER, PROBE_TIMER
 
     t, _ = _trainer(monkeypatch, kl_type="k3", tau=0.9, period=2)
     t.emapg.probe_every = 3
@@ -155,7 +155,7 @@ def test_fixed_anchor_never_updates(monkeypatch, verl_cpu):
     ],
 )
 def test_check_verl_refuses_incompatible_settings(override, match, verl_cpu):
-    from ema_pg_core.verl.main import compose
+    from experiments.backends.verl.main import compose
 
     base = [
         "trainer.v1.trainer_mode=emapg_sync",
@@ -177,7 +177,7 @@ def _jagged(rows):
 def test_drop_truncated_zeroes_the_rows_that_hit_the_cap(verl_cpu):
     import torch
 
-    from ema_pg_core.verl.engine import drop_truncated
+    from experiments.backends.verl.engine import drop_truncated
 
     rows = [torch.tensor([1, 1, 1]), torch.tensor([1, 1, 0, 0, 1]), torch.tensor([1, 1, 1, 1, 1]), torch.tensor([1, 0])]
     mask = _jagged(rows)  # row 1: a multi-turn response with 2 information tokens
@@ -224,7 +224,7 @@ def test_update_actor_sends_the_cap_and_moves_nothing_through_transfer_queue(mon
     from tensordict import TensorDict
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from ema_pg_core.verl.engine import CAP_KEY, DROP_KEY
+    from experiments.backends.verl.engine import CAP_KEY, DROP_KEY
 
     tq, keys = tq_local, ["a", "b", "c", "d"]
     lengths = [3, 5, 2, 5]
@@ -264,7 +264,7 @@ def test_mask_truncated_off_leaves_the_batch_alone(monkeypatch, verl_cpu):
     t, seen = _trainer(monkeypatch)
     t.global_steps, m = 1, {}
     t._update_actor(_Meta(), m)  # no keys, no TransferQueue: it is never touched
-    from ema_pg_core.verl.engine import CAP_KEY, DROP_KEY
+    from experiments.backends.verl.engine import CAP_KEY, DROP_KEY
 
     assert "train/dropped_truncated" not in m and seen["_update_actor"][DROP_KEY] is False
     assert seen["_update_actor"][CAP_KEY] == 0

@@ -29,7 +29,7 @@ class Recorder:
 def trainer(tmp_path, monkeypatch):
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from ema_pg_core.verl.trainer import EmaPGTrainerSync
+    from experiments.backends.verl.trainer import EmaPGTrainerSync
 
     calls = []
 

@@ -1,6 +1,6 @@
 """A verl run's W&B settings reach verl 0.9.1's own tracker (``verl.utils.tracking.Tracking``), config level,
 on CPU: the run config is compiled as `emapg train` compiles it (``experiments.run._verl_wandb`` +
-``to_verl``), composed by verl's Hydra (``ema_pg_core.verl.main.compose``), the TaskRunner's setup hook
+``to_verl``), composed by verl's Hydra (``experiments.backends.verl.main.compose``), the TaskRunner's setup hook
 (``emapg.runner_setup`` = ``apply_wandb_env``) sets the variables, and verl's ``Tracking`` opens the W&B run
 (offline, in the run directory). No Ray, no training: the tracker is verl's, called as verl's trainer calls it."""
 
@@ -17,9 +17,9 @@ pytestmark = pytest.mark.verl
 def _composed(run_dir, *overrides):
     from omegaconf import OmegaConf
 
-    from ema_pg_core.verl.main import compose
     from experiments import build
-    from experiments.backends.verl import to_verl
+    from experiments.backends.verl.launch import to_verl
+    from experiments.backends.verl.main import compose
     from experiments.run import _verl_wandb
 
     cfg = build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={run_dir}", *overrides])
@@ -53,14 +53,14 @@ def test_group_tags_id_resume_reach_verls_tracker(tmp_path, clean_env):
     import wandb
 
     clean_env.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "verl_metrics.jsonl"))  # as the TaskRunner sets it
-    from ema_pg_core.verl.config import run_runner_setup
+    from experiments.backends.verl.config import run_runner_setup
 
     run_dir = tmp_path / "math__math_deepscaler_ema_pg__s0__abc12_00001"
     overrides = ("logger.group=ablate_tau", 'logger.tags=["sweep:ablate_tau","tau=0.9"]', "algo.anchor.tau=0.9")
     config, env = _composed(run_dir, *overrides)
     assert "wandb" in config.trainer.logger and config.trainer.experiment_name == run_dir.name
     assert dict(config.emapg.runner_env) == env
-    assert config.emapg.runner_setup == "experiments.backends.verl:apply_wandb_env"
+    assert config.emapg.runner_setup == "experiments.backends.verl.launch:apply_wandb_env"
     saved = json.loads((run_dir / "wandb_run.json").read_text())
     ids = []
     for attempt in range(2):  # the second is a resume: same W&B run

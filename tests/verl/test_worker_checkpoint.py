@@ -27,7 +27,7 @@ def _full(module):
 
 def _worker(tiny_path, tau=0.9):
     from ema_pg_core.config import AnchorConfig
-    from ema_pg_core.verl.config import EmaPGSection
+    from experiments.backends.verl.config import EmaPGSection
 
     return engines.emapg_worker(tiny_path, EmaPGSection(anchor=AnchorConfig(tau=tau, period=10)))
 
@@ -36,8 +36,8 @@ _perturb = engines.perturb
 
 
 def test_setup_installs_engine_and_loss(tiny_path):
-    from ema_pg_core.verl.engine import EmaPGFSDPEngineWithLMHead
-    from ema_pg_core.verl.loss import emapg_actor_loss
+    from experiments.backends.verl.engine import EmaPGFSDPEngineWithLMHead
+    from experiments.backends.verl.loss import emapg_actor_loss
 
     w = _worker(tiny_path)
     assert type(w.actor.engine) is EmaPGFSDPEngineWithLMHead and type(w.ref.engine) is EmaPGFSDPEngineWithLMHead
@@ -62,7 +62,7 @@ def test_update_ref_ema_matches_core(tiny_path):
 
 
 def test_save_load_round_trips_policy_and_anchor(tiny_path, tmp_path):
-    from ema_pg_core.verl.worker import ANCHOR_META
+    from experiments.backends.verl.worker import ANCHOR_META
 
     w = _worker(tiny_path, tau=0.9)
     _perturb(w.actor.engine.module, 0.1, seed=2)
@@ -106,7 +106,7 @@ def test_low_precision_anchor_is_refused(tiny_path):
     w = _worker(tiny_path, tau=1.0)
     object.__setattr__(w.ref.engine_config, "model_dtype", "bf16")  # verl's configs are frozen
     from ema_pg_core.config import AnchorConfig
-    from ema_pg_core.verl.config import EmaPGSection
+    from experiments.backends.verl.config import EmaPGSection
 
     with pytest.raises(ValueError, match="fp32"):
         w.emapg_setup(EmaPGSection(anchor=AnchorConfig(tau=0.9)))
@@ -126,7 +126,7 @@ def _steps_on_disk(root):
 
 
 def _assert_complete(root, steps):
-    from ema_pg_core.verl.worker import ANCHOR_META
+    from experiments.backends.verl.worker import ANCHOR_META
 
     for s in steps:
         d = root / f"global_step_{s}"
@@ -177,13 +177,13 @@ RETENTION_CASES = [
 
 @pytest.mark.parametrize("on_disk, current, keep, tracked, removed", RETENTION_CASES)
 def test_step_dirs_to_remove(on_disk, current, keep, tracked, removed):
-    from ema_pg_core.verl.worker import step_dirs_to_remove
+    from experiments.backends.verl.worker import step_dirs_to_remove
 
     assert step_dirs_to_remove(_names(*on_disk), current, keep, tracked) == _names(*removed)
 
 
 def test_step_dirs_to_remove_ignores_other_names():
-    from ema_pg_core.verl.worker import step_dirs_to_remove
+    from experiments.backends.verl.worker import step_dirs_to_remove
 
     others = [
         "latest_checkpointed_iteration.txt",
@@ -198,7 +198,7 @@ def test_step_dirs_to_remove_ignores_other_names():
 
 
 def test_checkpoint_root_parses_the_trainer_layout():
-    from ema_pg_core.verl.worker import checkpoint_root
+    from experiments.backends.verl.worker import checkpoint_root
 
     assert checkpoint_root("/r/ckpt/global_step_7/actor") == ("/r/ckpt", 7)
     assert checkpoint_root("/r/ckpt/global_step_7/actor/") == ("/r/ckpt", 7)
@@ -211,7 +211,7 @@ def test_retention_matches_verl_within_one_process(keep):
     """Without a restart, verl's in-memory pruning and ours end with the same steps (keep != 1)."""
     from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
 
-    from ema_pg_core.verl.worker import step_dirs_to_remove
+    from experiments.backends.verl.worker import step_dirs_to_remove
 
     mgr = object.__new__(BaseCheckpointManager)  # only the retention bookkeeping is used
     mgr.previous_saved_paths, removed_by_verl = [], []
@@ -226,7 +226,7 @@ def test_retention_matches_verl_within_one_process(keep):
 
 
 def test_remove_old_step_dirs_is_safe_to_repeat(tmp_path):
-    from ema_pg_core.verl.worker import remove_old_step_dirs
+    from experiments.backends.verl.worker import remove_old_step_dirs
 
     for s in (1, 2, 3, 4):
         (tmp_path / f"global_step_{s}" / "actor").mkdir(parents=True)

@@ -12,10 +12,10 @@ non-tensor flags on the batch (``set_pass``):
                    full-vocabulary logsumexp
     mode "gather"  (anchor pass for reverse KL): logits at the ids under ``ids_key`` + logsumexp
     mode "train"   (actor update): turn on verl's logits-processor hook so the loss function sees
-                   the training logits (``ema_pg_core.verl.loss``); the hook also returns verl's log-probs of
+                   the training logits (``experiments.backends.verl.loss``); the hook also returns verl's log-probs of
                    the sampled tokens, so verl's own log-prob pass is skipped (its ``distillation_only``
                    flag): one full-vocabulary log-softmax per micro-batch, not two
-    mode "keep"    (the KL probe, ``ema_pg_core.verl.probe``): append each micro-batch's (nnz, V) logits
+    mode "keep"    (the KL probe, ``experiments.backends.verl.probe``): append each micro-batch's (nnz, V) logits
                    / temperature to the engine's ``probe_logits`` list, for the worker to pair with the other
                    model's on the same tokens; the probe runs one sequence per micro-batch, in chunks
                    whose logits fit its memory budget
@@ -33,7 +33,7 @@ The statistics come from ``ema_pg_core.topk.token_stats_from_logits`` (chunked; 
 copy), on logits divided by the rollout temperature as verl's log-probs are.
 
 The loss reads pi_old's top-k values never, and the anchor's logits at the head and its logsumexp only
-through their difference, the anchor's log-probs there (``ema_pg_core.verl.loss.anchor_head``). So
+through their difference, the anchor's log-probs there (``experiments.backends.verl.loss.anchor_head``). So
 ``topk_passes`` asks pi_old for "ids" and the anchor for ``logp``. Per packed token the Top-k passes then
 add, and TransferQueue carries to the actor update (measured in tests/verl/test_payload.py):
     reverse Top-k: pi_old's ids 4K + the anchor's log-probs 4K = 8K bytes (256 B at K = 32)
@@ -63,7 +63,7 @@ from verl.utils.device import get_device_id
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
 from ema_pg_core.topk import token_stats_from_logits, topk_ids_from_logits
-from ema_pg_core.verl.layout import lengths, token_rows
+from experiments.backends.verl.layout import lengths, token_rows
 
 MODE, K, IDS_KEY, PREFIX = "emapg_topk_mode", "emapg_topk_k", "emapg_topk_ids_key", "emapg_topk_prefix"
 LOGP = "emapg_topk_logp"

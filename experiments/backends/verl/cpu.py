@@ -15,7 +15,7 @@ rank. ``install()`` makes the real engines, workers and trainer run on CPU in th
 The platform still names "GPU" as its Ray resource, so verl's placement groups are unchanged; a CPU
 Ray cluster advertises as many (virtual) GPUs as verl has ranks (``ray_init.num_gpus``). Every Ray
 worker process installs the platform at start-up through Ray's ``worker_process_setup_hook``
-(``setup_worker``; ``ema_pg_core.verl.config`` sets it for ``trainer.device=cpu``).
+(``setup_worker``; ``experiments.backends.verl.config`` sets it for ``trainer.device=cpu``).
 
 Nothing here runs on GPUs: with a GPU, verl detects its own platform and none of this is used.
 """
@@ -28,7 +28,7 @@ import types
 
 import torch
 
-SETUP_HOOK = "ema_pg_core.verl.cpu.setup_worker"
+SETUP_HOOK = "experiments.backends.verl.cpu.setup_worker"
 """Ray ``worker_process_setup_hook`` that installs the platform in each Ray worker process."""
 
 
@@ -170,7 +170,7 @@ def _patch_process_group() -> None:
 def setup_worker() -> None:
     """Ray ``worker_process_setup_hook`` of a CPU run: the platform, our rollout engine, failure forwarding."""
     install()
-    from ema_pg_core.verl import failures, hf_rollout, placement  # loads transformers, ray
+    from experiments.backends.verl import failures, hf_rollout, placement  # loads transformers, ray
 
     hf_rollout.register()
     failures.install_handler()

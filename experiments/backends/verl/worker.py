@@ -8,7 +8,7 @@ In verl 0.9.1 one Ray worker process holds the actor and the reference (``self.a
   statistics), our loss function on the actor, a model-only checkpoint manager for the anchor,
   and the checks that make local-shard EMA valid (FSDP2, a separate fp32 reference).
 - ``update_ref_ema`` (RPC, every rank): anchor <- tau*anchor + (1-tau)*actor on this rank's
-  shards (``ema_pg_core.verl.ema``), then the ``anchor/*`` metrics (global norms).
+  shards (``experiments.backends.verl.ema``), then the ``anchor/*`` metrics (global norms).
 - ``save_checkpoint``: verl saves the actor to ``.../global_step_N/actor``; the anchor goes
   beside it to ``.../global_step_N/anchor`` with ``emapg_anchor.json`` (tau, period, updates).
   Then the worker applies ``max_ckpt_to_keep`` to whole ``global_step_N`` directories, judged
@@ -17,7 +17,7 @@ In verl 0.9.1 one Ray worker process holds the actor and the reference (``self.a
 - ``load_checkpoint``: verl restores the actor; with tau < 1 the anchor must be beside it. A
   missing anchor is an error (never a silent restart from the initial model, which is what the
   released code and stock verl do).
-- ``capture_probe`` / ``score_probe`` (RPC, every rank): the KL probe (``ema_pg_core.verl.probe``): every
+- ``capture_probe`` / ``score_probe`` (RPC, every rank): the KL probe (``experiments.backends.verl.probe``): every
   rank keeps the probe's sequences and pi_probe, saved as ``global_step_N/emapg_probe.pt`` with each
   checkpoint and loaded with it.
 
@@ -42,12 +42,12 @@ from verl.trainer.config import CheckpointConfig
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from ema_pg_core.verl.config import EmaPGSection, uses_topk
-from ema_pg_core.verl.ema import drift, ema_update_sharded_, paired_local_shards, wait_for_offload
-from ema_pg_core.verl.engine import reclass
-from ema_pg_core.verl.evals import load_anchor_, restore_actor_
-from ema_pg_core.verl.loss import emapg_actor_loss
-from ema_pg_core.verl.probe import PROBE_FILE, score
+from experiments.backends.verl.config import EmaPGSection, uses_topk
+from experiments.backends.verl.ema import drift, ema_update_sharded_, paired_local_shards, wait_for_offload
+from experiments.backends.verl.engine import reclass
+from experiments.backends.verl.evals import load_anchor_, restore_actor_
+from experiments.backends.verl.loss import emapg_actor_loss
+from experiments.backends.verl.probe import PROBE_FILE, score
 
 ANCHOR_DIR = "anchor"
 ANCHOR_META = "emapg_anchor.json"
@@ -146,7 +146,7 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
     def init_model(self):
         if "emapg" not in self.config:
             raise ValueError(
-                "actor_rollout_ref.emapg is missing: launch through ema_pg_core.verl.main (trainer emapg_sync)"
+                "actor_rollout_ref.emapg is missing: launch through experiments.backends.verl.main (trainer emapg_sync)"
             )
         section = EmaPGSection.from_config(self.config.emapg)
         if self.role != "actor_rollout_ref":
@@ -193,7 +193,7 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
         )
         self._emapg = section
         self._anchor_updates = 0
-        self._probe = None  # {"data": TensorDict, "logp": [(T_i,)]}: the KL probe (ema_pg_core.verl.probe)
+        self._probe = None  # {"data": TensorDict, "logp": [(T_i,)]}: the KL probe (experiments.backends.verl.probe)
 
     # ------------------------------------------------------------------ the EMA
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

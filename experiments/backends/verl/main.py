@@ -1,11 +1,11 @@
 """Launch EMA-PG on verl 0.9.1 (GPUs + vLLM/SGLang; see docs/scaling-out.md).
 
-    python -m ema_pg_core.verl.main <verl overrides ...> emapg.kl.type=topk_reverse emapg.anchor.tau=0.9 ...
-    python -m ema_pg_core.verl.main --print-config <same args>     # compose + validate, no Ray, no GPUs
+    python -m experiments.backends.verl.main <verl overrides ...> emapg.kl.type=topk_reverse emapg.anchor.tau=0.9 ...
+    python -m experiments.backends.verl.main --print-config <same args>     # compose + validate, no Ray, no GPUs
 
-Usually generated from a run config by the application (emapg: ``experiments.backends.verl.to_verl(run)
+Usually generated from a run config by the application (emapg: ``experiments.backends.verl.launch.to_verl(run)
 .command()``), or run in-process with ``launch(argv, run_dir)`` (what a sweep trial with ``backend: verl``
-calls, through ``experiments.backends.verl.run_config``).
+calls, through ``experiments.backends.verl.launch.run_config``).
 
 What it does: composes verl's own ``ppo_trainer`` config with the verl overrides (Hydra compose
 API; verl's defaults and struct checks apply), adds the validated top-level ``emapg:`` section,
@@ -31,7 +31,7 @@ import ray
 from omegaconf import OmegaConf, open_dict
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ema_pg_core.verl import require_verl
+from experiments.backends.verl import require_verl
 
 require_verl()  # before verl's trainer modules detect the platform (VERL_PLATFORM=cpu must be known then)
 from verl.trainer.main_ppo import TaskRunnerV1, run_ppo  # noqa: E402
@@ -39,10 +39,10 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy  # noqa: E
 from verl.utils.config import validate_config  # noqa: E402
 from verl.utils.device import auto_set_device  # noqa: E402
 
-from ema_pg_core.verl.config import rotate, run_runner_setup, split_argv  # noqa: E402
-from ema_pg_core.verl.failures import RUNNING, VerlExited, create_actor  # noqa: E402
-from ema_pg_core.verl.placement import trial_placement_group  # noqa: E402
-from ema_pg_core.verl.resources import (  # noqa: E402
+from experiments.backends.verl.config import rotate, run_runner_setup, split_argv  # noqa: E402
+from experiments.backends.verl.failures import RUNNING, VerlExited, create_actor  # noqa: E402
+from experiments.backends.verl.placement import trial_placement_group  # noqa: E402
+from experiments.backends.verl.resources import (  # noqa: E402
     PLACEMENT_GROUP_ENV,
     TASK_RUNNER_CPUS,
     _accelerator,
@@ -65,7 +65,7 @@ def compose(argv: list[str]):
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    from ema_pg_core.verl.trainer import check_verl  # loads verl's trainer
+    from experiments.backends.verl.trainer import check_verl  # loads verl's trainer
 
     verl_args, section = split_argv(argv)
     GlobalHydra.instance().clear()
@@ -81,7 +81,7 @@ class EmaPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
     """verl's TaskRunnerV1, with our trainer registered in its process first."""
 
     def run(self, config):
-        import ema_pg_core.verl.trainer  # noqa: F401  registers trainer_mode "emapg_sync"
+        import experiments.backends.verl.trainer  # noqa: F401  registers trainer_mode "emapg_sync"
 
         run_runner_setup(config.emapg)  # the application's hook (emapg's: W&B for verl's tracker), this process
         if config.emapg.get("metrics_path"):  # verl's "file" logger (created in this process) writes here
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     dry = "--print-config" in argv
     cfg = compose([a for a in argv if a != "--print-config"])
     if cfg.emapg.device == "cpu":  # before verl's device detection (which would report cuda)
-        from ema_pg_core.verl import cpu, hf_rollout  # loads transformers
+        from experiments.backends.verl import cpu, hf_rollout  # loads transformers
 
         cpu.install()
         hf_rollout.register()
@@ -183,7 +183,7 @@ def check_resources(cfg) -> None:
 
 def trial_placement_of(argv: list[str]):
     """What a sweep trial reserves for the verl job of ``argv`` (``main``'s arguments;
-    ``ema_pg_core.verl.resources.trial_placement``); composes verl's config, starts nothing."""
+    ``experiments.backends.verl.resources.trial_placement``); composes verl's config, starts nothing."""
     return trial_placement(compose(argv))
 
 
@@ -205,8 +205,8 @@ def _trial_group():
 
 
 def _run_in_trial(argv: list[str], pg, run_dir: Path, launcher: tuple[str, ...] = ()) -> int:
-    """verl as a Ray job of its own, in a child process (``python -m ema_pg_core.verl.main``), its actors in
-    the trial's placement group ``pg`` (``ema_pg_core.verl.placement``). The child's output goes to
+    """verl as a Ray job of its own, in a child process (``python -m experiments.backends.verl.main``), its actors in
+    the trial's placement group ``pg`` (``experiments.backends.verl.placement``). The child's output goes to
     ``<run_dir>/verl_driver.log``; it dies with this process. Raises ``VerlExited`` on a non-zero exit.
     `launcher`: the command before `argv` (tests replace the entry point)."""
     namespace = f"emapg_{uuid.uuid4().hex[:12]}"
@@ -223,7 +223,7 @@ def _run_in_trial(argv: list[str], pg, run_dir: Path, launcher: tuple[str, ...] 
     log = run_dir / DRIVER_LOG
     with open(log, "a") as out:
         proc = subprocess.Popen(
-            [*(launcher or (sys.executable, "-m", "ema_pg_core.verl.main")), *argv],
+            [*(launcher or (sys.executable, "-m", "experiments.backends.verl.main")), *argv],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -13,8 +13,8 @@ its output for the paper's math and search runs.
 verl keys that mirror the ``emapg:`` section are set too (clip ratios, loss_agg_mode, kl coef) so verl's
 own logging and validation agree with what runs. Fixed requirements of the plugin (FSDP2, a separate fp32
 reference, V1 trainer "emapg_sync", no fused kernels) are emitted as overrides and re-checked at launch
-(``ema_pg_core.verl.trainer.check_verl``). Everything here is pure Python: verl is imported only by
-``run_config`` and ``placement_for`` (through ``ema_pg_core.verl.main``).
+(``experiments.backends.verl.trainer.check_verl``). Everything here is pure Python: verl is imported only by
+``run_config`` and ``placement_for`` (through ``experiments.backends.verl.main``).
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ from ema_pg_core.config import (
     check_number,
 )
 from ema_pg_core.overrides import hydra_value
-from ema_pg_core.verl import cpu, failures
-from ema_pg_core.verl.config import DEVICES, TRAINER_MODE, VERL_AGG, EmaPGSection
+from experiments.backends.verl import cpu, failures
+from experiments.backends.verl.config import DEVICES, TRAINER_MODE, VERL_AGG, EmaPGSection
 
 ROLLOUT_ENGINES = ("vllm", "sglang", "hf")
-"""``backend.verl.rollout_engine``: verl's GPU engines, or ``ema_pg_core.verl.hf_rollout`` (any device)."""
+"""``backend.verl.rollout_engine``: verl's GPU engines, or ``experiments.backends.verl.hf_rollout`` (any device)."""
 ATTN_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "eager")
 """``backend.verl.attn_implementation``: the transformers attention of the actor and the reference."""
-RUNNER_SETUP = "experiments.backends.verl:apply_wandb_env"
+RUNNER_SETUP = "experiments.backends.verl.launch:apply_wandb_env"
 """The ``emapg.runner_setup`` hook of every launch (a no-op without W&B settings)."""
 
 
@@ -119,7 +119,7 @@ class VerlSettings:
     max_response_length: int | None = None
     """Total response tokens (all turns); null = rollout.max_new_tokens (single-turn tasks)."""
     rollout_engine: str = "vllm"
-    """vllm | sglang (GPUs) | hf (``ema_pg_core.verl.hf_rollout``: HF generate, the engine of trainer.device=cpu)."""
+    """vllm | sglang (GPUs) | hf (``hf_rollout.py``: HF generate, the engine of trainer.device=cpu)."""
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.6
     """Share of each GPU's memory the rollout engine may take, in (0, 1]."""
@@ -207,8 +207,8 @@ class VerlJob:
     emapg: dict[str, Any]
 
     def command(self, python: str = "python") -> list[str]:
-        """argv of ``python -m ema_pg_core.verl.main``: verl overrides, then emapg.* (dotted)."""
-        return [python, "-m", "ema_pg_core.verl.main", *self.overrides, *_dotted("emapg", self.emapg)]
+        """argv of ``python -m experiments.backends.verl.main``: verl overrides, then emapg.* (dotted)."""
+        return [python, "-m", "experiments.backends.verl.main", *self.overrides, *_dotted("emapg", self.emapg)]
 
     def shell(self, python: str = "python") -> str:
         """The same command as one shell-quoted line (for scripts, SLURM, the Ray Jobs entrypoint)."""
@@ -370,8 +370,8 @@ def _training_keys(opt, tr, vs: VerlSettings, ro, *, model_path: str, seed: int)
 
 def _device_keys(device: str, vs: VerlSettings) -> dict[str, Any]:
     """Every worker process of the Ray cluster verl starts runs our setup hook (failed rollouts become
-    fatal: ``ema_pg_core.verl.failures``). trainer.device=cpu: verl's loop on the CPU platform
-    (``ema_pg_core.verl.cpu``) with the hf rollout engine.
+    fatal: ``experiments.backends.verl.failures``). trainer.device=cpu: verl's loop on the CPU platform
+    (``experiments.backends.verl.cpu``) with the hf rollout engine.
 
     The local Ray cluster verl starts advertises one virtual GPU per rank, every Ray worker process
     installs the CPU platform (a ``worker_process_setup_hook``), and the model runs with eager
@@ -468,16 +468,16 @@ def run_config(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -
     """Launch a resolved run config (plain mapping; ``backend.name == "verl"``) in this process.
 
     `wandb`: the run's WANDB_* settings (``to_verl``). Inside a Ray Tune trial verl runs as a Ray job of its
-    own in the trial's placement group; elsewhere verl starts a local Ray (``ema_pg_core.verl.main.launch``).
+    own in the trial's placement group; elsewhere verl starts a local Ray (``experiments.backends.verl.main.launch``).
     """
-    from ema_pg_core.verl.main import launch  # loads verl, ray
+    from experiments.backends.verl.main import launch  # loads verl, ray
 
     return launch(to_verl(run, wandb).command()[3:], Path(run["run_dir"]) if run.get("run_dir") else None)
 
 
 def placement_for(run: Mapping[str, Any]):
     """What a sweep trial of the resolved run config ``run`` reserves for its verl job
-    (``ema_pg_core.verl.resources.trial_placement``); composes verl's config, starts nothing."""
-    from ema_pg_core.verl.main import trial_placement_of  # loads verl, ray
+    (``experiments.backends.verl.resources.trial_placement``); composes verl's config, starts nothing."""
+    from experiments.backends.verl.main import trial_placement_of  # loads verl, ray
 
     return trial_placement_of(to_verl(run).command()[3:])

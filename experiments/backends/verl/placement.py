@@ -8,7 +8,7 @@ actors in that reservation explicitly (``docs/verl-plugin.md``, "Inside a sweep 
 - ``resources.trial_placement``: the trial's placement group: one bundle per rank, rank 0's with
   room for the TaskRunner and TransferQueue's controller. Tune starts a trial when all of it fits.
 - ``main.launch``: inside a trial, verl runs as its own Ray job (``python -m
-  ema_pg_core.verl.main`` in a child process): its own namespace, so the named actors of two
+  experiments.backends.verl.main`` in a child process): its own namespace, so the named actors of two
   trials never meet, and verl's own ``ray.init`` with verl's runtime environment (env vars, the
   worker setup hook). The group's id reaches it in ``PLACEMENT_GROUP_ENV``.
 - ``main._Launch``: the TaskRunner goes into bundle 0, capturing its children.
@@ -29,7 +29,7 @@ TQ_NAMESPACE = "transfer_queue"
 
 def trial_placement_group():
     """The trial's placement group this verl job runs in (``PLACEMENT_GROUP_ENV``), None outside a trial."""
-    from ema_pg_core.verl.resources import PLACEMENT_GROUP_ENV  # loads omegaconf
+    from experiments.backends.verl.resources import PLACEMENT_GROUP_ENV  # loads omegaconf
 
     hexid = os.environ.get(PLACEMENT_GROUP_ENV)
     if not hexid:
@@ -121,7 +121,7 @@ def isolate_transfer_queue() -> None:
 
 
 def _placement_env() -> str:
-    from ema_pg_core.verl.resources import PLACEMENT_GROUP_ENV  # loads omegaconf
+    from experiments.backends.verl.resources import PLACEMENT_GROUP_ENV  # loads omegaconf
 
     return PLACEMENT_GROUP_ENV
 
@@ -131,7 +131,7 @@ def _storage_in_trial(num_actors: int, required_node_resource: str | None = None
     outside any reservation): ``resources.storage_bundle``."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from ema_pg_core.verl.resources import storage_bundle  # loads omegaconf
+    from experiments.backends.verl.resources import storage_bundle  # loads omegaconf
 
     class InBundle(PlacementGroupSchedulingStrategy):
         node_id = "the sweep trial's placement group"  # TransferQueue logs where it placed each unit

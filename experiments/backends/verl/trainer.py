@@ -7,11 +7,11 @@ Registered as ``trainer.v1.trainer_mode=emapg_sync``. Per iteration (verl's ``_s
             -> GRPO advantages -> actor update [Top-k "train" flags: the KL runs in the logits hook;
                                                 with emapg.mask_truncated, the length cap as a flag: the
                                                 engine masks the capped responses out of the update only
-                                                (``ema_pg_core.verl.engine.CAP_KEY``)]
+                                                (``experiments.backends.verl.engine.CAP_KEY``)]
             -> EMA: after the update of iterations period, 2*period, ... (``anchor_due``)
             -> KL probe: captured after the first pi_old pass (the first response of each of the
                batch's first probe_size prompts, kept by the workers), scored after the EMA of
-               iterations probe_every, 2*probe_every, ... (``ema_pg_core.verl.probe``)
+               iterations probe_every, 2*probe_every, ... (``experiments.backends.verl.probe``)
     -> checkpoint (verl's; our worker writes the anchor beside the actor) -> weight sync -> eval
 
 The EMA runs inside ``_update_actor`` so that it precedes verl's checkpoint of the same
@@ -32,12 +32,12 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
-from ema_pg_core.verl.config import TRAINER_MODE, EmaPGSection, anchor_due, topk_passes
-from ema_pg_core.verl.engine import CAP_KEY, DROP_KEY, set_pass
-from ema_pg_core.verl.evals import anchor_keys, append_rows, as_anchor, evals_path, problem_rows
-from ema_pg_core.verl.placement import trial_pool_manager
-from ema_pg_core.verl.probe import pick
-from ema_pg_core.verl.worker import EmaPGActorRolloutRefWorker
+from experiments.backends.verl.config import TRAINER_MODE, EmaPGSection, anchor_due, topk_passes
+from experiments.backends.verl.engine import CAP_KEY, DROP_KEY, set_pass
+from experiments.backends.verl.evals import anchor_keys, append_rows, as_anchor, evals_path, problem_rows
+from experiments.backends.verl.placement import trial_pool_manager
+from experiments.backends.verl.probe import pick
+from experiments.backends.verl.worker import EmaPGActorRolloutRefWorker
 
 EMA_TIMER, PROBE_TIMER = "emapg_ema", "emapg_probe"
 """verl timers (``marked_timer``) around the EMA and the KL probe RPCs, both inside verl's ``update_actor`` timer:
@@ -166,7 +166,7 @@ class EmaPGTrainerSync(PPOTrainerSync):
         self.actor_rollout_wg.capture_probe(meta)
         self._probe_ready = True
 
-    # ------------------------------------------------------------------ evaluation (ema_pg_core.verl.evals)
+    # ------------------------------------------------------------------ evaluation (experiments.backends.verl.evals)
     def _validate(self):
         """verl's validation of the policy, then of the EMA anchor; per-problem rows of both."""
         self._eval_as = "policy"

@@ -19,14 +19,14 @@ import os
 import subprocess
 import traceback
 
-from ema_pg_core.verl.placement import isolate_transfer_queue
+from experiments.backends.verl.placement import isolate_transfer_queue
 
 ACTOR = "emapg_failure_log"
 """Name of the ``FailureLog`` actor (in the run's Ray namespace)."""
 PATTERNS = ("Error in _run_prompt",)
 """Starts of the log messages that mean a rollout failed (verl 0.9.1's V1 agent loop)."""
-SETUP_HOOK = "ema_pg_core.verl.failures.setup_worker"
-"""Ray ``worker_process_setup_hook`` for runs on GPUs (on CPU: ``ema_pg_core.verl.cpu.SETUP_HOOK``)."""
+SETUP_HOOK = "experiments.backends.verl.failures.setup_worker"
+"""Ray ``worker_process_setup_hook`` for runs on GPUs (on CPU: ``experiments.backends.verl.cpu.SETUP_HOOK``)."""
 MAX_KEPT = 5
 RUNNING: dict = {}
 """In the process that launched a run: its TaskRunner ("runner") and ``FailureLog`` ("failure_log") handles;
@@ -118,7 +118,7 @@ def install_handler() -> None:
 
 def setup_worker() -> None:
     """Ray ``worker_process_setup_hook`` of a run on GPUs: failure forwarding, and a TransferQueue of the
-    run's own (``ema_pg_core.verl.placement``)."""
+    run's own (``experiments.backends.verl.placement``)."""
     install_handler()
     isolate_transfer_queue()
 

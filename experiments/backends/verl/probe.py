@@ -12,7 +12,7 @@ pi / pi_probe where pi_probe is the policy that drew the tokens. Two differences
   of each of its first ``probe_size`` prompts (``pick``), sampled by the policy at the rollout temperature. Its
   log-probs under that policy, computed at capture, are pi_probe.
 - **Where the logits are.** Both models live in the worker's FSDP engines and their logits exist only inside a
-  forward pass. Each engine runs over the probe with the Top-k pass mode "keep" (``ema_pg_core.verl.engine``),
+  forward pass. Each engine runs over the probe with the Top-k pass mode "keep" (``experiments.backends.verl.engine``),
   one sequence per micro-batch, and hands back its (L_i, V) logits / temperature; the worker pairs the two
   models' logits of each sequence (``telemetry.probe_scores_from_logits``, chunked over the vocabulary) and
   aggregates over the response mask as the loss aggregates the KL (``telemetry.probe_summary``). The sequences
@@ -31,8 +31,8 @@ from verl.utils import tensordict_utils as tu
 from ema_pg_core.config import KLConfig
 from ema_pg_core.kl import ImportanceWeight
 from ema_pg_core.telemetry import probe_scores_from_logits, probe_summary
-from ema_pg_core.verl.engine import set_pass
-from ema_pg_core.verl.layout import lengths
+from experiments.backends.verl.engine import set_pass
+from experiments.backends.verl.layout import lengths
 
 PROBE_FILE = "emapg_probe.pt"
 """``global_step_N/emapg_probe.pt``: {"data": the probe's TensorDict, "logp": [(T_i,)] pi_probe}."""

@@ -17,7 +17,7 @@ own ``ppo_loss`` and distillation loss use. verl calls it in two roles:
    sampled token's log-prob takes the value of verl's own log-prob function (``_as_verl_logp``),
    so that it is comparable with ``old_log_probs`` and ``ref_log_prob``; the hook returns that
    function's result, with its gradient, as verl's ``log_probs`` too (``LOGP_KEY``), and the engine
-   tells verl to skip its own computation of them (``ema_pg_core.verl.engine``, mode "train").
+   tells verl to skip its own computation of them (``experiments.backends.verl.engine``, mode "train").
 2. **final loss** (``model_output`` given): per token the core's ``ppo_clip_per_token`` (clip-higher,
    dual clip, log-ratio clamp), times verl's rollout-correction weights when present, + beta * KL
    (from the hook, or ``kl_per_token`` on log-probs for ``needs == "sampled"``), - c_ent * entropy;
@@ -41,8 +41,8 @@ from ema_pg_core.kl import ImportanceWeight, KLInputs, get_estimator, kl_per_tok
 from ema_pg_core.loss import ppo_clip_per_token
 from ema_pg_core.telemetry import topk_parts, topk_summary
 from ema_pg_core.topk import token_stats_from_logits
-from ema_pg_core.verl.config import VERL_AGG, head_keys
-from ema_pg_core.verl.layout import Layout, padded_response
+from experiments.backends.verl.config import VERL_AGG, head_keys
+from experiments.backends.verl.layout import Layout, padded_response
 
 KL_KEY = "emapg_kl"  # per-token Top-k KL from the logits-processor pass, packed (nnz,)
 LOGP_KEY = "log_probs"  # verl's log-probs of the sampled tokens, from the same pass: verl's model_output key

@@ -6,9 +6,9 @@
     emapg.<scalar>  (metrics file, mask_truncated, device, probe period and size, the TaskRunner's setup hook)
 
 The ``emapg:`` section is read by our trainer/worker/loss only; verl's config dataclasses never see
-it (they reject unknown keys). It reaches ``python -m ema_pg_core.verl.main`` as ``emapg.*`` command-line
+it (they reject unknown keys). It reaches ``python -m experiments.backends.verl.main`` as ``emapg.*`` command-line
 overrides (``split_argv``). What writes them, from an application's run config, is not the core's
-business: emapg's compiler is ``experiments.backends.verl.to_verl`` (it also sets the verl keys that mirror
+business: emapg's compiler is ``experiments.backends.verl.launch.to_verl`` (it also sets the verl keys that mirror
 the section, so verl's logging and validation agree with what runs).
 """
 
@@ -34,7 +34,7 @@ from ema_pg_core.config import AnchorConfig, KLConfig, LossConfig
 from ema_pg_core.kl import get_estimator
 
 TRAINER_MODE = "emapg_sync"
-"""Name under which ``ema_pg_core.verl.trainer`` registers its V1 trainer."""
+"""Name under which ``experiments.backends.verl.trainer`` registers its V1 trainer."""
 VERL_AGG = {
     "token-mean": "token-mean",
     "seq-mean-token-mean": "seq-mean-token-mean",
@@ -44,7 +44,7 @@ VERL_AGG = {
 """Our loss aggregation names -> verl's ``agg_loss`` modes (same formulas; verl's are global-batch normalised)."""
 Device = Literal["cuda", "cpu"]
 DEVICES = get_args(Device)
-"""``trainer.device`` values of the verl backend: GPUs, or verl's loop on CPU (``ema_pg_core.verl.cpu``)."""
+"""``trainer.device`` values of the verl backend: GPUs, or verl's loop on CPU (``experiments.backends.verl.cpu``)."""
 OLD, REF = "emapg_old_", "emapg_ref_"
 """Prefixes of the Top-k tensors produced by the pi_old pass and by the anchor (reference) pass."""
 
@@ -79,15 +79,15 @@ class EmaPGSection(BaseModel):
     """Drop responses that reached data.max_response_length from the actor update, after the advantages
     (rLLM's mask_truncated_samples, the paper's 8k math stage; ``backend.verl.mask_truncated``)."""
     device: Device = "cuda"
-    """cuda (GPUs, verl's own platform detection) | cpu (``ema_pg_core.verl.cpu``: development, rehearsals)."""
+    """cuda (GPUs, verl's own platform detection) | cpu (``experiments.backends.verl.cpu``: development, rehearsals)."""
     probe_every: StrictInt = Field(0, ge=0)
-    """The KL probe every this many iterations (0 = none): ``trainer.probe_every`` resolved (ema_pg_core.verl.probe)."""
+    """The KL probe every this many iterations (0 = none): ``trainer.probe_every`` resolved (see probe.py)."""
     probe_size: StrictInt = Field(16, ge=1)
     """Prompts in the probe: the first ones of the run's first training batch (``trainer.probe_size``)."""
     runner_setup: Annotated[StrictStr | None, BeforeValidator(_import_name)] = None
     """``module:function`` that verl's TaskRunner calls in its own process, with ``runner_env``, before verl's
     trackers start (``run_runner_setup``): the application's hook (emapg's gives W&B its run id, group and tags:
-    ``experiments.backends.verl.apply_wandb_env``). None: nothing is called."""
+    ``experiments.backends.verl.launch.apply_wandb_env``). None: nothing is called."""
     runner_env: Annotated[dict[StrictStr, StrictStr], BeforeValidator(_strings)] = Field(default_factory=dict)
     """The hook's argument: string settings by name (emapg's: WANDB_* variables)."""
 

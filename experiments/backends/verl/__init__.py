@@ -1,8 +1,8 @@
 """The distributed backend: EMA-PG as a plugin for stock verl 0.9.1 (no fork, no vendored copy).
 
-    python -m ema_pg_core.verl.main actor_rollout_ref.model.path=... emapg.anchor.tau=0.9 ...
-    ema_pg_core.verl.main.launch(argv, run_dir)                          # the same, from this process
-    # emapg compiles argv from a run config: experiments.backends.verl.to_verl(run_cfg).command()
+    python -m experiments.backends.verl.main actor_rollout_ref.model.path=... emapg.anchor.tau=0.9 ...
+    experiments.backends.verl.main.launch(argv, run_dir)                          # the same, from this process
+    # emapg compiles argv from a run config: experiments.backends.verl.launch.to_verl(run_cfg).command()
 
 What each file adds to verl (how and why, in more detail: docs/verl-plugin.md):
 
@@ -22,7 +22,7 @@ What each file adds to verl (how and why, in more detail: docs/verl-plugin.md):
     main.py     entry point: verl's ppo_trainer config + the `emapg:` section -> run_ppo
 
 Only config.py, ema.py and layout.py's pure helpers import without verl; every other module
-imports verl and is imported lazily. Importing `ema_pg_core.verl` never imports verl.
+imports verl and is imported lazily. Importing `experiments.backends.verl` never imports verl.
 """
 
 import os
@@ -43,11 +43,11 @@ def require_verl() -> None:
     version = getattr(verl, "__version__", "unknown")
     if version != VERL_VERSION:
         raise ImportError(
-            f"ema_pg_core.verl is written for verl=={VERL_VERSION}; found verl {version}. "
+            f"experiments.backends.verl is written for verl=={VERL_VERSION}; found verl {version}. "
             "Its engine/worker internals change between releases."
         )
 
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":  # ours: known before verl detects it
-        from ema_pg_core.verl.cpu import register_platform  # loads torch
+        from experiments.backends.verl.cpu import register_platform  # loads torch
 
         register_platform()

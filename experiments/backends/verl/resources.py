@@ -2,7 +2,7 @@
 
 Ray never reports a request it cannot satisfy: an actor or placement group that does not fit waits
 forever, and a verl run on a small machine hangs silently. ``ray_demand`` lists, from the composed
-config (``ema_pg_core.verl.main.compose``), what verl 0.9.1's V1 synchronous trainer will reserve,
+config (``experiments.backends.verl.main.compose``), what verl 0.9.1's V1 synchronous trainer will reserve,
 each item with the settings that size it; ``check_fits`` refuses a demand the cluster cannot hold;
 ``cluster_size`` says how big that cluster is, before or after Ray starts.
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 TASK_RUNNER_CPUS = 1
-"""``num_cpus`` of the TaskRunner actor ``ema_pg_core.verl.main`` launches."""
+"""``num_cpus`` of the TaskRunner actor ``experiments.backends.verl.main`` launches."""
 BUNDLE_CPUS = 3
 """CPUs of each one-GPU placement-group bundle (verl's ``ResourcePoolManager.max_colocate_count``)."""
 TQ_ACTOR_CPUS = 1
@@ -144,12 +144,12 @@ def ray_demand(config) -> list[Item]:
     """What a launch of ``config`` (a composed verl config) reserves in Ray, item by item.
 
     Models verl 0.9.1's V1 synchronous trainer with hybrid (colocated) rollout, the trainer
-    ``ema_pg_core.verl.trainer`` registers. Transient tasks are left out; so are a custom
+    ``experiments.backends.verl.trainer`` registers. Transient tasks are left out; so are a custom
     ``agent_loop_manager_class``/router and the TransferQueue backends other than SimpleStorage.
     """
     agents = int(_get(config, "actor_rollout_ref.rollout.agent.num_workers"))
     items = [
-        Item("TaskRunner", (), 1, TASK_RUNNER_CPUS, note="ray.remote(num_cpus=1) in ema_pg_core.verl.main"),
+        Item("TaskRunner", (), 1, TASK_RUNNER_CPUS, note="ray.remote(num_cpus=1) in experiments.backends.verl.main"),
         *_transfer_queue(config),
         worker_pool(config),
     ]
