@@ -10,6 +10,7 @@ metrics to W&B (offline by default), trains with the local backend, and returns 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 import time
@@ -400,6 +401,29 @@ def _external_checkpoint(path: str) -> tuple[Path, dict, list]:
             f"resume_from={path!r} is not a local checkpoint (a checkpoints/iter_N directory with state.pt)"
         )
     return step, torch.load(step / checkpoints.STATE, map_location="cpu", weights_only=False), []
+
+
+def newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    """(iteration, directory) of the newest checkpoint of a local run's record (``latest`` first), or None."""
+    steps = checkpoints.candidates(Path(run_dir) / "checkpoints")
+    return (int(steps[0].name.removeprefix("iter_")), steps[0]) if steps else None
+
+
+def put_checkpoint(run_dir: Path, iteration: int, fill: Callable[[Path], None]) -> None:
+    """Make what `fill(directory)` writes the run's checkpoint of `iteration` and its newest (a sweep putting its
+    copy back); the ones an earlier attempt wrote after it are removed."""
+    root = Path(run_dir) / "checkpoints"
+    step = checkpoints.step_dir(root, iteration)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".restore_{step.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    fill(tmp)
+    shutil.rmtree(step, ignore_errors=True)
+    os.replace(tmp, step)
+    for newer in root.glob("iter_*"):
+        if newer.name > step.name:
+            shutil.rmtree(newer, ignore_errors=True)
+    checkpoints.point_latest(root, step)
 
 
 def _last_line(text: str) -> str:

@@ -55,8 +55,7 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Repeater
 
 from analysis.dashboard import SweepInfo, after_sweep
-from ema_pg_core.local import checkpoints
-from experiments import numerics, owner, records
+from experiments import build, numerics, owner, records
 from experiments.backends.verl import resources as verl_resources
 from experiments.backends.verl.launch import placement_for
 from experiments.backends.verl.resources import free_line
@@ -73,6 +72,7 @@ from experiments.errors import (
     ray_auth_line,
     shown,
 )
+from experiments.run import newest_checkpoint, put_checkpoint, run
 from sweeps import adaptive, results
 from sweeps.model import Spec, grid_points
 from sweeps.spec import Param, SpecError, read_raw
@@ -150,8 +150,6 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
     the config composed)."""
     timeline = {"worker": round(time.time(), 3)}
     os.environ.setdefault("EMAPG_PROGRESS", "0")  # no per-trial progress bars in the sweep's output
-    from experiments import build, records  # loads numpy
-    from experiments.run import run  # loads numpy
 
     point, seed = decode(spec, config)
     trial_id = tune.get_context().get_trial_id()
@@ -249,27 +247,14 @@ def _restore(run_dir: Path, reporter: _Reporter) -> dict | None:
         if carry is None:
             shutil.rmtree(run_dir, ignore_errors=True)
         return carry
-    root = run_dir / "checkpoints"
-    step = checkpoints.step_dir(root, int(meta["iteration"]))
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".restore_{step.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    ckpt.to_directory(str(tmp))
-    shutil.rmtree(step, ignore_errors=True)
-    os.replace(tmp, step)
-    for newer in root.glob("iter_*"):  # written after the reported checkpoint by the failed attempt
-        if newer.name > step.name:
-            shutil.rmtree(newer, ignore_errors=True)
-    checkpoints.point_latest(root, step)
+    put_checkpoint(run_dir, int(meta["iteration"]), lambda d: ckpt.to_directory(str(d)))
     return dict(meta.get("carry") or {})
 
 
 def _own_iteration(run_dir: Path) -> int:
     """The iteration of the newest checkpoint in a run record's own directory; -1 without one (or no record)."""
-    steps = checkpoints.candidates(run_dir / "checkpoints")
-    if not steps or not (run_dir / records.CONFIG).is_file():
-        return -1
-    return int(steps[0].name.removeprefix("iter_"))
+    newest = newest_checkpoint(run_dir)
+    return newest[0] if newest and (run_dir / records.CONFIG).is_file() else -1
 
 
 def _own_checkpoint(run_dir: Path, reporter: _Reporter) -> dict | None:
@@ -323,8 +308,8 @@ class _Progress(tune.Callback):
             return " from verl's last checkpoint in its run directory"
 
         run_dir = records.find_trial_run(Path(self.sweep_dir or ".") / "runs", trial.trial_id)
-        steps = checkpoints.candidates(run_dir / "checkpoints") if run_dir else []
-        return f" from its run's checkpoint {steps[0].name}" if steps else " from scratch"
+        newest = newest_checkpoint(run_dir) if run_dir else None
+        return f" from its run's checkpoint {newest[1].name}" if newest else " from scratch"
 
     def _recorded(self, trial) -> bool:
         """An earlier driver ran this trial (a resumed sweep): its run record exists."""
@@ -736,7 +721,6 @@ def verl_placement(spec: Spec, point: dict, seed: int | None):
 
 @functools.lru_cache(maxsize=64)
 def _placement(overrides: tuple[str, ...]):
-    from experiments import build  # loads numpy
 
     cfg = build.compose(list(overrides))
     return placement_for(OmegaConf.to_container(cfg, resolve=True))
@@ -1133,7 +1117,6 @@ def _warm_start(spec: Spec) -> None:
     """Build each tiny model's cached warm start once, here, instead of in every concurrent trial."""
     if spec.backend != "local":
         return
-    from experiments import build  # loads numpy
 
     seen = set()
     for point in grid_points(spec):
