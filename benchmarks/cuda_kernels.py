@@ -30,6 +30,7 @@ from benchmarks import _common as C  # noqa: E402
 from benchmarks.ema_update import TAU, Params, qwen25_05b_shapes  # noqa: E402
 from benchmarks.topk_kl_memory import make_inputs, value_and_backward  # noqa: E402
 from ema_pg_core.anchor import EmaAnchor, ema_update_  # noqa: E402
+from ema_pg_core.config import AnchorConfig  # noqa: E402
 from ema_pg_core.topk import TokenStats  # noqa: E402
 from tests.run_gpu import describe  # noqa: E402
 
@@ -53,7 +54,7 @@ def _timed(fn, reps: int) -> list[float]:
 def _ema_group(dtype: torch.dtype, shadow: bool, reps: int) -> list[dict]:
     """Copy, then the update, of the same tensors: median ms, GB/s, ratio to the copy."""
     policy = Params(qwen25_05b_shapes(), dtype).cuda()
-    anchor = EmaAnchor(policy, TAU, period=1, fp32_shadow=shadow)
+    anchor = EmaAnchor(policy, AnchorConfig(TAU, period=1, fp32_shadow=shadow))
     pol, anc = [p.detach() for p in policy.parameters()], [p.detach() for p in anchor.module.parameters()]
     n, size, name = sum(p.numel() for p in pol), pol[0].element_size(), str(dtype)[6:]
     fns = {f"copy ({name}, _foreach_copy_)": (lambda: torch._foreach_copy_(anc, pol), 2 * size * n)}

@@ -35,6 +35,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
 from ema_pg_core.anchor import EmaAnchor, ema_update_  # noqa: E402
+from ema_pg_core.config import AnchorConfig  # noqa: E402
 
 THREADS = 2
 TAU = 0.9
@@ -87,7 +88,7 @@ def worker(config: str, reps: int) -> dict:
     torch.manual_seed(0)
     dtype = torch.float32 if config == "fp32" else torch.bfloat16
     policy = Params(qwen25_05b_shapes(), dtype)
-    anchor = EmaAnchor(policy, TAU, period=1, fp32_shadow=(config != "fp32"))
+    anchor = EmaAnchor(policy, AnchorConfig(TAU, period=1, fp32_shadow=(config != "fp32")))
     pol = [p.detach() for p in policy.parameters()]
     anc = [p.detach() for p in anchor.module.parameters()]
     n = sum(p.numel() for p in pol)

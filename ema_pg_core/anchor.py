@@ -21,6 +21,8 @@ import copy
 import torch
 from torch import nn
 
+from ema_pg_core.config import AnchorConfig
+
 
 def _floating_state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """Named floating parameters and buffers, in a stable order."""
@@ -105,31 +107,20 @@ class EmaAnchor:
 
     Args:
         policy: the policy module at initialisation; the anchor is a deep copy of it.
-        tau: weight on the old anchor (paper's eta), in [0, 1].
-        period: update every ``period`` training iterations (>= 1).
-        fp32_shadow: mix in fp32 and copy the result into the (lower precision) anchor module.
+        cfg: tau (the paper's eta, the weight on the old anchor), period, fp32_shadow; validated where it was made.
     """
 
-    def __init__(self, policy: nn.Module, tau: float, period: int, fp32_shadow: bool = False):
-        if not isinstance(tau, (int, float)) or not 0.0 <= tau <= 1.0:
-            raise ValueError(f"tau must be in [0, 1]; got {tau!r}")
-        if not isinstance(period, int) or period < 1:
-            raise ValueError(f"period must be an integer >= 1; got {period!r}")
-        self.tau, self.period = float(tau), period
+    def __init__(self, policy: nn.Module, cfg: AnchorConfig):
+        self.cfg, self.tau = cfg, float(cfg.tau)
         self.module = copy.deepcopy(policy).eval().requires_grad_(False)
         self._names = [n for n, _ in _floating_state(self.module)]
-        self.shadow = [t.detach().float().clone() for _, t in _floating_state(self.module)] if fp32_shadow else None
+        self.shadow = [t.detach().float().clone() for _, t in _floating_state(self.module)] if cfg.fp32_shadow else None
         self.num_updates = 0
-
-    # ----------------------------------------------------------------- schedule
-    def due(self, iteration: int) -> bool:
-        """True when the anchor is updated after iteration ``iteration`` (1-based)."""
-        return self.tau < 1.0 and iteration > 0 and iteration % self.period == 0
 
     @torch.no_grad()
     def update(self, iteration: int, policy: nn.Module) -> bool:
         """Call once after the policy update of ``iteration``; returns whether the anchor changed."""
-        if not self.due(iteration):
+        if not self.cfg.due(iteration):
             return False
         policy_state = dict(_floating_state(policy))
         missing = [n for n in self._names if n not in policy_state]
@@ -160,7 +151,7 @@ class EmaAnchor:
     def state_dict(self) -> dict:
         return {
             "tau": self.tau,
-            "period": self.period,
+            "period": self.cfg.period,
             "num_updates": self.num_updates,
             "module": self.module.state_dict(),
             "shadow": None if self.shadow is None else [t.clone() for t in self.shadow],

@@ -47,10 +47,9 @@ def check_number(
     the interval and `why` (e.g. " (0 = off)"), e.g. "optim.beta1 must be in [0, 1); got 1.5"."""
     if value is None and null:
         return
-    above = value > low if low_open else value >= low
-    below = high is None or (value < high if high_open else value <= high)
-    if _real(value) and above and below:
-        return
+    if _real(value) and (value > low if low_open else value >= low):  # a string is refused, not compared
+        if high is None or (value < high if high_open else value <= high):
+            return
     if high is None:
         interval = f"{'>' if low_open else '>='} {low:g}"
     else:
@@ -123,6 +122,11 @@ class AnchorConfig:
     def __post_init__(self):
         check_number("algo.anchor.tau", self.tau, 0, 1)
         check_integer("algo.anchor.period", self.period, 1, why=" (iterations)")
+
+    def due(self, iteration: int) -> bool:
+        """Whether the anchor is updated after iteration `iteration` (1-based): after period, 2*period, ...;
+        never when tau = 1 (a fixed anchor). Both backends' schedule."""
+        return self.tau < 1.0 and iteration > 0 and iteration % self.period == 0
 
 
 @dataclass

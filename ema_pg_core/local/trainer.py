@@ -135,7 +135,7 @@ class LocalTrainer:
         vocab = policy.get_output_embeddings().weight.shape[0]
         if self.est.needs == "topk" and a.kl.k > vocab:
             raise ValueError(f"algo.kl.k={a.kl.k} exceeds the model's vocabulary size {vocab}")
-        self.anchor = EmaAnchor(policy, a.anchor.tau, a.anchor.period, a.anchor.fp32_shadow)
+        self.anchor = EmaAnchor(policy, a.anchor)
         self.opt = torch.optim.AdamW(
             policy.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay
         )

@@ -3,6 +3,7 @@ import torch
 from torch import nn
 
 from ema_pg_core.anchor import EmaAnchor, ema_update_
+from ema_pg_core.config import AnchorConfig
 
 
 class Tiny(nn.Module):
@@ -28,7 +29,7 @@ def flat(m):
 
 def test_anchor_starts_as_the_initial_policy_and_is_a_copy():
     pol = Tiny()
-    a = EmaAnchor(pol, tau=0.9, period=1)
+    a = EmaAnchor(pol, AnchorConfig(tau=0.9, period=1))
     assert torch.equal(flat(a.module), flat(pol))
     perturb_(pol, 0)
     assert not torch.equal(flat(a.module), flat(pol))
@@ -37,7 +38,7 @@ def test_anchor_starts_as_the_initial_policy_and_is_a_copy():
 
 def test_tau_one_leaves_the_anchor_untouched_and_tau_zero_copies():
     pol = Tiny()
-    fixed, copy_ = EmaAnchor(pol, 1.0, 1), EmaAnchor(pol, 0.0, 1)
+    fixed, copy_ = EmaAnchor(pol, AnchorConfig(1.0, 1)), EmaAnchor(pol, AnchorConfig(0.0, 1))
     before = flat(fixed.module)
     perturb_(pol, 1)
     assert fixed.update(1, pol) is False and torch.equal(flat(fixed.module), before)
@@ -46,7 +47,7 @@ def test_tau_one_leaves_the_anchor_untouched_and_tau_zero_copies():
 
 def test_update_is_the_ema_formula_on_params_and_floating_buffers_only():
     pol = Tiny()
-    a = EmaAnchor(pol, tau=0.75, period=1)
+    a = EmaAnchor(pol, AnchorConfig(tau=0.75, period=1))
     old = flat(a.module)
     perturb_(pol, 2)
     a.update(1, pol)
@@ -56,15 +57,15 @@ def test_update_is_the_ema_formula_on_params_and_floating_buffers_only():
 
 def test_period_schedule_fires_after_iterations_p_2p_3p():
     pol = Tiny()
-    a = EmaAnchor(pol, tau=0.5, period=10)
+    a = EmaAnchor(pol, AnchorConfig(tau=0.5, period=10))
     fired = [it for it in range(0, 36) if a.update(it, pol)]
     assert fired == [10, 20, 30] and a.num_updates == 3
-    assert EmaAnchor(pol, 0.5, 1).due(1) and not EmaAnchor(pol, 0.5, 1).due(0)
+    assert AnchorConfig(0.5, 1).due(1) and not AnchorConfig(0.5, 1).due(0) and not AnchorConfig(1.0, 1).due(1)
 
 
 def test_drift_metric():
     pol = Tiny()
-    a = EmaAnchor(pol, 0.9, 1)
+    a = EmaAnchor(pol, AnchorConfig(0.9, 1))
     assert a.drift(pol)["anchor/drift"] == 0.0
     perturb_(pol, 3)
     d = a.drift(pol)
@@ -74,17 +75,17 @@ def test_drift_metric():
 
 def test_state_round_trip_continues_identically():
     pol = Tiny()
-    a = EmaAnchor(pol, 0.8, 2, fp32_shadow=True)
+    a = EmaAnchor(pol, AnchorConfig(0.8, 2, fp32_shadow=True))
     perturb_(pol, 4)
     a.update(2, pol)
-    b = EmaAnchor(Tiny(), 0.8, 2, fp32_shadow=True)
+    b = EmaAnchor(Tiny(), AnchorConfig(0.8, 2, fp32_shadow=True))
     b.load_state_dict(a.state_dict())
     assert torch.equal(flat(a.module), flat(b.module)) and b.num_updates == 1
     perturb_(pol, 5)
     a.update(4, pol), b.update(4, pol)
     assert torch.equal(flat(a.module), flat(b.module))
     with pytest.raises(ValueError, match="fp32_shadow"):
-        EmaAnchor(Tiny(), 0.8, 2).load_state_dict(a.state_dict())
+        EmaAnchor(Tiny(), AnchorConfig(0.8, 2)).load_state_dict(a.state_dict())
 
 
 def test_fp32_shadow_accumulates_what_bf16_rounds_away():
@@ -98,7 +99,7 @@ def test_fp32_shadow_accumulates_what_bf16_rounds_away():
     with torch.no_grad():
         for t in list(pol.parameters()) + [pol.scale]:
             t.fill_(1.0)
-    plain, shadow = EmaAnchor(pol, 0.95, 1), EmaAnchor(pol, 0.95, 1, fp32_shadow=True)
+    plain, shadow = EmaAnchor(pol, AnchorConfig(0.95, 1)), EmaAnchor(pol, AnchorConfig(0.95, 1, fp32_shadow=True))
     with torch.no_grad():
         for t in list(pol.parameters()) + [pol.scale]:
             t.fill_(1.0078125)
@@ -117,7 +118,7 @@ def test_ema_update_function_and_bad_arguments():
         ema_update_(a, p, 1.5)
     for bad in (-0.1, 1.01, "0.9"):
         with pytest.raises(ValueError, match="tau must be in"):
-            EmaAnchor(Tiny(), bad, 1)
+            AnchorConfig(bad, 1)
     for bad in (0, -3, 2.5):
         with pytest.raises(ValueError, match="period must be an integer >= 1"):
-            EmaAnchor(Tiny(), 0.9, bad)
+            AnchorConfig(0.9, bad)

@@ -21,6 +21,7 @@ import torch
 
 from ema_pg_core import anchor as anchor_mod
 from ema_pg_core.anchor import EmaAnchor, ema_update_
+from ema_pg_core.config import AnchorConfig
 from ema_pg_core.kl import ImportanceWeight, kl_per_token
 from ema_pg_core.topk import kl_inputs, token_stats_from_hidden
 from experiments.backends.verl.ema import ema_update_sharded_, wait_for_offload
@@ -158,7 +159,10 @@ def test_the_fp32_shadow_anchor_on_cuda_is_within_one_ulp_of_the_cpu_anchor(reco
     monkeypatch.setattr(anchor_mod, "SLICE", 10_000)
     monkeypatch.setattr(anchor_mod, "DEVICE_SLICE", 30_000)
     policy = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.LayerNorm(512)).bfloat16()
-    cpu, gpu = EmaAnchor(policy, 0.99, 1, fp32_shadow=True), EmaAnchor(policy.to(CUDA), 0.99, 1, fp32_shadow=True)
+    cpu, gpu = (
+        EmaAnchor(policy, AnchorConfig(0.99, 1, fp32_shadow=True)),
+        EmaAnchor(policy.to(CUDA), AnchorConfig(0.99, 1, fp32_shadow=True)),
+    )
     policy.cpu()
     g, shadow, module = torch.Generator().manual_seed(7), [], []
     for it in range(1, 21):

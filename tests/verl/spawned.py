@@ -22,6 +22,7 @@ def ema_worker(rank, world, port, out_dir):
     from torch.distributed.fsdp import fully_shard
 
     from ema_pg_core.anchor import EmaAnchor, ema_update_
+    from ema_pg_core.config import AnchorConfig
     from experiments.backends.verl.ema import drift, ema_update_sharded_, floating_state
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -33,7 +34,7 @@ def ema_worker(rank, world, port, out_dir):
     pol_full = {n: t.detach().clone() for n, t in floating_state(policy)}
     names = list(exp_anchor)
     ema_update_([exp_anchor[n] for n in names], [pol_full[n] for n in names], TAU)
-    ref = EmaAnchor(policy, tau=TAU, period=1)
+    ref = EmaAnchor(policy, AnchorConfig(tau=TAU, period=1))
     ref.module.load_state_dict(anchor.state_dict())
     ref.update(1, policy)
     exp_drift = ref.drift(policy)

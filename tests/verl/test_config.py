@@ -158,18 +158,6 @@ def test_passes_follow_capabilities():
     assert all(p["mode"] == "off" for p in topk_passes(KLConfig(type="topk_reverse", coef=0.0)).values())
 
 
-def test_anchor_schedule_matches_core():
-    from ema_pg_core.anchor import EmaAnchor
-    from ema_pg_core.config import AnchorConfig
-    from experiments.backends.verl.config import anchor_due
-
-    for tau, period in ((0.9, 10), (0.95, 3), (1.0, 10)):
-        core = EmaAnchor(__import__("torch").nn.Linear(1, 1), tau, period)
-        assert [anchor_due(i, AnchorConfig(tau=tau, period=period)) for i in range(40)] == [
-            core.due(i) for i in range(40)
-        ]
-
-
 @pytest.mark.parametrize(
     "bad,match",
     [

@@ -164,11 +164,6 @@ def topk_passes(kl: KLConfig) -> dict[str, dict[str, Any]]:
     return {"old": off, "ref": ref, "train": train}
 
 
-def anchor_due(iteration: int, anchor: AnchorConfig) -> bool:
-    """``EmaAnchor.due``: update after iterations period, 2*period, ... (1-based), never when tau = 1."""
-    return anchor.tau < 1.0 and iteration > 0 and iteration % anchor.period == 0
-
-
 def split_argv(argv: list[str]) -> tuple[list[str], EmaPGSection]:
     """(verl overrides, validated emapg section) from ``main``'s argv (``emapg.a.b=v`` -> section). Values are
     read by Hydra's override parser, the reader ``hydra_value`` writes for (YAML would read 1e-05 as a string)."""

@@ -8,7 +8,7 @@ Registered as ``trainer.v1.trainer_mode=emapg_sync``. Per iteration (verl's ``_s
                                                 with emapg.mask_truncated, the length cap as a flag: the
                                                 engine masks the capped responses out of the update only
                                                 (``experiments.backends.verl.engine.CAP_KEY``)]
-            -> EMA: after the update of iterations period, 2*period, ... (``anchor_due``)
+            -> EMA: after the update of iterations period, 2*period, ... (``AnchorConfig.due``)
             -> KL probe: captured after the first pi_old pass (the first response of each of the
                batch's first probe_size prompts, kept by the workers), scored after the EMA of
                iterations probe_every, 2*probe_every, ... (``experiments.backends.verl.probe``)
@@ -32,7 +32,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
-from experiments.backends.verl.config import TRAINER_MODE, EmaPGSection, anchor_due, topk_passes
+from experiments.backends.verl.config import TRAINER_MODE, EmaPGSection, topk_passes
 from experiments.backends.verl.engine import CAP_KEY, DROP_KEY, set_pass
 from experiments.backends.verl.evals import anchor_keys, append_rows, as_anchor, evals_path, problem_rows
 from experiments.backends.verl.placement import trial_pool_manager
@@ -134,7 +134,7 @@ class EmaPGTrainerSync(PPOTrainerSync):
             batch.extra_info.update({CAP_KEY: 0, DROP_KEY: False})
         set_pass(batch.extra_info)  # off for whatever reads this batch next
         last_local = self.local_trigger_step == self.parameter_sync_step - 1
-        if last_local and anchor_due(self.global_steps, self.emapg.anchor):
+        if last_local and self.emapg.anchor.due(self.global_steps):
             with marked_timer(EMA_TIMER, self._timing_raw()):
                 metrics.update(self.actor_rollout_wg.update_ref_ema(self.global_steps)[0])
         else:
