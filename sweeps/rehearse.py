@@ -47,6 +47,9 @@ import yaml
 
 from experiments.backends.verl import require_verl
 
+GROUP_SIZE = 4
+"""Samples per prompt. With 2, a run now and then drew equal rewards in every group at every step: no advantage, no
+gradient, a policy that never left its anchor, and nothing for the anchor check (``_shards``) to observe."""
 LAYOUTS = {
     "across": {"backend.verl.nnodes": 2, "backend.verl.n_gpus_per_node": 1},
     "within": {"backend.verl.nnodes": 1, "backend.verl.n_gpus_per_node": 2},
@@ -116,8 +119,9 @@ def rehearsal_spec(spec_path: str, out: Path, shared, layout: str, steps: int = 
 def _world_size_2(o: dict, layout: str) -> dict:
     """The rehearsal overrides at world size 2: the layout's nodes and ranks, and each rank's micro-batch the size
     of its half of a mini-batch (verl's fixed-size micro-batches must divide what a rank gets)."""
+    o = {**o, **LAYOUTS[layout], "rollout.group_size": GROUP_SIZE}
     per_rank = o["rollout.prompts_per_iter"] * o["rollout.group_size"] // o["trainer.mini_batches"] // 2
-    return {**o, **LAYOUTS[layout], "backend.verl.micro_batch_size_per_gpu": per_rank}
+    return {**o, "backend.verl.micro_batch_size_per_gpu": per_rank}
 
 
 def _as_mapping(overrides: list[str]) -> dict:
@@ -419,6 +423,8 @@ def check_sharded(run_dir: Path, e, world: int = 2):
     err = max(_ulps(anchor[k], want[k], before[k], policy[k]) for k in anchor)
     moved = max(_ulps(anchor[k], before[k], policy[k]) for k in anchor)
     what = "tau * anchor + (1 - tau) * policy" if update else "the anchor before"
+    if update and max(_ulps(policy[k], before[k]) for k in anchor) <= ULPS:
+        what += " (the policy never left the anchor: no step had a gradient)"
     return Check(
         "world size 2",
         err <= ULPS and (moved > ULPS) == update,
