@@ -16,6 +16,7 @@ import os
 import platform
 import re
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,33 @@ def machine() -> dict:
         "python": platform.python_version(),
         "loadavg": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def _driver() -> str:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "unknown (no nvidia-smi)"
+    out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def describe(torch) -> dict[str, str]:
+    """The card and the software the figures were measured with."""
+    props = torch.cuda.get_device_properties(0)
+    try:
+        import transformers
+
+        tf = transformers.__version__
+    except ImportError:
+        tf = "not installed"
+    return {
+        "gpu": f"{props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor})",
+        "devices": str(torch.cuda.device_count()),
+        "driver": _driver(),
+        "torch": f"{torch.__version__} (CUDA {torch.version.cuda})",
+        "transformers": tf,
+        "python": platform.python_version(),
     }
 
 

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
-from tests.run_gpu import describe  # noqa: E402
+from benchmarks._common import describe  # noqa: E402
 
 SECTION = "sdpa for packed batches on a GPU"
 HQ, HKV, D = 28, 4, 128  # Qwen2.5-7B's attention

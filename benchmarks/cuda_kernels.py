@@ -27,12 +27,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
+from benchmarks._common import describe  # noqa: E402
 from benchmarks.ema_update import TAU, Params, qwen25_05b_shapes  # noqa: E402
 from benchmarks.topk_kl_memory import make_inputs, value_and_backward  # noqa: E402
 from ema_pg_core.anchor import EmaAnchor, ema_update_  # noqa: E402
 from ema_pg_core.config import AnchorConfig  # noqa: E402
 from ema_pg_core.topk import TokenStats  # noqa: E402
-from tests.run_gpu import describe  # noqa: E402
 
 SECTION = "EMA update and Top-k KL on a GPU"
 TOPK_VARIANTS = ["naive_topk", "chunked_topk", "fused_topk", "fused_topk_wholeV"]

@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from the repository, without an install of emapg
+from benchmarks._common import describe  # noqa: E402  the card and versions, as the GPU benchmarks print them
+
 MARKER = re.compile(r"pytest\.mark\.gpu\b")
 
 
@@ -30,33 +30,6 @@ def gpu_test_files(root: Path = ROOT) -> list[str]:
     rest of emapg's dependencies (Hydra, Ray, verl) collects them."""
     files = sorted(p for p in (root / "tests").rglob("test_*.py") if MARKER.search(p.read_text()))
     return [str(p.relative_to(root)) for p in files]
-
-
-def _driver() -> str:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return "unknown (no nvidia-smi)"
-    out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
-
-
-def describe(torch) -> dict[str, str]:
-    """The card and the software the figures were measured with."""
-    props = torch.cuda.get_device_properties(0)
-    try:
-        import transformers
-
-        tf = transformers.__version__
-    except ImportError:
-        tf = "not installed"
-    return {
-        "gpu": f"{props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor})",
-        "devices": str(torch.cuda.device_count()),
-        "driver": _driver(),
-        "torch": f"{torch.__version__} (CUDA {torch.version.cuda})",
-        "transformers": tf,
-        "python": platform.python_version(),
-    }
 
 
 class Figures:

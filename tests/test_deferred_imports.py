@@ -105,7 +105,7 @@ class Deferred(NamedTuple):
 
 
 def _tracked() -> list[str]:
-    """Tracked .py files (tests/ included: benchmarks import tests.run_gpu), relative to the root."""
+    """Tracked .py files (tests/ included: tests/run_gpu.py imports benchmarks._common), relative to the root."""
     return git_files("*.py")
 
 
