@@ -58,9 +58,17 @@ def forms(*branches: tuple[str, Any]) -> Any:
     return Annotated[union, Discriminator(form)]
 
 
+def _same(value):
+    """What two values that compose to the same override share: 1 and 1.0 are one value (each composes to
+    tau=1.0, two runs of one configuration); True stays apart from 1, "1" from 1, and a joint row is its items."""
+    if isinstance(value, list):
+        return tuple(_same(v) for v in value)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
+
+
 def _distinct(what: str):
     def check(values: list) -> list:
-        if len({repr(v) for v in values}) != len(values):
+        if len({_same(v) for v in values}) != len(values):
             raise ValueError(f"lists a {what} twice: {shown(values)}")
         return values
 

@@ -252,6 +252,8 @@ def test_metric_must_be_logged_by_every_task():
         ({"space": {"algo.anchor.tau": {"range": [0, 1]}}}, ["exactly one of"]),
         ({"space": {"algo.anchor.tau": {"grid": []}}}, ["space.algo.anchor.tau.grid must be a non-empty list"]),
         ({"space": {"algo.anchor.tau": {"grid": [0.9, 0.9]}}}, ["lists a value twice"]),
+        ({"space": {"algo.anchor.tau": {"grid": [1, 1.0]}}}, ["lists a value twice"]),  # both compose to tau=1.0
+        ({"space": {"algo.kl.type,algo.anchor.tau": {"grid": [["k3", 1], ["k3", 1.0]]}}}, ["lists a value twice"]),
         ({"space": {"algo.anchor.tau": {"choice": [0.9, 1.0]}}}, ["choice needs search: random or optuna"]),
         ({"search": "random", "space": {"algo.anchor.tau": {"uniform": [1.0, 0.5]}}}, ["low < high"]),
         ({"search": "random", "space": {"algo.kl.coef": {"loguniform": [0, 0.1]}}}, ["loguniform needs low > 0"]),
