@@ -55,11 +55,9 @@ def _env():
     return env
 
 
-@contextlib.contextmanager
-def _ray_head(env: dict, worker_ports: int):
-    """(dashboard URL, GCS address) of a private Ray head on 127.0.0.1 started with `env`; torn down by process
-    group. Its workers use ports worker_ports..+99."""
-    pytest.importorskip("ray.job_submission")
+def _start_head(env: dict, worker_ports: int) -> tuple[subprocess.Popen, str, str, str]:
+    """(process, dashboard URL, GCS address, temp dir) of a `ray start --head` that answers HTTP; RuntimeError with
+    the tail of its output if it exits first or takes 120 s (its process group is killed, its temp dir removed)."""
     gcs, dash, client, agent, agent_grpc, renv, metrics, nm, om = _ports(9)
     tmp = tempfile.mkdtemp(prefix="emapg_ray_", dir="/tmp")  # short: Ray's unix sockets live here
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -87,29 +85,52 @@ def _ray_head(env: dict, worker_ports: int):
         f"--temp-dir={tmp}",
         "--disable-usage-stats",
     ]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{dash}"
-    try:
-        import httpx
+    log = os.path.join(tmp, "ray_start.log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url, deadline = f"http://127.0.0.1:{dash}", time.time() + 120
+    import httpx
 
-        deadline = time.time() + 120
-        while True:
-            try:  # any HTTP answer: a head with token authentication answers 401 here
-                httpx.get(f"{url}/api/version", timeout=2)
-                break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"Ray head did not come up (exit {proc.poll()})")
-            time.sleep(1)
-        yield url, f"127.0.0.1:{gcs}"
+    while True:
+        try:  # any HTTP answer: a head with token authentication answers 401 here
+            httpx.get(f"{url}/api/version", timeout=2)
+            return proc, url, f"127.0.0.1:{gcs}", tmp
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            tail = " | ".join(open(log).read().strip().splitlines()[-5:])
+            _stop_head(proc, tmp)
+            raise RuntimeError(f"Ray head did not come up (exit {proc.poll()}): {tail}")
+        time.sleep(1)
+
+
+def _stop_head(proc: subprocess.Popen, tmp: str) -> None:
+    # Every process `ray start` spawned is in its process group (checked: none escape), so one
+    # SIGKILL to the group ends exactly this head; a SIGTERM shutdown takes ~30 s on 2 cores.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _ray_head(env: dict, worker_ports: int):
+    """(dashboard URL, GCS address) of a private Ray head on 127.0.0.1 started with `env`; torn down by process
+    group. Its workers use ports worker_ports..+99. A second try, on fresh ports, when the first head exits before
+    it answers: seen under load beside another Ray on the machine, where a port picked free was taken before
+    Ray bound it (the error keeps both tries' output)."""
+    pytest.importorskip("ray.job_submission")
+    try:
+        proc, url, gcs, tmp = _start_head(env, worker_ports)
+    except RuntimeError as first:
+        try:
+            proc, url, gcs, tmp = _start_head(env, worker_ports)
+        except RuntimeError as second:
+            raise RuntimeError(f"{second}; first try: {first}") from None
+    try:
+        yield url, gcs
     finally:
-        # Every process `ray start` spawned is in its process group (checked: none escape), so one
-        # SIGKILL to the group ends exactly this head; a SIGTERM shutdown takes ~30 s on 2 cores.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        shutil.rmtree(tmp, ignore_errors=True)
+        _stop_head(proc, tmp)
 
 
 @pytest.fixture(scope="module")

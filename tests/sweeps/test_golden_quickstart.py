@@ -29,6 +29,7 @@ def kept(column: str) -> bool:
 
 
 @pytest.mark.skipif(numerics.DEFAULT != "reproducible", reason="golden numbers are for x86-64 (reproducible mode)")
+@pytest.mark.timeout(1800)  # the sweep's own limit below, not pytest's 600 s: beside other jobs it took longer
 def test_short_quickstart_gives_the_committed_numbers(tmp_path):
     spec = yaml.safe_load((ROOT / "sweeps" / "quickstart.yaml").read_text())
     spec["base"]["overrides"].update(SHORT)
@@ -38,7 +39,7 @@ def test_short_quickstart_gives_the_committed_numbers(tmp_path):
     env.update(EMAPG_CACHE=str(tmp_path / "cache"), WANDB_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     out = tmp_path / "sweep"
     cmd = [str(Path(sys.executable).parent / "emapg"), "sweep", str(tmp_path / "short.yaml"), "--out", str(out)]
-    done = subprocess.run([*cmd, "--num-cpus", "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([*cmd, "--num-cpus", "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1700)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with open(out / "sweep.csv", newline="") as f:
         rows = [{k: v for k, v in r.items() if kept(k)} for r in csv.DictReader(f)]
