@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import string
+import threading
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -83,6 +84,25 @@ def _key_refused(err: BaseException) -> bool:
     return status in (401, 403)
 
 
+TEARDOWN_S = 30.0
+"""How long `reaching` waits for W&B's service process to stop after an error. One still busy with a server that did
+not answer held `emapg report --wandb-project` past pytest's 10 minutes in CI (wandb 0.31: `wandb.teardown` waits for
+the process with no bound). Past this the line is printed anyway; the service watches our pid and ends with us."""
+
+
+def _teardown_within(seconds: float) -> None:
+    """wandb.teardown(), waited for at most `seconds` (in a daemon thread, which does not hold the exit)."""
+    import wandb
+
+    def teardown() -> None:
+        with suppress(Exception):  # a W&B that failed to start may fail to stop too: the error being raised stands
+            wandb.teardown()  # prints W&B's "Find logs at" now, not after our line at exit
+
+    stopping = threading.Thread(target=teardown, name="wandb-teardown", daemon=True)
+    stopping.start()
+    stopping.join(seconds)
+
+
 OFFLINE = "log offline (logger.mode=offline) and `wandb sync` the run later"
 """What to do instead of waiting for W&B, in `reaching`'s line for a run."""
 
@@ -91,16 +111,15 @@ OFFLINE = "log offline (logger.mode=offline) and `wandb sync` the run later"
 def reaching(what: str, instead: str = OFFLINE) -> Iterator[None]:
     """W&B's errors inside, as one line naming `what` (the setting or flag that wants W&B online) and what to do
     `instead`: no API key, a key the server refuses or a W&B setting it rejects -> UserError (exit 2); the server
-    unreachable or too slow (W&B's CommError, its init timeout) -> RunFailed (exit 1). W&B is torn down first, so
-    its own closing lines come before that one. No key is read or written here: W&B's login does."""
+    unreachable or too slow (W&B's CommError, its init timeout) -> RunFailed (exit 1). W&B is torn down first
+    (waiting TEARDOWN_S at most), so its own closing lines come before that one. No key is read or written here:
+    W&B's login does."""
     import wandb
 
     try:
         yield
     except (wandb.errors.Error, TimeoutError) as err:
-        # a W&B that failed to start may fail to stop too: the error below stands
-        with suppress(Exception):
-            wandb.teardown()  # prints W&B's "Find logs at" now, not after the line below at exit
+        _teardown_within(TEARDOWN_S)
         detail = _one_line(err)
         if isinstance(err, wandb.errors.UsageError):  # no key and no terminal to ask at, or a setting W&B refuses
             raise UserError(

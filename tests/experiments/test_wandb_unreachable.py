@@ -33,6 +33,9 @@ def unreachable_wandb(tmp_path, monkeypatch):
         monkeypatch.setenv(name, str(tmp_path / "wandb" / sub))
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("WANDB_HTTP_TIMEOUT", "3")
+    from wandb.apis.public.api import Api
+
+    monkeypatch.setattr(Api, "_HTTP_TIMEOUT", 3)  # read from WANDB_HTTP_TIMEOUT once, when W&B's module is imported
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("EMAPG_PROGRESS", "0")
     monkeypatch.chdir(tmp_path)
@@ -85,6 +88,25 @@ def test_report_from_wandb_without_an_api_key_is_one_line_exit_2(unreachable_wan
 def test_report_from_wandb_with_the_server_unreachable_is_one_line_exit_1(unreachable_wandb, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
     code, err, took = _emapg(["report", "--wandb-project", "p", "--out", str(unreachable_wandb / "out")], capsys)
+    assert code == 1, err[-3000:]
+    _ends_in_one_line(err, "emapg report: run failed: emapg report --wandb-project", "did not answer")
+    assert took < BOUND_S
+
+
+def test_a_wandb_service_that_never_stops_does_not_hold_the_line(unreachable_wandb, monkeypatch, capsys):
+    """Seen in CI: W&B's service, busy with the server, never exited, and wandb.teardown waited for it unbounded."""
+    import threading
+
+    from wandb.sdk.lib.service import service_process
+
+    released = threading.Event()
+    monkeypatch.setattr(service_process.ServiceProcess, "join", lambda self: released.wait() and 0)
+    monkeypatch.setattr(wandb_logger, "TEARDOWN_S", 1.0, raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
+    try:
+        code, err, took = _emapg(["report", "--wandb-project", "p", "--out", str(unreachable_wandb / "out")], capsys)
+    finally:
+        released.set()
     assert code == 1, err[-3000:]
     _ends_in_one_line(err, "emapg report: run failed: emapg report --wandb-project", "did not answer")
     assert took < BOUND_S
