@@ -157,7 +157,7 @@ def variant_argv(variant: Variant, model: str, data, run_dir: Path, steps: int) 
     target = list(variant.target)
     overrides = target + rehearsal_overrides(build.compose(target), model, data, run_dir, steps)
     job = OmegaConf.to_container(build.compose(overrides), resolve=True)
-    argv = to_verl(job, wandb={}).command()[3:]
+    argv = to_verl(job, wandb={}).argv()
     edits = {**COMMON_EDITS, HOOK_KEY: HOOK, **(STOCK_EDITS if variant.stock else {})}
     return edit_argv(argv, edits)
 

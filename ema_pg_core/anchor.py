@@ -65,14 +65,12 @@ def _lerp_cast_(a: torch.Tensor, p: torch.Tensor, w: float, out: torch.Tensor | 
 
 @torch.no_grad()
 def ema_update_(anchor: list[torch.Tensor], policy: list[torch.Tensor], tau: float) -> None:
-    """In place: anchor[i] <- tau * anchor[i] + (1 - tau) * policy[i].
+    """In place: anchor[i] <- tau * anchor[i] + (1 - tau) * policy[i], tau in [0, 1] (checked once, by AnchorConfig).
 
     ``lerp(start, end, w) = start + w (end - start) = (1 - w) start + w end`` with w = 1 - tau.
     Pairs of equal dtype/device are mixed by one fused multi-tensor op (``torch._foreach_lerp_``);
     pairs that differ (e.g. an fp32 shadow and a bf16 policy) are cast slice by slice.
     """
-    if not 0.0 <= tau <= 1.0:
-        raise ValueError(f"tau must be in [0, 1]; got {tau!r}")
     if len(anchor) != len(policy):
         raise ValueError(f"anchor has {len(anchor)} tensors, policy {len(policy)}")
     if tau == 1.0 or not anchor:

@@ -114,8 +114,6 @@ def test_ema_update_function_and_bad_arguments():
     a, p = [torch.zeros(3), torch.ones(2)], [torch.ones(3), torch.zeros(2)]
     ema_update_(a, p, 0.9)
     assert torch.allclose(a[0], torch.full((3,), 0.1)) and torch.allclose(a[1], torch.full((2,), 0.9))
-    with pytest.raises(ValueError, match="tau"):
-        ema_update_(a, p, 1.5)
     for bad in (-0.1, 1.01, "0.9"):
         with pytest.raises(ValueError, match="tau must be in"):
             AnchorConfig(bad, 1)

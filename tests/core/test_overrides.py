@@ -157,6 +157,6 @@ def test_the_sweeps_and_the_verl_launch_share_the_formatter():
     run["backend"]["verl"]["checkpoint_dir"] = "True"
     run["algo"]["kl"]["coef"] = 1e-5
     job = to_verl(run)
-    args = dict(a.split("=", 1) for a in job.command()[3:])
+    args = dict(a.split("=", 1) for a in job.argv())
     assert _read(args["trainer.default_local_dir"]) == "True"
-    assert split_argv(job.command()[3:])[1].model_dump() == job.emapg and job.emapg["kl"]["coef"] == 1e-5
+    assert split_argv(job.argv())[1].model_dump() == job.emapg and job.emapg["kl"]["coef"] == 1e-5

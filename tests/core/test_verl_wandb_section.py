@@ -26,7 +26,7 @@ def test_wandb_section_round_trips_through_the_command_line(run_id):
     }
     job = to_verl(yaml.safe_load(RUN.read_text()), env)
     assert "trainer.logger=[console,file,wandb]" in job.overrides
-    _, section = split_argv(job.command()[3:])
+    _, section = split_argv(job.argv())
     assert section.runner_env == env and section.runner_setup == RUNNER_SETUP
 
 

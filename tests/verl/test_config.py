@@ -86,13 +86,13 @@ def test_shipped_gpu_sweeps_compile_to_the_paper_launch_and_its_baseline(sweep, 
     argv = {
         t["experiment"]: dict(
             a.split("=", 1)
-            for a in _composed_job(spec.overrides_for({"experiment": t["experiment"]}, t["seed"])).command()[3:]
+            for a in _composed_job(spec.overrides_for({"experiment": t["experiment"]}, t["seed"])).argv()
         )
         for t in trials(spec)
     }
     ema, grpo = argv[sweep], argv[sweep.replace("ema_pg", "grpo")]
     # the EMA-PG trial is its preset's launch exactly (the sweep's group/tags are W&B-only, not verl's)
-    assert ema == dict(a.split("=", 1) for a in _composed_job([f"experiment={sweep}"]).command()[3:])
+    assert ema == dict(a.split("=", 1) for a in _composed_job([f"experiment={sweep}"]).argv())
     changed = {k: (ema.get(k), grpo.get(k)) for k in ema.keys() | grpo.keys() if ema.get(k) != grpo.get(k)}
     name = "trainer.experiment_name"
     assert changed.pop(name) == (ema[name], ema[name].replace("ema_pg", "grpo"))
@@ -260,7 +260,7 @@ def test_compiled_config_instantiates_verl_dataclasses(name, tiny_path):
     job = _job(name)
     # argv after `python -m experiments.backends.verl.main`; the model path points at the local tiny model
     # because verl's model config reads the HF config (no downloads in tests)
-    cfg = compose(job.command()[3:] + [f"actor_rollout_ref.model.path={tiny_path}"])
+    cfg = compose(job.argv() + [f"actor_rollout_ref.model.path={tiny_path}"])
     assert cfg.emapg.kl.type == job.emapg["kl"]["type"]
     arr = cfg.actor_rollout_ref
     actor = omega_conf_to_dataclass(arr.actor)
@@ -348,7 +348,7 @@ def test_verl_builds_the_models_with_the_composed_attention(drop_ours, tiny_path
 
     from experiments.backends.verl.main import compose
 
-    argv = [a for a in _job("math_deepscaler_8k").command()[3:] if not (drop_ours and a.startswith(ATTN))]
+    argv = [a for a in _job("math_deepscaler_8k").argv() if not (drop_ours and a.startswith(ATTN))]
     cfg = compose(argv + [f"actor_rollout_ref.model.path={tiny_path}"])
     model = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
     assert model.hf_config._attn_implementation == ("flash_attention_2" if drop_ours else "sdpa")

@@ -33,7 +33,7 @@ def _verl_config(*overrides: str):
 
     cfg = build.compose(["experiment=math_deepscaler_ema_pg", "trainer.device=cpu", "backend.verl.rollout_engine=hf"])
     run = OmegaConf.to_container(cfg, resolve=True)
-    argv = to_verl(run).command()[3:] + list(overrides)
+    argv = to_verl(run).argv() + list(overrides)
     return argv, compose(argv)
 
 

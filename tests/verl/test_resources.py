@@ -36,7 +36,7 @@ def _composed(preset: str, *verl_overrides: str):
 
     cfg = build.compose([f"experiment={preset}"])
     build.validate(cfg)
-    return compose(to_verl(OmegaConf.to_container(cfg, resolve=True)).command()[3:] + list(verl_overrides))
+    return compose(to_verl(OmegaConf.to_container(cfg, resolve=True)).argv() + list(verl_overrides))
 
 
 def _table(need):

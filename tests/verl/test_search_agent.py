@@ -251,7 +251,7 @@ def test_search_preset_launch_reaches_the_loop(tmp_path, tiny_path):
     cfg = OmegaConf.merge(cfg, agent_loops_path(cfg))
     assert Path(cfg.backend.verl.agent_loop_config_path) == AGENT_LOOPS  # absolute, whatever the cwd
     job = to_verl(OmegaConf.to_container(cfg, resolve=True))
-    verl_cfg = compose(job.command()[3:] + [f"actor_rollout_ref.model.path={tiny_path}"])
+    verl_cfg = compose(job.argv() + [f"actor_rollout_ref.model.path={tiny_path}"])
     rollout = omega_conf_to_dataclass(verl_cfg.actor_rollout_ref.rollout)
     assert rollout.agent.default_agent_loop == "search_r1" and rollout.agent.agent_loop_config_path == str(AGENT_LOOPS)
     assert rollout.custom == {"retriever_url": "http://127.0.0.1:8000", "max_turn_tokens": 500}  # per turn

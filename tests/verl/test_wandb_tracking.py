@@ -25,7 +25,7 @@ def _composed(run_dir, *overrides):
     cfg = build.compose(["experiment=math_deepscaler_ema_pg", f"run_dir={run_dir}", *overrides])
     build.validate(cfg)
     wandb = _verl_wandb(cfg, run_dir)
-    return compose(to_verl(OmegaConf.to_container(cfg, resolve=True), wandb).command()[3:]), wandb
+    return compose(to_verl(OmegaConf.to_container(cfg, resolve=True), wandb).argv()), wandb
 
 
 def _track(config):

@@ -206,9 +206,13 @@ class VerlJob:
     overrides: list[str]
     emapg: dict[str, Any]
 
+    def argv(self) -> list[str]:
+        """The arguments ``experiments.backends.verl.main`` reads: verl overrides, then emapg.* (dotted)."""
+        return [*self.overrides, *_dotted("emapg", self.emapg)]
+
     def command(self, python: str = "python") -> list[str]:
-        """argv of ``python -m experiments.backends.verl.main``: verl overrides, then emapg.* (dotted)."""
-        return [python, "-m", "experiments.backends.verl.main", *self.overrides, *_dotted("emapg", self.emapg)]
+        """``python -m experiments.backends.verl.main`` with ``argv()``."""
+        return [python, "-m", "experiments.backends.verl.main", *self.argv()]
 
     def shell(self, python: str = "python") -> str:
         """The same command as one shell-quoted line (for scripts, SLURM, the Ray Jobs entrypoint)."""
@@ -472,7 +476,7 @@ def run_config(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -
     """
     from experiments.backends.verl.main import launch  # loads verl, ray
 
-    return launch(to_verl(run, wandb).command()[3:], Path(run["run_dir"]) if run.get("run_dir") else None)
+    return launch(to_verl(run, wandb).argv(), Path(run["run_dir"]) if run.get("run_dir") else None)
 
 
 def placement_for(run: Mapping[str, Any]):
@@ -480,4 +484,4 @@ def placement_for(run: Mapping[str, Any]):
     (``experiments.backends.verl.resources.trial_placement``); composes verl's config, starts nothing."""
     from experiments.backends.verl.main import trial_placement_of  # loads verl, ray
 
-    return trial_placement_of(to_verl(run).command()[3:])
+    return trial_placement_of(to_verl(run).argv())
