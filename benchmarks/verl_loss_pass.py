@@ -4,8 +4,9 @@
 
 verl 0.9's FSDP2 training engine on its CPU platform, in this process (a gloo group of size 1), with the plugin's
 engine and loss: the tiny Qwen2 of the verl tests (2 layers, hidden 64, 100-token vocabulary) and their batch of 4
-sequences in one micro-batch (``tests/verl/engines``). One pass is what verl's update runs per micro-batch:
-forward with the loss, backward, no optimizer step. The variants run interleaved, medians after 3 warm-up passes:
+sequences in one micro-batch (``experiments.backends.verl.standalone``). One pass is what verl's update runs per
+micro-batch: forward with the loss, backward, no optimizer step. The variants run interleaved, medians after 3
+warm-up passes:
 
 - K3 (``algo.kl.type=k3``): no logits hook, no Top-k field read;
 - reverse Top-k, k = 32 (the search recipe's KL): the logits hook computes the Top-k KL and its telemetry from the
@@ -29,14 +30,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "verl"), str(ROOT)]  # the verl tests' helpers import by plain name
-import cpu_shim  # noqa: E402  tests/verl: verl's CPU platform for one process
-import engines  # noqa: E402  tests/verl: verl's engines around the tiny model, the test batch
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._common import machine, machine_line, md_table, write_section  # noqa: E402
 from ema_pg_core.config import KLConfig, LossConfig  # noqa: E402
-from experiments.backends.verl import require_verl  # noqa: E402
+from experiments.backends.verl import cpu, require_verl  # noqa: E402
+from experiments.backends.verl import standalone as engines  # noqa: E402
 
 K = 32
 WARMUP = 3
@@ -44,8 +42,8 @@ WARMUP = 3
 
 def engines_pair(tmp: str):
     """(actor, anchor): verl's FSDP2 engines with the plugin's engine class, the anchor perturbed off the policy."""
-    cpu_shim.install()
-    cpu_shim.init_gloo()
+    cpu.install()
+    cpu.init_gloo()
     return engines.actor_and_anchor(engines.save_tiny(Path(tmp) / "model"))
 
 
