@@ -135,7 +135,6 @@ def section(results: list[dict], m: dict, argv: list[str]) -> str:
     lines += _disturbance_warning(results)
     lines += ["", "Target (issue 7): the anchor update at ≥ 80% of the same-size copy's bandwidth."]
     lines += _target_lines(results)
-    lines += _notes(results)
     return "\n".join(lines) + "\n"
 
 
@@ -204,24 +203,6 @@ def _target_lines(results: list[dict]) -> list[str]:
                     + ("**met**." if ok else f"**missed** by {0.8 - r['gbps'] / base:.2f}.")
                 )
     return lines
-
-
-def _notes(results: list[dict]) -> list[str]:
-    """Why the Python loop costs the same on CPU, and the sliced vs whole-policy cast speed-up."""
-    t = {r["variant"]: r["seconds"] for res in results for r in res["rows"]}
-    sliced = next(v for k, v in t.items() if "sliced cast" in k)
-    whole = next(v for k, v in t.items() if "whole-policy cast" in k)
-    return [
-        "",
-        "Notes:",
-        "- On CPU, `torch._foreach_lerp_` is itself a C++ loop over the tensors, so with 290 large tensors the "
-        "per-parameter Python loop costs the same; the single multi-tensor op pays off on GPU, where each "
-        "per-parameter call is a kernel launch.",
-        f"- The fp32-shadow update with a bf16 policy used to cast the whole policy to fp32 first (a "
-        f"{4 * results[-1]['params'] / C.GB:.1f} GB temporary, page faults included, streamed twice more); it now "
-        f"casts, mixes and copies out 1M-element slices that stay in cache: {whole / sliced:.2f}x faster here "
-        "and no temporary (`ema_pg_core/anchor.py`, same numbers bit for bit).",
-    ]
 
 
 def main(argv=None) -> int:

@@ -147,48 +147,16 @@ def table(runs: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-def phases_table(runs: list[tuple[str, dict]]) -> str:
-    """The timeline's phases of a slot's first trial (mean) and of the later ones (median), per run; then per
-    variant the median over its runs. The schedule of a slot's first trial runs from the sweep's start."""
-    from sweeps.results import PHASES, TRAINING  # loads omegaconf
-
-    med = _medians(runs)
-    heads = [f"{n}: {part} (s)" for n in med for part in ("a slot's first trial", "later trials")]
-    lines = ["| phase | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
-    for name, _, what in PHASES:
-        cells = " | ".join(_num(m.get(f"{part}/{name}"), 2) for m in med.values() for part in ("first", "later"))
-        where = " [training]" if name in TRAINING else ""
-        lines.append(f"| `{name}`: {what}{where} | {cells} |")
-    return "\n".join(lines)
-
-
 def _num(v, digits: int = 1) -> str:
     return "n/a" if v is None or v != v else f"{v:.{digits}f}"
 
 
 EXPLAIN = """\
-Overhead = 1 - summed training / (sweep wall x slots), as `timing.json` reports it. Training is each run's
-`train_wall_time_s`: from the start of its training loop (the evaluation at iteration 0 first) to the end of its
-final save. Every other second of a slot is in the timeline (`timing.json["timeline"]`, `sweeps.results.timeline`),
-from stamps the driver (Tune started the trial, its last result arrived, Tune ended it), the trial function and
-`experiments.run.run` (`summary.json["timeline"]`) take; each trial is put in the slot that freed first before it
-started. Fixed cost per trial = (wall x slots - training - idle tail) / trials: every second outside training but the
-idle tail, spread over the trials. It splits into the slot start-up (the mean fixed cost of a slot's first trial:
-Ray starting the worker, the imports, the first W&B run and model load) and the per-trial cost in a started slot
-(the median fixed cost of the other trials). Idle tail: each slot's idle time from its last trial's end to the end
-of the sweep's last trial (6 trials of unequal length on 2 slots), summed over the slots. After the last trial: the
-slots' time until Tune returned. Bookkeeping per iteration: the median time between two metrics lines beyond the
-trainer's step (perf/iter_s) over the iterations without an evaluation: the run record's line, W&B's log, the health
-rules and Tune's report; it is inside the training loop, so the overhead counts it as training.
-
-Where the rest goes, read from the phases: with the worker reused, Tune's own share of a trial (`schedule` in a
-started slot, `call`, `close`, `end`) and the final save (`save`) take well under a second each; a trial in a started
-slot spends its fixed cost mostly in `compose`, `wandb` and `model` (the task's splits, then the model from the
-warm-start cache). The slot start-up is a new worker's first trial: the imports (ray.tune, torch, transformers,
-wandb, math_verify), W&B's service starting, the first model load; it is paid once per slot. The idle tail follows
-from the order: Tune hands the next trial to the slot that frees first, so with two presets of unequal speed on two
-slots one slot can run every trial of the faster preset and the other every trial of the slower one, and the tail
-then grows with the number of seeds (the trials' stamps in `timing.json` show which trial ran where).
+Overhead = 1 - summed training / (sweep wall x slots), as `timing.json` reports it; training is each run's
+`train_wall_time_s` (from the evaluation at iteration 0 to the final save). Fixed cost per trial = (wall x slots -
+training - idle tail) / trials: the slot start-up is the mean fixed cost of a slot's first trial, the per-trial cost
+in a started slot the median of the others; idle tail = each slot's idle time after its last trial until the sweep's
+last trial ended, summed; all from the stamps in `timing.json["timeline"]` (`sweeps.results.timeline`).
 """
 
 
@@ -207,7 +175,7 @@ def main() -> None:
         f"## Sweep orchestration overhead (`benchmarks/sweep_overhead.py`)\n\n"
         f"`{cmd}`: the sweep run {args.rounds}x per variant, alternating, on a local Ray of 2 CPUs (medians; warm "
         f"start cached, W&B as the spec sets it). {machine_line(m, 1)}\n\n{table(runs)}\n\n"
-        f"Where a trial's slot time goes (seconds per phase):\n\n{phases_table(runs)}\n\n{EXPLAIN}"
+        f"{EXPLAIN}"
     )
     print(body)
     if args.write:

@@ -250,12 +250,6 @@ def section(done: list[dict], ns: list[int], m: dict, argv: list[str], wall_tota
     for N in ns:
         out += [f"### N = {N:,}", "", C.md_table(TABLE_HEADER, _table_rows(done, N)), ""]
     out += _extra_lines(done, ns)
-    out += [
-        "Time: the fused path recomputes each block's logits in the backward, i.e. 4 LM-head matmul passes "
-        "instead of 3, which is the expected ≈ 1.33x CPU time of naive Top-k; k = 256 adds the wider gathers "
-        "and scatters.",
-        "",
-    ]
     out += _target(done, ns)
     return "\n".join(out) + "\n"
 
@@ -283,8 +277,7 @@ def _intro(ns: list[int], m: dict, argv: list[str], wall_total: float) -> list[s
     ]
     if 8192 not in ns:
         out += [
-            "N = 8192 was not run (`--quick`): on this 2-core machine the full grid takes well over the "
-            "15-minute budget (every variant is ≥ 3 LM-head matmul passes of 2·N·H·V FLOP).",
+            "N = 8192 was not run (`--quick`): on this 2-core machine the full grid takes well over 15 minutes.",
             "",
         ]
     return out
@@ -352,16 +345,6 @@ def _ratio(mem, ex, approx):
     )
 
 
-def _crossing(done, N_grid=range(1024, 65537, 256)) -> int | None:
-    """Smallest N at which fused (k=32) <= exact / 20, both extrapolated linearly in N."""
-    for N in N_grid:
-        f = extrapolate(done, "fused_topk_k32", N, "peak_above_inputs")
-        e = extrapolate(done, "exact_reverse", N, "peak_above_inputs")
-        if f is not None and e is not None and 20 * f <= e:
-            return N
-    return None
-
-
 def _target(done, ns) -> list[str]:
     N = 4096 if 4096 in ns else ns[-1]
     fused, _ = _cell(done, "fused_topk", N, 32, "peak_above_inputs")
@@ -370,29 +353,12 @@ def _target(done, ns) -> list[str]:
         return []
     grads, minimum = 4 * (N * H + V * H), minimum_above_inputs(N, 32)
     verdict = "met" if fused * 20 <= ex else f"missed by a factor {fused * 20 / ex:.2f}"
-    fused32 = [dict(r, variant="fused_topk_k32") for r in done if r["variant"] == "fused_topk" and r["k"] == 32]
-    cross = _crossing(done + fused32)
-    slope = (extrapolate(done, "exact_reverse", 2 * N, "peak_above_inputs") - ex) / N  # bytes per token
     return [
-        "### Target (issue 7): fused peak ≤ 1/20 of exact at N = 4,096, k = 32",
-        "",
-        f"Fused / exact = 1/{ex / fused:.1f}{' (exact extrapolated)' if ex_x else ''}: target **{verdict}**.",
-        "",
-        f"- Why: of the fused peak ({fused / C.GiB:.2f} GiB), {grads / C.GiB:.2f} GiB are the returned gradients of h "
-        f"and W. They are outputs: the theoretical minimum holds them too, "
-        f"and it is itself only 1/{ex / minimum:.1f} of "
-        f"exact KL at this N, so no implementation can reach 1/20 here under this accounting. The fused path is "
-        f"{fused / minimum:.2f}x the minimum.",
-        f"- Without the gradients, the fused path's working memory is {(fused - grads) / C.GiB:.3f} GiB vs "
-        f"{(ex - grads) / C.GiB:.2f} GiB for exact KL (1/{(ex - grads) / max(fused - grads, 1):.0f}).",
-        f"- Exact KL grows by {slope / C.MiB:.2f} MiB per token (≈ {slope / (4 * V):.1f} fp32 rows of V logits), "
-        "the fused path by almost nothing, so the ratio improves with N: "
-        + (
-            f"extrapolating both linearly (exact from its measured N), fused ≤ exact/20 from N ≈ {cross:,} tokens "
-            "per micro-batch (the math recipe packs up to 30,000)."
-            if cross
-            else "the 1/20 crossing is beyond N = 65,536."
-        ),
+        f"Target (issue 7), fused peak ≤ 1/20 of exact at N = {N:,}, k = 32: 1/{ex / fused:.1f}"
+        f"{' (exact extrapolated)' if ex_x else ''}, **{verdict}**. Of the fused peak ({fused / C.GiB:.2f} GiB), "
+        f"{grads / C.GiB:.2f} GiB are the returned gradients of h and W, which the theoretical minimum holds too "
+        f"(itself 1/{ex / minimum:.1f} of exact here); without them the fused path's working memory is "
+        f"{(fused - grads) / C.GiB:.3f} GiB vs {(ex - grads) / C.GiB:.2f} GiB for exact KL.",
         "",
     ]
 

@@ -595,12 +595,9 @@ def _preamble(args, m: dict, wall_s: float, loads: list[tuple], names: list[str]
     lines += [f"- ({v.name}) {v.label}: `{' '.join(v.target)}`" for v in VARIANTS if v.name in names]
     return lines + [
         "",
-        "(a) is verl's own GRPO: its `PPOTrainerSync`, `ActorRolloutRefWorker`, FSDP engine and `ppo_loss` with the "
-        "reference model and `kl_loss_type=low_var_kl`. It is (b)'s compiled launch with `trainer.v1.trainer_mode="
-        "sync` and `low_var_kl`, started by the plugin's launcher with its check of the plugin's own settings "
-        "skipped; the launcher supplies only the CPU platform, the hf rollout engine and the metrics file. Its other "
-        "settings are (b)'s, the plugin's fixed ones included (an fp32 reference, no fused kernels: verl 0.9.1's "
-        "defaults too), so that (a) and (b) compute the same model passes.",
+        "(a) is verl's own GRPO (`PPOTrainerSync`, `ActorRolloutRefWorker`, `ppo_loss`, the reference with "
+        "`kl_loss_type=low_var_kl`), launched with (b)'s other settings so that (a) and (b) compute the same model "
+        "passes.",
         "",
     ]
 
@@ -645,36 +642,21 @@ def _step_table(summary: dict, rat: dict, names: list[str]) -> list[str]:
 
 
 def _timer_tables(summary: dict, names: list[str]) -> list[str]:
-    lines = ["### Where the time goes (verl's timers, seconds per step; EMA and probe are inside update_actor)", ""]
-    rows = []
+    if "a" not in summary:
+        return []
+    a, rows = summary["a"], []
     for n in names:
         s = summary[n]
-        listed = sum(s[t] for t in TIMERS if t not in ("emapg_ema", "emapg_probe"))
-        rows.append(
-            [f"({n})", *[_f(s[t]) for t in TIMERS], _f(s["worker_tq_s"]), _f(s["step_s"] - listed), _f(s["step_s"])]
-        )
-    header = [
-        "variant (means)",
-        *TIMERS,
-        "worker's TransferQueue get + put (in old_log_prob, ref, update_actor)",
-        "rest of the step",
-        "step",
+        rows.append([f"({n})", *[f"{s[f'fast_{t}']:.3f} ({s[f'fast_{t}'] - a[f'fast_{t}']:+.3f})" for t in TIMERS]])
+    return [
+        "### Where the time goes (verl's timers, seconds per step; EMA and probe are inside update_actor)",
+        "",
+        "Per timer, the mean of its fastest quarter of the steps that ran it, times the share of steps that ran it "
+        "(the EMA every `period` = 2 steps here), and in brackets the difference to (a):",
+        "",
+        md_table(["variant (fastest quarter)", *TIMERS], rows),
+        "",
     ]
-    lines += [md_table(header, rows), ""]
-    if "a" in summary:
-        a, rows = summary["a"], []
-        for n in names:
-            s = summary[n]
-            cells = [f"{s[f'fast_{t}']:.3f} ({s[f'fast_{t}'] - a[f'fast_{t}']:+.3f})" for t in TIMERS]
-            rows.append([f"({n})", *cells])
-        lines += [
-            "Least disturbed, per timer: the mean of its fastest quarter of the steps that ran it, times the share of "
-            "steps that ran it (the EMA every `period` = 2 steps here), and in brackets the difference to (a):",
-            "",
-            md_table(["variant (fastest quarter)", *TIMERS], rows),
-            "",
-        ]
-    return lines
 
 
 def _payload_table(summary: dict, names: list[str]) -> list[str]:
@@ -752,25 +734,10 @@ def _extrapolation_text(d: dict, a: dict | None) -> list[str]:
             f"{z['max_prompt']}, max_response_length {z['max_response']}, {z['gpus']} GPUs, KL {z['kl']}."
         )
     lines += [
-        "- The math recipe uses K3, which sends no Top-k fields; its rows are what it would move with the search "
-        "recipe's KL. Tokens per step: every sequence packs its prompt and its response (verl's remove-padding "
-        "layout; every packed token carries a Top-k row, prompt rows included). The cap row is an upper bound; the "
-        "second row is an assumed typical length, not a measurement.",
-        "- The per-token bytes are the CPU run's: fp32 log-probs and int32 ids at K = 32 do not depend on the model, "
-        "the device or the batch; the multiplicity (put by each pass, fetched by the anchor pass and the update) is "
-        "verl 0.9.1's, which hands each worker RPC every field of the batch.",
-        "- TransferQueue goes through host memory: each worker moves its outputs to the CPU (`.cpu()` in verl's "
-        "`engine_workers`), TransferQueue's SimpleStorage serialises them over ZMQ to storage-unit actors (8 by "
-        "verl's default) holding them in host RAM, and the consumer fetches and copies them back to its GPU. The "
-        "data-parallel dispatch splits the batch, so each of the 8 ranks moves 1/8 of it, in parallel.",
-        "- Throughput per rank: 1 GB/s (one ZMQ stream with serialisation) and 10 GB/s (memcpy class; PCIe copies "
-        "are faster still). Neither is measured here: the CPU run's batches are a few kB, where every transfer is "
-        "latency, not bandwidth.",
-        "- For scale, the update alone: this file's H200 figure for a 1.5B model (1149 ms per 16,384 packed tokens, "
-        "forward + backward, sdpa) times the rank's tokens; an H100 is slower, the search recipe's 3B model about "
-        "twice the work per token, the two passes and the generation come on top: the share in the last column is "
-        "an upper bound.",
-        "- The storage units hold the stored bytes in host RAM until the step ends (`kv_clear`).",
+        "- Every packed token (prompt and response) carries a Top-k row; the cap row is an upper bound, the other an "
+        "assumed typical length. Bytes per token and their multiplicity are (d)'s; each of the 8 ranks moves 1/8 of "
+        "the batch through host RAM at an assumed 1 or 10 GB/s (not measured here); the update time is the H200 "
+        "figure of a 1.5B model (1149 ms per 16,384 packed tokens), so the last column is an upper bound.",
         "",
     ]
     return lines
