@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from experiments.tasks.math import pass_at_k  # the one unbiased estimator; stats.pass_at_k for callers here
+
 Aggregate = Callable[[np.ndarray], np.ndarray]
 
 
@@ -280,23 +282,6 @@ def paired_poi(x, y) -> float:
     if x.shape != y.shape:
         raise ValueError(f"paired samples need the same shape (seeds, tasks), got {x.shape} and {y.shape}")
     return float(((x > y) + 0.5 * (x == y)).mean())
-
-
-def pass_at_k(n, c, k: int) -> np.ndarray | float:
-    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021).
-
-    Computed as 1 - prod_{i=n-c+1}^{n} (1 - k/i), which never forms the large binomials.
-    `n` and `c` may be arrays (one entry per problem); requires 0 <= c <= n and 1 <= k <= n.
-    """
-    n_arr, c_arr = np.broadcast_arrays(np.asarray(n, dtype=int), np.asarray(c, dtype=int))
-    if (c_arr < 0).any() or (c_arr > n_arr).any():
-        raise ValueError("need 0 <= c <= n")
-    if k < 1 or (k > n_arr).any():
-        raise ValueError(f"need 1 <= k <= n, got k={k}, min n={n_arr.min()}")
-    out = np.empty(n_arr.shape, dtype=float)
-    for i, (ni, ci) in enumerate(zip(n_arr.ravel(), c_arr.ravel())):
-        out.flat[i] = 1.0 if ni - ci < k else 1.0 - np.prod(1.0 - k / np.arange(ni - ci + 1, ni + 1))
-    return float(out) if out.ndim == 0 else out
 
 
 # ---------------------------------------------------------------- over tidy frames
