@@ -344,7 +344,7 @@ Seeds = forms(("list", SeedList), ("mapping", AdaptiveSeeds))
 
 
 # ---------------------------------------------------------------------------- health
-class HealthRule(Section):
+class HealthSection(Section):
     """A health rule's section: the run config's dataclass (ema_pg_core.config) as a model, its own checks after."""
 
     rule: ClassVar[type]
@@ -355,11 +355,11 @@ class HealthRule(Section):
         return self
 
 
-def _rule_model(cls: type) -> type[HealthRule]:
+def _rule_model(cls: type) -> type[HealthSection]:
     hints = typing.get_type_hints(cls)
     model = create_model(
         cls.__name__,
-        __base__=HealthRule,
+        __base__=HealthSection,
         __doc__=cls.__doc__,
         **{f.name: (hints[f.name], f.default) for f in dataclasses.fields(cls)},
     )

@@ -110,8 +110,8 @@ __all__ = [
     "table",
 ]
 
-# Keys every run logs (docs/run-record.md); eval keys are per task below. Both equal what one iteration
-# of ema_pg_core.local.trainer logs (tests/core/test_local.py).
+# The one list of the keys every run logs (docs/run-record.md), kept by hand: one iteration of the local trainer logs
+# exactly these + the Top-k telemetry, its evaluation EVAL_METRICS per task (tests/core/test_local.py checks both).
 RUN_METRICS = (
     "train/reward",
     "train/reward_std",

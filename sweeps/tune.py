@@ -656,7 +656,7 @@ def _interrupted(
     if sweep_dir is None or not (sweep_dir / "sweep.yaml").is_file():
         return RunInterrupted(f"interrupted ({signame}) before the sweep started: nothing was run", signame)
     what = f" {where or _PHASE[0]}" if unfinished is None else f": {unfinished} trial(s) not finished"
-    resume = f"resume with: {resume_command(sweep_dir)}"
+    resume = f"resume with: {sweep_resume_command(sweep_dir)}"
     return RunInterrupted(f"interrupted ({signame}){what}\n{resume}", signame, sweep_dir)
 
 
@@ -742,10 +742,10 @@ def _unfinished_hint(spec: Spec, sweep_dir: Path, trials) -> str | None:
     unfinished = [t for t in trials if t.status in ("RUNNING", "PENDING", "PAUSED")]
     if not unfinished:
         return None
-    return f"{spec.name}: {len(unfinished)} trial(s) not finished; continue with: {resume_command(sweep_dir)}"
+    return f"{spec.name}: {len(unfinished)} trial(s) not finished; continue with: {sweep_resume_command(sweep_dir)}"
 
 
-def resume_command(sweep_dir: Path) -> str:
+def sweep_resume_command(sweep_dir: Path) -> str:
     """The command that finishes the sweep in `sweep_dir`: its own copy of the spec (sweep.yaml, what --resume
     compares against) and the same directory, quoted for the shell."""
     return shlex.join(["emapg", "sweep", str(sweep_dir / "sweep.yaml"), "--resume", "--out", str(sweep_dir)])
@@ -922,7 +922,7 @@ def run_adaptive(
                 hint = (
                     f"{hint}\n{spec.name}: round {rnd} cannot be decided without them"
                     if hint
-                    else f"{spec.name}: round {rnd} did not finish; continue with: {resume_command(sweep_dir)}"
+                    else f"{spec.name}: round {rnd} did not finish; continue with: {sweep_resume_command(sweep_dir)}"
                 )
                 print(hint, flush=True)
                 return sweep_dir
@@ -1198,7 +1198,7 @@ def _occupied(spec: Spec, sweep_dir: Path, there: list[str], stored: dict | None
     if stored is not None:
         return (
             f"--out {sweep_dir} already holds sweep {shown(stored.get('name'))}, started with another spec; pass "
-            f"another --out (that sweep continues with: {resume_command(sweep_dir)})"
+            f"another --out (that sweep continues with: {sweep_resume_command(sweep_dir)})"
         )
     if unreadable:
         return (
