@@ -23,8 +23,7 @@ from experiments.backends.verl.launch import to_verl
 from experiments.errors import UserError, _is_hydra, hydra_message, shown
 from experiments.retrieval.service import HTTPRetriever, check_answers
 from experiments.schema import RunConfig, register
-from experiments.tasks import TaskAdapter, ToolEnvAdapter, get_task
-from experiments.tasks import conf_dirs as task_conf_dirs
+from experiments.tasks import TaskAdapter, ToolEnvAdapter, conf_dirs, get_task
 
 CONF_MODULE = "experiments.conf"
 SMOKE = {  # smoke=true: tiny sizes, 2 iterations; a key given on the command line keeps its value
@@ -56,11 +55,6 @@ def presets(tasks_dirs: bool = True) -> list[str]:
     config directory of a registered task outside experiments/tasks (its CONF_DIR)."""
     roots = [Path(__file__).parent / "conf"] + ([Path(d) for d in conf_dirs()] if tasks_dirs else [])
     return sorted({p.stem for root in roots for p in (root / "experiment").glob("*.yaml")})
-
-
-def conf_dirs() -> list[str]:
-    """The config directories of the registered tasks that have one (experiments.tasks.conf_dirs)."""
-    return task_conf_dirs()
 
 
 def search_path() -> list[str]:
