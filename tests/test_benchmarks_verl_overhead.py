@@ -170,7 +170,7 @@ def test_summary_ratios_and_the_section(tmp_path):
     assert "search_r1_ema_pg | 512 x 5 = 2560 | cap" in text
 
 
-@pytest.mark.parametrize("script", ["verl_overhead", "verl_loss_pass"])
+@pytest.mark.parametrize("script", ["verl_overhead"])
 def test_without_verl_a_verl_benchmark_says_how_to_install_it_in_one_line(script, monkeypatch, capsys):
     import importlib
 

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import types
 
 import torch
-import torch.distributed as dist
 
 SETUP_HOOK = "experiments.backends.verl.cpu.setup_worker"
 """Ray ``worker_process_setup_hook`` that installs the platform in each Ray worker process."""
@@ -167,20 +165,6 @@ def _patch_process_group() -> None:
     from verl.workers import engine_workers  # imported the name before us: patch its binding too
 
     engine_workers.initialize_global_process_group_ray = initialize
-
-
-def init_gloo(rank: int = 0, world_size: int = 1, port: int | None = None) -> None:
-    """A gloo process group on 127.0.0.1 for verl's engines outside Ray (they need one even at world size 1; in a
-    run, verl's workers create it): tests and ``benchmarks/verl_loss_pass.py``. A free port unless ``port``."""
-    if dist.is_initialized():
-        return
-    if port is None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
 
 def setup_worker() -> None:
