@@ -26,6 +26,7 @@ no instruction; `Knobs.instruction` appends one); math-verify runs without its S
 
 from __future__ import annotations
 
+import math as _math
 import os
 import random
 from collections.abc import Callable, Iterable
@@ -297,15 +298,14 @@ PROTOCOLS = {  # the three in the released code (README, benchmark defaults, in-
 
 
 def pass_at_k(n, c, k: int):
-    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), computed as
-    1 - prod_{i=n-c+1}^{n} (1 - k/i), which never forms the large binomials. `n` and `c` may be arrays (one entry
-    per problem, as analysis.stats.pass_at_k_frame passes; an array back); requires 0 <= c <= n and 1 <= k <= n."""
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), exact in integers
+    and rounded once (Python's int / int). `n` and `c` may be arrays (one entry per problem, as
+    analysis.stats.pass_at_k_frame passes; an array back); requires 0 <= c <= n and 1 <= k <= n."""
     n_arr, c_arr = np.broadcast_arrays(np.asarray(n, dtype=int), np.asarray(c, dtype=int))
     if (c_arr < 0).any() or (c_arr > n_arr).any() or k < 1 or (k > n_arr).any():
         raise ValueError(f"need 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
-    out = np.empty(n_arr.shape, dtype=float)
-    for i, (ni, ci) in enumerate(zip(n_arr.ravel(), c_arr.ravel())):
-        out.flat[i] = 1.0 if ni - ci < k else 1.0 - np.prod(1.0 - k / np.arange(ni - ci + 1, ni + 1))
+    pairs = zip(n_arr.ravel().tolist(), c_arr.ravel().tolist())
+    out = np.array([1.0 - _math.comb(ni - ci, k) / _math.comb(ni, k) for ni, ci in pairs]).reshape(n_arr.shape)
     return float(out) if out.ndim == 0 else out
 
 
