@@ -53,11 +53,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+import torch
 import yaml
 
-from experiments import tasks
+from ema_pg_core.config import KLConfig
+from ema_pg_core.local.tiny import build_model as tiny_model
+from ema_pg_core.local.tiny import build_tokenizer
+from ema_pg_core.telemetry import PROBE_KEYS
+from experiments import build, tasks
 from experiments.backends.verl import require_verl
+from experiments.backends.verl.config import uses_topk
+from experiments.records import read_evals, read_metrics, read_wandb_state
+from experiments.retrieval.service import HTTPRetriever
 from experiments.tasks import RehearsalData, get_task
+from experiments.verl_metrics import FILE, attempt_files, trained_step
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
@@ -86,10 +96,6 @@ catches a silent hang first; this one stops a run that prints but never steps.""
 def build_model(out_dir: Path, sft_texts: list[tuple[str, str]], steps: int = 300, seed: int = 0) -> str:
     """A tiny Qwen2 + char-level tokenizer with ``CHAT_TEMPLATE``, given `steps` of SFT on (prompt, response)
     pairs (loss on the response and EOS only); saved with ``save_pretrained``. Returns the directory."""
-    import torch
-
-    from ema_pg_core.local.tiny import build_model as tiny_model  # loads transformers, torch
-    from ema_pg_core.local.tiny import build_tokenizer  # loads transformers, torch
 
     if (out_dir / "config.json").is_file():
         return str(out_dir)
@@ -121,7 +127,6 @@ def _encode(tok, prompt: str, response: str) -> tuple[list[int], list[int]]:
 
 
 def _pad(batch, pad_id: int):
-    import torch
 
     width = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), width), pad_id)  # (B, L)
@@ -234,7 +239,6 @@ class Attempt:
 
 def logged_step(run_dir: Path) -> int:
     """The last step this attempt's verl metrics file has training metrics for (0: none)."""
-    from experiments.verl_metrics import FILE, trained_step  # loads torch
 
     steps = [0]
     for line in (run_dir / FILE).read_text().splitlines() if (run_dir / FILE).is_file() else []:
@@ -344,14 +348,12 @@ class Expect:
 
 
 def _metrics(run_dir: Path) -> dict[int, dict]:
-    from experiments.records import read_metrics  # loads omegaconf
 
     return {int(r["iteration"]): r for r in read_metrics(run_dir) if int(r["iteration"]) > 0}
 
 
 def _raw_attempts(run_dir: Path) -> list[list[dict]]:
     """verl's own metric lines, one list per attempt, oldest first."""
-    from experiments.verl_metrics import attempt_files  # loads torch
 
     out = []
     for path in attempt_files(run_dir):
@@ -397,9 +399,7 @@ def check_topk(run_dir: Path, e: Expect) -> Check:
 def check_probe(run_dir: Path, e: Expect) -> Check:
     """The KL probe: finite kl/exact >= 0 and its estimate at every step, and the same probe tokens in every
     checkpoint, those written after the resume included (the resumed run scores the tokens it captured)."""
-    import torch
 
-    from ema_pg_core.telemetry import PROBE_KEYS  # loads torch
     from experiments.backends.verl.probe import PROBE_FILE  # loads verl, torch
 
     m = _metrics(run_dir)
@@ -432,7 +432,6 @@ def check_checkpoints(run_dir: Path, e: Expect) -> Check:
 def check_resume(run_dir: Path, e: Expect) -> Check:
     if e.killed_at is None:
         return Check("resume", False, "the first attempt was not killed at a checkpoint")
-    from experiments.verl_metrics import trained_step  # loads torch
 
     attempts = _raw_attempts(run_dir)
     resumed = sorted(int(r["step"]) for r in attempts[-1] if trained_step(r.get("data", {}))) if attempts else []
@@ -453,7 +452,6 @@ def check_resume(run_dir: Path, e: Expect) -> Check:
 def check_evals(run_dir: Path, e: Expect) -> Check:
     """Per-problem rows of the last step's validation for the policy and, evaluated with its own weights,
     the EMA anchor, and the anchor's metrics beside the policy's."""
-    from experiments.records import read_evals  # loads omegaconf
 
     rows = [r for r in read_evals(run_dir) if r["iteration"] == e.steps]
     per = {m: sorted(r["problem_id"] for r in rows if r["model"] == m) for m in ("policy", "anchor")}
@@ -469,7 +467,6 @@ def check_evals(run_dir: Path, e: Expect) -> Check:
 def check_wandb(run_dir: Path, e: Expect) -> Check:
     """verl's tracker wrote an offline W&B run per attempt, all under the run's one id (kept in wandb_run.json),
     in the run's group; or none at all when the target's logger is none."""
-    from experiments.records import read_wandb_state  # loads omegaconf
 
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     lg, state = cfg.get("logger") or {}, read_wandb_state(run_dir)
@@ -572,9 +569,6 @@ on an idle machine; a process that exits fails the wait at once)."""
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = RETRIEVER_START_S) -> None:
     """Wait for the retriever's GET /health (asked by the client the runs use: it sends $EMAPG_RETRIEVER_TOKEN,
     which the server, started with this environment, then requires); its output goes to `log`."""
-    import httpx
-
-    from experiments.retrieval.service import HTTPRetriever  # loads pydantic
 
     client = HTTPRetriever(url, timeout=2.0)
     t0 = time.time()
@@ -599,7 +593,6 @@ def rehearse_config(
     name: str, target: list[str], out: Path, shared: Shared, steps: int, *, say: Callable[[str], None] = print
 ) -> Result:
     """Rehearse one configuration (`target`: Hydra overrides naming a verl preset); see the module docstring."""
-    from experiments import build  # loads torch, omegaconf
 
     t0 = time.time()
     cfg = build.compose(target)
@@ -627,8 +620,6 @@ def rehearse_config(
     if second.returncode != 0:
         return Result(name, [Check("attempt 2", False, _failure(second))], time.time() - t0)
     kl = cfg.algo.kl
-    from ema_pg_core.config import KLConfig  # loads torch
-    from experiments.backends.verl.config import uses_topk  # loads torch
 
     expect = Expect(
         steps=steps,

@@ -43,9 +43,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import yaml
+from omegaconf import OmegaConf
 
+from ema_pg_core.config import KLConfig
+from experiments import build, rehearse
 from experiments.backends.verl import require_verl
+from experiments.backends.verl.config import uses_topk
+from experiments.records import RESUMES
+from experiments.rehearse import (
+    ANCHOR_PERIOD,
+    Check,
+    Expect,
+    Shared,
+    _raw_attempts,
+    failed_line,
+    kill_group,
+    last_error,
+    latest_checkpoint,
+    logged_step,
+    rehearsal_overrides,
+)
+from experiments.verl_metrics import FILE, trained_step
+from sweeps import spec as sweep_spec
 
 GROUP_SIZE = 4
 """Samples per prompt. With 2, a run now and then drew equal rewards in every group at every step: no advantage, no
@@ -86,11 +107,6 @@ def rehearsal_spec(spec_path: str, out: Path, shared, layout: str, steps: int = 
     """The sweep YAML (as a mapping) that rehearses `spec_path`: its grid points at its first seed, each with the
     rehearsal overrides of its config and world size 2 (`layout`). Overrides all points share go to
     ``base.overrides``; the others join the point in one joint grid entry."""
-    from omegaconf import OmegaConf
-
-    from experiments import build  # loads torch, omegaconf
-    from experiments.rehearse import rehearsal_overrides  # loads numpy
-    from sweeps import spec as sweep_spec  # loads torch, pydantic
 
     s = sweep_spec.load(spec_path)
     if s.backend != "verl" or s.search != "grid":
@@ -219,8 +235,6 @@ def _wait(
     seen, since = None, time.time()
     while not ready():
         if proc is not None and proc.poll() is not None:
-            from experiments.rehearse import last_error  # loads numpy
-
             raise RuntimeError(
                 f"{what}: `emapg sweep` exited with status {proc.returncode} first: {last_error(log, 'emapg sweep:')}"
             )
@@ -242,7 +256,6 @@ DRIVER_LOG = "verl_driver.log"
 def _moves(sweep_dir: Path) -> tuple:
     """The sweep's progress: per trial run, its attempts, last step logged, last checkpoint and how much its verl job
     has printed (verl starting up, which on busy cores takes minutes before the first step)."""
-    from experiments.rehearse import latest_checkpoint, logged_step  # loads numpy
 
     def printed(r: Path) -> int:
         return (r / DRIVER_LOG).stat().st_size if (r / DRIVER_LOG).is_file() else 0
@@ -252,7 +265,6 @@ def _moves(sweep_dir: Path) -> tuple:
 
 def _progress(run_dir: Path) -> int:
     """The last step the run's current verl attempt logged with its checkpoint written (0: none yet)."""
-    from experiments.rehearse import latest_checkpoint, logged_step  # loads numpy
 
     return min(latest_checkpoint(run_dir), logged_step(run_dir))
 
@@ -262,8 +274,6 @@ def _retry_progress(run_dir: Path) -> int:
     own metrics file. The retry writes its resumes.jsonl line at once, but the earlier attempt's metrics file stays
     the live one until the new job's TaskRunner renames it (``rotate``), minutes later on busy cores: until then its
     steps are the killed attempt's, not the retry's."""
-    from experiments.records import RESUMES  # loads omegaconf
-    from experiments.verl_metrics import FILE  # loads torch
 
     live, resumes = run_dir / FILE, run_dir / RESUMES
     if not (live.is_file() and resumes.is_file()) or live.stat().st_mtime_ns <= resumes.stat().st_mtime_ns:
@@ -274,7 +284,6 @@ def _retry_progress(run_dir: Path) -> int:
 def _attempts(run_dir: Path) -> int:
     """How many times the trial has started its run: once, plus one line of resumes.jsonl per resume (verl's
     metrics files do not count them: an attempt that logged nothing leaves no file of its own)."""
-    from experiments.records import RESUMES  # loads omegaconf
 
     path = run_dir / RESUMES
     return 1 + (len(path.read_text().splitlines()) if path.is_file() else 0)
@@ -293,7 +302,6 @@ class Events:
 
 def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], None]) -> Events:
     """The sweep through the node loss and the driver kill to its end (``emapg sweep --resume``)."""
-    from experiments.rehearse import kill_group, last_error  # loads numpy
 
     log, sweep_dir, t0 = out / LOGS / "sweep.log", out / "sweep", time.time()
     proc = _sweep(spec_file, cluster.address, sweep_dir, log)
@@ -327,8 +335,6 @@ def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], 
 def checks(sweep_dir: Path) -> dict[str, list]:
     """Per trial: the single-config rehearsal's checks (``experiments.rehearse.CHECKS``, the resume check as
     ``check_attempts``) and the world-size-2 checks; plus one line for the sweep (sweep.csv, the report)."""
-    from experiments import rehearse  # loads numpy
-    from experiments.rehearse import Check  # loads numpy
 
     out = {}
     for run_dir in _runs(sweep_dir):
@@ -360,9 +366,6 @@ def _csv(path: Path):
 
 def _expect(run_dir: Path):
     """What a trial's rehearsal must show, from its recorded config."""
-    from ema_pg_core.config import KLConfig  # loads torch
-    from experiments.backends.verl.config import uses_topk  # loads torch
-    from experiments.rehearse import ANCHOR_PERIOD, Expect  # loads numpy
 
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     tau, kl = float(cfg["algo"]["anchor"]["tau"]), cfg["algo"]["kl"]
@@ -382,8 +385,6 @@ def _expect(run_dir: Path):
 def check_attempts(run_dir: Path, e):
     """No step lost or trained twice across attempts: each attempt of verl starts right after the last step the
     earlier ones logged; the anchor's update count at the end is the schedule's, counted across attempts."""
-    from experiments.rehearse import Check, _raw_attempts  # loads numpy
-    from experiments.verl_metrics import trained_step  # loads torch
 
     steps = [sorted(int(r["step"]) for r in rows if trained_step(r.get("data", {}))) for rows in _raw_attempts(run_dir)]
     done, ok = 0, bool(steps)
@@ -405,7 +406,6 @@ def check_sharded(run_dir: Path, e, world: int = 2):
     step, gathered from both ranks' shards, is the EMA of the gathered policy and the anchor of the step before
     (tau * anchor + (1 - tau) * policy after an update step, else unchanged), to ``ULPS`` float32 units in the last
     place of each weight (``_ulps``; a tau off by 0.01 misses by about 1e5 of them)."""
-    from experiments.rehearse import Check  # loads numpy
 
     root = run_dir / "checkpoints"
     last, prev = root / f"global_step_{e.steps}", root / f"global_step_{e.steps - 1}"
@@ -441,7 +441,6 @@ def _ulps(got, want, *operands) -> float:
     """max |got - want| in float32 units in the last place of the largest of |want| and the |operands| it was computed
     from, element by element (float64 tensors): float32 rounding of tau * a + (1 - tau) * p is within a few of them,
     also where the two terms cancel."""
-    import torch
 
     scale = want.abs()
     for t in operands:
@@ -452,7 +451,6 @@ def _ulps(got, want, *operands) -> float:
 
 def _gathered(path: Path, world: int) -> dict:
     """The full tensors of an FSDP2 checkpoint: each rank's Shard(0) pieces concatenated in rank order."""
-    import torch
 
     shards = [
         torch.load(path / f"model_world_size_{world}_rank_{r}.pt", map_location="cpu", weights_only=False)
@@ -475,7 +473,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default="outputs/rehearsals", help="where the sweep, its logs and the shared files go")
     args = p.parse_args(argv)
-    from experiments.rehearse import Shared  # loads numpy
 
     require_verl()
     # the cluster's raylets, and so every trial, inherit this environment: W&B offline whatever WANDB_MODE says (the
@@ -529,7 +526,6 @@ def main(argv: list[str] | None = None) -> int:
         more = f" (and {len(bad) - 1} more failed checks)" if len(bad) > 1 else ""
         failure = (f"{name}: {c.name}: {c.detail}{more}", "\n".join(f"{n}:{c.line()}" for n, c in bad))
     (logs / "failure.txt").write_text(failure[0] + "\n\n" + failure[1].rstrip() + "\n")
-    from experiments.rehearse import failed_line  # loads numpy
 
     say(failed_line(failure[0], logs))
     return 1

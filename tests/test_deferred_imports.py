@@ -82,7 +82,6 @@ ALLOWED = {
     ("experiments/cli.py", "experiments.data"): _SUBCOMMAND,
     ("experiments/cli.py", "experiments.doctor"): _SUBCOMMAND,
     ("experiments/cli.py", "ema_pg_core.overrides"): "the resume hint's quoting: `emapg --help` would load the core",
-    ("experiments/cli.py", "sweeps.rehearse"): _UPPER,
     ("experiments/cli.py", "cluster.submit"): _UPPER,
     ("experiments/retrieval/cli.py", "experiments.tasks"): (
         "tasks import retrievers, never the reverse: only `emapg retriever serve --task` looks a task up, at call "
