@@ -27,6 +27,7 @@ from types import ModuleType
 
 from experiments import progress
 from experiments.errors import UserError
+from experiments.tasks import TASKS
 
 LAYOUT = 'SRC/<dataset id, "/" replaced by "__">/[<config>/]<split>.parquet (or .jsonl)'
 EXTENSIONS = (".parquet", ".jsonl")
@@ -37,7 +38,6 @@ OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 def prepare_tasks() -> dict[str, ModuleType]:
     """The tasks with data to prepare: a `prepare` function and the `sources()` it loads."""
-    from experiments.tasks import TASKS  # loads numpy
 
     return {name: m for name, m in sorted(TASKS.items()) if hasattr(m, "prepare") and hasattr(m, "sources")}
 
@@ -46,7 +46,6 @@ def _task(name: str) -> ModuleType:
     tasks = prepare_tasks()
     if name in tasks:
         return tasks[name]
-    from experiments.tasks import TASKS  # loads numpy
 
     why = "has no data to prepare (it is generated)" if name in TASKS else "is not a task"
     raise UserError(f"task {name!r} {why}; tasks with a prepare function: {', '.join(tasks)}")

@@ -36,10 +36,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from experiments import progress, records
+from ema_pg_core.config import RolloutConfig
+from ema_pg_core.local.checkpoints import candidates
+from ema_pg_core.local.device import resolve_device
+from ema_pg_core.local.rollout import rollout
+from experiments import build, progress, records
 from experiments.errors import UserError
+from experiments.retrieval.service import HTTPRetriever
+from experiments.schema import TaskConfig
+from experiments.tasks import TASKS, ToolEnvAdapter
+from experiments.tasks.math import PROTOCOLS, pass_at_k
 
 ENGINES = ("auto", "hf", "vllm")
 
@@ -111,7 +121,6 @@ def model_loaders(t: Target) -> dict[str, Any]:
 
 
 def _newest_checkpoint(ckpt_dir: Path) -> Path:
-    from ema_pg_core.local.checkpoints import candidates  # loads torch
 
     found = candidates(ckpt_dir)
     if not found:
@@ -120,7 +129,6 @@ def _newest_checkpoint(ckpt_dir: Path) -> Path:
 
 
 def _hf(model_dir: Path, tok_dir: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tok_dir)
     if tok.pad_token_id is None:
@@ -130,9 +138,6 @@ def _hf(model_dir: Path, tok_dir: Path):
 
 def _from_checkpoint(cfg: DictConfig, step: Path, who: str):
     """The run's model architecture with the checkpoint's policy or anchor weights."""
-    import torch
-
-    from experiments import build  # loads torch, numpy
 
     model, tok = build.model(cfg)
     state = torch.load(step / "state.pt", map_location="cpu", weights_only=False)
@@ -156,7 +161,6 @@ def problems(module, task_cfg: DictConfig, benchmark: str, limit: int | None) ->
 
 def settings(args: argparse.Namespace, t: Target, task: str, benchmarks: list[str], engine: str) -> dict:
     """The evaluation's settings (eval.json): the protocol's, each overridden by its option."""
-    from experiments.tasks.math import PROTOCOLS  # loads numpy
 
     p = PROTOCOLS[args.protocol]
     pick = lambda given, default: default if given is None else given  # noqa: E731
@@ -197,9 +201,6 @@ def chunk_seed(seed: int, model: str, benchmark: str, chunk: int) -> int:
 def hf_samples(model, tok, prompts: list[str], st: dict, seed: int, *, env, rollout_kw: dict) -> tuple[list, list]:
     """(greedy texts, sampled texts) for P prompts: P greedy and P * n samples (prompt-major), on the
     local backend's rollout (KV cache, stop strings, tool loop)."""
-    import torch
-
-    from ema_pg_core.local.rollout import rollout  # loads torch
 
     device = next(model.parameters()).device
     kw = {"max_new_tokens": fit_context(model, tok, prompts, st["max_tokens"]), "env": env, **rollout_kw}
@@ -265,14 +266,12 @@ def pick_engine(engine: str, module) -> str:
         return engine
     if getattr(module, "STOP_STRINGS", ()) or importlib.util.find_spec("vllm") is None:
         return "hf"
-    import torch
 
     return "vllm" if torch.cuda.is_available() else "hf"
 
 
 # ---------------------------------------------------------------- the command
 def parser() -> argparse.ArgumentParser:
-    from experiments.tasks.math import PROTOCOLS  # loads numpy
 
     ap = argparse.ArgumentParser(prog="emapg eval", description=__doc__.split("\n\n")[0])
     ap.add_argument("target", help="a run directory, a checkpoints/iter_N directory or a Hugging Face model directory")
@@ -293,7 +292,6 @@ def parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> None:
     """Every option's value, before any work (one line naming it)."""
-    from experiments.tasks.math import PROTOCOLS  # loads numpy
 
     if args.protocol not in PROTOCOLS:
         raise UserError(f"--protocol {args.protocol!r} is not a protocol; allowed: {', '.join(PROTOCOLS)}")
@@ -313,8 +311,6 @@ def check_args(args: argparse.Namespace) -> None:
 
 def task_of(args: argparse.Namespace, t: Target) -> tuple[Any, DictConfig]:
     """(task module, task config): the run's task, or --task with the schema's defaults for a model dir."""
-    from experiments.schema import TaskConfig  # loads torch
-    from experiments.tasks import TASKS  # loads numpy
 
     name = args.task or (t.cfg.task.name if t.cfg is not None else None)
     if name is None:
@@ -375,15 +371,11 @@ def main(argv: list[str]) -> int:
 
 def _generation_context(module, task_cfg: DictConfig, t_cfg: DictConfig | None) -> tuple[Any, dict]:
     """(tool environment or None, rollout keywords): as in training for a tool task."""
-    from ema_pg_core.config import RolloutConfig  # loads torch
-    from experiments.tasks import ToolEnvAdapter  # loads numpy
 
     ro = t_cfg.rollout if t_cfg is not None else OmegaConf.structured(RolloutConfig)
     if not getattr(module, "STOP_STRINGS", ()):
         return None, {}
     if task_cfg.get("retriever_url"):
-        from experiments.retrieval.service import HTTPRetriever  # loads pydantic
-
         env = ToolEnvAdapter(module, HTTPRetriever(task_cfg.retriever_url))
     else:
         env = ToolEnvAdapter(module, module.make_env(**OmegaConf.to_container(task_cfg.knobs, resolve=True)))
@@ -418,14 +410,12 @@ def _load(load, engine: str, device: str, hf_dir: Path):
         model.save_pretrained(hf_dir)
         tok.save_pretrained(hf_dir)
         return str(hf_dir), tok
-    from ema_pg_core.local.device import resolve_device  # loads torch
 
     return model.to(resolve_device(device)).eval(), tok
 
 
 def summarize(rows: list[dict], st: dict) -> dict:
     """Settings + {model: {benchmark: {problems, acc, pass@k for k = 1, 2, 4, ... <= n}}}."""
-    from experiments.tasks.math import pass_at_k  # loads numpy
 
     ks = [k for k in (2**i for i in range(12)) if k <= st["n"]]
     out: dict[str, dict] = {}

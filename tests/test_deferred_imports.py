@@ -79,7 +79,6 @@ _UPPER = (
     "only inside their subcommands, so importing experiments loads none of them (docs/architecture.md)"
 )
 ALLOWED = {
-    ("experiments/cli.py", "experiments.data"): _SUBCOMMAND,
     ("experiments/cli.py", "experiments.doctor"): _SUBCOMMAND,
     ("experiments/cli.py", "ema_pg_core.overrides"): "the resume hint's quoting: `emapg --help` would load the core",
     ("experiments/cli.py", "cluster.submit"): _UPPER,
