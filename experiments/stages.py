@@ -40,7 +40,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import records
+from experiments.backends.verl.launch import checkpoint_root
 from experiments.errors import UserError
+from experiments.tasks import get_task
+from experiments.verl_metrics import attempt_files, read_attempts, trained_step
 
 VERL_OVERRIDES = "backend.verl.overrides"
 
@@ -85,7 +88,6 @@ def entry_stage(entry: Any, module, where: str) -> Stage:
 
 def plan(cfg: DictConfig) -> list[Stage]:
     """The stages to run, in order, up to and including `cfg.stage` (all when it is null)."""
-    from experiments.tasks import get_task  # loads numpy
 
     module = get_task(cfg.task.name)
     entries = (
@@ -155,7 +157,6 @@ def verl_resume_overrides(run: Mapping[str, Any], start: Mapping[str, Any] | Non
     """verl overrides that make a stage's first attempt start from the previous stage's last checkpoint
     (``global_step_<previous end>``, actor and the anchor beside it) or from ``resume_from``; [] otherwise
     (a first stage, or a stage resumed mid-way: verl's resume_mode=auto finds its newest checkpoint)."""
-    from experiments.backends.verl.launch import checkpoint_root  # loads torch
 
     if start is None or (start.get("previous_end") is None and not start.get("resume_from")):
         return []
@@ -171,8 +172,6 @@ def verl_logged_resume(run: Mapping[str, Any], run_dir: Path) -> list[str]:
     a driver killed) leaves a checkpoint of a step the run record never saw, and resuming from it would leave that
     step out of the record for good. Resuming from the step before trains it again and logs it (verl keeps the
     last ``trainer.keep_checkpoints`` >= 1 checkpoints; when the one needed is gone, [] and the step stays missing)."""
-    from experiments.backends.verl.launch import checkpoint_root  # loads torch
-    from experiments.verl_metrics import attempt_files, read_attempts, trained_step  # loads torch
 
     root = Path(checkpoint_root(run))
     try:

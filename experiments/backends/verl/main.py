@@ -28,6 +28,9 @@ import uuid
 from pathlib import Path
 
 import ray
+from hydra import compose as hydra_compose
+from hydra import initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf, open_dict
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -61,10 +64,6 @@ DRIVER_LOG = "verl_driver.log"
 
 def compose(argv: list[str]):
     """verl's ppo_trainer config + our section, validated (the config ``run_ppo`` receives)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
     from experiments.backends.verl.trainer import check_verl  # loads verl's trainer
 
     verl_args, section = split_argv(argv)
