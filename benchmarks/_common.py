@@ -28,10 +28,8 @@ DOC = ROOT / "docs" / "benchmarks.md"
 GB, GiB, MiB = 1e9, 2**30, 2**20
 DOC_HEADER = """# Benchmarks
 
-Each section below is written by its script (between the BEGIN/END markers) and lists the command
-line, the machine, the date, and every figure as a ratio to a baseline measured in the same run.
-The machine is shared with other jobs; the load average at the start of each run is recorded, and
-contention can add noise to times (less so to memory).
+The current figures of each benchmark (history: git). A script writes each section between its BEGIN/END markers:
+its command, machine (shared: the load average at start is listed) and ratios to a baseline of the same run.
 """
 
 
@@ -143,6 +141,47 @@ def write_section(name: str, body: str, doc: Path = DOC) -> None:
         text = text.rstrip() + "\n\n" + block + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text)
+
+
+def publish(section: str, text: str, write: bool) -> None:
+    """Print the section; with `write`, also replace it in docs/benchmarks.md."""
+    print(text)
+    if write:
+        write_section(section, text)
+
+
+def command(script: str, argv: list[str]) -> str:
+    """The command line that ran `script` (a file name in benchmarks/) with `argv`."""
+    return " ".join(["python", f"benchmarks/{script}", *argv])
+
+
+def cli(doc: str, write: bool = True) -> argparse.ArgumentParser:
+    """A benchmark's parser: the docstring's first paragraph, and ``--write`` (the section is only printed
+    without it)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    if write:
+        p.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
+    return p
+
+
+def saved_cli(doc: str, name: str) -> argparse.ArgumentParser:
+    """The parser of a benchmark that writes its section unless ``--print`` and keeps its raw measurements in
+    ``--json`` (``--from-json``: render them again without measuring; ``--worker``: a fresh-interpreter run)."""
+    p = cli(doc, write=False)
+    p.add_argument("--print", dest="print_only", action="store_true", help="print the section, do not write it")
+    p.add_argument("--json", default=f"/tmp/{name}.json", help="where the raw measurements are saved")
+    p.add_argument("--from-json", action="store_true", help="re-render the section from --json without measuring")
+    p.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    return p
+
+
+def measured(a: argparse.Namespace, measure) -> dict:
+    """The raw measurements: read back from ``a.json`` with ``--from-json``, else ``measure()``, saved there."""
+    if a.from_json:
+        return json.loads(Path(a.json).read_text())
+    raw = measure()
+    Path(a.json).write_text(json.dumps(raw))
+    return raw
 
 
 def md_table(header: list[str], rows: list[list]) -> str:

@@ -188,7 +188,7 @@ def render(data: dict) -> str:
     m = data["machine"]
     lines = [
         f"Measured on {m['gpu']}, torch {m['torch']}, transformers {data.get('transformers', '?')}, "
-        f"flash-attn {data.get('flash_attn') or 'not installed'}, driver {m['driver']} ({data['date']}):",
+        f"flash-attn {data.get('flash_attn') or 'not installed'}, driver {m['driver']} ({data['date']}): "
         "`python benchmarks/attention_packed.py --json F` there, then `--from-json F` here.",
         "",
         "| attention, one layer, 28/4 heads of 128, bf16, fwd + bwd | N | L | ms | peak GiB | × per sequence |",

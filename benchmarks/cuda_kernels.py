@@ -119,8 +119,8 @@ def topk_rows(reps: int = 5) -> list[dict]:
 def render(data: dict) -> str:
     m = data["machine"]
     lines = [
-        f"Measured on {m['gpu']}, torch {m['torch']}, driver {m['driver']} ({data['date']}):",
-        "`python benchmarks/cuda_kernels.py --json F` there, then `--from-json F` here. Ratios are to the first row",
+        f"Measured on {m['gpu']}, torch {m['torch']}, driver {m['driver']} ({data['date']}): "
+        "`python benchmarks/cuda_kernels.py --json F` there, then `--from-json F` here. Ratios are to the first row "
         "of each group, measured in the same process.",
         "",
         "| EMA update, Qwen2.5-0.5B shapes | ms | GB/s | × copy |",

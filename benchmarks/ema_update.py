@@ -1,27 +1,15 @@
 """EMA anchor update throughput (issue 7, part 3) against a same-size copy and a per-parameter loop.
 
-    python benchmarks/ema_update.py            # 0.5B parameters (Qwen2.5-0.5B shapes), 20 rounds
-    python benchmarks/ema_update.py --quick    # same sizes, 5 rounds
-    python benchmarks/ema_update.py --print    # print the section instead of writing docs/benchmarks.md
+    python benchmarks/ema_update.py [--quick] [--print]   # 20 rounds (--quick: 5) on Qwen2.5-0.5B's shapes
 
-Tensors: the 290 parameter shapes of Qwen2.5-0.5B (494M parameters, tied embeddings), filled
-with uniform noise. Each dtype configuration runs in its own fresh interpreter:
-
-    fp32          policy fp32, anchor fp32 (EmaAnchor without shadow): 2 x 1.98 GB
-    bf16+shadow   policy bf16, anchor module bf16 + fp32 shadow (EmaAnchor(fp32_shadow=True))
-
-Byte accounting (bytes of the stored operands each op must read and write, temporaries excluded):
-    copy        dst <- src                       read 1, write 1 tensor      (8 B/param fp32, 4 bf16)
-    lerp        a <- a + w (p - a)               read 2, write 1             (12 B/param fp32, 6 bf16)
-    shadow      s <- lerp(s, p_bf16); m <- s     read 2+4+4, write 4+2       (16 B/param)
-Throughput = accounted bytes / fastest wall time of interleaved rounds (1 GB = 1e9 B); every
-ratio is against the copy of the same tensors in the same process (fp32 copy for fp32, bf16 copy
-for bf16+shadow).
+The 290 parameter shapes of Qwen2.5-0.5B (494M parameters), uniform noise, each dtype configuration in a fresh
+interpreter: fp32 (policy and anchor fp32) and bf16_shadow (bf16 policy and anchor module, fp32 shadow). Accounted
+bytes (stored operands read and written, temporaries excluded): copy 2 tensors, lerp 3, the shadow update 16 B/param.
+Throughput = bytes / fastest of the interleaved rounds (1 GB = 1e9 B); ratios are to the copy of the same tensors.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -44,20 +32,8 @@ TAU = 0.9
 def qwen25_05b_shapes() -> list[tuple[int, ...]]:
     """Parameter shapes of Qwen2.5-0.5B: 24 layers, hidden 896, MLP 4864, 14 q / 2 kv heads of 64."""
     V, D, F, KV = 151_936, 896, 4864, 128
-    layer = [
-        (D, D),
-        (D,),
-        (KV, D),
-        (KV,),
-        (KV, D),
-        (KV,),
-        (D, D),  # q, k, v (+ biases), o
-        (F, D),
-        (F, D),
-        (D, F),
-        (D,),
-        (D,),
-    ]  # gate, up, down, two RMSNorms
+    layer = [(D, D), (D,), (KV, D), (KV,), (KV, D), (KV,), (D, D)]  # q, k, v (+ biases), o
+    layer += [(F, D), (F, D), (D, F), (D,), (D,)]  # gate, up, down, two RMSNorms
     return [(V, D)] + layer * 24 + [(D,)]
 
 
@@ -125,57 +101,37 @@ def worker(config: str, reps: int) -> dict:
 
 
 def section(results: list[dict], m: dict, argv: list[str]) -> str:
-    lines = _intro(results, m, argv)
-    lines.append(
-        C.md_table(
-            ["config", "variant", "GB accounted", "ms (best / median)", "GB/s (best)", "ratio vs copy"],
-            _table_rows(results),
-        )
-    )
-    lines += _disturbance_warning(results)
-    lines += ["", "Target (issue 7): the anchor update at ≥ 80% of the same-size copy's bandwidth."]
-    lines += _target_lines(results)
-    return "\n".join(lines) + "\n"
+    header = ["config", "variant", "GB accounted", "ms (best / median)", "GB/s (best)", "ratio vs copy"]
+    lines = [*_intro(results, m, argv), C.md_table(header, _table_rows(results)), *_disturbance_warning(results)]
+    return "\n".join([*lines, "", _target_line(results)]) + "\n"
 
 
 def _intro(results: list[dict], m: dict, argv: list[str]) -> list[str]:
     """Title, command, machine and the accounting paragraph."""
-    cmd = "python benchmarks/ema_update.py" + (" " + " ".join(argv) if argv else "")
     return [
         "## EMA anchor update bandwidth (`benchmarks/ema_update.py`)",
         "",
-        f"Command: `{cmd}`  ",
+        f"Command: `{C.command('ema_update.py', argv)}`  ",
         C.machine_line(m, THREADS),
         "",
-        f"Tensors: Qwen2.5-0.5B parameter shapes, {results[0]['params'] / 1e6:.0f}M parameters in "
-        f"{results[0]['tensors']} tensors. Accounting: copy reads 1 + writes 1 stored tensor, lerp reads 2 + "
-        "writes 1, the shadow update reads policy (bf16) + shadow and writes shadow, then reads shadow and "
-        "writes the bf16 module (16 B/param); temporaries are not counted. Variants are timed round-robin "
-        f"({results[0]['reps']} rounds in shuffled order after a warm-up) and "
-        f"the throughput uses the fastest round (the "
-        "least disturbed by the other jobs on the machine); the median is listed too. Ratio = throughput / "
-        "throughput of the copy in the same process.",
+        f"Qwen2.5-0.5B's parameter shapes, {results[0]['params'] / 1e6:.0f}M parameters in {results[0]['tensors']} "
+        "tensors. Bytes accounted: copy reads 1 + writes 1 stored tensor, lerp reads 2 + writes 1, the shadow update "
+        "16 B/param (reads policy (bf16) + shadow, writes shadow, reads it, writes the bf16 module); temporaries not "
+        f"counted. Variants timed round-robin ({results[0]['reps']} shuffled rounds after a warm-up); throughput from "
+        "the fastest round (the least disturbed), median listed too. Ratio = throughput / the copy's, same process.",
         "",
     ]
 
 
 def _table_rows(results: list[dict]) -> list[list[str]]:
     """One row per variant and config; the ratio is against the config's copy (its first row)."""
-    rows = []
-    for res in results:
-        base = res["rows"][0]["gbps"]
-        for r in res["rows"]:
-            rows.append(
-                [
-                    res["config"],
-                    r["variant"],
-                    f"{r['bytes'] / C.GB:.2f}",
-                    f"{r['seconds'] * 1e3:.0f} / {r['median_s'] * 1e3:.0f}",
-                    f"{r['gbps']:.1f}",
-                    f"{r['gbps'] / base:.2f}",
-                ]
-            )
-    return rows
+    return [
+        [res["config"], r["variant"], f"{r['bytes'] / C.GB:.2f}",
+         f"{r['seconds'] * 1e3:.0f} / {r['median_s'] * 1e3:.0f}", f"{r['gbps']:.1f}",
+         f"{r['gbps'] / res['rows'][0]['gbps']:.2f}"]
+        for res in results
+        for r in res["rows"]
+    ]  # fmt: skip
 
 
 def _disturbance_warning(results: list[dict]) -> list[str]:
@@ -190,45 +146,41 @@ def _disturbance_warning(results: list[dict]) -> list[str]:
     ]
 
 
-def _target_lines(results: list[dict]) -> list[str]:
+def _target_line(results: list[dict]) -> str:
     """Met / missed per EmaAnchor.update row against 80% of the same config's copy bandwidth."""
-    lines = []
+    verdicts = []
     for res in results:
         base = res["rows"][0]["gbps"]
         for r in res["rows"]:
             if r["variant"].startswith("EmaAnchor.update"):
-                ok = r["gbps"] >= 0.8 * base
-                lines.append(
-                    f"- {r['variant']}: {r['gbps'] / base:.2f} of the copy's bandwidth: "
-                    + ("**met**." if ok else f"**missed** by {0.8 - r['gbps'] / base:.2f}.")
-                )
-    return lines
+                ok = "**met**" if r["gbps"] >= 0.8 * base else f"**missed** by {0.8 - r['gbps'] / base:.2f}"
+                verdicts.append(f"{r['variant']} at {r['gbps'] / base:.2f} of the copy's ({ok})")
+    return (
+        "Target (issue 7), the anchor update at ≥ 80% of the same-size copy's bandwidth: " + "; ".join(verdicts) + "."
+    )
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="5 rounds instead of 20")
-    p.add_argument("--print", dest="print_only", action="store_true", help="print the section, do not write the doc")
-    p.add_argument("--json", default="/tmp/ema_update.json", help="where the raw measurements are saved")
-    p.add_argument("--from-json", action="store_true", help="re-render the section from --json without measuring")
-    p.add_argument("--worker", nargs=2, metavar=("CONFIG", "REPS"), help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
+    a = _parser().parse_args(argv)
     if a.worker:
         print(json.dumps(worker(a.worker[0], int(a.worker[1]))))
         return 0
-    if a.from_json:
-        raw = json.loads(Path(a.json).read_text())
-    else:
-        cmd = [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--print"]
-        m, reps = C.machine(), 5 if a.quick else 20
-        results = [C.run_worker(Path(__file__), [cfg, str(reps)]) for cfg in ("fp32", "bf16_shadow")]
-        raw = {"results": results, "machine": m, "argv": cmd}
-        Path(a.json).write_text(json.dumps(raw))
-    text = section(raw["results"], raw["machine"], raw["argv"])
-    print(text)
-    if not a.print_only:
-        C.write_section("ema_update", text)
+    cmd = [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--print"]
+    raw = C.measured(a, lambda: measure(5 if a.quick else 20, cmd))
+    C.publish("ema_update", section(raw["results"], raw["machine"], raw["argv"]), not a.print_only)
     return 0
+
+
+def _parser():
+    p = C.saved_cli(__doc__, "ema_update")
+    p.add_argument("--quick", action="store_true", help="5 rounds instead of 20")
+    return p
+
+
+def measure(reps: int, cmd: list[str]) -> dict:
+    m = C.machine()
+    results = [C.run_worker(Path(__file__), [cfg, str(reps)]) for cfg in ("fp32", "bf16_shadow")]
+    return {"results": results, "machine": m, "argv": cmd}
 
 
 if __name__ == "__main__":

@@ -4,45 +4,16 @@
     python benchmarks/iteration_breakdown.py --iterations 60 --eval-every 10 --probe-every 5 --write  # + spread
     python benchmarks/iteration_breakdown.py --presets search_tiny_grpo search_tiny_ema_pg --section NAME --write
 
-For each preset (default: the math_tiny presets) two trainers run side by side, interleaved
-iteration by iteration on the same seed, so they sample the same batches:
-
-- new: ``trainer.old_logprobs=rollout`` (pi_old's statistics kept by the sampler while decoding);
-- old: ``trainer.old_logprobs=recompute`` (a separate no-grad pi_old forward pass).
-
-After every iteration the same batch is replayed through the model's raw operations, at the same
-shapes, in the same process: a KV-cache decode of the same contexts for the same number of steps
-(sampling, no bookkeeping), one forward + backward of the policy on the padded batch (log-softmax
-at the sampled tokens), and one no-grad forward of the anchor. Every figure is a ratio to those,
-measured in the same run: rollout / raw decode; iteration / (raw decode + raw forward-backward per
-optimizer step + anchor forward); old iteration / new iteration. Also replayed: ``model.generate``
-(transformers' own sampling loop, KV cache) on the same prompts with the trainer's sampling settings
-(temperature, top-p, no top-k, max_new_tokens, eos), prompts tokenised and answers decoded as the rollout
-does: the rollout's ratio to it is the cost of the local decode loop (with its statistics) against the
-library's. Medians over iterations; the first iteration is dropped as warm-up.
-
-Per-iteration spread (the issue "two speed levels"): with ``--eval-every N`` every trainer evaluates after
-iterations N, 2N, ... (untimed; as in a training run) and with ``--probe-every N`` this checkout's trainers
-score the KL probe (its time is left out of the iteration); the spread table gives, per path, the
-iteration time's (p90 - p10) / median and (max - min) / median over iterations 2..N, the ratio of the
-median after the first evaluation to the median before it (a level switch at an evaluation shows here),
-and the same spread of process CPU seconds and of the minor page faults per iteration (the allocator
-asking the kernel for fresh pages), measured on the same iterations. Responses change length from one
-iteration to the next, and with them the work: ``work_fit`` fits the iteration time on the decode steps and
-the mean response length, and gives the share of the variance that work explains and the spread left at a
-given amount of work (the runtime's own). The floor under that: after every iteration the raw operations also run
-on one batch kept from the warm-up iteration (``fixed_work``: constant decode steps, shapes and passes), and the
-spread of that fixed-work control, measured on the same iterations, is what the machine gives at constant work.
-
-``--write`` replaces the section in docs/benchmarks.md. For a multi-turn preset (search_tiny) the raw
-decode is one turn as long as the longest response, environment tokens included: not the rollout's work
-(which stops at each tool call), so only its other ratios carry (``model.generate`` too: one turn).
-
-The switch isolates the pi_old pass only: both paths share today's rollout loop. To measure what the
-whole change bought, ``--before COMMIT`` (default: the main branch just before the change, ``BEFORE``)
-also runs that commit's own trainer, extracted with ``git archive`` into a temporary directory, in a
-child process stepped in the same interleaving (same preset, seed and threads). Iteration times are
-wall-clock seconds around ``step()`` for every path, so the three are timed alike.
+Per preset, interleaved iteration by iteration on the same seed (same batches): the new path
+(``trainer.old_logprobs=rollout``: pi_old's statistics from the sampler), the old one (``recompute``: a no-grad
+pi_old pass) and, with ``--before COMMIT`` (default ``BEFORE``), that commit's trainer from ``git archive`` in a
+child process. After every iteration the batch is replayed through the model's raw operations at the same shapes
+(a KV-cache decode for as many steps, one forward + backward of the policy, one anchor forward) and through
+``model.generate`` with the rollout's sampling settings; every figure is a ratio to those, from medians over
+iterations 2..N. The spread (``spread``) sets each path's per-iteration times against a fixed-work control: the raw
+operations on one batch kept from the warm-up. ``--eval-every`` evaluates as a run does (untimed), ``--probe-every``
+scores the KL probe (its time left out). On a multi-turn preset (search_tiny) the raw decode is one turn as long as
+the longest response, not the rollout's work, so only the other ratios carry.
 """
 
 from __future__ import annotations
@@ -410,20 +381,6 @@ RATIO_COLUMNS = {
 }
 
 
-SPREAD_COLUMNS = {
-    "iter_p90_p10": "iteration (p90 - p10) / median",
-    "iter_max_min": "iteration (max - min) / median",
-    "after_vs_before_eval": "median after / before the first evaluation",
-    "cpu_p90_p10": "CPU s (p90 - p10) / median",
-    "cpu_max_min": "CPU s (max - min) / median",
-    "faults_median": "page faults / iteration (median)",
-    "faults_max": "page faults (max)",
-    "fit_r2": "share of the iteration's variance its work explains (R^2)",
-    "fit_p90_p10": "iteration / fit on its work (p90 - p10) / median",
-    "fixed_p90_p10": "fixed-work control (p90 - p10) / median",
-}
-
-
 def _cell(k: str, x: dict) -> str:
     """One table cell: counts as integers, spreads as percentages, level ratios as NNx, seconds to 3 places."""
     if k not in x:
@@ -439,46 +396,50 @@ def report(results: dict, args, machine: dict) -> str:
     rows, rat, spr = [], [], []
     for preset, per_path in results.items():
         r = {mode: medians(rs) for mode, rs in per_path.items()}
+        paths = []
         for mode in (m for m in PATHS if m in r):
             x = r[mode]
             label = PATHS[mode] + (f" ({args.before})" if mode == "before" else "")
             rows.append([preset, label, f"{x['iter']:.3f}", *(_cell(k, x) for k in PHASE_COLUMNS)])
             sp = spread(per_path[mode], args.eval_every)
-            spr.append([preset, label, *(_cell(k, sp) for k in SPREAD_COLUMNS)])
+            fixed = f" ({_cell('fixed_p90_p10', sp)})" if "fixed_p90_p10" in sp else ""
+            paths.append(f"{label} {_cell('iter_p90_p10', sp)}{fixed}")
+        spr.append(f"{preset}: {', '.join(paths)}")
         q = ratios(r)
         rat.append([preset, *(f"{q[k]:.2f}x" if k in q else "—" for k in RATIO_COLUMNS)])
+    on = "" if args.presets == PRESETS else f" on {', '.join(args.presets)}"
+    return "\n".join(
+        [
+            f"## Local-trainer iteration{on} vs the model's raw operations (`benchmarks/iteration_breakdown.py`)",
+            "",
+            f"Command: `{_command(args)}` (warm model cache; W&B off; medians over iterations 2..N).",
+            C.machine_line(machine, args.threads),
+            "",
+            "Seconds per iteration (wall clock around `step()`) and phase, raw operations on the new path's batch "
+            "(the commit before the change timed rollout, rewards and batch as one phase); then the ratios:",
+            "",
+            C.md_table(["preset", "path", "iteration (s)", *PHASE_COLUMNS.values()], rows),
+            "",
+            C.md_table(["preset", *RATIO_COLUMNS.values()], rat),
+            "",
+            "Spread, (p90 - p10) / median of the iteration less the KL probe over iterations 2..N, and in brackets "
+            "that of the fixed-work control (the raw operations on one batch kept from the warm-up, after every "
+            f"iteration): {'; '.join(spr)}.",
+        ]
+    )
+
+
+def _command(args) -> str:
     extra = "" if args.presets == PRESETS else f" --presets {' '.join(args.presets)} --section {args.section}"
     cadence = f" --eval-every {args.eval_every} --probe-every {args.probe_every}"
-    command = (
+    return (
         f"python benchmarks/iteration_breakdown.py --iterations {args.iterations} --threads {args.threads} "
         f"--mini-batches {args.mini_batches}{cadence}{'' if args.before else ' --before none'}{extra} --write"
     )
-    on = "" if args.presets == PRESETS else f" on {', '.join(args.presets)}"
-    parts = [
-        f"## Local-trainer iteration{on} vs the model's raw operations (`benchmarks/iteration_breakdown.py`)",
-        "",
-        f"Command: `{command}` (warm model cache; W&B off; medians over iterations 2..N).",
-        C.machine_line(machine, args.threads),
-        "",
-        "Seconds per iteration (wall clock around `step()`) and phase; the raw operations replay the new path's",
-        "batch at the same shapes; the commit before the change timed rollout, rewards and batch as one phase:",
-        "",
-        C.md_table(["preset", "path", "iteration (s)", *PHASE_COLUMNS.values()], rows),
-        "",
-        "Ratios, each measured in this run:",
-        "",
-        C.md_table(["preset", *RATIO_COLUMNS.values()], rat),
-        "",
-        "Per-iteration spread over iterations 2..N of the same run (wall clock around `step()` less the KL probe;",
-        "process CPU seconds; minor page faults; the raw operations on one batch kept from the warm-up iteration):",
-        "",
-        C.md_table(["preset", "path", *SPREAD_COLUMNS.values()], spr),
-    ]
-    return "\n".join(parts)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.cli(__doc__)
     ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mini-batches", type=int, default=1)
@@ -487,7 +448,6 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=0, help="evaluate every N iterations, untimed (0: never)")
     ap.add_argument("--probe-every", type=int, default=0, help="this checkout's KL probe every N iterations (0: off)")
     ap.add_argument("--before", default=BEFORE, help="also time this commit's trainer ('none': skip)")
-    ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
     ap.add_argument("--serve", nargs=5, metavar=("TREE", "PRESET", "THREADS", "MINI", "CKPT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.iterations < 2:  # the first iteration is warm-up: nothing would be left to report
@@ -504,10 +464,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tree:
         before = extract(args.before, tree) if args.before else None
         results = {p: measure(p, args, before) for p in args.presets}
-    text = report(results, args, machine)
-    print(text)
-    if args.write:
-        C.write_section(args.section, text)
+    C.publish(args.section, report(results, args, machine), args.write)
 
 
 if __name__ == "__main__":

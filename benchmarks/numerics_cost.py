@@ -2,18 +2,14 @@
 
     python benchmarks/numerics_cost.py [--iterations 20] [--repeats 2] [--experiment math_tiny_grpo] [--write]
 
-Each repeat trains the experiment once per mode (EMAPG_NUMERICS=native, then reproducible: experiments/numerics.py),
-each an `emapg train` process of its own, so the pins are set before torch loads as they are for a user; the modes
-alternate so that a change of the machine's load hits both. Each mode builds its own warm start (a pinned one is
-another cache entry) in the first repeat, in a temporary EMAPG_CACHE. Figures: the mean of perf/iter_s (rollout
-to anchor update) over the training iterations but the first, and the warm start's SFT seconds per step
-(pretrain.json: train_s / steps_done), each mode's as a ratio to native's. Writes its section of
-docs/benchmarks.md with ``--write``.
+Each repeat trains once per mode (EMAPG_NUMERICS=native, reproducible: experiments/numerics.py), each an `emapg
+train` process (the pins set before torch loads), the modes alternating; each builds its warm start in the first
+repeat, in a temporary EMAPG_CACHE. Figures: mean perf/iter_s over the training iterations but the first, and the
+warm start's SFT seconds per step, each as a ratio to native's.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -23,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine, machine_line, md_table, write_section  # noqa: E402
+import _common as C  # noqa: E402
+from _common import machine, machine_line, md_table  # noqa: E402
 
 MODES = ("native", "reproducible")
 
@@ -81,19 +78,16 @@ def section(results: dict[str, dict], command: str, machine_text: str, iteration
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.cli(__doc__)
     ap.add_argument("--experiment", default="math_tiny_grpo")
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     args = ap.parse_args()
     m = machine()
     results = measure(args.experiment, args.iterations, args.repeats)
-    command = " ".join(["python benchmarks/numerics_cost.py", *sys.argv[1:]])
+    command = C.command("numerics_cost.py", sys.argv[1:])
     body = section(results, command, machine_line(m, results["native"]["numerics"]["threads"]), args.iterations)
-    print(body)
-    if args.write:
-        write_section("numerics_cost", body)
+    C.publish("numerics_cost", body, args.write)
 
 
 if __name__ == "__main__":

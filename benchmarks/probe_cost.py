@@ -1,21 +1,15 @@
 """The KL probe's cost: its time as a share of the iteration time, at the default cadence, in the same run.
 
-    python benchmarks/probe_cost.py [--iterations 20] [--threads 1] [--presets math_tiny_ema_pg ...]
-    python benchmarks/probe_cost.py --runs outputs/sweeps/kl_telemetry   # from existing run records
+    python benchmarks/probe_cost.py [--iterations 20] [--threads 1] [--presets math_tiny_ema_pg ...] [--write]
+    python benchmarks/probe_cost.py --runs outputs/sweeps/kl_telemetry --write   # from finished run records
 
-Runs each preset (W&B off, warm-started tiny model) with the default ``trainer.probe_every`` and
-``trainer.probe_size``, then reads ``perf/iter_s`` (rollout to anchor update) and ``perf/probe_s`` (both
-models' forward passes on the probe set and the exact KL) from the run record. The share is
-sum(probe_s) / (sum(iter_s) + sum(probe_s)) over all training iterations but the first (warm-up): what the
-probe adds to training at that cadence (target <= 5%). The probe's per-call time is also given as a ratio
-to one iteration. The probe set itself is drawn once per run (one rollout of probe_size prompts) and is
-not counted. ``--runs`` computes the same figures from the records under a directory (e.g. a sweep).
-Writes its section of docs/benchmarks.md with ``--write``.
+Runs each preset (W&B off, warm-started tiny model) at the default ``trainer.probe_every`` and ``probe_size``, or
+reads the records under ``--runs``. Share = sum(perf/probe_s) / (sum(perf/iter_s) + sum(perf/probe_s)) over the
+training iterations but the first (target <= 5%); one probe's time is also given over one iteration.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -26,7 +20,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine, machine_line, md_table, write_section  # noqa: E402
+import _common as C  # noqa: E402
+from _common import machine, machine_line  # noqa: E402
 
 
 def shares(rows: list[dict]) -> dict:
@@ -77,24 +72,12 @@ def from_runs(root: Path) -> dict[str, dict]:
     return out
 
 
-def table(results: dict[str, dict]) -> str:
-    rows = [
-        [name, f"{r['every']} / {r['size']}", r["iterations"], r["probes"], f"{r['iter_s']:.3f}", f"{r['probe_s']:.3f}",
-         f"{r['per_call']:.1%}", f"{r['share']:.2%}"]
-        for name, r in results.items()
-    ]  # fmt: skip
-    header = ["run", "probe_every / probe_size", "iterations", "probes", "iteration (s)", "probe (s)",
-              "probe / iteration", "share at this cadence"]  # fmt: skip
-    return md_table(header, rows)
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.cli(__doc__)
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--presets", nargs="+", default=["math_tiny_ema_pg", "search_tiny_ema_pg"])
     ap.add_argument("--runs", type=Path, default=None, help="read run records under this directory instead")
-    ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     args = ap.parse_args()
     os.environ.setdefault("EMAPG_PROGRESS", "0")
     m = machine()
@@ -105,25 +88,25 @@ def main() -> None:
     text = machine_line(m, args.threads)
     if args.runs:
         text += " The runs were measured earlier, during their sweep, under the load of that time."
-    body = section(results, " ".join(["python benchmarks/probe_cost.py", *sys.argv[1:]]), text)
-    print(body)
-    if args.write:
-        write_section(name, body)
+    C.publish(name, section(results, C.command("probe_cost.py", sys.argv[1:]), text), args.write)
 
 
 def section(results: dict[str, dict], command: str, machine_text: str) -> str:
-    """The docs/benchmarks.md section: heading, how it was measured, the table and the range of the share."""
+    """The docs/benchmarks.md section: heading, how it was measured and the range of the share over the runs."""
     share = [r["share"] for r in results.values()]
     per_call = [r["per_call"] for r in results.values()]
+    cadence = sorted({f"every {r['every']} iterations on {r['size']} prompts" for r in results.values()})
+    its = sorted({r["iterations"] for r in results.values()})
+    timed = f"{its[0]}" if len(its) == 1 else f"{its[0]}-{its[-1]}"
     return "\n\n".join(
         [
             "## KL probe cost (`benchmarks/probe_cost.py`)",
             f"Command: `{command}`. {machine_text}".rstrip(),
             "Share = sum(perf/probe_s) / (sum(perf/iter_s) + sum(perf/probe_s)) over the training iterations but "
             "the first, each run against its own iteration time (same run, same load). Target: <= 5%.",
-            table(results),
-            f"Share at the cadence: {min(share):.2%} to {max(share):.2%} over {len(share)} run(s); one probe costs "
-            f"{min(per_call):.1%} to {max(per_call):.1%} of an iteration.",
+            f"Share at the cadence ({', '.join(cadence)}): {min(share):.2%} to {max(share):.2%} over {len(share)} "
+            f"run(s) ({timed} timed iterations each); one probe costs {min(per_call):.1%} to {max(per_call):.1%} "
+            "of an iteration.",
         ]
     )
 

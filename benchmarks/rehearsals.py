@@ -1,12 +1,7 @@
-"""Wall time of `emapg rehearse` on the two GPU sweeps, as `make rehearse-verl` runs them (the budget: 10 minutes
-each on 2 cores).
+"""Wall time of `emapg rehearse` on the two GPU sweeps, as `make rehearse-verl` runs them (budget: 10 minutes each
+on 2 cores), split into its phases, each over the whole of the same run.
 
     python benchmarks/rehearsals.py            # writes the "rehearsals" section of docs/benchmarks.md
-
-Each sweep is rehearsed in a fresh output directory (the tiny model and data are built inside the measured
-time), through Ray Tune on a two-node local cluster (sweeps/rehearse.py). The table splits the wall time into
-its phases: preparing (tiny model, data, retriever, the cluster), the sweep up to the node loss, up to the
-driver kill, and the resumed sweep to its end; the ratio column is each phase over the whole, same run.
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, machine_line, write_section  # noqa: E402
+from _common import machine, machine_line, md_table, write_section  # noqa: E402
 
 SWEEPS = (("sweeps/math_deepscaler_ema_pg.yaml", "across"), ("sweeps/search_r1_ema_pg.yaml", "within"))
 PHASES = (
@@ -43,26 +38,26 @@ def rehearse(sweep: str, layout: str, out: Path) -> tuple[float, dict[str, float
     return time.time() - t0, seen, "".join(lines), proc.returncode
 
 
+def phase_row(sweep: str, layout: str, seconds: float, seen: dict[str, float], code: int) -> list:
+    """One rehearsal's table row: seconds (share of the whole) per phase, the whole and the exit status."""
+    cells, start = [], 0.0
+    for _, marker in PHASES:
+        end = seen.get(marker, seconds) if marker else seconds
+        cells.append(f"{end - start:.0f} ({(end - start) / seconds:.2f})")
+        start = end
+    return [f"`{Path(sweep).stem} --layout {layout}`", *cells, f"{seconds / 60:.1f} min", code]
+
+
 def main() -> int:
     m = machine()  # load average before the rehearsals start
-    lines, ok = [], True
+    rows, ok = [], True
     for sweep, layout in SWEEPS:
         with tempfile.TemporaryDirectory() as tmp:
             seconds, seen, stdout, code = rehearse(sweep, layout, Path(tmp))
         print(stdout, flush=True)
         ok &= code == 0
-        lines += [
-            f"### `emapg rehearse {sweep} --layout {layout}`: {seconds / 60:.1f} min in all, exit status {code}",
-            "",
-            "| phase | seconds | / whole |",
-            "|---|---|---|",
-        ]
-        start = 0.0
-        for phase, marker in PHASES:
-            end = seen.get(marker, seconds) if marker else seconds
-            lines.append(f"| {phase} | {end - start:.0f} | {(end - start) / seconds:.2f} |")
-            start = end
-        lines.append("")
+        rows.append(phase_row(sweep, layout, seconds, seen, code))
+    header = ["sweep", *(f"{phase}: s (/ whole)" for phase, _ in PHASES), "in all", "exit status"]
     body = "\n".join(
         [
             "## verl sweep rehearsals on CPU (`benchmarks/rehearsals.py`)",
@@ -70,12 +65,11 @@ def main() -> int:
             "Command: `python benchmarks/rehearsals.py`  ",
             machine_line(m, 2),
             "",
-            "Each rehearsal runs the sweep's two trials at once through Ray Tune on a two-node local Ray cluster, at",
-            "world size 2, 4 steps each; every verl job pays verl's start-up (Ray job, TransferQueue, two workers, the",
-            "hf rollout server: about a minute on 2 cores) at its first attempt and again after the node loss and",
-            "after the driver kill.",
+            "`emapg rehearse` of each sweep: its two trials at once through Ray Tune on a two-node local Ray cluster, "
+            "world size 2, 4 steps each; every verl job pays verl's start-up (about a minute on 2 cores) at its first "
+            "attempt, after the node loss and after the driver kill.",
             "",
-            *lines,
+            md_table(header, rows),
         ]
     )
     write_section("rehearsals", body)

@@ -2,22 +2,14 @@
 
     python benchmarks/sweep_overhead.py [--spec sweeps/quickstart.yaml] [--rounds 1] [--fresh] [--write]
 
-Runs the sweep (default: the quickstart, 6 trials over 2 slots) through ``sweeps.tune.run_sweep`` on a local Ray
-of 2 CPUs, alternately as emapg runs it (trial after trial in its slot's Ray worker: Tune's ``reuse_actors``)
-and with a fresh worker per trial (the baseline, what emapg did before), `--rounds` times each, in one process.
-The tiny model's warm start is built once before the first run and is not measured.
-
-Per run: the sweep's wall time, the summed training time of its trials (each run's ``train_wall_time_s``: from
-the start of its training loop, the evaluation at iteration 0 included, to its final save), the orchestration
-overhead 1 - training / (wall x slots) that ``timing.json`` reports, and from its timeline
-(``sweeps.results.timeline``): the fixed cost per trial (wall x slots - training - idle tail) / trials, what a
-slot's first trial costs outside training (the worker's start-up), what each later trial costs, the idle tail,
-and the median of each phase of a trial. ``--write`` replaces the "sweep-overhead" section of docs/benchmarks.md.
+Runs the sweep through ``sweeps.tune.run_sweep`` on a local Ray of 2 CPUs as emapg runs it (Tune's
+``reuse_actors``) and, with ``--fresh``, alternately with a fresh worker per trial (the baseline), `--rounds` times
+each; the warm start is built once before and not measured. Figures per run: from its ``timing.json`` and timeline
+(``sweeps.results.timeline``), and the runs' bookkeeping per iteration inside the training loop.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -28,15 +20,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._common import machine, machine_line, write_section  # noqa: E402
+from benchmarks import _common as C  # noqa: E402
 
 FRESH, REUSED = "fresh worker per trial", "reused worker (emapg)"
 FIGURES = ("fixed_s_per_trial", "startup_s_per_slot", "reused_s_per_trial", "idle_tail_s", "after_s")
 
 
 def run_once(spec_path: str, out: Path, reuse: bool) -> dict:
-    """One sweep in `out`: its timing.json, with the timeline's figures, phase medians and the runs' in-loop
-    bookkeeping lifted to the top."""
+    """One sweep in `out`: its timing.json, with the timeline's figures and the runs' in-loop bookkeeping lifted to
+    the top."""
     from sweeps import tune as T  # loads torch, ray
     from sweeps.spec import load  # loads torch, pydantic
 
@@ -49,30 +41,8 @@ def run_once(spec_path: str, out: Path, reuse: bool) -> dict:
     t = json.loads((out / "timing.json").read_text())
     tl = t.pop("timeline")
     t.update({k: tl[k] for k in FIGURES})
-    t.update(split_phases(tl))
     t["loop_s_per_iter"] = loop_bookkeeping(out / "runs")
     return t
-
-
-def split_phases(tl: dict) -> dict[str, float]:
-    """{"first/<phase>": mean over the slots' first trials, "later/<phase>": median over the other trials}, from
-    the timeline's stamps (seconds from the sweep's start) and slots."""
-    from sweeps.results import trial_phases  # loads omegaconf
-
-    free: dict[int, float] = {}  # each slot's last trial's end (seconds from the start)
-    first, later = [], []
-    for tid, slot in tl["slots"].items():  # in the order the trials started
-        stamps = tl["stamps"][tid]
-        phases = {"schedule": stamps["started"] - free.get(slot, 0.0), **trial_phases(stamps)}
-        (later if slot in free else first).append(phases)
-        free[slot] = stamps["ended"]
-    out = {}
-    for name in {k for p in first + later for k in p}:
-        if vals := [p[name] for p in first if name in p]:
-            out[f"first/{name}"] = statistics.mean(vals)
-        if vals := [p[name] for p in later if name in p]:
-            out[f"later/{name}"] = statistics.median(vals)
-    return out
 
 
 def loop_bookkeeping(runs: Path) -> float:
@@ -131,20 +101,18 @@ def table(runs: list[tuple[str, dict]]) -> str:
     med = _medians(runs)
     base = next(iter(med.values()))
     cols = (
-        "sweep wall (s)", "training, summed (s)", "overhead", "fixed cost per trial (s)", "slot start-up (s)",
-        "per trial in a started slot (s)", "idle tail (s)", "after the last trial (s)",
+        "variant", "sweep wall (s)", "training, summed (s)", "overhead", "fixed cost per trial (s)",
+        "slot start-up (s)", "per trial in a started slot (s)", "idle tail (s)", "after the last trial (s)",
         "bookkeeping per iteration, in training (s)", "wall / first variant", "1-min load at start",
     )  # fmt: skip
-    lines = ["| variant | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
-    for name, m in med.items():
-        cells = (
-            f"{m['wall_s']:.1f}", f"{m['train_s_sum']:.1f}", f"{m['overhead_fraction']:.1%}",
-            f"{m['fixed_s_per_trial']:.1f}", _num(m.get("startup_s_per_slot")), _num(m.get("reused_s_per_trial")),
-            f"{m['idle_tail_s']:.1f}", f"{m['after_s']:.1f}", _num(m.get("loop_s_per_iter"), 3),
-            f"{m['wall_s'] / base['wall_s']:.2f}", f"{m['load_1min']:.1f}",
-        )  # fmt: skip
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = [
+        [name, f"{m['wall_s']:.1f}", f"{m['train_s_sum']:.1f}", f"{m['overhead_fraction']:.1%}",
+         f"{m['fixed_s_per_trial']:.1f}", _num(m.get("startup_s_per_slot")), _num(m.get("reused_s_per_trial")),
+         f"{m['idle_tail_s']:.1f}", f"{m['after_s']:.1f}", _num(m.get("loop_s_per_iter"), 3),
+         f"{m['wall_s'] / base['wall_s']:.2f}", f"{m['load_1min']:.1f}"]
+        for name, m in med.items()
+    ]  # fmt: skip
+    return C.md_table(list(cols), rows)
 
 
 def _num(v, digits: int = 1) -> str:
@@ -152,34 +120,29 @@ def _num(v, digits: int = 1) -> str:
 
 
 EXPLAIN = """\
-Overhead = 1 - summed training / (sweep wall x slots), as `timing.json` reports it; training is each run's
-`train_wall_time_s` (from the evaluation at iteration 0 to the final save). Fixed cost per trial = (wall x slots -
-training - idle tail) / trials: the slot start-up is the mean fixed cost of a slot's first trial, the per-trial cost
-in a started slot the median of the others; idle tail = each slot's idle time after its last trial until the sweep's
-last trial ended, summed; all from the stamps in `timing.json["timeline"]` (`sweeps.results.timeline`).
+Overhead = 1 - summed training (each run's `train_wall_time_s`, its evaluation at iteration 0 to its final save) /
+(sweep wall x slots), as `timing.json` reports it. Fixed cost per trial = (wall x slots - training - idle tail) /
+trials: a slot's first trial (start-up, mean) and the others (median); idle tail = the slots' idle time after their
+last trial until the sweep's last trial ended; all from `timing.json["timeline"]`.
 """
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = C.cli(__doc__)
     p.add_argument("--spec", default="sweeps/quickstart.yaml")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--fresh", action="store_true", help="also run the baseline: a fresh worker per trial")
-    p.add_argument("--write", action="store_true", help="replace the sweep-overhead section of docs/benchmarks.md")
     args = p.parse_args()
-    m = machine()
-    variants = (FRESH, REUSED) if args.fresh else (REUSED,)
-    runs = measure(args.spec, args.rounds, variants)
+    m = C.machine()
+    runs = measure(args.spec, args.rounds, (FRESH, REUSED) if args.fresh else (REUSED,))
     cmd = f"python benchmarks/sweep_overhead.py --spec {args.spec} --rounds {args.rounds}{' --fresh' * args.fresh}"
     body = (
         f"## Sweep orchestration overhead (`benchmarks/sweep_overhead.py`)\n\n"
         f"`{cmd}`: the sweep run {args.rounds}x per variant, alternating, on a local Ray of 2 CPUs (medians; warm "
-        f"start cached, W&B as the spec sets it). {machine_line(m, 1)}\n\n{table(runs)}\n\n"
+        f"start cached, W&B as the spec sets it). {C.machine_line(m, 1)}\n\n{table(runs)}\n\n"
         f"{EXPLAIN}"
     )
-    print(body)
-    if args.write:
-        write_section("sweep-overhead", body)
+    C.publish("sweep-overhead", body, args.write)
 
 
 if __name__ == "__main__":

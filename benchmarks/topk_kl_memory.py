@@ -1,32 +1,14 @@
 """Peak memory and time of KL value + backward at the paper's vocabulary (issues 2 and 7).
 
-    python benchmarks/topk_kl_memory.py            # N in {1024, 4096, 8192}, k in {32, 256}
-    python benchmarks/topk_kl_memory.py --quick    # N in {1024, 4096} (8192 takes too long on 2 cores)
-    python benchmarks/topk_kl_memory.py --print    # print the section instead of writing docs/benchmarks.md
+    python benchmarks/topk_kl_memory.py [--quick] [--print]   # --quick: N in {1024, 4096}, not 8192 as well
 
-Problem: V = 151,936, H = 1536 (Qwen2.5-1.5B's LM head), N response tokens, fp32 throughout. The
-policy's final hidden states h (N, H) and LM-head weight W (V, H) require grad; every variant
-computes the token-mean KL against the anchor and backpropagates to h and W:
-
-    exact_reverse / exact_forward  logits = h W^T (N, V); registry estimator on full logits; the
-                                   anchor's full (N, V) logits are an input (verl's full mode)
-    naive_topk                     logits and log_softmax (N, V) materialised, gathered, topk_reverse
-    chunked_topk                   logits (N, V) materialised, token_stats_from_logits (1024 rows/block)
-    fused_topk                     token_stats_from_hidden, blocks of 1024 rows x 8192 columns
-    fused_topk_wholeV              the same with whole-vocabulary blocks (vocab_chunk_size=None)
-
-Top-k variants: reverse Top-k, unbiased tail, stored (synthetic, random) head indices and anchor
-statistics as inputs: only memory and time are measured here; the numbers are tested in
-tests/core/test_topk.py and test_fused.py.
-
-Memory: every variant runs in a fresh interpreter; peak RSS above the RSS after the inputs are
-allocated (benchmarks/_common.py: VmHWM after resetting it with /proc/self/clear_refs). It counts
-everything the computation allocates, including the gradients of h and W it returns (the (V, H)
-fp32 weight gradient alone is 0.93 GB). Theoretical minimum above inputs = the gradients of h and
-W + the K + 2 per-token statistics (logits_k, lse, logp). Time: wall-clock and process CPU time of
-value + backward, one run (no repetition: each is 10-100 s of matmuls). Variants predicted not to
-fit in the available RAM (linear extrapolation in N from the largest N measured, + 3 GiB margin)
-are skipped and extrapolated instead, marked as such.
+V = 151,936, H = 1536 (Qwen2.5-1.5B's LM head), N response tokens, fp32; h (N, H) and W (V, H) require grad.
+Variants: exact_reverse / exact_forward (full logits, the anchor's full logits an input), naive_topk (logits and
+log_softmax materialised), chunked_topk (token_stats_from_logits), fused_topk (token_stats_from_hidden, 1024 x 8192
+blocks) and fused_topk_wholeV (whole-vocabulary blocks); Top-k inputs are synthetic (the numbers are tested in
+tests/core/test_topk.py and test_fused.py). Each variant runs once in a fresh interpreter; memory = peak RSS above
+the inputs (benchmarks/_common.py), the returned gradients included. Variants predicted not to fit in RAM (linear
+in N, + 3 GiB margin) are extrapolated instead, marked `~`.
 """
 
 from __future__ import annotations
@@ -110,16 +92,9 @@ def worker(variant: str, N: int, k: int) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     value_and_backward(variant, x)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {
-        "variant": variant,
-        "N": N,
-        "k": k,
-        "peak_above_inputs": C.peak_rss_bytes() - rss0,
-        "inputs": inputs,
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "peak_reset": exact_peak,
-    }
+    peak = C.peak_rss_bytes() - rss0
+    return {"variant": variant, "N": N, "k": k, "peak_above_inputs": peak, "inputs": inputs, "wall_s": wall,
+            "cpu_s": cpu, "peak_reset": exact_peak}  # fmt: skip
 
 
 def _tensors(x: dict):
@@ -150,11 +125,7 @@ def plan(ns: list[int]) -> list[tuple[str, int, int]]:
 
 def predict(done: list[dict], variant: str, N: int, k: int) -> int | None:
     """Linear-in-N prediction of peak + inputs from the largest measured N of this variant."""
-    prev = [
-        r
-        for r in done
-        if r["variant"] == variant and r.get("measured") and (r["k"] == k or variant.startswith("exact"))
-    ]
+    prev = [r for r in done if _measured(r, variant, k)]
     if not prev:
         return None
     r = max(prev, key=lambda r: r["N"])
@@ -167,14 +138,8 @@ def run_all(ns: list[int]) -> list[dict]:
         need = predict(done, variant, N, k)
         avail = C.mem_available_bytes()
         if need is not None and need > avail - MARGIN:
-            done.append(
-                {"variant": variant, "N": N, "k": k, "measured": False, "predicted_total": need, "available": avail}
-            )
-            print(
-                f"skip {variant} N={N} k={k}: predicted {need / C.GiB:.1f} GiB > available "
-                f"{avail / C.GiB:.1f} GiB - margin",
-                flush=True,
-            )
+            done.append({"variant": variant, "N": N, "k": k, "measured": False, "predicted_total": need})
+            print(f"skip {variant} N={N} k={k}: predicted {need / C.GiB:.1f} GiB > {avail / C.GiB:.1f} GiB available")
             if variant == "exact_reverse" and N // 2 not in {r["N"] for r in done if r["variant"] == variant}:
                 _run_one(done, variant, N // 2, k)  # a second point for the linear extrapolation
             continue
@@ -212,15 +177,15 @@ def extrapolate(done: list[dict], variant: str, N: int, key: str) -> float | Non
     return a + (y - a) * N / n
 
 
+def _measured(r: dict, variant: str, k: int) -> bool:
+    """Whether `r` is a measured run of `variant` at `k` (exact KL has no k)."""
+    return r["variant"] == variant and bool(r.get("measured")) and (r["k"] == k or variant.startswith("exact"))
+
+
 def _cell(done, variant, N, k, key):
     """(value, extrapolated?) of a measured or extrapolated key."""
     for r in done:
-        if (
-            r["variant"] == variant
-            and r["N"] == N
-            and (r["k"] == k or variant.startswith("exact"))
-            and r.get("measured")
-        ):
+        if r["N"] == N and _measured(r, variant, k):
             return r[key], False
     return extrapolate(done, variant, N, key), True
 
@@ -233,63 +198,42 @@ LABELS = {
     "fused_topk": "fused Top-k from hidden",
     "fused_topk_wholeV": "fused Top-k, whole-V blocks",
 }
-"""Variant -> its name in the section's tables."""
-TABLE_HEADER = [
-    "variant",
-    "k",
-    "peak above inputs (GiB)",
-    "ratio vs exact",
-    "inputs (GiB)",
-    "time wall / cpu (s)",
-    "cpu-time ratio vs naive Top-k",
-]
+"""Variant -> its name in the section's table."""
+TABLE_HEADER = ["N", "variant", "k", "peak above inputs (GiB)", "ratio vs exact", "inputs (GiB)",
+                "time wall / cpu (s)", "cpu-time ratio vs naive Top-k"]  # fmt: skip
 
 
 def section(done: list[dict], ns: list[int], m: dict, argv: list[str], wall_total: float) -> str:
-    out = _intro(ns, m, argv, wall_total)
-    for N in ns:
-        out += [f"### N = {N:,}", "", C.md_table(TABLE_HEADER, _table_rows(done, N)), ""]
-    out += _extra_lines(done, ns)
-    out += _target(done, ns)
-    return "\n".join(out) + "\n"
+    rows = [[f"{N:,}", *row] for N in ns for row in _table_rows(done, N)]
+    out = [*_intro(ns, m, argv, wall_total), C.md_table(TABLE_HEADER, rows), ""]
+    return "\n".join([*out, " ".join(_extra_lines(done, ns) + _target(done, ns))]) + "\n"
 
 
 def _intro(ns: list[int], m: dict, argv: list[str], wall_total: float) -> list[str]:
-    """Title, command, machine, the problem and accounting paragraph, and a note if N = 8192 was not run."""
-    cmd = "python benchmarks/topk_kl_memory.py" + (" " + " ".join(argv) if argv else "")
-    out = [
+    """Title, command, machine and what is measured."""
+    skipped = "" if 8192 in ns else "; N = 8,192 not run: well over 15 minutes on 2 cores"
+    return [
         "## Top-k KL memory and time at V = 151,936 (`benchmarks/topk_kl_memory.py`)",
         "",
-        f"Command: `{cmd}` (total {wall_total / 60:.1f} min)  ",
+        f"Command: `{C.command('topk_kl_memory.py', argv)}` (total {wall_total / 60:.1f} min{skipped})  ",
         C.machine_line(m, THREADS),
         "",
-        f"Problem: value + backward of the token-mean KL w.r.t. h (N, {H}) and W ({V:,}, {H}), fp32. Memory = peak "
-        "RSS above the inputs, in a fresh process per variant (VmHWM reset via /proc/self/clear_refs); it includes "
-        f"the returned gradients (the W gradient alone is {4 * V * H / C.GiB:.2f} GiB). "
-        f"Fused blocks: {ROW_CHUNK} rows x "
-        f"{VOCAB_CHUNK} columns; chunked-from-logits: {ROW_CHUNK} rows. "
-        f"Memory ratio: / exact reverse KL at the same N; "
-        "time ratio: / naive Top-k at the same N and k, on process CPU time (less sensitive than wall time to the "
-        "other jobs on the 2 cores; wall time is listed too). `~` marks values extrapolated linearly in N "
-        "(variant not run: predicted not to fit in RAM). At N = 1,024 the chunked-from-logits path has a single "
-        "row block (1024 rows = N), so it matches the naive one there.",
+        f"Value + backward of the token-mean KL w.r.t. h (N, {H}) and W ({V:,}, {H}), fp32, each variant in a fresh "
+        "process. Memory = peak RSS above the inputs (VmHWM reset via /proc/self/clear_refs), the returned "
+        f"gradients included (W's alone {4 * V * H / C.GiB:.2f} GiB); ratio to exact reverse KL at the same N. Time "
+        "ratio: process CPU time over naive Top-k's at the same N and k (wall time listed too). Fused blocks: "
+        f"{ROW_CHUNK} rows x {VOCAB_CHUNK} columns; chunked from logits: {ROW_CHUNK} rows (one block at N = 1,024). "
+        "`~`: extrapolated linearly in N (not run: predicted not to fit in RAM).",
         "",
     ]
-    if 8192 not in ns:
-        out += [
-            "N = 8192 was not run (`--quick`): on this 2-core machine the full grid takes well over 15 minutes.",
-            "",
-        ]
-    return out
 
 
 def _table_rows(done: list[dict], N: int) -> list[list]:
-    """The rows of the table at N: exact KL, then per k every Top-k variant run and the theoretical minimum."""
+    """The rows at N: exact KL, then per k every Top-k variant run and the theoretical minimum."""
     ex, ex_x = _cell(done, "exact_reverse", N, 0, "peak_above_inputs")
     rows = []
-    for variant, k in [("exact_reverse", None), ("exact_forward", None)] + [
-        (v, k) for k in (32, 256) for v in ("naive_topk", "chunked_topk", "fused_topk", "fused_topk_wholeV", "minimum")
-    ]:
+    top = ("naive_topk", "chunked_topk", "fused_topk", "fused_topk_wholeV", "minimum")
+    for variant, k in [("exact_reverse", None), ("exact_forward", None)] + [(v, k) for k in (32, 256) for v in top]:
         if variant == "minimum":
             mem = minimum_above_inputs(N, k)
             rows.append([f"theoretical minimum (k={k})", k, f"{mem / C.GiB:.3f}", _ratio(mem, ex, ex_x), "", "", ""])
@@ -301,38 +245,24 @@ def _table_rows(done: list[dict], N: int) -> list[list]:
 def _variant_row(done: list[dict], variant: str, N: int, k: int | None, *, ex, ex_x: bool) -> list:
     """One variant's row: measured or extrapolated (marked `~`) memory, inputs, time and the two ratios."""
     mem, x_ = _cell(done, variant, N, k or 0, "peak_above_inputs")
-    inp, _ = _cell(done, variant, N, k or 0, "inputs")
-    wall, _ = _cell(done, variant, N, k or 0, "wall_s")
-    cpu, _ = _cell(done, variant, N, k or 0, "cpu_s")
+    inp, wall, cpu = (_cell(done, variant, N, k or 0, key)[0] for key in ("inputs", "wall_s", "cpu_s"))
     base = None if k is None else _cell(done, "naive_topk", N, k, "cpu_s")
     t = "" if base is None or base[0] is None or cpu is None else f"{'~' if x_ or base[1] else ''}{cpu / base[0]:.2f}"
     mark = "~" if x_ else ""
-    return [
-        LABELS[variant],
-        "—" if k is None else k,
-        f"{mark}{_g(mem)}",
-        _ratio(mem, ex, ex_x or x_),
-        f"{mark}{_g(inp)}",
-        f"{mark}{wall:.1f} / {cpu:.1f}" if wall else "",
-        t,
-    ]
+    time_cell = f"{mark}{wall:.1f} / {cpu:.1f}" if wall else ""
+    return [LABELS[variant], "—" if k is None else k, f"{mark}{_g(mem)}", _ratio(mem, ex, ex_x or x_),
+            f"{mark}{_g(inp)}", time_cell, t]  # fmt: skip
 
 
 def _extra_lines(done: list[dict], ns: list[int]) -> list[str]:
     """The runs measured only as a second point for the extrapolation (at an N outside the grid)."""
     extra = [r for r in done if r.get("measured") and r["N"] not in ns]
-    if not extra:
-        return []
-    return [
-        "Measured only for the extrapolation: "
-        + "; ".join(
-            f"{LABELS[r['variant']]} at N = {r['N']:,}: {_g(r['peak_above_inputs'])} GiB above inputs, "
-            f"{r['cpu_s']:.1f} s cpu"
-            for r in extra
-        )
-        + ".",
-        "",
-    ]
+    points = "; ".join(
+        f"{LABELS[r['variant']]} at N = {r['N']:,}: {_g(r['peak_above_inputs'])} GiB above inputs, "
+        f"{r['cpu_s']:.1f} s cpu"
+        for r in extra
+    )
+    return [f"Measured only for the extrapolation: {points}."] if extra else []
 
 
 def _g(b):
@@ -340,9 +270,9 @@ def _g(b):
 
 
 def _ratio(mem, ex, approx):
-    return (
-        "" if mem is None or not ex else f"{'~' if approx else ''}1/{ex / mem:.1f}" if mem < ex else f"{mem / ex:.2f}"
-    )
+    if mem is None or not ex:
+        return ""
+    return f"{'~' if approx else ''}1/{ex / mem:.1f}" if mem < ex else f"{mem / ex:.2f}"
 
 
 def _target(done, ns) -> list[str]:
@@ -358,37 +288,29 @@ def _target(done, ns) -> list[str]:
         f"{' (exact extrapolated)' if ex_x else ''}, **{verdict}**. Of the fused peak ({fused / C.GiB:.2f} GiB), "
         f"{grads / C.GiB:.2f} GiB are the returned gradients of h and W, which the theoretical minimum holds too "
         f"(itself 1/{ex / minimum:.1f} of exact here); without them the fused path's working memory is "
-        f"{(fused - grads) / C.GiB:.3f} GiB vs {(ex - grads) / C.GiB:.2f} GiB for exact KL.",
-        "",
+        f"{(fused - grads) / C.GiB:.3f} GiB vs {(ex - grads) / C.GiB:.2f} GiB for exact KL."
     ]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = C.saved_cli(__doc__, "topk_kl_memory")
     p.add_argument("--quick", action="store_true", help="N in {1024, 4096} only")
-    p.add_argument("--print", dest="print_only", action="store_true", help="print the section, do not write the doc")
     p.add_argument("--ns", type=int, nargs="+", help=argparse.SUPPRESS)  # e.g. --ns 256 for a smoke run
-    p.add_argument("--json", default="/tmp/topk_kl_memory.json", help="where the raw measurements are saved")
-    p.add_argument("--from-json", action="store_true", help="re-render the section from --json without measuring")
-    p.add_argument("--worker", nargs=3, metavar=("VARIANT", "N", "K"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         print(json.dumps(worker(a.worker[0], int(a.worker[1]), int(a.worker[2]))))
         return 0
-    if a.from_json:
-        raw = json.loads(Path(a.json).read_text())
-    else:
-        ns = a.ns or ([1024, 4096] if a.quick else [1024, 4096, 8192])
-        cmd = [x for x in (argv if argv is not None else sys.argv[1:]) if x not in ("--print",)]
-        m, t = C.machine(), time.perf_counter()
-        done = run_all(ns)
-        raw = {"runs": done, "ns": ns, "machine": m, "argv": cmd, "wall": time.perf_counter() - t}
-        Path(a.json).write_text(json.dumps(raw))
+    raw = C.measured(a, lambda: measure(a, [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--print"]))
     text = section(raw["runs"], raw["ns"], raw["machine"], raw["argv"], raw["wall"])
-    print(text)
-    if not a.print_only:
-        C.write_section("topk_kl_memory", text)
+    C.publish("topk_kl_memory", text, not a.print_only)
     return 0
+
+
+def measure(a: argparse.Namespace, cmd: list[str]) -> dict:
+    ns = a.ns or ([1024, 4096] if a.quick else [1024, 4096, 8192])
+    m, t = C.machine(), time.perf_counter()
+    done = run_all(ns)
+    return {"runs": done, "ns": ns, "machine": m, "argv": cmd, "wall": time.perf_counter() - t}
 
 
 if __name__ == "__main__":

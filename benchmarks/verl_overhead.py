@@ -1,56 +1,21 @@
 """What the verl plugin costs per step over stock verl GRPO, on the rehearsal-sized verl run (CPU).
 
-    python benchmarks/verl_overhead.py                 # 4 rounds x 6 variants x 12 steps (25-35 min on 2 cores)
-    python benchmarks/verl_overhead.py --write         # ... and write the section of docs/benchmarks.md
-    python benchmarks/verl_overhead.py --rounds 1 --steps 4 --variants a d    # a quick look
+    python benchmarks/verl_overhead.py [--rounds 4] [--steps 12] [--variants a b0 b c d e] [--write]
+    python benchmarks/verl_overhead.py --from-jobs OUT/jobs.json [--write]   # render an earlier run again
 
-The run is `emapg rehearse`'s (experiments/rehearse.py): verl 0.9.1's real V1 loop on the CPU platform with the
-hf rollout engine, a tiny Qwen2 built from a config (char tokenizer, a few seconds of SFT) and generated math data
-in the real schema, the math preset's settings at rehearsal sizes (4 prompts x 2 samples, responses of at most 24
-tokens, one virtual GPU), fixed seeds. Six variants of it:
+The run is `emapg rehearse`'s math run (experiments/rehearse.py: verl's real V1 loop on the CPU platform, hf rollout,
+a tiny Qwen2, fixed seeds), in six variants (``VARIANTS``): (a) stock verl GRPO (its own trainer, worker, FSDP
+engine and ppo_loss, reference + low_var_kl; launched as (b) with ``STOCK_EDITS``), (b0) the plugin at tau = 1, K3,
+without the recipe's mask_truncated, (b) with it, (c) the math recipe (tau = 0.95), (d) (c) with reverse Top-k
+k = 32, (e) (d) with the KL probe every step. Each variant runs ``--steps`` steps per fresh verl job, in rounds
+(a b0 b c d e, a ...) so that the shared machine's load falls on all alike; the first ``--warmup`` steps of every
+job are dropped; no checkpoints, no validation, one thread per process, the replay buffer polled every ``POLL_S``.
 
-    (a) stock verl GRPO: verl's own PPOTrainerSync, ActorRolloutRefWorker, FSDP engine and ppo_loss with its
-        reference model and kl_loss_type=low_var_kl; the plugin's launcher supplies only the CPU platform, the hf
-        rollout engine and the metrics file (``launch``: the compiled launch of (b) with verl's trainer mode
-        "sync" and low_var_kl; everything else is (b)'s, the plugin's fixed settings included: an fp32 reference
-        and no fused kernels, verl 0.9.1's defaults too)
-    (b0) the plugin, tau = 1, K3, without the recipe's mask_truncated (length-capped responses left out of the
-        update: the worker's engine masks them from a cap the trainer sends as a flag, and all-reduces the kept
-        count once per mini-batch; stock verl has no such setting): the plugin's bare cost over (a)
-    (b) the plugin, tau = 1, K3 (experiment=math_deepscaler_grpo)
-    (c) the plugin, tau = 0.95, K3: the released math recipe (experiment=math_deepscaler_ema_pg; the rehearsal's
-        anchor period of 2)
-    (d) (c) with the search recipe's KL: reverse Top-k, k = 32, the paper's tail, importance weights
-    (e) (d) with the KL probe every step on 2 prompts (the rehearsal's probe)
-
-Each variant runs ``--steps`` steps in a fresh verl job, in rounds (a b0 b c d e, a b0 b ...), so that the other
-load of the shared machine falls on every variant alike; the first ``--warmup`` steps of every job are dropped.
-No checkpoints, no validation (verl's save_freq and test_freq -1): a step is rollout to weight sync. One thread
-per process (``THREADS``). verl's
-replay buffer looks for finished rollouts every 2 s (no config key), which on CPU makes ``timing_s/gen`` a multiple
-of 2 s; every variant's runs poll every ``POLL_S`` instead (``poll_replay_buffer``).
-
-Measured, per step (means over the kept steps of every round):
-
-- verl's own ``timing_s/*`` keys from the run's verl_metrics.jsonl: step, gen, old_log_prob (the pi_old pass: the
-  Top-k ids in (d)/(e)), ref (the anchor pass: its log-probs at those ids), adv, update_actor (with the plugin's
-  ``timing_s/emapg_ema`` and ``timing_s/emapg_probe`` inside it), update_weights;
-- TransferQueue: every Ray process of the run (``setup_worker``, the runs' worker setup hook) times and sizes each
-  TransferQueue get and put of its client (``AsyncTransferQueueClient.async_get_data`` / ``async_put``) into
-  ``tq.jsonl``. A step's records are those up to its actor update's fetch (the get of the worker that holds both
-  ``input_ids`` and ``advantages``). Bytes per token of a field = ``values().nbytes / values().shape[0]`` of the
-  nested (nnz, ...) tensor that travelled (the jagged offsets, per sequence, are not counted): the Top-k fields
-  (``emapg_*``) the update received, the passes put, and all that moved (puts + gets); the worker's time in
-  TransferQueue gets and puts (the transfer inside old_log_prob, ref and update_actor);
-- CPU seconds per step (``time.process_time`` stamped on those records) of the worker (actor and reference: the
-  passes, the update, the EMA, the probe) and of the trainer, less sensitive than wall time to the other jobs.
-
-Besides the means, "fastest quarter" figures average the fastest quarter of the steps (``fast_mean``): another
-job's load only adds time, so they are the least disturbed estimate (as benchmarks/ema_update.py keeps its fastest
-round).
-
-verl-only timings; no assertion on wall-clock time anywhere (tests/test_benchmarks_verl_overhead.py checks the
-variant launches and the parsing only).
+Measured per step: verl's ``timing_s/step``; from the TransferQueue client's gets and puts, timed and sized in every
+Ray process (``setup_worker``) into ``tq.jsonl``, the bytes per packed token of the Top-k fields and of the update's
+fetch, and the CPU seconds of the worker (actor and reference) and of the trainer. "Fastest quarter" figures
+average the fastest quarter of the steps (``fast_mean``): other jobs only add time. No assertion on wall-clock time
+anywhere (tests/test_benchmarks_verl_overhead.py checks the launches and the parsing).
 """
 
 from __future__ import annotations
@@ -131,9 +96,7 @@ STOCK_EDITS = {"trainer.v1.trainer_mode": "sync", "actor_rollout_ref.actor.kl_lo
 """(a): verl's own trainer (its worker, engine and ppo_loss come with it) and its K3 KL loss."""
 
 
-# --------------------------------------------------------------------------------------
-# The launches
-# --------------------------------------------------------------------------------------
+# ------------------------------------------------------------------ The launches
 def edit_argv(argv: list[str], edits: dict[str, str]) -> list[str]:
     """`argv` (verl overrides ``key=value``) with the values of `edits` replaced; every key must be there once (a
     compiled launch that stopped emitting one would otherwise be benchmarked unedited)."""
@@ -183,19 +146,10 @@ def run_job(variant: Variant, argv: list[str], run_dir: Path, timeout_s: float =
     (run_dir / "launch.json").write_text(json.dumps({"argv": argv, "stock": variant.stock}, indent=1))
     inherited = ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")
     env = {k: v for k, v in os.environ.items() if k not in inherited}
-    env.update(
-        {
-            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-            "PYTHONUNBUFFERED": "1",
-            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "WANDB_MODE": "disabled",
-            "HF_HUB_OFFLINE": "1",
-            **THREADS,
-            TQ_LOG_ENV: str(run_dir / "tq.jsonl"),
-            POLL_ENV: str(POLL_S),
-        }
-    )
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.update(PYTHONUNBUFFERED="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+    env.update(WANDB_MODE="disabled", HF_HUB_OFFLINE="1", **THREADS)
+    env.update({TQ_LOG_ENV: str(run_dir / "tq.jsonl"), POLL_ENV: str(POLL_S)})
     cmd = [sys.executable, str(Path(__file__).resolve()), "--launch", str(run_dir)]
     load, loads = os.getloadavg(), []
     t0 = time.time()
@@ -207,14 +161,9 @@ def run_job(variant: Variant, argv: list[str], run_dir: Path, timeout_s: float =
             with contextlib.suppress(ProcessLookupError):  # the job's process group has already exited
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return {
-        "variant": variant.name,
-        "run_dir": str(run_dir),
-        "code": code,
-        "seconds": time.time() - t0,
-        "load": load,
-        "load_mean": _mean(loads),
-    }
+    seconds = time.time() - t0
+    return {"variant": variant.name, "run_dir": str(run_dir), "code": code, "seconds": seconds, "load": load,
+            "load_mean": _mean(loads)}  # fmt: skip
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float, loads: list[float], every_s: float = 2.0) -> int | None:
@@ -228,9 +177,7 @@ def _wait(proc: subprocess.Popen, timeout_s: float, loads: list[float], every_s:
     return None
 
 
-# --------------------------------------------------------------------------------------
-# TransferQueue records (in every Ray process of a run: the worker setup hook)
-# --------------------------------------------------------------------------------------
+# ---------------------------------- TransferQueue records (in every Ray process of a run: the worker setup hook)
 def setup_worker() -> None:
     """Ray ``worker_process_setup_hook`` of the benchmark's runs: the CPU run's own (``experiments.backends.verl.cpu``),
     then, with ``TQ_LOG_ENV`` set, the TransferQueue client's gets and puts timed and sized into that file."""
@@ -319,9 +266,7 @@ def instrument_transfer_queue(path: str) -> None:
     Client.async_get_data, Client.async_put = async_get_data, async_put
 
 
-# --------------------------------------------------------------------------------------
-# Parsing a job
-# --------------------------------------------------------------------------------------
+# ------------------------------------------------------------------ Parsing a job
 def read_jsonl(path: Path) -> list[dict]:
     rows = []
     for line in path.read_text().splitlines() if path.is_file() else []:
@@ -361,7 +306,6 @@ def tq_steps(records: list[dict]) -> dict[int, dict]:
     out, start = {}, float("-inf")
     for step, u in enumerate(updates, 1):
         bucket = [r for r in records if start < r["t"] <= u["t"]]
-        worker = [r for r in bucket if r["pid"] == u["pid"]]
         tokens = u["fields"]["input_ids"]["tokens"]
         out[step] = {
             "tokens": tokens,
@@ -370,8 +314,6 @@ def tq_steps(records: list[dict]) -> dict[int, dict]:
             "topk_moved_bpt": sum(_bytes(r, True) for r in bucket) / tokens,
             "update_bpt": _bytes(u, False) / tokens,
             "topk_fields": sorted(n for n in u["fields"] if n.startswith(TOPK_PREFIX)),
-            "worker_tq_s": sum(r["s"] for r in worker),
-            "update_get_s": u["s"],
         }
         for who, pid in (("worker", u["pid"]), ("trainer", trainer)):
             now, then = _cpu_at(records, pid, u["t"]), _cpu_at(records, pid, start)
@@ -399,9 +341,7 @@ def job_steps(run_dir: Path, warmup: int) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------------------
-# Summary and the doc
-# --------------------------------------------------------------------------------------
+# ------------------------------------------------------------------ Summary and the doc
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
@@ -417,37 +357,26 @@ def fast_mean(xs: list[float], share: float = FAST) -> float:
     return _mean(xs[: max(1, math.ceil(len(xs) * share))]) if xs else float("nan")
 
 
-def fast_timer(steps: list[dict], key: str) -> float:
-    """A timer's least-disturbed cost per step: ``fast_mean`` over the steps that ran it, times their share (the
-    EMA runs every `period` steps, the probe every `probe_every`)."""
-    ran = [s[key] for s in steps if s.get(key)]
-    return fast_mean(ran) * len(ran) / len(steps) if ran else 0.0
-
-
 def summarise(jobs: list[dict]) -> dict[str, dict]:
     """Per variant, over the kept steps of all its jobs: mean (and median, standard error, fastest-quarter mean)
-    step time, mean and fastest-quarter cost of each timer, the TransferQueue figures and CPU seconds, and the
-    step-time mean of each round (for the per-round ratios)."""
+    step time, the TransferQueue figures and CPU seconds, and the step-time means of each round (for the per-round
+    ratios)."""
     out = {}
     for name in dict.fromkeys(j["variant"] for j in jobs):
         mine = [j for j in jobs if j["variant"] == name]
         steps = [s for j in mine for s in j["steps"]]
         times = [s["step_s"] for s in steps]
         sem = statistics.stdev(times) / len(times) ** 0.5 if len(times) > 1 else float("nan")
-        keys = (*TIMERS, "num_tokens", "topk_update_bpt", "topk_put_bpt", "topk_moved_bpt", "update_bpt")
-        keys += ("worker_tq_s", "update_get_s", "worker_cpu_s", "trainer_cpu_s")
+        keys = ("num_tokens", "topk_update_bpt", "topk_put_bpt", "topk_moved_bpt", "update_bpt", "worker_cpu_s")
+        keys += ("trainer_cpu_s",)
         out[name] = {
             "steps": len(steps),
             "step_s": _mean(times),
             "median_s": statistics.median(times) if times else float("nan"),
             "sem_s": sem,
             "fast_step_s": fast_mean(times),
-            **{f"fast_{t}": fast_timer(steps, t) for t in TIMERS},
-            "fast_worker_cpu_s": fast_mean([s["worker_cpu_s"] for s in steps if s.get("worker_cpu_s") is not None]),
             **{k: _mean([s[k] for s in steps if s.get(k) is not None]) for k in keys},
             "topk_fields": sorted({f for s in steps for f in s.get("topk_fields", [])}),
-            "ema_steps": sum(1 for s in steps if s["emapg_ema"] > 0),
-            "probe_steps": sum(1 for s in steps if s["emapg_probe"] > 0),
             "rounds": {j["round"]: _mean([s["step_s"] for s in j["steps"]]) for j in mine},
             "rounds_fast": {j["round"]: fast_mean([s["step_s"] for s in j["steps"]]) for j in mine},
             "rounds_load": {j["round"]: j.get("load_mean", j["load"][0]) for j in mine},
@@ -479,80 +408,6 @@ def _f(x, digits=3) -> str:
     return "—" if x is None or x != x else f"{x:.{digits}f}"
 
 
-def preset_sizes() -> dict[str, dict]:
-    """The math and search recipes' batch and length settings, read from their composed presets."""
-    from experiments import build  # loads torch, omegaconf
-
-    out = {}
-    for name in ("math_deepscaler_ema_pg", "search_r1_ema_pg"):
-        cfg = build.compose([f"experiment={name}"])
-        vs = cfg.backend.verl
-        out[name] = {
-            "prompts": int(cfg.rollout.prompts_per_iter),
-            "samples": int(cfg.rollout.group_size),
-            "max_prompt": int(vs.max_prompt_length),
-            "max_response": int(vs.max_response_length or cfg.rollout.max_new_tokens),
-            "gpus": int(vs.nnodes) * int(vs.n_gpus_per_node),
-            "storage_units": 8,  # verl 0.9.1's transfer_queue.backend.SimpleStorage.num_data_storage_units
-            "kl": str(cfg.algo.kl.type),
-        }
-    return out
-
-
-BANDWIDTHS_GBPS = (1.0, 10.0)
-"""Assumed TransferQueue throughput per rank (GB/s): one ZMQ stream with serialisation, and memcpy class."""
-H200_UPDATE_S_PER_TOKEN = 1.149 / 16384
-"""For scale: a 1.5B model's forward + backward per packed token on one H200 (docs/benchmarks.md, "sdpa for packed
-batches on a GPU": 1149 ms at 16,384 tokens, the math preset's model shape, sdpa as the GPU install runs it)."""
-
-
-def extrapolation(moved_bpt: float, stored_bpt: float, update_bpt: float, sizes: dict[str, dict]) -> str:
-    """Bytes per step and transfer time at the recipes' sizes, from the per-token figures measured in (d)."""
-    rows = []
-    for name, z in sizes.items():
-        seqs = z["prompts"] * z["samples"]
-        for case, tokens in (
-            ("cap: prompt + response at their maxima", z["max_prompt"] + z["max_response"]),
-            ("half the response cap, prompt 1/8 of its cap", z["max_prompt"] // 8 + z["max_response"] // 2),
-        ):
-            n = seqs * tokens
-            moved, stored, upd = n * moved_bpt, n * stored_bpt, n * update_bpt
-            per_rank = moved / z["gpus"]
-            times = [f"{per_rank / (bw * 1e9):.2f}" for bw in BANDWIDTHS_GBPS]
-            update_s = n / z["gpus"] * H200_UPDATE_S_PER_TOKEN
-            rows.append(
-                [
-                    name,
-                    f"{z['prompts']} x {z['samples']} = {seqs}",
-                    case,
-                    f"{tokens:,}",
-                    f"{n / 1e6:.1f}M",
-                    f"{stored / 1e9:.1f}",
-                    f"{moved / 1e9:.1f}",
-                    f"{upd / 1e9:.1f}",
-                    f"{per_rank / 1e9:.2f}",
-                    " / ".join(times),
-                    f"{update_s:.0f}",
-                    f"{per_rank / (BANDWIDTHS_GBPS[0] * 1e9) / update_s:.2%}",
-                ]
-            )
-    header = [
-        "recipe",
-        "sequences / step",
-        "case",
-        "tokens / sequence",
-        "packed tokens / step",
-        "Top-k stored (GB)",
-        "Top-k moved (GB)",
-        "whole update fetch (GB)",
-        "Top-k moved / rank (GB)",
-        "Top-k transfer / rank (s) at " + " / ".join(f"{b:g}" for b in BANDWIDTHS_GBPS) + " GB/s",
-        "for scale: the update's forward + backward / rank (s, H200 figure)",
-        f"transfer at {BANDWIDTHS_GBPS[0]:g} GB/s / that",
-    ]
-    return md_table(header, rows)
-
-
 def render(jobs: list[dict], args, m: dict, wall_s: float, loads: list[tuple]) -> str:
     """The docs/benchmarks.md section of these jobs."""
     summary = summarise(jobs)
@@ -560,11 +415,8 @@ def render(jobs: list[dict], args, m: dict, wall_s: float, loads: list[tuple]) -
     names = [v.name for v in VARIANTS if v.name in summary]
     lines = _preamble(args, m, wall_s, loads, names)
     lines += _step_table(summary, rat, names)
-    lines += _timer_tables(summary, names)
-    lines += _payload_table(summary, names)
+    lines += [_payload_line(summary, names), ""]
     lines += _verdicts(summary, rat)
-    if "d" in summary and summary["d"]["topk_moved_bpt"] == summary["d"]["topk_moved_bpt"]:
-        lines += _extrapolation_text(summary["d"], summary.get("a"))
     return "\n".join(lines)
 
 
@@ -589,110 +441,64 @@ def _preamble(args, m: dict, wall_s: float, loads: list[tuple], names: list[str]
         f"Each variant ran {args.rounds} jobs of {args.steps} steps, in rounds ({' '.join(names)}, ...); the first "
         f"{args.warmup} steps of every job are dropped. The run is `emapg rehearse`'s math run (tiny Qwen2, 2 layers, "
         "hidden 64, 100-token vocabulary; 4 prompts x 2 samples, responses <= 24 tokens, one virtual GPU, hf "
-        "rollout, fixed seeds), with no checkpoints and no validation. Variants:",
+        "rollout, fixed seeds), with no checkpoints and no validation. (a) is verl's own GRPO (`PPOTrainerSync`, "
+        "`ActorRolloutRefWorker`, `ppo_loss`, the reference with `kl_loss_type=low_var_kl`), launched with (b)'s "
+        "other settings so that (a) and (b) compute the same model passes. Variants:",
         "",
     ]
     lines += [f"- ({v.name}) {v.label}: `{' '.join(v.target)}`" for v in VARIANTS if v.name in names]
-    return lines + [
-        "",
-        "(a) is verl's own GRPO (`PPOTrainerSync`, `ActorRolloutRefWorker`, `ppo_loss`, the reference with "
-        "`kl_loss_type=low_var_kl`), launched with (b)'s other settings so that (a) and (b) compute the same model "
-        "passes.",
-        "",
-    ]
+    return lines + [""]
 
 
 def _step_table(summary: dict, rat: dict, names: list[str]) -> list[str]:
+    """Step time and CPU time per variant and, with (a) run, their ratios to (a)'s."""
     lines = [
-        "### Step time (verl's `timing_s/step`, seconds) and CPU time",
+        "Step time (verl's `timing_s/step`, s). Fastest quarter: the mean of the fastest quarter of the steps (the "
+        "least disturbed). Worker CPU: CPU seconds of the process holding the actor and the reference, from one "
+        "actor-update fetch to the next; trainer CPU: verl's driver loop. Ratios to (a); per round: the round's "
+        "fastest quarter over (a)'s, with the mean 1-min load average during the job in brackets:",
         "",
-        "Fastest quarter: the mean of the fastest quarter of the steps (another job's load only adds time; the "
-        "least disturbed steps). Worker CPU: CPU seconds (all threads) of the process holding the actor and the "
-        "reference, from one actor-update fetch to the next (both passes, the update, the EMA, the probe, the "
-        "weight sync); trainer CPU: verl's driver loop (the TaskRunner).",
-        "",
-    ]
-    rows = [
-        [
-            f"({n})",
-            summary[n]["steps"],
-            *[_f(summary[n][k]) for k in ("step_s", "median_s", "sem_s", "fast_step_s", "worker_cpu_s")],
-            _f(summary[n]["trainer_cpu_s"]),
-            _f(summary[n]["num_tokens"], 1),
-        ]
-        for n in names
     ]
     header = ["variant", "steps", "mean", "median", "std. error", "fastest quarter", "worker CPU", "trainer CPU"]
-    lines += [md_table([*header, "tokens / step"], rows), ""]
-    if not rat:
-        return lines
-    lines += [
-        "Ratios to (a). Per round: the fastest-quarter step time of the round's job over (a)'s in the same round, "
-        "with the mean 1-min load average during the job in brackets (the machine's 2 cores were shared):",
-        "",
-    ]
+    header += ["tokens / step"] + (["/ (a): mean", "fastest quarter", "per round", "median of the rounds",
+                                   "worker CPU"] if rat else [])  # fmt: skip
     rows = []
     for n in names:
-        r, s = rat[n], summary[n]
-        loads = [s["rounds_load"][k] for k in sorted(s["rounds_load"])]
-        per_round = ", ".join(f"{x:.2f} ({load:.1f})" for x, load in zip(r["rounds_fast"], loads, strict=False))
-        rows.append([f"({n})", _f(r["ratio"]), _f(r["fast"]), per_round, _f(r["median_fast"]), _f(r["cpu"])])
-    header = ["variant", "mean", "fastest quarter", "per round", "median of the rounds", "worker CPU"]
+        s = summary[n]
+        row = [f"({n})", s["steps"], *[_f(s[k]) for k in ("step_s", "median_s", "sem_s", "fast_step_s")]]
+        row += [_f(s["worker_cpu_s"]), _f(s["trainer_cpu_s"]), _f(s["num_tokens"], 1)]
+        if rat:
+            r, loads = rat[n], [s["rounds_load"][k] for k in sorted(s["rounds_load"])]
+            per_round = ", ".join(f"{x:.2f} ({load:.1f})" for x, load in zip(r["rounds_fast"], loads, strict=False))
+            row += [_f(r["ratio"]), _f(r["fast"]), per_round, _f(r["median_fast"]), _f(r["cpu"])]
+        rows.append(row)
     return lines + [md_table(header, rows), ""]
 
 
-def _timer_tables(summary: dict, names: list[str]) -> list[str]:
-    if "a" not in summary:
-        return []
-    a, rows = summary["a"], []
+def _payload_line(summary: dict, names: list[str]) -> str:
+    """What went through TransferQueue per packed token, variants with the same payload together."""
+    groups: dict[tuple, list[str]] = {}
     for n in names:
         s = summary[n]
-        rows.append([f"({n})", *[f"{s[f'fast_{t}']:.3f} ({s[f'fast_{t}'] - a[f'fast_{t}']:+.3f})" for t in TIMERS]])
-    return [
-        "### Where the time goes (verl's timers, seconds per step; EMA and probe are inside update_actor)",
-        "",
-        "Per timer, the mean of its fastest quarter of the steps that ran it, times the share of steps that ran it "
-        "(the EMA every `period` = 2 steps here), and in brackets the difference to (a):",
-        "",
-        md_table(["variant (fastest quarter)", *TIMERS], rows),
-        "",
-    ]
-
-
-def _payload_table(summary: dict, names: list[str]) -> list[str]:
-    lines = ["### What the Top-k passes put through TransferQueue (measured from the payload)", ""]
-    rows = []
-    for n in names:
-        s = summary[n]
-        rows.append(
-            [
-                f"({n})",
-                ", ".join(f"`{f}`" for f in s["topk_fields"]) or "none",
-                _f(s["topk_update_bpt"], 1),
-                _f(s["topk_put_bpt"], 1),
-                _f(s["topk_moved_bpt"], 1),
-                _f(s["update_bpt"], 1),
-                _f(s["update_get_s"], 4),
-            ]
+        bpt = (s[k] for k in ("update_bpt", "topk_update_bpt", "topk_put_bpt", "topk_moved_bpt"))
+        groups.setdefault((tuple(s["topk_fields"]), *bpt), []).append(f"({n})")
+    parts = []
+    for (fields, update, received, put, moved), who in groups.items():
+        topk = (
+            f" with {', '.join(f'`{f}`' for f in fields)}: {_f(received, 1)} B of Top-k received, {_f(put, 1)} B put "
+            f"by the passes, {_f(moved, 1)} B moved in all (puts + gets)"
+            if fields
+            else ", no Top-k fields"
         )
-    header = [
-        "variant",
-        "Top-k fields in the update's fetch",
-        "Top-k B / token the update received",
-        "Top-k B / token put by the passes",
-        "Top-k B / token moved (puts + gets)",
-        "whole update fetch, B / token",
-        "update fetch (s)",
-    ]
-    lines += [md_table(header, rows), ""]
-    return lines
+        parts.append(f"{', '.join(who)}: update fetch {_f(update, 1)} B{topk}")
+    return "TransferQueue per packed token, measured from the payload: " + "; ".join(parts) + "."
 
 
 def _verdicts(summary: dict, rat: dict) -> list[str]:
     """One line per target: each ratio against it, the median of the rounds first (the least disturbed)."""
     if "a" not in summary:
         return []
-    out = ["### Against the targets ((c) <= 1.02x and (d) <= 1.05x of (a) per step)", ""]
+    out = ["Against the targets ((c) <= 1.02x and (d) <= 1.05x of (a) per step):", ""]
     noise = 2 * summary["a"]["sem_s"] / summary["a"]["step_s"]
     for n, target in TARGETS.items():
         if n not in rat:
@@ -708,44 +514,7 @@ def _verdicts(summary: dict, rat: dict) -> list[str]:
     return out
 
 
-def _extrapolation_text(d: dict, a: dict | None) -> list[str]:
-    sizes = preset_sizes()
-    lines = [
-        "### On paper: the Top-k payload at the recipes' sizes on 8xH100",
-        "",
-        f"Per packed token, measured in (d) above: {d['topk_update_bpt']:.0f} B of Top-k fields reach the actor "
-        f"update, {d['topk_put_bpt']:.0f} B are put by the two passes, {d['topk_moved_bpt']:.0f} B move in all "
-        "(puts + gets: the anchor pass fetches the whole batch, pi_old's ids included, and the update fetches it "
-        "again)"
-        + (
-            f"; the whole update fetch is {d['update_bpt']:.0f} B / token against (a)'s {a['update_bpt']:.0f}."
-            if a
-            else "."
-        ),
-        "",
-        extrapolation(d["topk_moved_bpt"], d["topk_put_bpt"], d["update_bpt"], sizes),
-        "",
-        "Assumptions, each a choice of this estimate:",
-        "",
-    ]
-    for name, z in sizes.items():
-        lines.append(
-            f"- {name} (read from the preset): {z['prompts']} prompts x {z['samples']} samples, max_prompt_length "
-            f"{z['max_prompt']}, max_response_length {z['max_response']}, {z['gpus']} GPUs, KL {z['kl']}."
-        )
-    lines += [
-        "- Every packed token (prompt and response) carries a Top-k row; the cap row is an upper bound, the other an "
-        "assumed typical length. Bytes per token and their multiplicity are (d)'s; each of the 8 ranks moves 1/8 of "
-        "the batch through host RAM at an assumed 1 or 10 GB/s (not measured here); the update time is the H200 "
-        "figure of a 1.5B model (1149 ms per 16,384 packed tokens), so the last column is an upper bound.",
-        "",
-    ]
-    return lines
-
-
-# --------------------------------------------------------------------------------------
-# The command
-# --------------------------------------------------------------------------------------
+# ------------------------------------------------------------------ The command
 DEFAULTS = {"rounds": 4, "steps": 12, "warmup": 2}
 
 
