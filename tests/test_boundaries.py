@@ -27,8 +27,8 @@ FORBIDDEN = {
 }
 
 
-VERL_SIDE = ("experiments.backends.verl", "experiments.verl_search_agent")
-"""The verl plugin and the verl agent loop import verl (and through it Ray) by design; [verl] extra only."""
+VERL_SIDE = ("experiments.backends.verl",)
+"""The verl backend (its agent loop included) imports verl (and through it Ray) by design; [verl] extra only."""
 
 
 def _modules(package: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""experiments.verl_search_agent: the Search-R1 agent loop against a scripted verl server.
+"""experiments.backends.verl.search_agent: the Search-R1 agent loop against a scripted verl server.
 
 The loop is built as verl's AgentLoopWorker builds it (the agent_loops.yaml entry through
 hydra.utils.instantiate), with the local character-level tokenizer, a fake ``server_manager``
@@ -98,7 +98,7 @@ def _instantiate(tok, server, config):
 
 def _run(tok, turns, env=None, monkeypatch=None, **config):
     """(output, server, env) of one trajectory; the prompt is one user message."""
-    from experiments import verl_search_agent
+    from experiments.backends.verl import search_agent as verl_search_agent
 
     env = env or FakeEnv()
     if monkeypatch is not None:
@@ -210,7 +210,7 @@ def test_tokens_past_the_stop_string_are_cut(tok, monkeypatch):
 
 
 def test_cut_after_stop(tok):
-    from experiments.verl_search_agent import cut_after_stop
+    from experiments.backends.verl.search_agent import cut_after_stop
 
     ids = _ids(tok, "ab</search>cd")
     assert cut_after_stop(tok, ids) == len(_ids(tok, "ab</search>"))

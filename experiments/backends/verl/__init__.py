@@ -20,6 +20,12 @@ What each file adds to verl (how and why, in more detail: docs/verl-plugin.md):
     trainer.py  V1 sync trainer subclass ("emapg_sync"): Top-k flags per pass, EMA after the actor
                 update every `period` iterations, `anchor/*` metrics
     main.py     entry point: verl's ppo_trainer config + the `emapg:` section -> run_ppo
+    probe.py, evals.py   the KL probe; per-problem rows of verl's validation (and the anchor's turn at it)
+    search_agent.py      the Search-R1 tool protocol as a verl agent loop (conf/verl/agent_loops.yaml)
+
+emapg's side of the launch: launch.py (a run config -> verl argv, `to_verl`; a launch in this process),
+resources.py and placement.py (what a run reserves on Ray, inside a Tune trial), failures.py (verl's
+logged-only errors made fatal), cpu.py and hf_rollout.py (verl on CPU, with a transformers rollout engine).
 
 Only config.py, ema.py and layout.py's pure helpers import without verl; every other module
 imports verl and is imported lazily. Importing `experiments.backends.verl` never imports verl.
