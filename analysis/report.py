@@ -62,6 +62,7 @@ from analysis.index import Output, run_provenance, write_index
 from experiments import records as run_records
 from experiments.tasks import reporting
 
+Frame = pd.DataFrame
 Built = tuple[list[Output], list[str]]  # (outputs written, notes on what was skipped and why)
 REPORT, FIGURES = "emapg report", "emapg figures"  # what analysis.outdir.MARKER says wrote a directory
 REPS = 2000
@@ -77,6 +78,16 @@ FIGURE_RENDERERS = (
 
 
 # ---------------------------------------------------------------- emapg report
+
+
+def _table(t: tables.Table, out: Path, title: str, prov: dict[str, Any], **kw: Any) -> Output:
+    """Write table `t` into `out`; its front-page entry."""
+    return Output("table", title, tables.write_table(t, out), prov, t.cells, notes=t.notes, **kw)
+
+
+def _figure(fig: Any, out: Path, name: str, title: str, runs: Frame) -> Output:
+    """Save `fig` as <out>/<name>.{png,pdf}; its front-page entry."""
+    return Output("figure", title, style.save(fig, out / _stem(name)), run_provenance(runs))
 
 
 def report(
@@ -145,10 +156,8 @@ def _report_into(
     outputs: list[Output] = []
     skipped: list[str] = []
     rt = tables.runs_table(runs)
-    all_runs = Output(
-        "table", "All runs with status", tables.write_table(rt, out), run_provenance(runs), rt.cells, section="All runs"
-    )  # last on the front page, after the results
-    unhealthy = _flag(runs, "unhealthy")  # stopped by a health rule: listed apart, never in a number
+    all_runs = _table(rt, out, "All runs with status", run_provenance(runs), section="All runs")  # last on the page
+    unhealthy = runs["unhealthy"].astype(bool)  # stopped by a health rule: listed apart, never in a number
     keep = runs[(runs["complete"].astype(bool) | include_incomplete) & ~unhealthy]
     skipped += _left_out_notes(runs[~unhealthy], keep)
     keep, repeats = one_per_config(keep)
@@ -175,16 +184,8 @@ def _unhealthy_output(runs: pd.DataFrame, out: Path) -> list[Output]:
     """The "Stopped unhealthy" section: a table of the runs a health rule stopped ([] when there are none)."""
     if runs.empty:
         return []
-    t = tables.unhealthy_table(runs)
     title = "Stopped by a health rule (in no number)"
-    return [
-        Output("table", title, tables.write_table(t, out), run_provenance(runs), t.cells, section="Stopped unhealthy")
-    ]
-
-
-def _flag(runs: pd.DataFrame, col: str) -> pd.Series:
-    """A boolean column of the runs frame as a Series (all False when absent, e.g. frames from older loaders)."""
-    return runs[col].fillna(False).astype(bool) if col in runs else pd.Series(False, index=runs.index)
+    return [_table(tables.unhealthy_table(runs), out, title, run_provenance(runs), section="Stopped unhealthy")]
 
 
 def one_per_config(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
@@ -314,17 +315,8 @@ def _numerics_line(runs: pd.DataFrame) -> str:
 
 
 def _task_tables(
-    task: str,
-    runs: pd.DataFrame,
-    metrics: pd.DataFrame,
-    evals: pd.DataFrame | None,
-    out: Path,
-    *,
-    reps: int,
-    seed: int,
-    sweep_metric: str | None,
+    task: str, runs: Frame, metrics: Frame, evals: Frame | None, out: Path, *, reps: int, seed: int, **_: Any
 ) -> Built:
-    outputs, skipped = [], []
     spec = reporting(task)
     if not any(tables.find_benchmarks(runs.columns, "final/eval/", m) for m in ("acc", "pass@1")):
         return [], [f"{task}: no eval metric logged; no result table"]
@@ -335,24 +327,13 @@ def _task_tables(
     else:
         t = tables.tiny_table(runs, task, reps=reps, seed=seed)
         title = f"{task}: policy acc, pass@1 and anchor acc per method"
-    outputs.append(Output("table", title, tables.write_table(t, out), run_provenance(runs), t.cells, notes=t.notes))
+    outputs = [_table(t, out, title, run_provenance(runs))]
     outputs += _eval_passk(task, runs, evals, out, reps=reps, seed=seed)
     evals = evals[evals["eval"].isna()] if evals is not None and "eval" in evals else evals
-    if evals is not None and not evals.empty:
-        pk = tables.passk_table(evals, task, reps=reps, seed=seed)
-        outputs.append(
-            Output(
-                "table",
-                f"{task}: unbiased pass@k (policy and anchor)",
-                tables.write_table(pk, out),
-                run_provenance(runs),
-                pk.cells,
-                notes=pk.notes,
-            )
-        )
-    else:
-        skipped.append(f"{task}: no evals.jsonl; no pass@k table")
-    return outputs, skipped
+    if evals is None or evals.empty:
+        return outputs, [f"{task}: no evals.jsonl; no pass@k table"]
+    pk = tables.passk_table(evals, task, reps=reps, seed=seed)
+    return [*outputs, _table(pk, out, f"{task}: unbiased pass@k (policy and anchor)", run_provenance(runs))], []
 
 
 def _eval_passk(task: str, runs: pd.DataFrame, evals: pd.DataFrame | None, out: Path, *, reps: int, seed: int) -> list:
@@ -363,42 +344,24 @@ def _eval_passk(task: str, runs: pd.DataFrame, evals: pd.DataFrame | None, out: 
     ev = evals[evals["eval"].notna()]
     ev = ev.assign(run_id=ev["run_id"] + "/" + ev["eval"], variant=ev["variant"] + " · eval " + ev["eval"])
     pk = tables.passk_table(ev, task, reps=reps, seed=seed, name=f"{task}_passk_eval", when="by `emapg eval`")
-    title = f"{task}: unbiased pass@k of `emapg eval` (policy and anchor)"
-    return [Output("table", title, tables.write_table(pk, out), run_provenance(runs), pk.cells, notes=pk.notes)]
+    return [_table(pk, out, f"{task}: unbiased pass@k of `emapg eval` (policy and anchor)", run_provenance(runs))]
 
 
 def _task_curves(
-    task: str,
-    runs: pd.DataFrame,
-    metrics: pd.DataFrame,
-    evals: pd.DataFrame | None,
-    out: Path,
-    *,
-    reps: int,
-    seed: int,
-    sweep_metric: str | None,
+    task: str, runs: Frame, metrics: Frame, evals: Frame | None, out: Path, *, reps: int, seed: int, **_: Any
 ) -> Built:
     outputs, skipped = [], []
     for bench, metric in _curve_metrics(task, metrics.columns).items():
         anchor = metric.replace("eval/", "eval_anchor/", 1)
         label = task if bench == task else f"{task} · {bench}"  # a tiny task is its own benchmark
         fig = learning_curves.make(metrics, metric, anchor, reps=reps, seed=seed, title=f"{label}: learning curves")
-        paths = style.save(fig, out / _stem(f"{task}_curve_{bench}"))
-        outputs.append(
-            Output("figure", f"{label}: {metric} (and the anchor's) vs iteration", paths, run_provenance(runs))
-        )
+        title = f"{label}: {metric} (and the anchor's) vs iteration"
+        outputs.append(_figure(fig, out, f"{task}_curve_{bench}", title, runs))
     if not outputs:
         skipped.append(f"{task}: no eval metric logged; no learning curves")
     try:
         fig = training_dynamics.make(metrics, reps=reps, seed=seed, title=f"{task}: training dynamics")
-        outputs.append(
-            Output(
-                "figure",
-                f"{task}: KL value and anchor drift vs iteration",
-                style.save(fig, out / _stem(f"{task}_dynamics")),
-                run_provenance(runs),
-            )
-        )
+        outputs.append(_figure(fig, out, f"{task}_dynamics", f"{task}: KL value and anchor drift vs iteration", runs))
     except ValueError as err:
         skipped.append(f"{task}: dynamics figure: {err}")
     return outputs, skipped
@@ -406,9 +369,9 @@ def _task_curves(
 
 def _task_ablations(
     task: str,
-    runs: pd.DataFrame,
-    metrics: pd.DataFrame,
-    evals: pd.DataFrame | None,
+    runs: Frame,
+    metrics: Frame,
+    evals: Frame | None,
     out: Path,
     *,
     reps: int,
@@ -441,43 +404,27 @@ def _task_ablations(
             seed=seed,
             title=f"{task}: ablation over the {style.knob_name(knob)}",
         )
-        outputs.append(
-            Output(
-                "figure",
-                f"{task}: {score} vs {knob}",
-                style.save(fig, out / _stem(f"{task}_ablation_{knob}")),
-                run_provenance(runs),
-            )
-        )
+        outputs.append(_figure(fig, out, f"{task}_ablation_{knob}", f"{task}: {score} vs {knob}", runs))
     if not varying:
         skipped.append(f"{task}: no knob varies across runs; no ablation figures")
     return outputs, skipped
 
 
 def _task_telemetry(
-    task: str,
-    runs: pd.DataFrame,
-    metrics: pd.DataFrame,
-    evals: pd.DataFrame | None,
-    out: Path,
-    *,
-    reps: int,
-    seed: int,
-    sweep_metric: str | None,
+    task: str, runs: Frame, metrics: Frame, evals: Frame | None, out: Path, *, reps: int, seed: int, **_: Any
 ) -> Built:
     """KL telemetry: kl/exact vs kl/estimate_on_probe per method, and Top-k coverage vs k when k varies."""
     outputs, skipped = [], []
     try:
         fig = kl_probe.make(metrics, reps=reps, seed=seed, title=f"{task}: exact KL vs its estimate on the probe")
-        paths = style.save(fig, out / _stem(f"{task}_kl_probe"))
-        outputs.append(Output("figure", f"{task}: kl/exact vs kl/estimate_on_probe", paths, run_provenance(runs)))
+        outputs.append(_figure(fig, out, f"{task}_kl_probe", f"{task}: kl/exact vs kl/estimate_on_probe", runs))
     except ValueError as err:
         skipped.append(f"{task}: KL probe figure: {err}")
     if "kl_k" in runs and runs["kl_k"].dropna().nunique() > 1:
         try:
             fig = topk_coverage.make(metrics, runs, reps=reps, seed=seed, title=f"{task}: Top-k coverage vs k")
-            paths = style.save(fig, out / _stem(f"{task}_topk_coverage"))
-            outputs.append(Output("figure", f"{task}: Top-k head mass and coverage vs k", paths, run_provenance(runs)))
+            title = f"{task}: Top-k head mass and coverage vs k"
+            outputs.append(_figure(fig, out, f"{task}_topk_coverage", title, runs))
         except ValueError as err:
             skipped.append(f"{task}: Top-k coverage figure: {err}")
     return outputs, skipped
@@ -485,9 +432,9 @@ def _task_telemetry(
 
 def _task_beta_tau_map(
     task: str,
-    runs: pd.DataFrame,
-    metrics: pd.DataFrame,
-    evals: pd.DataFrame | None,
+    runs: Frame,
+    metrics: Frame,
+    evals: Frame | None,
     out: Path,
     *,
     reps: int,
@@ -505,8 +452,7 @@ def _task_beta_tau_map(
     fig = beta_tau_map.make(
         runs, score, anchor if anchor in runs else None, reps=reps, seed=seed, title=f"{task}: the β × τ map"
     )
-    paths = style.save(fig, out / _stem(f"{task}_beta_tau_map"))
-    return [Output("figure", f"{task}: β × τ map ({score})", paths, run_provenance(runs))], []
+    return [_figure(fig, out, f"{task}_beta_tau_map", f"{task}: β × τ map ({score})", runs)], []
 
 
 # ---------------------------------------------------------------- emapg figures
@@ -524,21 +470,11 @@ def figures(records: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
 
 def _figures_into(out: Path, records: Mapping[str, Any], frames: Mapping[str, pd.DataFrame]) -> list[Path]:
     meta = dict(records.get("meta") or {})
-    prov = {"computed by": "ema_pg_core.audit", **{k: v for k, v in meta.items()}}
+    prov = {"computed by": "ema_pg_core.audit", **meta}
     outputs, skipped = [], []
     if "estimator_table" in frames:
         t = tables.estimator_table(frames["estimator_table"], meta)
-        outputs.append(
-            Output(
-                "table",
-                "KL estimators: bias, variance, memory",
-                tables.write_table(t, out),
-                prov,
-                t.cells,
-                section="Audit records",
-                notes=t.notes,
-            )
-        )
+        outputs.append(_table(t, out, "KL estimators: bias, variance, memory", prov, section="Audit records"))
     for key, module, stem, title in FIGURE_RENDERERS:
         if key not in frames:
             skipped.append(f"{key}: not in the audit records")

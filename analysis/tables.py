@@ -29,6 +29,7 @@ from analysis import paper, stats
 from experiments.tasks import reporting
 
 NA = "—"
+NUMBER_COLUMNS = ["row", "column", "value", "ci_low", "ci_high", "n", "unit", "source"]  # Table.numbers
 METRIC_NAMES = {"acc": "greedy accuracy", "pass@1": "pass@1 (mean accuracy over n samples)"}
 
 
@@ -39,7 +40,7 @@ class Table:
     name: str  # file stem
     caption: str
     cells: pd.DataFrame  # display strings; the index holds the row labels
-    numbers: pd.DataFrame  # tidy: row, column, value, ci_low, ci_high, n, unit, source
+    numbers: pd.DataFrame  # tidy: NUMBER_COLUMNS
     notes: list[str] = field(default_factory=list)
     run_ids: list[str] = field(default_factory=list)
 
@@ -177,6 +178,11 @@ def find_benchmarks(
 # ---------------------------------------------------------------- building blocks
 
 
+def _number(*values: Any) -> dict[str, Any]:
+    """One row of Table.numbers from its NUMBER_COLUMNS values, in that order."""
+    return dict(zip(NUMBER_COLUMNS, values, strict=True))
+
+
 def ours_rows(
     runs: pd.DataFrame, columns: dict[str, str], group: str, *, reps: int, seed: int, scale: float = 100.0
 ) -> tuple[list[tuple[str, dict[str, str]]], list[dict]]:
@@ -193,18 +199,8 @@ def ours_rows(
                 continue
             m, lo, hi = stats.bootstrap_ci(vals, reps=reps, seed=seed)
             cells[col_label] = fmt_ci(m, lo, hi, scale) + (f" (n={len(vals)})" if len(vals) < len(sub) else "")
-            numbers.append(
-                dict(
-                    row=label,
-                    column=col_label,
-                    value=m * scale,
-                    ci_low=lo * scale,
-                    ci_high=hi * scale,
-                    n=len(vals),
-                    unit="%" if scale == 100 else "",
-                    source="ours",
-                )
-            )
+            unit = "%" if scale == 100 else ""
+            numbers.append(_number(label, col_label, m * scale, lo * scale, hi * scale, len(vals), unit, "ours"))
         rows.append((label, cells))
     return rows, numbers
 
@@ -251,11 +247,11 @@ def gain_rows(
             wins = f" ({c.poi * c.n:g} of {c.n} seeds)" if c.paired else ""
             p_cells[col_label] = f"{c.poi:.2f}{wins}"
             d_cells[col_label] = c.describe()
-            common = dict(column=col_label, n=c.n, source=f"ours ({pairing})")
+            src = f"ours ({pairing})"
             numbers += [
-                dict(row=g_label, value=c.gain * 100, ci_low=lo * 100, ci_high=hi * 100, unit="% relative", **common),
-                dict(row=p_label, value=c.poi, ci_low=math.nan, ci_high=math.nan, unit="probability", **common),
-                dict(row=d_label, value=c.p, ci_low=math.nan, ci_high=math.nan, unit="p-value", **common),
+                _number(g_label, col_label, c.gain * 100, lo * 100, hi * 100, c.n, "% relative", src),
+                _number(p_label, col_label, c.poi, math.nan, math.nan, c.n, "probability", src),
+                _number(d_label, col_label, c.p, math.nan, math.nan, c.n, "p-value", src),
             ]
             if why:
                 unpaired.setdefault(why, []).append(col_label)
@@ -343,18 +339,7 @@ def paper_rows(setting: str, columns: Sequence[str]) -> tuple[list[tuple[str, di
             p = paper.number(setting, c, method)
             cells[c] = f"{p.value:.1f} {p.source}" if p else NA
             if p:
-                numbers.append(
-                    dict(
-                        row=f"{method} — paper",
-                        column=c,
-                        value=p.value,
-                        ci_low=np.nan,
-                        ci_high=np.nan,
-                        n=np.nan,
-                        unit="%",
-                        source=p.source,
-                    )
-                )
+                numbers.append(_number(f"{method} — paper", c, p.value, np.nan, np.nan, np.nan, "%", p.source))
         rows.append((f"{method} — paper", cells))
     cells = {}
     for c in columns:
@@ -368,18 +353,7 @@ def paper_rows(setting: str, columns: Sequence[str]) -> tuple[list[tuple[str, di
         else:
             cells[c] = NA
             continue
-        numbers.append(
-            dict(
-                row="gain: EMA-PG vs GRPO — paper",
-                column=c,
-                value=value,
-                ci_low=np.nan,
-                ci_high=np.nan,
-                n=np.nan,
-                unit="% relative",
-                source=src,
-            )
-        )
+        numbers.append(_number("gain: EMA-PG vs GRPO — paper", c, value, np.nan, np.nan, np.nan, "% relative", src))
     rows.append(("gain: EMA-PG vs GRPO — paper", cells))
     return rows, numbers
 
@@ -400,10 +374,7 @@ def assemble(
         index=pd.Index([label for label, _ in rows], name="method"),
         columns=list(columns),
     )
-    numbers = pd.DataFrame(
-        [n for _, nums in blocks for n in nums],
-        columns=["row", "column", "value", "ci_low", "ci_high", "n", "unit", "source"],
-    )
+    numbers = pd.DataFrame([n for _, nums in blocks for n in nums], columns=NUMBER_COLUMNS)
     return Table(name, caption, cells, numbers, notes, sorted(run_ids))
 
 
@@ -582,45 +553,30 @@ def estimator_table(rows: pd.DataFrame, meta: dict[str, Any] | None = None) -> T
     return Table("kl_estimators", caption, cells, rows.copy(), [], [])
 
 
+RUN_COLUMNS = "run_id status truncated forced_resume task variant seed iterations_done config_hash wandb_run_id error"
+UNHEALTHY_COLUMNS = "run_id task variant seed health_rule health_iteration health_message"
+
+
 def runs_table(runs: pd.DataFrame) -> Table:
     """Every run found, with status and knobs (failed and partial runs included, flagged)."""
-    cols = [
-        c
-        for c in (
-            "run_id",
-            "status",
-            "truncated",
-            "forced_resume",
-            "task",
-            "variant",
-            "seed",
-            "iterations_done",
-            "config_hash",
-            "wandb_run_id",
-            "error",
-        )
-        if c in runs
-    ]
-    cells = runs[cols].astype(object).where(runs[cols].notna(), NA).set_index("run_id")
-    return Table(
-        "runs", f"All {len(runs)} runs found (status as recorded).", cells, runs[cols], [], runs["run_id"].tolist()
-    )
+    return _listing(runs, RUN_COLUMNS, "runs", f"All {len(runs)} runs found (status as recorded).")
 
 
 def unhealthy_table(runs: pd.DataFrame) -> Table:
     """The runs a health rule stopped (status stopped_unhealthy): method, rule, iteration and why. They are in
     no mean, CI or curve of the report; this table is where they show."""
-    cols = [
-        c
-        for c in ("run_id", "task", "variant", "seed", "health_rule", "health_iteration", "health_message")
-        if c in runs
-    ]
-    cells = runs[cols].astype(object).where(runs[cols].notna(), NA).set_index("run_id")
     caption = (
         f"{len(runs)} run(s) stopped by a health rule (status stopped_unhealthy): left out of every mean, CI, "
         "gain and curve; rule, iteration and values are in each run's summary.json."
     )
-    return Table("unhealthy", caption, cells, runs[cols], [], runs["run_id"].tolist())
+    return _listing(runs, UNHEALTHY_COLUMNS, "unhealthy", caption)
+
+
+def _listing(runs: pd.DataFrame, columns: str, name: str, caption: str) -> Table:
+    """A table of runs by id: those of the (space-separated) `columns` the frame has, "—" where a value is missing."""
+    cols = [c for c in columns.split() if c in runs]
+    cells = runs[cols].astype(object).where(runs[cols].notna(), NA).set_index("run_id")
+    return Table(name, caption, cells, runs[cols], [], runs["run_id"].tolist())
 
 
 def _average(
