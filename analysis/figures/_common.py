@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from analysis import stats
 from analysis.figures import style
@@ -66,6 +67,21 @@ def band(
             lw=0,
         )
     return curves[group].nunique()
+
+
+def curve_row(
+    metrics: pd.DataFrame, panels: list[tuple[str, str]], group: str, *, reps: int, seed: int, title: str | None, **kw
+) -> Figure:
+    """A row of panels, one per (metric, panel title): each group's mean ± CI band vs iteration, a colour per group
+    shared across the panels. `kw`: new_figure's (e.g. sharey)."""
+    fig, axs = style.new_figure(5.2 * len(panels) + 0.6, 4.2, 1, len(panels), **kw)
+    colors = group_colors(metrics[group].dropna())
+    for ax, (m, name) in zip(axs, panels):
+        label, scale = style.metric_label(m)
+        band(ax, metrics, m, group, reps=reps, seed=seed, scale=scale, colors=colors)
+        ax.set(xlabel="training iteration (rollout batches)", ylabel=label, title=name)
+    axs[0].legend(loc="best", frameon=False)
+    return style.finish(fig, title, style.CI_NOTE + "; n = runs (seeds) per line")
 
 
 def group_colors(names: Iterable[str]) -> dict[str, str]:

@@ -30,5 +30,5 @@ def make(rows: Any, *, title: str | None = None, note: str | None = None) -> Fig
     return style.finish(
         fig,
         title or f"EMA anchor horizon {style.OURS_ARITHMETIC}",
-        "one EMA update every P iterations: θ_ema ← τ·θ_ema + (1−τ)·θ" + (f"; {note}" if note else ""),
+        style.noted("one EMA update every P iterations: θ_ema ← τ·θ_ema + (1−τ)·θ", note),
     )

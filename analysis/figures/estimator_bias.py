@@ -40,25 +40,14 @@ def make(rows: Any, *, title: str | None = None, note: str | None = None) -> Fig
     axs[0].invert_yaxis()
     axs[0].set_ylabel("estimator (direction, k, tail)  audit verdicts")
     style.finish(fig, title or "KL estimators: bias and variance of the value and of the gradient")
-    fig.legend(
-        handles=[
-            Patch(color=style.color(0), label="value"),
-            Patch(color=style.color(1), label="gradient"),
-            Patch(
-                facecolor="white",
-                edgecolor="0.3",
-                hatch="///",
-                label=f"exactly 0 or < {style.FLOOR:.0e} (drawn at the floor)",
-            ),
-        ],
-        loc="outside lower center",
-        ncols=3,
-        frameon=False,
-        title_fontsize=8,
-        title="bias: |E[estimate] − exact| as reported by the audit; ✓ / ✗: the audit's "
-        "unbiasedness verdict" + (f"; {note}" if note else ""),
-    )
-    return fig
+    floor = f"exactly 0 or < {style.FLOOR:.0e} (drawn at the floor)"
+    handles = [
+        Patch(color=style.color(0), label="value"),
+        Patch(color=style.color(1), label="gradient"),
+        Patch(facecolor="white", edgecolor="0.3", hatch="///", label=floor),
+    ]
+    what = "bias: |E[estimate] − exact| as reported by the audit; ✓ / ✗: the audit's unbiasedness verdict"
+    return style.legend_below(fig, handles, style.noted(what, note), ncols=3)
 
 
 def _pair(ax: Axes, labels: list[str], value: Any, grad: Any, xlabel: str) -> None:

@@ -25,10 +25,7 @@ def make(
         raise ValueError(f"no run logged {EXACT} and {ESTIMATE} (trainer.probe_every = 0, or the verl backend)")
     probed = metrics[metrics[EXACT].notna()]
     names = sorted(probed[group].dropna().unique())
-    cols = min(len(names), 3)
-    rows = -(-len(names) // cols)
-    fig, axs = style.new_figure(4.6 * cols + 0.6, 3.6 * rows, rows, cols)
-    axs = list(getattr(axs, "flat", axs))
+    fig, axs = style.panel_grid(len(names), 4.6, 3.6, (0.6, 0.0))
     for ax, name in zip(axs, names):
         sub = probed[probed[group] == name]
         _common.band(ax, sub, EXACT, group, reps=reps, seed=seed, label_suffix=": exact", colors={name: style.color(0)})
@@ -41,7 +38,5 @@ def make(
         ax.axhline(0.0, color="0.6", lw=0.8)
         ax.set(xlabel="training iteration", ylabel="KL(policy, anchor) on the probe (nats)", title=name)
         ax.legend(loc="best", frameon=False, fontsize="small")
-    for ax in axs[len(names) :]:
-        ax.set_visible(False)
     note = style.CI_NOTE + "; exact = full-vocabulary KL, estimate = the loss's estimator on the same tokens"
     return style.finish(fig, title, note)

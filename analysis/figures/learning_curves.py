@@ -29,11 +29,4 @@ def make(
     panels = [(metric, "policy")]
     if anchor_metric and anchor_metric in metrics and metrics[anchor_metric].notna().any():
         panels.append((anchor_metric, "EMA anchor"))
-    fig, axs = style.new_figure(5.2 * len(panels) + 0.6, 4.2, 1, len(panels), sharey=True)
-    colors = _common.group_colors(metrics[group].dropna())
-    for ax, (m, who) in zip(axs, panels):
-        label, scale = style.metric_label(m)
-        _common.band(ax, metrics, m, group, reps=reps, seed=seed, scale=scale, colors=colors)
-        ax.set(xlabel="training iteration (rollout batches)", ylabel=label, title=who)
-    axs[0].legend(loc="best", frameon=False)
-    return style.finish(fig, title, style.CI_NOTE + "; n = runs (seeds) per line")
+    return _common.curve_row(metrics, panels, group, reps=reps, seed=seed, title=title, sharey=True)

@@ -23,9 +23,7 @@ def make(rows: Any, *, title: str | None = None, note: str | None = None) -> Fig
     etas = np.sort(df["eta"].unique())
     if len(etas) > MAX_PANELS:
         etas = etas[np.linspace(0, len(etas) - 1, MAX_PANELS).round().astype(int)]
-    ncols = min(3, len(etas))
-    nrows = int(np.ceil(len(etas) / ncols))
-    fig, axs = style.new_figure(4.0 * ncols + 0.4, 3.6 * nrows + 0.6, nrows, ncols, sharex=True, sharey=True)
+    fig, axs = style.panel_grid(len(etas), 4.0, 3.6, (0.4, 0.6), sharex=True, sharey=True)
     cmap = ListedColormap(["#d9d9d9", style.color(2)])
     for ax, eta in zip(axs, etas):
         s = df[df["eta"] == eta]
@@ -38,24 +36,14 @@ def make(rows: Any, *, title: str | None = None, note: str | None = None) -> Fig
             )
         ax.set_title(f"η = {eta:g}")
         ax.grid(False)
-    for ax in axs[len(etas) :]:
-        ax.set_visible(False)
-    for ax in axs[: len(etas)]:
         ax.set(xlabel="step size α (unitless)", ylabel="β·c: KL coef × curvature (unitless)")
         ax.tick_params(labelbottom=True, labelleft=True)  # shared axes hide inner labels
     model = "θ' = θ + α[a(θ*−θ) − βc(θ−θ_ema)],  θ_ema' = ηθ_ema + (1−η)θ'"
     if "a" in df and df["a"].nunique() == 1:
         model += f",  a = {df['a'].iloc[0]:g}"
     style.finish(fig, title or f"EMA-PG stability region {style.OURS_TOY}")
-    fig.legend(
-        handles=[
-            Patch(color=style.color(2), label="stable (spectral radius < 1)"),
-            Patch(color="#d9d9d9", label="unstable"),
-        ],
-        loc="outside lower center",
-        ncols=2,
-        frameon=False,
-        title=model + (f"; {note}" if note else ""),
-        title_fontsize=8,
-    )
-    return fig
+    handles = [
+        Patch(color=style.color(2), label="stable (spectral radius < 1)"),
+        Patch(color="#d9d9d9", label="unstable"),
+    ]
+    return style.legend_below(fig, handles, style.noted(model, note), ncols=2)

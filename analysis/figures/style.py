@@ -43,13 +43,13 @@ OURS_TOY = "[ours: toy quadratic model, not the paper's theorem]"
 OURS_ARITHMETIC = "[ours: arithmetic on the EMA rule, not a result of the paper]"
 FLOOR = 1e-15  # log-scale stand-in for 0 or float64 rounding (drawn hatched / marked, labelled)
 
-KNOB_LABELS = {
-    "anchor_tau": "EMA weight τ on the old anchor (unitless)",
-    "anchor_period": "anchor update period P (iterations)",
-    "kl_k": "top-k size k (vocabulary entries)",
-    "kl_type": "KL estimator",
-    "kl_tail": "Top-k tail mode",
-    "kl_coef": "KL coefficient β (unitless)",
+KNOBS = {  # knob -> (short name for titles, axis label with unit)
+    "anchor_tau": ("EMA weight τ", "EMA weight τ on the old anchor (unitless)"),
+    "anchor_period": ("anchor update period", "anchor update period P (iterations)"),
+    "kl_k": ("top-k size k", "top-k size k (vocabulary entries)"),
+    "kl_type": ("KL estimator", "KL estimator"),
+    "kl_tail": ("Top-k tail mode", "Top-k tail mode"),
+    "kl_coef": ("KL coefficient β", "KL coefficient β (unitless)"),
 }
 METRIC_LABELS = {
     "kl/value": ("per-token KL estimate (nats)", 1.0),
@@ -86,6 +86,29 @@ def new_figure(
     return fig, np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False, **kw)).ravel()
 
 
+def panel_grid(n: int, width: float, height: float, pad: tuple[float, float], **kw: Any) -> tuple[Figure, np.ndarray]:
+    """`n` panels of `width` x `height`, at most three a row (plus `pad`: the figure's margins); the grid's
+    spare axes hidden. Returns the figure and its first `n` axes."""
+    ncols = min(3, n)
+    nrows = -(-n // ncols)
+    fig, axs = new_figure(width * ncols + pad[0], height * nrows + pad[1], nrows, ncols, **kw)
+    for ax in axs[n:]:
+        ax.set_visible(False)
+    return fig, axs[:n]
+
+
+def legend_below(fig: Figure, handles: list, title: str, ncols: int, labels: list[str] | None = None) -> Figure:
+    """A figure-wide legend under the panels, its `title` in small print (what the marks mean)."""
+    kw = dict(loc="outside lower center", ncols=ncols, frameon=False, title=title, title_fontsize=8)
+    fig.legend(handles=handles, labels=labels, **kw)
+    return fig
+
+
+def noted(text: str, note: str | None) -> str:
+    """`text`, with the caller's `note` appended after a semicolon."""
+    return text + (f"; {note}" if note else "")
+
+
 def color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
@@ -102,24 +125,14 @@ def metric_label(metric: str) -> tuple[str, float]:
     return metric, 1.0
 
 
-KNOB_NAMES = {
-    "anchor_tau": "EMA weight τ",
-    "anchor_period": "anchor update period",
-    "kl_k": "top-k size k",
-    "kl_type": "KL estimator",
-    "kl_tail": "Top-k tail mode",
-    "kl_coef": "KL coefficient β",
-}
-
-
 def knob_label(knob: str) -> str:
     """Axis label with unit, e.g. "anchor update period P (iterations)"."""
-    return KNOB_LABELS.get(knob, knob)
+    return KNOBS[knob][1] if knob in KNOBS else knob
 
 
 def knob_name(knob: str) -> str:
     """Short name for titles, e.g. "EMA weight τ"."""
-    return KNOB_NAMES.get(knob, knob)
+    return KNOBS[knob][0] if knob in KNOBS else knob
 
 
 def finish(fig: Figure, title: str | None = None, note: str | None = None) -> Figure:

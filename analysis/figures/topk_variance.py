@@ -57,13 +57,4 @@ def make(rows: Any, *, vocab_size: int | None = None, title: str | None = None, 
     style.finish(fig, title or "Top-k KL interpolates between the sampled (k=0) and the exact (k=|V|) estimator")
     handles, labels = axs[0].get_legend_handles_labels()
     foot = f"×: 0 or below {style.FLOOR:.0e} (float64 rounding), drawn at the floor"
-    fig.legend(
-        handles,
-        labels,
-        loc="outside lower center",
-        ncols=min(3, len(labels)),
-        frameon=False,
-        title=foot + (f"; {note}" if note else ""),
-        title_fontsize=8,
-    )
-    return fig
+    return style.legend_below(fig, handles, style.noted(foot, note), min(3, len(labels)), labels)

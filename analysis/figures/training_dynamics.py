@@ -24,11 +24,4 @@ def make(
     panels = [m for m in (kl_metric, drift_metric) if m in metrics and metrics[m].notna().any()]
     if not panels:
         raise ValueError(f"neither {kl_metric!r} nor {drift_metric!r} was logged")
-    fig, axs = style.new_figure(5.2 * len(panels) + 0.6, 4.2, 1, len(panels))
-    colors = _common.group_colors(metrics[group].dropna())
-    for ax, m in zip(axs, panels):
-        label, scale = style.metric_label(m)
-        _common.band(ax, metrics, m, group, reps=reps, seed=seed, scale=scale, colors=colors)
-        ax.set(xlabel="training iteration (rollout batches)", ylabel=label, title=m)
-    axs[0].legend(loc="best", frameon=False)
-    return style.finish(fig, title, style.CI_NOTE + "; n = runs (seeds) per line")
+    return _common.curve_row(metrics, [(m, m) for m in panels], group, reps=reps, seed=seed, title=title)
