@@ -3,8 +3,8 @@
     python benchmarks/verl_overhead.py [--rounds 4] [--steps 12] [--variants a b0 b c d e] [--write]
     python benchmarks/verl_overhead.py --from-jobs OUT/jobs.json [--write]   # render an earlier run again
 
-The run is `emapg rehearse`'s math run (experiments/rehearse.py: verl's real V1 loop on the CPU platform, hf rollout,
-a tiny Qwen2, fixed seeds), in six variants (``VARIANTS``): (a) stock verl GRPO (its own trainer, worker, FSDP
+The run is `emapg rehearse`'s math run (experiments/ops/rehearse.py: verl's real V1 loop on the CPU platform, hf
+rollout, a tiny Qwen2, fixed seeds), in six variants (``VARIANTS``): (a) stock verl GRPO (its own trainer, worker, FSDP
 engine and ppo_loss, reference + low_var_kl; launched as (b) with ``STOCK_EDITS``), (b0) the plugin at tau = 1, K3,
 without the recipe's mask_truncated, (b) with it, (c) the math recipe (tau = 0.95), (d) (c) with reverse Top-k
 k = 32, (e) (d) with the KL probe every step. Each variant runs ``--steps`` steps per fresh verl job, in rounds
@@ -115,7 +115,7 @@ def variant_argv(variant: Variant, model: str, data, run_dir: Path, steps: int) 
 
     from experiments import build  # loads torch, omegaconf
     from experiments.backends.verl.launch import to_verl  # loads torch
-    from experiments.rehearse import rehearsal_overrides  # loads numpy
+    from experiments.ops.rehearse import rehearsal_overrides  # loads numpy
 
     target = list(variant.target)
     overrides = target + rehearsal_overrides(build.compose(target), model, data, run_dir, steps)
@@ -545,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _measure(args, out: Path) -> int:
-    from experiments.rehearse import Shared  # loads numpy
+    from experiments.ops.rehearse import Shared  # loads numpy
 
     m, t0 = machine(), time.time()
     shared = Shared(out / "_shared")

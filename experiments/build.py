@@ -21,7 +21,7 @@ from ema_pg_core.local.trainer import LocalConfig
 from experiments import progress, tasks, user_yaml
 from experiments.backends.verl.launch import to_verl
 from experiments.errors import UserError, _is_hydra, hydra_message, shown
-from experiments.retrieval.service import HTTPRetriever, check_answers
+from experiments.ops.retrieval.service import HTTPRetriever, check_answers
 from experiments.schema import RunConfig, register
 from experiments.tasks import TaskAdapter, ToolEnvAdapter, conf_dirs, get_task
 

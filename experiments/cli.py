@@ -99,19 +99,19 @@ def _pretrain(argv: list[str]) -> int:
 
 
 def _eval(argv: list[str]) -> int:
-    from experiments.evaluate import main  # loads omegaconf: keeps `emapg --help` fast
+    from experiments.ops.evaluate import main  # loads omegaconf: keeps `emapg --help` fast
 
     return main(argv)
 
 
 def _data(argv: list[str]) -> int:
-    from experiments.data import main  # a subcommand: keeps `emapg --help` fast
+    from experiments.ops.data import main  # a subcommand: keeps `emapg --help` fast
 
     return main(argv)
 
 
 def _retriever(argv: list[str]) -> int:
-    from experiments.retrieval.cli import main  # loads pydantic, numpy: keeps `emapg --help` fast
+    from experiments.ops.retrieval.cli import main  # loads pydantic, numpy: keeps `emapg --help` fast
 
     return main(argv) or 0
 
@@ -121,7 +121,7 @@ def _rehearse(argv: list[str]) -> int:
         from sweeps.rehearse import main as sweep_main  # a layer above experiments: only in its subcommand
 
         return sweep_main(argv)
-    from experiments.rehearse import main  # loads numpy: keeps `emapg --help` fast
+    from experiments.ops.rehearse import main  # loads numpy: keeps `emapg --help` fast
 
     return main(argv)
 
@@ -171,7 +171,7 @@ def _figures(argv: list[str]) -> int:
 
 
 def _doctor(argv: list[str]) -> int:
-    from experiments.doctor import main  # a subcommand: keeps `emapg --help` fast
+    from experiments.ops.doctor import main  # a subcommand: keeps `emapg --help` fast
 
     return main(argv)
 

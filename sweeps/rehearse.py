@@ -4,9 +4,9 @@ two-node Ray cluster, at world size 2, two trials at once, with a node lost and 
     emapg rehearse sweeps/math_deepscaler_ema_pg.yaml --layout across   # nnodes=2, one rank on each node
     emapg rehearse sweeps/search_r1_ema_pg.yaml                         # --layout within: 1 node x 2 ranks
 
-1. The tiny model, the data in the real schema and (search) the retriever: ``experiments.rehearse.Shared``.
+1. The tiny model, the data in the real schema and (search) the retriever: ``experiments.ops.rehearse.Shared``.
 2. The rehearsal spec (``rehearsal_spec``): the sweep's grid points at its first seed, each with the rehearsal
-   overrides of a single-config rehearsal (``experiments.rehearse.rehearsal_overrides``: CPU platform, hf
+   overrides of a single-config rehearsal (``experiments.ops.rehearse.rehearsal_overrides``: CPU platform, hf
    rollout, tiny sizes, a checkpoint every step, the anchor period 2) and world size 2 (``LAYOUTS``).
 3. A local Ray cluster of two nodes (``ray.cluster_utils.Cluster``: two raylets on this machine, each with
    ``NODE_CPUS`` CPUs and ``NODE_GPUS`` virtual GPUs, on 127.0.0.1).
@@ -48,11 +48,11 @@ import yaml
 from omegaconf import OmegaConf
 
 from ema_pg_core.config import KLConfig
-from experiments import build, rehearse
+from experiments import build
 from experiments.backends.verl import require_verl
 from experiments.backends.verl.config import uses_topk
-from experiments.records import RESUMES
-from experiments.rehearse import (
+from experiments.ops import rehearse
+from experiments.ops.rehearse import (
     ANCHOR_PERIOD,
     Check,
     Expect,
@@ -65,6 +65,7 @@ from experiments.rehearse import (
     logged_step,
     rehearsal_overrides,
 )
+from experiments.records import RESUMES
 from experiments.verl_metrics import FILE, trained_step
 from sweeps import spec as sweep_spec
 
@@ -83,7 +84,7 @@ STEPS = 4
 STALL_S = 1800.0
 """A phase (the sweep to a kill point, or the resumed sweep to its end) fails once no trial has started, attempted
 again, logged a step, written a checkpoint or printed (its verl job's log) for this long (``_wait``). A trial that
-prints but never steps ends at its own limit (``experiments.rehearse.STEP_TIMEOUT_S``) and Tune retries it."""
+prints but never steps ends at its own limit (``experiments.ops.rehearse.STEP_TIMEOUT_S``) and Tune retries it."""
 NODE_START_S = 600.0
 """A node of the rehearsal cluster has this long to register with the GCS (a few seconds on an idle machine; Ray's
 own ``Cluster.add_node`` waits 30 s), and the GCS to write its port (Ray: 30 s; RAY_gcs_server_port_wait_time_s)."""
@@ -333,7 +334,7 @@ def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], 
 
 # ---------------------------------------------------------------------------- the checks
 def checks(sweep_dir: Path) -> dict[str, list]:
-    """Per trial: the single-config rehearsal's checks (``experiments.rehearse.CHECKS``, the resume check as
+    """Per trial: the single-config rehearsal's checks (``experiments.ops.rehearse.CHECKS``, the resume check as
     ``check_attempts``) and the world-size-2 checks; plus one line for the sweep (sweep.csv, the report)."""
 
     out = {}

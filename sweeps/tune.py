@@ -59,7 +59,6 @@ from experiments import build, numerics, owner, records
 from experiments.backends.verl import resources as verl_resources
 from experiments.backends.verl.launch import placement_for
 from experiments.backends.verl.resources import free_line
-from experiments.doctor import CONNECT_TIMEOUT_S, parse_address
 from experiments.errors import (
     RunInterrupted,
     StoppedUnhealthy,
@@ -72,6 +71,7 @@ from experiments.errors import (
     ray_auth_line,
     shown,
 )
+from experiments.ops.doctor import CONNECT_TIMEOUT_S, parse_address
 from experiments.run import newest_checkpoint, put_checkpoint, run
 from sweeps import adaptive, results
 from sweeps.model import Spec, grid_points
@@ -464,7 +464,7 @@ def _init_ray(address: str | None, num_cpus: int | None, sweep_dir: Path | None 
 
 def _check_address(address: str) -> None:
     """A bounded check that something answers at `address` before the one ray.init (which retries an address where
-    nothing listens for minutes): experiments.doctor's (HOST:PORT, CONNECT_TIMEOUT_S). UserError naming --address.
+    nothing listens for minutes): experiments.ops.doctor's (HOST:PORT, CONNECT_TIMEOUT_S). UserError naming --address.
     "auto" is checked as the RAY_ADDRESS it reads, if set (else Ray's own lookup fails at once); ray://HOST:PORT (Ray
     Client) as HOST:PORT."""
     target = os.environ.get("RAY_ADDRESS") if address == "auto" else address

@@ -27,7 +27,8 @@ PARTS = {
     "ema_pg_core/": "`ema_pg_core/*.py` outside `local/`: the method",
     "ema_pg_core/local/": "`ema_pg_core/local/`: the reference trainer",
     "experiments/backends/verl/": "`experiments/backends/verl/`: the verl backend",
-    "experiments/": "`experiments/`, the rest",
+    "experiments/ops/": "`experiments/ops/`: doctor, data, eval, rehearsal, retriever",
+    "experiments/": "`experiments/`, the rest: config, tasks, runs and records",
 }
 """The packages shown in parts: a file belongs to the longest prefix it starts with."""
 PRODUCT = "product Python"

@@ -45,13 +45,15 @@ def _modules(package: str) -> list[str]:
 
 def test_the_walk_reaches_subpackages():
     assert "ema_pg_core.local.trainer" in _modules("ema_pg_core")
-    assert "experiments.retrieval.dense" in _modules("experiments") and "analysis.figures.style" in _modules("analysis")
+    assert "experiments.ops.retrieval.dense" in _modules("experiments") and "analysis.figures.style" in _modules(
+        "analysis"
+    )
 
 
 def test_retrieval_does_not_import_the_tasks():
     """Tasks import retrievers, never the reverse: only `emapg retriever serve --task` (retrieval.cli's
     main) looks a task up, at call time."""
-    mods = _modules("experiments.retrieval")
+    mods = _modules("experiments.ops.retrieval")
     code = (
         "import importlib, sys\n"
         f"for m in {mods!r}: importlib.import_module(m)\n"
@@ -59,7 +61,7 @@ def test_retrieval_does_not_import_the_tasks():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "experiments.retrieval.cli" in mods and out.stdout.strip() == ""
+    assert "experiments.ops.retrieval.cli" in mods and out.stdout.strip() == ""
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))

@@ -79,10 +79,10 @@ _UPPER = (
     "only inside their subcommands, so importing experiments loads none of them (docs/architecture.md)"
 )
 ALLOWED = {
-    ("experiments/cli.py", "experiments.doctor"): _SUBCOMMAND,
+    ("experiments/cli.py", "experiments.ops.doctor"): _SUBCOMMAND,
     ("experiments/cli.py", "ema_pg_core.overrides"): "the resume hint's quoting: `emapg --help` would load the core",
     ("experiments/cli.py", "cluster.submit"): _UPPER,
-    ("experiments/retrieval/cli.py", "experiments.tasks"): (
+    ("experiments/ops/retrieval/cli.py", "experiments.tasks"): (
         "tasks import retrievers, never the reverse: only `emapg retriever serve --task` looks a task up, at call "
         "time (tests/test_boundaries.py)"
     ),

@@ -90,7 +90,7 @@ class Reporting:
 
 @dataclass(frozen=True)
 class Rehearsal:
-    """Sizes of the task's CPU rehearsal of a verl preset (`emapg rehearse`, experiments.rehearse)."""
+    """Sizes of the task's CPU rehearsal of a verl preset (`emapg rehearse`, experiments.ops.rehearse)."""
 
     prompt_tokens: int
     """backend.verl.max_prompt_length: the longest generated prompt, chat template included."""

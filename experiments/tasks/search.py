@@ -19,7 +19,7 @@ greedy decoding, EM per data source (`PROTOCOL`).
 
 Tool protocol: generation stops at `</search>`; the environment appends
 `\\n\\n<information>Doc 1(Title: ...) ...</information>\\n\\n` (top-3 passages from `emapg retriever
-serve`, or any `experiments.retrieval.Retriever`); those tokens get no loss.
+serve`, or any `experiments.ops.retrieval.Retriever`); those tokens get no loss.
 
 Simplifications compared with Search-R1: verl 0.9.1 passes only the response to the reward, so one
 `<answer>` span suffices (Search-R1 decodes the prompt too and needs two); group ids are unique per
@@ -240,7 +240,7 @@ def tool_response(response_so_far: str, env, k: int = TOPK) -> str | None:
 
 def make_env(**knobs):
     """An HTTP client of `emapg retriever serve` (BM25 or dense, over the Wikipedia corpus)."""
-    from experiments.retrieval.service import HTTPRetriever  # loads pydantic
+    from experiments.ops.retrieval.service import HTTPRetriever  # loads pydantic
 
     return HTTPRetriever(make_knobs(Knobs, NAME, knobs).retriever_url)
 

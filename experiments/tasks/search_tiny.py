@@ -33,8 +33,8 @@ import string
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from experiments.retrieval import Retriever
-from experiments.retrieval.bm25 import BM25Retriever
+from experiments.ops.retrieval import Retriever
+from experiments.ops.retrieval.bm25 import BM25Retriever
 from experiments.tasks import Example, make_knobs
 
 NAME = "search_tiny"

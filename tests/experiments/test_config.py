@@ -139,8 +139,8 @@ def test_a_quoted_run_dir_with_a_leading_tilde_is_under_home(monkeypatch, tmp_pa
 
 def test_a_retriever_that_refuses_the_token_is_refused_before_any_work(monkeypatch):
     """The audit's case: the start-up check counted a 401 as "answers", so a run with a wrong token started."""
-    from experiments.retrieval.bm25 import BM25Retriever
-    from experiments.retrieval.service import TOKEN_ENV, running_server
+    from experiments.ops.retrieval.bm25 import BM25Retriever
+    from experiments.ops.retrieval.service import TOKEN_ENV, running_server
 
     with running_server(BM25Retriever(["a document"]), port=0, token="right-token") as url:
         monkeypatch.setenv(TOKEN_ENV, "wrong-token")

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from experiments import data
 from experiments.cli import main
+from experiments.ops import data
 from experiments.tasks import math as m
 from experiments.tasks import search as s
 

@@ -13,11 +13,11 @@ import httpx
 import pytest
 import torch
 
-from experiments.retrieval import cli
-from experiments.retrieval import dense as D
-from experiments.retrieval.cli import main
-from experiments.retrieval.dense import DenseRetriever
-from experiments.retrieval.service import running_server
+from experiments.ops.retrieval import cli
+from experiments.ops.retrieval import dense as D
+from experiments.ops.retrieval.cli import main
+from experiments.ops.retrieval.dense import DenseRetriever
+from experiments.ops.retrieval.service import running_server
 
 DOCS = [
     "Bara Kovin was born in Tesmo.",

@@ -1,4 +1,4 @@
-"""`emapg doctor` (experiments/doctor.py): every check's PASS and FAIL (and WARN / N/A) paths, each against
+"""`emapg doctor` (experiments/ops/doctor.py): every check's PASS and FAIL (and WARN / N/A) paths, each against
 fakes of what it asks the machine (``Probes``: nvidia-smi, torch.cuda, imports, environment, interfaces) or
 of the cluster (a fake ``Cluster`` whose nodes run the real node functions, one with a disk of its own); one
 test joins a real local Ray on 127.0.0.1; the command end to end on this (CPU-only) machine.
@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments import build, doctor
+from experiments import build
 from experiments.cli import main as cli_main
-from experiments.doctor import Context, Demand, Gpu, Node, Probes, Result
+from experiments.ops import doctor
+from experiments.ops.doctor import Context, Demand, Gpu, Node, Probes, Result
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 2**30

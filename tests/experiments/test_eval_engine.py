@@ -41,7 +41,7 @@ def test_engine_vllm_without_vllm_is_one_line_exit_2(run_dir, monkeypatch, capsy
 
 
 def test_engine_auto_without_vllm_still_picks_hf(monkeypatch):
-    from experiments.evaluate import pick_engine
+    from experiments.ops.evaluate import pick_engine
     from experiments.tasks import TASKS
 
     _without_vllm(monkeypatch)

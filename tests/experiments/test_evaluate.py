@@ -1,4 +1,4 @@
-"""`emapg eval` (experiments.evaluate): per-problem rows for the policy and the EMA anchor of a run,
+"""`emapg eval` (experiments.ops.evaluate): per-problem rows for the policy and the EMA anchor of a run,
 pass@k that matches a hand computation, a killed evaluation that resumes without scoring a problem
 twice (and ends with the rows of an uninterrupted one), `emapg report` picking the rows up, and the
 vLLM path up to the engine."""
@@ -13,8 +13,9 @@ import types
 
 import pytest
 
-from experiments import evaluate, owner, records
+from experiments import owner, records
 from experiments.cli import main
+from experiments.ops import evaluate
 from experiments.tasks import get_task
 from tests.experiments.small_run import small_run
 

@@ -3,9 +3,9 @@
 import httpx
 import pytest
 
-from experiments.retrieval.bm25 import BM25Retriever
-from experiments.retrieval.cli import main
-from experiments.retrieval.service import HTTPRetriever, running_server
+from experiments.ops.retrieval.bm25 import BM25Retriever
+from experiments.ops.retrieval.cli import main
+from experiments.ops.retrieval.service import HTTPRetriever, running_server
 from experiments.tasks import search_tiny as S
 
 DOCS = [
@@ -71,7 +71,7 @@ def test_cli_rejects_tasks_without_a_retriever():
 def test_cli_serves_bm25_over_a_corpus_file(tmp_path, monkeypatch):
     import json
 
-    from experiments.retrieval import cli, load_corpus
+    from experiments.ops.retrieval import cli, load_corpus
 
     wiki = tmp_path / "wiki-18.jsonl"  # Search-R1 / FlashRAG corpus format
     wiki.write_text(
@@ -106,7 +106,7 @@ def test_cli_serves_bm25_over_a_corpus_file(tmp_path, monkeypatch):
 
 
 def test_limits_answer_413_and_422_with_a_message():
-    from experiments.retrieval.service import Limits
+    from experiments.ops.retrieval.service import Limits
 
     limits = Limits(max_body_bytes=2000, max_queries=5, max_topk=10)
     with running_server(BM25Retriever(DOCS), port=0, limits=limits) as url:
@@ -126,7 +126,7 @@ def test_a_streamed_body_is_read_no_further_than_the_limit():
     """Without Content-Length (chunked), reading stops at the first chunk past the limit: 413, the rest unread."""
     import asyncio
 
-    from experiments.retrieval.service import Limits, guarded
+    from experiments.ops.retrieval.service import Limits, guarded
 
     reached = []
 
@@ -149,7 +149,7 @@ def test_a_streamed_body_is_read_no_further_than_the_limit():
 
 
 def test_a_token_is_checked_on_every_request_and_the_client_sends_it(monkeypatch):
-    from experiments.retrieval.service import TOKEN_ENV
+    from experiments.ops.retrieval.service import TOKEN_ENV
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     with running_server(BM25Retriever(DOCS), port=0, token="s3cret-token") as url:
@@ -171,7 +171,7 @@ def test_a_token_is_checked_on_every_request_and_the_client_sends_it(monkeypatch
 
 
 def _serve_calls(monkeypatch):
-    from experiments.retrieval import cli
+    from experiments.ops.retrieval import cli
 
     served = []
     monkeypatch.setattr(cli, "serve", lambda env, sock, **kw: served.append((sock.getsockname(), kw)))
@@ -191,8 +191,8 @@ def test_cli_refuses_a_remote_bind_address_without_allow_remote(monkeypatch, cap
 def test_cli_warns_on_a_remote_bind_address_and_passes_limits_and_token(monkeypatch, capsys):
     import socket
 
-    from experiments.retrieval import cli
-    from experiments.retrieval.service import TOKEN_ENV
+    from experiments.ops.retrieval import cli
+    from experiments.ops.retrieval.service import TOKEN_ENV
 
     served = _serve_calls(monkeypatch)
     bound = []
@@ -237,7 +237,7 @@ def test_cli_names_a_port_in_use_before_serving(capsys):
 def test_a_refused_token_is_one_line_saying_so_not_an_answer(monkeypatch):
     """A client whose token the server refuses (401), or that has none, gets one line naming the token and where it
     comes from (exit 2 in a CLI), from every call; `check_answers`, the start-up check of a run's retriever, too."""
-    from experiments.retrieval.service import TOKEN_ENV, check_answers
+    from experiments.ops.retrieval.service import TOKEN_ENV, check_answers
 
     with running_server(BM25Retriever(DOCS), port=0, token="right-token") as url:
         monkeypatch.setenv(TOKEN_ENV, "wrong-token")
@@ -263,7 +263,7 @@ def test_check_answers_takes_any_other_answer_and_raises_httpx_errors_when_nothi
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from experiments.retrieval.service import check_answers
+    from experiments.ops.retrieval.service import check_answers
 
     class NoHealth(BaseHTTPRequestHandler):
         def do_GET(self):
@@ -295,7 +295,7 @@ def test_idle_connections_are_closed_and_health_still_answers():
     import threading
     import time
 
-    from experiments.retrieval.service import Limits
+    from experiments.ops.retrieval.service import Limits
 
     class Slow(BM25Retriever):
         def batch_search(self, queries, k=3):

@@ -197,7 +197,7 @@ def test_a_throwaway_task_builds_a_rehearsal_config(echo_task, tmp_path):
     """`emapg rehearse`'s config of the task's verl preset: the task's data, written by its rehearsal_data, and
     its REHEARSAL sizes; the result composes and validates as `emapg train` would (no verl needed)."""
     from experiments import build
-    from experiments.rehearse import Shared, rehearsal_overrides
+    from experiments.ops.rehearse import Shared, rehearsal_overrides
 
     target = ["experiment=echo_digit_verl"]
     data = Shared(tmp_path / "shared").data(NAME)

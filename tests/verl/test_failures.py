@@ -20,7 +20,7 @@ FAULT_LINE = re.compile(r"ERROR:(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+:Error in _r
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-    from experiments.rehearse import Shared
+    from experiments.ops.rehearse import Shared
 
     s = Shared(tmp_path_factory.mktemp("faults") / "_shared")
     yield s
@@ -30,7 +30,7 @@ def shared(tmp_path_factory):
 def _run(shared, name: str, preset: str, extra: list[str], verl_extra: list[str] = (), retriever_url=None):
     """One attempt of the rehearsal config of `preset` + `extra`; (attempt, run_dir, log text)."""
     from experiments import build
-    from experiments.rehearse import rehearsal_overrides, run_attempt
+    from experiments.ops.rehearse import rehearsal_overrides, run_attempt
 
     cfg = build.compose([f"experiment={preset}"])
     task = str(cfg.task.name)
@@ -84,7 +84,7 @@ def test_an_exception_in_the_reward_ends_the_run(shared):
 
 @pytest.mark.timeout(900)
 def test_an_unreachable_retriever_ends_the_run(shared):
-    from experiments.rehearse import _free_port
+    from experiments.ops.rehearse import _free_port
 
     closed = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
     attempt, run_dir, log = _run(shared, "retriever_fault", "search_r1_ema_pg", [], retriever_url=closed)

@@ -24,7 +24,7 @@ TARGETS = {
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-    from experiments.rehearse import Shared
+    from experiments.ops.rehearse import Shared
 
     s = Shared(tmp_path_factory.mktemp("rehearsal") / "_shared")
     yield s
@@ -34,7 +34,7 @@ def shared(tmp_path_factory):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_rehearsal_passes_every_check(name, shared):
-    from experiments.rehearse import rehearse_config
+    from experiments.ops.rehearse import rehearse_config
 
     result = rehearse_config(name, TARGETS[name], shared.root.parent, shared, steps=3)
     report = "\n".join(c.line() for c in result.checks)
@@ -76,7 +76,7 @@ def test_rehearse_refuses_a_local_preset_and_a_bad_step_count():
 
 
 def test_a_target_is_one_configuration_with_a_run_dir_safe_name():
-    from experiments.rehearse import targets
+    from experiments.ops.rehearse import targets
 
     with pytest.raises(ValueError, match="a sweep spec is rehearsed with `emapg rehearse <spec.yaml>`"):
         targets(["sweeps/search_r1_ema_pg.yaml"])  # the CLI sends a spec to sweeps.rehearse

@@ -59,7 +59,7 @@ def test_a_driver_that_fails_leaves_its_output_and_the_ray_logs_behind(rehearse_
 @pytest.mark.timeout(300)
 def test_a_failing_check_is_named_with_its_output(rehearse_env, monkeypatch, tmp_path, capsys):
     rehearse = rehearse_env
-    from experiments.rehearse import Check
+    from experiments.ops.rehearse import Check
 
     class Cluster:
         address, logs_dir = "127.0.0.1:1", None

@@ -227,8 +227,8 @@ def test_missing_retriever_url_names_the_setting(tok):
 def test_against_the_retriever_server(tok):
     """The real HTTP client and `emapg retriever serve` app, on 127.0.0.1 (an OS-chosen port)."""
     pytest.importorskip("bm25s")
-    from experiments.retrieval.bm25 import BM25Retriever
-    from experiments.retrieval.service import running_server
+    from experiments.ops.retrieval.bm25 import BM25Retriever
+    from experiments.ops.retrieval.service import running_server
 
     with running_server(BM25Retriever(["Paris\nParis is the capital of France.", "Rome\nRome is in Italy."])) as url:
         out, server, _ = _run(tok, [("<search> capital of France </search>", False), (ANSWER, True)], url=url)

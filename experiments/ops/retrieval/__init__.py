@@ -1,13 +1,13 @@
 """Retrieval for search tasks: one interface, BM25 and e5 dense retrievers, an HTTP server/client pair.
 
-    experiments/retrieval/__init__.py   the `Retriever` protocol and what every retriever shares
+    experiments/ops/retrieval/__init__.py   the `Retriever` protocol and what every retriever shares
                                         (argument checks, reading a corpus file)
-    experiments/retrieval/bm25.py       `BM25Retriever` (`bm25s`, the default)
-    experiments/retrieval/dense.py      `DenseRetriever`: intfloat/e5-base-v2 embeddings, exact
+    experiments/ops/retrieval/bm25.py       `BM25Retriever` (`bm25s`, the default)
+    experiments/ops/retrieval/dense.py      `DenseRetriever`: intfloat/e5-base-v2 embeddings, exact
                                         inner-product search (FAISS IndexFlatIP, else a torch matmul)
-    experiments/retrieval/service.py    the HTTP server (`serve`, `running_server`) and its client
+    experiments/ops/retrieval/service.py    the HTTP server (`serve`, `running_server`) and its client
                                         `HTTPRetriever`
-    experiments/retrieval/cli.py        `emapg retriever serve|index`
+    experiments/ops/retrieval/cli.py        `emapg retriever serve|index`
 
 Dependencies point one way: bm25, dense and service import only this module (which imports
 experiments.errors for its messages); cli imports them (and, for `serve --task`, the task

@@ -64,8 +64,8 @@ from ema_pg_core.telemetry import PROBE_KEYS
 from experiments import build, tasks
 from experiments.backends.verl import require_verl
 from experiments.backends.verl.config import uses_topk
+from experiments.ops.retrieval.service import HTTPRetriever
 from experiments.records import read_evals, read_metrics, read_wandb_state
-from experiments.retrieval.service import HTTPRetriever
 from experiments.tasks import RehearsalData, get_task
 from experiments.verl_metrics import FILE, attempt_files, trained_step
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from experiments.retrieval import check_k
+from experiments.ops.retrieval import check_k
 
 
 class BM25Retriever:

@@ -1,5 +1,5 @@
 """The retrieval HTTP service: a server for any `Retriever` and its client, with the request and
-response shape of Search-R1's retrieval server (POST /retrieve, GET /health; see experiments.retrieval).
+response shape of Search-R1's retrieval server (POST /retrieve, GET /health; see experiments.ops.retrieval).
 
 What one request may ask is bounded (`Limits`; its field defaults are `emapg retriever serve`'s):
 a body over `max_body_bytes` is answered 413 (refused on its Content-Length, or as soon as the
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from experiments.retrieval import Retriever, check_k
+from experiments.ops.retrieval import Retriever, check_k
 
 DEFAULT_HOST = "127.0.0.1"
 TOKEN_ENV = "EMAPG_RETRIEVER_TOKEN"

@@ -46,7 +46,7 @@ from ema_pg_core.local.device import resolve_device
 from ema_pg_core.local.rollout import rollout
 from experiments import build, progress, records
 from experiments.errors import UserError
-from experiments.retrieval.service import HTTPRetriever
+from experiments.ops.retrieval.service import HTTPRetriever
 from experiments.schema import TaskConfig
 from experiments.tasks import TASKS, ToolEnvAdapter
 from experiments.tasks.math import PROTOCOLS, pass_at_k

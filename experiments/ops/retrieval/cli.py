@@ -1,5 +1,5 @@
 """`emapg retriever serve|index`: serve a task's corpus or a corpus file over HTTP, or build an e5 FAISS
-index (usage in experiments.retrieval)."""
+index (usage in experiments.ops.retrieval)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,17 @@ import sys
 from collections.abc import Sequence
 
 from experiments import user_yaml
-from experiments.retrieval import check_file, load_corpus
-from experiments.retrieval.bm25 import BM25Retriever
-from experiments.retrieval.service import DEFAULT_HOST, TOKEN_ENV, Limits, bind, configured_token, is_loopback, serve
+from experiments.ops.retrieval import check_file, load_corpus
+from experiments.ops.retrieval.bm25 import BM25Retriever
+from experiments.ops.retrieval.service import (
+    DEFAULT_HOST,
+    TOKEN_ENV,
+    Limits,
+    bind,
+    configured_token,
+    is_loopback,
+    serve,
+)
 
 DESCRIPTION = "Retrieval for search tasks: one interface, BM25 and e5 dense retrievers, an HTTP server/client pair."
 
@@ -119,7 +127,7 @@ def _port(text: str) -> int:
 
 
 def _require_faiss() -> None:
-    from experiments.retrieval.dense import import_faiss  # loads torch
+    from experiments.ops.retrieval.dense import import_faiss  # loads torch
 
     import_faiss()  # ImportError naming the install command
 
@@ -130,11 +138,11 @@ def _dense_kwargs(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`emapg retriever serve ...` or `emapg retriever index ...` (usage in experiments.retrieval)."""
+    """`emapg retriever serve ...` or `emapg retriever index ...` (usage in experiments.ops.retrieval)."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "index":
-        from experiments.retrieval.dense import write_faiss_index  # loads torch
+        from experiments.ops.retrieval.dense import write_faiss_index  # loads torch
 
         _check_index_args(args)
         docs = load_corpus(args.corpus)
@@ -174,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _retriever(args: argparse.Namespace, knobs: dict):
     """(the retriever `serve` serves, what it serves in words)."""
     if args.retriever == "e5":
-        from experiments.retrieval.dense import DenseRetriever  # loads torch
+        from experiments.ops.retrieval.dense import DenseRetriever  # loads torch
 
         env = DenseRetriever(load_corpus(args.corpus), index_path=args.index, **_dense_kwargs(args))
         return env, f"{args.corpus} with e5 ({env.backend} search)"

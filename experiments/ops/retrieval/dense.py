@@ -30,8 +30,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from experiments.ops.retrieval import check_file, check_k
 from experiments.progress import bar as progress_bar
-from experiments.retrieval import check_file, check_k
 
 DEFAULT_MODEL = "intfloat/e5-base-v2"
 QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "
