@@ -64,18 +64,9 @@ RESERVED = ("iteration", "time_s")  # set by the record, never by the caller
 HASH_EXCLUDE = ("run_dir", "out_root", "resume", "resume_from", "logger", "sweep", "model.cache_dir")
 # Keys a resume may change (besides HASH_EXCLUDE): how long, how often to evaluate/save, how to run.
 # Any other change is refused unless resume=force (recorded in resumes.jsonl, flagged by the report).
-RESUME_MAY_CHANGE = (
-    "trainer.iterations",
-    "trainer.eval_every",
-    "trainer.eval_size",
-    "trainer.eval_n",
-    "trainer.save_every",
-    "trainer.keep_checkpoints",
-    "trainer.threads",
-    "backend.verl.step_timeout_s",
-    "backend.verl.max_failed_rollouts",
-    "stages",
-    "health",
+RESUME_MAY_CHANGE = tuple(
+    "trainer.iterations trainer.eval_every trainer.eval_size trainer.eval_n trainer.save_every trainer.keep_checkpoints"
+    " trainer.threads backend.verl.step_timeout_s backend.verl.max_failed_rollouts stages health".split()
 )
 _clock = time.monotonic  # wall seconds for time_s (a module attribute so tests can drive it)
 
@@ -107,7 +98,6 @@ def find_trial_run(runs_root: str | Path, trial_id: str) -> Path | None:
 
 
 def resolved(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
-    """The config as a plain, fully resolved dict."""
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
     return OmegaConf.to_container(node, resolve=True)
 
@@ -156,6 +146,14 @@ def atomic_write(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _guarded(fn: Callable, path: Path, *args):
+    """fn(path, *args); an OSError becomes RecordWriteError naming `path` (one line for the user)."""
+    try:
+        return fn(path, *args)
+    except OSError as e:
+        raise RecordWriteError(f"cannot write the run record {path}: {e.strerror or e}") from e
 
 
 def _append(path: Path, rows: list[dict]) -> None:
@@ -215,7 +213,6 @@ def scan_jsonl(path: str | Path) -> tuple[list[dict], bool]:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """`scan_jsonl`'s rows: a trailing partial line is dropped, a corrupt one elsewhere raises ValueError."""
     return scan_jsonl(path)[0]
 
 
@@ -260,17 +257,14 @@ def read_state(run_dir: str | Path, now: float | None = None) -> str:
 
 
 def read_resumes(run_dir: str | Path) -> list[dict]:
-    """The run's resume history (resumes.jsonl), oldest first; [] for a run never resumed."""
     return read_jsonl(Path(run_dir) / RESUMES)
 
 
 def read_stages(run_dir: str | Path) -> list[dict]:
-    """The stages a staged run has started (stages.jsonl), in order; [] for a run without stages."""
     return read_jsonl(Path(run_dir) / STAGES)
 
 
 def holds_run(run_dir: str | Path) -> bool:
-    """Does `run_dir` hold a run to continue (its config.yaml, status, metrics or checkpoints)?"""
     return any((Path(run_dir) / name).exists() for name in (CONFIG, STATUS, METRICS, "checkpoints"))
 
 
@@ -320,7 +314,7 @@ def start_eval(out_dir: str | Path, settings: Mapping[str, Any]) -> list[dict]:
             raise ValueError(f"{out_dir} holds an evaluation with other settings ({listed}); use another --out")
     else:
         _writable(out_dir)
-        RunRecord._guard(path, atomic_write, path, json.dumps(settings, indent=1) + "\n")
+        _guarded(atomic_write, path, json.dumps(settings, indent=1) + "\n")
     return read_jsonl(out_dir / EVALS)
 
 
@@ -330,12 +324,12 @@ def append_eval_rows(out_dir: str | Path, rows: list[Mapping[str, Any]]) -> None
     if bad := [r for r in out if set(r) != set(EVAL_ROW_KEYS) or not isinstance(r["iteration"], int)]:
         raise ValueError(f"eval rows need exactly {EVAL_ROW_KEYS} with an integer iteration; got {bad[0]!r}")
     path = Path(out_dir) / EVALS
-    RunRecord._guard(path, _append, path, out)
+    _guarded(_append, path, out)
 
 
 def write_eval_summary(out_dir: str | Path, summary: Mapping[str, Any]) -> None:
     path = Path(out_dir) / EVAL_SUMMARY
-    RunRecord._guard(path, atomic_write, path, json.dumps(jsonable(dict(summary)), indent=1) + "\n")
+    _guarded(atomic_write, path, json.dumps(jsonable(dict(summary)), indent=1) + "\n")
 
 
 def read_summary(run_dir: str | Path) -> dict | None:
@@ -453,16 +447,12 @@ class RunRecord:
     ) -> RunRecord:
         """Write config.yaml (resolved) and status=running; drop a stale summary.json.
 
-        resume=False refuses a directory that already holds metrics, a checkpoint or a finished run
-        (nothing is overwritten by accident). resume=True keeps metrics.jsonl/evals.jsonl (minus a
-        trailing partial line) and continues time_s from the last line; call `rewind(iteration)`
-        with the checkpoint's iteration next. A resume may change only RESUME_MAY_CHANGE (and
-        HASH_EXCLUDE): any other difference from the recorded config.yaml raises ValueError listing
-        each key with both values, unless `force`. Each resume appends a line to resumes.jsonl: the
-        changes, `force`, the `checkpoint` resumed from and the `skipped` ones ({"checkpoint", "error"}).
-        `stage` ({"stage", "index", "may_change": dotted keys}) starts a stage of a staged run instead: a
-        continuation that may also change the stage's own keys, recorded in stages.jsonl, not resumes.jsonl.
-        """
+        resume=False refuses a directory that already holds metrics, a checkpoint or a finished run. resume=True
+        keeps metrics.jsonl/evals.jsonl (minus a trailing partial line); call `rewind(iteration)` with the
+        checkpoint's iteration next. A change outside RESUME_MAY_CHANGE (and HASH_EXCLUDE) from `trained` (else
+        config.yaml) raises ValueError unless `force`. A resume is a line of resumes.jsonl (the changes, `force`,
+        the `checkpoint` and the `skipped` ones: {"checkpoint", "error"}); `stage` ({"stage", "index",
+        "may_change": dotted keys}) starts a stage instead, which may also change its own keys (stages.jsonl)."""
         run_dir = Path(run_dir)
         _writable(run_dir)
         held = held or owner.acquire(run_dir, "run", RUN_BUSY)  # one writer per record, before any read or write
@@ -476,8 +466,8 @@ class RunRecord:
     @classmethod
     def _open(cls, run_dir, held, config, *, resume, force, checkpoint, skipped, stage, trained) -> RunRecord:
         changes = config_changes(trained if trained is not None else run_dir / CONFIG, config) if resume else {}
-        stage_keys = ("stage", *(stage or {}).get("may_change", ()))
-        refused = {k: v for k, v in changes.items() if not (_may_change(k) or (stage and _under(k, stage_keys)))}
+        may_change = (*RESUME_MAY_CHANGE, "stage", *stage.get("may_change", ())) if stage else RESUME_MAY_CHANGE
+        refused = {k: v for k, v in changes.items() if not _under(k, may_change)}
         if refused and not force:
             raise ValueError(_refusal(run_dir, refused))
         if resume:
@@ -492,34 +482,27 @@ class RunRecord:
         if resume:
             rec.rewind(None)
         if stage is not None:
-            rec._log_stage(stage, checkpoint, changes, bool(refused))
+            head = {"stage": stage["stage"], "index": int(stage["index"])}
+            rec._log_continuation(STAGES, checkpoint, changes, bool(refused), head=head)
         elif resume:
-            entry = {
-                "time": dt.datetime.now().isoformat(timespec="seconds"),
-                "after_iteration": rec.last_iteration,
-                "checkpoint": checkpoint,
-                "skipped": list(skipped),
-                "forced": bool(refused),
-                "changes": {k: list(v) for k, v in changes.items()},
-            }
-            rec._append(RESUMES, [jsonable(entry)])
+            rec._log_continuation(RESUMES, checkpoint, changes, bool(refused), tail={"skipped": list(skipped)})
         if resume:
             rec.forced = any(r.get("forced") for r in read_resumes(run_dir) + read_stages(run_dir))
         rec._write_status("running", f"pid={os.getpid()} host={socket.gethostname()}")
         return rec
 
-    def _log_stage(self, stage: Mapping[str, Any], checkpoint: str | None, changes: dict, forced: bool) -> None:
-        """One line of stages.jsonl: this stage starts after `after_iteration`, from `checkpoint`."""
+    def _log_continuation(self, name: str, checkpoint, changes: dict, forced: bool, *, head=None, tail=None) -> None:
+        """One line of stages.jsonl (a stage starts) or resumes.jsonl: after `after_iteration`, from `checkpoint`."""
         entry = {
             "time": dt.datetime.now().isoformat(timespec="seconds"),
-            "stage": stage["stage"],
-            "index": int(stage["index"]),
+            **(head or {}),
             "after_iteration": self.last_iteration,
             "checkpoint": checkpoint,
+            **(tail or {}),
             "forced": forced,
             "changes": {k: list(v) for k, v in changes.items()},
         }
-        self._append(STAGES, [jsonable(entry)])
+        self._append(name, [jsonable(entry)])
 
     # ------------------------------------------------------------ writing
     def elapsed(self) -> float:
@@ -552,20 +535,17 @@ class RunRecord:
         self._append(EVALS, out)
 
     def rewind(self, iteration: int | None, time_s: float | None = None) -> None:
-        """Keep only lines with iteration <= `iteration` (None: all complete lines), so a run resumed
-        from that checkpoint never duplicates or overlaps steps. time_s continues from `time_s`
-        (e.g. `state()["time_s"]` saved in the checkpoint), by default from the last kept line, plus
-        the time since `create`: work lost between the checkpoint and the crash, and the downtime
-        before the restart, are not counted."""
+        """Keep only lines with iteration <= `iteration` (None: all complete lines), so a resumed run never
+        duplicates steps. time_s continues from `time_s` (by default the last kept line's) plus the time since
+        `create`: work lost after the checkpoint and the downtime before the restart are not counted."""
 
         def keep(r: dict) -> bool:
             return iteration is None or r["iteration"] <= iteration
 
-        rows = self._guard(self.run_dir / METRICS, _rewrite_jsonl, self.run_dir / METRICS, keep)
-        self._guard(self.run_dir / EVALS, _rewrite_jsonl, self.run_dir / EVALS, keep)
+        rows = _guarded(_rewrite_jsonl, self.run_dir / METRICS, keep)
+        _guarded(_rewrite_jsonl, self.run_dir / EVALS, keep)
         last = max(rows, key=lambda r: r["iteration"]) if rows else None
         self.last_iteration = last["iteration"] if last else None
-        # this attempt's clock keeps running from create(): its start-up time counts, the downtime does not
         self._offset_s = float(time_s if time_s is not None else (last or {}).get("time_s") or 0.0)
 
     def state(self) -> dict:
@@ -613,7 +593,7 @@ class RunRecord:
                     self.interrupt(f"interrupted by {exc}")
                 elif type(exc).__name__ == "RunInterrupted":
                     self.interrupt(str(exc))
-                elif isinstance(exc, SystemExit) and exc.code in (0, None):  # how Ray Tune ends a trial's function
+                elif isinstance(exc, SystemExit) and exc.code in (0, None):
                     self.interrupt(STOPPED_BY_EXIT)
                 else:
                     self.fail(exc)
@@ -630,8 +610,7 @@ class RunRecord:
 
     # ------------------------------------------------------------ internals
     def summary(self, status: str) -> dict:
-        """The summary as it would be written now (final/best recomputed from metrics.jsonl: see
-        `final_values` and `best_values`)."""
+        """The summary as it would be written now (final/best recomputed from metrics.jsonl)."""
         rows = sorted(read_metrics(self.run_dir), key=lambda r: r["iteration"])
         final, best = final_values(rows), best_values(rows)
         return {
@@ -651,7 +630,6 @@ class RunRecord:
         }
 
     def _close(self, state: str, detail: str | None, extra: Mapping[str, Any] | None) -> dict:
-        """Write summary.json and the final status, then let go of run_dir."""
         summary = self.summary(state)
         summary.update(jsonable(dict(extra or {})))
         summary["status"] = state
@@ -667,18 +645,10 @@ class RunRecord:
         self.status = state
 
     def _write(self, path: Path, text: str) -> None:
-        self._guard(path, atomic_write, path, text)
+        _guarded(atomic_write, path, text)
 
     def _append(self, name: str, rows: list[dict]) -> None:
-        self._guard(self.run_dir / name, _append, self.run_dir / name, rows)
-
-    @staticmethod
-    def _guard(path: Path, fn: Callable, *args):
-        """fn(*args); an OSError becomes RecordWriteError naming `path` (one line for the user)."""
-        try:
-            return fn(*args)
-        except OSError as e:
-            raise RecordWriteError(f"cannot write the run record {path}: {e.strerror or e}") from e
+        _guarded(_append, self.run_dir / name, rows)
 
     def _check_running(self) -> None:
         if self.status != "running":
@@ -686,6 +656,7 @@ class RunRecord:
 
 
 def _check_fresh(run_dir: Path) -> None:
+    """Refuse to start a run over one already recorded (nothing is overwritten by accident)."""
     state = read_status(run_dir)[0] if (run_dir / STATUS).is_file() else None
     has_metrics = (run_dir / METRICS).is_file() and (run_dir / METRICS).stat().st_size > 0
     has_ckpt = (run_dir / "checkpoints" / "latest").exists()
@@ -736,10 +707,6 @@ def config_changes(before: Path | Mapping[str, Any], new: dict) -> dict[str, tup
 
 def _under(key: str, prefixes) -> bool:
     return any(key == p or key.startswith(p + ".") for p in prefixes)
-
-
-def _may_change(key: str) -> bool:
-    return _under(key, RESUME_MAY_CHANGE)
 
 
 def _refusal(run_dir: Path, refused: dict[str, tuple]) -> str:
