@@ -56,19 +56,13 @@ KNOBS: dict[str, tuple[str, ...]] = {
 }
 # knobs copied onto every metrics row so curves can be grouped without a join
 CURVE_KEYS = (
-    "task",
-    "experiment",
-    "seed",
-    "method",
-    "variant",
-    "kl_type",
-    "kl_k",
-    "kl_tail",
-    "anchor_tau",
-    "anchor_period",
-    "sweep_name",
+    *"task experiment seed method variant kl_type kl_k kl_tail anchor_tau anchor_period sweep_name".split(),
     "status",
     "complete",
+)
+# the columns of load_evals' frame
+EVAL_COLUMNS = (
+    "run_id task variant method seed complete iteration model benchmark problem_id n n_correct greedy_correct eval"
 )
 RUN_ID_RE = re.compile(r"^(?P<task>.+?)__(?P<experiment>.+?)__s(?P<seed>-?\d+)__(?P<timestamp>\d{8}-\d{6})$")
 WANDB_STATES = {
@@ -111,14 +105,7 @@ def find_run_dirs(root: str | Path) -> list[Path]:
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested dict -> {"a.b.c": value}; "/" in keys (W&B style) also becomes "."."""
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        name = f"{prefix}{str(key).replace('/', '.')}"
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
+    return {k.replace("/", "."): v for k, v in records.flat(d, prefix).items()}
 
 
 def parse_run_id(run_id: str) -> dict[str, Any]:
@@ -393,23 +380,7 @@ def load_evals(root: str | Path) -> pd.DataFrame:
                 df = pd.DataFrame.from_records(these).assign(eval=name)
                 df = df.assign(**{c: v for c, v in ids.items() if c not in df})
                 parts.append(df[[*ids, *(c for c in df if c not in ids)]])
-    cols = [
-        "run_id",
-        "task",
-        "variant",
-        "method",
-        "seed",
-        "complete",
-        "iteration",
-        "model",
-        "benchmark",
-        "problem_id",
-        "n",
-        "n_correct",
-        "greedy_correct",
-        "eval",
-    ]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=EVAL_COLUMNS.split())
 
 
 def load_wandb(
@@ -506,13 +477,7 @@ def _last(rows: list[dict[str, Any]], key: str) -> Any:
 
 def _health_columns(health: dict | None) -> dict[str, Any]:
     """health_rule, health_iteration, health_message of a stopped_unhealthy run (summary.json["health"]), else {}."""
-    if not isinstance(health, dict):
-        return {}
-    return {
-        "health_rule": health.get("rule"),
-        "health_iteration": health.get("iteration"),
-        "health_message": health.get("message"),
-    }
+    return {f"health_{k}": health.get(k) for k in ("rule", "iteration", "message")} if isinstance(health, dict) else {}
 
 
 def _error_line(text: str | None) -> str | None:

@@ -77,24 +77,14 @@ def bootstrap_ci(
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, r, size=(reps, r, m))  # a run index per (rep, slot, task)
     boot = statistic(s[idx, np.arange(m)])  # (reps,)
-    return (point, *_percentile_ci(boot, confidence))
-
-
-def _percentile_ci(boot: np.ndarray, confidence: float) -> tuple[float, float]:
     lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
-    return float(lo), float(hi)
+    return point, float(lo), float(hi)
 
 
 def probability_of_improvement(x, y) -> float:
     """P(X > Y) averaged over tasks, ties counted 1/2 (Mann-Whitney U / (Rx*Ry), as rliable)."""
-    return float(_poi(as_scores(x), as_scores(y)))
-
-
-def _poi(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Vectorised over leading axes: x (..., Rx, M), y (..., Ry, M) -> (...)."""
-    gt = (x[..., :, None, :] > y[..., None, :, :]).astype(float)
-    eq = (x[..., :, None, :] == y[..., None, :, :]).astype(float)
-    return (gt + 0.5 * eq).mean(axis=(-3, -2)).mean(axis=-1)
+    x, y = as_scores(x)[:, None, :], as_scores(y)[None, :, :]  # (Rx, 1, M), (1, Ry, M)
+    return float(((x > y) + 0.5 * (x == y)).mean(axis=(0, 1)).mean())
 
 
 # ---------------------------------------------------------------- comparing two methods

@@ -101,13 +101,7 @@ def write_table(table: Table, out_dir: str | Path) -> list[Path]:
 
 _LATEX = {
     "\\": r"\textbackslash{}",
-    "&": r"\&",
-    "%": r"\%",
-    "$": r"\$",
-    "#": r"\#",
-    "_": r"\_",
-    "{": r"\{",
-    "}": r"\}",
+    **{ch: "\\" + ch for ch in "&%$#_{}"},
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
     "±": r"$\pm$",
@@ -415,15 +409,8 @@ def paper_table(
         f"— = unavailable (not reported in a verified source, or not logged)."
     )
     notes = [f"{tag}: {desc}" for tag, desc in paper.SOURCES.items()] if spec.paper else []
-    notes.append(
-        "Average = "
-        + (
-            "weighted by " + ", ".join(f"{k}={v:g}" for k, v in weights.items())
-            if weights
-            else "unweighted mean over the benchmarks"
-        )
-        + "."
-    )
+    weighted = "weighted by " + ", ".join(f"{k}={v:g}" for k, v in weights.items()) if weights else ""
+    notes.append(f"Average = {weighted or 'unweighted mean over the benchmarks'}.")
     g_rows, g_nums, g_notes = gain_rows(runs, columns, group)
     blocks = [paper_rows(spec.paper, list(columns))] if spec.paper else []
     blocks += [ours_rows(runs, columns, group, reps=reps, seed=seed), (g_rows, g_nums)]
