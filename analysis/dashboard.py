@@ -1,4 +1,5 @@
-"""`emapg dashboard`: a sweep's review in Weights & Biases, a workspace (saved view) and a report.
+"""`emapg dashboard`: a sweep's review in Weights & Biases, a workspace (saved view) and a report; what they
+show is in docs/reports.md ("Reviewing a sweep in W&B").
 
     emapg dashboard outputs/sweeps/ablate_tau                   # offline: writes the spec, prints how to publish
     emapg dashboard outputs/sweeps/ablate_tau --publish         # builds both from the spec and saves them to W&B
@@ -9,17 +10,7 @@
 
 The spec (``<sweep_dir>/wandb_dashboard.json``) is the one description of both: the workspace and the
 report are built from it, whether straight after the sweep or later with ``--publish`` (the same
-objects either way). What it holds:
-    runs        filtered to the sweep's W&B group, grouped by exactly the knobs the sweep varies
-                (seeds fall into one group: panels show the group mean with a min/max band)
-    sections    evaluation, KL, anchor, training health, throughput: one line plot per metric family,
-                each naming only metrics some run of the sweep logged (read from the run records)
-    sweep       parallel coordinates over the varied knobs and the sweep's metric, and a run comparer
-    report      the tables of `emapg report` (Markdown), its figures (images logged by the sweep-summary
-                run), the sweep's command and its sweep.yaml
-
-The sweep-summary run (``log_summary_run``, job_type ``sweep-summary``, in the sweep's group) holds a
-table with one row per trial and the report's figures. It follows the runs' logger settings: offline
+objects either way). The sweep-summary run (``log_summary_run``) follows the runs' logger settings: offline
 unless they (or WANDB_MODE) say online, and nothing at all with ``logger=none``.
 No API key is read or written here: ``wandb login`` (W&B's own) provides it when publishing.
 """
@@ -196,7 +187,7 @@ def dashboard_spec(sweep_dir: str | Path, info: SweepInfo, project: str | None =
     sweep_dir = Path(sweep_dir).resolve()
     finished = check_sweep(sweep_dir)
     logged = logged_metrics(finished)
-    key = info.metric[len("best_") :] if info.metric.startswith("best_") else info.metric
+    key = info.metric.removeprefix("best_")
     return {
         "version": SPEC_VERSION,
         "sweep": info.name,
@@ -454,7 +445,7 @@ def publish_hint(sweep_dir: Path, entity: str | None = None, project: str | None
 def trials_table(sweep_dir: Path, info: SweepInfo) -> tuple[list[str], list[list[Any]]]:
     """(columns, rows) of the trials: status, varied knobs, seed, final and best sweep metric, run ids
     (sweep.csv, written by sweeps.results from the run records; the W&B id from each run's wandb_run.json)."""
-    key = info.metric[len("best_") :] if info.metric.startswith("best_") else info.metric
+    key = info.metric.removeprefix("best_")
     path = Path(sweep_dir) / "sweep.csv"
     rows = list(csv.DictReader(path.open(encoding="utf-8"))) if path.is_file() else []
     cols = ["trial_id", "status", *info.varied, "seed", f"final/{key}", f"best/{key}", "run_id", "wandb_run_id"]

@@ -3,16 +3,11 @@
     with replacing(out, "emapg report", {"source": runs_dir}) as build:   # refused unless `out` may be written
         ...write every file into `build`...                              # swapped into `out` whole at the end
 
-A command writes only into a directory that is missing, empty, or a previous output of the same command:
-MARKER (written last into every output) names the command, and an output from before the marker is known by
-its index.md's title ("# emapg report", "# emapg figures"). Everything else is refused with a UserError (exit 2)
-before any work: a run record (config.yaml + status) as the directory, above it or below it, a sweep directory
-(sweep.yaml), the other command's output (`emapg figures` must not replace a report's index.md, nor a report
-a figures directory's), any other non-empty directory.
-
-The new output is built in a hidden directory inside `out` and moved in once complete, after everything the
-directory held before is moved out and deleted: no figure of an earlier output stays beside the new index, and
-an output that fails half-way leaves the previous one as it was (docs/reports.md, "Where a report is written").
+A command writes only into a directory that is missing, empty, or a previous output of the same command (MARKER,
+written last, names the command; an older output is known by its index.md's title); everything else is refused
+with a UserError (exit 2) before any work. The new output is built in a hidden directory inside `out` and swapped
+in once complete, so no file of an earlier output stays and a failed one leaves the previous output as it was.
+What is refused, and why: docs/reports.md, "Where a report is written".
 """
 
 from __future__ import annotations

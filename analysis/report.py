@@ -63,6 +63,7 @@ from experiments import records as run_records
 from experiments.tasks import reporting
 
 Frame = pd.DataFrame
+Evals = Frame | None  # the rows of evals.jsonl (analysis.load.load_evals); None: not loaded
 Built = tuple[list[Output], list[str]]  # (outputs written, notes on what was skipped and why)
 REPORT, FIGURES = "emapg report", "emapg figures"  # what analysis.outdir.MARKER says wrote a directory
 REPS = 2000
@@ -315,7 +316,7 @@ def _numerics_line(runs: pd.DataFrame) -> str:
 
 
 def _task_tables(
-    task: str, runs: Frame, metrics: Frame, evals: Frame | None, out: Path, *, reps: int, seed: int, **_: Any
+    task: str, runs: Frame, metrics: Frame, evals: Evals, out: Path, *, reps: int, seed: int, **_: Any
 ) -> Built:
     spec = reporting(task)
     if not any(tables.find_benchmarks(runs.columns, "final/eval/", m) for m in ("acc", "pass@1")):
@@ -348,7 +349,7 @@ def _eval_passk(task: str, runs: pd.DataFrame, evals: pd.DataFrame | None, out: 
 
 
 def _task_curves(
-    task: str, runs: Frame, metrics: Frame, evals: Frame | None, out: Path, *, reps: int, seed: int, **_: Any
+    task: str, runs: Frame, metrics: Frame, evals: Evals, out: Path, *, reps: int, seed: int, **_: Any
 ) -> Built:
     outputs, skipped = [], []
     for bench, metric in _curve_metrics(task, metrics.columns).items():
@@ -368,15 +369,7 @@ def _task_curves(
 
 
 def _task_ablations(
-    task: str,
-    runs: Frame,
-    metrics: Frame,
-    evals: Frame | None,
-    out: Path,
-    *,
-    reps: int,
-    seed: int,
-    sweep_metric: str | None,
+    task: str, runs: Frame, metrics: Frame, evals: Evals, out: Path, *, reps: int, seed: int, sweep_metric: str | None
 ) -> Built:
     outputs, skipped = [], []
     runs, score = _with_score(task, runs, sweep_metric)
@@ -411,7 +404,7 @@ def _task_ablations(
 
 
 def _task_telemetry(
-    task: str, runs: Frame, metrics: Frame, evals: Frame | None, out: Path, *, reps: int, seed: int, **_: Any
+    task: str, runs: Frame, metrics: Frame, evals: Evals, out: Path, *, reps: int, seed: int, **_: Any
 ) -> Built:
     """KL telemetry: kl/exact vs kl/estimate_on_probe per method, and Top-k coverage vs k when k varies."""
     outputs, skipped = [], []
@@ -431,15 +424,7 @@ def _task_telemetry(
 
 
 def _task_beta_tau_map(
-    task: str,
-    runs: Frame,
-    metrics: Frame,
-    evals: Frame | None,
-    out: Path,
-    *,
-    reps: int,
-    seed: int,
-    sweep_metric: str | None,
+    task: str, runs: Frame, metrics: Frame, evals: Evals, out: Path, *, reps: int, seed: int, sweep_metric: str | None
 ) -> Built:
     """The β × τ heatmaps (figures/beta_tau_map) when both the KL coefficient and τ vary, τ = 1 among them."""
     runs, score = _with_score(task, runs, sweep_metric)
@@ -552,10 +537,7 @@ def _curve_metrics(task: str, columns: Sequence[str]) -> dict[str, str]:
     """benchmark -> the eval metric to plot: the first of the task's REPORTING.metrics that it logs."""
     found: dict[str, str] = {}
     for metric in reversed(reporting(task).metrics):
-        for col in columns:
-            m = re.match(r"^eval/(?P<b>[^/]+)/" + re.escape(metric) + "$", col)
-            if m:
-                found[m["b"]] = col
+        found.update(tables.find_benchmarks(columns, "eval/", metric))
     return dict(sorted(found.items()))
 
 

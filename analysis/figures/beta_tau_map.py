@@ -112,16 +112,10 @@ def _heat(ax: Axes, values: pd.DataFrame, text: list[list[str]], cmap: str, vlim
 
 
 def _acc_text(acc: pd.DataFrame, n: pd.DataFrame | None) -> list[list[str]]:
-    a = acc.to_numpy(float)
-    ns = n.to_numpy(float) if n is not None else None
-    return [
-        [
-            ("—" if not np.isfinite(a[i, j]) else f"{a[i, j]:.1f}")
-            + (f"\nn={int(ns[i, j])}" if ns is not None and np.isfinite(ns[i, j]) else "")
-            for j in range(a.shape[1])
-        ]
-        for i in range(a.shape[0])
-    ]
+    text = acc.map(lambda v: f"{v:.1f}" if np.isfinite(v) else "—")
+    if n is not None:
+        text += n.map(lambda v: f"\nn={int(v)}" if np.isfinite(v) else "")
+    return text.to_numpy().tolist()
 
 
 def _gain_text(g: pd.DataFrame, lo: pd.DataFrame, hi: pd.DataFrame, pairing: pd.DataFrame) -> list[list[str]]:

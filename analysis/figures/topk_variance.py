@@ -16,6 +16,7 @@ PANELS = (
     ("value_bias", "value |bias|", "|bias| (nats; log scale)"),
     ("grad_bias", "gradient |bias|", "|bias| (nats; log scale)"),
 )
+MARK = dict(xycoords=("data", "axes fraction"), textcoords="offset points", va="center", fontsize=8, color="0.3")
 
 
 @style.styled
@@ -41,17 +42,7 @@ def make(rows: Any, *, vocab_size: int | None = None, title: str | None = None, 
         ax.set(ylabel=ylabel, title=f"{what} vs k")
         for x, text, ha, dx in ((0, "k=0: sampled\n(K4 / K5)", "left", 4), (v, f"k=|V|={v}:\nexact", "right", -4)):
             ax.axvline(x, color="0.5", ls=":", lw=1)
-            ax.annotate(
-                text,
-                (x, 0.55),
-                xycoords=("data", "axes fraction"),
-                xytext=(dx, 0),
-                textcoords="offset points",
-                va="center",
-                ha=ha,
-                fontsize=8,
-                color="0.3",
-            )
+            ax.annotate(text, (x, 0.55), xytext=(dx, 0), ha=ha, **MARK)
     for ax in axs:
         ax.set_xlabel("k (vocabulary entries computed exactly)")
     style.finish(fig, title or "Top-k KL interpolates between the sampled (k=0) and the exact (k=|V|) estimator")
