@@ -66,15 +66,9 @@ GAINS: tuple[PaperGain, ...] = (
 
 def number(setting: str, benchmark: str, method: str) -> PaperNumber | None:
     """The reported number for one cell, or None when the paper's value is unavailable."""
-    for p in NUMBERS:
-        if (p.setting, p.benchmark, p.method) == (setting, benchmark, method):
-            return p
-    return None
+    return next((p for p in NUMBERS if (p.setting, p.benchmark, p.method) == (setting, benchmark, method)), None)
 
 
 def gain(setting: str, benchmark: str) -> PaperGain | None:
     """A relative gain the paper reports directly (not derived from two numbers), or None."""
-    for g in GAINS:
-        if (g.setting, g.benchmark) == (setting, benchmark):
-            return g
-    return None
+    return next((g for g in GAINS if (g.setting, g.benchmark) == (setting, benchmark)), None)
