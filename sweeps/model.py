@@ -214,11 +214,7 @@ def _kind(value) -> str | None:
 
 
 Entry = Annotated[
-    Annotated[Grid, Tag("(grid)")]
-    | Annotated[Choice, Tag("(choice)")]
-    | Annotated[Uniform, Tag("(uniform)")]
-    | Annotated[LogUniform, Tag("(loguniform)")]
-    | Annotated[IntRange, Tag("(int)")],
+    Union[tuple(Annotated[c, Tag(f"({c.kind})")] for c in (Grid, Choice, Uniform, LogUniform, IntRange))],  # noqa: UP007
     Discriminator(
         _kind, custom_error_type="space_entry", custom_error_message=f"must have exactly one of: {', '.join(KINDS)}"
     ),
@@ -454,11 +450,9 @@ class Param:
     def describe(self) -> str:
         if self.kind == "grid":
             return f"grid{list(self.values)}"
-        return (
-            f"~choice{list(self.values)}"
-            if self.kind == "choice"
-            else f"~{self.kind}({self.values[0]}, {self.values[1]})"
-        )
+        if self.kind == "choice":
+            return f"~choice{list(self.values)}"
+        return f"~{self.kind}({self.values[0]}, {self.values[1]})"
 
 
 @dataclass(frozen=True)

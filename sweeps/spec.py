@@ -42,16 +42,11 @@ and completes a sweep YAML with (first line ``# yaml-language-server: $schema=sc
       kl_spike: {factor: 10}                      # trial only, as stopped_unhealthy. Non-finite loss or
                                                   # gradient always stops a trial.
 
-A spec that breaks the models is refused in one line naming the field path and what is allowed
-(``experiments.errors.validation_line``). A key given twice in one mapping is an error (plain YAML would keep
-the last), and so is any YAML alias (``*name``; experiments.user_yaml: a few nested aliases can expand to
-billions of values). The trial count is computed from the axis sizes before anything is enumerated; over
-`max_trials` the spec is refused.
-Config keys are checked against the composed Hydra config (``experiments.build.compose``); a
-config group (task, experiment, algo, ...) takes the group's option names. Every grid point /
-choice, and both ends of every range, is composed and validated (``experiments.build.validate``).
-A Top-k KL's largest ``algo.kl.k`` is checked against the vocabulary of every model and estimator
-the space can pick (``experiments.build.vocab_size``: the model's config, no weights loaded).
+Refused in one line naming the field path (``experiments.errors.validation_line``): a spec that breaks the models, a
+key given twice in one mapping (plain YAML keeps the last), any YAML alias (a few nested ones can expand to billions
+of values), more than `max_trials` trials (counted from the axis sizes, nothing enumerated). ``check`` composes and
+validates every grid point / choice and both ends of every range, and a Top-k KL's largest ``algo.kl.k`` with every
+model and estimator the space can pick (the model's config gives its vocabulary, no weights loaded).
 """
 
 from __future__ import annotations
@@ -68,77 +63,25 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ema_pg_core.overrides import hydra_value
+# hydra_value, SPEC_DEFAULTS and SPEC_KEYS are read from here (sweeps.spec is the package's front)
+from ema_pg_core.overrides import hydra_value  # noqa: F401
 from experiments.errors import UserError, shown, validation_line
 from experiments.user_yaml import NoAliasLoader, read
 from sweeps.adaptive import levels, plan_text
-from sweeps.model import (
-    KINDS,
-    MAX_TRIALS,
-    NAME_MAX,
-    SET_BY_SWEEP,
-    SPEC_DEFAULTS,
-    SPEC_KEYS,
-    Adaptive,
-    Param,
-    Scheduler,
-    Spec,
-    SweepFile,
-    grid_points,
-)
-
-__all__ = [
-    "KINDS",
-    "MAX_TRIALS",
-    "NAME_MAX",
-    "SET_BY_SWEEP",
-    "SPEC_DEFAULTS",
-    "SPEC_KEYS",
-    "Adaptive",
-    "Param",
-    "Scheduler",
-    "Spec",
-    "SpecError",
-    "SweepFile",
-    "grid_points",
-    "hydra_value",
-    "load",
-    "parse",
-    "check",
-    "schema",
-    "trials",
-    "table",
-]
+from sweeps.model import SPEC_DEFAULTS, SPEC_KEYS, Param, Spec, SweepFile, grid_points  # noqa: F401
 
 # The one list of the keys every run logs (docs/run-record.md), kept by hand: one iteration of the local trainer logs
 # exactly these + the Top-k telemetry, its evaluation EVAL_METRICS per task (tests/core/test_local.py checks both).
-RUN_METRICS = (
-    "train/reward",
-    "train/reward_std",
-    "train/response_len",
-    "train/len_capped",
-    "train/turns",
-    "train/entropy",
-    "train/lr",
-    "train/grad_norm",
-    "loss/pg",
-    "loss/total",
-    "loss/clip_frac",
-    "loss/dual_clip_frac",
-    "loss/approx_kl",
-    "loss/ratio_mean",
-    "kl/value",
-    "anchor/drift",
-    "anchor/dist",
-    "anchor/num_updates",
-    "anchor/updated",
-    "perf/tokens_per_s",
-    "perf/iter_s",
-    "perf/rollout_s",
-    "perf/reward_s",
-    "perf/logprob_s",
-    "perf/update_s",
-    "perf/anchor_s",
+RUN_METRICS = tuple(
+    f"{ns}/{key}"
+    for ns, keys in (
+        ("train", "reward reward_std response_len len_capped turns entropy lr grad_norm"),
+        ("loss", "pg total clip_frac dual_clip_frac approx_kl ratio_mean"),
+        ("kl", "value"),
+        ("anchor", "drift dist num_updates updated"),
+        ("perf", "tokens_per_s iter_s rollout_s reward_s logprob_s update_s anchor_s"),
+    )
+    for key in keys.split()
 )
 EVAL_METRICS = ("acc", "pass@1")
 MAX_FULL_PRODUCT = 64  # compose every combination up to this many; beyond it, one knob at a time
@@ -304,7 +247,7 @@ def check(spec: Spec) -> Spec:
     """Validate a spec against the composed config; fills scheduler.max_t. Imports experiments (not ray)."""
     from experiments import build  # loads omegaconf, numpy
 
-    groups = _groups()
+    groups = build.group_options()  # config groups and their options (every registered task included)
     if spec.experiment is None and not any("experiment" in p.keys for p in spec.space):
         raise SpecError(f"base.experiment is required (allowed: {', '.join(build.presets())})")
     if spec.experiment is not None and spec.experiment not in build.presets():
@@ -342,13 +285,6 @@ def check(spec: Spec) -> Spec:
             raise SpecError(f"scheduler.grace_period={s.grace_period} exceeds max_t={max_t} (trainer.iterations)")
         spec = replace(spec, scheduler=s.model_copy(update={"max_t": max_t}))
     return spec
-
-
-def _groups() -> dict[str, list[str]]:
-    """Config groups of experiments/conf and their options (every registered task included)."""
-    from experiments import build  # loads omegaconf, numpy
-
-    return build.group_options()
 
 
 def _check_key(where: str, key: str, groups: dict, values: list, base):
