@@ -6,15 +6,10 @@
     nxt = next_round(spec, decided, done)            # the trials of the next round ([] = the sweep is over)
     write_event(sweep_dir, {...}); read_events(sweep_dir)   # <sweep_dir>/adaptive.jsonl, this module's file
 
-A comparison is one value `v` of the compare key (not the baseline) at one point of the other grid keys,
-against the baseline value at the same point. After each round it is decided with the report's own
-comparison (analysis.stats.compare: the exact paired permutation test over the seeds both points finished,
-and its inverted CI of the relative gain): its rule is met (any of `stop_when`: the CI excludes 0, or is
-narrower than X), or it has `max` seeds, or it gets `step` more seeds (and so does its baseline point).
-Looking after every round would make a no-effect comparison "clear" more often than 1 - confidence, so each
-look (seed count start, start + step, ..., max) is tested at its own level, `levels`: 1 - confidence split
-over the looks that can decide (analysis.stats.look_alphas). A look at which the exact test cannot reach its
-level (fewer than 6 seeds at 95%) only adds seeds.
+A comparison (a value of the compare key vs the baseline, at one point of the other grid keys) is decided after each
+round with the report's exact paired test (analysis.stats.compare): its rule met, `max` seeds, or `step` more seeds
+(for its baseline point too). Each look is tested at its own level (`levels`, analysis.stats.look_alphas), so that
+the looks together call a no-effect comparison clear at most 1 - confidence of the time (docs/sweeps.md).
 
 <sweep_dir>/adaptive.jsonl, one JSON object a line, appended in order (the sweep's decisions, and what
 --resume reads to continue the round it was in):

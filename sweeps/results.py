@@ -4,9 +4,8 @@
     tl = timeline(sweep_dir, rows, stamps, start=t0, end=t1, slots=slots)
     write_timing(sweep_dir, spec.name, rows, wall_s, slots, timeline=tl)
 
-Runs are read only through experiments.records (find_trial_run, read_metrics, read_summary,
-read_state): the run record is the source of truth. Tune contributes what only it knows of each
-trial (`Trial`: its id, state, knobs, iterations, error line); sweeps.tune builds those. No Ray here.
+The run record (read through experiments.records) is the source of truth; Tune contributes what only it knows of
+each trial (`Trial`, built by sweeps.tune). No Ray here.
 
 sweep.csv, one row per trial:
     trial_id, run_id, status, <knobs>, seed, iterations, train_time_s,
@@ -244,9 +243,8 @@ PHASES = (
     ("end", "ended", "Tune ends the trial"),
 )
 """(phase, the stamp that ends it, what it is): a trial's slot time in order. A phase starts at the previous stamp
-the trial has (eval0_end is missing in a trial resumed past iteration 0). Stamps: `started`, `reported` and
-`ended` are the driver's (sweeps.tune), the others the run record's summary.json["timeline"] (sweeps.tune's trial
-function and experiments.run.STAMPS)."""
+the trial has (eval0_end is missing in a trial resumed past iteration 0). `started`, `reported` and `ended` are the
+driver's stamps (sweeps.tune), the others the run record's (summary.json["timeline"])."""
 TRAINING = ("eval0", "train", "save")
 """The phases summed in a run's train_wall_time_s: what the overhead counts as the trials' work."""
 
@@ -274,17 +272,13 @@ def timeline(
 ) -> dict[str, Any]:
     """Where one invocation's slot time (its wall time x slots, from `start` to `end`) went: timing.json["timeline"].
 
-    `stamps`: the driver's {trial_id: {"started", "reported", "ended"}} (epoch seconds) of the trials this
-    invocation ran, merged here with each run record's own. Each trial goes to the slot that freed first before it
-    started (Tune starts a trial as soon as a slot is free); its `schedule` phase is its wait there. A trial's fixed
-    cost is its phases outside TRAINING. Returned: per phase the median and total over the trials;
-    `startup_s_per_slot`: the mean fixed cost of each slot's first trial (a new Ray worker's start, the imports, the
-    first W&B run and model load); `reused_s_per_trial`: the median fixed cost of the other trials (what one more
-    trial costs in a started slot); `idle_tail_s`: summed over the slots, each slot's idle time from its last trial's
-    end to the end of the last trial (waiting for the last trials to finish); `after_s`: the slots' time after the
-    last trial, until Tune returned; `fixed_s_per_trial`: (wall x slots - training - idle tail) / trials, every
-    fixed cost and the start-ups spread over the trials; each trial's slot (`slots`, 0-based, in the order the trials
-    started) and its stamps in seconds from `start`."""
+    `stamps`: the driver's {trial_id: {"started", "reported", "ended"}} (epoch seconds) of this invocation's trials,
+    merged with each run record's own. Each trial goes to the slot that freed first before it started; its `schedule`
+    phase is its wait there; its fixed cost, its phases outside TRAINING. Returned: per phase the median and total;
+    `startup_s_per_slot` (mean fixed cost of each slot's first trial), `reused_s_per_trial` (median fixed cost of the
+    others), `idle_tail_s` (the slots' idle time from their last trial to the end of the last trial), `after_s` (after
+    the last trial, until Tune returned), `fixed_s_per_trial` ((wall x slots - training - idle tail) / trials), each
+    trial's slot (`slots`) and its stamps in seconds from `start`."""
     trials = {}
     for r in rows:
         own = stamps.get(r["trial_id"], {})
