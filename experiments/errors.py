@@ -49,8 +49,7 @@ class RunInterrupted(Exception):
         return type(self), (str(self), self.signame, self.run_dir)
 
 
-UNHEALTHY_EXIT = 3
-"""Exit code of a run ended by a health rule: neither a failure (1) nor bad input (2), so scripts can tell it."""
+UNHEALTHY_EXIT = 3  # a run ended by a health rule: neither a failure (1) nor bad input (2), so scripts can tell it
 
 
 class StoppedUnhealthy(Exception):
@@ -79,10 +78,8 @@ def raise_terminated(signum, frame) -> None:
     raise Terminated(signal.Signals(signum).name)
 
 
-SHOWN_CHARS = 200
-"""The longest a value is shown in an error message (``shown``)."""
-MESSAGE_CHARS = 2000
-"""The longest a line of an error message is printed (``handle``); the rest is counted, not printed."""
+SHOWN_CHARS = 200  # the longest a value is shown in an error message (``shown``)
+MESSAGE_CHARS = 2000  # the longest a line of an error message is printed (``handle``); the rest is counted
 
 
 def shown(value, limit: int = SHOWN_CHARS) -> str:
@@ -110,8 +107,8 @@ def undecodable(exc: UnicodeDecodeError) -> str:
 
 
 USER_OS_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+# OS errors that say a path given is unusable (read-only, full, too long): the user's to fix, in one line.
 PATH_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG, errno.EACCES})
-"""OS errors that say a path given is unusable (read-only, full, too long): the user's to fix, in one line."""
 
 
 def is_path_error(exc: BaseException) -> bool:
@@ -291,8 +288,7 @@ def _is_pydantic(exc: BaseException) -> bool:
     return type(exc).__module__.startswith("pydantic")
 
 
-UNKNOWN_KEY = ("extra_forbidden", "unexpected_keyword_argument")
-"""pydantic's error types for a key the model (extra_forbidden) or a dataclass in it does not have."""
+UNKNOWN_KEY = ("extra_forbidden", "unexpected_keyword_argument")  # a key the model or a dataclass in it lacks
 
 
 def validation_line(exc, schema: dict | None = None, root: str = "the input") -> str:
@@ -425,8 +421,7 @@ def _shape(kind: str):
     return words
 
 
-READS_ON = ("must ", "lists ", "needs ")
-"""A message starting so reads on from the field path ("seeds lists a value twice"); any other follows a colon."""
+READS_ON = ("must ", "lists ", "needs ")  # reads on from the field path ("seeds lists a value twice"), no colon
 
 
 def _after(path: str, text: str) -> str:
@@ -444,31 +439,23 @@ def _other_error(path, loc, err, nodes, schema) -> str:
     return _after(path, err["msg"]) + _got(err)
 
 
+# How each kind of pydantic error is worded (pydantic's error types); any other: its own message.
+# unexpected_keyword_argument: a key a dataclass field (the core's KLConfig, ...) does not have.
 _VALIDATION_WORDS = {
-    "extra_forbidden": _unknown_field,
-    "unexpected_keyword_argument": _unknown_field,  # a key a dataclass field (the core's KLConfig, ...) does not have
+    **dict.fromkeys(UNKNOWN_KEY, _unknown_field),
     "missing": lambda path, *_: f"`{path}` is required",
-    "literal_error": _not_allowed,
-    "enum": _not_allowed,
-    "string_pattern_mismatch": _not_allowed,
-    "string_too_long": _not_allowed,
-    "string_too_short": _not_allowed,
-    "too_short": _length,
-    "too_long": _length,
-    "model_type": _shape("a mapping"),
-    "model_attributes_type": _shape("a mapping"),
-    "dict_type": _shape("a mapping"),
-    "dataclass_type": _shape("a mapping"),
-    "list_type": _shape("a list"),
-    "tuple_type": _shape("a list"),
+    **dict.fromkeys(
+        "literal_error enum string_pattern_mismatch string_too_long string_too_short".split(), _not_allowed
+    ),
+    **dict.fromkeys(("too_short", "too_long"), _length),
+    **dict.fromkeys(("model_type", "model_attributes_type", "dict_type", "dataclass_type"), _shape("a mapping")),
+    **dict.fromkeys(("list_type", "tuple_type"), _shape("a list")),
     "string_type": _shape("a string"),
     "bool_type": _shape("true or false"),
-    "value_error": _raised,
-    "assertion_error": _raised,
+    **dict.fromkeys(("value_error", "assertion_error"), _raised),
     **dict.fromkeys(
-        ("int_type", "int_from_float", "int_parsing", "float_type", "float_parsing", "finite_number")
-        + ("greater_than", "greater_than_equal", "less_than", "less_than_equal"),
+        "int_type int_from_float int_parsing float_type float_parsing finite_number greater_than greater_than_equal"
+        " less_than less_than_equal".split(),
         _must_be_number,
     ),
 }
-"""How each kind of pydantic error is worded (pydantic's error types); any other: its own message."""
