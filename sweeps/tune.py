@@ -3,14 +3,9 @@
     sweep_dir = run_sweep(spec.load("sweeps/quickstart.yaml"))   # -> outputs/sweeps/quickstart
     run_sweep(spec, sweep_dir, resume=True)                       # finish an interrupted sweep
 
-Each trial is one ``experiments.run.run(cfg, callback)`` with the spec's base + point overrides, its
-seed, and the sweep's bookkeeping keys (sweep.name/trial_id, logger.group = the sweep name, tags):
-``_trial`` composes the config, ``_restore`` puts back Tune's checkpoint if any, ``run`` trains. The
-callback (``_Reporter``) reports every training iteration to Tune with the checkpoint written at that
-iteration, so ``training_iteration`` equals the run's iteration; a trial restored by Tune (a
-scheduler's pause, a retry after a failure, ``--resume``) copies its last reported checkpoint back
-into its run directory and continues with ``resume=true``: the iteration counter continues, nothing
-is retrained. sweep.csv and timing.json are written by sweeps.results from the run records.
+Each trial is one ``experiments.run.run`` (``_trial``), reporting every iteration to Tune with its checkpoint
+(``_Reporter``): a trial Tune restores (a scheduler's pause, a retry, ``--resume``) continues from its last
+reported checkpoint, nothing retrained. sweep.csv and timing.json are written by sweeps.results.
 
 <sweep_dir>/
     sweep.yaml       the spec (analysis.report reads its metric; --resume compares the spec with it), written
@@ -175,15 +170,12 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
 
 
 class _Reporter:
-    """run()'s callback -> one tune.report per training iteration, with the checkpoint written at that
-    iteration (experiments.run passes it with that iteration's metrics; verl runs pass none).
+    """run()'s callback -> one tune.report per training iteration, with its checkpoint (verl runs pass none).
 
-    Iteration 0 (the evaluation before training) stays in the run record only, which keeps Tune's
-    training_iteration equal to the run's iteration. Tune needs the sweep metric in every result:
-    between evaluations the latest value is carried forward, and best_<key> is its running best by the
-    sweep's mode. The carried values ride in each checkpoint's metadata, so a restored trial keeps them.
-    The run's `last` iteration is reported by `finish`, after run() returned: a scheduler that stops the
-    trial there (ASHA at max_t) then finds its run record finished, not cut short.
+    Iteration 0 stays in the run record only: Tune's training_iteration is the run's iteration. Tune needs the
+    sweep metric in every result: between evaluations its latest value (and best_<key>, its running best) is
+    carried forward, in each checkpoint's metadata so a restored trial keeps it. The `last` iteration is reported
+    by `finish`, after run() returned: a scheduler stopping the trial there (ASHA at max_t) finds its record finished.
     """
 
     def __init__(self, metric: str, mode: str, carry: dict | None = None, last: int | None = None):
@@ -258,12 +250,9 @@ def _own_iteration(run_dir: Path) -> int:
 
 
 def _own_checkpoint(run_dir: Path, reporter: _Reporter) -> dict | None:
-    """The carried values at the run's own newest checkpoint, or None when the run has none.
-
-    Tune saves its experiment state every few seconds: a driver killed between two saves (SIGKILL, a lost head
-    node) leaves a state without the trial's newest checkpoints, and ``--resume`` restarts the trial with none.
-    The run directory still holds them (a checkpoint is complete before the run reports it), so the run
-    resumes from there, and its record keeps every row up to that checkpoint."""
+    """The carried values at the run's own newest checkpoint, or None when the run has none. A driver killed
+    between two of Tune's state saves (SIGKILL, a lost head node) leaves a state without the trial's newest
+    checkpoints; the run directory still holds them (complete before reported), so the run resumes from there."""
     last = _own_iteration(run_dir)
     if last < 0:
         return None
@@ -428,10 +417,9 @@ def _error_line(trial) -> str:
 
 
 def _init_ray(address: str | None, num_cpus: int | None, sweep_dir: Path | None = None) -> bool:
-    """Connect to `address` (after ``_check_address``: something answers there), or start a local Ray on 127.0.0.1
-    (no dashboard). True if we started it. A local Ray's workers inherit this process's environment, the numerics
-    pins with it (experiments.numerics); a cluster's get them as the job's runtime_env. A SIGTERM/SIGINT while
-    ray.init blocks ends the driver (``_signal_ends``); the driver's own handlers are back once it returned."""
+    """Connect to `address` (after ``_check_address``), or start a local Ray on 127.0.0.1 (no dashboard); True if
+    we started it. Workers get the numerics pins (experiments.numerics): a local Ray's inherit this environment, a
+    cluster's get them as the job's runtime_env. A signal while ray.init blocks ends the driver (``_ray_signals``)."""
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -563,13 +551,10 @@ def run_sweep(
     progress: bool = True,
     report: bool = True,
 ) -> Path:
-    """Run (or with resume=True finish) the sweep; returns its directory. `num_cpus` sizes a local Ray
-    (default: all cores). Adaptive seeds (`spec.adaptive`) run in rounds: `run_adaptive`.
-
-    The directory is checked before anything is written to it (``_check_out``: another sweep, a run record or
-    unrelated files there are refused). SIGTERM and SIGINT end the driver at any point with RunInterrupted (exit
-    143 / 130 through experiments.errors, with the command that resumes), ``_driver_signals``; a sweep stopped before
-    Tune saved any state starts afresh on --resume."""
+    """Run (or with resume=True finish) the sweep; returns its directory. `num_cpus` sizes a local Ray (default: all
+    cores). Adaptive seeds run in rounds (`run_adaptive`). The directory is checked before anything is written to it
+    (``_check_out``). SIGTERM / SIGINT end the driver at any point with RunInterrupted (exit 143 / 130, with the
+    command that resumes); a sweep stopped before Tune saved any state starts afresh on --resume."""
     sweep_dir = Path(sweep_dir or Path("outputs") / "sweeps" / spec.name).resolve()
     _check_out(spec, sweep_dir, resume)  # before the owner lock writes into it
     _PHASE[0] = BEFORE_TUNE
@@ -789,11 +774,10 @@ def _driver_signals():
 
 @contextlib.contextmanager
 def _ray_signals(what: str, sweep_dir: Path | None):
-    """Around ray.init, which can block for minutes in Ray's C++ code (retrying an address), where no Python handler
-    runs, and which sets Ray's own SIGTERM handler (``sys.exit(15)``): a SIGTERM/SIGINT then ends the driver with the
-    interrupted line and exit 143 / 130, from a thread that sees the signal through Python's wakeup fd, unless ray.init
-    returns within RAY_GRACE_S (the driver then unwinds as anywhere else). Ray's ``SystemExit(15)`` becomes
-    Terminated, and the driver's handlers are put back after the call."""
+    """Around ray.init, which can block for minutes in Ray's C++ code (no Python handler runs) and sets Ray's own
+    SIGTERM handler (``sys.exit(15)``): a SIGTERM/SIGINT ends the driver (interrupted line, exit 143 / 130) from a
+    thread that sees it through Python's wakeup fd, unless ray.init returns within RAY_GRACE_S (the driver then
+    unwinds). Ray's ``SystemExit(15)`` becomes Terminated; the driver's handlers are put back after."""
     if not _main_thread():
         yield
         return
@@ -836,12 +820,10 @@ def _ray_signals(what: str, sweep_dir: Path | None):
 
 @contextlib.contextmanager
 def _signals_stop_tune():
-    """Within Tune's run (the block around Tuner.fit), the first SIGTERM or SIGINT stops the sweep as Ctrl-C stops
-    Tune: Tune stops the trials (each run's record says ``interrupted``) and saves its state; the caller then writes
-    sweep.csv and raises RunInterrupted. Yields the list of the signals received ([]: none). A second signal, or one
-    before Tune set its own handler, unwinds at once. Tune's handler is reached through SIGUSR1, which Tune always
-    catches; its SIGINT handler is turned off (TUNE_DISABLE_SIGINT_HANDLER), so that the driver knows which signal
-    it was, and Tune's handler never outlives its run."""
+    """Around Tuner.fit: the first SIGTERM or SIGINT stops Tune as Ctrl-C does (trials stopped, records
+    ``interrupted``, state saved); yields the signals received ([]: none). A second signal, or one before Tune set
+    its handler, unwinds at once. Tune's handler is reached through SIGUSR1 (always caught); its SIGINT handler is
+    off (TUNE_DISABLE_SIGINT_HANDLER), so the driver knows which signal it was and Tune's never outlives its run."""
     got: list[str] = []
     if not _main_thread():
         yield got
@@ -1043,14 +1025,10 @@ def _is_complete(data: bytes) -> bool:
 
 
 class _StateBackup(tune.Callback):
-    """Keep the last complete copy of each Tune state file beside it (``<name>.complete``).
-
-    Tune rewrites its state files in place (open "w", then dump): a driver killed mid-write (SIGKILL, OOM,
-    preemption) leaves a truncated experiment_state-*.json, and ``Tuner.restore`` then starts over with
-    trials that have no config. After every controller step, each state file that changed and reads
-    whole is copied (write + rename, so the copy itself is never partial); ``_repair_state`` puts the
-    copy back before a resume. Pickled into tuner.pkl with the run config, so a resumed sweep keeps it.
-    """
+    """Keep the last complete copy of each Tune state file beside it (``<name>.complete``). Tune rewrites them in
+    place: a driver killed mid-write leaves a truncated experiment_state-*.json, and ``Tuner.restore`` then starts
+    over with trials that have no config. After every controller step each changed state file that reads whole is
+    copied (write + rename); ``_repair_state`` puts the copy back before a resume. Pickled into tuner.pkl."""
 
     def __init__(self, exp_path: str):
         self.exp_path = exp_path
@@ -1319,11 +1297,8 @@ def _not_run_hint(spec: Spec, rows: list[dict]) -> str | None:
 
 
 def _settle(sweep_dir: Path, trials: list[results.Trial], timeout_s: float = SETTLE_S) -> None:
-    """Wait (at most timeout_s) for the run records of trials Tune stopped mid-run to record how they ended.
-
-    When a sweep is interrupted, Tune returns as soon as it has asked the trials to stop; a trial process may
-    still be writing its record (interrupted, with the reason) while the driver would read it for sweep.csv.
-    """
+    """Wait (at most timeout_s) for the run records of trials Tune stopped mid-run to record how they ended: an
+    interrupted Tune returns once it asked the trials to stop, while they may still be writing their records."""
     runs = sweep_dir / "runs"
     stopped = [records.find_trial_run(runs, t.trial_id) for t in trials if t.state in ("RUNNING", "PENDING", "PAUSED")]
     open_ = [d for d in stopped if d is not None]
