@@ -68,43 +68,32 @@ def resume_mode(resume, run_dir: Path) -> bool | str:
     return resume
 
 
+def _wandb_settings(cfg: DictConfig) -> dict:
+    """The W&B run's project, group (the sweep's, else the experiment's), tags, config and mode."""
+    group = cfg.logger.group or cfg.sweep.name or cfg.experiment
+    config = OmegaConf.to_container(cfg, resolve=True)
+    return dict(
+        project=cfg.logger.project, group=group, tags=list(cfg.logger.tags), config=config, mode=cfg.logger.mode
+    )
+
+
 def _make_logger(cfg: DictConfig, run_dir: Path):
     if cfg.logger.name == "none":
         return NullLogger()
-    group = cfg.logger.group or cfg.sweep.name or cfg.experiment
-    return WandbLogger(
-        run_dir=run_dir,
-        project=cfg.logger.project,
-        group=group,
-        tags=list(cfg.logger.tags),
-        config=OmegaConf.to_container(cfg, resolve=True),
-        name=run_dir.name,
-        mode=cfg.logger.mode,
-    )
+    return WandbLogger(run_dir=run_dir, name=run_dir.name, **_wandb_settings(cfg))
 
 
 def _verl_wandb(cfg: DictConfig, run_dir: Path) -> dict[str, str]:
-    """The W&B run of a verl run, as the local backend's (_make_logger) but through verl's tracker:
-    WANDB_* settings (experiments.wandb_logger.verl_env); {} with logger=none or W&B disabled."""
-    if cfg.logger.name == "none":
-        return {}
-    return verl_env(
-        run_dir,
-        project=cfg.logger.project,
-        group=cfg.logger.group or cfg.sweep.name or cfg.experiment,
-        tags=list(cfg.logger.tags),
-        config=OmegaConf.to_container(cfg, resolve=True),
-        mode=cfg.logger.mode,
-    )
+    """The same W&B run through verl's tracker: WANDB_* settings (experiments.wandb_logger.verl_env); {} with
+    logger=none or W&B disabled."""
+    return {} if cfg.logger.name == "none" else verl_env(run_dir, **_wandb_settings(cfg))
 
 
+# The timeline a run keeps in summary.json["timeline"] ({stamp: epoch seconds}), in order: run() entered, record
+# opened, W&B logger up, task and model built, training (the evaluation at iteration 0 first) started, that evaluation
+# done, the loop done, the final save done (train_wall_time_s: eval0_start to saved). A caller's own stamps (a sweep
+# trial's) come first; a step that did not run has none (eval0_end past iteration 0); a verl run keeps none.
 STAMPS = ("run", "record", "logger", "model", "eval0_start", "eval0_end", "train_end", "saved")
-"""The timeline a run keeps in summary.json["timeline"] ({stamp: epoch seconds}, time.time()), in order: run()
-entered, run record opened, W&B logger up, task and model built, training started (the evaluation at iteration 0
-first), that evaluation done, the training loop done, the final save done (train_wall_time_s: eval0_start to
-saved). A caller's own stamps passed in `timeline` come first (a sweep trial's: sweeps.tune); a stamp is missing
-where its step did not run (eval0_end in a run resumed past iteration 0). A verl run keeps none (verl times its
-own steps: perf/iter_s)."""
 
 
 def run(
@@ -127,8 +116,7 @@ def run(
 
 
 def _stamp(timeline: dict[str, float], name: str, clock: Callable[[], float] = time.time) -> None:
-    """timeline[name] = now (epoch seconds). The clock is bound here, apart from the module's `time`, which the
-    tests of train_wall_time_s drive reading by reading."""
+    """timeline[name] = now. The clock is bound here: tests of train_wall_time_s drive the module's `time`."""
     timeline[name] = round(clock(), 3)
 
 
@@ -158,16 +146,7 @@ def _run_one(
         _stamp(timeline, "logger")
         with logger:
             try:
-                summary = _train(
-                    cfg,
-                    local_cfg,
-                    record,
-                    logger,
-                    ckpt_dir=run_dir / "checkpoints",
-                    state=state,
-                    callback=callback,
-                    timeline=timeline,
-                )
+                summary = _train(cfg, local_cfg, record, logger, state=state, callback=callback, timeline=timeline)
             except Interrupted as e:  # a checkpoint is on disk: recorded as interrupted, not failed
                 record.interrupt(str(e))
                 raise RunInterrupted(str(e), e.signame, run_dir) from None
@@ -196,17 +175,10 @@ def _open_record(cfg: DictConfig, run_dir: Path, stage: dict | None, held: owner
         )
     torch.set_num_threads(int(cfg.trainer.threads))
     seed_everything(int(cfg.seed))
-    record = RunRecord.create(
-        run_dir,
-        cfg,
-        resume=found is not None,
-        force=cfg.resume == "force",
-        checkpoint=found[0].name if found else None,
-        skipped=found[2] if found else (),
-        stage=stage,
-        held=held,
-        trained=(found[1].get("hooks") or {}).get("config") if found and own else None,  # what it trained under
-    )
+    trained = (found[1].get("hooks") or {}).get("config") if own else None  # what this run_dir's checkpoint trained
+    ckpt = dict(checkpoint=found[0].name, skipped=found[2], trained=trained) if found else {}
+    force = cfg.resume == "force"
+    record = RunRecord.create(run_dir, cfg, resume=found is not None, force=force, stage=stage, held=held, **ckpt)
     return record, found[1] if found else None
 
 
@@ -219,7 +191,7 @@ def _advance(bar, it: int, m: dict) -> None:
     bar.set_postfix({**postfix, "drift": f"{m.get('anchor/drift', 0):.1e}"}, refresh=False)
 
 
-def _train(cfg, local_cfg, record, logger, *, ckpt_dir: Path, state: dict | None, callback: Callback | None, timeline):
+def _train(cfg, local_cfg, record, logger, *, state: dict | None, callback: Callback | None, timeline):
     task = build.task(cfg)
     policy, tok = build.model(cfg)
     record.numerics = numerics.fingerprint(policy.name_or_path if cfg.model.path is None else None)
@@ -261,7 +233,7 @@ def _train(cfg, local_cfg, record, logger, *, ckpt_dir: Path, state: dict | None
         iteration_end=on_iteration_end,
         state=hooks_state,
     )
-    trainer = LocalTrainer(policy, tok, task, local_cfg, ckpt_dir, hooks=hooks)
+    trainer = LocalTrainer(policy, tok, task, local_cfg, Path(cfg.run_dir) / "checkpoints", hooks=hooks)
     if state is not None:
         trainer.load_state_dict(state)
         record.rewind(trainer.iteration)
@@ -318,22 +290,18 @@ class HealthCheck:
             raise StoppedUnhealthy(f"{breach} (run record: {run_dir})", breach.to_dict(), run_dir)
 
 
-VERL_POLL_S = 10.0
-"""How often a verl run's metrics files are read into the run record while verl runs (seconds)."""
+VERL_POLL_S = 10.0  # how often (seconds) a verl run's metrics files are read into the run record while verl runs
 
 
 def _run_verl(cfg: DictConfig, callback: Callback | None = None, stage: dict | None = None) -> dict[str, float]:
     """The distributed backend: stock verl 0.9.x + our plugin (needs the [verl] extra and GPUs).
 
-    verl logs to ``<run_dir>/verl_metrics.jsonl`` (one file per attempt, see
-    ``experiments.verl_metrics``). verl runs in a worker thread; this thread follows those files
-    every VERL_POLL_S seconds and turns each new step into a line of this run's metrics.jsonl
-    (``_VerlFollower``), so a verl run reads like a local one while it runs, and `callback` (a
-    sweep's reporter) gets each iteration as soon as verl has logged it, without checkpoints
-    (verl keeps its own). The last poll starts after verl returned or failed, so every step verl
-    logged is recorded and reported (``_in_thread``). time_s
-    is when the follower saw a step (up to VERL_POLL_S late); per-step wall time is perf/iter_s
-    (verl's timing_s/step). A stage starts from the previous stage's checkpoint: ``stage_job_config``.
+    verl runs in a worker thread and logs to ``<run_dir>/verl_metrics.jsonl`` (one file per attempt,
+    ``experiments.verl_metrics``); this thread follows those files every VERL_POLL_S seconds (``_VerlFollower``),
+    so a verl run reads like a local one while it runs and `callback` gets each iteration once verl logged it,
+    without checkpoints (verl keeps its own). The last poll starts after verl returned or failed, so every step
+    verl logged is recorded (``_in_thread``). time_s is when the follower saw a step (up to VERL_POLL_S late);
+    per-step wall time is perf/iter_s. A stage starts from the previous stage's checkpoint: ``stage_job_config``.
     """
     verl_plugin.require_verl()  # an install hint, not a traceback, on a machine without the [verl] extra
 
@@ -560,18 +528,13 @@ class _VerlFollower:
             )
 
 
-PACKAGE_PARENT = Path(__file__).resolve().parents[1]
-"""The directory holding the ``experiments`` package (the checkout, or site-packages)."""
+PACKAGE_PARENT = Path(__file__).resolve().parents[1]  # holds the ``experiments`` package (checkout or site-packages)
 
 
 def agent_loops_path(cfg: DictConfig) -> dict:
-    """backend.verl.agent_loop_config_path made absolute (``~`` expanded, relative paths against
-    PACKAGE_PARENT), as a merge delta ({} when unset).
-
-    verl resolves a relative path against the working directory of its agent loop workers, which
-    need not be the checkout (a Tune trial runs in its trial directory); the shipped file is
-    experiments/conf/verl/agent_loops.yaml, packaged with ``experiments``.
-    """
+    """backend.verl.agent_loop_config_path made absolute (``~`` expanded, relative to PACKAGE_PARENT) as a merge
+    delta ({} when unset): verl resolves a relative path against its agent loop workers' working directory (a Tune
+    trial's is its trial directory); the shipped experiments/conf/verl/agent_loops.yaml is packaged with us."""
     path = cfg.backend.verl.get("agent_loop_config_path")
     if not path:
         return {}
