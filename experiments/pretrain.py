@@ -49,39 +49,27 @@ from experiments import numerics, records, tasks, user_yaml
 from experiments.progress import bar as progress_bar
 from experiments.tasks import Example, get_task, make_knobs
 
+# Written last into a finished warm start: the resolved config, its provenance, training statistics and the size
+# and sha256 of each of its files (`files`).
 MARKER = "pretrain.json"
-"""Written last into a finished warm start: the resolved config, its provenance, training statistics and the
-size and sha256 of each of its files (`files`)."""
 
 
 @dataclass
 class PretrainConfig:
     """One warm start. Every field enters the cache hash."""
 
-    task: str = "math_tiny"
-    """Task name (experiments.tasks.TASKS)."""
-    knobs: dict = field(default_factory=dict)
-    """Task knobs (difficulty / world); {} = the task's calibrated defaults."""
-    model: dict = field(default_factory=dict)
-    """Keyword arguments of ema_pg_core.local.tiny.build_model (hidden, layers, heads, ...)."""
-    steps: int = 1000
-    """Maximum optimizer steps (training usually stops earlier, at target_acc)."""
-    target_acc: float | None = 0.35
-    """Stop once greedy accuracy on the validation problems reaches this; None = run all steps."""
+    task: str = "math_tiny"  # experiments.tasks.TASKS
+    knobs: dict = field(default_factory=dict)  # the task's difficulty / world; {} = its calibrated defaults
+    model: dict = field(default_factory=dict)  # keyword arguments of ema_pg_core.local.tiny.build_model
+    steps: int = 1000  # at most (training usually stops earlier, at target_acc)
+    target_acc: float | None = 0.35  # stop once greedy validation accuracy reaches this; None = run all steps
     eval_every: int = 20
-    """Steps between validation checks."""
-    val_size: int = 64
-    """Validation problems: from the train split, never in the SFT pool (test stays untouched)."""
+    val_size: int = 64  # validation problems: from the train split, never in the SFT pool (test stays untouched)
     batch_size: int = 32
-    """Sequences per step."""
-    lr: float = 3e-3
-    """AdamW learning rate (linear warmup over the first 50 steps, then constant)."""
+    lr: float = 3e-3  # AdamW (linear warmup over WARMUP_STEPS, then constant)
     weight_decay: float = 0.01
-    """AdamW weight decay."""
-    pool: int = 8192
-    """Train examples drawn once (search_tiny repeats its ~700 questions); batches are sampled from them."""
-    seed: int = 0
-    """Seeds the data, the initialisation and the batch order."""
+    pool: int = 8192  # train examples drawn once (search_tiny repeats its ~700 questions); batches sample them
+    seed: int = 0  # the data, the initialisation and the batch order
 
     def __post_init__(self):
         get_task(self.task)  # raises with the valid names
@@ -149,8 +137,7 @@ def files(path: Path) -> dict[str, dict]:
 
 def damaged(path: Path) -> str | None:
     """What of the finished warm start at `path` is not as its marker records ("model.safetensors is 1,024 bytes,
-    recorded 2,048", "... changed since it was built", "... is missing", "pretrain.json is unreadable"); None when
-    every file is as recorded, or the warm start is unfinished (no marker)."""
+    recorded 2,048"); None when every file is as recorded, or the warm start is unfinished (no marker)."""
     if not (path / MARKER).exists():
         return None
     try:
@@ -169,8 +156,7 @@ def damaged(path: Path) -> str | None:
 
 
 def unusable(path: Path, built: dict) -> str | None:
-    """Why the finished warm start at `path` must be rebuilt ("is damaged (...)", "was built otherwise (...)"):
-    `damaged`, else `stale` against provenance `built`; None when it may be reused or is unfinished."""
+    """Why the finished warm start at `path` must be rebuilt (`damaged`, else `stale`); None if reusable/unfinished."""
     broken = damaged(path)
     if broken:
         return f"is damaged ({broken})"
@@ -187,11 +173,8 @@ def default_cache_dir() -> Path:
 
 
 def segments(task, example: Example, response: str, env) -> list[tuple[str, bool]]:
-    """Split a full `response` into (text, generated_by_model) pieces by replaying the task's tool
-    protocol: after each stop string the environment's `tool_response` text must follow.
-
-    Raises ValueError when the response disagrees with what the environment would inject.
-    """
+    """Split a full `response` into (text, generated_by_model) pieces by replaying the task's tool protocol: after
+    each stop string the environment's `tool_response` text must follow (ValueError when it does not)."""
     out, pos = [], 0
     while True:
         ends = [response.find(s, pos) + len(s) for s in task.STOP_STRINGS if response.find(s, pos) != -1]
@@ -209,8 +192,7 @@ def segments(task, example: Example, response: str, env) -> list[tuple[str, bool
 
 
 def encode_example(tokenizer, task, example: Example, response: str, env) -> tuple[list[int], list[int]]:
-    """(input_ids, labels) for prompt + response + EOS; labels are -100 except on model-generated
-    tokens and EOS. Both lists have length L."""
+    """(input_ids, labels) for prompt + response + EOS; labels are -100 except on model-generated tokens and EOS."""
     ids = tokenizer(task.prompt(example), add_special_tokens=False).input_ids
     labels = [-100] * len(ids)
     for text, trainable in segments(task, example, response, env):
@@ -256,15 +238,14 @@ def _split_val(examples: list[Example], val_size: int) -> tuple[list[Example], l
 
 
 def validation_accuracy(model, tokenizer, task, env, examples: list[Example]) -> float:
-    """Greedy accuracy of `model` on `examples` (model left in eval mode)."""
+    """Greedy accuracy (model left in eval mode)."""
     model.eval()
     responses = rollout(model, tokenizer, task, env, [task.prompt(ex) for ex in examples], greedy=True)
     return sum(task.evaluate(ex, r) for ex, r in zip(examples, responses)) / len(examples)
 
 
 def train(cfg: PretrainConfig, out_dir: Path, progress: bool = True) -> dict[str, float]:
-    """Run the SFT of `cfg`, stopping at `target_acc`, and save model + tokenizer (HF format) into
-    `out_dir`; returns training statistics."""
+    """Run the SFT of `cfg` (stopping at `target_acc`), save model + tokenizer into `out_dir`; return statistics."""
     wall, cpu = time.perf_counter(), time.process_time()
     task = get_task(cfg.task)
     env = task.make_env(**cfg.knobs)
@@ -327,12 +308,10 @@ def pretrain(
 ) -> Path:
     """Path of the warm-started HF checkpoint for this config; trains it only if not cached.
 
-    Unset arguments take the task's calibrated values (its `PRETRAIN`); `overrides` set other
-    `PretrainConfig` fields (target_acc, eval_every, val_size, pool, weight_decay). The checkpoint lives in
-    `cache_dir/<cache_name>/` and counts as built once `pretrain.json` is in it with this provenance and its files
-    are as it records (`unusable`; else it is rebuilt, saying why on stderr). Training
-    happens in a temporary sibling directory renamed into place, so concurrent callers (sweep
-    trials) never see a half-written checkpoint.
+    Unset arguments take the task's calibrated values (its `PRETRAIN`); `overrides` set other `PretrainConfig`
+    fields. The checkpoint, `cache_dir/<cache_name>/`, counts as built once `pretrain.json` is in it with this
+    provenance and its files are as it records (else it is rebuilt, saying why on stderr). Training happens in a
+    temporary sibling directory renamed into place: concurrent callers (sweep trials) never see half a checkpoint.
     """
     named = dict(model=model_cfg, steps=steps, lr=lr, batch_size=batch_size, seed=seed, knobs=knobs)
     cfg = resolve(task, **{k: v for k, v in named.items() if v is not None}, **overrides)
@@ -373,12 +352,9 @@ def pretrain(
 def rollout(
     model, tokenizer, task, env, prompts: list[str], *, greedy: bool, max_new_tokens: int | None = None
 ) -> list[str]:
-    """Responses for `prompts` with HF `generate` and the task's tool loop (reference version).
-
-    Each turn generates until EOS, a stop string or `max_new_tokens`; when `task.tool_response`
-    returns text it is appended and generation continues, at most `task.MAX_TURNS` times.
-    Sampling is at temperature 1 with no top-k/top-p truncation.
-    """
+    """Responses for `prompts` with HF `generate` and the task's tool loop (reference version): each turn generates
+    until EOS, a stop string or `max_new_tokens`; text `task.tool_response` returns is appended and generation
+    continues, at most `task.MAX_TURNS` times. Sampling is at temperature 1, untruncated."""
     budget = max_new_tokens or task.MAX_NEW_TOKENS
     responses, active = [""] * len(prompts), list(range(len(prompts)))
     for turn in range(task.MAX_TURNS + 1):
@@ -411,8 +387,7 @@ def rollout(
 def heldout_accuracy(
     path: str | os.PathLike, task: str, *, n: int = 100, seed: int = 0, samples: int = 1, knobs: dict | None = None
 ) -> dict[str, float]:
-    """Greedy accuracy and mean sampled accuracy (temperature 1, `samples` per problem) of the
-    checkpoint at `path` on `n` test problems."""
+    """Greedy and mean sampled accuracy (`samples` per problem) of the checkpoint at `path` on `n` test problems."""
     t = get_task(task)
     knobs = knobs or {}
     env = t.make_env(**knobs)
