@@ -54,11 +54,8 @@ def resolve_mode(configured: str | None) -> str:
     return mode
 
 
-INIT_TIMEOUT_S = 30.0
-"""How long wandb.init waits for the W&B server online (W&B's own default: 90 s), unless WANDB_INIT_TIMEOUT sets it."""
-LOGIN_TIMEOUT_S = 60.0
-"""How long W&B's own login prompt (no API key found, a terminal to ask at) waits, unless WANDB_LOGIN_TIMEOUT sets
-it (W&B's default: for ever)."""
+INIT_TIMEOUT_S = 30.0  # wandb.init's wait for the server online (W&B's default: 90 s) unless WANDB_INIT_TIMEOUT sets it
+LOGIN_TIMEOUT_S = 60.0  # W&B's login prompt's (no key, a terminal): W&B's default is for ever; WANDB_LOGIN_TIMEOUT
 
 
 def settings():
@@ -84,10 +81,10 @@ def _key_refused(err: BaseException) -> bool:
     return status in (401, 403)
 
 
+# How long `reaching` waits for W&B's service process to stop after an error. One still busy with a server that did
+# not answer held `emapg report --wandb-project` past pytest's 10 minutes in CI (wandb 0.31: `wandb.teardown` waits
+# with no bound). Past this the line is printed anyway; the service watches our pid and ends with us.
 TEARDOWN_S = 30.0
-"""How long `reaching` waits for W&B's service process to stop after an error. One still busy with a server that did
-not answer held `emapg report --wandb-project` past pytest's 10 minutes in CI (wandb 0.31: `wandb.teardown` waits for
-the process with no bound). Past this the line is printed anyway; the service watches our pid and ends with us."""
 
 
 def _teardown_within(seconds: float) -> None:
@@ -103,8 +100,7 @@ def _teardown_within(seconds: float) -> None:
     stopping.join(seconds)
 
 
-OFFLINE = "log offline (logger.mode=offline) and `wandb sync` the run later"
-"""What to do instead of waiting for W&B, in `reaching`'s line for a run."""
+OFFLINE = "log offline (logger.mode=offline) and `wandb sync` the run later"  # `reaching`'s advice for a run
 
 
 @contextmanager
@@ -172,11 +168,8 @@ class WandbLogger:
             return
         import wandb
 
-        saved = read_wandb_state(self.run_dir)
-        self.wandb_run_id = saved.get("id") or new_run_id()
-        self.last_step = saved.get("last_step")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._save()  # before init: a crash inside init still resumes the same W&B run
+        state = _start_state(self.run_dir, project, self.mode)  # before init: a crash in it resumes the same W&B run
+        self.wandb_run_id, self.last_step = state["id"], state["last_step"]
         if config is not None and not isinstance(config, dict):
             config = OmegaConf.to_container(config, resolve=True)
         what = "WANDB_MODE=online" if os.environ.get("WANDB_MODE") else "logger.mode=online"
@@ -243,12 +236,24 @@ class WandbLogger:
                 warnings.warn(f"W&B finish failed ({err!r})", stacklevel=3)
 
     def _save(self) -> None:
-        state = {"id": self.wandb_run_id, "last_step": self.last_step, "project": self.project, "mode": self.mode}
-        atomic_write(self.run_dir / WANDB_STATE, json.dumps(state) + "\n")
+        state = {"id": self.wandb_run_id, "last_step": self.last_step, "project": self.project}
+        _save_state(self.run_dir, state, self.mode)
 
 
-VERL_CONFIG = "wandb_config.yaml"
-"""The run's config in W&B's config-file format, beside config.yaml, for verl's tracker (``verl_env``)."""
+def _start_state(run_dir: Path, project: str, mode: str) -> dict:
+    """The W&B run's id (the one in wandb_run.json, else a new one) and last step logged, saved at once."""
+    saved = read_wandb_state(run_dir)
+    state = {"id": saved.get("id") or new_run_id(), "last_step": saved.get("last_step"), "project": project}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _save_state(run_dir, state, mode)
+    return state
+
+
+def _save_state(run_dir: Path, state: dict, mode: str) -> None:
+    atomic_write(run_dir / WANDB_STATE, json.dumps({**state, "mode": mode}) + "\n")
+
+
+VERL_CONFIG = "wandb_config.yaml"  # the run's config in W&B's config-file format, for verl's tracker (``verl_env``)
 
 
 def verl_env(
@@ -270,11 +275,7 @@ def verl_env(
     if mode == "disabled":
         return {}
     run_dir = Path(run_dir)
-    saved = read_wandb_state(run_dir)
-    state = {"id": saved.get("id") or new_run_id(), "last_step": saved.get("last_step"), "project": project}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(run_dir / WANDB_STATE, json.dumps({**state, "mode": mode}) + "\n")
-
+    state = _start_state(run_dir, project, mode)
     atomic_write(run_dir / VERL_CONFIG, yaml.safe_dump({k: {"value": v} for k, v in config.items()}, sort_keys=False))
     env = {
         "WANDB_RUN_ID": state["id"],
