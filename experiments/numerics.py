@@ -43,8 +43,7 @@ PINS = {
     "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN (bf16 and convolution kernels): not wider than ATen's
     "MKL_DYNAMIC": "FALSE",  # MKL uses the threads torch.set_num_threads gives it, not fewer (a CNR condition)
 }
-EXPECTED = {"aten_capability": "AVX2", "mkl_cbwr": "COMPATIBLE"}
-"""What `fingerprint` must read back in reproducible mode (where the library can be asked)."""
+EXPECTED = {"aten_capability": "AVX2", "mkl_cbwr": "COMPATIBLE"}  # what `fingerprint` must read back, reproducible
 MKL_BRANCHES = {0: "OFF", 1: "BRANCH_OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1"}
 MKL_BRANCHES.update({8: "SSE4_2", 9: "AVX", 10: "AVX2", 12: "AVX512", 14: "AVX512_E1", 15: "AVX512_E2"})
 MKL_STRICT = 0x10000

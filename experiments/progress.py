@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-LOG_INTERVAL_S = 30.0
-"""Seconds between two bar lines when stderr is not a terminal."""
+LOG_INTERVAL_S = 30.0  # seconds between two bar lines when stderr is not a terminal
 
 
 def enabled() -> bool:

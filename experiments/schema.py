@@ -25,18 +25,15 @@ from experiments.backends.verl.launch import VerlSettings
 
 @dataclass
 class TaskConfig:
-    name: str = "math_tiny"
-    """A task of experiments.tasks.TASKS (a module of experiments/tasks/, by its NAME)."""
-    train_size: int = 4000
-    """Training problems generated (seeded, disjoint from the test split), >= 1."""
+    name: str = "math_tiny"  # a task of experiments.tasks.TASKS (a module of experiments/tasks/, by its NAME)
+    train_size: int = 4000  # training problems generated (seeded, disjoint from the test split), >= 1
     test_size: int = 200
     """Held-out problems generated, >= 1; the first trainer.eval_size are evaluated (and the KL probe's prompts
     drawn), so on the local backend both are at most test_size."""
     data_seed: int = 1234
     """Seed of the problem generator (fixed across run seeds, so every seed sees the same data); in
     [0, ema_pg_core.config.SEED_MAX]."""
-    knobs: dict[str, Any] = field(default_factory=dict)
-    """Task difficulty knobs passed to the task's loader (e.g. digits, steps, hops)."""
+    knobs: dict[str, Any] = field(default_factory=dict)  # difficulty knobs for the task's loader (e.g. digits, hops)
     retriever_url: str | None = None
     """Tool tasks: an `emapg retriever serve` URL (http:// or https://; a run checks that it answers before
     any work: experiments.build.check_retriever); null = in-process BM25."""
@@ -53,18 +50,13 @@ class TaskConfig:
 @dataclass
 class ModelConfig:
     name: str = "tiny"
-    path: str | None = None
-    """A local HF causal-LM directory; null = the tiny model warm-started on the task (cached)."""
+    path: str | None = None  # a local HF causal-LM directory; null = the tiny model warm-started on the task (cached)
     hidden: int = 128
     """The tiny model's hidden size, >= 1 and divisible by heads (model.path null only, as the next three)."""
-    layers: int = 2
-    """Its transformer layers, >= 1."""
-    heads: int = 4
-    """Its attention heads, >= 1."""
-    pretrain_steps: int | None = None
-    """Warm-start SFT steps, >= 1; null = the task's calibrated default."""
-    cache_dir: str = "${oc.env:EMAPG_CACHE,${oc.env:HOME}/.cache/emapg}"
-    """Where warm-started tiny models are cached (keyed by a content hash of their config)."""
+    layers: int = 2  # its transformer layers, >= 1
+    heads: int = 4  # its attention heads, >= 1
+    pretrain_steps: int | None = None  # warm-start SFT steps, >= 1; null = the task's calibrated default
+    cache_dir: str = "${oc.env:EMAPG_CACHE,${oc.env:HOME}/.cache/emapg}"  # warm starts, keyed by a config hash
 
     def __post_init__(self):
         for name in ("hidden", "layers", "heads"):
@@ -76,21 +68,17 @@ class ModelConfig:
 
 @dataclass
 class LoggerConfig:
-    name: str = "wandb"
-    """wandb | none."""
+    name: str = "wandb"  # wandb | none
     project: str = "emapg"
-    mode: str = "offline"
-    """offline (default: no account, `wandb sync` later) | online | disabled. WANDB_MODE overrides."""
+    mode: str = "offline"  # offline (no account, `wandb sync` later) | online | disabled; WANDB_MODE overrides
     group: str | None = None
     tags: list[str] = field(default_factory=list)
 
 
 @dataclass
 class BackendConfig:
-    name: str = "local"
-    """local (this process) | verl (the distributed backend)."""
-    verl: VerlSettings = field(default_factory=VerlSettings)
-    """Settings only the verl backend reads (GPUs, data files, lengths, memory)."""
+    name: str = "local"  # local (this process) | verl (the distributed backend)
+    verl: VerlSettings = field(default_factory=VerlSettings)  # read by the verl backend only
 
 
 @dataclass
@@ -104,25 +92,20 @@ class SweepConfig:
 
 @dataclass
 class RunConfig:
-    experiment: str = "custom"
-    """Preset name (set by experiment/*.yaml)."""
-    seed: int = 0
-    """In [0, ema_pg_core.config.SEED_MAX] (checked by ema_pg_core.local.trainer.LocalConfig)."""
-    run_dir: str | None = None
-    """Where the run record goes; null = ${out_root}/<run_id>."""
+    experiment: str = "custom"  # preset name (set by experiment/*.yaml)
+    seed: int = 0  # in [0, ema_pg_core.config.SEED_MAX] (checked by ema_pg_core.local.trainer.LocalConfig)
+    run_dir: str | None = None  # where the run record goes; null = ${out_root}/<run_id>
     out_root: str = "outputs/runs"
     resume: Any = False
     """false | true: continue from run_dir's newest intact checkpoint (exactly), refusing any change of the
     config other than experiments.records.RESUME_MAY_CHANGE | force: continue with the changes (recorded
     in resumes.jsonl, flagged by `emapg report`)."""
-    smoke: bool = False
-    """Tiny sizes, 2 iterations: a seconds-long end-to-end check of any preset."""
+    smoke: bool = False  # tiny sizes, 2 iterations: a seconds-long end-to-end check of any preset
     stages: list[Any] = field(default_factory=list)
     """A staged run (experiments.stages): each entry a stage name of the task's STAGES (e.g. 8k) or
     {name, set: {dotted key: value}}; every stage continues the previous one's last checkpoint, anchor
     included, in the same run_dir. Empty: one stage (or the task's STAGES when `stage` is set)."""
-    stage: str | None = None
-    """Run the stages up to and including this one (null: all of them)."""
+    stage: str | None = None  # run the stages up to and including this one (null: all of them)
     resume_from: str | None = None
     """With `stage`: the previous stage's last checkpoint, trained elsewhere (a local iter_N directory, or a
     verl global_step_N directory); the stages before `stage` are then not run."""
@@ -132,8 +115,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    health: HealthConfig = field(default_factory=HealthConfig)
-    """RL-health stops (ema_pg_core/health.py): a rule that fires ends the run as stopped_unhealthy."""
+    health: HealthConfig = field(default_factory=HealthConfig)  # a rule that fires: the run is stopped_unhealthy
     backend: BackendConfig = field(default_factory=BackendConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)

@@ -25,13 +25,12 @@ import yaml
 
 from experiments.errors import UserError, undecodable
 
+# The deepest nesting of lists and mappings user input may have (a YAML file or value, a key=value override with
+# its dotted key's levels counted): far above what a config needs, far below where a parser's recursion ends.
 MAX_DEPTH = 32
-"""The deepest nesting of lists and mappings user input may have (a YAML file or value, a key=value override with
-its dotted key's levels counted): far above what a config needs, far below where a parser's recursion ends."""
 
 
 def too_deep() -> str:
-    """The words for input nested deeper than MAX_DEPTH."""
     return f"nested too deep (lists and mappings within each other); the maximum depth is {MAX_DEPTH}"
 
 
@@ -40,7 +39,7 @@ class Refused(yaml.MarkedYAMLError):
 
 
 class AliasRefused(Refused):
-    """An alias in user YAML (see the module docstring)."""
+    """An alias in user YAML."""
 
 
 class NoAliasLoader(yaml.SafeLoader):

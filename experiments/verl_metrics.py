@@ -8,20 +8,9 @@ that file with mode "wb", so a resumed run would truncate it: ``rotate`` (in
 to ``verl_metrics.<n>.jsonl`` first, and ``read_attempts`` reads every attempt in order, later
 attempts overriding the steps they replay (a resume restarts after its checkpoint).
 
-Key mapping (verl 0.9.1 names on the left):
+Key mapping (verl 0.9.1 names on the left): TRAIN_KEYS (verl's training metrics); anchor/*, SAME_KEYS (our
+trainer's, the KL probe's) and actor/topk/* -> topk/* (our loss's Top-k telemetry) keep their names; and
 
-    critic/score/mean                    -> train/reward
-    response_length/mean                 -> train/response_len
-    response_length/clip_ratio           -> train/len_capped (share of responses at the length cap)
-    actor/pg_loss, actor/kl_loss         -> loss/pg, kl/value
-    actor/pg_clipfrac(_lower)            -> loss/clip_frac, loss/dual_clip_frac
-    actor/ppo_kl, actor/entropy          -> loss/approx_kl, train/entropy
-    actor/grad_norm, timing_s/step       -> train/grad_norm, perf/iter_s
-    train/dropped_truncated              -> train/dropped_truncated (logged by our trainer)
-    anchor/*                             -> anchor/* (logged by our trainer)
-    actor/topk/*                         -> topk/* (Top-k telemetry of our loss; ema_pg_core.telemetry)
-    kl/exact, kl/estimate_on_probe,      -> the same (the KL probe, logged by our trainer every
-    kl/estimate_gap, perf/probe_s           probe_every steps; experiments.backends.verl.probe)
     val-core/<source>/<var>/mean@N       -> eval/<source>/acc    (greedy validation: T = 0)
                                             eval/<source>/pass@1 (sampled: mean over N samples)
     and eval/<task>/<acc|pass@1>         =  the unweighted mean over the sources of that step,
@@ -50,7 +39,7 @@ FILE = "verl_metrics.jsonl"
 TRAIN_KEYS = {
     "critic/score/mean": "train/reward",
     "response_length/mean": "train/response_len",
-    "response_length/clip_ratio": "train/len_capped",
+    "response_length/clip_ratio": "train/len_capped",  # share of responses at the length cap
     "actor/pg_loss": "loss/pg",
     "actor/kl_loss": "kl/value",
     "actor/pg_clipfrac": "loss/clip_frac",
@@ -59,10 +48,9 @@ TRAIN_KEYS = {
     "actor/entropy": "train/entropy",
     "actor/grad_norm": "train/grad_norm",
     "timing_s/step": "perf/iter_s",
-    "train/dropped_truncated": "train/dropped_truncated",
+    "train/dropped_truncated": "train/dropped_truncated",  # logged by our trainer
 }
-SAME_KEYS = (*PROBE_KEYS, "perf/probe_s")
-"""Logged by our trainer under their run-record names."""
+SAME_KEYS = (*PROBE_KEYS, "perf/probe_s")  # logged by our trainer under their run-record names
 _VAL = re.compile(r"^val-(?P<who>core|anchor-core)/(?P<source>[^/]+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
 _WHO = {"core": "eval", "anchor-core": "eval_anchor"}  # verl's validation of the policy / of the EMA anchor
 
@@ -160,10 +148,9 @@ def stamp(files: Iterable[Path]) -> list[tuple[str, int, int]]:
 
 def read_consistent(run_dir: str | Path, tries: int = 20) -> tuple[list[tuple], dict[int, dict], set[int]] | None:
     """(the files' stamp, read_attempts of them, the steps of the newest attempt's file) from a read during which
-    no file changed, or None after
-    `tries` reads that each raced a change. A new attempt renames the live file (``rotate``) and starts a new
-    one: a read that listed the files before that and read them after would take the new attempt for the old
-    one and miss the old one's steps."""
+    no file changed, or None after `tries` reads that each raced a change. A new attempt renames the live file
+    (``rotate``) and starts a new one: a read that listed the files before that and read them after would take
+    the new attempt for the old one and miss the old one's steps."""
     run_dir = Path(run_dir)
     for _ in range(tries):
         try:
