@@ -37,22 +37,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-ENV_TASKS = "EMAPG_TASKS"
-"""Environment variable naming task modules outside this package (importable names, comma-separated)."""
+ENV_TASKS = "EMAPG_TASKS"  # names task modules outside this package (importable names, comma-separated)
 
 
 @dataclass(frozen=True)
 class Example:
     """One problem. `answer` is the gold answer (a list = any of these aliases is correct)."""
 
-    id: str
-    """Stable, unique within a task (used as problem_id in evals.jsonl)."""
-    prompt: str
-    """The problem text; `task.prompt(example)` gives the exact model input."""
+    id: str  # stable, unique within a task (problem_id in evals.jsonl)
+    prompt: str  # the problem text; `task.prompt(example)` gives the exact model input
     answer: str | list[str]
-    """Gold answer(s)."""
-    meta: dict = field(default_factory=dict, compare=False)
-    """Task-specific details (source, hops, terms, ...)."""
+    meta: dict = field(default_factory=dict, compare=False)  # task-specific details (source, hops, terms, ...)
 
 
 @dataclass(frozen=True)
@@ -60,15 +55,11 @@ class Source:
     """One data set a task's `prepare` loads (its `sources()` lists them): how `prepare` calls its
     loader for it, and where it comes from on the Hugging Face hub (`emapg data prepare`)."""
 
-    args: tuple[str, ...]
-    """The arguments `prepare` passes to its loader for this data set, e.g. ("amc",) or ("nq", "test")."""
-    dataset: str
-    """Hugging Face dataset id."""
+    args: tuple[str, ...]  # what `prepare` passes to its loader for this data set, e.g. ("amc",) or ("nq", "test")
+    dataset: str  # Hugging Face dataset id
     config: str | None
-    splits: tuple[str, ...]
-    """The split to read: the first of these the data set has."""
-    fields: tuple[str, ...]
-    """The columns `prepare` reads from each row."""
+    splits: tuple[str, ...]  # the split to read: the first of these the data set has
+    fields: tuple[str, ...]  # the columns `prepare` reads from each row
 
 
 @dataclass(frozen=True)
@@ -76,33 +67,27 @@ class Reporting:
     """What `emapg report` (analysis) reads from a task: plain data, so that analysis never imports
     more than this package's modules (no torch: task modules import heavy libraries inside functions)."""
 
+    # Display names of the main table's columns, in order (a paper-format table: the published numbers of
+    # `paper` beside ours, gains, an Average column); () = the per-benchmark acc / pass@1 / anchor table.
     benchmarks: tuple[str, ...] = ()
-    """Display names of the main table's columns, in order (a paper-format table: the published numbers of
-    `paper` beside ours, gains, an Average column); () = the per-benchmark acc / pass@1 / anchor table."""
-    names: dict[str, str] = field(default_factory=dict)
-    """Logged benchmark name (normalised: lower case, alphanumerics only) -> display name."""
+    names: dict[str, str] = field(default_factory=dict)  # logged name (lower case, alphanumerics) -> display name
+    # Eval metrics in order of preference: curves and ablations plot the first logged; the paper-format table
+    # reports the first.
     metrics: tuple[str, ...] = ("acc", "pass@1")
-    """Eval metrics in order of preference: curves and ablations plot the first logged; the paper-format
-    table reports the first."""
-    paper: str | None = None
-    """The setting of analysis.paper whose published numbers the paper-format table shows (None: none)."""
+    paper: str | None = None  # the setting of analysis.paper whose published numbers the paper-format table shows
 
 
 @dataclass(frozen=True)
 class Rehearsal:
     """Sizes of the task's CPU rehearsal of a verl preset (`emapg rehearse`, experiments.ops.rehearse)."""
 
-    prompt_tokens: int
-    """backend.verl.max_prompt_length: the longest generated prompt, chat template included."""
-    turn_tokens: int
-    """rollout.max_new_tokens: one turn of the tiny model."""
+    prompt_tokens: int  # backend.verl.max_prompt_length: the longest generated prompt, chat template included
+    turn_tokens: int  # rollout.max_new_tokens: one turn of the tiny model
+    # The rest are of a multi-turn preset. backend.verl.max_response_length (all turns and observations);
+    # None = turn_tokens.
     response_tokens: int | None = None
-    """backend.verl.max_response_length of a multi-turn preset (all turns and observations); None =
-    turn_tokens."""
-    max_turns: int = 2
-    """rollout.max_turns of a multi-turn preset."""
-    tool_response_tokens: int = 48
-    """backend.verl.max_tool_response_length of a multi-turn preset."""
+    max_turns: int = 2  # rollout.max_turns
+    tool_response_tokens: int = 48  # backend.verl.max_tool_response_length
 
 
 @dataclass
@@ -192,8 +177,7 @@ class TaskModule(Protocol):
 
 
 REQUIRED = ("NAME", "Knobs", "MAX_NEW_TOKENS", "load", "prompt", "evaluate")
-TOOL_MEMBERS = ("MAX_TURNS", "make_env", "tool_response")
-"""What a tool task (non-empty STOP_STRINGS) must define itself."""
+TOOL_MEMBERS = ("MAX_TURNS", "make_env", "tool_response")  # what a tool task (STOP_STRINGS) defines itself
 
 
 def _defaults(module: ModuleType) -> dict[str, Any]:

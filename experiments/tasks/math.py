@@ -46,10 +46,7 @@ from experiments.tasks import (
 from experiments.tasks.math_tiny import extract_answer as last_boxed
 
 NAME = "math"
-STOP_STRINGS: tuple[str, ...] = ()
-MAX_TURNS = 0
-MAX_NEW_TOKENS = 8192
-"""Stage 1 response budget; see STAGES."""
+MAX_NEW_TOKENS = 8192  # stage 1 response budget; see STAGES
 MAX_ANSWER_CHARS = 300
 THINK_END = "</think>"
 
@@ -64,8 +61,8 @@ SOURCES = {
 }
 TRAIN = ("deepscaler",)
 BENCHMARKS = ("aime2024", "amc", "math500", "minerva", "olympiad_bench")
-VALIDATION = ("aime2024",)
-"""The in-training validation set of the paper's scripts."""
+VALIDATION = ("aime2024",)  # the in-training validation set of the paper's scripts
+# The report's paper-format table: the five benchmarks' pass@1 beside the paper's math numbers.
 REPORTING = Reporting(
     benchmarks=("AIME24", "AMC", "MATH-500", "Minerva", "OlympiadBench"),
     names={
@@ -83,19 +80,15 @@ REPORTING = Reporting(
     metrics=("pass@1", "acc"),
     paper="math",
 )
-"""The report's paper-format table: the five benchmarks' pass@1 beside the paper's math numbers."""
+# `emapg rehearse`: single-turn prompts of a few characters; a turn is a boxed sum (`rehearsal_data`).
 REHEARSAL = Rehearsal(prompt_tokens=128, turn_tokens=24)
-"""`emapg rehearse`: single-turn prompts of a few characters; a turn is a boxed sum (`rehearsal_data`)."""
 
 
 @dataclass(frozen=True)
 class Knobs:
-    data_dir: str = "~/data/emapg/math"
-    """Where `prepare` wrote the parquet files."""
-    instruction: str = ""
-    """Appended to every problem (empty: the raw problem, as the authors' MathAgent)."""
-    require_think: bool = True
-    """Score only the text after `</think>` and give 0 without it (R1-style models)."""
+    data_dir: str = "~/data/emapg/math"  # where `prepare` wrote the parquet files
+    instruction: str = ""  # appended to every problem (empty: the raw problem, as the authors' MathAgent)
+    require_think: bool = True  # score only the text after `</think>`, 0 without it (R1-style models)
 
 
 @dataclass(frozen=True)
@@ -103,11 +96,9 @@ class Stage:
     """One stage of the paper's released 8k/16k/24k schedule; later stages resume the previous one."""
 
     max_response_length: int
-    mask_truncated: bool
-    """Drop length-capped responses from the update, after advantages (backend.verl.mask_truncated)."""
+    mask_truncated: bool  # drop length-capped responses from the update, after advantages
     data_seed: int
-    iterations: tuple[int, int | None]
-    """(start, end) global steps; the 24k stage's end is not published."""
+    iterations: tuple[int, int | None]  # (start, end) global steps; the 24k stage's end is not published
 
 
 STAGES = {
@@ -255,10 +246,6 @@ def evaluate(example: Example, response: str, require_think: bool = True) -> int
     return int(pred is not None and is_equiv(pred, gold))
 
 
-def reward(example: Example, response: str) -> float:
-    return float(evaluate(example, response))
-
-
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
     """verl's custom reward function (reward.custom_reward_function.path=experiments.tasks.math)."""
     gold = _gold(list(ground_truth) if not isinstance(ground_truth, str) else ground_truth)
@@ -268,15 +255,6 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 
 def demonstration(example: Example, rng=None) -> str:
     raise NotImplementedError("math has no synthetic demonstrations; start from a pretrained model (model.path)")
-
-
-def make_env(**knobs) -> None:
-    make_knobs(Knobs, NAME, knobs)
-    return None
-
-
-def tool_response(response_so_far: str, env=None) -> str | None:
-    return None
 
 
 # ---------------------------------------------------------------- evaluation protocol

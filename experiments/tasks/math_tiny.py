@@ -37,20 +37,14 @@ def _not_the_timeout_notice(record: logging.LogRecord) -> bool:
 for _logger in ("math_verify.parser", "math_verify.grader"):  # filters do not propagate: one per logger
     logging.getLogger(_logger).addFilter(_not_the_timeout_notice)
 
-NAME = "math_tiny"
-STOP_STRINGS: tuple[str, ...] = ()
-"""Strings at which generation pauses for the environment: none (single turn)."""
-MAX_TURNS = 0
-"""Environment calls per rollout: none."""
-MAX_NEW_TOKENS = 48
-"""Recommended per-turn generation budget in tokens (= characters); demonstrations use <= 36."""
+NAME = "math_tiny"  # single turn, no environment: the registry's defaults (experiments.tasks)
+MAX_NEW_TOKENS = 48  # tokens (= characters) per turn; demonstrations use <= 36
+# Calibrated warm start of the tiny model (experiments.pretrain): SFT stops when greedy validation accuracy
+# reaches target_acc; steps is only a cap. Measured on 100 test problems, greedy / sampled (temperature 1,
+# mean of 4 samples), pretrain seeds 0, 1, 2: stops at 780/520/540 steps; greedy .31/.37/.32, sampled
+# .245/.30/.23; seed 0 takes 38 s on 2 idle CPU threads.
 PRETRAIN = dict(steps=2000, target_acc=0.35, eval_every=20, batch_size=32, lr=3e-3)
-"""Calibrated warm start of the tiny model (experiments.pretrain): SFT stops when greedy validation accuracy
-reaches target_acc; steps is only a cap. Measured on 100 test problems, greedy / sampled (temperature 1,
-mean of 4 samples), pretrain seeds 0, 1, 2: stops at 780/520/540 steps; greedy .31/.37/.32, sampled
-.245/.30/.23; seed 0 takes 38 s on 2 idle CPU threads."""
-TEST_BUCKETS = 5
-"""1 in TEST_BUCKETS distinct problems (by a hash of the prompt) is test; the rest are train."""
+TEST_BUCKETS = 5  # 1 in TEST_BUCKETS distinct problems (by a hash of the prompt) is test; the rest train
 
 _INT = re.compile(r"[+-]?\d{1,12}")  # the answer format; the length cap keeps sympy away from huge inputs
 
@@ -59,14 +53,10 @@ _INT = re.compile(r"[+-]?\d{1,12}")  # the answer format; the length cap keeps s
 class Knobs:
     """Difficulty knobs (the defaults are the calibrated ones, see experiments/pretrain.py)."""
 
-    digits: int = 1
-    """Maximum digits per number (each problem draws its digit count in [min_digits, digits])."""
+    digits: int = 1  # most digits per number (each problem draws its digit count in [min_digits, digits])
     min_digits: int = 1
-    """Minimum digits per number."""
-    steps: int = 3
-    """Maximum operations (+ or -) per problem; a problem has steps + 1 numbers."""
+    steps: int = 3  # most operations (+ or -) per problem; a problem has steps + 1 numbers
     min_steps: int = 1
-    """Minimum operations per problem."""
 
     def __post_init__(self):
         for f in fields(self):
@@ -75,9 +65,6 @@ class Knobs:
                 raise ValueError(f"math_tiny knob {f.name} must be an integer >= 1; got {value!r}")
         if self.min_digits > self.digits or self.min_steps > self.steps:
             raise ValueError(f"math_tiny knobs need min_digits <= digits and min_steps <= steps; got {self}")
-
-
-# ---------------------------------------------------------------- data
 
 
 def _split_of(prompt_text: str) -> str:
@@ -101,11 +88,8 @@ def _example(entry: dict, split: str) -> Example:
 
 
 def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
-    """`n` distinct problems of `split` ('train' or 'test'), deterministic in (split, n, seed, knobs).
-
-    Walks reasoning-gym's chain_sum stream for `seed` and keeps the problems whose prompt hashes
-    into `split`, so train and test never share a problem whatever the seeds.
-    """
+    """`n` distinct problems of `split` ('train' or 'test'), deterministic in (split, n, seed, knobs): those of
+    reasoning-gym's chain_sum stream for `seed` whose prompt hashes into `split` (no problem in both splits)."""
     try:
         import reasoning_gym  # lazy: ~0.6 s import
     except ImportError as e:
@@ -143,15 +127,11 @@ def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
 
 
 def prompt(example: Example) -> str:
-    """The text fed to the model: the compact expression, e.g. '12+7-5='."""
-    return example.prompt
+    return example.prompt  # the compact expression, e.g. '12+7-5='
 
 
 def demonstration(example: Example, rng=None) -> str:
-    r"""A correct response: one step per operation, then the boxed result.
-
-    '12+7-5=' -> '12+7=19,19-5=14 \boxed{14}'. `rng` is unused (one canonical demonstration).
-    """
+    r"""'12+7-5=' -> '12+7=19,19-5=14 \boxed{14}': one step per operation, then the boxed result (`rng` unused)."""
     terms, ops = example.meta["terms"], example.meta["ops"]
     value, steps = terms[0], []
     for op, term in zip(ops, terms[1:]):
@@ -161,15 +141,9 @@ def demonstration(example: Example, rng=None) -> str:
     return ",".join(steps) + f" \\boxed{{{value}}}"
 
 
-# ---------------------------------------------------------------- scoring
-
-
 def extract_answer(response: str) -> str | None:
-    r"""Content of the LAST `\boxed{...}` (braces balanced), stripped; None when there is none.
-
-    'a \boxed{1} b \boxed{ 14 }' -> '14'; '\boxed{1} \boxed{14' -> None (the last box is
-    unclosed); 'no box' -> None.
-    """
+    r"""Content of the LAST `\boxed{...}` (braces balanced), stripped; None when there is none or it is unclosed:
+    'a \boxed{1} b \boxed{ 14 }' -> '14'; '\boxed{1} \boxed{14' -> None."""
     start = response.rfind("\\boxed{")
     if start == -1:
         return None
@@ -198,22 +172,3 @@ def _parsed(literal: str) -> list:
     from math_verify import parse
 
     return parse(f"\\boxed{{{literal}}}", parsing_timeout=None)
-
-
-def reward(example: Example, response: str) -> float:
-    """The RL reward: 1.0 for a correct final answer, else 0.0 (built on `evaluate`)."""
-    return float(evaluate(example, response))
-
-
-# ---------------------------------------------------------------- environment (none)
-
-
-def make_env(**knobs) -> None:
-    """math_tiny has no environment; returns None (validates the knobs)."""
-    make_knobs(Knobs, NAME, knobs)
-    return None
-
-
-def tool_response(response_so_far: str, env=None) -> str | None:
-    """math_tiny never injects text: always None."""
-    return None

@@ -15,7 +15,7 @@ pass a fixture loader). A real example (NQ):
 
 Reward: exact match (SQuAD normalisation: lower-case, no punctuation/articles, squeezed spaces) of
 the LAST `<answer>...</answer>` span with any gold answer: 1 or 0, no format reward. Evaluation:
-greedy decoding, EM per data source (`PROTOCOL`).
+greedy decoding, 4 searches of top-3 passages, EM per data source (the released evaluation).
 
 Tool protocol: generation stops at `</search>`; the environment appends
 `\\n\\n<information>Doc 1(Title: ...) ...</information>\\n\\n` (top-3 passages from `emapg retriever
@@ -49,18 +49,15 @@ from experiments.tasks.search_tiny import extract_answer, normalize_answer  # no
 NAME = "search"
 STOP = "</search>"
 STOP_STRINGS: tuple[str, ...] = (STOP,)
-MAX_TURNS = 4
-"""Search calls per rollout; one more generation gives the final answer."""
-MAX_NEW_TOKENS = 500
-"""Per-turn generation budget (max_response_length of the paper's script)."""
+MAX_TURNS = 4  # search calls per rollout; one more generation gives the final answer
+MAX_NEW_TOKENS = 500  # per-turn generation budget (max_response_length of the paper's script)
 TOPK = 3
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
 TRAIN_SOURCES = ("nq", "hotpotqa")
 TEST_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
-TEST_SPLITS = ("test", "dev", "train")
-"""A test set's split: its test split, else dev, else train (the first the data set has)."""
-BENCHMARKS = TEST_SOURCES
-"""The evaluation sets, named as their `data_source` (metric keys eval/<name>/acc on the verl backend)."""
+TEST_SPLITS = ("test", "dev", "train")  # a test set's split: the first of these the data set has
+BENCHMARKS = TEST_SOURCES  # named as their `data_source` (metric keys eval/<name>/acc on the verl backend)
+# The report's paper-format table: greedy exact match on the seven test sets beside the paper's search numbers.
 REPORTING = Reporting(
     benchmarks=("NQ", "TriviaQA", "PopQA", "HotpotQA", "2WikiMultiHopQA", "Musique", "Bamboogle"),
     names={
@@ -77,10 +74,10 @@ REPORTING = Reporting(
     metrics=("acc", "pass@1"),
     paper="search",
 )
-"""The report's paper-format table: greedy exact match on the seven test sets beside the paper's search numbers."""
+# `emapg rehearse`: the Search-R1 template is ~630 tokens of the tiny tokenizer; a turn is a `<search> name
+# </search>` or `<answer> name </answer>`; two searches and their information fit 224 tokens.
 REHEARSAL = Rehearsal(prompt_tokens=768, turn_tokens=40, response_tokens=224, max_turns=2, tool_response_tokens=48)
-"""`emapg rehearse`: the Search-R1 template is ~630 tokens of the tiny tokenizer; a turn is a `<search> name
-</search>` or `<answer> name </answer>`; two searches and their information fit 224 tokens."""
+# Search-R1's "base" template, verbatim (including its "as your want").
 TEMPLATE = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
     "new information. After reasoning, if you find you lack some knowledge, you can call a search engine by "
@@ -89,28 +86,12 @@ TEMPLATE = (
     "you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. For example, "
     "<answer> Beijing </answer>. Question: {question}\n"
 )
-"""Search-R1's "base" template, verbatim (including its "as your want")."""
 
 
 @dataclass(frozen=True)
 class Knobs:
-    data_dir: str = "~/data/emapg/search"
-    """Where `prepare` wrote the parquet files."""
-    retriever_url: str = "http://127.0.0.1:8000"
-    """`emapg retriever serve` endpoint used by `make_env`."""
-
-
-@dataclass(frozen=True)
-class Protocol:
-    temperature: float = 0.0
-    n: int = 1
-    max_turns: int = MAX_TURNS
-    topk: int = TOPK
-    metric: str = "exact_match"
-
-
-PROTOCOL = Protocol()
-"""Greedy decoding, 4 searches of top-3 passages, EM per data source (the released evaluation)."""
+    data_dir: str = "~/data/emapg/search"  # where `prepare` wrote the parquet files
+    retriever_url: str = "http://127.0.0.1:8000"  # `emapg retriever serve` endpoint used by `make_env`
 
 
 # ---------------------------------------------------------------- data preparation (verl parquet)
@@ -245,11 +226,6 @@ def make_env(**knobs):
     return HTTPRetriever(make_knobs(Knobs, NAME, knobs).retriever_url)
 
 
-def make_retriever(seed: int = 0, **knobs):
-    """`make_env` under the name experiments.build uses (the corpus does not depend on the seed)."""
-    return make_env(**knobs)
-
-
 def em(prediction: str | None, golden: Iterable[str]) -> int:
     return int(prediction is not None and any(normalize_answer(prediction) == normalize_answer(g) for g in golden))
 
@@ -257,10 +233,6 @@ def em(prediction: str | None, golden: Iterable[str]) -> int:
 def evaluate(example: Example, response: str) -> int:
     gold = example.answer if isinstance(example.answer, list) else [example.answer]
     return em(extract_answer(response), gold)
-
-
-def reward(example: Example, response: str) -> float:
-    return float(evaluate(example, response))
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:

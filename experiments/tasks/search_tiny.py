@@ -39,21 +39,16 @@ from experiments.tasks import Example, make_knobs
 
 NAME = "search_tiny"
 STOP = "</search>"
-STOP_STRINGS: tuple[str, ...] = (STOP,)
-"""Generation pauses after `</search>` so the environment can append the retrieved passages."""
-MAX_TURNS = 3
-"""Environment calls per rollout (2-hop questions need 2)."""
-MAX_NEW_TOKENS = 48
-"""Recommended per-turn generation budget in tokens (= characters)."""
+STOP_STRINGS: tuple[str, ...] = (STOP,)  # generation pauses there for the environment's passages
+MAX_TURNS = 3  # environment calls per rollout (2-hop questions need 2)
+MAX_NEW_TOKENS = 48  # tokens (= characters) per turn
+# Calibrated warm start of the tiny model (experiments.pretrain): SFT stops when greedy validation accuracy
+# reaches target_acc; steps is only a cap. Measured on 100 test problems, greedy / sampled (temperature 1,
+# mean of 4 samples), pretrain seeds 0, 1, 2: stops at 320/360/320 steps; greedy .36/.43/.37, sampled
+# .19/.26/.20; seed 0 takes ~80 s on 2 idle CPU threads (170 s on a loaded machine).
 PRETRAIN = dict(steps=800, target_acc=0.35, eval_every=20, batch_size=16, lr=3e-3)
-"""Calibrated warm start of the tiny model (experiments.pretrain): SFT stops when greedy validation accuracy
-reaches target_acc; steps is only a cap. Measured on 100 test problems, greedy / sampled (temperature 1,
-mean of 4 samples), pretrain seeds 0, 1, 2: stops at 320/360/320 steps; greedy .36/.43/.37, sampled
-.19/.26/.20; seed 0 takes ~80 s on 2 idle CPU threads (170 s on a loaded machine)."""
-TOPK = 3
-"""Passages per search."""
-TEST_BUCKETS = 5
-"""1 in TEST_BUCKETS question subjects (by a hash of the entity name) is test; the rest train."""
+TOPK = 3  # passages per search
+TEST_BUCKETS = 5  # 1 in TEST_BUCKETS question subjects (by a hash of the entity name) is test; the rest train
 JOBS = ("baker", "pilot", "farmer", "doctor", "painter", "teacher", "sailor", "miner", "tailor", "singer")
 
 
@@ -61,17 +56,13 @@ JOBS = ("baker", "pilot", "farmer", "doctor", "painter", "teacher", "sailor", "m
 class Knobs:
     """World and question-mix knobs (the defaults are the calibrated ones, see experiments/pretrain.py)."""
 
-    world_seed: int = 0
-    """Seed of the generated world (fixed across training seeds so that runs share one corpus)."""
+    world_seed: int = 0  # fixed across training seeds, so that runs share one corpus
+    # People in the world (2 passages each: birthplace, job); ~1/5 of them are test subjects, enough for 200
+    # distinct test questions at two_hop=0.5.
     n_people: int = 600
-    """People in the world (2 passages each: birthplace, job); ~1/5 of them are test subjects,
-    enough for 200 distinct test questions at two_hop=0.5."""
-    n_cities: int = 24
-    """Cities (1 passage each: its country)."""
+    n_cities: int = 24  # 1 passage each: its country
     n_countries: int = 8
-    """Countries."""
-    two_hop: float = 0.5
-    """Fraction of 2-hop questions ("Which country was X born in?"); the rest are 1-hop."""
+    two_hop: float = 0.5  # fraction of 2-hop questions ("Which country was X born in?"); the rest are 1-hop
 
     def __post_init__(self):
         for name in ("n_people", "n_cities", "n_countries"):
@@ -82,9 +73,6 @@ class Knobs:
 
     def world(self) -> tuple[int, int, int, int]:
         return (self.world_seed, self.n_people, self.n_cities, self.n_countries)
-
-
-# ---------------------------------------------------------------- the world
 
 
 @dataclass(frozen=True)
@@ -160,9 +148,6 @@ def make_env(**knobs) -> BM25Retriever:
     return _world(*make_knobs(Knobs, NAME, knobs).world()).retriever
 
 
-# ---------------------------------------------------------------- data
-
-
 def _split_of(subject: str) -> str:
     h = int(hashlib.sha256(subject.encode()).hexdigest()[:8], 16)
     return "test" if h % TEST_BUCKETS == 0 else "train"
@@ -187,11 +172,9 @@ def _draw(pool: list[Question], m: int, rng: random.Random, split: str) -> list[
 
 
 def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
-    """`n` questions of `split`, a `two_hop` fraction of them 2-hop; deterministic in all arguments.
-
-    Questions are split by their subject entity, so no person or city is asked about in both splits.
-    Test questions are distinct; train questions repeat only when n exceeds the pool.
-    """
+    """`n` questions of `split`, a `two_hop` fraction of them 2-hop; deterministic in all arguments. Split by
+    subject entity (no person or city in both splits); test questions are distinct, train ones repeat only when n
+    exceeds the pool."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test'; got {split!r}")
     if not isinstance(n, int) or n < 1:
@@ -208,17 +191,12 @@ def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
 
 
 def prompt(example: Example) -> str:
-    """The text fed to the model: the bare question, e.g. 'Where was Tesa Lunul born?'."""
-    return example.prompt
+    return example.prompt  # the bare question, e.g. 'Where was Tesa Lunul born?'
 
 
 def tool_response(response_so_far: str, retriever: Retriever, k: int = TOPK) -> str | None:
-    """The `<information>...</information>` text to append, or None when the response does not
-    end with a search call (`...<search>query</search>`).
-
-    The query is the text between the last `<search>` and the final `</search>`; passages are joined
-    by single spaces. An empty or missing query gives an empty `<information></information>`.
-    """
+    """`<information>passages joined by spaces</information>` for the query between the last `<search>` and the
+    final `</search>` (empty for an empty or missing query); None when the response does not end with `</search>`."""
     text = response_so_far.rstrip()
     if not text.endswith(STOP):
         return None
@@ -238,9 +216,6 @@ def demonstration(example: Example, rng=None) -> str:
         response += f"<search>{query}</search>"
         response += tool_response(response, retriever)
     return response + f"<answer>{example.answer[0]}</answer>"
-
-
-# ---------------------------------------------------------------- scoring
 
 
 def extract_answer(response: str) -> str | None:
@@ -267,8 +242,3 @@ def evaluate(example: Example, response: str) -> int:
         return 0
     golds = example.answer if isinstance(example.answer, list) else [example.answer]
     return int(any(normalize_answer(pred) == normalize_answer(g) for g in golds))
-
-
-def reward(example: Example, response: str) -> float:
-    """The RL reward: 1.0 for an exact-match final answer, else 0.0 (built on `evaluate`)."""
-    return float(evaluate(example, response))
