@@ -73,30 +73,22 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-"""A minimal chat template over the tiny tokenizer's characters (verl's dataset applies one to every prompt)."""
-KILL_AFTER = 2
-"""The first attempt is killed once the checkpoint of this step is complete."""
-ANCHOR_PERIOD = 2
-"""The anchor period of a rehearsal (tau < 1): updates after steps 2, 4, ..."""
-ROWS = {"train": 16, "test": 2}
-"""Rows of generated data: training prompts, and per benchmark / test source (the task's ``rehearsal_data``)."""
-PROBE_PROMPTS = 2
-"""trainer.probe_size of a rehearsal whose target runs the KL probe (then scored every step)."""
+# verl's dataset applies a chat template to every prompt: a minimal one over the tiny tokenizer's characters
+KILL_AFTER = 2  # the first attempt is killed once the checkpoint of this step is complete
+ANCHOR_PERIOD = 2  # of a rehearsal (tau < 1): updates after steps 2, 4, ...
+ROWS = {"train": 16, "test": 2}  # generated rows: training prompts, and per benchmark / test source
+PROBE_PROMPTS = 2  # trainer.probe_size of a rehearsal whose target runs the KL probe (then scored every step)
 STEP_TIMEOUT_S = 7200
-"""backend.verl.step_timeout_s of a rehearsal (no step for that long, verl's start-up included: the run fails, saying
-so), the product's default. Start-up and each step take about a minute on 2 idle cores, but over 20 minutes beside
-other jobs (load 10 on 2 cores: two trials start some twenty Python processes that each import torch and verl), so
-the rehearsal's own watch on progress, output included (``ATTEMPT_STALL_S``; sweeps: ``sweeps.rehearse.STALL_S``),
-catches a silent hang first; this one stops a run that prints but never steps."""
+"""backend.verl.step_timeout_s of a rehearsal, the product's default. Start-up and each step take about a minute on 2
+idle cores but over 20 minutes beside other jobs, so the rehearsal's own watch on progress and output
+(``ATTEMPT_STALL_S``; sweeps: ``sweeps.rehearse.STALL_S``) catches a silent hang first; this one stops a run that
+prints but never steps."""
 
 
-# --------------------------------------------------------------------------------------
-# The tiny model
-# --------------------------------------------------------------------------------------
+# ---------------------------------------- The tiny model
 def build_model(out_dir: Path, sft_texts: list[tuple[str, str]], steps: int = 300, seed: int = 0) -> str:
     """A tiny Qwen2 + char-level tokenizer with ``CHAT_TEMPLATE``, given `steps` of SFT on (prompt, response)
     pairs (loss on the response and EOS only); saved with ``save_pretrained``. Returns the directory."""
-
     if (out_dir / "config.json").is_file():
         return str(out_dir)
     torch.manual_seed(seed)
@@ -127,7 +119,6 @@ def _encode(tok, prompt: str, response: str) -> tuple[list[int], list[int]]:
 
 
 def _pad(batch, pad_id: int):
-
     width = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), width), pad_id)  # (B, L)
     labels = torch.full((len(batch), width), -100)  # (B, L)
@@ -136,9 +127,7 @@ def _pad(batch, pad_id: int):
     return ids, labels
 
 
-# --------------------------------------------------------------------------------------
-# Data in the real schema
-# --------------------------------------------------------------------------------------
+# ---------------------------------------- Data in the real schema
 def prepare_data(task: str, out_dir: Path) -> RehearsalData:
     """The task's rehearsal data (its module's ``rehearsal_data``: rows generated here, written by its own
     ``prepare``); ValueError naming the tasks that have one otherwise."""
@@ -149,9 +138,7 @@ def prepare_data(task: str, out_dir: Path) -> RehearsalData:
     return module.rehearsal_data(out_dir, ROWS)
 
 
-# --------------------------------------------------------------------------------------
-# The rehearsal config
-# --------------------------------------------------------------------------------------
+# ---------------------------------------- The rehearsal config
 def rehearsal_overrides(
     cfg, model_path: str, data: RehearsalData, run_dir: Path, steps: int, *, retriever_url: str | None = None
 ) -> list[str]:
@@ -215,31 +202,23 @@ def _quote(s: str) -> str:
     return "'" + s.replace("'", "\\'") + "'"
 
 
-# --------------------------------------------------------------------------------------
-# Running: attempt 1 (killed after step KILL_AFTER's checkpoint), attempt 2 (resume to the end)
-# --------------------------------------------------------------------------------------
+# ---------------------------------------- Running: attempt 1 (killed after step KILL_AFTER's checkpoint), attempt 2
 ATTEMPT_STALL_S = 1800.0
-"""An attempt that logs no new step, writes no new checkpoint and prints nothing for this long is stopped and the
-rehearsal fails."""
+"""An attempt with no new step, checkpoint or output for this long is stopped and the rehearsal fails."""
 
 
 @dataclass
 class Attempt:
-    started: float
-    """time.time() when the process was started."""
-    returncode: int | None
-    """The exit status; None when it was killed (at its kill point, or stalled)."""
-    killed_at: int | None
-    """The last complete checkpoint when the attempt was killed (None: it was not killed)."""
+    started: float  # time.time()
+    returncode: int | None  # None when it was killed (at its kill point, or stalled)
+    killed_at: int | None  # the last complete checkpoint when the attempt was killed
     seconds: float
     log: Path
-    timed_out: bool = False
-    """Stopped after `timeout_s` without progress."""
+    timed_out: bool = False  # stopped after `timeout_s` without progress
 
 
 def logged_step(run_dir: Path) -> int:
     """The last step this attempt's verl metrics file has training metrics for (0: none)."""
-
     steps = [0]
     for line in (run_dir / FILE).read_text().splitlines() if (run_dir / FILE).is_file() else []:
         try:
@@ -275,14 +254,8 @@ def run_attempt(
     no new checkpoint and no output: progress, not a wall clock, decides, so a loaded machine only makes it slower."""
     inherited = ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")  # its own Ray; trainer.device decides
     env = {k: v for k, v in os.environ.items() if k not in inherited}
-    env.update(
-        {
-            "EMAPG_PROGRESS": "0",
-            "PYTHONUNBUFFERED": "1",
-            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-            "WANDB_MODE": "offline",
-        }
-    )  # Ray binds 127.0.0.1 and W&B is offline: nothing leaves the machine
+    # Ray binds 127.0.0.1 and W&B is offline: nothing leaves the machine
+    env.update(EMAPG_PROGRESS="0", PYTHONUNBUFFERED="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", WANDB_MODE="offline")
     cmd = [sys.executable, "-m", "experiments.cli", "train", *overrides]
     t0 = time.time()
     with open(log, "w") as out:
@@ -318,9 +291,7 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-# --------------------------------------------------------------------------------------
-# Checks: one line each, from the run directory alone
-# --------------------------------------------------------------------------------------
+# ---------------------------------------- Checks: one line each, from the run directory alone
 @dataclass
 class Check:
     name: str
@@ -343,18 +314,15 @@ class Expect:
     keep: int
     killed_at: int | None
     probe: bool = False
-    attempts: int = 2
-    """verl attempts the run had at least (one offline W&B run each)."""
+    attempts: int = 2  # verl attempts the run had at least (one offline W&B run each)
 
 
 def _metrics(run_dir: Path) -> dict[int, dict]:
-
     return {int(r["iteration"]): r for r in read_metrics(run_dir) if int(r["iteration"]) > 0}
 
 
 def _raw_attempts(run_dir: Path) -> list[list[dict]]:
     """verl's own metric lines, one list per attempt, oldest first."""
-
     out = []
     for path in attempt_files(run_dir):
         rows = []
@@ -386,20 +354,14 @@ def check_topk(run_dir: Path, e: Expect) -> Check:
     keys = {k for rows in _raw_attempts(run_dir) for row in rows for k in row.get("data", {}) if "topk_k" in k}
     ks = sorted({row["data"][k] for rows in _raw_attempts(run_dir) for row in rows for k in keys if k in row["data"]})
     if not e.topk:
-        return Check(
-            "Top-k statistics",
-            not keys,
-            "estimator needs none; none computed"
-            if not keys
-            else f"computed although the estimator does not need them: {sorted(keys)}",
-        )
+        unneeded = f"computed although the estimator does not need them: {sorted(keys)}"
+        return Check("Top-k statistics", not keys, unneeded if keys else "estimator needs none; none computed")
     return Check("Top-k statistics", ks == [float(e.k)], f"head size seen in the actor loss {ks}, expected [{e.k}]")
 
 
 def check_probe(run_dir: Path, e: Expect) -> Check:
     """The KL probe: finite kl/exact >= 0 and its estimate at every step, and the same probe tokens in every
     checkpoint, those written after the resume included (the resumed run scores the tokens it captured)."""
-
     from experiments.backends.verl.probe import PROBE_FILE  # loads verl, torch
 
     m = _metrics(run_dir)
@@ -432,7 +394,6 @@ def check_checkpoints(run_dir: Path, e: Expect) -> Check:
 def check_resume(run_dir: Path, e: Expect) -> Check:
     if e.killed_at is None:
         return Check("resume", False, "the first attempt was not killed at a checkpoint")
-
     attempts = _raw_attempts(run_dir)
     resumed = sorted(int(r["step"]) for r in attempts[-1] if trained_step(r.get("data", {}))) if attempts else []
     first_ok = bool(resumed) and resumed[0] == e.killed_at + 1
@@ -452,7 +413,6 @@ def check_resume(run_dir: Path, e: Expect) -> Check:
 def check_evals(run_dir: Path, e: Expect) -> Check:
     """Per-problem rows of the last step's validation for the policy and, evaluated with its own weights,
     the EMA anchor, and the anchor's metrics beside the policy's."""
-
     rows = [r for r in read_evals(run_dir) if r["iteration"] == e.steps]
     per = {m: sorted(r["problem_id"] for r in rows if r["model"] == m) for m in ("policy", "anchor")}
     anchor_keys = sorted(k for k in _metrics(run_dir).get(e.steps, {}) if k.startswith("eval_anchor/"))
@@ -467,7 +427,6 @@ def check_evals(run_dir: Path, e: Expect) -> Check:
 def check_wandb(run_dir: Path, e: Expect) -> Check:
     """verl's tracker wrote an offline W&B run per attempt, all under the run's one id (kept in wandb_run.json),
     in the run's group; or none at all when the target's logger is none."""
-
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     lg, state = cfg.get("logger") or {}, read_wandb_state(run_dir)
     found = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
@@ -493,9 +452,7 @@ CHECKS = (
 )
 
 
-# --------------------------------------------------------------------------------------
-# One configuration, a sweep, the command
-# --------------------------------------------------------------------------------------
+# ---------------------------------------- One configuration, a sweep, the command
 @dataclass
 class Result:
     name: str
@@ -530,19 +487,8 @@ class Shared:
         """`emapg retriever serve --corpus` on 127.0.0.1 (started once); its URL."""
         if self._retriever is None:
             port = _free_port()
-            cmd = [
-                sys.executable,
-                "-m",
-                "experiments.cli",
-                "retriever",
-                "serve",
-                "--corpus",
-                corpus,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ]
+            cmd = [sys.executable, "-m", "experiments.cli", "retriever", "serve", "--corpus", corpus]
+            cmd += ["--host", "127.0.0.1", "--port", str(port)]
             with open(self.root / "retriever.log", "w") as log:  # the child keeps its own copy of the descriptor
                 self._retriever = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self.retriever_url = f"http://127.0.0.1:{port}"
@@ -569,7 +515,6 @@ on an idle machine; a process that exits fails the wait at once)."""
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = RETRIEVER_START_S) -> None:
     """Wait for the retriever's GET /health (asked by the client the runs use: it sends $EMAPG_RETRIEVER_TOKEN,
     which the server, started with this environment, then requires); its output goes to `log`."""
-
     client = HTTPRetriever(url, timeout=2.0)
     t0 = time.time()
     try:
@@ -593,7 +538,6 @@ def rehearse_config(
     name: str, target: list[str], out: Path, shared: Shared, steps: int, *, say: Callable[[str], None] = print
 ) -> Result:
     """Rehearse one configuration (`target`: Hydra overrides naming a verl preset); see the module docstring."""
-
     t0 = time.time()
     cfg = build.compose(target)
     if cfg.backend.name != "verl":
@@ -620,7 +564,6 @@ def rehearse_config(
     if second.returncode != 0:
         return Result(name, [Check("attempt 2", False, _failure(second))], time.time() - t0)
     kl = cfg.algo.kl
-
     expect = Expect(
         steps=steps,
         tau=float(cfg.algo.anchor.tau),
@@ -703,8 +646,6 @@ def main(argv: list[str] | None = None) -> int:
                 (out / f"{name}.failure.txt").write_text(failed + "\n")
     finally:
         shared.close()
-    if len(results) > 1:
-        print("\n" + table(results))
     bad = [(r.name, c) for r in results for c in r.checks if not c.ok]
     if bad:
         name, c = bad[0]
@@ -717,13 +658,3 @@ def failed_line(what: str, logs: Path) -> str:
     holds every log of it."""
     what = " ".join(what.split())
     return f"FAILED: {what if len(what) <= 400 else what[:399] + '…'}; logs: {logs.resolve()}"
-
-
-def table(results: list[Result]) -> str:
-    """One row per configuration: passed, or the checks that failed."""
-    rows = [
-        f"| {r.name} | {'passed' if r.ok else 'FAILED: ' + ', '.join(c.name for c in r.checks if not c.ok)} "
-        f"| {r.seconds:.0f} s |"
-        for r in results
-    ]
-    return "\n".join(["| configuration | result | time |", "|---|---|---|", *rows])
