@@ -45,24 +45,20 @@ from experiments.errors import UserError, is_ray_auth_error, ray_auth_line
 
 STATUSES = ("PASS", "WARN", "FAIL", "N/A")
 USAGE = "usage: emapg doctor [experiment=<preset>] [key=value ...] [--address HOST:PORT]"
-NVIDIA_SMI_TIMEOUT_S = 20
-"""How long `nvidia-smi` may take before the driver check gives up on it."""
-NODE_TIMEOUT_S = 60.0
-"""How long, with --address, each node has to answer its Ray task (paths and checkpoint directory)."""
-CONNECT_TIMEOUT_S = 5.0
-"""How long --address may take to accept a TCP connection before doctor says nothing answers there."""
-PROBE_PREFIX = ".emapg-doctor-"
-"""Name prefix of the probe files the checkpoint check writes and deletes."""
+NVIDIA_SMI_TIMEOUT_S = 20  # before the driver check gives up on `nvidia-smi`
+NODE_TIMEOUT_S = 60.0  # with --address, for each node to answer its Ray task (paths and checkpoint directory)
+CONNECT_TIMEOUT_S = 5.0  # for --address to accept a TCP connection before doctor says nothing answers there
+PROBE_PREFIX = ".emapg-doctor-"  # of the probe files the checkpoint check writes and deletes
+# CUDA major version of torch's build -> the oldest NVIDIA driver branch that runs it (CUDA minor version
+# compatibility: https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html)
 CUDA_MIN_DRIVER = {11: 450, 12: 525, 13: 580}
-"""CUDA major version of torch's build -> the oldest NVIDIA driver branch that runs it (CUDA minor version
-compatibility: https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html)."""
 TORCH_CUDA_WHEELS = "https://download.pytorch.org/whl/"
+# verl 0.9.1's attn_implementation when the config sets none (verl/workers/config/model.py, HFModelConfig)
 VERL_ATTN_DEFAULT = "flash_attention_2"
-"""verl 0.9.1's attn_implementation when the config sets none (verl/workers/config/model.py, HFModelConfig)."""
+# verl rollout engine -> the module it needs (the hf engine is ours: experiments.backends.verl.hf_rollout)
 ROLLOUT_MODULES = {"vllm": "vllm", "sglang": "sglang"}
-"""verl rollout engine -> the module it needs (the hf engine is ours: experiments.backends.verl.hf_rollout)."""
+# the network interfaces NCCL / gloo bind to (a comma list; ^ excludes, = is exact)
 SOCKET_IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-"""Variables naming the network interfaces NCCL / gloo bind to (a comma list; ^ excludes, = is exact)."""
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -95,26 +91,17 @@ class Demand:
     """What a composed run config needs from a node (``demand``)."""
 
     backend: str
-    device: str
-    """trainer.device: cpu | cuda | cuda:N | auto (local); cuda | cpu (verl)."""
-    gpus_per_node: int
-    """CUDA devices each node must have (0: none)."""
+    device: str  # trainer.device: cpu | cuda | cuda:N | auto (local); cuda | cpu (verl)
+    gpus_per_node: int  # 0: none
     nodes: int = 1
-    sizes: str = ""
-    """The settings behind the GPU demand, e.g. 'trainer.nnodes=1 x trainer.n_gpus_per_node=8'."""
-    rollout: str | None = None
-    """verl's rollout engine (vllm | sglang | hf); None on the local backend."""
+    sizes: str = ""  # the settings behind the GPU demand, e.g. 'trainer.nnodes=1 x trainer.n_gpus_per_node=8'
+    rollout: str | None = None  # verl's rollout engine (vllm | sglang | hf); None on the local backend
     gpu_memory_utilization: float | None = None
-    attn: str | None = None
-    """verl's attn_implementation (flash_attention_2 unless the config sets another)."""
-    model: str | None = None
-    """model.path: a directory, or (verl) an HF id; None = the tiny model, built here."""
-    files: tuple[tuple[str, str], ...] = ()
-    """(setting, path) of the data and config files the workers read."""
-    checkpoints: str = ""
-    """The checkpoint directory, absolute."""
-    checkpoint_key: str = "run_dir"
-    """The setting that moves it."""
+    attn: str | None = None  # verl's attn_implementation
+    model: str | None = None  # model.path: a directory, or (verl) an HF id; None = the tiny model, built here
+    files: tuple[tuple[str, str], ...] = ()  # (setting, path) of the data and config files the workers read
+    checkpoints: str = ""  # the checkpoint directory, absolute
+    checkpoint_key: str = "run_dir"  # the setting that moves it
 
 
 def demand(cfg) -> Demand:
@@ -186,8 +173,7 @@ def _verl_demand(cfg) -> Demand:
 class Gpu:
     index: int
     name: str
-    total: int
-    """Bytes."""
+    total: int  # bytes
     free: int
 
 
@@ -266,8 +252,7 @@ class Probes:
 # ---------------------------------------------------------------------------------------------- the cluster
 @dataclass(frozen=True)
 class Node:
-    name: str
-    """Its address (with a node id prefix where two share one)."""
+    name: str  # its address (with a node id prefix where two share one)
     gpus: float
 
 
@@ -287,8 +272,7 @@ class Context:
     demand: Demand
     probes: Probes = field(default_factory=Probes)
     cluster: Cluster | None = None
-    token: str = field(default_factory=lambda: secrets.token_hex(6))
-    """Names this doctor's probe files."""
+    token: str = field(default_factory=lambda: secrets.token_hex(6))  # names this doctor's probe files
 
     @property
     def gpu_here(self) -> bool:
@@ -311,11 +295,9 @@ def check_driver(ctx: Context) -> Result:
     version, cuda = ctx.probes.torch_build()
     if cuda is None:
         if ctx.gpu_here:
-            return Result(
-                "FAIL",
-                f"torch {version} is a CPU build; the run needs {ctx.demand.gpus_per_node} GPU(s) per node",
-                f"install torch's CUDA build ({TORCH_CUDA_WHEELS}cu130 for R580+ drivers; docs/scaling-out.md)",
-            )
+            fix = f"install torch's CUDA build ({TORCH_CUDA_WHEELS}cu130 for R580+ drivers; docs/scaling-out.md)"
+            found = f"torch {version} is a CPU build; the run needs {ctx.demand.gpus_per_node} GPU(s) per node"
+            return Result("FAIL", found, fix)
         return Result("N/A", f"torch {version} is a CPU build; {_no_gpu_needed(ctx)}")
     major = int(cuda.split(".")[0])
     try:
@@ -324,30 +306,21 @@ def check_driver(ctx: Context) -> Result:
         why = "nvidia-smi not found" if isinstance(e, FileNotFoundError) else f"nvidia-smi failed: {_smi_reason(e)}"
         if not ctx.gpu_here:
             return Result("N/A", f"no NVIDIA driver here ({why}); {_no_gpu_needed(ctx)}")
-        return Result(
-            "FAIL",
-            f"torch {version} (CUDA {cuda}) but no usable NVIDIA driver ({why})",
-            f"install an NVIDIA driver >= {CUDA_MIN_DRIVER.get(major, '?')} on this node",
-        )
+        fix = f"install an NVIDIA driver >= {CUDA_MIN_DRIVER.get(major, '?')} on this node"
+        return Result("FAIL", f"torch {version} (CUDA {cuda}) but no usable NVIDIA driver ({why})", fix)
     if not drivers:
         return Result("FAIL" if ctx.gpu_here else "N/A", "nvidia-smi lists no GPU", "check the GPUs with nvidia-smi")
     need = CUDA_MIN_DRIVER.get(major)
     if need is None:
-        return Result(
-            "WARN",
-            f"driver {', '.join(drivers)}; torch {version} is built for CUDA {cuda}, which doctor has no entry for",
-            "check NVIDIA's CUDA compatibility table for that CUDA version",
-        )
+        found = f"driver {', '.join(drivers)}; torch {version} is built for CUDA {cuda}, which doctor has no entry for"
+        return Result("WARN", found, "check NVIDIA's CUDA compatibility table for that CUDA version")
     old = [d for d in drivers if int(d.split(".")[0]) < need]
     found = f"NVIDIA driver {', '.join(drivers)}; torch {version} is built for CUDA {cuda} (needs a driver >= {need})"
     if not old:
         return Result("PASS", found)
     older = {13: f"{TORCH_CUDA_WHEELS}cu128", 12: f"{TORCH_CUDA_WHEELS}cu118"}.get(major, TORCH_CUDA_WHEELS)
-    return Result(
-        "FAIL" if ctx.gpu_here else "WARN",
-        found,
-        f"upgrade the driver to R{need}+, or install a torch built for an older CUDA ({older})",
-    )
+    fix = f"upgrade the driver to R{need}+, or install a torch built for an older CUDA ({older})"
+    return Result("FAIL" if ctx.gpu_here else "WARN", found, fix)
 
 
 def _smi_reason(e: BaseException) -> str:
@@ -376,11 +349,8 @@ def check_cuda(ctx: Context) -> Result:
         try:
             ctx.probes.matmul(f"cuda:{g.index}")
         except Exception as e:  # noqa: BLE001  a broken device, an arch torch was not built for, ...
-            return Result(
-                "FAIL",
-                f"cuda:{g.index} ({g.name}): a 4x4 matmul failed: {_first_line(e)}",
-                "check the device with nvidia-smi; a torch build for this GPU's architecture",
-            )
+            fix = "check the device with nvidia-smi; a torch build for this GPU's architecture"
+            return Result("FAIL", f"cuda:{g.index} ({g.name}): a 4x4 matmul failed: {_first_line(e)}", fix)
     return Result("PASS", f"a 4x4 matmul ran on each of {len(gpus)} device(s) (cuda:0..{len(gpus) - 1})")
 
 
@@ -397,11 +367,8 @@ def check_gpus(ctx: Context) -> Result:
         return Result("FAIL", f"torch.cuda fails: {_first_line(e)}", "see the driver check")
     if d.device == "auto":
         if not gpus:
-            return Result(
-                "WARN",
-                "trainer.device=auto and no CUDA device: the run will use the CPU",
-                "trainer.device=cpu to say so, or run on a GPU node",
-            )
+            found = "trainer.device=auto and no CUDA device: the run will use the CPU"
+            return Result("WARN", found, "trainer.device=cpu to say so, or run on a GPU node")
         return Result("PASS", f"trainer.device=auto runs on cuda:0 ({_describe(gpus[:1])})")
     need = f"the run needs {d.gpus_per_node} per node [{d.sizes}]"
     if len(gpus) < d.gpus_per_node:
@@ -409,17 +376,11 @@ def check_gpus(ctx: Context) -> Result:
     found = f"{_describe(gpus)}; {need}"
     short = _short_of_memory(gpus[: d.gpus_per_node], d)
     if short:
-        return Result(
-            "WARN",
-            f"{found}; {short}",
-            "free the GPUs (nvidia-smi lists what holds them), or lower backend.verl.gpu_memory_utilization",
-        )
+        fix = "free the GPUs (nvidia-smi lists what holds them), or lower backend.verl.gpu_memory_utilization"
+        return Result("WARN", f"{found}; {short}", fix)
     if d.nodes > 1:
-        return Result(
-            "WARN",
-            f"{found}; checked this node only, the run needs {d.nodes} nodes",
-            "pass --address HOST:PORT (the Ray head) to check every node",
-        )
+        fix = "pass --address HOST:PORT (the Ray head) to check every node"
+        return Result("WARN", f"{found}; checked this node only, the run needs {d.nodes} nodes", fix)
     return Result("PASS", found)
 
 
@@ -474,19 +435,12 @@ def check_verl(ctx: Context) -> Result:
     try:
         module = ctx.probes.import_module("verl")
     except Exception as e:  # noqa: BLE001  not installed, or broken
-        return Result(
-            "FAIL",
-            f"verl is not importable: {_first_line(e)}",
-            f"cluster/gpu-install.sh on a GPU node, pip install -e '.[verl]' on CPU (verl=={VERL_VERSION}; "
-            "docs/scaling-out.md)",
-        )
+        fix = f"cluster/gpu-install.sh on a GPU node, pip install -e '.[verl]' on CPU (verl=={VERL_VERSION}"
+        return Result("FAIL", f"verl is not importable: {_first_line(e)}", f"{fix}; docs/scaling-out.md)")
     version = getattr(module, "__version__", "unknown")
     if version != VERL_VERSION:
-        return Result(
-            "FAIL",
-            f"verl {version}; the plugin is written for verl {VERL_VERSION}",
-            f"pip install verl=={VERL_VERSION}",
-        )
+        found = f"verl {version}; the plugin is written for verl {VERL_VERSION}"
+        return Result("FAIL", found, f"pip install verl=={VERL_VERSION}")
     return Result("PASS", f"verl {version}")
 
 
@@ -546,9 +500,8 @@ def check_nccl(ctx: Context) -> Result:
     settings = ", ".join(f"{k}={env[k]}" for k in shown_vars) or "no NCCL_* variable set (NCCL's defaults)"
     version = ctx.probes.nccl_version()
     if version is None and ctx.gpu_here:
-        return Result(
-            "FAIL", f"this torch has no NCCL, which verl's ranks talk over; {settings}", "see the driver check"
-        )
+        found = f"this torch has no NCCL, which verl's ranks talk over; {settings}"
+        return Result("FAIL", found, "see the driver check")
     found = f"NCCL {version or '(not in this torch)'}; {settings}"
     problems = nccl_problems(env, ctx.probes.interfaces(), d.nodes)
     if problems:
@@ -560,28 +513,15 @@ def nccl_problems(env: Mapping[str, str], interfaces: Sequence[str], nodes: int)
     """(what, fix) for each NCCL setting that is likely a mistake here: an interface list that matches none of
     this node's interfaces; P2P disabled on one node; InfiniBand disabled across nodes."""
     out = []
-    for var in SOCKET_IFNAME_VARS:
-        if env.get(var) and not interface_matches(env[var], interfaces):
-            out.append(
-                (
-                    f"{var}={env[var]} matches none of this node's interfaces ({', '.join(interfaces)})",
-                    f"set {var} to this node's network interface, or unset it",
-                )
-            )
+    for var in (v for v in SOCKET_IFNAME_VARS if env.get(v) and not interface_matches(env[v], interfaces)):
+        what = f"{var}={env[var]} matches none of this node's interfaces ({', '.join(interfaces)})"
+        out.append((what, f"set {var} to this node's network interface, or unset it"))
     if env.get("NCCL_P2P_DISABLE", "0") not in ("0", "") and nodes == 1:
-        out.append(
-            (
-                "NCCL_P2P_DISABLE is set on a one-node run: GPU-to-GPU traffic goes through host memory",
-                "unset NCCL_P2P_DISABLE unless it works around a P2P hang on this machine",
-            )
-        )
+        what = "NCCL_P2P_DISABLE is set on a one-node run: GPU-to-GPU traffic goes through host memory"
+        out.append((what, "unset NCCL_P2P_DISABLE unless it works around a P2P hang on this machine"))
     if env.get("NCCL_IB_DISABLE", "0") not in ("0", "") and nodes > 1:
-        out.append(
-            (
-                f"NCCL_IB_DISABLE is set on a {nodes}-node run: traffic between nodes goes over TCP sockets",
-                "unset NCCL_IB_DISABLE if the nodes have InfiniBand/RoCE",
-            )
-        )
+        what = f"NCCL_IB_DISABLE is set on a {nodes}-node run: traffic between nodes goes over TCP sockets"
+        out.append((what, "unset NCCL_IB_DISABLE if the nodes have InfiniBand/RoCE"))
     return out
 
 
@@ -614,11 +554,8 @@ def _path_items(d: Demand) -> list[tuple[str, str]]:
 def _node_result(node: str, answer: Any, judge: Callable[[Any], Result]) -> Result:
     """A node's line: its answer judged, or why it did not answer."""
     if isinstance(answer, BaseException):
-        return Result(
-            "FAIL",
-            f"node {node}: no answer: {_first_line(answer)}",
-            "install emapg at the same path on every node, and check the node with `ray status`",
-        )
+        fix = "install emapg at the same path on every node, and check the node with `ray status`"
+        return Result("FAIL", f"node {node}: no answer: {_first_line(answer)}", fix)
     r = judge(answer)
     return Result(r.status, f"node {node}: {r.found}", r.fix)
 
@@ -695,11 +632,8 @@ def check_checkpoint(ctx: Context) -> list[Result]:
     try:
         here = writable(d.checkpoints, ctx.token)
     except OSError as e:
-        return [
-            Result(
-                "FAIL", f"{shown_path(d.checkpoints)}: {_os_reason(e)}", f"make it writable, or set {d.checkpoint_key}"
-            )
-        ]
+        fix = f"make it writable, or set {d.checkpoint_key}"
+        return [Result("FAIL", f"{shown_path(d.checkpoints)}: {_os_reason(e)}", fix)]
     if ctx.cluster is None:
         return [Result("PASS", f"{shown_path(d.checkpoints)}: {here}")]
     try:
@@ -714,12 +648,8 @@ def check_checkpoint(ctx: Context) -> list[Result]:
 def _judge_shared(answer: tuple[bool, str], d: Demand) -> Result:
     seen, detail = answer
     if not seen:
-        return Result(
-            "FAIL",
-            detail,
-            f"put {d.checkpoint_key} on storage every node mounts at the same path "
-            "(every rank writes its shards there)",
-        )
+        fix = f"put {d.checkpoint_key} on storage every node mounts at the same path"
+        return Result("FAIL", detail, f"{fix} (every rank writes its shards there)")
     return Result("PASS", detail)
 
 
@@ -808,11 +738,8 @@ def check_wandb(ctx: Context) -> Result:
     try:
         module = ctx.probes.import_module("wandb")
     except Exception as e:  # noqa: BLE001
-        return Result(
-            "FAIL",
-            f"{mode} ({source}) but wandb does not import: {_first_line(e)}",
-            "pip install wandb, or logger=none",
-        )
+        found = f"{mode} ({source}) but wandb does not import: {_first_line(e)}"
+        return Result("FAIL", found, "pip install wandb, or logger=none")
     what = {
         "offline": "written under the run directory; `wandb sync` uploads them later",
         "online": "uploaded as the run goes: the node that logs needs `wandb login` (or WANDB_API_KEY) and the "
