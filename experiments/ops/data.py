@@ -38,7 +38,6 @@ OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 def prepare_tasks() -> dict[str, ModuleType]:
     """The tasks with data to prepare: a `prepare` function and the `sources()` it loads."""
-
     return {name: m for name, m in sorted(TASKS.items()) if hasattr(m, "prepare") and hasattr(m, "sources")}
 
 

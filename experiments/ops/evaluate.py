@@ -121,7 +121,6 @@ def model_loaders(t: Target) -> dict[str, Any]:
 
 
 def _newest_checkpoint(ckpt_dir: Path) -> Path:
-
     found = candidates(ckpt_dir)
     if not found:
         raise UserError(f"{ckpt_dir} holds no checkpoint to evaluate")
@@ -129,7 +128,6 @@ def _newest_checkpoint(ckpt_dir: Path) -> Path:
 
 
 def _hf(model_dir: Path, tok_dir: Path):
-
     tok = AutoTokenizer.from_pretrained(tok_dir)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -138,7 +136,6 @@ def _hf(model_dir: Path, tok_dir: Path):
 
 def _from_checkpoint(cfg: DictConfig, step: Path, who: str):
     """The run's model architecture with the checkpoint's policy or anchor weights."""
-
     model, tok = build.model(cfg)
     state = torch.load(step / "state.pt", map_location="cpu", weights_only=False)
     model.load_state_dict(state["policy"] if who == "policy" else state["anchor"]["module"])
@@ -161,7 +158,6 @@ def problems(module, task_cfg: DictConfig, benchmark: str, limit: int | None) ->
 
 def settings(args: argparse.Namespace, t: Target, task: str, benchmarks: list[str], engine: str) -> dict:
     """The evaluation's settings (eval.json): the protocol's, each overridden by its option."""
-
     p = PROTOCOLS[args.protocol]
     pick = lambda given, default: default if given is None else given  # noqa: E731
     return {
@@ -201,7 +197,6 @@ def chunk_seed(seed: int, model: str, benchmark: str, chunk: int) -> int:
 def hf_samples(model, tok, prompts: list[str], st: dict, seed: int, *, env, rollout_kw: dict) -> tuple[list, list]:
     """(greedy texts, sampled texts) for P prompts: P greedy and P * n samples (prompt-major), on the
     local backend's rollout (KV cache, stop strings, tool loop)."""
-
     device = next(model.parameters()).device
     kw = {"max_new_tokens": fit_context(model, tok, prompts, st["max_tokens"]), "env": env, **rollout_kw}
     greedy = rollout(model, tok, prompts, greedy=True, **kw)
@@ -272,7 +267,6 @@ def pick_engine(engine: str, module) -> str:
 
 # ---------------------------------------------------------------- the command
 def parser() -> argparse.ArgumentParser:
-
     ap = argparse.ArgumentParser(prog="emapg eval", description=__doc__.split("\n\n")[0])
     ap.add_argument("target", help="a run directory, a checkpoints/iter_N directory or a Hugging Face model directory")
     ap.add_argument("--task", help="the task (default: the run's task.name; needed for a model directory)")
@@ -292,7 +286,6 @@ def parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> None:
     """Every option's value, before any work (one line naming it)."""
-
     if args.protocol not in PROTOCOLS:
         raise UserError(f"--protocol {args.protocol!r} is not a protocol; allowed: {', '.join(PROTOCOLS)}")
     if args.engine not in ENGINES:
@@ -311,7 +304,6 @@ def check_args(args: argparse.Namespace) -> None:
 
 def task_of(args: argparse.Namespace, t: Target) -> tuple[Any, DictConfig]:
     """(task module, task config): the run's task, or --task with the schema's defaults for a model dir."""
-
     name = args.task or (t.cfg.task.name if t.cfg is not None else None)
     if name is None:
         raise UserError(f"TARGET {t.path} is a model directory: give --task ({', '.join(sorted(TASKS))})")
@@ -371,7 +363,6 @@ def main(argv: list[str]) -> int:
 
 def _generation_context(module, task_cfg: DictConfig, t_cfg: DictConfig | None) -> tuple[Any, dict]:
     """(tool environment or None, rollout keywords): as in training for a tool task."""
-
     ro = t_cfg.rollout if t_cfg is not None else OmegaConf.structured(RolloutConfig)
     if not getattr(module, "STOP_STRINGS", ()):
         return None, {}
@@ -416,7 +407,6 @@ def _load(load, engine: str, device: str, hf_dir: Path):
 
 def summarize(rows: list[dict], st: dict) -> dict:
     """Settings + {model: {benchmark: {problems, acc, pass@k for k = 1, 2, 4, ... <= n}}}."""
-
     ks = [k for k in (2**i for i in range(12)) if k <= st["n"]]
     out: dict[str, dict] = {}
     for r in rows:
