@@ -2,29 +2,25 @@
 
     python -m cluster.gpu_install            # `make check-gpu-install`, in CI: resolve it, wheels only
 
-``readme_lines()`` are the script's lines between ``# BEGIN README`` and ``# END README`` (docs/scaling-out.md
-quotes them verbatim, tests/cluster/test_gpu_install.py keeps them so), ``pip_installs()`` the ``pip install``
-commands among them as argument lists. ``check()`` resolves each with ``pip install --dry-run
---ignore-installed --report`` (resolution only: pip reads the wheels' metadata files, PEP 658, and downloads no
-CUDA wheel) for the machine the install is written for, not this one:
+Each ``pip install`` between the script's README markers (the block docs/scaling-out.md quotes verbatim) is
+resolved with ``pip install --dry-run --ignore-installed --report`` (pip reads the wheels' metadata files, PEP 658,
+and downloads no CUDA wheel) for the machine the install is written for, not this one:
 
 - Linux x86_64 with glibc 2.31 or newer: ``--platform manylinux_2_31_x86_64`` and every older manylinux tag
   (pip does not expand ``manylinux_2_X`` tags itself). 2.31, not lower: llguidance (vLLM's) has no x86_64
   wheel below manylinux_2_31, so a glibc 2.28 machine (RHEL 8) would build it with Rust.
-- wheels only (``--only-binary=:all:``): the proof that the install compiles nothing. The one exception is
-  ``SDIST_ONLY``: antlr4-python3-runtime 4.9.3 (hydra-core 1.3 pins ``==4.9.*``) is published as an sdist
-  only; it is pure Python (its wheel, built here first with setuptools, must be ``py3-none-any``) and is
-  offered to pip from a local folder. Without it pip would backtrack verl's unpinned hydra-core to 0.11.
-- the Pythons of ``PYTHONS`` (the project's requires-python) that are available: this interpreter, and each
-  ``python3.X`` on PATH that runs (a throwaway venv without pip, running this pip), one after the other.
-  ``--python 3.X`` asks for others; one without an interpreter is resolved by this one with
-  ``--python-version`` (its tags and Requires-Python, but environment markers evaluated for this
-  interpreter: said so in the output).
+- wheels only (``--only-binary=:all:``): the proof that the install compiles nothing, but for ``SDIST_ONLY``:
+  antlr4-python3-runtime 4.9.3 (hydra-core 1.3 pins ``==4.9.*``) is an sdist only; pure Python, its wheel is
+  built here first (it must be ``py3-none-any``) and offered from a local folder. Without it pip would
+  backtrack verl's unpinned hydra-core to 0.11.
+- the Pythons of ``PYTHONS`` that are available: this interpreter, and each ``python3.X`` on PATH that runs (a
+  throwaway venv without pip, running this pip). ``--python 3.X`` asks for others; one without an interpreter is
+  resolved by this one with ``--python-version`` (its tags and Requires-Python, but this interpreter's
+  environment markers: said so in the output).
 
-This checkout (``-e ".[verl]"``) is resolved as the requirements pyproject.toml lists for it (``expand_checkout``).
-A target fails when pip cannot resolve within ``TIMEOUT_S``, when flash-attn is in the set, when anything would
-be built from an sdist, or when a local wheel other than ``SDIST_ONLY``'s is used. Exit status 1 then, with
-pip's last lines.
+This checkout (``-e ".[verl]"``) is resolved as the requirements pyproject.toml lists for it. A target fails (exit
+1, with pip's last lines) when pip cannot resolve within ``TIMEOUT_S``, when flash-attn is in the set, when
+anything would be built from an sdist, or when a local wheel other than ``SDIST_ONLY``'s is used.
 """
 
 from __future__ import annotations
@@ -54,13 +50,10 @@ BEGIN, END = "# BEGIN README", "# END README"
 PYTHONS = ("3.10", "3.11", "3.12")
 GLIBC = 31
 PLATFORMS = [f"manylinux_2_{m}_x86_64" for m in range(GLIBC, 16, -1)] + ["manylinux2014_x86_64"]
-SDIST_ONLY = {"antlr4-python3-runtime": "4.9.3"}
-"""Pure-Python dependencies published as sdists only: name -> the version the install resolves."""
+SDIST_ONLY = {"antlr4-python3-runtime": "4.9.3"}  # pure Python, published as sdists only: name -> version
 HEADLINE = ("verl", "torch", "vllm", "transformers", "ray", "hydra-core", "cupy-cuda13x")
-NEVER = ("flash-attn",)
-"""What the install must not contain (docs/verl-plugin.md, "Installing on GPUs")."""
-TIMEOUT_S = 240
-"""Per target Python: a resolve that backtracks longer than this fails (47-71 s here when it resolves)."""
+NEVER = ("flash-attn",)  # what the install must not contain (docs/verl-plugin.md, "Installing on GPUs")
+TIMEOUT_S = 240  # per target Python: a resolve backtracking longer fails (47-71 s here when it resolves)
 NOISE = "is ignored: it is neither a file nor a directory"  # a pip.conf's missing local index folders
 
 
@@ -108,13 +101,8 @@ def expand_checkout(args: list[str]) -> list[str]:
 def _sdist_wheels(folder: Path) -> None:
     """Build the wheels of ``SDIST_ONLY`` into `folder`; each must be pure Python (py3-none-any)."""
     for name, version in SDIST_ONLY.items():
-        subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", f"--no-binary={name}"]
-            + ["-w", str(folder), f"{name}=={version}"],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
+        wheel = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", f"--no-binary={name}", "-w", str(folder)]
+        subprocess.run(wheel + [f"{name}=={version}"], check=True, capture_output=True, text=True)
     built = sorted(p.name for p in folder.glob("*.whl"))
     impure = [w for w in built if not w.endswith("-py3-none-any.whl")]
     if len(built) != len(SDIST_ONLY) or impure:
@@ -158,16 +146,8 @@ def _interpreter(version: str, tmp: Path) -> tuple[list[str], dict[str, str], st
 def resolve(version: str, installs: list[list[str]], wheels: Path, tmp: Path) -> dict:
     """Resolve every command for one target Python: {"python", "how", "seconds", "ok", "versions", "error"}."""
     prefix, env, how = _interpreter(version, tmp)
-    flags = [
-        "install",
-        "--dry-run",
-        "--ignore-installed",
-        "--quiet",
-        "--only-binary=:all:",
-        "--find-links",
-        str(wheels),
-    ]
-    flags += [f"--platform={p}" for p in PLATFORMS] + ["--python-version", version]
+    flags = ["install", "--dry-run", "--ignore-installed", "--quiet", "--only-binary=:all:", "--find-links"]
+    flags += [str(wheels)] + [f"--platform={p}" for p in PLATFORMS] + ["--python-version", version]
     row = {"python": version, "how": how, "versions": {}, "error": None}
     t = time.perf_counter()
     for i, args in enumerate(installs):

@@ -135,17 +135,11 @@ def render_sbatch(
         raise ValueError(f"--nodes must be >= 1; got {nodes}")
     site = load_site(site_path)
     extra = [f"#SBATCH --partition={site['partition']}"]
-    for key, flag in (("account", "account"), ("qos", "qos"), ("constraint", "constraint")):
-        if site.get(key):
-            extra.append(f"#SBATCH --{flag}={site[key]}")
+    extra += [f"#SBATCH --{key}={site[key]}" for key in ("account", "qos", "constraint") if site.get(key)]
     if site.get("exclude"):
         extra.append(f"#SBATCH --exclude={','.join(site['exclude'])}")
     env = "\n".join(f"export {k}={shell_word(v)}" for k, v in site.get("env", {}).items())
-    cmd = (
-        " ".join(shlex.quote(c) for c in command)
-        if command
-        else "python -m experiments.cli --help  # replace: your command"
-    )
+    cmd = shlex.join(command) if command else "python -m experiments.cli --help  # replace: your command"
     resume = ""
     out = sweep_dir(command or [])
     if out is not None:

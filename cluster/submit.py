@@ -90,9 +90,7 @@ def submit(args) -> int:
         metadata={"tool": "emapg", "spec": args.spec or ""},
     )
     print(job_id)
-    if args.wait:
-        return _wait(client, job_id, follow=True)
-    return 0
+    return _wait(client, job_id, follow=True) if args.wait else 0
 
 
 def _wait(client, job_id: str, follow: bool, poll: float = 1.0) -> int:
