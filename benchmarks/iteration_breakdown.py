@@ -33,6 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
 
+C.numerics.pin()  # before torch loads, as the emapg command does: the measured runs need its numerics pins
+
 PHASES = ("rollout", "reward", "logprob", "update", "anchor")
 MODES = ("rollout", "recompute")  # this checkout's two pi_old paths
 # main just before the first commit of the sampler statistics and the lean rollout loop (c1cb8f3):

@@ -22,6 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
 
+C.numerics.pin()  # before torch loads, as the emapg command does: the measured runs need its numerics pins
+
 FRESH, REUSED = "fresh worker per trial", "reused worker (emapg)"
 FIGURES = ("fixed_s_per_trial", "startup_s_per_slot", "reused_s_per_trial", "idle_tail_s", "after_s")
 
