@@ -54,24 +54,14 @@ def _parser() -> argparse.ArgumentParser:
         help=f"require 'Authorization: Bearer <token>' on every request (default: ${TOKEN_ENV}, which is "
         "better: a flag shows in the process list; clients send the variable's value)",
     )
-    p.add_argument(
-        "--max-body-bytes",
-        type=_positive_int,
-        default=LIMITS.max_body_bytes,
-        help=f"largest request body, else 413 (default {LIMITS.max_body_bytes})",
-    )
-    p.add_argument(
-        "--max-queries",
-        type=_positive_int,
-        default=LIMITS.max_queries,
-        help=f"most queries in one POST /retrieve, else 422 (default {LIMITS.max_queries})",
-    )
-    p.add_argument(
-        "--max-topk",
-        type=_positive_int,
-        default=LIMITS.max_topk,
-        help=f"largest topk of a POST /retrieve, else 422 (default {LIMITS.max_topk})",
-    )
+    for dest, what in (
+        ("max_body_bytes", "largest request body, else 413"),
+        ("max_queries", "most queries in one POST /retrieve, else 422"),
+        ("max_topk", "largest topk of a POST /retrieve, else 422"),
+    ):
+        default = getattr(LIMITS, dest)
+        flag = "--" + dest.replace("_", "-")
+        p.add_argument(flag, type=_positive_int, default=default, help=f"{what} (default {default})")
     p.add_argument("knobs", nargs="*", metavar="knob=value", help="task knobs, e.g. n_people=300")
     p = sub.add_parser("index", help="encode a corpus file with e5 and write a FAISS IndexFlatIP (needs faiss)")
     p.add_argument("--corpus", required=True, help="JSONL with 'contents', or one passage per line")

@@ -40,8 +40,6 @@ FAISS_HINT = "pip install faiss-cpu (or the [retrieval] extra: pip install -e '.
 
 
 # ---------------------------------------------------------------- pure functions
-
-
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of the token states where `mask` is 1: (B, T, D), (B, T) -> (B, D). Padding never counts."""
     assert hidden.dim() == 3 and mask.shape == hidden.shape[:2], (hidden.shape, mask.shape)
@@ -95,8 +93,6 @@ def faiss_search(index, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, to
 
 
 # ---------------------------------------------------------------- encoder and index
-
-
 def import_faiss():
     """The `faiss` module; ImportError with the install command when it is missing."""
     try:
@@ -199,8 +195,6 @@ def read_faiss_index(path: str, num_docs: int, dim: int, model: str):
 
 
 # ---------------------------------------------------------------- the retriever
-
-
 class DenseRetriever:
     """e5 dense retrieval over `docs` (the `Retriever` protocol): top-k passages by cosine similarity.
 

@@ -31,9 +31,8 @@ from pydantic import BaseModel
 from experiments.ops.retrieval import Retriever, check_k
 
 DEFAULT_HOST = "127.0.0.1"
+# the retriever's token: read by `emapg retriever serve` (unless --token is given) and by every client
 TOKEN_ENV = "EMAPG_RETRIEVER_TOKEN"
-"""The environment variable holding the retriever's token: read by `emapg retriever serve` (unless
---token is given) and by every client (`HTTPRetriever`: the search task, the verl agent loop, emapg eval)."""
 
 
 @dataclass(frozen=True)
@@ -106,8 +105,6 @@ def check_answers(url: str, timeout: float = 4.0) -> None:
 
 
 # ---------------------------------------------------------------- server
-
-
 class RetrieveRequest(BaseModel):
     """Body of POST /retrieve (Search-R1's field names); `request_problem` checks it against `Limits`."""
 
@@ -300,10 +297,7 @@ def running_server(
     limits: Limits = Limits(),
     token: str | None = None,
 ) -> Iterator[str]:
-    """Serve `retriever` in a background thread; yields its base URL and shuts it down on exit.
-
-    `port=0` lets the OS pick a free port.
-    """
+    """Serve `retriever` in a background thread (`port=0`: any free port); yields its base URL, stops it on exit."""
     sock = bind(host, port)
     server = _server(retriever, limits, token)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
