@@ -31,8 +31,8 @@ from experiments.tasks import TASKS
 
 LAYOUT = 'SRC/<dataset id, "/" replaced by "__">/[<config>/]<split>.parquet (or .jsonl)'
 EXTENSIONS = (".parquet", ".jsonl")
+# packages whose exceptions, raised while loading from the hub, mean the hub could not serve the data set
 HUB_MODULES = ("huggingface_hub", "datasets", "httpx", "requests", "urllib3", "fsspec", "aiohttp")
-"""Packages whose exceptions, raised while loading from the hub, mean the hub could not serve the data set."""
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 

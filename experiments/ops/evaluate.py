@@ -56,14 +56,11 @@ ENGINES = ("auto", "hf", "vllm")
 
 @dataclass
 class Target:
-    kind: str
-    """run | checkpoint | model."""
+    kind: str  # run | checkpoint | model
     path: Path
     run_dir: Path | None
-    cfg: DictConfig | None
-    """The run's config.yaml (None for a bare model directory)."""
-    iteration: int
-    """The training iteration the evaluated weights are from (0 for a bare model)."""
+    cfg: DictConfig | None  # the run's config.yaml (None for a bare model directory)
+    iteration: int  # of the evaluated weights (0 for a bare model)
 
 
 # ---------------------------------------------------------------- what to evaluate
@@ -339,20 +336,10 @@ def main(argv: list[str]) -> int:
         total = len(loaders) * sum(len(v) for v in problem_sets.values())
         bar = progress.bar(total, f"eval {t.path.name}", unit="problem")
         bar.update(sum(1 for m in loaders for b, exs in problem_sets.items() for e in exs if (m, b, str(e.id)) in done))
+        kw = dict(module=module, task_cfg=task_cfg, problem_sets=problem_sets, st=st, out=out, done=done, bar=bar)
         try:
             for name, load in loaders.items():
-                run_model(
-                    name,
-                    load,
-                    module=module,
-                    task_cfg=task_cfg,
-                    problem_sets=problem_sets,
-                    st=st,
-                    out=out,
-                    done=done,
-                    bar=bar,
-                    device=args.device,
-                )
+                run_model(name, load, device=args.device, **kw)
         finally:
             bar.close()
         summary = summarize(records.read_evals(out), st)

@@ -1,15 +1,11 @@
 """The retrieval HTTP service: a server for any `Retriever` and its client, with the request and
 response shape of Search-R1's retrieval server (POST /retrieve, GET /health; see experiments.ops.retrieval).
 
-What one request may ask is bounded (`Limits`; its field defaults are `emapg retriever serve`'s):
-a body over `max_body_bytes` is answered 413 (refused on its Content-Length, or as soon as the
-streamed body passes the limit, without reading the rest), more than `max_queries` queries or a
-topk outside 1..`max_topk` 422, each with a message naming the flag. With a token (`--token`, or
-the environment variable `TOKEN_ENV`), every request must carry ``Authorization: Bearer <token>``
-(else 401); the client `HTTPRetriever` sends the token of that variable when it is set, and a 401 it gets is one
-line saying that the token was refused (`check_answers`: the check that a run's retriever answers, token included).
-A connection that sends no request for `Limits.idle_timeout` seconds is closed (`IdleClosing`), so that idle
-connections cannot hold the server's file descriptors until nobody else is answered.
+What one request may ask is bounded (`Limits`: 413 / 422, each message naming the flag); a body over the limit is
+refused on its Content-Length or as soon as the streamed body passes it, the rest unread. With a token every request
+must carry ``Authorization: Bearer <token>`` (else 401). A connection that sends no request for
+`Limits.idle_timeout` seconds is closed (`IdleClosing`), so that idle connections cannot hold the server's file
+descriptors until nobody else is answered.
 """
 
 from __future__ import annotations
