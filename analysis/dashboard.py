@@ -5,7 +5,7 @@ show is in docs/reports.md ("Reviewing a sweep in W&B").
     emapg dashboard outputs/sweeps/ablate_tau --publish         # builds both from the spec and saves them to W&B
 
     spec = dashboard_spec(sweep_dir, SweepInfo.from_spec(spec))   # plain JSON data, from the run records
-    ws, rep = workspace(spec, entity), report(spec, entity)       # wandb_workspaces objects (not saved)
+    ws, rep = workspace(spec, entity), wandb_report(spec, entity)  # wandb_workspaces objects (not saved)
     urls = publish(spec, entity)                                  # saves the report, then the workspace
 
 The spec (``<sweep_dir>/wandb_dashboard.json``) is the one description of both: the workspace and the
@@ -342,7 +342,7 @@ def workspace(spec: dict, entity: str, report_url: str | None = None):
     )
 
 
-def report(spec: dict, entity: str):
+def wandb_report(spec: dict, entity: str):
     """The sweep's W&B report (wandb_workspaces.reports.v2.Report; not saved here)."""
     import wandb_workspaces.reports.v2 as wr
 
@@ -422,7 +422,7 @@ def publish(spec: dict, entity: str | None = None, project: str | None = None) -
         raise UserError("--entity: none given and W&B has no default entity for this login; pass --entity")
     spec = {**spec, "project": project or spec["project"]}
     check_target(api, entity, spec["project"])
-    rep = report(spec, entity)
+    rep = wandb_report(spec, entity)
     rep.save()
     view = workspace(spec, entity, report_url=rep.url)
     view.save()

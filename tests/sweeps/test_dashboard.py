@@ -120,13 +120,13 @@ def test_offline_spec_round_trips(sweep_dir):
     from_json = D.read_spec(sweep_dir)
     assert from_json == json.loads(json.dumps(from_dir))
     assert D.workspace(from_json, "e")._to_model() == D.workspace(from_dir, "e")._to_model()
-    assert D.report(from_json, "e") == D.report(from_dir, "e")  # its model needs the API: test_publish_...
+    assert D.wandb_report(from_json, "e") == D.wandb_report(from_dir, "e")  # its model needs the API: test_publish_...
 
 
 def test_report_holds_tables_figures_command_config(sweep_dir):
     from wandb_workspaces.reports import v2 as wr
 
-    rep = D.report(D.read_spec(sweep_dir), "ent")
+    rep = D.wandb_report(D.read_spec(sweep_dir), "ent")
     markdown = [b.text for b in rep.blocks if isinstance(b, wr.MarkdownBlock)]
     main = (sweep_dir / "report" / "math_tiny_main.md").read_text()
     assert main in markdown and (sweep_dir / "report" / "runs.md").read_text() in markdown
@@ -245,8 +245,8 @@ def test_publish_saves_the_report_then_the_view(sweep_dir, recorder, capsys):
     assert [b["type"] for b in blocks].count("panel-grid") == 2  # curves + parallel coordinates; figures
     # the JSON spec builds the same report the sweep directory does
     from_dir = D.dashboard_spec(sweep_dir, cli.load_sweep_info(sweep_dir / "sweep.yaml"))
-    assert D.report(D.read_spec(sweep_dir), "ent")._to_model() == D.report(from_dir, "ent")._to_model()
-    assert isinstance(D.report(from_dir, "ent").blocks[1], wr.PanelGrid)
+    assert D.wandb_report(D.read_spec(sweep_dir), "ent")._to_model() == D.wandb_report(from_dir, "ent")._to_model()
+    assert isinstance(D.wandb_report(from_dir, "ent").blocks[1], wr.PanelGrid)
     assert "W&B workspace: http://127.0.0.1:9/ent/emapg?nw=" in out
 
 
