@@ -20,8 +20,7 @@ Not checked: Ray's CPU reservations (``emapg train`` refuses a cluster too small
 the environment Ray's workers get (that of ``ray start``, not of this shell), the retriever service, and a staged
 run's later stages (the config is checked as composed).
 
-Each check is one function ``Context -> Result | list[Result]``; everything it asks the machine goes through
-``Probes`` (nvidia-smi, torch, imports, environment, network interfaces), so tests replace each answer.
+Each check is one function ``Context -> Result | list[Result]``; it asks the machine through ``Probes``.
 """
 
 from __future__ import annotations
@@ -114,15 +113,16 @@ def _local_demand(cfg) -> Demand:
 
     device = str(cfg.trainer.device)
     gpus = 0 if device in ("cpu", "auto") else int(device.partition(":")[2] or 0) + 1
-    ckpt = resolve_run_dir(cfg) / "checkpoints"
+    ckpt = os.path.abspath(os.path.expanduser(resolve_run_dir(cfg) / "checkpoints"))
+    key = "run_dir (checkpoints go to <run_dir>/checkpoints)"
     return Demand(
         "local",
         device,
         gpus,
         sizes=f"trainer.device={device}",
         model=cfg.model.path,
-        checkpoints=os.path.abspath(os.path.expanduser(ckpt)),
-        checkpoint_key="run_dir (checkpoints go to <run_dir>/checkpoints)",
+        checkpoints=ckpt,
+        checkpoint_key=key,
     )
 
 
@@ -607,19 +607,11 @@ def summarize_paths(looked: Sequence[tuple[str, str, str, str]]) -> Result:
     ok = sum(state in ("ok", "hf_cached") for _, _, state, _ in looked)
     found = f"{ok} of {len(looked)} readable"
     if bad:
-        return Result(
-            "FAIL",
-            "; ".join([found, *bad, *remote]),
-            "fix the paths (`emapg data prepare` writes the data "
-            "files; model.path is a local directory or an HF id), on storage every node reads",
-        )
+        fix = "fix the paths (`emapg data prepare` writes the data files; model.path is a local directory or an HF id)"
+        return Result("FAIL", "; ".join([found, *bad, *remote]), f"{fix}, on storage every node reads")
     if remote:
-        return Result(
-            "WARN",
-            f"{found}; " + "; ".join(remote),
-            "download it once where every node reads it "
-            "(`hf download <id>` with a shared HF_HOME), or set model.path to a local copy",
-        )
+        fix = "download it once where every node reads it (`hf download <id>` with a shared HF_HOME)"
+        return Result("WARN", f"{found}; " + "; ".join(remote), f"{fix}, or set model.path to a local copy")
     return Result("PASS", f"{found}: " + ", ".join(f"{k}={p}" for k, p, _, _ in looked))
 
 
@@ -797,14 +789,8 @@ class RayCluster:
         """(node id, display name, GPUs) of each alive node."""
         nodes = [n for n in self.ray.nodes() if n.get("Alive")]
         ips = [n["NodeManagerAddress"] for n in nodes]
-        return [
-            (
-                n["NodeID"],
-                ip if ips.count(ip) == 1 else f"{ip} ({n['NodeID'][:8]})",
-                float(n["Resources"].get("GPU", 0)),
-            )
-            for n, ip in zip(nodes, ips)
-        ]
+        shown = [ip if ips.count(ip) == 1 else f"{ip} ({n['NodeID'][:8]})" for n, ip in zip(nodes, ips)]
+        return [(n["NodeID"], name, float(n["Resources"].get("GPU", 0))) for n, name in zip(nodes, shown)]
 
     def nodes(self) -> list[Node]:
         return [Node(name, gpus) for _, name, gpus in self._alive()]
