@@ -18,11 +18,6 @@ A task module carries everything the rest of the tree needs to know about it, so
 it branches on task names: the trainer checks capabilities (`STOP_STRINGS`, `MAX_TURNS`), the warm
 start reads `PRETRAIN`, the report reads `REPORTING`, `emapg rehearse` reads `REHEARSAL` and
 `rehearsal_data`, and Hydra finds the presets of a task outside this package in its `CONF_DIR`.
-
-Two names for two views of a task: `TaskModule` is what a task module implements (data, prompt,
-scoring, environment and the metadata above); the core trainer consumes a `TrainerTask`
-(ema_pg_core.local.trainer: one task's loaded splits, environment and scoring), which `TaskAdapter`
-builds from a task module.
 """
 
 from __future__ import annotations

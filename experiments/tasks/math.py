@@ -34,15 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from experiments.tasks import (
-    Example,
-    Rehearsal,
-    RehearsalData,
-    Reporting,
-    Source,
-    make_knobs,
-    prepared_examples,
-)
+from experiments.tasks import Example, Rehearsal, RehearsalData, Reporting, Source, make_knobs, prepared_examples
 from experiments.tasks.math_tiny import extract_answer as last_boxed
 
 NAME = "math"
@@ -205,14 +197,11 @@ def rehearsal_data(out_dir, rows: dict[str, int]) -> RehearsalData:
 def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
     """Up to `n` prepared problems of `split` (train, test, val or a benchmark name), shuffled by `seed`."""
     k = make_knobs(Knobs, NAME, knobs)
-    return prepared_examples(
-        NAME,
-        k.data_dir,
-        split,
-        n=n,
-        seed=seed,
-        example_id=lambda r: f"{NAME}/{r['data_source']}/{r['extra_info']['index']}",
-    )
+    return prepared_examples(NAME, k.data_dir, split, n=n, seed=seed, example_id=_example_id)
+
+
+def _example_id(row: dict) -> str:
+    return f"{NAME}/{row['data_source']}/{row['extra_info']['index']}"
 
 
 def prompt(example: Example) -> str:

@@ -103,17 +103,13 @@ def format_question(question: str) -> str:
 
 def verl_row(source: str, index: int, question: str, golden: list[str], split: str) -> dict:
     """One verl RL-dataset row; `extra_info.uid` is unique across sources (the GRPO group id)."""
+    uid = f"{source}/{split}/{index}"
     return {
         "data_source": source,
         "prompt": [{"role": "user", "content": format_question(question)}],
         "ability": "fact-reasoning",
         "reward_model": {"style": "rule", "ground_truth": [str(g) for g in golden]},
-        "extra_info": {
-            "split": split,
-            "index": index,
-            "uid": f"{source}/{split}/{index}",
-            "question": question.strip(),
-        },
+        "extra_info": {"split": split, "index": index, "uid": uid, "question": question.strip()},
     }
 
 
