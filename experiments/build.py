@@ -1,10 +1,5 @@
-"""Config -> core objects. The only place Hydra/OmegaConf meets ema_pg_core (docs/architecture.md).
-
-compose(overrides)   the composed, validated DictConfig (Hydra compose API)
-validate(cfg)        every section -> its dataclass (raises ValueError before any work)
-task(cfg)            the task adapter the trainer consumes
-model(cfg)           (policy, tokenizer): a local HF path, or the cached warm-started tiny model
-"""
+"""Config -> core objects (compose, validate, task, model). The only place Hydra/OmegaConf meets ema_pg_core
+(docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -40,14 +35,10 @@ SMOKE = {  # smoke=true: tiny sizes, 2 iterations; a key given on the command li
     "task.test_size": 8,
     "model.pretrain_steps": 2,
 }
-
-
+# ``resume``: false (a new run) | true (continue the run in run_dir, which must hold one) | auto (continue it if
+# run_dir holds one, else start it) | force (as true, accepting config changes). ``experiments.run.resume_mode``.
 RESUME_VALUES = (False, True, "auto", "force")
-"""``resume``: false (a new run) | true (continue the run in run_dir, which must hold one) | auto (continue it if
-run_dir holds one, else start it) | force (as true, accepting config changes). ``experiments.run.resume_mode``."""
-
-NAME_MAX_BYTES, PATH_MAX_BYTES = 255, 4095
-"""The longest path component and path, in bytes, that file systems accept (Linux: NAME_MAX, PATH_MAX - 1)."""
+NAME_MAX_BYTES, PATH_MAX_BYTES = 255, 4095  # longest path component and path file systems take (Linux)
 
 
 def presets(tasks_dirs: bool = True) -> list[str]:
@@ -193,11 +184,8 @@ def validate(cfg: DictConfig) -> LocalConfig:
         raise ValueError(f"task.name={cfg.task.name!r} is not a known task; allowed: {', '.join(sorted(tasks.TASKS))}")
     if cfg.backend.name not in ("local", "verl"):
         raise ValueError(f"backend.name={cfg.backend.name!r} is not allowed; allowed values: local, verl")
-    if (
-        cfg.backend.name == "local"
-        and cfg.model.path is not None
-        and not Path(os.path.expanduser(cfg.model.path)).is_dir()
-    ):
+    path = cfg.model.path
+    if cfg.backend.name == "local" and path is not None and not Path(os.path.expanduser(path)).is_dir():
         raise ValueError(f"model.path={cfg.model.path!r} does not exist (expected a local HF model directory)")
     if cfg.resume not in RESUME_VALUES:
         raise ValueError(f"resume={cfg.resume!r} is not allowed; allowed values: false, true, auto, force")
@@ -240,9 +228,7 @@ def check_path(key: str, path) -> None:
         raise ValueError(f"{key}: the path is {len(os.fsencode(full))} bytes long; at most {PATH_MAX_BYTES} allowed")
 
 
-RETRIEVER_TIMEOUT_S = 4.0
-"""How long a run waits for task.retriever_url to connect, and then to answer, before refusing to start (seconds;
-so at most twice this in all)."""
+RETRIEVER_TIMEOUT_S = 4.0  # seconds to connect to task.retriever_url, then as long for its answer
 
 
 def check_retriever(cfg: DictConfig) -> None:
@@ -278,10 +264,8 @@ def task(cfg: DictConfig):
     test = mod.load("test", n=int(cfg.task.test_size), seed=int(cfg.task.data_seed), **knobs)
     env = None
     if mod.STOP_STRINGS:
-        if cfg.task.retriever_url:
-            env = ToolEnvAdapter(mod, HTTPRetriever(cfg.task.retriever_url))
-        else:
-            env = ToolEnvAdapter(mod, mod.make_env(**knobs))
+        url = cfg.task.retriever_url
+        env = ToolEnvAdapter(mod, HTTPRetriever(url) if url else mod.make_env(**knobs))
     return TaskAdapter(cfg.task.name, mod, train, test, env)
 
 
@@ -328,12 +312,9 @@ def check_k(cfg: DictConfig) -> None:
 
 
 def vocab_size(cfg: DictConfig) -> int | None:
-    """Rows of the output embedding of cfg's model, read without loading weights or training.
-
-    The tiny model (model.path null) is built on ema_pg_core.local.tiny's character tokenizer
-    (experiments.pretrain, the same for every task); an HF model's size is model.path's config.json.
-    None when model.path is an HF id with no local copy (verl downloads it on its workers).
-    """
+    """Rows of the output embedding of cfg's model, read without loading weights or training: the tiny model's
+    character tokenizer (ema_pg_core.local.tiny, the same for every task), or model.path's config.json; None when
+    model.path is an HF id with no local copy (verl downloads it on its workers)."""
     path = cfg.model.path
     if path is None:
         from ema_pg_core.local.tiny import build_tokenizer  # loads transformers

@@ -51,8 +51,7 @@ VERL_OVERRIDES = "backend.verl.overrides"
 @dataclass(frozen=True)
 class Stage:
     name: str
-    overrides: dict[str, Any] = field(default_factory=dict)
-    """Dotted config keys this stage sets on top of the run's config."""
+    overrides: dict[str, Any] = field(default_factory=dict)  # dotted config keys set on top of the run's config
 
 
 def _flat(d: Mapping, prefix: str = "") -> dict[str, Any]:
@@ -88,12 +87,9 @@ def entry_stage(entry: Any, module, where: str) -> Stage:
 
 def plan(cfg: DictConfig) -> list[Stage]:
     """The stages to run, in order, up to and including `cfg.stage` (all when it is null)."""
-
     module = get_task(cfg.task.name)
-    entries = (
-        list(OmegaConf.to_container(cfg.stages, resolve=True)) if cfg.stages else list(getattr(module, "STAGES", {}))
-    )
-    stages = [entry_stage(e, module, f"stages[{i}]") for i, e in enumerate(entries)] if entries else []
+    entries = OmegaConf.to_container(cfg.stages, resolve=True) if cfg.stages else getattr(module, "STAGES", {})
+    stages = [entry_stage(e, module, f"stages[{i}]") for i, e in enumerate(entries)]
     names = [s.name for s in stages]
     if not stages:
         raise UserError(f"stage={cfg.stage!r}: task {module.NAME} has no stages; give them with stages=[...]")
@@ -157,7 +153,6 @@ def verl_resume_overrides(run: Mapping[str, Any], start: Mapping[str, Any] | Non
     """verl overrides that make a stage's first attempt start from the previous stage's last checkpoint
     (``global_step_<previous end>``, actor and the anchor beside it) or from ``resume_from``; [] otherwise
     (a first stage, or a stage resumed mid-way: verl's resume_mode=auto finds its newest checkpoint)."""
-
     if start is None or (start.get("previous_end") is None and not start.get("resume_from")):
         return []
     path = start.get("resume_from") or os.path.join(checkpoint_root(run), f"global_step_{start['previous_end']}")
@@ -172,7 +167,6 @@ def verl_logged_resume(run: Mapping[str, Any], run_dir: Path) -> list[str]:
     a driver killed) leaves a checkpoint of a step the run record never saw, and resuming from it would leave that
     step out of the record for good. Resuming from the step before trains it again and logs it (verl keeps the
     last ``trainer.keep_checkpoints`` >= 1 checkpoints; when the one needed is gone, [] and the step stays missing)."""
-
     root = Path(checkpoint_root(run))
     try:
         newest = int((root / "latest_checkpointed_iteration.txt").read_text().strip() or 0)
