@@ -110,9 +110,8 @@ def _wait(client, job_id: str, follow: bool, poll: float = 1.0) -> int:
 
 
 def status(args) -> int:
-    client = _client(args.address)
-    info = client.get_job_info(args.job_id)
-    print(f"{args.job_id}\t{info.status.value if hasattr(info.status, 'value') else info.status}\t{info.message or ''}")
+    info = _client(args.address).get_job_info(args.job_id)
+    print(f"{args.job_id}\t{getattr(info.status, 'value', info.status)}\t{info.message or ''}")
     return 0
 
 
@@ -132,8 +131,7 @@ def stop(args) -> int:
 
 def list_jobs(args) -> int:
     for job in _client(args.address).list_jobs():
-        st = job.status.value if hasattr(job.status, "value") else job.status
-        print(f"{job.submission_id}\t{st}\t{job.entrypoint}")
+        print(f"{job.submission_id}\t{getattr(job.status, 'value', job.status)}\t{job.entrypoint}")
     return 0
 
 
