@@ -191,18 +191,8 @@ def _defaults(module: ModuleType) -> dict[str, Any]:
     def tool_response(response_so_far: str, env: Any = None) -> None:
         return None
 
-    return {
-        "STOP_STRINGS": (),
-        "MAX_TURNS": 0,
-        "PRETRAIN": {},
-        "REPORTING": Reporting(),
-        "REHEARSAL": None,
-        "CONF_DIR": None,
-        "reward": reward,
-        "demonstration": demonstration,
-        "make_env": make_env,
-        "tool_response": tool_response,
-    }
+    constants = dict(STOP_STRINGS=(), MAX_TURNS=0, PRETRAIN={}, REPORTING=Reporting(), REHEARSAL=None, CONF_DIR=None)
+    return constants | dict(reward=reward, demonstration=demonstration, make_env=make_env, tool_response=tool_response)
 
 
 def register(module: ModuleType) -> ModuleType:

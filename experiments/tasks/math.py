@@ -197,11 +197,8 @@ def rehearsal_data(out_dir, rows: dict[str, int]) -> RehearsalData:
 def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
     """Up to `n` prepared problems of `split` (train, test, val or a benchmark name), shuffled by `seed`."""
     k = make_knobs(Knobs, NAME, knobs)
-    return prepared_examples(NAME, k.data_dir, split, n=n, seed=seed, example_id=_example_id)
-
-
-def _example_id(row: dict) -> str:
-    return f"{NAME}/{row['data_source']}/{row['extra_info']['index']}"
+    example_id = lambda r: f"{NAME}/{r['data_source']}/{r['extra_info']['index']}"
+    return prepared_examples(NAME, k.data_dir, split, n=n, seed=seed, example_id=example_id)
 
 
 def prompt(example: Example) -> str:
@@ -223,10 +220,7 @@ def is_equiv(pred: str, gold: Iterable[str]) -> bool:
     from math_verify import parse, verify
 
     target = parse(f"\\boxed{{{pred}}}", parsing_timeout=None)
-    for g in gold:
-        if verify(parse(f"\\boxed{{{g}}}", parsing_timeout=None), target, timeout_seconds=None):
-            return True
-    return False
+    return any(verify(parse(f"\\boxed{{{g}}}", parsing_timeout=None), target, timeout_seconds=None) for g in gold)
 
 
 def evaluate(example: Example, response: str, require_think: bool = True) -> int:

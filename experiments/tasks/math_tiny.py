@@ -113,8 +113,7 @@ def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
         size=10**9,
     )
     out: dict[str, Example] = {}
-    max_tries = 50 * n + 1000
-    for idx in range(max_tries):
+    for idx in range(50 * n + 1000):
         ex = _example(ds[idx], split)
         if ex.prompt not in out and _split_of(ex.prompt) == split:
             out[ex.prompt] = ex

@@ -44,7 +44,7 @@ from experiments.tasks import (
     prepared_examples,
     search_tiny,
 )
-from experiments.tasks.search_tiny import extract_answer, normalize_answer  # noqa: F401  same rules
+from experiments.tasks.search_tiny import em, evaluate, extract_answer, normalize_answer  # noqa: F401  same rules
 
 NAME = "search"
 STOP = "</search>"
@@ -120,10 +120,7 @@ def hf_loader(source: str, split: str) -> Iterable[dict] | None:
     ds = load_dataset(FLASHRAG, source)
     if split == "train":
         return ds["train"]
-    for name in TEST_SPLITS:
-        if name in ds:
-            return ds[name]
-    return None
+    return next((ds[name] for name in TEST_SPLITS if name in ds), None)
 
 
 def sources() -> list[Source]:
@@ -220,15 +217,6 @@ def make_env(**knobs):
     from experiments.ops.retrieval.service import HTTPRetriever  # loads pydantic
 
     return HTTPRetriever(make_knobs(Knobs, NAME, knobs).retriever_url)
-
-
-def em(prediction: str | None, golden: Iterable[str]) -> int:
-    return int(prediction is not None and any(normalize_answer(prediction) == normalize_answer(g) for g in golden))
-
-
-def evaluate(example: Example, response: str) -> int:
-    gold = example.answer if isinstance(example.answer, list) else [example.answer]
-    return em(extract_answer(response), gold)
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:

@@ -30,6 +30,7 @@ import hashlib
 import random
 import re
 import string
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
@@ -235,10 +236,10 @@ def normalize_answer(s: str) -> str:
     return " ".join(s.split())
 
 
+def em(prediction: str | None, golden: Iterable[str]) -> int:
+    return int(prediction is not None and any(normalize_answer(prediction) == normalize_answer(g) for g in golden))
+
+
 def evaluate(example: Example, response: str) -> int:
     """1 if the last answer span exactly matches a gold answer after normalisation, else 0."""
-    pred = extract_answer(response)
-    if pred is None:
-        return 0
-    golds = example.answer if isinstance(example.answer, list) else [example.answer]
-    return int(any(normalize_answer(pred) == normalize_answer(g) for g in golds))
+    return em(extract_answer(response), example.answer if isinstance(example.answer, list) else [example.answer])
