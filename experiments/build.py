@@ -242,16 +242,12 @@ def check_retriever(cfg: DictConfig) -> None:
     try:
         check_answers(str(url), timeout=RETRIEVER_TIMEOUT_S)  # with this process's token: a 401 is not an answer
     except (httpx.HTTPError, httpx.InvalidURL) as e:
+        said = (str(e).strip().splitlines() or ["no answer"])[0]
         raise ValueError(
-            f"task.retriever_url={url} is not reachable ({type(e).__name__}: {_first_line(e)}); start it with "
+            f"task.retriever_url={url} is not reachable ({type(e).__name__}: {said}); start it with "
             f"`emapg retriever serve --task {cfg.task.name} --port <port>`, or set task.retriever_url=null "
             "(in-process BM25)"
         ) from None
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else "no answer"
 
 
 # ------------------------------------------------------------------------------ tasks

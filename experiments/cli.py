@@ -199,10 +199,9 @@ COMMANDS = {
 
 
 def absolute_cache_env() -> None:
-    """EMAPG_CACHE (the warm-start cache: experiments.pretrain, the run config's model.cache_dir) made absolute,
-    ~ expanded, from this process's working directory, in this process's environment: every process it starts
-    inherits the absolute path, a sweep trial's Ray worker too, which runs in the trial's own directory (where a
-    relative path would give each trial its own cache). An empty EMAPG_CACHE is unset: the default cache."""
+    """EMAPG_CACHE (the warm-start cache, model.cache_dir) made absolute in this process's environment, which every
+    process it starts inherits: a sweep trial's Ray worker runs in the trial's own directory, where a relative path
+    would give each trial its own cache. An empty EMAPG_CACHE is unset: the default cache."""
     cache = os.environ.get("EMAPG_CACHE")
     if cache == "":
         del os.environ["EMAPG_CACHE"]

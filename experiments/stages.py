@@ -202,8 +202,7 @@ def run_staged(cfg: DictConfig, run_dir: Path, validate, run_one: Callable[[Dict
     if cfg.resume_from:
         check_resume_from(cfg)
         planned, done = planned[-1:], []  # the earlier stages ran elsewhere
-    summary: dict = {}
-    previous = None
+    summary, previous = {}, None
     for index, (stage, scfg) in planned:
         if stage.name in done:
             previous = scfg
