@@ -54,6 +54,7 @@ SDIST_ONLY = {"antlr4-python3-runtime": "4.9.3"}  # pure Python, published as sd
 HEADLINE = ("verl", "torch", "vllm", "transformers", "ray", "hydra-core", "cupy-cuda13x")
 NEVER = ("flash-attn",)  # what the install must not contain (docs/verl-plugin.md, "Installing on GPUs")
 TIMEOUT_S = 240  # per target Python: a resolve backtracking longer fails (47-71 s here when it resolves)
+MINE = f"{sys.version_info[0]}.{sys.version_info[1]}"  # this interpreter's version
 NOISE = "is ignored: it is neither a file nor a directory"  # a pip.conf's missing local index folders
 
 
@@ -127,9 +128,8 @@ _QUIET = {"capture_output": True, "text": True, "timeout": 60}
 def _interpreter(version: str, tmp: Path) -> tuple[list[str], dict[str, str], str]:
     """(argv prefix running this pip, environment, how) for a target Python."""
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    if version == mine:
-        return [sys.executable, "-m", "pip"], env, f"Python {mine} (this interpreter)"
+    if version == MINE:
+        return [sys.executable, "-m", "pip"], env, f"Python {MINE} (this interpreter)"
     exe = _python(version)
     if exe:
         venv = tmp / f"venv{version}"
@@ -139,7 +139,7 @@ def _interpreter(version: str, tmp: Path) -> tuple[list[str], dict[str, str], st
             pip_home.mkdir()
             (pip_home / "pip").symlink_to(Path(pip.__file__).parent)
         return [str(venv / "bin" / "python"), "-m", "pip"], {**env, "PYTHONPATH": str(pip_home)}, f"Python {version}"
-    how = f"Python {version} tags, Python {mine}'s markers (no python{version} here)"
+    how = f"Python {version} tags, Python {MINE}'s markers (no python{version} here)"
     return [sys.executable, "-m", "pip"], env, how
 
 
@@ -185,8 +185,7 @@ def _check_report(report: dict, wheels: Path, versions: dict[str, str]) -> str |
 
 def available_pythons() -> list[str]:
     """This interpreter's version and those of ``PYTHONS`` with a working ``python3.X`` on PATH."""
-    mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    return [v for v in PYTHONS if v == mine or _python(v)] or [mine]
+    return [v for v in PYTHONS if v == MINE or _python(v)] or [MINE]
 
 
 def check(pythons: list[str] | None = None, script: Path = SCRIPT) -> int:
