@@ -424,6 +424,11 @@ def check_evals(run_dir: Path, e: Expect) -> Check:
     return Check("evaluation rows", ok, detail)
 
 
+WANDB_HEADER = 7
+"""Bytes of W&B's offline run file before its first record (its ":W&B" header). An attempt SIGKILLed seconds after
+verl's tracker started W&B (a sweep rehearsal's driver kill) leaves just that: it has no group to name."""
+
+
 def check_wandb(run_dir: Path, e: Expect) -> Check:
     """verl's tracker wrote an offline W&B run per attempt, all under the run's one id (kept in wandb_run.json),
     in the run's group; or none at all when the target's logger is none."""
@@ -434,10 +439,12 @@ def check_wandb(run_dir: Path, e: Expect) -> Check:
         return Check("W&B", not found and not state, f"logger=none: {len(found)} W&B runs written (expected 0)")
     group = lg.get("group") or (cfg.get("sweep") or {}).get("name") or cfg.get("experiment")
     ids = sorted({p.parent.name.rsplit("-", 1)[1] for p in found})
-    named = all(str(group).encode() in p.read_bytes() for p in found)  # the run record inside names the group
+    written = [p for p in found if p.stat().st_size > WANDB_HEADER]  # an attempt killed first wrote no record
+    named = bool(written) and all(str(group).encode() in p.read_bytes() for p in written)  # its run record does
     ok = ids == [state.get("id")] and len(found) >= e.attempts and named and state.get("mode") == "offline"
     detail = f"{len(found)} offline runs (one per attempt) with ids {ids}, wandb_run.json id {state.get('id')!r}"
-    return Check("W&B", ok, detail + f"; group {group!r} {'named' if named else 'MISSING'} in each")
+    cut = f" ({len(found) - len(written)} killed before W&B wrote a record)" if len(written) < len(found) else ""
+    return Check("W&B", ok, detail + f"; group {group!r} {'named' if named else 'MISSING'} in each{cut}")
 
 
 CHECKS = (
