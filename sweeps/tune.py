@@ -66,7 +66,7 @@ from experiments.errors import (
     ray_auth_line,
     shown,
 )
-from experiments.ops.doctor import CONNECT_TIMEOUT_S, parse_address
+from experiments.ops.doctor import answers, parse_address
 from experiments.run import newest_checkpoint, put_checkpoint, run
 from sweeps import adaptive, results
 from sweeps.model import Spec, grid_points
@@ -452,7 +452,7 @@ def _init_ray(address: str | None, num_cpus: int | None, sweep_dir: Path | None 
 
 def _check_address(address: str) -> None:
     """A bounded check that something answers at `address` before the one ray.init (which retries an address where
-    nothing listens for minutes): experiments.ops.doctor's (HOST:PORT, CONNECT_TIMEOUT_S). UserError naming --address.
+    nothing listens for minutes): experiments.ops.doctor's `answers`. UserError naming --address.
     "auto" is checked as the RAY_ADDRESS it reads, if set (else Ray's own lookup fails at once); ray://HOST:PORT (Ray
     Client) as HOST:PORT."""
     target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
@@ -465,13 +465,7 @@ def _check_address(address: str) -> None:
             f"--address {address}: expected HOST:PORT (the Ray head's GCS address, e.g. 10.0.0.1:6379), "
             "ray://HOST:PORT or auto"
         ) from None
-    try:
-        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as e:
-        raise UserError(
-            f"--address {address}: nothing answers there ({e.strerror or e}); expected the Ray head's GCS address "
-            "(`ray status` on the head shows it)"
-        ) from None
+    answers(host, port, f"--address {address}")
 
 
 def _check_fits(spec: Spec) -> None:

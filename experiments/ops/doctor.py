@@ -825,16 +825,21 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def connect(address: str) -> RayCluster:
-    """Join the Ray cluster at `address` (HOST:PORT) as a driver; UserError when nothing answers there."""
-    host, port = parse_address(address)
+def answers(host: str, port: int, flag: str) -> None:
+    """UserError naming `flag` unless something accepts a TCP connection at host:port within CONNECT_TIMEOUT_S (a
+    Ray head that is not there would otherwise be waited for, for minutes)."""
     try:
         socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as e:
         raise UserError(
-            f"--address={address}: nothing answers there ({e.strerror or e}); expected the Ray head's GCS address "
+            f"{flag}: nothing answers there ({e.strerror or e}); expected the Ray head's GCS address "
             "(`ray status` on the head shows it)"
         ) from None
+
+
+def connect(address: str) -> RayCluster:
+    """Join the Ray cluster at `address` (HOST:PORT) as a driver; UserError when nothing answers there."""
+    answers(*parse_address(address), f"--address={address}")
     import ray
 
     try:

@@ -92,11 +92,9 @@ def _start_head(env: dict, worker_ports: int) -> tuple[subprocess.Popen, str, st
     import httpx
 
     while True:
-        try:  # any HTTP answer: a head with token authentication answers 401 here
-            httpx.get(f"{url}/api/version", timeout=2)
+        with contextlib.suppress(httpx.HTTPError):  # not up yet: try again below, once a second
+            httpx.get(f"{url}/api/version", timeout=2)  # any HTTP answer: with token authentication, a 401
             return proc, url, f"127.0.0.1:{gcs}", tmp
-        except httpx.HTTPError:
-            pass
         if proc.poll() is not None or time.time() > deadline:
             tail = " | ".join(open(log).read().strip().splitlines()[-5:])
             _stop_head(proc, tmp)
