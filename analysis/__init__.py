@@ -1,7 +1,7 @@
 """emapg.analysis: run records -> tables and figures.
 
 Reads only the run record on disk (docs/run-record.md) or its W&B mirror; never imports torch
-or `ema_pg_core` (tests/analysis/test_analysis_boundary.py enforces it).
+or `ema_pg_core` (an import-linter contract in pyproject.toml enforces it).
 
     analysis.load      find and read run records into tidy pandas frames (disk, W&B)
     analysis.stats     mean, IQM, stratified bootstrap CIs, probability of improvement, pass@k

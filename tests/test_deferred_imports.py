@@ -84,7 +84,7 @@ ALLOWED = {
     ("experiments/cli.py", "cluster.submit"): _UPPER,
     ("experiments/ops/retrieval/cli.py", "experiments.tasks"): (
         "tasks import retrievers, never the reverse: only `emapg retriever serve --task` looks a task up, at call "
-        "time (tests/test_boundaries.py)"
+        "time (an import-linter contract in pyproject.toml)"
     ),
     ("benchmarks/iteration_breakdown.py", "experiments"): (
         "the --serve child imports another checkout's packages: this checkout's must not be loaded before it"
