@@ -104,4 +104,4 @@ def test_registered_in_both_verl_registries():
 
     hf_rollout.register()
     assert issubclass(get_rollout_replica_class("hf"), RolloutReplica)
-    assert get_rollout_class("hf", "async").__name__ == "_HFServerAdapter"
+    assert get_rollout_class("hf", "async").__name__ == "HFServerAdapter"

@@ -35,6 +35,11 @@ import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.rollout import base, replica
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+from verl.workers.rollout.utils import ensure_async_iterator
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +49,8 @@ ROLLOUT_NAME = "hf"
 
 def register() -> None:
     """Add the engine to verl's two rollout registries (idempotent; every process that resolves rollouts)."""
-    from verl.workers.rollout import base, replica
-
     base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = f"{__name__}.HFServerAdapter"
-    replica.RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: __getattr__("HFReplica"))
+    replica.RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: HFReplica)
 
 
 def _server_name(replica_rank: int, node_rank: int = 0) -> str:
@@ -123,8 +126,6 @@ class HFGenerationServer:
     """Token-in/token-out generation with an HF causal LM; the methods verl calls on a rollout server."""
 
     def __init__(self, config, model_config, replica_rank: int = 0, node_rank: int = 0):
-        from verl.utils.config import omega_conf_to_dataclass
-
         self.config = omega_conf_to_dataclass(config)
         path = getattr(model_config, "local_path", None) or model_config.path
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=bool(model_config.trust_remote_code))
@@ -164,8 +165,6 @@ class HFGenerationServer:
         **kwargs,
     ):
         """One request; returns verl's TokenOutput. Requests that arrive together are generated as one batch."""
-        from verl.workers.rollout.replica import TokenOutput
-
         if image_data is not None or video_data is not None:
             raise NotImplementedError("the hf rollout engine is text-only")
         prompt_ids = [int(t) for t in prompt_ids]
@@ -324,106 +323,78 @@ class _StopStrings(StoppingCriteria):
 # --------------------------------------------------------------------------------------
 # The replica (in the trainer's process) and the adapter (in each training worker)
 # --------------------------------------------------------------------------------------
-def _replica_class():
-    from verl.workers.rollout.replica import RolloutReplica
+class HFReplica(RolloutReplica):
+    """One ``HFGenerationServer`` per replica, on the node of the replica's first training worker."""
 
-    class _HFReplica(RolloutReplica):
-        """One ``HFGenerationServer`` per replica, on the node of the replica's first training worker."""
-
-        async def launch_servers(self):
-            if self.nnodes != 1:
-                raise ValueError(
-                    "the hf rollout engine runs one server per replica on one node "
-                    f"(rollout tensor_model_parallel_size spans {self.nnodes} nodes)"
-                )
-            node_ids = (
-                await asyncio.gather(
-                    *[
-                        w.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
-                        for w in self.workers[:1]
-                    ]
-                )
-                if self.workers
-                else [None]
+    async def launch_servers(self):
+        if self.nnodes != 1:
+            raise ValueError(
+                "the hf rollout engine runs one server per replica on one node "
+                f"(rollout tensor_model_parallel_size spans {self.nnodes} nodes)"
             )
-            options = {"name": _server_name(self.replica_rank), "num_cpus": 0, "max_concurrency": self.max_concurrency}
-            if node_ids[0] is not None:
-                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_ids[0], soft=False)
-            server = (
-                ray.remote(HFGenerationServer)
-                .options(**options)
-                .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        node_ids = (
+            await asyncio.gather(
+                *[w.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for w in self.workers[:1]]
             )
-            await server.get_server_address.remote()  # raises here if the model cannot be loaded
-            self.servers = [server]
-            self._server_handle = server
-            self._server_address = _server_name(self.replica_rank)
+            if self.workers
+            else [None]
+        )
+        options = {"name": _server_name(self.replica_rank), "num_cpus": 0, "max_concurrency": self.max_concurrency}
+        if node_ids[0] is not None:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_ids[0], soft=False)
+        server = (
+            ray.remote(HFGenerationServer)
+            .options(**options)
+            .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        )
+        await server.get_server_address.remote()  # raises here if the model cannot be loaded
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = _server_name(self.replica_rank)
 
-        async def sleep(self):
-            return None
-
-    return _HFReplica
-
-
-def __getattr__(name: str):  # verl-dependent classes are built on first use (importing this module needs no verl)
-    if name in globals():
-        return globals()[name]
-    if name == "HFReplica":
-        cls = _replica_class()
-    elif name == "HFServerAdapter":
-        cls = _adapter_class()
-    else:
-        raise AttributeError(name)
-    globals()[name] = cls
-    return cls
+    async def sleep(self):
+        return None
 
 
-def _adapter_class():
-    from verl.workers.rollout.base import BaseRollout
+class HFServerAdapter(BaseRollout):
+    """In each training worker: the trainer's weight syncs go to this replica's server (rank 0 sends)."""
 
-    class _HFServerAdapter(BaseRollout):
-        """In each training worker: the trainer's weight syncs go to this replica's server (rank 0 sends)."""
+    def __init__(self, config, model_config, device_mesh, replica_rank: int = -1):
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", 0))
+        world = self.config.tensor_model_parallel_size * self.config.data_parallel_size
+        world *= self.config.pipeline_model_parallel_size
+        self.replica_rank = rank // world if replica_rank == -1 else replica_rank
+        self._has_server = rank % world == 0
+        self._server = None
 
-        def __init__(self, config, model_config, device_mesh, replica_rank: int = -1):
-            super().__init__(config, model_config, device_mesh)
-            rank = int(os.environ.get("RANK", 0))
-            world = self.config.tensor_model_parallel_size * self.config.data_parallel_size
-            world *= self.config.pipeline_model_parallel_size
-            self.replica_rank = rank // world if replica_rank == -1 else replica_rank
-            self._has_server = rank % world == 0
-            self._server = None
+    def _handle(self):
+        if self._server is None:
+            self._server = ray.get_actor(_server_name(self.replica_rank))
+        return self._server
 
-        def _handle(self):
-            if self._server is None:
-                self._server = ray.get_actor(_server_name(self.replica_rank))
-            return self._server
+    async def resume(self, tags: list[str]):
+        return None
 
-        async def resume(self, tags: list[str]):
-            return None
+    async def release(self):
+        return None
 
-        async def release(self):
-            return None
-
-        @torch.no_grad()
-        async def update_weights(
-            self,
-            weights,
-            global_steps: int | None = None,
-            wire_format: str = "named_tensors",
-            peft_config=None,
-            **kwargs,
-        ):
-            from verl.workers.rollout.utils import ensure_async_iterator
-
-            if wire_format != "named_tensors":
-                raise NotImplementedError(f"the hf rollout engine takes full tensors (wire_format={wire_format!r})")
-            if peft_config is not None:
-                raise NotImplementedError("the hf rollout engine does not take LoRA adapters")
-            named = {}
-            async for name, tensor in ensure_async_iterator(weights):  # every rank iterates (collectives inside)
-                if self._has_server:
-                    named[name] = tensor.detach().to("cpu", copy=True)
+    @torch.no_grad()
+    async def update_weights(
+        self,
+        weights,
+        global_steps: int | None = None,
+        wire_format: str = "named_tensors",
+        peft_config=None,
+        **kwargs,
+    ):
+        if wire_format != "named_tensors":
+            raise NotImplementedError(f"the hf rollout engine takes full tensors (wire_format={wire_format!r})")
+        if peft_config is not None:
+            raise NotImplementedError("the hf rollout engine does not take LoRA adapters")
+        named = {}
+        async for name, tensor in ensure_async_iterator(weights):  # every rank iterates (collectives inside)
             if self._has_server:
-                await self._handle().update_weights.remote(named, global_steps)
-
-    return _HFServerAdapter
+                named[name] = tensor.detach().to("cpu", copy=True)
+        if self._has_server:
+            await self._handle().update_weights.remote(named, global_steps)
