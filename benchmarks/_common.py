@@ -19,23 +19,19 @@ import resource
 import shutil
 import subprocess
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from experiments import numerics
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
-GB, GiB, MiB = 1e9, 2**30, 2**20
-DOC_HEADER = """# Benchmarks
-
-The current figures of each benchmark (history: git). A script writes each section between its BEGIN/END markers:
-its command, machine (shared: the load average at start is listed) and ratios to a baseline of the same run.
-"""
+GB, GiB = 1e9, 2**30
 
 
 # ------------------------------------------------------------------ memory (Linux /proc)
-def _status_kib(field: str) -> int:
-    m = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+def _kib(field: str, path: str = "/proc/self/status") -> int:
+    m = re.search(rf"^{field}:\s+(\d+) kB", Path(path).read_text(), re.M)
     return int(m.group(1)) if m else 0
 
 
@@ -49,21 +45,16 @@ def reset_peak_rss() -> bool:
 
 
 def rss_bytes() -> int:
-    return _status_kib("VmRSS") * 1024
+    return _kib("VmRSS") * 1024
 
 
 def peak_rss_bytes() -> int:
     """VmHWM (peak RSS since the last reset) in bytes; ru_maxrss if /proc lacks it."""
-    hwm = _status_kib("VmHWM")
-    if hwm:
-        return hwm * 1024
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return (_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def mem_available_bytes() -> int:
-    m = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
-    return int(m.group(1)) * 1024
+    return _kib("MemAvailable", "/proc/meminfo") * 1024
 
 
 # ------------------------------------------------------------------ workers
@@ -80,15 +71,13 @@ def run_worker(script: Path, args: list[str], timeout: float = 1800) -> dict:
 
 # ------------------------------------------------------------------ machine and doc
 def machine() -> dict:
-    """CPU model, cores, RAM, torch version, load average, UTC date."""
-    import torch
-
-    total = re.search(r"^MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+    """CPU model, cores, RAM, torch version (without loading it: a benchmark may pin its numerics later), load
+    average, UTC date."""
     return {
         "cpu": numerics.cpu_model(),
         "cores": os.cpu_count(),
-        "ram_gib": round(int(total.group(1)) / 2**20, 1) if total else None,
-        "torch": torch.__version__,
+        "ram_gib": round(_kib("MemTotal", "/proc/meminfo") / 2**20, 1) or None,
+        "torch": version("torch"),
         "python": platform.python_version(),
         "loadavg": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -107,10 +96,8 @@ def describe(torch) -> dict[str, str]:
     """The card and the software the figures were measured with."""
     props = torch.cuda.get_device_properties(0)
     try:
-        import transformers
-
-        tf = transformers.__version__
-    except ImportError:
+        tf = version("transformers")
+    except PackageNotFoundError:
         tf = "not installed"
     return {
         "gpu": f"{props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor})",
@@ -130,17 +117,16 @@ def machine_line(m: dict, threads: int) -> str:
     )
 
 
-def write_section(name: str, body: str, doc: Path = DOC) -> None:
-    """Replace the text between <!-- BEGIN name --> and <!-- END name --> in docs/benchmarks.md."""
+def write_section(name: str, body: str) -> None:
+    """Replace the text between <!-- BEGIN name --> and <!-- END name --> in docs/benchmarks.md (or append it)."""
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
-    text = doc.read_text() if doc.exists() else DOC_HEADER
+    text = DOC.read_text()
     block = f"{begin}\n{body.rstrip()}\n{end}"
     if begin in text and end in text:
         text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
+    DOC.write_text(text)
 
 
 def publish(section: str, text: str, write: bool) -> None:
@@ -155,19 +141,18 @@ def command(script: str, argv: list[str]) -> str:
     return " ".join(["python", f"benchmarks/{script}", *argv])
 
 
-def cli(doc: str, write: bool = True) -> argparse.ArgumentParser:
+def cli(doc: str) -> argparse.ArgumentParser:
     """A benchmark's parser: the docstring's first paragraph, and ``--write`` (the section is only printed
     without it)."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    if write:
-        p.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
+    p.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     return p
 
 
 def saved_cli(doc: str, name: str) -> argparse.ArgumentParser:
     """The parser of a benchmark that writes its section unless ``--print`` and keeps its raw measurements in
     ``--json`` (``--from-json``: render them again without measuring; ``--worker``: a fresh-interpreter run)."""
-    p = cli(doc, write=False)
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--print", dest="print_only", action="store_true", help="print the section, do not write it")
     p.add_argument("--json", default=f"/tmp/{name}.json", help="where the raw measurements are saved")
     p.add_argument("--from-json", action="store_true", help="re-render the section from --json without measuring")
