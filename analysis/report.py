@@ -47,15 +47,12 @@ import yaml
 from analysis import audit_schema, load, outdir, tables
 from analysis.figures import (
     ablation,
-    anchor_horizon,
+    audit,
     beta_tau_map,
-    estimator_bias,
     kl_probe,
     learning_curves,
-    stability_region,
     style,
     topk_coverage,
-    topk_variance,
     training_dynamics,
 )
 from analysis.index import Output, run_provenance, write_index
@@ -69,12 +66,12 @@ REPORT, FIGURES = "emapg report", "emapg figures"  # what analysis.outdir.MARKER
 REPS = 2000
 """Bootstrap resamples behind every CI of a report (`report`, `report_frames`, `emapg report --reps`)."""
 ABLATION_KNOBS = ("anchor_tau", "anchor_period", "kl_k", "kl_type", "kl_tail", "kl_coef")
-# audit record key -> (figure module, file stem, index title)
+# audit record key -> (figure, its file stem = the function's name, index title)
 FIGURE_RENDERERS = (
-    ("estimator_table", estimator_bias, "kl_estimators_bias", "KL estimators: |bias| and variance (log scale)"),
-    ("topk_sweep", topk_variance, "topk_variance", "Top-k KL: variance and bias vs k (k=0 sampled to k=|V| exact)"),
-    ("anchor_horizon", anchor_horizon, "anchor_horizon", "EMA anchor half-life and time constant vs τ, period [ours]"),
-    ("stability_grid", stability_region, "stability_region", f"EMA-PG stability region {style.OURS_TOY}"),
+    ("estimator_table", audit.kl_estimators_bias, "KL estimators: |bias| and variance (log scale)"),
+    ("topk_sweep", audit.topk_variance, "Top-k KL: variance and bias vs k (k=0 sampled to k=|V| exact)"),
+    ("anchor_horizon", audit.anchor_horizon, "EMA anchor half-life and time constant vs τ, period [ours]"),
+    ("stability_grid", audit.stability_region, f"EMA-PG stability region {style.OURS_TOY}"),
 )
 
 
@@ -460,13 +457,12 @@ def _figures_into(out: Path, records: Mapping[str, Any], frames: Mapping[str, pd
     if "estimator_table" in frames:
         t = tables.estimator_table(frames["estimator_table"], meta)
         outputs.append(_table(t, out, "KL estimators: bias, variance, memory", prov, section="Audit records"))
-    for key, module, stem, title in FIGURE_RENDERERS:
+    for key, make, title in FIGURE_RENDERERS:
         if key not in frames:
             skipped.append(f"{key}: not in the audit records")
             continue
-        outputs.append(
-            Output("figure", title, style.save(module.make(frames[key]), out / stem), prov, section="Audit records")
-        )
+        paths = style.save(make(frames[key]), out / make.__name__)
+        outputs.append(Output("figure", title, paths, prov, section="Audit records"))
     index = write_index(
         out,
         f"{FIGURES} (no training)",

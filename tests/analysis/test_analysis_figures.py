@@ -8,16 +8,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from analysis import load
-from analysis.figures import (
-    ablation,
-    anchor_horizon,
-    estimator_bias,
-    learning_curves,
-    stability_region,
-    style,
-    topk_variance,
-    training_dynamics,
-)
+from analysis.figures import ablation, audit, learning_curves, style, training_dynamics
 
 
 def check(fig: Figure, tmp_path, name: str) -> None:
@@ -77,7 +68,7 @@ def test_ablation_numeric_lines_with_hue(frames):
 
 
 def test_estimator_bias(audit_records, tmp_path):
-    fig = estimator_bias.make(audit_records["estimator_table"])
+    fig = audit.kl_estimators_bias(audit_records["estimator_table"])
     assert fig.axes[0].get_xscale() == "log"
     ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert "topk (reverse, k=4, paper)  value ✓ grad ✗" in ticks and "k3 (reverse)  value ✓ grad ✗" in ticks
@@ -85,25 +76,25 @@ def test_estimator_bias(audit_records, tmp_path):
 
 
 def test_topk_variance(audit_records, tmp_path):
-    fig = topk_variance.make(audit_records["topk_sweep"])
+    fig = audit.topk_variance(audit_records["topk_sweep"])
     assert len(fig.axes) == 4 and all(ax.get_yscale() == "log" for ax in fig.axes)  # variance + bias
     assert len(fig.legends[0].get_texts()) == 4  # (reverse, forward) x (paper, unbiased)
     check(fig, tmp_path, "topk")
 
 
 def test_anchor_horizon(audit_records, tmp_path):
-    fig = anchor_horizon.make(audit_records["anchor_horizon"])
+    fig = audit.anchor_horizon(audit_records["anchor_horizon"])
     assert "[ours:" in fig.get_suptitle() and "iterations" in fig.axes[0].get_ylabel()
     check(fig, tmp_path, "horizon")
 
 
 def test_stability_region(audit_records, tmp_path):
-    fig = stability_region.make(audit_records["stability_grid"])
+    fig = audit.stability_region(audit_records["stability_grid"])
     assert style.OURS_TOY in fig.get_suptitle()
     assert [ax.get_title() for ax in fig.axes] == ["η = 0", "η = 0.5", "η = 0.9"]
     check(fig, tmp_path, "stability")
     irregular = audit_records["stability_grid"][:-5]  # not a full grid: scatter
-    assert stability_region.make(irregular).axes[0].collections
+    assert audit.stability_region(irregular).axes[0].collections
 
 
 def test_no_pyplot_state():
