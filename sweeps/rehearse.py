@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import re
 import shutil
@@ -47,17 +46,17 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from ema_pg_core.config import KLConfig
 from experiments import build
 from experiments.backends.verl import require_verl
-from experiments.backends.verl.config import uses_topk
 from experiments.ops import rehearse
 from experiments.ops.rehearse import (
-    ANCHOR_PERIOD,
+    NOT_INHERITED,
     Check,
-    Expect,
     Shared,
-    _raw_attempts,
+    anchor_updates,
+    attempt_steps,
+    child_env,
+    expect,
     failed_line,
     kill_group,
     last_error,
@@ -66,7 +65,7 @@ from experiments.ops.rehearse import (
     rehearsal_overrides,
 )
 from experiments.records import RESUMES
-from experiments.verl_metrics import FILE, trained_step
+from experiments.verl_metrics import FILE
 from sweeps import spec as sweep_spec
 
 GROUP_SIZE = 4
@@ -210,12 +209,9 @@ class LocalCluster:
 # ---------------------------------------------------------------------------- the driver, as a user runs it
 def _sweep(spec_file: Path, address: str, out: Path, log: Path, resume: bool = False) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "experiments.cli", "sweep", str(spec_file), "--address", address, "--out", str(out)]
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")}
-    env.update({"EMAPG_PROGRESS": "0", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline"})
+    cmd += ["--resume"] if resume else []
     with open(log, "a") as f:
-        return subprocess.Popen(
-            cmd + (["--resume"] if resume else []), stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
 
 
 def _runs(out: Path) -> list[Path]:
@@ -339,7 +335,7 @@ def checks(sweep_dir: Path) -> dict[str, list]:
 
     out = {}
     for run_dir in _runs(sweep_dir):
-        e = _expect(run_dir)
+        e = expect(run_dir, attempts=1)
         got = [c(run_dir, e) for c in rehearse.CHECKS if c is not rehearse.check_resume]
         got += [check_attempts(run_dir, e), check_sharded(run_dir, e)]
         out[run_dir.name] = got
@@ -365,29 +361,11 @@ def _csv(path: Path):
             yield from csv.DictReader(f)
 
 
-def _expect(run_dir: Path):
-    """What a trial's rehearsal must show, from its recorded config."""
-
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    tau, kl = float(cfg["algo"]["anchor"]["tau"]), cfg["algo"]["kl"]
-    return Expect(
-        steps=int(cfg["trainer"]["iterations"]),
-        tau=tau,
-        period=ANCHOR_PERIOD if tau < 1 else int(cfg["algo"]["anchor"]["period"]),
-        topk=uses_topk(KLConfig(**kl)),
-        k=int(kl["k"]),
-        keep=int(cfg["trainer"]["keep_checkpoints"]),
-        killed_at=None,
-        probe=cfg["trainer"]["probe_every"] != 0,
-        attempts=1,
-    )
-
-
 def check_attempts(run_dir: Path, e):
     """No step lost or trained twice across attempts: each attempt of verl starts right after the last step the
     earlier ones logged; the anchor's update count at the end is the schedule's, counted across attempts."""
 
-    steps = [sorted(int(r["step"]) for r in rows if trained_step(r.get("data", {}))) for rows in _raw_attempts(run_dir)]
+    steps = attempt_steps(run_dir)
     done, ok = 0, bool(steps)
     for s in steps:
         ok = ok and (not s or (s[0] == done + 1 and s == list(range(s[0], s[-1] + 1))))
@@ -395,8 +373,7 @@ def check_attempts(run_dir: Path, e):
     ok = ok and done == e.steps
     detail = f"{len(steps)} attempt(s) trained steps {steps}"
     if e.tau < 1.0:
-        meta = run_dir / "checkpoints" / f"global_step_{e.steps}" / "anchor" / "emapg_anchor.json"
-        updates = json.loads(meta.read_text())["num_updates"] if meta.is_file() else None
+        updates = anchor_updates(run_dir, e.steps)
         ok = ok and updates == e.steps // e.period
         detail += f"; anchor updates at step {e.steps}: {updates} (scheduled {e.steps // e.period})"
     return Check("attempts", ok, detail)
@@ -479,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     # the cluster's raylets, and so every trial, inherit this environment: W&B offline whatever WANDB_MODE says (the
     # W&B check reads the offline runs), and no Ray address or verl platform of the caller's
     os.environ["WANDB_MODE"] = "offline"
-    for key in ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE"):
+    for key in NOT_INHERITED:
         os.environ.pop(key, None)
     out = Path(args.out) / (Path(args.spec).stem + f"__{args.layout}")
     if out.exists():

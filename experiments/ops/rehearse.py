@@ -65,7 +65,7 @@ from experiments import build, tasks
 from experiments.backends.verl import require_verl
 from experiments.backends.verl.config import uses_topk
 from experiments.ops.retrieval.service import HTTPRetriever
-from experiments.records import read_evals, read_metrics, read_wandb_state
+from experiments.records import read_evals, read_jsonl, read_metrics, read_wandb_state
 from experiments.tasks import RehearsalData, get_task
 from experiments.verl_metrics import FILE, attempt_files, trained_step
 
@@ -217,17 +217,14 @@ class Attempt:
     timed_out: bool = False  # stopped after `timeout_s` without progress
 
 
+def _trained(rows: list[dict]) -> list[int]:
+    """The steps of verl metric lines that hold training metrics, in order."""
+    return sorted(int(r["step"]) for r in rows if trained_step(r.get("data", {})))
+
+
 def logged_step(run_dir: Path) -> int:
     """The last step this attempt's verl metrics file has training metrics for (0: none)."""
-    steps = [0]
-    for line in (run_dir / FILE).read_text().splitlines() if (run_dir / FILE).is_file() else []:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # being written
-        if trained_step(row.get("data", {})):
-            steps.append(int(row["step"]))
-    return max(steps)
+    return max([0, *_trained(read_jsonl(run_dir / FILE))])  # a line being written is dropped
 
 
 def latest_checkpoint(run_dir: Path) -> int:
@@ -252,10 +249,7 @@ def run_attempt(
     SIGKILL the whole group (driver, Ray, workers) once the checkpoint of that step is complete and its metrics are
     logged (verl writes them after the checkpoint). Stopped (``timed_out``) after `timeout_s` with no new step logged,
     no new checkpoint and no output: progress, not a wall clock, decides, so a loaded machine only makes it slower."""
-    inherited = ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")  # its own Ray; trainer.device decides
-    env = {k: v for k, v in os.environ.items() if k not in inherited}
-    # Ray binds 127.0.0.1 and W&B is offline: nothing leaves the machine
-    env.update(EMAPG_PROGRESS="0", PYTHONUNBUFFERED="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", WANDB_MODE="offline")
+    env = child_env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # Ray binds 127.0.0.1: nothing leaves the machine
     cmd = [sys.executable, "-m", "experiments.cli", "train", *overrides]
     t0 = time.time()
     with open(log, "w") as out:
@@ -280,6 +274,16 @@ def run_attempt(
             kill_group(proc)  # also what outlives the driver in its group (Ray's processes after a crash)
     code = None if killed is not None or timed_out else proc.returncode
     return Attempt(t0, code, killed, time.time() - t0, log, timed_out)
+
+
+NOT_INHERITED = ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")  # its own Ray; trainer.device decides
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """A rehearsal's `emapg` child's environment: W&B offline (the W&B check reads the offline runs), no bars."""
+    env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+    env.update(EMAPG_PROGRESS="0", PYTHONUNBUFFERED="1", WANDB_MODE="offline", **extra)
+    return env
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -322,17 +326,36 @@ def _metrics(run_dir: Path) -> dict[int, dict]:
 
 
 def _raw_attempts(run_dir: Path) -> list[list[dict]]:
-    """verl's own metric lines, one list per attempt, oldest first."""
-    out = []
-    for path in attempt_files(run_dir):
-        rows = []
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut by the kill
-        out.append(rows)
-    return out
+    """verl's own metric lines, one list per attempt, oldest first (a line cut by a kill dropped)."""
+    return [read_jsonl(path) for path in attempt_files(run_dir)]
+
+
+def attempt_steps(run_dir: Path) -> list[list[int]]:
+    """The steps each verl attempt trained, oldest attempt first."""
+    return [_trained(rows) for rows in _raw_attempts(run_dir)]
+
+
+def anchor_updates(run_dir: Path, step: int) -> int | None:
+    """The EMA anchor's update count in the checkpoint of `step` (None: no anchor there)."""
+    meta = run_dir / "checkpoints" / f"global_step_{step}" / "anchor" / "emapg_anchor.json"
+    return json.loads(meta.read_text())["num_updates"] if meta.is_file() else None
+
+
+def expect(run_dir: Path, killed_at: int | None = None, attempts: int = 2) -> Expect:
+    """What the rehearsal of the run in `run_dir` must show, from its recorded config."""
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    tau, kl = float(cfg["algo"]["anchor"]["tau"]), cfg["algo"]["kl"]
+    return Expect(
+        steps=int(cfg["trainer"]["iterations"]),
+        tau=tau,
+        period=ANCHOR_PERIOD if tau < 1 else int(cfg["algo"]["anchor"]["period"]),
+        topk=uses_topk(KLConfig(**kl)),
+        k=int(kl["k"]),
+        keep=int(cfg["trainer"]["keep_checkpoints"]),
+        killed_at=killed_at,
+        probe=cfg["trainer"]["probe_every"] != 0,
+        attempts=attempts,
+    )
 
 
 def check_steps(run_dir: Path, e: Expect) -> Check:
@@ -394,15 +417,13 @@ def check_checkpoints(run_dir: Path, e: Expect) -> Check:
 def check_resume(run_dir: Path, e: Expect) -> Check:
     if e.killed_at is None:
         return Check("resume", False, "the first attempt was not killed at a checkpoint")
-    attempts = _raw_attempts(run_dir)
-    resumed = sorted(int(r["step"]) for r in attempts[-1] if trained_step(r.get("data", {}))) if attempts else []
+    attempts = attempt_steps(run_dir)
+    resumed = attempts[-1] if attempts else []
     first_ok = bool(resumed) and resumed[0] == e.killed_at + 1
     detail = f"killed after the checkpoint of step {e.killed_at}; the resumed attempt trained steps {resumed}"
     if e.tau >= 1.0:
         return Check("resume", first_ok and len(attempts) >= 2, detail)
-    meta = run_dir / "checkpoints" / f"global_step_{e.steps}" / "anchor" / "emapg_anchor.json"
-    updates = json.loads(meta.read_text())["num_updates"] if meta.is_file() else None
-    want = e.steps // e.period
+    updates, want = anchor_updates(run_dir, e.steps), e.steps // e.period
     return Check(
         "resume",
         first_ok and updates == want,
@@ -570,18 +591,8 @@ def rehearse_config(
     second = run_attempt(overrides + ["resume=true"], run_dir, run_dir.parent / f"{name}.attempt2.log", kill_after=None)
     if second.returncode != 0:
         return Result(name, [Check("attempt 2", False, _failure(second))], time.time() - t0)
-    kl = cfg.algo.kl
-    expect = Expect(
-        steps=steps,
-        tau=float(cfg.algo.anchor.tau),
-        period=ANCHOR_PERIOD if cfg.algo.anchor.tau < 1 else int(cfg.algo.anchor.period),
-        topk=uses_topk(KLConfig(**kl)),
-        k=int(kl.k),
-        keep=2,
-        killed_at=first.killed_at,
-        probe=cfg.trainer.probe_every != 0,
-    )
-    return Result(name, [check(run_dir, expect) for check in CHECKS], time.time() - t0)
+    e = expect(run_dir, first.killed_at)
+    return Result(name, [check(run_dir, e) for check in CHECKS], time.time() - t0)
 
 
 def _failure(a: Attempt) -> str:
