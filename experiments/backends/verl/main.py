@@ -44,9 +44,8 @@ from verl.utils.device import auto_set_device  # noqa: E402
 
 from experiments.backends.verl.config import rotate, run_runner_setup, split_argv  # noqa: E402
 from experiments.backends.verl.failures import RUNNING, VerlExited, create_actor  # noqa: E402
-from experiments.backends.verl.placement import trial_placement_group  # noqa: E402
+from experiments.backends.verl.placement import PLACEMENT_GROUP_ENV, trial_placement_group  # noqa: E402
 from experiments.backends.verl.resources import (  # noqa: E402
-    PLACEMENT_GROUP_ENV,
     TASK_RUNNER_CPUS,
     _accelerator,
     check_fits,

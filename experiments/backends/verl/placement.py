@@ -23,14 +23,19 @@ from __future__ import annotations
 
 import os
 
+PLACEMENT_GROUP_ENV = "EMAPG_PLACEMENT_GROUP"
+"""Hex id of the trial's placement group, in the environment of a verl job launched inside a Tune trial."""
 TQ_NAMESPACE = "transfer_queue"
 """The namespace TransferQueue 0.1.11 names its controller in (``transfer_queue.interface``)."""
 
 
+def storage_bundle(unit: int, ranks: int) -> int:
+    """The bundle (rank) of a trial's placement group that holds TransferQueue storage unit `unit`."""
+    return unit % ranks
+
+
 def trial_placement_group():
     """The trial's placement group this verl job runs in (``PLACEMENT_GROUP_ENV``), None outside a trial."""
-    from experiments.backends.verl.resources import PLACEMENT_GROUP_ENV  # loads omegaconf
-
     hexid = os.environ.get(PLACEMENT_GROUP_ENV)
     if not hexid:
         return None
@@ -116,22 +121,14 @@ def isolate_transfer_queue() -> None:
     if not isinstance(interface.ray, _NamespacedRay):
         interface.ray = _NamespacedRay(interface.ray)
         interface.TransferQueueController = _NamespacedActorClass(interface.TransferQueueController)
-    if os.environ.get(_placement_env()):
+    if os.environ.get(PLACEMENT_GROUP_ENV):
         simple_storage_bootstrap.get_node_round_robin_scheduling_strategies = _storage_in_trial
-
-
-def _placement_env() -> str:
-    from experiments.backends.verl.resources import PLACEMENT_GROUP_ENV  # loads omegaconf
-
-    return PLACEMENT_GROUP_ENV
 
 
 def _storage_in_trial(num_actors: int, required_node_resource: str | None = None) -> list:
     """Storage unit i in the trial's bundle ``i % ranks`` (TransferQueue's own: round robin over the nodes,
-    outside any reservation): ``resources.storage_bundle``."""
+    outside any reservation)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    from experiments.backends.verl.resources import storage_bundle  # loads omegaconf
 
     class InBundle(PlacementGroupSchedulingStrategy):
         node_id = "the sweep trial's placement group"  # TransferQueue logs where it placed each unit

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
+from experiments.backends.verl.placement import storage_bundle
+
 TASK_RUNNER_CPUS = 1
 """``num_cpus`` of the TaskRunner actor ``experiments.backends.verl.main`` launches."""
 BUNDLE_CPUS = 3
@@ -260,10 +262,6 @@ def cluster_size(
 
 
 # ---------------------------------------------------------------------------- a verl job inside a Ray Tune trial
-PLACEMENT_GROUP_ENV = "EMAPG_PLACEMENT_GROUP"
-"""Hex id of the trial's placement group, in the environment of a verl job launched inside a Tune trial."""
-
-
 @dataclass(frozen=True)
 class TrialPlacement:
     """The one placement group a Ray Tune trial reserves for its whole verl job (``trial_placement``).
@@ -300,11 +298,6 @@ class TrialPlacement:
             f"TransferQueue's controller, + {self.storage_units} TransferQueue storage unit(s) of {TQ_ACTOR_CPUS} "
             "CPU on the ranks' bundles in turn" + (f"; outside it: {extra}" if extra else "")
         )
-
-
-def storage_bundle(unit: int, ranks: int) -> int:
-    """The bundle (rank) of a trial's placement group that holds TransferQueue storage unit `unit`."""
-    return unit % ranks
 
 
 def trial_placement(config) -> TrialPlacement:
