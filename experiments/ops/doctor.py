@@ -25,6 +25,7 @@ Each check is one function ``Context -> Result | list[Result]``; it asks the mac
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import os
@@ -105,45 +106,31 @@ class Demand:
 
 def demand(cfg) -> Demand:
     """What `cfg` (a composed, validated run config) needs: the local or the verl backend's demand."""
-    return _verl_demand(cfg) if cfg.backend.name == "verl" else _local_demand(cfg)
-
-
-def _local_demand(cfg) -> Demand:
     from experiments.run import resolve_run_dir  # loads torch, omegaconf
 
+    return (_verl_demand if cfg.backend.name == "verl" else _local_demand)(cfg, resolve_run_dir(cfg))
+
+
+def _local_demand(cfg, run_dir: Path) -> Demand:
     device = str(cfg.trainer.device)
     gpus = 0 if device in ("cpu", "auto") else int(device.partition(":")[2] or 0) + 1
-    ckpt = os.path.abspath(os.path.expanduser(resolve_run_dir(cfg) / "checkpoints"))
+    ckpt = os.path.abspath(os.path.expanduser(run_dir / "checkpoints"))
     key = "run_dir (checkpoints go to <run_dir>/checkpoints)"
-    return Demand(
-        "local",
-        device,
-        gpus,
-        sizes=f"trainer.device={device}",
-        model=cfg.model.path,
-        checkpoints=ckpt,
-        checkpoint_key=key,
-    )
+    sizes = f"trainer.device={device}"
+    return Demand("local", device, gpus, sizes=sizes, model=cfg.model.path, checkpoints=ckpt, checkpoint_key=key)
 
 
-def verl_settings(overrides: Sequence[str]) -> dict[str, Any]:
-    """verl's Hydra overrides (``to_verl(run).overrides``) -> {dotted key: value}, the last one winning."""
+def _verl_demand(cfg, run_dir: Path) -> Demand:
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(list(overrides))}
-
-
-def _verl_demand(cfg) -> Demand:
     from omegaconf import OmegaConf
 
     from experiments.backends.verl.launch import checkpoint_root, to_verl  # loads torch
     from experiments.backends.verl.resources import worker_pool  # loads omegaconf
-    from experiments.run import agent_loops_path, resolve_run_dir  # loads torch, omegaconf
+    from experiments.run import agent_loops_path  # loads torch, omegaconf
 
-    run = OmegaConf.to_container(
-        OmegaConf.merge(cfg, {"run_dir": str(resolve_run_dir(cfg))}, agent_loops_path(cfg)), resolve=True
-    )
-    verl = verl_settings(to_verl(run).overrides)
+    run = OmegaConf.to_container(OmegaConf.merge(cfg, {"run_dir": str(run_dir)}, agent_loops_path(cfg)), resolve=True)
+    # verl's Hydra overrides -> {dotted key: value}, the last one winning
+    verl = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(to_verl(run).overrides)}
     tree = OmegaConf.create()
     for key, value in verl.items():
         OmegaConf.update(tree, key, value, force_add=True)
@@ -452,14 +439,11 @@ def check_rollout(ctx: Context) -> Result:
     module = ROLLOUT_MODULES.get(d.rollout or "")
     if module is None:
         return Result("N/A", f"backend.verl.rollout_engine={d.rollout}: emapg's own engine, nothing to install")
-    return _importable(
-        ctx,
-        module,
-        f"backend.verl.rollout_engine={d.rollout}",
-        "install verl's vllm stack: cluster/gpu-install.sh (docs/scaling-out.md)"
-        if module == "vllm"
-        else f"pip install {module} (the version verl 0.9.1 supports)",
-    )
+    if module == "vllm":
+        fix = "install verl's vllm stack: cluster/gpu-install.sh (docs/scaling-out.md)"
+    else:
+        fix = f"pip install {module} (the version verl 0.9.1 supports)"
+    return _importable(ctx, module, f"backend.verl.rollout_engine={d.rollout}", fix)
 
 
 def check_flash_attn(ctx: Context) -> Result:
@@ -473,13 +457,11 @@ def check_flash_attn(ctx: Context) -> Result:
         return Result("N/A", "backend=local loads the model with transformers' default attention")
     if d.attn != VERL_ATTN_DEFAULT:
         return Result("N/A", f"attn_implementation={d.attn} needs no flash-attn")
-    return _importable(
-        ctx,
-        "flash_attn",
-        f"attn_implementation={d.attn}",
+    fix = (
         "a flash-attn built for this torch and CUDA (verl's container image: docs/verl-plugin.md, 'Installing on "
-        "GPUs'), or backend.verl.attn_implementation=sdpa (the GPU presets' default)",
+        "GPUs'), or backend.verl.attn_implementation=sdpa (the GPU presets' default)"
     )
+    return _importable(ctx, "flash_attn", f"attn_implementation={d.attn}", fix)
 
 
 def _importable(ctx: Context, module: str, why: str, fix: str) -> Result:
@@ -667,11 +649,9 @@ def writable(path: str, token: str) -> str:
                 raise OSError(errno.EIO, f"{probe} read back differently")
     finally:
         _remove(probe)
-    made = (
-        ""
-        if where == os.path.abspath(os.path.expanduser(path))
-        else f" in {shown_path(where)}, its nearest existing directory"
-    )
+    made = ""
+    if where != os.path.abspath(os.path.expanduser(path)):
+        made = f" in {shown_path(where)}, its nearest existing directory"
     return f"writable (a probe file written, read back and deleted{made})"
 
 
@@ -704,10 +684,8 @@ def _write(path: str, text: str) -> None:
 
 
 def _remove(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.remove(path)
-    except OSError:
-        pass
 
 
 def _os_reason(e: OSError) -> str:
@@ -781,7 +759,7 @@ class RayCluster:
     """The Ray cluster this process is connected to (``connect``): its alive nodes, and a task pinned to each."""
 
     def __init__(self, timeout_s: float = NODE_TIMEOUT_S):
-        import ray
+        import ray  # also loads ray.util.scheduling_strategies
 
         self.ray, self.timeout_s = ray, timeout_s
 
@@ -796,11 +774,10 @@ class RayCluster:
         return [Node(name, gpus) for _, name, gpus in self._alive()]
 
     def on_each_node(self, fn: Callable, *args) -> dict[str, Any]:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         task = self.ray.remote(num_cpus=0, max_retries=0)(fn)
+        pin = self.ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
         refs = {
-            name: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(*args)
+            name: task.options(scheduling_strategy=pin(node_id, soft=False)).remote(*args)
             for node_id, name, _ in self._alive()
         }
         ready, _ = self.ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s)
@@ -840,15 +817,14 @@ def answers(host: str, port: int, flag: str) -> None:
 def connect(address: str) -> RayCluster:
     """Join the Ray cluster at `address` (HOST:PORT) as a driver; UserError when nothing answers there."""
     answers(*parse_address(address), f"--address={address}")
-    import ray
-
+    cluster = RayCluster()
     try:
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        cluster.ray.init(address=address, log_to_driver=False, logging_level="ERROR")
     except Exception as e:  # noqa: BLE001  e.g. another Ray version on the head
         if is_ray_auth_error(e):
             raise UserError(ray_auth_line(f"--address={address}", "driver")) from None
         raise UserError(f"--address={address}: cannot join the Ray cluster there: {_first_line(e)}") from None
-    return RayCluster()
+    return cluster
 
 
 # ---------------------------------------------------------------------------------------------- the command
