@@ -5,8 +5,7 @@ show is in docs/reports.md ("Reviewing a sweep in W&B").
     emapg dashboard outputs/sweeps/ablate_tau --publish         # builds both from the spec and saves them to W&B
 
     spec = dashboard_spec(sweep_dir, SweepInfo.from_spec(spec))   # plain JSON data, from the run records
-    ws, rep = workspace(spec, entity), wandb_report(spec, entity)  # wandb_workspaces objects (not saved)
-    urls = publish(spec, entity)                                  # saves the report, then the workspace
+    urls = publish(spec, entity)    # saves the report, then the workspace (built by analysis.wandb_views)
 
 The spec (``<sweep_dir>/wandb_dashboard.json``) is the one description of both: the workspace and the
 report are built from it, whether straight after the sweep or later with ``--publish`` (the same
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -33,10 +31,8 @@ from experiments import records
 from experiments.errors import UserError
 from experiments.wandb_logger import new_run_id, reaching, resolve_mode, settings
 
-SPEC_FILE = "wandb_dashboard.json"
-"""The dashboard spec in the sweep directory (written offline; read by --publish)."""
-SUMMARY_DIR = "wandb_summary"
-"""Where the sweep-summary run keeps its W&B files and id (<sweep_dir>/wandb_summary/)."""
+SPEC_FILE = "wandb_dashboard.json"  # the dashboard spec in the sweep directory (written offline; read by --publish)
+SUMMARY_DIR = "wandb_summary"  # where the sweep-summary run keeps its W&B files and id
 SUMMARY_JOB = "sweep-summary"
 SPEC_VERSION = 1
 # section -> (panel title, metric names or prefixes ending in "/"); eval panels are per benchmark (below)
@@ -74,7 +70,6 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
     ),
     ("Throughput", (("tokens per second", ("perf/tokens_per_s",)), ("seconds per phase", ("perf/",)))),
 )
-FINISHED = ("finished",)
 
 
 class NotLoggedIn(UserError):
@@ -121,7 +116,10 @@ def logged_metrics(run_dirs: Sequence[Path]) -> list[str]:
 
 
 def run_logger(run_dirs: Sequence[Path]) -> dict[str, Any]:
-    """The runs' logger settings (config.yaml's `logger`: name, project, mode), from the first run."""
+    """The runs' logger settings (config.yaml's `logger`: name, project, mode), from the first run; name "none"
+    when there is no run."""
+    if not run_dirs:
+        return {"name": "none"}
     cfg = yaml.safe_load((run_dirs[0] / "config.yaml").read_text(encoding="utf-8")) or {}
     lg = cfg.get("logger") or {}
     return {"name": lg.get("name", "wandb"), "project": lg.get("project", "emapg"), "mode": lg.get("mode")}
@@ -132,7 +130,7 @@ def check_sweep(sweep_dir: Path) -> list[Path]:
     if not (sweep_dir / "sweep.yaml").is_file():
         raise UserError(f"SWEEP_DIR={sweep_dir}: not a sweep directory (no sweep.yaml; `emapg sweep` writes one)")
     runs = sweep_runs(sweep_dir)
-    finished = [d for d in runs if _state(d) in FINISHED]
+    finished = [d for d in runs if _state(d) == "finished"]
     if not finished:
         raise UserError(
             f"SWEEP_DIR={sweep_dir}: no finished run among its {len(runs)} run record(s); "
@@ -255,163 +253,14 @@ def read_spec(sweep_dir: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-# ---------------------------------------------------------------- wandb_workspaces objects
-
-
-def _stable(obj, *parts: str):
-    """Give a panel or runset an id derived from its place (the library draws random ones), so that equal
-    specs build equal objects (the --publish round trip)."""
-    object.__setattr__(obj, "_id", hashlib.sha256("/".join(parts).encode()).hexdigest()[:12])
-    return obj
-
-
-def _line(spec: dict, section: str, p: dict):
-    import wandb_workspaces.reports.v2 as wr
-
-    return _stable(
-        wr.LinePlot(
-            title=p["title"],
-            x="Step",
-            y=list(p["y"]),
-            groupby=wr.Config(p["groupby"]) if p.get("groupby") else None,
-            groupby_aggfunc="mean",
-            groupby_rangefunc="minmax",
-            smoothing_type="none",
-        ),
-        spec["sweep"],
-        section,
-        p["title"],
-    )
-
-
-def _columns(spec: dict) -> list:
-    """Parallel-coordinates axes: the varied knobs (config), then the sweep's metric (summary)."""
-    import wandb_workspaces.reports.v2 as wr
-
-    kinds = {"config": wr.Config, "summary": wr.SummaryMetric}
-    return [
-        wr.ParallelCoordinatesPlotColumn(metric=kinds[c.split(":")[0]](c.split(":", 1)[1]))
-        for c in spec["parallel_coordinates"]
-    ]
-
-
-def _sweep_panels(spec: dict, report_url: str | None) -> list:
-    import wandb_workspaces.reports.v2 as wr
-
-    out = [
-        _stable(
-            wr.ParallelCoordinatesPlot(columns=_columns(spec), title=f"{spec['metric']} vs the swept knobs"),
-            spec["sweep"],
-            "sweep",
-            "parallel",
-        ),
-        _stable(wr.RunComparer(diff_only="split"), spec["sweep"], "sweep", "comparer"),
-    ]
-    if report_url:
-        text = f"Report with the tables, figures, command and config of sweep {spec['sweep']}: {report_url}"
-        out.append(_stable(wr.MarkdownPanel(markdown=text), spec["sweep"], "sweep", "report"))
-    return out
-
-
-def group_filter(spec: dict):
-    """Runs of the sweep's W&B group."""
-    from wandb_workspaces import expr
-
-    return [expr.Metric("Group") == spec["group"]]
-
-
-def workspace(spec: dict, entity: str, report_url: str | None = None):
-    """The saved view of the sweep (wandb_workspaces.workspaces.Workspace; not saved here)."""
-    import wandb_workspaces.workspaces as ws
-    from wandb_workspaces import expr
-
-    sections = [
-        ws.Section(name=s["name"], panels=[_line(spec, s["name"], p) for p in s["panels"]], is_open=True)
-        for s in spec["sections"]
-    ]
-    sections.append(ws.Section(name="Sweep", panels=_sweep_panels(spec, report_url), is_open=True))
-    return ws.Workspace(
-        entity=entity,
-        project=spec["project"],
-        name=spec["view"],
-        sections=sections,
-        settings=ws.WorkspaceSettings(x_axis="Step", smoothing_type="none", max_runs=100),
-        runset_settings=ws.RunsetSettings(
-            filters=group_filter(spec), groupby=[expr.Config(k) for k in spec["grouping"]]
-        ),
-    )
-
-
-def wandb_report(spec: dict, entity: str):
-    """The sweep's W&B report (wandb_workspaces.reports.v2.Report; not saved here)."""
-    import wandb_workspaces.reports.v2 as wr
-
-    r = spec["report"]
-    runset = _stable(
-        wr.Runset(
-            entity=entity,
-            project=spec["project"],
-            name=spec["sweep"],
-            filters=group_filter(spec),
-            groupby=[f"config.{k}" for k in spec["grouping"]],
-        ),
-        spec["sweep"],
-        "runset",
-    )
-    curves = [_line(spec, s["name"], p) for s in spec["sections"][:1] for p in s["panels"]]
-    blocks = [wr.P(r["description"]), wr.PanelGrid(runsets=[runset], panels=curves + _sweep_panels(spec, None)[:1])]
-    for t in r["tables"]:
-        blocks += [wr.H2(t["title"]), wr.MarkdownBlock(text=t["markdown"])]
-    if r["figures"]:
-        summary = wr.Runset(
-            entity=entity, project=spec["project"], name=f"{spec['sweep']} summary", filters=group_filter(spec)
-        )  # the sweep-summary run is in the sweep's group; the media browser shows the run that logged them
-        summary = _stable(summary, spec["sweep"], "summary")
-        media = _stable(wr.MediaBrowser(title="report figures", media_keys=list(r["figures"])), spec["sweep"], "media")
-        blocks += [wr.H2("Figures"), wr.PanelGrid(runsets=[summary], panels=[media])]
-    blocks += [
-        wr.H2("Command"),
-        wr.CodeBlock(code=r["command"], language="markdown"),  # a shell line: no shell highlighting offered
-        wr.H2("Config (sweep.yaml)"),
-        wr.CodeBlock(code=r["config"], language="yaml"),
-    ]
-    return wr.Report(
-        project=spec["project"],
-        entity=entity,
-        title=r["title"],
-        description=r["description"],
-        blocks=blocks,
-        width="fluid",
-    )
-
-
 # ---------------------------------------------------------------- publishing (network: W&B's API)
-
-CHECK_QUERY = """
-query EmapgDashboardTarget($entity: String!, $project: String!) {
-  entity(name: $entity) { id }
-  project(name: $project, entityName: $entity) { id }
-}
-"""
-
-
-def check_target(api, entity: str, project: str) -> None:
-    """Refuse (UserError) an entity or a project W&B does not know, before anything is saved."""
-    from wandb_workspaces._graphql import execute_graphql
-
-    found = execute_graphql(api, CHECK_QUERY, {"entity": entity, "project": project}) or {}
-    if not found.get("entity"):
-        raise UserError(f"--entity={entity!r}: no such W&B entity (or no access with the current `wandb login`)")
-    if not found.get("project"):
-        raise UserError(
-            f"--project={project!r}: entity {entity!r} has no such project; upload the runs first "
-            "(`wandb sync ...`, printed by `emapg dashboard` offline) or pass the project they are in"
-        )
 
 
 def publish(spec: dict, entity: str | None = None, project: str | None = None) -> dict[str, str]:
     """Save the report, then the workspace linking to it; returns their URLs. Needs `wandb login`."""
     import wandb
+
+    from analysis.wandb_views import check_target, wandb_report, workspace  # wandb_workspaces
 
     try:
         api = wandb.Api()
@@ -472,8 +321,7 @@ def log_summary_run(sweep_dir: str | Path, info: SweepInfo) -> str | None:
     report's figures. Same project and mode as the runs (offline unless set online); resumed under the
     id kept in <sweep_dir>/wandb_summary/. Returns the W&B run id, or None when the runs log no W&B."""
     sweep_dir = Path(sweep_dir)
-    runs = sweep_runs(sweep_dir)
-    lg = run_logger(runs) if runs else {"name": "none"}
+    lg = run_logger(sweep_runs(sweep_dir))
     mode = resolve_mode(lg.get("mode")) if lg["name"] != "none" else "disabled"
     if mode == "disabled":
         return None
@@ -506,8 +354,7 @@ def after_sweep(sweep_dir: str | Path, info: SweepInfo, say: Callable[[str], Non
     """The end of `emapg sweep`: the sweep-summary run, then the dashboard, published when W&B is online,
     else its spec written with the commands that publish it later. Nothing with logger=none."""
     sweep_dir = Path(sweep_dir)
-    runs = sweep_runs(sweep_dir)
-    lg = run_logger(runs) if runs else {"name": "none"}
+    lg = run_logger(sweep_runs(sweep_dir))
     if lg["name"] == "none" or resolve_mode(lg["mode"]) == "disabled":
         return
     log_summary_run(sweep_dir, info)

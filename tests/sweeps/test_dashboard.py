@@ -14,6 +14,7 @@ import sweep_fakes
 import yaml
 
 from analysis import dashboard as D
+from analysis import wandb_views as V
 from experiments import cli, records
 from sweeps import tune as T
 from sweeps.spec import parse
@@ -100,7 +101,7 @@ def test_workspace_filter_grouping_sections(sweep_dir):
     from wandb_workspaces import expr
     from wandb_workspaces.reports import v2 as wr
 
-    ws = D.workspace(D.read_spec(sweep_dir), "ent")
+    ws = V.workspace(D.read_spec(sweep_dir), "ent")
     assert ws.name == "dash" and ws.project == "emapg"
     assert ws.runset_settings.filters == expr.filterexpr_list_to_string([expr.Metric("Group") == "dash"])
     assert [(type(g), g.name) for g in ws.runset_settings.groupby] == [(expr.Config, k) for k in KNOBS]
@@ -119,14 +120,14 @@ def test_offline_spec_round_trips(sweep_dir):
     from_dir = D.dashboard_spec(sweep_dir, cli.load_sweep_info(sweep_dir / "sweep.yaml"))
     from_json = D.read_spec(sweep_dir)
     assert from_json == json.loads(json.dumps(from_dir))
-    assert D.workspace(from_json, "e")._to_model() == D.workspace(from_dir, "e")._to_model()
-    assert D.wandb_report(from_json, "e") == D.wandb_report(from_dir, "e")  # its model needs the API: test_publish_...
+    assert V.workspace(from_json, "e")._to_model() == V.workspace(from_dir, "e")._to_model()
+    assert V.wandb_report(from_json, "e") == V.wandb_report(from_dir, "e")  # its model needs the API: test_publish_...
 
 
 def test_report_holds_tables_figures_command_config(sweep_dir):
     from wandb_workspaces.reports import v2 as wr
 
-    rep = D.wandb_report(D.read_spec(sweep_dir), "ent")
+    rep = V.wandb_report(D.read_spec(sweep_dir), "ent")
     markdown = [b.text for b in rep.blocks if isinstance(b, wr.MarkdownBlock)]
     main = (sweep_dir / "report" / "math_tiny_main.md").read_text()
     assert main in markdown and (sweep_dir / "report" / "runs.md").read_text() in markdown
@@ -245,8 +246,8 @@ def test_publish_saves_the_report_then_the_view(sweep_dir, recorder, capsys):
     assert [b["type"] for b in blocks].count("panel-grid") == 2  # curves + parallel coordinates; figures
     # the JSON spec builds the same report the sweep directory does
     from_dir = D.dashboard_spec(sweep_dir, cli.load_sweep_info(sweep_dir / "sweep.yaml"))
-    assert D.wandb_report(D.read_spec(sweep_dir), "ent")._to_model() == D.wandb_report(from_dir, "ent")._to_model()
-    assert isinstance(D.wandb_report(from_dir, "ent").blocks[1], wr.PanelGrid)
+    assert V.wandb_report(D.read_spec(sweep_dir), "ent")._to_model() == V.wandb_report(from_dir, "ent")._to_model()
+    assert isinstance(V.wandb_report(from_dir, "ent").blocks[1], wr.PanelGrid)
     assert "W&B workspace: http://127.0.0.1:9/ent/emapg?nw=" in out
 
 
