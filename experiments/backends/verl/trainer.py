@@ -26,7 +26,9 @@ from __future__ import annotations
 import time
 
 import ray
+import transfer_queue as tq
 from omegaconf import open_dict
+from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -156,9 +158,6 @@ class EmaPGTrainerSync(PPOTrainerSync):
     def _capture_probe(self, batch) -> None:
         """Hand the probe's rows (``pick``) to every worker rank, which keeps them with pi_probe; a worker that
         loaded a probe with its checkpoint keeps that one."""
-        import transfer_queue as tq
-        from transfer_queue import KVBatchMeta
-
         uids = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid"])["uid"]
         rows = pick([str(u) for u in uids], batch.tags, self.emapg.probe_size)
         keys, tags = [batch.keys[i] for i in rows], [batch.tags[i] for i in rows]
