@@ -34,10 +34,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.backends.verl import require_verl
+import torch
+
+from experiments.backends.verl import cpu, require_verl
+from experiments.backends.verl.launch import to_verl
+from experiments.verl_metrics import attempt_files, read_attempts, trained_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, machine, md_table, write_section  # noqa: E402
+from _common import ROOT, cli, machine, md_table, write_section  # noqa: E402
 
 SECTION = "verl_overhead"
 TQ_LOG_ENV = "EMAPG_BENCH_TQ_LOG"
@@ -51,6 +55,8 @@ cores, a descheduled thread of a 2-thread pool makes the other spin at the pool'
 inflated both the wall and the CPU time of whichever variant it hit."""
 HOOK_KEY = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
 HOOK = "benchmarks.verl_overhead.setup_worker"
+"""Every Ray process of a run imports this module: what only the parent needs (composing the launches) is imported
+where it is used."""
 TOPK_PREFIX = "emapg_"
 TIMERS = ("gen", "old_log_prob", "ref", "adv", "update_actor", "emapg_ema", "emapg_probe", "update_weights")
 """verl's timers in a step, in order (timing_s/<name>); emapg_ema and emapg_probe run inside update_actor."""
@@ -69,25 +75,15 @@ class Variant:
     """Run verl's own trainer, worker and loss (trainer mode "sync", low_var_kl) instead of the plugin's."""
 
 
-NO_PROBE = "trainer.probe_every=0"
+GRPO, EMA, NO_PROBE = "experiment=math_deepscaler_grpo", "experiment=math_deepscaler_ema_pg", "trainer.probe_every=0"
 SEARCH_KL = ("algo.kl.type=topk_reverse", "algo.kl.k=32", "algo.kl.tail=paper", "algo.kl.use_iw=true")
 VARIANTS = (
-    Variant(
-        "a", "stock verl GRPO, reference + low_var_kl (no plugin)", ("experiment=math_deepscaler_grpo", NO_PROBE), True
-    ),
-    Variant(
-        "b0",
-        "plugin, tau = 1, K3, without mask_truncated",
-        ("experiment=math_deepscaler_grpo", "backend.verl.mask_truncated=false", NO_PROBE),
-    ),
-    Variant(
-        "b", "plugin, tau = 1, K3 (with the recipe's mask_truncated)", ("experiment=math_deepscaler_grpo", NO_PROBE)
-    ),
-    Variant("c", "plugin, tau = 0.95, K3 (math recipe)", ("experiment=math_deepscaler_ema_pg", NO_PROBE)),
-    Variant(
-        "d", "plugin, tau = 0.95, reverse Top-k k = 32", ("experiment=math_deepscaler_ema_pg", *SEARCH_KL, NO_PROBE)
-    ),
-    Variant("e", "(d) + KL probe every step", ("experiment=math_deepscaler_ema_pg", *SEARCH_KL)),
+    Variant("a", "stock verl GRPO, reference + low_var_kl (no plugin)", (GRPO, NO_PROBE), stock=True),
+    Variant("b0", "plugin, tau = 1, K3, without mask_truncated", (GRPO, "backend.verl.mask_truncated=false", NO_PROBE)),
+    Variant("b", "plugin, tau = 1, K3 (with the recipe's mask_truncated)", (GRPO, NO_PROBE)),
+    Variant("c", "plugin, tau = 0.95, K3 (math recipe)", (EMA, NO_PROBE)),
+    Variant("d", "plugin, tau = 0.95, reverse Top-k k = 32", (EMA, *SEARCH_KL, NO_PROBE)),
+    Variant("e", "(d) + KL probe every step", (EMA, *SEARCH_KL)),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
 COMMON_EDITS = {"trainer.save_freq": "-1", "trainer.test_freq": "-1", "trainer.val_before_train": "false"}
@@ -113,9 +109,8 @@ def variant_argv(variant: Variant, model: str, data, run_dir: Path, steps: int) 
     ``COMMON_EDITS``, this script's worker setup hook, and for (a) ``STOCK_EDITS``."""
     from omegaconf import OmegaConf
 
-    from experiments import build  # loads torch, omegaconf
-    from experiments.backends.verl.launch import to_verl  # loads torch
-    from experiments.ops.rehearse import rehearsal_overrides  # loads numpy
+    from experiments import build  # loads omegaconf, hydra: the parent only (HOOK)
+    from experiments.ops.rehearse import rehearsal_overrides  # loads httpx, yaml: the parent only (HOOK)
 
     target = list(variant.target)
     overrides = target + rehearsal_overrides(build.compose(target), model, data, run_dir, steps)
@@ -140,7 +135,7 @@ def launch(run_dir: Path) -> int:
     return entry.main(spec["argv"])
 
 
-def run_job(variant: Variant, argv: list[str], run_dir: Path, timeout_s: float = JOB_TIMEOUT_S) -> dict:
+def run_job(variant: Variant, argv: list[str], run_dir: Path) -> dict:
     """One verl job in its own session (killed as a group afterwards: Ray's processes of this job only)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "launch.json").write_text(json.dumps({"argv": argv, "stock": variant.stock}, indent=1))
@@ -156,7 +151,7 @@ def run_job(variant: Variant, argv: list[str], run_dir: Path, timeout_s: float =
     with open(run_dir / "job.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
         try:
-            code = _wait(proc, timeout_s, loads)
+            code = _wait(proc, loads)
         finally:
             with contextlib.suppress(ProcessLookupError):  # the job's process group has already exited
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -166,12 +161,12 @@ def run_job(variant: Variant, argv: list[str], run_dir: Path, timeout_s: float =
             "load_mean": _mean(loads)}  # fmt: skip
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float, loads: list[float], every_s: float = 2.0) -> int | None:
-    """`proc`'s exit status (None after `timeout_s`), sampling the 1-min load average into `loads` meanwhile."""
+def _wait(proc: subprocess.Popen, loads: list[float]) -> int | None:
+    """`proc`'s exit status (None after JOB_TIMEOUT_S), sampling the 1-min load average into `loads` every 2 s."""
     t0 = time.time()
-    while time.time() - t0 < timeout_s:
+    while time.time() - t0 < JOB_TIMEOUT_S:
         try:
-            return proc.wait(timeout=every_s)
+            return proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
             loads.append(os.getloadavg()[0])
     return None
@@ -181,8 +176,6 @@ def _wait(proc: subprocess.Popen, timeout_s: float, loads: list[float], every_s:
 def setup_worker() -> None:
     """Ray ``worker_process_setup_hook`` of the benchmark's runs: the CPU run's own (``experiments.backends.verl.cpu``),
     then, with ``TQ_LOG_ENV`` set, the TransferQueue client's gets and puts timed and sized into that file."""
-    from experiments.backends.verl import cpu  # loads torch
-
     cpu.setup_worker()
     path = os.environ.get(TQ_LOG_ENV)
     if path:
@@ -213,8 +206,6 @@ def poll_replay_buffer(seconds: float) -> None:
 def field_sizes(td) -> dict[str, dict]:
     """{field: {"bytes", "tokens"}} of a TensorDict as it travels: nested (jagged) fields by their values
     (tokens = rows of the packed values), dense tensors whole (tokens None), non-tensors not counted."""
-    import torch
-
     out = {}
     for name in td.keys():
         v = td.get(name)
@@ -325,8 +316,6 @@ def tq_steps(records: list[dict]) -> dict[int, dict]:
 def job_steps(run_dir: Path, warmup: int) -> list[dict]:
     """The kept steps of one job: verl's timers (0 where a timer did not run that step), tokens, and the
     TransferQueue figures, one dict per step after the first `warmup`."""
-    from experiments.verl_metrics import attempt_files, read_attempts, trained_step  # loads torch
-
     metrics = {s: d for s, d in read_attempts(attempt_files(run_dir)).items() if trained_step(d)}
     tq = tq_steps(read_jsonl(run_dir / "tq.jsonl"))
     rows = []
@@ -346,15 +335,10 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-FAST = 0.25
-"""The fastest share of steps that the "least disturbed" estimates average (``fast_mean``)."""
-
-
-def fast_mean(xs: list[float], share: float = FAST) -> float:
-    """Mean of the smallest ceil(share * n) values: another job's load only ever adds time, so the fastest steps
-    are the least disturbed (as benchmarks/ema_update.py takes its fastest round)."""
-    xs = sorted(xs)
-    return _mean(xs[: max(1, math.ceil(len(xs) * share))]) if xs else float("nan")
+def fast_mean(xs: list[float]) -> float:
+    """Mean of the fastest quarter (ceil(n / 4) values): another job's load only ever adds time, so the fastest
+    steps are the least disturbed (as benchmarks/ema_update.py takes its fastest round)."""
+    return _mean(sorted(xs)[: math.ceil(len(xs) / 4)])
 
 
 def summarise(jobs: list[dict]) -> dict[str, dict]:
@@ -519,13 +503,12 @@ DEFAULTS = {"rounds": 4, "steps": 12, "warmup": 2}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli(__doc__)
     p.add_argument("--rounds", type=int, default=DEFAULTS["rounds"], help="jobs per variant, interleaved")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="training steps per job")
     p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="first steps of each job dropped")
     p.add_argument("--variants", nargs="+", default=list(BY_NAME), choices=list(BY_NAME))
     p.add_argument("--out", help="work directory (default: a temporary one, removed at the end)")
-    p.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     p.add_argument("--from-jobs", help="render (and with --write, write) the section from an earlier run's jobs.json")
     p.add_argument("--launch", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -545,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _measure(args, out: Path) -> int:
-    from experiments.ops.rehearse import Shared  # loads numpy
+    from experiments.ops.rehearse import Shared  # loads httpx, yaml: the parent only (HOOK)
 
     m, t0 = machine(), time.time()
     shared = Shared(out / "_shared")
