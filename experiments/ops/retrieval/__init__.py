@@ -1,7 +1,7 @@
 """Retrieval for search tasks: one interface, BM25 and e5 dense retrievers, an HTTP server/client pair.
 
     experiments/ops/retrieval/__init__.py   the `Retriever` protocol and what every retriever shares
-                                        (argument checks, reading a corpus file)
+                                        (argument checks, reading a corpus file, importing faiss)
     experiments/ops/retrieval/bm25.py       `BM25Retriever` (`bm25s`, the default)
     experiments/ops/retrieval/dense.py      `DenseRetriever`: intfloat/e5-base-v2 embeddings, exact
                                         inner-product search (FAISS IndexFlatIP, else a torch matmul)
@@ -48,6 +48,8 @@ from typing import Protocol
 
 from experiments.errors import undecodable
 
+FAISS_HINT = "pip install faiss-cpu (or the [retrieval] extra: pip install -e '.[retrieval]')"
+
 
 class Retriever(Protocol):
     """Anything that returns the top-k passages for a query."""
@@ -68,6 +70,23 @@ def check_file(flag: str, path: str) -> str:
     if not os.path.isfile(expanded):
         raise ValueError(f"{flag} {path!r}: no such file")
     return expanded
+
+
+def import_faiss():
+    """The `faiss` module (the e5 retriever's index); ImportError with the install command when it is missing."""
+    try:
+        import faiss
+    except ImportError:
+        raise ImportError(f"the FAISS index needs faiss: {FAISS_HINT}") from None
+    return faiss
+
+
+def faiss_available() -> bool:
+    try:
+        import_faiss()
+    except ImportError:
+        return False
+    return True
 
 
 def load_corpus(path: str) -> list[str]:

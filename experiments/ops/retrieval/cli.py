@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from experiments import user_yaml
-from experiments.ops.retrieval import check_file, load_corpus
+from experiments.ops.retrieval import check_file, import_faiss, load_corpus
 from experiments.ops.retrieval.bm25 import BM25Retriever
 from experiments.ops.retrieval.service import (
     DEFAULT_HOST,
@@ -85,7 +85,7 @@ def _check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error("--retriever e5 needs --corpus FILE (JSONL with 'contents', or one passage per line)")
     if args.index is not None:
         check_file("--index", args.index)
-        _require_faiss()
+        import_faiss()  # ImportError naming the install command
     if not args.allow_remote and not is_loopback(args.host):
         raise ValueError(
             f"--host {args.host} is not a loopback address: the retriever would be reachable from other "
@@ -101,7 +101,7 @@ def _check_index_args(args: argparse.Namespace) -> None:
     out_dir = os.path.dirname(os.path.abspath(os.path.expanduser(args.out)))
     if not os.path.isdir(out_dir):
         raise ValueError(f"--out {args.out!r}: directory {out_dir} does not exist")
-    _require_faiss()
+    import_faiss()
 
 
 def _positive_int(text: str) -> int:
@@ -114,12 +114,6 @@ def _port(text: str) -> int:
     if not text.isdigit() or int(text) > 65535:
         raise argparse.ArgumentTypeError(f"must be a TCP port 0-65535; got {text!r}")
     return int(text)
-
-
-def _require_faiss() -> None:
-    from experiments.ops.retrieval.dense import import_faiss  # loads torch
-
-    import_faiss()  # ImportError naming the install command
 
 
 def _dense_kwargs(args: argparse.Namespace) -> dict:

@@ -30,13 +30,12 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from experiments.ops.retrieval import check_file, check_k
+from experiments.ops.retrieval import check_file, check_k, faiss_available, import_faiss
 from experiments.progress import bar as progress_bar
 
 DEFAULT_MODEL = "intfloat/e5-base-v2"
 QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "
 BACKENDS = ("auto", "faiss", "torch")
-FAISS_HINT = "pip install faiss-cpu (or the [retrieval] extra: pip install -e '.[retrieval]')"
 
 
 # ---------------------------------------------------------------- pure functions
@@ -93,23 +92,6 @@ def faiss_search(index, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, to
 
 
 # ---------------------------------------------------------------- encoder and index
-def import_faiss():
-    """The `faiss` module; ImportError with the install command when it is missing."""
-    try:
-        import faiss
-    except ImportError:
-        raise ImportError(f"the FAISS index needs faiss: {FAISS_HINT}") from None
-    return faiss
-
-
-def faiss_available() -> bool:
-    try:
-        import_faiss()
-    except ImportError:
-        return False
-    return True
-
-
 @contextlib.contextmanager
 def _loading(model: str) -> Iterator[None]:
     """An OSError from transformers (no network and not in the HF cache, or not a model directory) as
