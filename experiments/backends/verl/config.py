@@ -53,7 +53,8 @@ OLD, REF = "emapg_old_", "emapg_ref_"
 # The emapg: section
 # --------------------------------------------------------------------------------------
 def _import_name(name: Any) -> Any:
-    if name is not None and not _is_import_name(name):
+    module, sep, attr = name.partition(":") if isinstance(name, str) else ("", "", "")
+    if name is not None and not (sep and attr and all(part.isidentifier() for part in (*module.split("."), attr))):
         raise ValueError(f"emapg.runner_setup must be 'module:function' or null; got {name!r}")
     return name
 
@@ -115,11 +116,6 @@ class EmaPGSection(BaseModel):
 SECTION_GROUPS = ("kl", "anchor", "loss", "runner_env")
 SECTION_SCALARS = tuple(name for name in EmaPGSection.model_fields if name not in SECTION_GROUPS)
 """The emapg section's top-level keys that are values, not groups (metrics_path, ..., runner_setup)."""
-
-
-def _is_import_name(name: Any) -> bool:
-    module, sep, attr = name.partition(":") if isinstance(name, str) else ("", "", "")
-    return bool(sep and attr and all(part.isidentifier() for part in (*module.split("."), attr)))
 
 
 def run_runner_setup(section: Any) -> None:

@@ -20,7 +20,6 @@ reference, V1 trainer "emapg_sync", no fused kernels) are emitted as overrides a
 from __future__ import annotations
 
 import os
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -214,17 +213,8 @@ class VerlJob:
         """``python -m experiments.backends.verl.main`` with ``argv()``."""
         return [python, "-m", "experiments.backends.verl.main", *self.argv()]
 
-    def shell(self, python: str = "python") -> str:
-        """The same command as one shell-quoted line (for scripts, SLURM, the Ray Jobs entrypoint)."""
-        return " \\\n    ".join(shlex.quote(a) for a in self.command(python))
-
 
 A, R, T, D = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "trainer.", "data."
-
-
-def _probe_size(tr, prompts_per_iter: int) -> int:
-    """``trainer.probe_size``, or for null the smaller of ``PROBE_SIZE`` and the first batch's prompts."""
-    return tr.probe_size if tr.probe_size is not None else min(PROBE_SIZE, prompts_per_iter)
 
 
 def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> VerlJob:
@@ -248,7 +238,7 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
         mask_truncated=vs.mask_truncated,
         device=tr.device,
         probe_every=tr.resolved_probe_every,
-        probe_size=_probe_size(tr, ro.prompts_per_iter),
+        probe_size=min(PROBE_SIZE, ro.prompts_per_iter) if tr.probe_size is None else tr.probe_size,
         runner_setup=RUNNER_SETUP,
         runner_env=dict(wandb or {}),
     )
