@@ -65,14 +65,8 @@ EVAL_COLUMNS = (
     "run_id task variant method seed complete iteration model benchmark problem_id n n_correct greedy_correct eval"
 )
 RUN_ID_RE = re.compile(r"^(?P<task>.+?)__(?P<experiment>.+?)__s(?P<seed>-?\d+)__(?P<timestamp>\d{8}-\d{6})$")
-WANDB_STATES = {
-    "finished": "finished",
-    "running": "running",
-    "failed": "failed",  # -> run-record states
-    "crashed": "crashed",
-    "killed": "interrupted",
-    "preempted": "interrupted",
-}
+# W&B run states the run record names otherwise (finished, running, failed and crashed are the same in both)
+WANDB_STATES = {"killed": "interrupted", "preempted": "interrupted"}
 
 
 @dataclass
@@ -111,11 +105,7 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def parse_run_id(run_id: str) -> dict[str, Any]:
     """`{task}__{experiment}__s{seed}__{YYYYmmdd-HHMMSS}` -> its parts ({} if it does not parse)."""
     m = RUN_ID_RE.match(run_id)
-    if not m:
-        return {}
-    parts: dict[str, Any] = m.groupdict()
-    parts["seed"] = int(parts["seed"])
-    return parts
+    return {**m.groupdict(), "seed": int(m["seed"])} if m else {}
 
 
 def read_run(run_dir: str | Path) -> RawRun:
@@ -200,11 +190,9 @@ def mask_inert_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_iterations(rows: list[dict[str, Any]], path: str | Path) -> None:
-    """Refuse rows of a metrics.jsonl whose iterations do not strictly increase: a run record appends each
-    iteration once and in order, and a resume rewinds the file to its checkpoint first
-    (experiments.records.RunRecord.log / rewind), so a repeated or earlier iteration means two processes wrote
-    the record (e.g. a run started twice into one directory) and its curves and final values mix both. ValueError
-    naming the file, the line (as scan_jsonl counts them) and the first iteration out of order."""
+    """Refuse (ValueError naming the file, the line and the iteration) rows of a metrics.jsonl whose iterations do not
+    strictly increase: a run record appends each iteration once, in order, and a resume rewinds the file first
+    (experiments.records.RunRecord), so two processes wrote such a record and its curves mix both."""
     last, seen = None, set()
     for n, row in enumerate(rows, 1):
         it = row.get("iteration")
@@ -243,12 +231,6 @@ def clean_rows(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], in
     return [by_iter[i] for i in sorted(by_iter)], n_seen - len(by_iter)
 
 
-def final_and_best(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """summary.json's "final" and "best", recomputed from metric rows by the run record's own rules
-    (experiments.records: best exists only for evaluation metrics)."""
-    return records.final_values(rows), records.best_values(rows)
-
-
 def numerics_label(summary: dict) -> str | None:
     """A run's numerical fingerprint (experiments.records.numerics_key: what two runs must share for their numbers
     to be comparable) as one short string: mode, ATen's code path / MKL's branch, threads, torch, the warm start's
@@ -274,7 +256,7 @@ def run_row(raw: RawRun, rows: list[dict[str, Any]], n_relogged: int) -> dict[st
         if knobs[col] is None:
             knobs[col] = summary.get(col, from_id.get(col))
     knobs = mask_inert_knobs(knobs)
-    final, best = final_and_best(rows)
+    final, best = records.final_values(rows), records.best_values(rows)  # summary.json's, by the record's rules
     final.update(summary.get("final") or {})
     best.update(summary.get("best") or {})
     row: dict[str, Any] = {
@@ -310,12 +292,10 @@ def run_row(raw: RawRun, rows: list[dict[str, Any]], n_relogged: int) -> dict[st
 
 
 def config_key(config: dict[str, Any]) -> str | None:
-    """Equal for two runs of one configuration and one seed: the flattened config without the keys a run's
-    identity ignores (``experiments.records.HASH_EXCLUDE``: where it is written, how it is logged, its sweep
-    trial) and without those a resume may change (``RESUME_MAY_CHANGE``: how long it runs, how often it evaluates
-    and saves, its threads, health rules and stages). So a run and its shorter or longer sibling (another
-    `trainer.iterations`) share a key: they are one seed, never two. Computed for every run alike (killed runs
-    have no summary.json and its config_hash)."""
+    """Equal for two runs of one configuration and one seed: a digest of the flattened config without the keys a
+    run's identity ignores (``records.HASH_EXCLUDE``) or a resume may change (``records.RESUME_MAY_CHANGE``), so a
+    run and its shorter or longer sibling are one seed, never two. From the config, as killed runs have no
+    summary.json (nor its config_hash)."""
     if not config:
         return None
     free = (*records.HASH_EXCLUDE, *records.RESUME_MAY_CHANGE)

@@ -74,7 +74,8 @@ def test_summary_final_matches_recomputed(sweep_dir):
     for run_dir in load.find_run_dirs(sweep_dir):
         raw = load.read_run(run_dir)
         if raw.summary:
-            final, best = load.final_and_best(load.clean_rows(raw.rows)[0])
+            rows = load.clean_rows(raw.rows)[0]
+            final, best = records.final_values(rows), records.best_values(rows)
             assert final == pytest.approx(raw.summary["final"]) and best == pytest.approx(raw.summary["best"])
 
 
