@@ -1,7 +1,7 @@
 """``emapg rehearse``: a GPU preset's real verl loop, run on CPU in minutes, before booking GPUs.
 
     emapg rehearse experiment=math_deepscaler_ema_pg [overrides ...] [--steps 3] [--out DIR]
-    emapg rehearse sweeps/search_r1_ema_pg.yaml                      # each distinct trial config once
+    emapg rehearse sweeps/search_r1_ema_pg.yaml                      # through Ray Tune: sweeps.rehearse
 
 A rehearsal keeps every algorithm, loss, anchor, estimator, reward and agent-loop setting of the
 target and replaces only what needs a GPU or a download (``rehearsal_overrides``):
@@ -483,7 +483,6 @@ CHECKS = (
 # ---------------------------------------- One configuration, a sweep, the command
 @dataclass
 class Result:
-    name: str
     checks: list[Check]
     seconds: float
 
@@ -586,13 +585,13 @@ def rehearse_config(
     say(f"{name}: attempt 1, killed after the checkpoint of step {kill_after} ...")
     first = run_attempt(overrides, run_dir, run_dir.parent / f"{name}.attempt1.log", kill_after=kill_after)
     if first.killed_at is None:
-        return Result(name, [Check("attempt 1", False, _failure(first))], time.time() - t0)
+        return Result([Check("attempt 1", False, _failure(first))], time.time() - t0)
     say(f"{name}: attempt 2, resumed to step {steps} ...")
     second = run_attempt(overrides + ["resume=true"], run_dir, run_dir.parent / f"{name}.attempt2.log", kill_after=None)
     if second.returncode != 0:
-        return Result(name, [Check("attempt 2", False, _failure(second))], time.time() - t0)
+        return Result([Check("attempt 2", False, _failure(second))], time.time() - t0)
     e = expect(run_dir, first.killed_at)
-    return Result(name, [check(run_dir, e) for check in CHECKS], time.time() - t0)
+    return Result([check(run_dir, e) for check in CHECKS], time.time() - t0)
 
 
 def _failure(a: Attempt) -> str:
@@ -614,19 +613,14 @@ def last_error(log: Path, prog: str = "emapg ") -> str:
     return (errors or lines or ["no output"])[-1].strip()[:300]
 
 
-def targets(argv: list[str]) -> list[tuple[str, list[str]]]:
-    """(name, Hydra overrides) of the one configuration `experiment=... key=value ...` (a sweep spec is rehearsed
-    through Ray Tune by ``sweeps.rehearse``, which `emapg rehearse <spec.yaml>` runs)."""
+def run_name(argv: list[str]) -> str:
+    """The run directory's name for the configuration `experiment=... key=value ...`, without '=' (which Hydra would
+    read in run_dir=...). A sweep spec is rehearsed through Ray Tune by ``sweeps.rehearse``."""
     if any(a.endswith((".yaml", ".yml")) for a in argv):
         raise ValueError(f"a sweep spec is rehearsed with `emapg rehearse <spec.yaml>`; got {argv}")
     exp = next((a.split("=", 1)[1] for a in argv if a.startswith("experiment=")), "custom")
     rest = [a.split("=", 1) for a in argv if not a.startswith("experiment=") and "=" in a]
-    return [(_slug([exp] + [f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in rest]), list(argv))]
-
-
-def _slug(parts: list[str]) -> str:
-    """A run-directory name (no '=', which Hydra would read in run_dir=...)."""
-    return re.sub(r"[^A-Za-z0-9_.+-]", "_", "__".join(parts))[:120]
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", "__".join([exp] + [f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in rest]))[:120]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -648,27 +642,21 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--steps={args.steps}: a rehearsal needs at least 3 steps (kill after 2, resume to the end)")
 
     require_verl()
-    configs = targets(args.target)
-    out = Path(args.out)
+    name, out = run_name(args.target), Path(args.out)
     shared = Shared(out / "_shared")
-    results = []
     try:
-        for name, target in configs:
-            result = rehearse_config(name, target, out, shared, args.steps)
-            print(f"{name} ({result.seconds:.0f} s): {'passed' if result.ok else 'FAILED'}")
-            for c in result.checks:
-                print(c.line())
-            results.append(result)
-            if not result.ok:  # beside its attempts' logs: what failed, whole
-                failed = "\n".join(c.line() for c in result.checks if not c.ok)
-                (out / f"{name}.failure.txt").write_text(failed + "\n")
+        result = rehearse_config(name, args.target, out, shared, args.steps)
     finally:
         shared.close()
-    bad = [(r.name, c) for r in results for c in r.checks if not c.ok]
-    if bad:
-        name, c = bad[0]
-        print(failed_line(f"{name}: {c.name}: {c.detail}", out))
-    return 0 if not bad else 1
+    print(f"{name} ({result.seconds:.0f} s): {'passed' if result.ok else 'FAILED'}")
+    for c in result.checks:
+        print(c.line())
+    bad = [c for c in result.checks if not c.ok]
+    if not bad:
+        return 0
+    (out / f"{name}.failure.txt").write_text("\n".join(c.line() for c in bad) + "\n")  # beside its attempts' logs
+    print(failed_line(f"{name}: {bad[0].name}: {bad[0].detail}", out))
+    return 1
 
 
 def failed_line(what: str, logs: Path) -> str:

@@ -76,9 +76,9 @@ def test_rehearse_refuses_a_local_preset_and_a_bad_step_count():
 
 
 def test_a_target_is_one_configuration_with_a_run_dir_safe_name():
-    from experiments.ops.rehearse import targets
+    from experiments.ops.rehearse import run_name
 
     with pytest.raises(ValueError, match="a sweep spec is rehearsed with `emapg rehearse <spec.yaml>`"):
-        targets(["sweeps/search_r1_ema_pg.yaml"])  # the CLI sends a spec to sweeps.rehearse
-    [(name, target)] = targets(["experiment=math_deepscaler_ema_pg", "algo.kl.type=topk_reverse"])
-    assert name == "math_deepscaler_ema_pg__type-topk_reverse" and target[1] == "algo.kl.type=topk_reverse"
+        run_name(["sweeps/search_r1_ema_pg.yaml"])  # the CLI sends a spec to sweeps.rehearse
+    name = run_name(["experiment=math_deepscaler_ema_pg", "algo.kl.type=topk_reverse"])
+    assert name == "math_deepscaler_ema_pg__type-topk_reverse"
