@@ -57,25 +57,15 @@ _STEP_DIR = re.compile(r"global_step_(0|[1-9][0-9]*)")  # the names verl's train
 logger = logging.getLogger(__name__)
 
 
-def anchor_dir(actor_path: str) -> str:
-    """``.../global_step_N/actor`` -> ``.../global_step_N/anchor``."""
-    return os.path.join(os.path.dirname(os.path.normpath(actor_path)), ANCHOR_DIR)
-
-
-def probe_path(actor_path: str) -> str:
-    """``.../global_step_N/actor`` -> ``.../global_step_N/emapg_probe.pt`` (the KL probe)."""
-    return os.path.join(os.path.dirname(os.path.normpath(actor_path)), PROBE_FILE)
+def _beside(actor_path: str, name: str) -> str:
+    """``.../global_step_N/actor`` -> ``.../global_step_N/<name>`` (the anchor's directory, the KL probe's file)."""
+    return os.path.join(os.path.dirname(os.path.normpath(actor_path)), name)
 
 
 def step_of(name: str) -> int | None:
     """``"global_step_12"`` -> 12; None for any other name."""
     m = _STEP_DIR.fullmatch(name)
     return int(m.group(1)) if m else None
-
-
-def keeps_all(keep) -> bool:
-    """True when ``keep`` puts no limit on checkpoints: None, 0, negatives or a non-int, as in verl."""
-    return not (keep and isinstance(keep, int) and keep > 0)
 
 
 def step_dirs_to_remove(
@@ -88,9 +78,10 @@ def step_dirs_to_remove(
     last complete save) are never removed; with ``keep`` = 1 both stay until the next save, because
     the trainer moves the tracker only after the worker returns. Steps above ``current`` are left
     alone: they belong to a run resumed from an earlier step and will be overwritten when it gets
-    there. Returns the names oldest first; empty when ``keep`` sets no limit.
+    there. Returns the names oldest first; empty when ``keep`` sets no limit (None, 0, negatives or a
+    non-int, as in verl).
     """
-    if keeps_all(keep):
+    if not (keep and isinstance(keep, int) and keep > 0):
         return []
     steps = {s: n for n in names if (s := step_of(n)) is not None and s <= current}
     newest = sorted(set(steps) | {current}, reverse=True)[:keep]
@@ -120,8 +111,6 @@ def remove_old_step_dirs(root: str, current: int, keep: int | None) -> list[str]
     Safe to repeat: a directory that vanished meanwhile (deleted by someone else) is skipped, and a
     half-deleted one is picked again next time.
     """
-    if keeps_all(keep):
-        return []
     names = [n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n))]
     doomed = step_dirs_to_remove(names, current, keep, _tracked_step(root))
     for name in doomed:
@@ -264,9 +253,9 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
         verl_keep = max_ckpt_to_keep if layout is None else None
         super().save_checkpoint(local_path, hdfs_path, global_step, verl_keep)
         if self._emapg.anchor.tau < 1.0:  # a fixed anchor is the initial model, which the run config names
-            self._save_anchor(anchor_dir(local_path), global_step, verl_keep)
+            self._save_anchor(_beside(local_path, ANCHOR_DIR), global_step, verl_keep)
         if self._probe is not None and _rank() == 0:
-            path = probe_path(local_path)
+            path = _beside(local_path, PROBE_FILE)
             torch.save(self._probe, path + ".tmp")
             os.replace(path + ".tmp", path)
         if layout is not None and _rank() == 0:
@@ -290,7 +279,7 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-        path = anchor_dir(local_path)
+        path = _beside(local_path, ANCHOR_DIR)
         meta_path = os.path.join(path, ANCHOR_META)
         if self._emapg.anchor.tau < 1.0 and not os.path.isfile(meta_path):
             raise FileNotFoundError(
@@ -303,7 +292,7 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
             self.ref.load_checkpoint(path, None, False)
             with open(meta_path) as f:
                 self._anchor_updates = int(json.load(f)["num_updates"])
-        probe = probe_path(local_path)
+        probe = _beside(local_path, PROBE_FILE)
         if os.path.isfile(probe):  # else (a checkpoint written without the probe) the next step captures one
             self._probe = torch.load(probe, weights_only=False)
         _barrier()
