@@ -47,10 +47,7 @@ STATUS = {
     "PENDING": "pending",
     "PAUSED": "paused",
 }
-NOT_RUN = "not_run"
-"""sweep.csv's status of a trial the time budget stopped, or never started (``Trial.cut``)."""
-LABELS = {NOT_RUN: "not run"}
-"""How the closing line names a status (the status itself where not listed)."""
+NOT_RUN = "not_run"  # sweep.csv's status of a trial the time budget stopped, or never started (``Trial.cut``)
 
 
 @dataclass(frozen=True)
@@ -162,15 +159,15 @@ def write_timing(
     """
     sweep_dir = Path(sweep_dir)
     before = _previous_timing(sweep_dir) if resumed else {}
+    earlier, invocations = float(before.get("wall_s", 0.0)), int(before.get("invocations", 1 if before else 0))
     if killed_s is not None:
-        done = int(before.get("invocations", 1 if before else 0))
-        before = {**before, "wall_s": float(before.get("wall_s", 0.0)) + killed_s, "invocations": done + 1}
-    total = float(before.get("wall_s", 0.0)) + wall
+        earlier, invocations = earlier + killed_s, invocations + 1
+    total = earlier + wall
     train = sum(float(r["train_time_s"]) for r in rows if isinstance(r["train_time_s"], (int, float)))
     slots = max(1, min(slots, len(rows)))
     t = {
         "wall_s": round(total, 2),
-        "invocations": int(before.get("invocations", 1 if before else 0)) + 1,
+        "invocations": invocations + 1,
         "last_wall_s": round(wall, 2),
         "trials": len(rows),
         "statuses": dict(sorted(Counter(r["status"] for r in rows).items())),
@@ -182,17 +179,14 @@ def write_timing(
         t["timeline"] = timeline
     (sweep_dir / "timing.json").write_text(json.dumps(t, indent=1) + "\n")
     if progress:
-        n = {
-            s: sum(r["status"] == s for r in rows)
-            for s in ("finished", "stopped", "failed", "interrupted", "crashed", records.UNHEALTHY, NOT_RUN)
-        }
-        others = "".join(
-            f", {n[s]} {LABELS.get(s, s)}" for s in ("interrupted", "crashed", records.UNHEALTHY, NOT_RUN) if n[s]
-        )
+        n = Counter(r["status"] for r in rows)
+        others = "".join(f", {n[s]} {s}" for s in ("interrupted", "crashed", records.UNHEALTHY) if n[s])
+        others += f", {n[NOT_RUN]} not run" if n[NOT_RUN] else ""
         overhead = f"{t['overhead_fraction']:.0%}" if t["overhead_fraction"] is not None else "n/a"
+        over = f" over {t['invocations']} invocations" if t["invocations"] > 1 else ""
         print(
             f"{name}: {n['finished']} finished, {n['stopped']} stopped early, {n['failed']} failed{others} of "
-            f"{len(rows)} trials in {total:.0f}s{_over(t['invocations'])} (training {train:.0f}s over {slots} "
+            f"{len(rows)} trials in {total:.0f}s{over} (training {train:.0f}s over {slots} "
             f"slot(s); orchestration overhead {overhead}{_fixed(timeline)})\n  {sweep_dir / 'sweep.csv'}",
             flush=True,
         )
@@ -206,10 +200,6 @@ def _previous_timing(sweep_dir: Path) -> dict[str, Any]:
     except (FileNotFoundError, ValueError):
         return {}
     return t if isinstance(t, dict) and isinstance(t.get("wall_s"), (int, float)) else {}
-
-
-def _over(invocations: int) -> str:
-    return f" over {invocations} invocations" if invocations > 1 else ""
 
 
 def _fixed(timeline: dict[str, Any] | None) -> str:
@@ -245,8 +235,7 @@ PHASES = (
 """(phase, the stamp that ends it, what it is): a trial's slot time in order. A phase starts at the previous stamp
 the trial has (eval0_end is missing in a trial resumed past iteration 0). `started`, `reported` and `ended` are the
 driver's stamps (sweeps.tune), the others the run record's (summary.json["timeline"])."""
-TRAINING = ("eval0", "train", "save")
-"""The phases summed in a run's train_wall_time_s: what the overhead counts as the trials' work."""
+TRAINING = ("eval0", "train", "save")  # the phases summed in a run's train_wall_time_s: the trials' work
 
 
 def trial_phases(stamps: dict[str, float]) -> dict[str, float]:
