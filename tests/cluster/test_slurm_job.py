@@ -33,9 +33,15 @@ STUBS = {
     # hosts share this machine, so the second one's node-local ports (--*-port=N) move up by 5000: what a
     # second real host gets for free.
     "srun": (
-        "node=\n"
-        "while [[ $# -gt 0 && $1 == -* ]]; do [[ $1 == -w ]] && { node=$2; shift; }; shift; done\n"
+        "node= cpus= all=\n"
+        "while [[ $# -gt 0 && $1 == -* ]]; do\n"
+        "  case $1 in -w) node=$2; shift;; --cpus-per-task=*) cpus=1;; --export=ALL) all=1;; esac; shift\n"
+        "done\n"
+        # What the stub cannot honour it refuses: a step that would lose the job's environment on a site with
+        # --export=NONE, a Ray node that would get one CPU on Slurm 22.05 to 23.02.
+        '[[ -n $all ]] || { echo "srun stub: a step without --export=ALL" >&2; exit 1; }\n'
         "if [[ $1 == ray ]]; then\n"
+        '  [[ -n $cpus ]] || { echo "srun stub: a Ray node without --cpus-per-task" >&2; exit 1; }\n'
         '  echo $$ > "$FAKE_PIDS/$node"\n'
         '  [[ $node == "${FAKE_HANG:-}" ]] && exec sleep 600\n'  # a node whose Ray never joins
         '  if [[ $node != "${FAKE_NODES%% *}" ]]; then\n'
@@ -269,10 +275,9 @@ def test_requeued_sweep_resumes(tmp_path):
         render_sbatch(site, 2)
 
 
-def test_two_jobs_on_one_head_never_take_the_same_port_block(tmp_path):
-    """The rendered port choice run twice on one host for jobs whose ids pick the same block: the first holds the
-    block's lock while its job lives, the second takes the next block (the ports alone look free to both until a
-    Ray head binds them: a race seen with two jobs starting at once)."""
+def _chooser(tmp_path: Path) -> tuple[str, dict]:
+    """The rendered port choice as a bash script (`job id`, then seconds to hold the lock), under the job's
+    `set -euo pipefail`, with its lock files in `tmp_path`; and the environment to run it in."""
     site = tmp_path / "site.yaml"
     site.write_text(
         f"partition: p\ntime: '1:00:00'\ngpus_per_node: 0\ncpus_per_node: 1\nray_tmp: {tmp_path}\n"
@@ -280,8 +285,15 @@ def test_two_jobs_on_one_head_never_take_the_same_port_block(tmp_path):
     )
     script = render_sbatch(site, 1, ["true"])
     choose = script[script.index("\nport=\n") : script.index('export RAY_ADDRESS="$head_ip:$port"')]
-    bash = f"job=$1\n{choose}\necho $port\nsleep ${{2:-0}}\n"
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    bash = f"set -euo pipefail\njob=$1\n{choose}\necho $port\nsleep ${{2:-0}}\n"
+    return bash, {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+
+
+def test_two_jobs_on_one_head_never_take_the_same_port_block(tmp_path):
+    """The rendered port choice run twice on one host for jobs whose ids pick the same block: the first holds the
+    block's lock while its job lives, the second takes the next block (the ports alone look free to both until a
+    Ray head binds them: a race seen with two jobs starting at once)."""
+    bash, env = _chooser(tmp_path)
     first = subprocess.Popen(["bash", "-c", bash, "-", "7", "5"], stdout=subprocess.PIPE, text=True, env=env)
     port_1 = first.stdout.readline().strip()  # printed once its lock is held; it keeps it for 5 s
     port_2 = subprocess.run(["bash", "-c", bash, "-", "7"], capture_output=True, text=True, env=env).stdout.strip()
@@ -290,3 +302,21 @@ def test_two_jobs_on_one_head_never_take_the_same_port_block(tmp_path):
     assert (port_1, port_2) == ("23140", "23160")
     port_3 = subprocess.run(["bash", "-c", bash, "-", "7"], capture_output=True, text=True, env=env).stdout.strip()
     assert port_3 == "23140"  # released with the job that held it
+
+
+def test_lock_files_another_user_left_neither_end_the_job_nor_keep_their_block(tmp_path):
+    """Lock files stay on the node, and another user's are not writable here (mode 644 to us; 444 as our own file
+    stands for it): the job still locks such a block, and skips one whose file it cannot even read. Run without
+    the permission overrides root has, so that the modes bind as they do for any user."""
+    bash, env = _chooser(tmp_path)
+    (tmp_path / ".emapg-ports-23140").touch(mode=0o444)
+    (tmp_path / ".emapg-ports-23160").touch(mode=0o000)
+    as_a_user = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    run = [*as_a_user, "bash", "-c", bash, "-", "7"]
+    first = subprocess.Popen([*run, "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    port_1 = first.stdout.readline().strip()
+    second = subprocess.run(run, capture_output=True, text=True, env=env)
+    first.kill()
+    _, err_1 = first.communicate()
+    assert (port_1, second.stdout.strip(), second.returncode) == ("23140", "23180", 0), err_1 + second.stderr
+    assert second.stderr == "", second.stderr
