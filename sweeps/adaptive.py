@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +99,9 @@ def paired_values(rows: list[dict], column: str, point: dict, base: dict) -> tup
     """(x, y): `column` of the finished trials of `point` and `base` on the seeds both have, aligned by seed."""
 
     def by_seed(p: dict) -> dict[int, float]:
-        keys = list(p)
         out = {}
         for r in rows:
-            if r.get("status") == "finished" and all(str(r.get(k)) == str(p[k]) for k in keys):
+            if r.get("status") == "finished" and all(str(r.get(k)) == str(v) for k, v in p.items()):
                 v = _number(r.get(column))
                 if v is not None:
                     out[int(r["seed"])] = v
@@ -172,13 +172,7 @@ def next_round(spec: Spec, decided: list[dict], seeds_of: dict[str, int]) -> lis
 
 def seeds_planned(events: list[dict]) -> dict[str, int]:
     """Seeds planned so far per point key (from the plan events)."""
-    out: dict[str, int] = {}
-    for e in events:
-        if e["event"] == "plan":
-            for t in e["trials"]:
-                k = point_key(t["point"])
-                out[k] = out.get(k, 0) + 1
-    return out
+    return dict(Counter(point_key(t["point"]) for e in events if e["event"] == "plan" for t in e["trials"]))
 
 
 def decision_lines(spec: Spec, rnd: int, decided: list[dict], n_next: int) -> str:
