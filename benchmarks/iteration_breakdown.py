@@ -35,6 +35,12 @@ from benchmarks import _common as C  # noqa: E402
 
 C.numerics.pin()  # before torch loads, as the emapg command does: the measured runs need its numerics pins
 
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from ema_pg_core.local.batch import collate  # noqa: E402
+from experiments import progress  # noqa: E402
+
 PHASES = ("rollout", "reward", "logprob", "update", "anchor")
 MODES = ("rollout", "recompute")  # this checkout's two pi_old paths
 # main just before the first commit of the sampler statistics and the lean rollout loop (c1cb8f3):
@@ -46,8 +52,8 @@ PRESETS = ["math_tiny_grpo", "math_tiny_ema_pg"]  # the acceptance measurement o
 def build_trainer(overrides: list[str], ckpt_dir: str):
     """A LocalTrainer from config overrides (warm-started tiny model from the cache), as whichever
     `experiments` / `ema_pg_core` come first on sys.path build it (this checkout's, or --serve's old tree)."""
-    from ema_pg_core.local.trainer import LocalTrainer, seed_everything  # loads torch, numpy
-    from experiments import build  # loads torch, omegaconf
+    from ema_pg_core.local.trainer import LocalTrainer, seed_everything  # this tree's or --serve's
+    from experiments import build  # loads omegaconf; this tree's or --serve's
 
     cfg = build.compose(overrides)
     local = build.validate(cfg)
@@ -96,13 +102,8 @@ class BeforeTrainer:
             sys.exit(f"the --before trainer exited with status {self.proc.wait()} (its error is above)")
         return json.loads(line)
 
-    def step(self) -> dict:
-        return self._call("step")
-
-    def evaluate(self) -> dict:
-        return self._call("eval")
-
-    def _call(self, what: str) -> dict:
+    def call(self, what: str) -> dict:
+        """One iteration ("step") or an evaluation ("eval")."""
         self.proc.stdin.write(what + "\n")
         self.proc.stdin.flush()
         return self._read()
@@ -130,10 +131,10 @@ def _minor_faults() -> int:
 
 def serve(tree: str, preset: str, threads: int, mini_batches: int, ckpt_dir: str) -> None:
     """Child side of BeforeTrainer: that commit's own build and LocalTrainer, one JSON line per step."""
-    sys.path.insert(0, tree)  # the old tree's packages shadow this checkout's
-    import torch
-
-    from experiments import build  # loads torch, omegaconf
+    for name in [m for m in sys.modules if m.partition(".")[0] in ("experiments", "ema_pg_core")]:
+        del sys.modules[name]  # this checkout's, imported above: the old tree's load in their place
+    sys.path.insert(0, tree)
+    from experiments import build  # loads omegaconf; the old tree's
 
     assert Path(build.__file__).is_relative_to(tree), build.__file__
     torch.set_num_threads(threads)
@@ -159,8 +160,6 @@ def _timed(fn) -> float:
 
 def raw_decode(model, tok, trajs, temperature: float, generator) -> None:
     """Prefill the same left-padded prompts, then decode as many steps as the rollout did (sampling only)."""
-    import torch
-
     with torch.no_grad():
         ctx = [t.prompt_ids for t in trajs]
         L, steps = max(map(len, ctx)), max(len(t.response_ids) for t in trajs)
@@ -179,7 +178,6 @@ def raw_decode(model, tok, trajs, temperature: float, generator) -> None:
 def hf_generate(model, tok, prompts: list[str], rc) -> int:
     """transformers' ``model.generate`` on the same prompts with the rollout's sampling settings (KV cache):
     tokenise (left padding), sample, decode the answers. Returns the decode steps it took (its own draws)."""
-    import torch
     from transformers import GenerationConfig
 
     gc = GenerationConfig(
@@ -196,8 +194,6 @@ def hf_generate(model, tok, prompts: list[str], rc) -> int:
 
 def raw_forward_backward(model, batch) -> None:
     """One forward + backward of the policy on the padded batch: log-softmax at the sampled tokens."""
-    import torch
-
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # (B, L, V)
     logp = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[..., None])  # (B, L, 1)
     (logp[..., 0] * batch.attention_mask).sum().backward()
@@ -205,8 +201,6 @@ def raw_forward_backward(model, batch) -> None:
 
 
 def anchor_forward(model, batch) -> None:
-    import torch
-
     with torch.no_grad():
         model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
 
@@ -215,10 +209,6 @@ def raw_ops(tr, seen: list) -> dict:
     """Seconds of the model's raw operations on the batch `seen`: a KV-cache decode of its contexts for as many steps
     as its longest response (in the mode the rollout samples in), one forward + backward of the policy, one forward
     of the anchor."""
-    import torch
-
-    from ema_pg_core.local.batch import collate  # loads torch
-
     batch = collate(seen, tr.tok.pad_token_id, device=tr.device)
     g = torch.Generator().manual_seed(0)  # the same draws every time: the decode's work does not depend on them
     mode = tr.policy.training
@@ -235,8 +225,6 @@ def raw_ops(tr, seen: list) -> dict:
 def replay(tr) -> dict:
     """Raw operations on the batch the trainer just sampled (seconds), the forward + backward once per optimizer
     step, and ``model.generate`` on its prompts."""
-    import torch
-
     gen_steps, mode = [], tr.policy.training
     tr.policy.eval()  # the mode the rollout samples in
     with torch.random.fork_rng(devices=[]):  # generate draws from torch's global generator: leave it as it was
@@ -271,8 +259,6 @@ def measure(preset: str, args, before_tree: str | None) -> dict[str, list[dict]]
     before), interleaved. The order of the paths rotates every iteration, so none always runs first after the
     child process. With ``args.eval_every`` each path evaluates before iteration 1 and after every
     eval_every-th iteration (untimed), as a training run does."""
-    import torch
-
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as d:
         trainers = {m: trainer(preset, m, args.mini_batches, f"{d}/{m}", args.probe_every) for m in MODES}
@@ -280,7 +266,7 @@ def measure(preset: str, args, before_tree: str | None) -> dict[str, list[dict]]
         before = None
         if before_tree:
             before = BeforeTrainer(before_tree, preset, args.threads, args.mini_batches, f"{d}/before")
-            paths["before"] = (before.step, before.evaluate)
+            paths["before"] = (partial(before.call, "step"), partial(before.call, "eval"))
         rows: dict[str, list[dict]] = {m: [] for m in paths}
         order = list(paths)
         for it in range(args.iterations + 1):
@@ -301,25 +287,27 @@ def medians(rows: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
+def _p90_p10(xs: list[float]) -> float:
+    """(p90 - p10) / median, the deciles within the data (one value: 0)."""
+    q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else xs * 9
+    return (q[-1] - q[0]) / statistics.median(xs)
+
+
 def spread(rows: list[dict], eval_every: int) -> dict:
     """Per-iteration spread of one path over iterations 2..N (the probe's time left out of the iteration)."""
     out = {}
-    for key, xs in (("iter", [r["iter"] - r.get("probe", 0.0) for r in rows]), ("cpu", [r["cpu"] for r in rows])):
-        q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else xs * 9  # within the data
-        med = statistics.median(xs)
-        out[f"{key}_p90_p10"], out[f"{key}_max_min"] = (q[-1] - q[0]) / med, (max(xs) - min(xs)) / med
+    iters = [r["iter"] - r.get("probe", 0.0) for r in rows]
+    for key, xs in (("iter", iters), ("cpu", [r["cpu"] for r in rows])):
+        out[f"{key}_p90_p10"], out[f"{key}_max_min"] = _p90_p10(xs), (max(xs) - min(xs)) / statistics.median(xs)
     if eval_every and len(rows) > eval_every:  # rows[i] is iteration i + 2; the first mid-run evaluation follows N
         cut = eval_every - 1
-        xs = [r["iter"] - r.get("probe", 0.0) for r in rows]
-        out["after_vs_before_eval"] = statistics.median(xs[cut:]) / statistics.median(xs[:cut])
+        out["after_vs_before_eval"] = statistics.median(iters[cut:]) / statistics.median(iters[:cut])
     faults = [r["faults"] for r in rows]
     out["faults_median"], out["faults_max"] = statistics.median(faults), max(faults)
     if all("steps" in r for r in rows) and len(rows) > 3:  # this checkout's paths: the work of each iteration known
         out.update(work_fit(rows))
     if all("fixed" in r for r in rows) and len(rows) > 1:
-        xs = [r["fixed"] for r in rows]
-        q = statistics.quantiles(xs, n=10, method="inclusive")
-        out["fixed_p90_p10"] = (q[-1] - q[0]) / statistics.median(xs)
+        out["fixed_p90_p10"] = _p90_p10([r["fixed"] for r in rows])
     return out
 
 
@@ -328,15 +316,11 @@ def work_fit(rows: list[dict]) -> dict:
     on the decode steps (the longest response: the rollout's length) and the mean response length (the tokens the
     passes and the update process), then the spread of time / fitted time and the share of the time's variance the
     work explains (R^2). What is left is the runtime's own variation at a given amount of work."""
-    import numpy as np
-
     y = np.array([r["iter"] - r.get("probe", 0.0) for r in rows])  # (N,)
     x = np.array([[1.0, r["steps"], r["response_len"]] for r in rows])  # (N, 3)
     fitted = x @ np.linalg.lstsq(x, y, rcond=None)[0]  # (N,)
-    rel = y / fitted
-    q = statistics.quantiles(rel.tolist(), n=10, method="inclusive")
     r2 = 1.0 - float(((y - fitted) ** 2).sum() / ((y - y.mean()) ** 2).sum())
-    return {"fit_p90_p10": (q[-1] - q[0]) / statistics.median(rel.tolist()), "fit_r2": r2}
+    return {"fit_p90_p10": _p90_p10((y / fitted).tolist()), "fit_r2": r2}
 
 
 def ratios(r: dict) -> dict:
@@ -455,11 +439,9 @@ def main() -> None:
     if args.iterations < 2:  # the first iteration is warm-up: nothing would be left to report
         ap.exit(2, f"--iterations must be >= 2 (the first is warm-up); got {args.iterations}\n")
     os.environ.setdefault("EMAPG_PROGRESS", "0")
-    if args.serve:  # before any import of this checkout's packages: the child imports the old tree's
+    if args.serve:
         tree, preset, threads, mini, ckpt = args.serve
         return serve(tree, preset, int(threads), int(mini), ckpt)
-    from experiments import progress  # after --serve: that child imports another checkout's packages
-
     progress.quiet_libraries()  # no progress bars of the model loads
     args.before = None if args.before == "none" else args.before
     machine = C.machine()
