@@ -13,14 +13,15 @@ from omegaconf import DictConfig, OmegaConf
 from ema_pg_core.config import eval_problems, probe_prompts
 from ema_pg_core.kl import get_estimator
 from ema_pg_core.local.trainer import LocalConfig
+from ema_pg_core.overrides import hydra_value
 from experiments import progress, tasks, user_yaml
 from experiments.backends.verl.launch import to_verl
 from experiments.errors import UserError, _is_hydra, hydra_message, shown
 from experiments.ops.retrieval.service import HTTPRetriever, check_answers
-from experiments.schema import RunConfig, register
+from experiments.schema import RunConfig
 from experiments.tasks import TaskAdapter, ToolEnvAdapter, conf_dirs, get_task
 
-CONF_MODULE = "experiments.conf"
+CONF_DIR = Path(__file__).parent / "conf"  # the package experiments.conf
 SMOKE = {  # smoke=true: tiny sizes, 2 iterations; a key given on the command line keeps its value
     "trainer.iterations": 2,
     "trainer.eval_every": 1,
@@ -44,23 +45,20 @@ NAME_MAX_BYTES, PATH_MAX_BYTES = 255, 4095  # longest path component and path fi
 def presets(tasks_dirs: bool = True) -> list[str]:
     """Names of the experiment presets: experiments/conf/experiment/*.yaml and, with `tasks_dirs`, those in the
     config directory of a registered task outside experiments/tasks (its CONF_DIR)."""
-    roots = [Path(__file__).parent / "conf"] + ([Path(d) for d in conf_dirs()] if tasks_dirs else [])
+    roots = [CONF_DIR] + ([Path(d) for d in conf_dirs()] if tasks_dirs else [])
     return sorted({p.stem for root in roots for p in (root / "experiment").glob("*.yaml")})
-
-
-def search_path() -> list[str]:
-    """Hydra overrides that add the tasks' config directories to the search path ([] when none has one)."""
-    dirs = conf_dirs()
-    return ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"] if dirs else []
 
 
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose experiments/conf/config.yaml with Hydra overrides (``key=value``, ``experiment=...``)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
+    import hydra
+    from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
 
-    register()
+    store = ConfigStore.instance()  # the schema, and task=<name> for each task without a conf/task/<name>.yaml
+    store.store(name="run_schema", node=RunConfig)
+    for name in sorted(set(tasks.TASKS) - {p.stem for p in (CONF_DIR / "task").glob("*.yaml")}):
+        store.store(group="task", name=name, node={"name": name})
     overrides = list(overrides)
     deep = too_deep(overrides)
     if deep:
@@ -68,10 +66,12 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     exp = [o.split("=", 1)[1] for o in overrides if o.startswith("experiment=")]
     if exp and exp[-1] not in presets():
         raise ValueError(f"unknown experiment preset {exp[-1]!r}; allowed: {', '.join(presets())}")
+    dirs = conf_dirs()  # the tasks' config directories, on Hydra's search path
+    search = ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"] if dirs else []
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_module(config_module=CONF_MODULE, version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=overrides + search_path())
+        with hydra.initialize_config_module(config_module="experiments.conf", version_base="1.3"):
+            cfg = hydra.compose(config_name="config", overrides=overrides + search)
         OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.to_container(cfg))  # +key=... the schema lacks
     except Exception as e:  # noqa: BLE001  Hydra/OmegaConf errors -> one line naming the key
         if not _is_hydra(e):
@@ -112,15 +112,12 @@ def too_deep(overrides: list[str]) -> str | None:
 def unquoted_value(overrides: list[str]) -> str | None:
     """For the first override Hydra cannot parse but would with its value quoted (spaces with brackets, a leading
     ~, a quote, ...: Hydra's lexer), one line saying how to quote it; None when quoting would not help."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
     for override in overrides:
         key, eq, value = override.partition("=")
         quote = "'" if '"' in value else '"'
-        if not eq or quote in value or not _fails(parser, override):
+        if not eq or quote in value or _parsed(override) is not None:
             continue
-        if not _fails(parser, f"{key}={quote}{value}{quote}"):
+        if _parsed(f"{key}={quote}{value}{quote}") is not None:
             shell = f"{key}={quote}{value}{quote}"
             return (
                 f"cannot parse the override {override!r}: quote its value for Hydra, e.g. {shell} "
@@ -129,13 +126,21 @@ def unquoted_value(overrides: list[str]) -> str | None:
     return None
 
 
-def _fails(parser, override: str) -> bool:
-    """Does Hydra's override parser reject `override`?"""
+def path_override(key: str, path: str) -> str:
+    """key=<path>, quoted for Hydra only where Hydra would not read the path back as it is."""
+    parsed = _parsed(f"{key}={path}")
+    plain = parsed is not None and parsed.value() == path
+    return f"{key}={path}" if plain else f"{key}={hydra_value(path, quote=chr(34))}"
+
+
+def _parsed(override: str):
+    """Hydra's reading of `override` (an Override), or None where its lexer or parser refuses it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     try:
-        parser.parse_override(override)
+        return OverridesParser.create().parse_override(override)
     except Exception:  # noqa: BLE001  Hydra's lexer and parser errors
-        return True
-    return False
+        return None
 
 
 def schema_keys() -> list[str]:
@@ -156,10 +161,10 @@ def schema_keys() -> list[str]:
 
 def group_options() -> dict[str, list[str]]:
     """Config groups and their options (experiments/conf/<group>/*.yaml and the same in the tasks' config
-    directories), e.g. {"task": ["math", ...]}; the task options are every registered task (schema.register
+    directories), e.g. {"task": ["math", ...]}; the task options are every registered task (`compose`
     stores those without a YAML file)."""
     groups: dict[str, set[str]] = {}
-    for root in [Path(__file__).parent / "conf"] + [Path(d) for d in conf_dirs()]:
+    for root in [CONF_DIR] + [Path(d) for d in conf_dirs()]:
         for d in sorted(root.iterdir()):
             if d.is_dir() and not d.name.startswith(("_", "verl")):
                 groups.setdefault(d.name, set()).update(p.stem for p in d.glob("*.yaml"))

@@ -20,139 +20,68 @@ imports ray and `emapg report` never imports torch.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
-import shlex
 import signal
 import sys
 import threading
+from typing import NamedTuple
 
 from experiments import errors, numerics, progress
-from experiments.errors import RunInterrupted, UserError, raise_terminated
+from experiments.errors import raise_terminated
 
 
-def _train(argv: list[str]) -> int:
-    from experiments import build  # loads torch, omegaconf: keeps `emapg --help` fast
+class Command(NamedTuple):
+    """A subcommand: `function`(argv) -> exit code of `module`, which is imported only when the command runs (pip's
+    command table), so `emapg --help` loads the command line alone."""
 
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.split("\n\n")[0])
-        print("usage: emapg train [experiment=<preset>] [key=value ...]   (Hydra overrides)\n")
-        print("experiment presets:\n  " + "\n  ".join(build.presets()))
-        print(
-            "\ncommon overrides: seed=1 smoke=true algo.anchor.tau=0.95 algo.anchor.period=10 algo.kl.type=k3 "
-            "algo.kl.k=32 algo.kl.tail=paper trainer.iterations=100 logger.mode=online run_dir=... resume=true"
-        )
-        print(
-            "staged runs (experiments/stages.py): stages=[8k,16k] | stage=16k (a task's stages) | "
-            "'stages=[{name: a, set: {trainer.iterations: 40}}, ...]' (any preset)"
-        )
-        return 0
-    bad = [a for a in argv if "=" not in a]
-    if bad:
-        raise UserError(f"emapg train takes Hydra overrides key=value; got {' '.join(bad)} (see emapg train --help)")
-    from experiments.run import run  # loads torch, omegaconf: keeps `emapg --help` fast
+    module: str
+    function: str
+    unwinds: bool = False  # SIGTERM unwinds it like Ctrl-C (exit 143), from before its module is imported
 
-    cfg = build.compose(argv)
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, raise_terminated) if main_thread else None  # unwinds like Ctrl-C
+
+COMMANDS = {
+    "train": Command("experiments.run", "main", unwinds=True),
+    "pretrain": Command("experiments.pretrain", "main"),
+    "data": Command("experiments.ops.data", "main"),
+    "eval": Command("experiments.ops.evaluate", "main"),
+    "retriever": Command("experiments.ops.retrieval.cli", "main"),
+    "sweep": Command("sweeps.cli", "main", unwinds=True),
+    "report": Command("analysis.report", "main_report"),
+    "dashboard": Command("analysis.dashboard", "main"),
+    "figures": Command("analysis.report", "main_figures"),
+    "cluster": Command("cluster.submit", "main"),
+    "rehearse": Command("experiments.ops.rehearse", "main"),
+    "doctor": Command("experiments.ops.doctor", "main"),
+}
+REHEARSE_SWEEP = Command("sweeps.rehearse", "main")  # `emapg rehearse <sweep>.yaml`: through Ray Tune, two nodes
+
+
+def run_command(name: str, argv: list[str]) -> int:
+    """Import the command's module and run it; this is the one composition root (docs/architecture.md), so here the
+    command gets what its package may not import itself."""
+    command = COMMANDS[name]
+    if name == "rehearse" and any(a.endswith((".yaml", ".yml")) for a in argv):
+        command = REHEARSE_SWEEP
+    main_thread = command.unwinds and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, raise_terminated) if main_thread else None
     try:
-        summary = run(cfg)
-    except RunInterrupted as e:  # one line + how to continue
-        raise RunInterrupted(f"{e}\nresume with: {resume_command(argv, e)}", e.signame, e.run_dir) from None
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
-    keys = sorted(k for k in summary if k.startswith(("eval/", "eval_anchor/")) and not k.startswith("best_"))
-    for k in keys:
-        print(f"{k:40s} {summary[k]:.4f}")
-    return 0
+        function = getattr(importlib.import_module(command.module), command.function)
+        if name == "figures":
+            from ema_pg_core import audit  # loads torch, numpy; analysis never imports the core
 
+            return function(argv, audit.records) or 0
+        if name == "dashboard":
+            return function(argv, load_sweep_info)
+        if name == "report" and any(a.startswith("--wandb-p") for a in argv):  # --wandb-project, abbreviated too
+            from experiments.wandb_logger import reaching  # loads omegaconf; W&B's errors in one line
 
-def resume_command(argv: list[str], stop: RunInterrupted) -> str:
-    """The same `emapg train` command with resume=true and the run directory the stopped run used, quoted twice:
-    for Hydra (a path with spaces or special characters) and for the shell."""
-    keep = [a for a in argv if not a.startswith(("resume=", "run_dir="))]
-    run_dir = getattr(stop, "run_dir", None)
-    where = [_run_dir_override(str(run_dir))] if run_dir else []
-    return shlex.join(["emapg", "train", *keep, *where, "resume=true"])
-
-
-def _run_dir_override(path: str) -> str:
-    """run_dir=<path>, quoted for Hydra only where Hydra would not read the path back as it is."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from ema_pg_core.overrides import hydra_value  # keeps `emapg --help` off the core package
-
-    plain = f"run_dir={path}"
-    try:
-        (parsed,) = OverridesParser.create().parse_overrides([plain])
-        if parsed.value() == path:
-            return plain
-    except Exception:  # noqa: BLE001  Hydra's lexer refuses it: quote it
-        pass
-    return f"run_dir={hydra_value(path, quote=chr(34))}"
-
-
-def _pretrain(argv: list[str]) -> int:
-    from experiments.pretrain import main  # loads transformers, torch: keeps `emapg --help` fast
-
-    return main(argv) or 0
-
-
-def _eval(argv: list[str]) -> int:
-    from experiments.ops.evaluate import main  # loads omegaconf: keeps `emapg --help` fast
-
-    return main(argv)
-
-
-def _data(argv: list[str]) -> int:
-    from experiments.ops.data import main  # a subcommand: keeps `emapg --help` fast
-
-    return main(argv)
-
-
-def _retriever(argv: list[str]) -> int:
-    from experiments.ops.retrieval.cli import main  # loads pydantic, numpy: keeps `emapg --help` fast
-
-    return main(argv) or 0
-
-
-def _rehearse(argv: list[str]) -> int:
-    if any(a.endswith((".yaml", ".yml")) for a in argv):  # a sweep: through Ray Tune on a two-node cluster
-        from sweeps.rehearse import main as sweep_main  # a layer above experiments: only in its subcommand
-
-        return sweep_main(argv)
-    from experiments.ops.rehearse import main  # loads numpy: keeps `emapg --help` fast
-
-    return main(argv)
-
-
-def _sweep(argv: list[str]) -> int:
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, raise_terminated) if main_thread else None  # the imports too: exit 143
-    try:
-        from sweeps.cli import main  # loads torch, pydantic: keeps `emapg --help` fast
-
-        return main(argv) or 0
+            with reaching("emapg report --wandb-project", instead="report from a directory of run records"):
+                return function(argv) or 0
+        return function(argv) or 0
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-def _report(argv: list[str]) -> int:
-    from analysis.report import main_report  # loads pandas, matplotlib: keeps `emapg --help` fast
-
-    if not any(a.startswith("--wandb-p") for a in argv):  # --wandb-project, as argparse reads it abbreviated too
-        return main_report(argv) or 0
-    from experiments.wandb_logger import reaching  # W&B's errors in one line: no key (exit 2), unreachable (1)
-
-    with reaching("emapg report --wandb-project", instead="report from a directory of run records"):
-        return main_report(argv) or 0
-
-
-def _dashboard(argv: list[str]) -> int:
-    from analysis.dashboard import main  # loads omegaconf: keeps `emapg --help` fast
-
-    return main(argv, load_sweep_info)
 
 
 def load_sweep_info(path):
@@ -161,41 +90,6 @@ def load_sweep_info(path):
     from sweeps.spec import load  # loads torch, pydantic: keeps `emapg --help` fast
 
     return SweepInfo.from_spec(load(path, check_config=False))
-
-
-def _figures(argv: list[str]) -> int:
-    from analysis.report import main_figures  # loads pandas, matplotlib: keeps `emapg --help` fast
-    from ema_pg_core import audit  # loads torch, numpy: keeps `emapg --help` fast
-
-    return main_figures(argv, audit.records) or 0
-
-
-def _doctor(argv: list[str]) -> int:
-    from experiments.ops.doctor import main  # a subcommand: keeps `emapg --help` fast
-
-    return main(argv)
-
-
-def _cluster(argv: list[str]) -> int:
-    from cluster.submit import main  # a layer above experiments: only in its subcommand
-
-    return main(argv) or 0
-
-
-COMMANDS = {
-    "train": _train,
-    "pretrain": _pretrain,
-    "data": _data,
-    "eval": _eval,
-    "retriever": _retriever,
-    "sweep": _sweep,
-    "report": _report,
-    "dashboard": _dashboard,
-    "figures": _figures,
-    "cluster": _cluster,
-    "rehearse": _rehearse,
-    "doctor": _doctor,
-}
 
 
 def absolute_cache_env() -> None:
@@ -231,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv[:1])
     try:
         progress.quiet_libraries()  # EMAPG_PROGRESS=0: no Hugging Face bars either
-        return COMMANDS[args.command](argv[1:])
+        return run_command(args.command, argv[1:])
     except BaseException as e:  # noqa: BLE001  the one error path: experiments.errors
         if isinstance(e, SystemExit):  # argparse's usage errors (exit 2) and --help
             raise

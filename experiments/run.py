@@ -10,6 +10,7 @@ metrics to W&B (offline by default), trains with the local backend, and returns 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 import threading
@@ -24,7 +25,7 @@ from ema_pg_core.health import HealthMonitor
 from ema_pg_core.local import checkpoints
 from ema_pg_core.local.device import resolve_device
 from ema_pg_core.local.trainer import Hooks, Interrupted, LocalTrainer, seed_everything
-from experiments import build, numerics, owner, progress, records, stages
+from experiments import build, cli, numerics, owner, progress, records, stages
 from experiments.backends import verl as verl_plugin
 from experiments.backends.verl import failures as verl_failures
 from experiments.backends.verl import launch as verl_backend
@@ -113,6 +114,42 @@ def run(
 
         return stages.run_staged(cfg, resolve_run_dir(cfg), build.validate, one)
     return _run_one(cfg, callback, None, timeline)
+
+
+def main(argv: list[str]) -> int:
+    """`emapg train [experiment=<preset>] [key=value ...]`: run the composed config; print its final evaluations."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(cli.__doc__.split("\n\n")[0])
+        print("usage: emapg train [experiment=<preset>] [key=value ...]   (Hydra overrides)\n")
+        print("experiment presets:\n  " + "\n  ".join(build.presets()))
+        print(
+            "\ncommon overrides: seed=1 smoke=true algo.anchor.tau=0.95 algo.anchor.period=10 algo.kl.type=k3 "
+            "algo.kl.k=32 algo.kl.tail=paper trainer.iterations=100 logger.mode=online run_dir=... resume=true"
+        )
+        print(
+            "staged runs (experiments/stages.py): stages=[8k,16k] | stage=16k (a task's stages) | "
+            "'stages=[{name: a, set: {trainer.iterations: 40}}, ...]' (any preset)"
+        )
+        return 0
+    bad = [a for a in argv if "=" not in a]
+    if bad:
+        raise UserError(f"emapg train takes Hydra overrides key=value; got {' '.join(bad)} (see emapg train --help)")
+    cfg = build.compose(argv)
+    try:
+        summary = run(cfg)
+    except RunInterrupted as e:  # one line + how to continue
+        raise RunInterrupted(f"{e}\nresume with: {resume_command(argv, e)}", e.signame, e.run_dir) from None
+    for k in sorted(k for k in summary if k.startswith(("eval/", "eval_anchor/")) and not k.startswith("best_")):
+        print(f"{k:40s} {summary[k]:.4f}")
+    return 0
+
+
+def resume_command(argv: list[str], stop: RunInterrupted) -> str:
+    """The same `emapg train` command with resume=true and the run directory the stopped run used, quoted twice:
+    for Hydra (a path with spaces or special characters) and for the shell."""
+    keep = [a for a in argv if not a.startswith(("resume=", "run_dir="))]
+    where = [build.path_override("run_dir", str(stop.run_dir))] if stop.run_dir else []
+    return shlex.join(["emapg", "train", *keep, *where, "resume=true"])
 
 
 def _stamp(timeline: dict[str, float], name: str, clock: Callable[[], float] = time.time) -> None:
@@ -348,8 +385,8 @@ def _run_verl(cfg: DictConfig, callback: Callback | None = None, stage: dict | N
 
 
 def stage_job_config(cfg: DictConfig, stage: dict | None) -> dict:
-    """The resolved config verl gets: `cfg`, plus, on a stage's first attempt, the overrides that start it
-    from the previous stage's last ``global_step_N`` or ``resume_from`` (not recorded in config.yaml:
+    """The resolved config verl gets: `cfg`, plus, on a stage's first attempt, the overrides that start it from
+    the previous stage's last ``global_step_N`` or ``resume_from`` (not recorded in config.yaml:
     a resume of the same stage continues from its own newest checkpoint whose step verl logged,
     ``experiments.stages.verl_logged_resume``)."""
     job = OmegaConf.to_container(cfg, resolve=True)

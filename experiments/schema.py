@@ -1,6 +1,6 @@
 """The run config schema: experiment-level sections + the core's dataclasses (defaults live there).
 
-Registered as Hydra structured configs (``register()``); YAML files under ``experiments/conf``
+Registered as Hydra structured configs (``experiments.build.compose``); YAML files under ``experiments/conf``
 hold only deltas. ``build.py`` turns a composed config into these dataclasses, which validate
 themselves in ``__post_init__``.
 """
@@ -8,7 +8,6 @@ themselves in ``__post_init__``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ema_pg_core.config import (
@@ -119,22 +118,3 @@ class RunConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
-
-
-def register() -> None:
-    """Register the schema with Hydra's ConfigStore (idempotent), and `task=<name>` for every task of
-    experiments.tasks without its own experiments/conf/task/<name>.yaml (that file is needed only for
-    config deltas such as knobs)."""
-    from hydra.core.config_store import ConfigStore
-
-    from experiments.tasks import TASKS  # loads numpy
-
-    store = ConfigStore.instance()
-    store.store(name="run_schema", node=RunConfig)
-    for name in sorted(set(TASKS) - set(task_yamls())):
-        store.store(group="task", name=name, node={"name": name})
-
-
-def task_yamls() -> list[str]:
-    """Task names with a file experiments/conf/task/<name>.yaml."""
-    return sorted(p.stem for p in (Path(__file__).parent / "conf" / "task").glob("*.yaml"))

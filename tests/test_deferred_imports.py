@@ -73,15 +73,7 @@ HEAVY = {
 DISCOVERED = {"experiments.tasks": "TASKS: importing the package imports each of its task modules (pkgutil)"}
 """Packages that import their modules at import time by discovery rather than by an import statement."""
 
-_SUBCOMMAND = "a subcommand's module, imported when it runs: `emapg --help` loads the command line alone"
-_UPPER = (
-    "a layer above experiments: experiments.cli, the composition root, imports sweeps, cluster and analysis "
-    "only inside their subcommands, so importing experiments loads none of them (docs/architecture.md)"
-)
 ALLOWED = {
-    ("experiments/cli.py", "experiments.ops.doctor"): _SUBCOMMAND,
-    ("experiments/cli.py", "ema_pg_core.overrides"): "the resume hint's quoting: `emapg --help` would load the core",
-    ("experiments/cli.py", "cluster.submit"): _UPPER,
     ("experiments/ops/retrieval/cli.py", "experiments.tasks"): (
         "tasks import retrievers, never the reverse: only `emapg retriever serve --task` looks a task up, at call "
         "time (an import-linter contract in pyproject.toml)"

@@ -262,25 +262,22 @@ def test_emapg_debug_shows_the_traceback(monkeypatch, capsys):
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch, capsys):
-    import experiments.cli as cli
-
     def broken(argv):
         raise AttributeError("'NoneType' object has no attribute 'x'")
 
-    monkeypatch.setitem(cli.COMMANDS, "report", broken)
+    monkeypatch.setattr("analysis.report.main_report", broken)
     assert main(["report"]) == 1
     assert "Traceback" in capsys.readouterr().err
 
 
 def test_a_message_is_printed_at_most_message_chars_long(monkeypatch, capsys):
     """Whatever an error's text holds, the one error path prints a bounded line (errors.MESSAGE_CHARS)."""
-    import experiments.cli as cli
     from experiments.errors import MESSAGE_CHARS
 
     def huge(argv):
         raise ValueError(f"value {'x' * 10**6} is not allowed")
 
-    monkeypatch.setitem(cli.COMMANDS, "report", huge)
+    monkeypatch.setattr("analysis.report.main_report", huge)
     assert main(["report"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and len(err) <= MESSAGE_CHARS + 100 and "more characters" in err, err[:300]

@@ -101,7 +101,7 @@ def test_the_resume_line_printed_after_an_interrupt_parses_back_to_the_run_dir(t
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from experiments.cli import resume_command
+    from experiments.run import resume_command
     from experiments.errors import RunInterrupted
 
     run_dir = tmp_path / name
