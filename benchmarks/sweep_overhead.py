@@ -24,6 +24,12 @@ from benchmarks import _common as C  # noqa: E402
 
 C.numerics.pin()  # before torch loads, as the emapg command does: the measured runs need its numerics pins
 
+import ray  # noqa: E402
+
+from experiments import records  # noqa: E402
+from sweeps import tune as T  # noqa: E402
+from sweeps.spec import load  # noqa: E402
+
 FRESH, REUSED = "fresh worker per trial", "reused worker (emapg)"
 FIGURES = ("fixed_s_per_trial", "startup_s_per_slot", "reused_s_per_trial", "idle_tail_s", "after_s")
 
@@ -31,9 +37,6 @@ FIGURES = ("fixed_s_per_trial", "startup_s_per_slot", "reused_s_per_trial", "idl
 def run_once(spec_path: str, out: Path, reuse: bool) -> dict:
     """One sweep in `out`: its timing.json, with the timeline's figures and the runs' in-loop bookkeeping lifted to
     the top."""
-    from sweeps import tune as T  # loads torch, ray
-    from sweeps.spec import load  # loads torch, pydantic
-
     config = T._tune_config
     T._tune_config = lambda s: dataclasses.replace(config(s), reuse_actors=reuse)
     try:
@@ -51,8 +54,6 @@ def loop_bookkeeping(runs: Path) -> float:
     """Median over the runs' iterations without an evaluation of the time between two metrics lines beyond the
     trainer's own step (perf/iter_s): the record's line, W&B's log, the health rules, Tune's report. It is inside
     the training loop, so the overhead counts it as training."""
-    from experiments import records  # loads omegaconf
-
     gaps = []
     for run_dir in runs.iterdir():
         rows = records.read_metrics(run_dir)
@@ -64,11 +65,6 @@ def loop_bookkeeping(runs: Path) -> float:
 
 def measure(spec_path: str, rounds: int, variants: tuple[str, ...]) -> list[tuple[str, dict]]:
     """(variant, timing) per run, alternating the variants, after building the warm start."""
-    import ray
-
-    from sweeps import tune as T  # loads torch, ray
-    from sweeps.spec import load  # loads torch, pydantic
-
     ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     T._warm_start(load(spec_path))
     runs = []
@@ -93,7 +89,7 @@ def _medians(runs: list[tuple[str, dict]]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name in dict.fromkeys(n for n, _ in runs):
         mine = [t for n, t in runs if n == name]
-        keys = {k for t in mine for k, v in t.items() if isinstance(v, (int, float)) and v is not None}
+        keys = {k for t in mine for k, v in t.items() if isinstance(v, (int, float))}
         out[name] = {k: statistics.median(t[k] for t in mine if t.get(k) is not None) for k in keys}
     return out
 
