@@ -35,7 +35,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
-from benchmarks._common import describe  # noqa: E402
 
 SECTION = "sdpa for packed batches on a GPU"
 HQ, HKV, D = 28, 4, 128  # Qwen2.5-7B's attention
@@ -187,7 +186,7 @@ def model_rows() -> list[dict]:
 def render(data: dict) -> str:
     m = data["machine"]
     lines = [
-        f"Measured on {m['gpu']}, torch {m['torch']}, transformers {data.get('transformers', '?')}, "
+        f"Measured on {m['gpu']}, torch {m['torch']}, transformers {m['transformers']}, "
         f"flash-attn {data.get('flash_attn') or 'not installed'}, driver {m['driver']} ({data['date']}): "
         "`python benchmarks/attention_packed.py --json F` there, then `--from-json F` here.",
         "",
@@ -216,8 +215,6 @@ def render(data: dict) -> str:
 
 
 def measure(save) -> dict:
-    import transformers
-
     try:
         import flash_attn
 
@@ -225,9 +222,8 @@ def measure(save) -> dict:
     except ImportError:
         fa = None
     data = {
-        "machine": describe(torch),
+        "machine": C.describe(torch),
         "date": time.strftime("%Y-%m-%d"),
-        "transformers": transformers.__version__,
         "flash_attn": fa,
         "attention": attention_rows(),
     }

@@ -27,7 +27,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
-from benchmarks._common import describe  # noqa: E402
 from benchmarks.ema_update import TAU, Params, qwen25_05b_shapes  # noqa: E402
 from benchmarks.topk_kl_memory import make_inputs, value_and_backward  # noqa: E402
 from ema_pg_core.anchor import EmaAnchor, ema_update_  # noqa: E402
@@ -142,7 +141,7 @@ def render(data: dict) -> str:
 
 
 def measure(save) -> dict:
-    return {"machine": describe(torch), "date": time.strftime("%Y-%m-%d"), "ema": ema_rows(), "topk": topk_rows()}
+    return {"machine": C.describe(torch), "date": time.strftime("%Y-%m-%d"), "ema": ema_rows(), "topk": topk_rows()}
 
 
 def main() -> int:

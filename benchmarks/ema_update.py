@@ -44,8 +44,8 @@ class Params(nn.Module):
 
 
 def timed_round_robin(fns: dict, reps: int) -> dict[str, list[float]]:
-    """Seconds of ``reps`` calls of every fn, interleaved in a shuffled order each round (so that load
-    from other jobs hits all variants alike), after one warm-up call each."""
+    """Seconds of ``reps`` calls of every fn, interleaved in a shuffled order each round (so that load from
+    other jobs hits all variants alike), after one warm-up call each."""
     for fn in fns.values():
         fn()
     ts = {name: [] for name in fns}
@@ -82,10 +82,8 @@ def worker(config: str, reps: int) -> dict:
     if config == "fp32":
         variants["EmaAnchor.update (fp32)"] = (lambda: anchor.update(1, policy), 12 * n)
     else:
-        variants["EmaAnchor.update (bf16 module + fp32 shadow, sliced cast)"] = (
-            lambda: anchor.update(1, policy),
-            16 * n,
-        )
+        update = (lambda: anchor.update(1, policy), 16 * n)
+        variants["EmaAnchor.update (bf16 module + fp32 shadow, sliced cast)"] = update
 
         def whole_cast():  # the previous implementation: cast the whole policy, lerp, copy out
             torch._foreach_lerp_(anchor.shadow, [p.float() for p in pol], 1.0 - TAU)
@@ -161,7 +159,9 @@ def _target_line(results: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    a = _parser().parse_args(argv)
+    p = C.saved_cli(__doc__, "ema_update")
+    p.add_argument("--quick", action="store_true", help="5 rounds instead of 20")
+    a = p.parse_args(argv)
     if a.worker:
         print(json.dumps(worker(a.worker[0], int(a.worker[1]))))
         return 0
@@ -169,12 +169,6 @@ def main(argv=None) -> int:
     raw = C.measured(a, lambda: measure(5 if a.quick else 20, cmd))
     C.publish("ema_update", section(raw["results"], raw["machine"], raw["argv"]), not a.print_only)
     return 0
-
-
-def _parser():
-    p = C.saved_cli(__doc__, "ema_update")
-    p.add_argument("--quick", action="store_true", help="5 rounds instead of 20")
-    return p
 
 
 def measure(reps: int, cmd: list[str]) -> dict:
