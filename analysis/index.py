@@ -45,7 +45,8 @@ def run_provenance(runs: pd.DataFrame) -> dict[str, list[str]]:
 
 
 def write_index(out_dir: Path, title: str, header: list[str], outputs: list[Output], skipped: list[str]) -> list[Path]:
-    """Write index.md, index.html and provenance.json into `out_dir`; returns their paths."""
+    """Write index.md, index.html and provenance.json into `out_dir`; returns every file of the output (the
+    outputs' files, then these three)."""
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = [*header, f"Generated {stamp}."]
     paths = [out_dir / "index.md", out_dir / "index.html", out_dir / "provenance.json"]
@@ -53,7 +54,7 @@ def write_index(out_dir: Path, title: str, header: list[str], outputs: list[Outp
     paths[1].write_text(_html(out_dir, title, header, outputs, skipped), encoding="utf-8")
     prov = [{"title": o.title, "files": [_rel(p, out_dir) for p in o.paths], **o.provenance} for o in outputs]
     paths[2].write_text(json.dumps({"outputs": prov, "skipped": skipped}, indent=1, default=str), encoding="utf-8")
-    return paths
+    return [p for o in outputs for p in o.paths] + paths
 
 
 def provenance_text(prov: dict[str, Any]) -> str:

@@ -97,17 +97,9 @@ def report(
     runs, metrics = load.load_runs(runs_dir)
     if runs.empty:
         raise ValueError(f"no run records (config.yaml + status) found below {runs_dir}")
-    return report_frames(
-        runs,
-        metrics,
-        out_dir,
-        evals=load.load_evals(runs_dir),
-        source=str(runs_dir),
-        sweep_metric=_sweep_metric(Path(runs_dir)),
-        reps=reps,
-        seed=seed,
-        include_incomplete=include_incomplete,
-    )
+    kw = dict(reps=reps, seed=seed, include_incomplete=include_incomplete)
+    evals, metric = load.load_evals(runs_dir), _sweep_metric(Path(runs_dir))
+    return report_frames(runs, metrics, out_dir, evals=evals, source=str(runs_dir), sweep_metric=metric, **kw)
 
 
 def report_frames(
@@ -124,66 +116,36 @@ def report_frames(
 ) -> list[Path]:
     """The report from already loaded frames (analysis.load.load_runs or load_wandb), into `out_dir` as `report`
     writes it."""
-    with outdir.replacing(out_dir, REPORT, {"source": source or "frames"}) as build:
-        paths = _report_into(
-            build,
-            runs,
-            metrics,
-            evals,
-            source,
-            sweep_metric=sweep_metric,
-            reps=reps,
-            seed=seed,
-            include_incomplete=include_incomplete,
-        )
-    return outdir.moved(paths, build, out_dir)
-
-
-def _report_into(
-    out: Path,
-    runs: pd.DataFrame,
-    metrics: pd.DataFrame,
-    evals: pd.DataFrame | None,
-    source: str,
-    *,
-    sweep_metric: str | None,
-    reps: int,
-    seed: int,
-    include_incomplete: bool,
-) -> list[Path]:
-    outputs: list[Output] = []
-    skipped: list[str] = []
-    rt = tables.runs_table(runs)
-    all_runs = _table(rt, out, "All runs with status", run_provenance(runs), section="All runs")  # last on the page
-    unhealthy = runs["unhealthy"].astype(bool)  # stopped by a health rule: listed apart, never in a number
-    keep = runs[(runs["complete"].astype(bool) | include_incomplete) & ~unhealthy]
-    skipped += _left_out_notes(runs[~unhealthy], keep)
-    keep, repeats = one_per_config(keep)
-    skipped += repeats
-    for note in repeats:  # also on the front page and in its notes
-        print(f"warning: {note}", file=sys.stderr, flush=True)
-    for task in sorted(keep["task"].dropna().unique()):
-        # columns logged only by other tasks are all-NaN here: drop them
-        t_runs = keep[keep["task"] == task].dropna(axis=1, how="all")
-        t_metrics = metrics[metrics["run_id"].isin(t_runs["run_id"])].dropna(axis=1, how="all")
-        t_evals = evals[evals["run_id"].isin(t_runs["run_id"])] if evals is not None and not evals.empty else None
-        for build in (_task_tables, _task_curves, _task_ablations, _task_beta_tau_map, _task_telemetry):
-            o, s = build(task, t_runs, t_metrics, t_evals, out, reps=reps, seed=seed, sweep_metric=sweep_metric)
-            outputs += [replace(x, section=task) for x in o]
-            skipped += s
-    outputs += _unhealthy_output(runs[unhealthy], out)
-    outputs.append(all_runs)
-    header = _report_header(runs, source, reps, seed, include_incomplete) + _repeats_line(repeats)
-    index = write_index(out, REPORT, header, outputs, skipped)
-    return [p for o in outputs for p in o.paths] + index
-
-
-def _unhealthy_output(runs: pd.DataFrame, out: Path) -> list[Output]:
-    """The "Stopped unhealthy" section: a table of the runs a health rule stopped ([] when there are none)."""
-    if runs.empty:
-        return []
-    title = "Stopped by a health rule (in no number)"
-    return [_table(tables.unhealthy_table(runs), out, title, run_provenance(runs), section="Stopped unhealthy")]
+    with outdir.replacing(out_dir, REPORT, {"source": source or "frames"}) as out:
+        outputs: list[Output] = []
+        skipped: list[str] = []
+        prov = run_provenance(runs)
+        all_runs = _table(tables.runs_table(runs), out, "All runs with status", prov, section="All runs")
+        unhealthy = runs["unhealthy"].astype(bool)  # stopped by a health rule: listed apart, never in a number
+        keep = runs[(runs["complete"].astype(bool) | include_incomplete) & ~unhealthy]
+        skipped += _left_out_notes(runs[~unhealthy], keep)
+        keep, repeats = one_per_config(keep)
+        skipped += repeats
+        for note in repeats:  # also on the front page and in its notes
+            print(f"warning: {note}", file=sys.stderr, flush=True)
+        for task in sorted(keep["task"].dropna().unique()):
+            # columns logged only by other tasks are all-NaN here: drop them
+            t_runs = keep[keep["task"] == task].dropna(axis=1, how="all")
+            t_metrics = metrics[metrics["run_id"].isin(t_runs["run_id"])].dropna(axis=1, how="all")
+            t_evals = evals[evals["run_id"].isin(t_runs["run_id"])] if evals is not None and not evals.empty else None
+            for build in (_task_tables, _task_curves, _task_ablations, _task_beta_tau_map, _task_telemetry):
+                o, s = build(task, t_runs, t_metrics, t_evals, out, reps=reps, seed=seed, sweep_metric=sweep_metric)
+                outputs += [replace(x, section=task) for x in o]
+                skipped += s
+        if unhealthy.any():
+            stopped = runs[unhealthy]
+            title = "Stopped by a health rule (in no number)"
+            table = tables.unhealthy_table(stopped)
+            outputs.append(_table(table, out, title, run_provenance(stopped), section="Stopped unhealthy"))
+        outputs.append(all_runs)  # last on the page
+        header = _report_header(runs, source, reps, seed, include_incomplete) + _repeats_line(repeats)
+        paths = write_index(out, REPORT, header, outputs, skipped)
+    return outdir.moved(paths, out, out_dir)
 
 
 def one_per_config(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
@@ -445,32 +407,22 @@ def figures(records: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
     new or empty directory, or a previous output of `figures`, which is replaced whole)."""
     outdir.check(out_dir, FIGURES)
     frames = audit_schema.check_records(records)
-    with outdir.replacing(out_dir, FIGURES, {"source": "ema_pg_core.audit"}) as build:
-        paths = _figures_into(build, records, frames)
-    return outdir.moved(paths, build, out_dir)
-
-
-def _figures_into(out: Path, records: Mapping[str, Any], frames: Mapping[str, pd.DataFrame]) -> list[Path]:
     meta = dict(records.get("meta") or {})
     prov = {"computed by": "ema_pg_core.audit", **meta}
     outputs, skipped = [], []
-    if "estimator_table" in frames:
-        t = tables.estimator_table(frames["estimator_table"], meta)
-        outputs.append(_table(t, out, "KL estimators: bias, variance, memory", prov, section="Audit records"))
-    for key, make, title in FIGURE_RENDERERS:
-        if key not in frames:
-            skipped.append(f"{key}: not in the audit records")
-            continue
-        paths = style.save(make(frames[key]), out / make.__name__)
-        outputs.append(Output("figure", title, paths, prov, section="Audit records"))
-    index = write_index(
-        out,
-        f"{FIGURES} (no training)",
-        ["Computed by ema_pg_core.audit (exact enumeration / Monte Carlo); rendered by analysis."],
-        outputs,
-        skipped,
-    )
-    return [p for o in outputs for p in o.paths] + index
+    with outdir.replacing(out_dir, FIGURES, {"source": "ema_pg_core.audit"}) as out:
+        if "estimator_table" in frames:
+            t = tables.estimator_table(frames["estimator_table"], meta)
+            outputs.append(_table(t, out, "KL estimators: bias, variance, memory", prov, section="Audit records"))
+        for key, make, title in FIGURE_RENDERERS:
+            if key not in frames:
+                skipped.append(f"{key}: not in the audit records")
+                continue
+            files = style.save(make(frames[key]), out / make.__name__)
+            outputs.append(Output("figure", title, files, prov, section="Audit records"))
+        about = "Computed by ema_pg_core.audit (exact enumeration / Monte Carlo); rendered by analysis."
+        paths = write_index(out, f"{FIGURES} (no training)", [about], outputs, skipped)
+    return outdir.moved(paths, out, out_dir)
 
 
 # ---------------------------------------------------------------- CLI entry points
