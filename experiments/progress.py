@@ -20,14 +20,13 @@ def enabled() -> bool:
 
 
 def quiet_libraries() -> None:
-    """With bars off, also turn off the bars transformers and huggingface_hub draw themselves."""
+    """With bars off, also turn off the bars transformers and huggingface_hub draw themselves (transformers' switch
+    turns off both)."""
     if enabled():
         return
-    import huggingface_hub.utils
     import transformers.utils.logging
 
     transformers.utils.logging.disable_progress_bar()
-    huggingface_hub.utils.disable_progress_bars()
 
 
 def bar(total: int | None, desc: str, *, initial: int = 0, unit: str = "it", show: bool = True):

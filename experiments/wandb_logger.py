@@ -29,7 +29,7 @@ import secrets
 import string
 import threading
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -87,15 +87,15 @@ def _key_refused(err: BaseException) -> bool:
 TEARDOWN_S = 30.0
 
 
-def _teardown_within(seconds: float) -> None:
-    """wandb.teardown(), waited for at most `seconds` (in a daemon thread, which does not hold the exit)."""
-    import wandb
+def _teardown_within(teardown: Callable[[], None], seconds: float) -> None:
+    """teardown() (wandb.teardown), waited for at most `seconds` (in a daemon thread, which does not hold the exit);
+    a W&B that failed to start may fail to stop too: the error being raised stands."""
 
-    def teardown() -> None:
-        with suppress(Exception):  # a W&B that failed to start may fail to stop too: the error being raised stands
-            wandb.teardown()  # prints W&B's "Find logs at" now, not after our line at exit
+    def quietly() -> None:
+        with suppress(Exception):
+            teardown()
 
-    stopping = threading.Thread(target=teardown, name="wandb-teardown", daemon=True)
+    stopping = threading.Thread(target=quietly, name="wandb-teardown", daemon=True)
     stopping.start()
     stopping.join(seconds)
 
@@ -115,7 +115,7 @@ def reaching(what: str, instead: str = OFFLINE) -> Iterator[None]:
     try:
         yield
     except (wandb.errors.Error, TimeoutError) as err:
-        _teardown_within(TEARDOWN_S)
+        _teardown_within(wandb.teardown, TEARDOWN_S)  # prints W&B's "Find logs at" now, not after our line at exit
         detail = _one_line(err)
         if isinstance(err, wandb.errors.UsageError):  # no key and no terminal to ask at, or a setting W&B refuses
             raise UserError(
