@@ -6,7 +6,7 @@ two-node Ray cluster, at world size 2, two trials at once, with a node lost and 
 
 1. The tiny model, the data in the real schema and (search) the retriever: ``experiments.ops.rehearse.Shared``.
 2. The rehearsal spec (``rehearsal_spec``): the sweep's grid points at its first seed, each with the rehearsal
-   overrides of a single-config rehearsal (``experiments.ops.rehearse.rehearsal_overrides``: CPU platform, hf
+   overrides of a single-config rehearsal (``experiments.ops.rehearse.rehearsal_settings``: CPU platform, hf
    rollout, tiny sizes, a checkpoint every step, the anchor period 2) and world size 2 (``LAYOUTS``).
 3. A local Ray cluster of two nodes (``ray.cluster_utils.Cluster``: two raylets on this machine, each with
    ``NODE_CPUS`` CPUs and ``NODE_GPUS`` virtual GPUs, on 127.0.0.1).
@@ -62,7 +62,7 @@ from experiments.ops.rehearse import (
     last_error,
     latest_checkpoint,
     logged_step,
-    rehearsal_overrides,
+    rehearsal_settings,
 )
 from experiments.records import RESUMES
 from experiments.verl_metrics import FILE
@@ -98,12 +98,10 @@ worker node: GCS, raylets, and each Ray worker's stdout/stderr, every trial's an
 them), ``trials.txt`` (per trial: its verl job's own log, ``sweep/runs/<run>/verl_driver.log``, and which of the
 Ray files hold its output), ``retriever.log`` (a search sweep's
 retriever) and, after a failure, ``failure.txt`` (the failing checks' lines, or the error and its traceback)."""
-SKIP = ("run_dir", "backend.verl.checkpoint_dir")
-"""Rehearsal overrides a sweep trial sets itself (its run directory; verl's checkpoints inside it)."""
 
 
 # ---------------------------------------------------------------------------- the rehearsal spec
-def rehearsal_spec(spec_path: str, out: Path, shared, layout: str, steps: int = STEPS) -> dict:
+def rehearsal_spec(spec_path: str, shared, layout: str, steps: int = STEPS) -> dict:
     """The sweep YAML (as a mapping) that rehearses `spec_path`: its grid points at its first seed, each with the
     rehearsal overrides of its config and world size 2 (`layout`). Overrides all points share go to
     ``base.overrides``; the others join the point in one joint grid entry."""
@@ -118,8 +116,8 @@ def rehearsal_spec(spec_path: str, out: Path, shared, layout: str, steps: int = 
         cfg = build.compose([o for o in s.overrides_for(point, s.seeds[0]) if not o.startswith(("sweep.", "logger."))])
         data = shared.data(str(cfg.task.name))
         url = shared.retriever(data.corpus) if cfg.backend.verl.multi_turn and data.corpus else None
-        o = rehearsal_overrides(cfg, shared.model(str(cfg.task.name)), data, out / "unused", steps, retriever_url=url)
-        points.append((point, _world_size_2(_as_mapping(o), layout), cfg))
+        o = rehearsal_settings(cfg, shared.model(str(cfg.task.name)), data, steps, retriever_url=url)
+        points.append((point, _world_size_2(o, layout), cfg))
     common = {k: v for k, v in points[0][1].items() if all(p[1].get(k) == v for p in points)}
     keys = list(
         dict.fromkeys([k for p, *_ in points for k in p] + [k for _, o, _ in points for k in o if k not in common])
@@ -138,20 +136,6 @@ def _world_size_2(o: dict, layout: str) -> dict:
     o = {**o, **LAYOUTS[layout], "rollout.group_size": GROUP_SIZE}
     per_rank = o["rollout.prompts_per_iter"] * o["rollout.group_size"] // o["trainer.mini_batches"] // 2
     return {**o, "backend.verl.micro_batch_size_per_gpu": per_rank}
-
-
-def _as_mapping(overrides: list[str]) -> dict:
-    """Hydra ``key=value`` overrides -> {key: value} for a sweep YAML (lists of verl overrides kept as strings)."""
-    out = {}
-    for o in overrides:
-        key, value = o.split("=", 1)
-        if key in SKIP:
-            continue
-        if key == "backend.verl.overrides":
-            out[key] = [x.replace("\\'", "'") for x in value[2:-2].split("','")] if value != "[]" else []
-        else:
-            out[key] = yaml.safe_load(value)
-    return out
 
 
 # ---------------------------------------------------------------------------- the cluster
@@ -468,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster, stage, failure = LocalCluster(), "the rehearsal spec", None
     try:
         say(f"{args.spec}: the rehearsal spec (CPU platform, tiny model, world size 2: {args.layout}) ...")
-        raw = rehearsal_spec(args.spec, out, shared, args.layout)
+        raw = rehearsal_spec(args.spec, shared, args.layout)
         spec_file = out / "rehearsal.yaml"
         spec_file.write_text(yaml.safe_dump(raw, sort_keys=False))
         stage = "the local Ray cluster"

@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import torch
@@ -60,6 +61,7 @@ import yaml
 from ema_pg_core.config import KLConfig
 from ema_pg_core.local.tiny import build_model as tiny_model
 from ema_pg_core.local.tiny import build_tokenizer
+from ema_pg_core.overrides import hydra_value
 from ema_pg_core.telemetry import PROBE_KEYS
 from experiments import build, tasks
 from experiments.backends.verl import require_verl
@@ -139,67 +141,65 @@ def prepare_data(task: str, out_dir: Path) -> RehearsalData:
 
 
 # ---------------------------------------- The rehearsal config
-def rehearsal_overrides(
-    cfg, model_path: str, data: RehearsalData, run_dir: Path, steps: int, *, retriever_url: str | None = None
-) -> list[str]:
-    """Hydra overrides (appended to the target's) that make `cfg` a CPU rehearsal; see the module docstring."""
+def rehearsal_settings(
+    cfg, model_path: str, data: RehearsalData, steps: int, *, retriever_url: str | None = None
+) -> dict[str, Any]:
+    """{dotted key: value} that make `cfg` a CPU rehearsal (see the module docstring), but for where it writes (the
+    run directory and verl's checkpoints in it: ``rehearsal_overrides``, or the sweep's trial)."""
     sizes = get_task(str(cfg.task.name)).REHEARSAL
-    tau = float(cfg.algo.anchor.tau)
-    mini = 2 if int(cfg.trainer.mini_batches) > 1 else 1
-    multi = bool(cfg.backend.verl.multi_turn)
-    o = [
-        f"model.path={model_path}",
-        f"run_dir={run_dir}",
-        "logger.mode=offline",  # W&B as the target logs it, offline (into the run directory; WANDB_MODE too)
-        "trainer.device=cpu",
-        "backend.verl.rollout_engine=hf",
-        "backend.verl.nnodes=1",
-        "backend.verl.n_gpus_per_node=1",
-        f"backend.verl.train_files={data.files['train']}",
-        f"backend.verl.val_files={data.files.get('val', data.files['test'])}",
-        f"backend.verl.max_prompt_length={sizes.prompt_tokens}",
-        "backend.verl.param_offload=false",
-        "backend.verl.optimizer_offload=false",
-        f"backend.verl.checkpoint_dir={run_dir / 'checkpoints'}",
-        "backend.verl.max_token_len_per_gpu=4096",
-        "backend.verl.micro_batch_size_per_gpu=4",
-        f"trainer.iterations={steps}",
-        "trainer.save_every=1",
-        "trainer.keep_checkpoints=2",
-        f"backend.verl.step_timeout_s={STEP_TIMEOUT_S}",
-        f"trainer.eval_every={steps}",
-        "trainer.eval_n=1",
-        f"trainer.mini_batches={mini}",
-        "rollout.prompts_per_iter=4",
-        "rollout.group_size=2",
-        f"rollout.max_new_tokens={sizes.turn_tokens}",
-    ]
-    if tau < 1.0:
-        o.append(f"algo.anchor.period={ANCHOR_PERIOD}")
+    settings = {
+        "model.path": model_path,
+        "logger.mode": "offline",  # W&B as the target logs it, offline (into the run directory; WANDB_MODE too)
+        "trainer.device": "cpu",
+        "backend.verl.rollout_engine": "hf",
+        "backend.verl.nnodes": 1,
+        "backend.verl.n_gpus_per_node": 1,
+        "backend.verl.train_files": data.files["train"],
+        "backend.verl.val_files": data.files.get("val", data.files["test"]),
+        "backend.verl.max_prompt_length": sizes.prompt_tokens,
+        "backend.verl.param_offload": False,
+        "backend.verl.optimizer_offload": False,
+        "backend.verl.max_token_len_per_gpu": 4096,
+        "backend.verl.micro_batch_size_per_gpu": 4,
+        "trainer.iterations": steps,
+        "trainer.save_every": 1,
+        "trainer.keep_checkpoints": 2,
+        "backend.verl.step_timeout_s": STEP_TIMEOUT_S,
+        "trainer.eval_every": steps,
+        "trainer.eval_n": 1,
+        "trainer.mini_batches": 2 if int(cfg.trainer.mini_batches) > 1 else 1,
+        "rollout.prompts_per_iter": 4,
+        "rollout.group_size": 2,
+        "rollout.max_new_tokens": sizes.turn_tokens,
+    }
+    if float(cfg.algo.anchor.tau) < 1.0:
+        settings["algo.anchor.period"] = ANCHOR_PERIOD
     if cfg.trainer.probe_every != 0:  # the target's probe (null: the default cadence), every step
-        o += ["trainer.probe_every=1", f"trainer.probe_size={PROBE_PROMPTS}"]
-    if multi:
-        o += [
-            f"rollout.max_turns={sizes.max_turns}",
-            f"backend.verl.max_response_length={sizes.response_tokens or sizes.turn_tokens}",
-            f"backend.verl.max_tool_response_length={sizes.tool_response_tokens}",
-            f"backend.verl.retriever_url={retriever_url}",
-        ]
+        settings.update({"trainer.probe_every": 1, "trainer.probe_size": PROBE_PROMPTS})
+    if cfg.backend.verl.multi_turn:
+        settings["rollout.max_turns"] = sizes.max_turns
+        settings["backend.verl.max_response_length"] = sizes.response_tokens or sizes.turn_tokens
+        settings["backend.verl.max_tool_response_length"] = sizes.tool_response_tokens
+        settings["backend.verl.retriever_url"] = retriever_url
     else:
-        o.append(f"backend.verl.max_response_length={sizes.turn_tokens}")
+        settings["backend.verl.max_response_length"] = sizes.turn_tokens
     infra = [
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         "actor_rollout_ref.rollout.agent.num_workers=1",
         "reward.num_workers=1",
         "data.dataloader_num_workers=0",
     ]
-    extra = list(cfg.backend.verl.overrides) + infra
-    o.append("backend.verl.overrides=[" + ",".join(_quote(x) for x in extra) + "]")
-    return o
+    settings["backend.verl.overrides"] = list(cfg.backend.verl.overrides) + infra
+    return settings
 
 
-def _quote(s: str) -> str:
-    return "'" + s.replace("'", "\\'") + "'"
+def rehearsal_overrides(
+    cfg, model_path: str, data: RehearsalData, run_dir: Path, steps: int, *, retriever_url: str | None = None
+) -> list[str]:
+    """Hydra overrides (appended to the target's) that make `cfg` a CPU rehearsal writing to `run_dir`."""
+    settings = {"run_dir": str(run_dir), "backend.verl.checkpoint_dir": str(run_dir / "checkpoints")}
+    settings.update(rehearsal_settings(cfg, model_path, data, steps, retriever_url=retriever_url))
+    return [f"{key}={hydra_value(value)}" for key, value in settings.items()]
 
 
 # ---------------------------------------- Running: attempt 1 (killed after step KILL_AFTER's checkpoint), attempt 2
