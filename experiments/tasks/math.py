@@ -36,6 +36,7 @@ import numpy as np
 
 from experiments.tasks import Example, Rehearsal, RehearsalData, Reporting, Source, make_knobs, prepared_examples
 from experiments.tasks.math_tiny import extract_answer as last_boxed
+from experiments.tasks.math_tiny import is_equiv
 
 NAME = "math"
 MAX_NEW_TOKENS = 8192  # stage 1 response budget; see STAGES
@@ -213,14 +214,6 @@ def extract_answer(response: str, require_think: bool = True) -> str | None:
         response = response.rsplit(THINK_END, 1)[1]
     answer = last_boxed(response)
     return answer if answer and len(answer) <= MAX_ANSWER_CHARS else None
-
-
-def is_equiv(pred: str, gold: Iterable[str]) -> bool:
-    """math-verify equivalence of a boxed prediction with any gold answer (no SIGALRM timeouts)."""
-    from math_verify import parse, verify
-
-    target = parse(f"\\boxed{{{pred}}}", parsing_timeout=None)
-    return any(verify(parse(f"\\boxed{{{g}}}", parsing_timeout=None), target, timeout_seconds=None) for g in gold)
 
 
 def evaluate(example: Example, response: str, require_think: bool = True) -> int:

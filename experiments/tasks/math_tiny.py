@@ -23,6 +23,7 @@ import functools
 import hashlib
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 
 from experiments.tasks import Example, make_knobs
@@ -155,19 +156,24 @@ def extract_answer(response: str) -> str | None:
 
 def evaluate(example: Example, response: str) -> int:
     """1 if the last boxed answer is an integer literal equal to the gold answer, else 0."""
+    answer = extract_answer(response)
+    return int(answer is not None and _INT.fullmatch(answer) is not None and is_equiv(answer, [str(example.answer)]))
+
+
+def is_equiv(pred: str, gold: Iterable[str]) -> bool:
+    """math-verify's equivalence of a boxed prediction with any gold answer (math's reward uses it too)."""
     from math_verify import verify  # here, not at import: `emapg report` reads this package's metadata
 
-    answer = extract_answer(response)
-    if answer is None or not _INT.fullmatch(answer):
-        return 0
-    return int(verify(_parsed(str(example.answer)), _parsed(answer), timeout_seconds=None))
+    target = _parsed(pred)
+    return any(verify(_parsed(g), target, timeout_seconds=None) for g in gold)
 
 
 @functools.lru_cache(maxsize=4096)
 def _parsed(literal: str) -> list:
-    """math-verify's parse of ``\\boxed{literal}``, memoised: a batch repeats the same few integers, and parsing
+    """math-verify's parse of ``\\boxed{literal}``, memoised: a batch repeats the same few answers, and parsing
     (sympy) is most of a reward's cost. Timeouts off: math-verify's timeout uses SIGALRM, which fails outside
-    the main thread (Ray/uvicorn workers); the inputs are short integer literals, so parsing cannot hang."""
+    the main thread (Ray/uvicorn workers); answers are capped in length instead (_INT here, math's
+    MAX_ANSWER_CHARS)."""
     from math_verify import parse
 
     return parse(f"\\boxed{{{literal}}}", parsing_timeout=None)
