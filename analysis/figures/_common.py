@@ -44,28 +44,14 @@ def band(
     curves = stats.curve_bands(metrics, metric, group=group, reps=reps, seed=seed)
     for i, (name, c) in enumerate(curves.groupby(group, sort=True)):
         col = (colors or {}).get(name, style.color(i))
-        n = int(c["n"].max())
         # later lines thinner, with their own marker, so identical curves stay visible
-        ax.plot(
-            c["iteration"],
-            c["mean"] * scale,
-            linestyle=linestyle,
-            color=col,
-            lw=max(1.0, 2.6 - 0.6 * i),
-            marker=style.MARKERS[i % len(style.MARKERS)],
-            ms=4 if len(c) < 30 else 0,
-            zorder=3 + i,
-            label=f"{name}{label_suffix} (n={n})",
-        )
+        marker = style.MARKERS[i % len(style.MARKERS)]
+        look = dict(lw=max(1.0, 2.6 - 0.6 * i), marker=marker, ms=4 if len(c) < 30 else 0, zorder=3 + i)
+        label = f"{name}{label_suffix} (n={int(c['n'].max())})"
+        ax.plot(c["iteration"], c["mean"] * scale, linestyle=linestyle, color=col, label=label, **look)
         ok = c["ci_low"].notna()
-        ax.fill_between(
-            c.loc[ok, "iteration"],
-            c.loc[ok, "ci_low"] * scale,
-            c.loc[ok, "ci_high"] * scale,
-            color=col,
-            alpha=style.CI_ALPHA,
-            lw=0,
-        )
+        lo, hi = c.loc[ok, "ci_low"] * scale, c.loc[ok, "ci_high"] * scale
+        ax.fill_between(c.loc[ok, "iteration"], lo, hi, color=col, alpha=style.CI_ALPHA, lw=0)
     return curves[group].nunique()
 
 

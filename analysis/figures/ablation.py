@@ -63,15 +63,9 @@ def _lines(ax: Axes, summary: pd.DataFrame, knob: str, scale: float) -> None:
     colors = _common.group_colors(summary["_hue"])
     for name, s in summary.groupby("_hue", sort=True):
         s = s.sort_values(knob)
-        ax.errorbar(
-            s[knob],
-            s["mean"] * scale,
-            yerr=_yerr(s, scale),
-            color=colors[name],
-            marker="o",
-            capsize=3,
-            label=f"{name} ({_n_range(s['n'])})",
-        )
+        label = f"{name} ({_n_range(s['n'])})"
+        yerr = _yerr(s, scale)
+        ax.errorbar(s[knob], s["mean"] * scale, yerr=yerr, color=colors[name], marker="o", capsize=3, label=label)
     values = summary[knob].astype(float)
     if values.min() >= 0 and values.max() / max(values[values > 0].min(), 1e-12) > 50:
         ax.set_xscale("symlog", linthresh=max(values[values > 0].min(), 1e-12))

@@ -61,17 +61,12 @@ METRIC_LABELS = {
 }
 
 
-def context():
-    """matplotlib rc_context with RC (rc is read when artists are created and saved)."""
-    return mpl.rc_context(RC)
-
-
 def styled(make: Callable[..., Figure]) -> Callable[..., Figure]:
-    """Decorator for figure builders: run `make` inside `context()`."""
+    """Decorator for figure builders: run `make` with RC in force (rc is read when artists are created and saved)."""
 
     @functools.wraps(make)
     def wrapper(*args: Any, **kwargs: Any) -> Figure:
-        with context():
+        with mpl.rc_context(RC):
             return make(*args, **kwargs)
 
     return wrapper
@@ -80,7 +75,7 @@ def styled(make: Callable[..., Figure]) -> Callable[..., Figure]:
 def new_figure(
     width: float = 6.4, height: float = 4.0, nrows: int = 1, ncols: int = 1, **kw: Any
 ) -> tuple[Figure, np.ndarray]:
-    """(Figure on the Agg canvas, flat array of its axes); call inside `context()`."""
+    """(Figure on the Agg canvas, flat array of its axes); call inside a `styled` builder."""
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig, np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False, **kw)).ravel()
@@ -149,7 +144,7 @@ def save(fig: Figure, path_stem: str | Path) -> list[Path]:
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".pdf")]
-    with context():
+    with mpl.rc_context(RC):
         for p in paths:
             fig.savefig(p)
     return paths
