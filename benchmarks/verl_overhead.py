@@ -38,6 +38,7 @@ import torch
 
 from experiments.backends.verl import cpu, require_verl
 from experiments.backends.verl.launch import to_verl
+from experiments.records import read_jsonl
 from experiments.verl_metrics import attempt_files, read_attempts, trained_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -258,16 +259,6 @@ def instrument_transfer_queue(path: str) -> None:
 
 
 # ------------------------------------------------------------------ Parsing a job
-def read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by the end of the job
-    return rows
-
-
 def is_update_fetch(r: dict) -> bool:
     """The actor update's fetch: the worker's get of the whole batch (prompt ids and advantages both)."""
     return r["op"] == "get" and {"input_ids", "advantages"} <= set(r.get("fields") or {})
