@@ -104,7 +104,6 @@ def cut(tokens: list[int], eos_ids: set[int], stops: tuple[str, ...], decode, ig
     if not ignore_eos:
         end = next((i + 1 for i, t in enumerate(tokens) if t in eos_ids), end)
     if stops:
-        text = ""
         for i in range(end):  # the token whose text first contains a stop string ends the turn
             text = decode(tokens[: i + 1])
             if any(s in text for s in stops):

@@ -99,9 +99,7 @@ def padded_response(t: torch.Tensor, batch: int, width: int, fill: float = 0.0) 
     """A response-layout tensor (nested (B, j, *) or padded (B, T', *)) as padded (B, width, *)."""
     if t.is_nested:
         return torch.nested.to_padded_tensor(t, fill, output_size=(batch, width, *t.shape[2:]))
-    if t.shape[1] == width:
-        return t
-    if t.shape[1] > width:
+    if t.shape[1] >= width:
         return t[:, :width]
     pad = t.new_full((t.shape[0], width - t.shape[1], *t.shape[2:]), fill)
     return torch.cat([t, pad], 1)

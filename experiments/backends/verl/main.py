@@ -131,7 +131,6 @@ class _Launch:
             wait_for_room(ray_demand(self.config), _accelerator(self.config), say=lambda m: print(m, flush=True))
         else:  # rank 0's bundle holds the TaskRunner; what it starts stays in the group
             _check_trial_group(pg, self.config)
-
             cls = cls.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
@@ -189,17 +188,12 @@ def launch(argv: list[str], run_dir: Path | None = None) -> int:
     """Run ``main(argv)`` from this process. Inside a Ray Tune trial (Ray initialised, a placement group)
     verl runs as a Ray job of its own in a child process, its output in `run_dir` (``_run_in_trial``);
     elsewhere in this process, verl starting a local Ray (verl's ``ray_kwargs``)."""
-    pg = _trial_group()
+    pg = ray.util.get_current_placement_group() if ray.is_initialized() else None  # a Tune trial's (sweeps.tune)
     if pg is None:
         return main(argv)
     if run_dir is None:
         raise ValueError("a verl launch inside a sweep trial needs the run directory (for verl_driver.log)")
     return _run_in_trial(argv, pg, run_dir)
-
-
-def _trial_group():
-    """The placement group this process runs in: a Ray Tune trial's (``sweeps.tune``), None elsewhere."""
-    return ray.util.get_current_placement_group() if ray.is_initialized() else None
 
 
 def _run_in_trial(argv: list[str], pg, run_dir: Path, launcher: tuple[str, ...] = ()) -> int:
