@@ -20,7 +20,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
-from _common import machine, machine_line, md_table  # noqa: E402
 
 MODES = ("native", "reproducible")
 
@@ -72,7 +71,7 @@ def section(results: dict[str, dict], command: str, machine_text: str, iteration
             f"Each mode's `emapg train` processes ({iterations} iterations each, the modes alternating), iteration = "
             "mean perf/iter_s over the training iterations but the first; warm-start step = the SFT's seconds per "
             "step. Ratios are to native, measured in the same run.",
-            md_table(header, rows),
+            C.md_table(header, rows),
         ]
     )
 
@@ -83,10 +82,10 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
-    m = machine()
+    m = C.machine()
     results = measure(args.experiment, args.iterations, args.repeats)
     command = C.command("numerics_cost.py", sys.argv[1:])
-    body = section(results, command, machine_line(m, results["native"]["numerics"]["threads"]), args.iterations)
+    body = section(results, command, C.machine_line(m, results["native"]["numerics"]["threads"]), args.iterations)
     C.publish("numerics_cost", body, args.write)
 
 
