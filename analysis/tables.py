@@ -271,7 +271,6 @@ PAIRING_NOTE = (
     "power' plans the next sweep from the observed effect (a paired t-test's power). n = seeds paired, or runs "
     "of both methods."
 )
-"""The table note that defines the paired / unpaired marks and the decision of the gain rows."""
 
 
 def compare(xs: pd.DataFrame, ys: pd.DataFrame, col: str, alpha: float = 0.05):
@@ -414,9 +413,8 @@ def paper_table(
     g_rows, g_nums, g_notes = gain_rows(runs, columns, group)
     blocks = [paper_rows(spec.paper, list(columns))] if spec.paper else []
     blocks += [ours_rows(runs, columns, group, reps=reps, seed=seed), (g_rows, g_nums)]
-    return assemble(
-        f"{task}_main", caption, list(columns), blocks, notes=notes + g_notes, run_ids=runs["run_id"].tolist()
-    )
+    run_ids = runs["run_id"].tolist()
+    return assemble(f"{task}_main", caption, list(columns), blocks, notes=notes + g_notes, run_ids=run_ids)
 
 
 def tiny_table(
@@ -480,14 +478,8 @@ def passk_table(
         f"{task}: unbiased pass@k (%) from n samples per problem (Codex estimator), {when}, "
         f"mean over problems; mean ± half-width of the 95% bootstrap CI over seeds."
     )
-    return assemble(
-        name or f"{task}_passk",
-        caption,
-        list(columns),
-        [ours_rows(wide, columns, group, reps=reps, seed=seed)],
-        notes=[],
-        run_ids=wide["run_id"].tolist(),
-    )
+    blocks = [ours_rows(wide, columns, group, reps=reps, seed=seed)]
+    return assemble(name or f"{task}_passk", caption, list(columns), blocks, notes=[], run_ids=wide["run_id"].tolist())
 
 
 ESTIMATOR_COLUMNS = {
@@ -521,13 +513,8 @@ def estimator_table(rows: pd.DataFrame, meta: dict[str, Any] | None = None) -> T
             return f"{int(v):,}"
         return str(int(v)) if col == "k" else str(v)
 
-    cells = pd.DataFrame(
-        {
-            label: [show(c, v) for v in rows[c]] if c in rows else [NA] * len(rows)
-            for c, label in ESTIMATOR_COLUMNS.items()
-        }
-    )
-    cells = cells.set_index("estimator")
+    shown = {label: [show(c, v) for v in rows.get(c, [None] * len(rows))] for c, label in ESTIMATOR_COLUMNS.items()}
+    cells = pd.DataFrame(shown).set_index("estimator")
     ctx = ", ".join(
         f"{k}={v}" for k, v in (meta or {}).items() if not isinstance(v, (dict, list)) and not k.startswith("stability")
     )
