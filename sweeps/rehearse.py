@@ -39,7 +39,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -70,7 +69,7 @@ from sweeps import spec as sweep_spec
 
 GROUP_SIZE = 4
 """Samples per prompt. With 2, a run now and then drew equal rewards in every group at every step: no advantage, no
-gradient, a policy that never left its anchor, and nothing for the anchor check (``_shards``) to observe."""
+gradient, a policy that never left its anchor, and nothing for the anchor check (``check_sharded``) to observe."""
 LAYOUTS = {
     "across": {"backend.verl.nnodes": 2, "backend.verl.n_gpus_per_node": 1},
     "within": {"backend.verl.nnodes": 1, "backend.verl.n_gpus_per_node": 2},
@@ -78,8 +77,7 @@ LAYOUTS = {
 """World size 2: one rank on each of two nodes, or two ranks on one node."""
 NODE_CPUS, NODE_GPUS = 16, 2
 """Each node of the rehearsal cluster: Ray CPUs (reservations, not cores) and virtual GPUs (verl's CPU platform)."""
-STEPS = 4
-"""Training steps per trial: the anchor updates after steps 2 and 4 (period 2), checkpoints 3 and 4 are kept."""
+STEPS = 4  # per trial: the anchor updates after steps 2 and 4 (period 2), checkpoints 3 and 4 are kept
 STALL_S = 1800.0
 """A phase (the sweep to a kill point, or the resumed sweep to its end) fails once no trial has started, attempted
 again, logged a step, written a checkpoint or printed (its verl job's log) for this long (``_wait``). A trial that
@@ -105,7 +103,6 @@ def rehearsal_spec(spec_path: str, shared, layout: str, steps: int = STEPS) -> d
     """The sweep YAML (as a mapping) that rehearses `spec_path`: its grid points at its first seed, each with the
     rehearsal overrides of its config and world size 2 (`layout`). Overrides all points share go to
     ``base.overrides``; the others join the point in one joint grid entry."""
-
     s = sweep_spec.load(spec_path)
     if s.backend != "verl" or s.search != "grid":
         raise ValueError(
@@ -160,19 +157,18 @@ class LocalCluster:
         self.added = 1
 
     def _add(self, name: str, **extra):
-        node = self.cluster.add_node(wait=False, **self._node_args(name), **extra)
+        node = self.cluster.add_node(
+            wait=False,
+            num_cpus=NODE_CPUS,
+            num_gpus=NODE_GPUS,
+            node_ip_address="127.0.0.1",
+            object_store_memory=200 * 1024**2,
+            include_dashboard=False,
+            resources={f"rehearsal_{name}": 1.0},
+            **extra,
+        )
         self.cluster._wait_for_node(node, timeout=NODE_START_S)
         return node
-
-    def _node_args(self, name: str) -> dict:
-        return {
-            "num_cpus": NODE_CPUS,
-            "num_gpus": NODE_GPUS,
-            "node_ip_address": "127.0.0.1",
-            "object_store_memory": 200 * 1024**2,
-            "include_dashboard": False,
-            "resources": {f"rehearsal_{name}": 1.0},
-        }
 
     @property
     def address(self) -> str:
@@ -246,7 +242,6 @@ def _moves(sweep_dir: Path) -> tuple:
 
 def _progress(run_dir: Path) -> int:
     """The last step the run's current verl attempt logged with its checkpoint written (0: none yet)."""
-
     return min(latest_checkpoint(run_dir), logged_step(run_dir))
 
 
@@ -255,7 +250,6 @@ def _retry_progress(run_dir: Path) -> int:
     own metrics file. The retry writes its resumes.jsonl line at once, but the earlier attempt's metrics file stays
     the live one until the new job's TaskRunner renames it (``rotate``), minutes later on busy cores: until then its
     steps are the killed attempt's, not the retry's."""
-
     live, resumes = run_dir / FILE, run_dir / RESUMES
     if not (live.is_file() and resumes.is_file()) or live.stat().st_mtime_ns <= resumes.stat().st_mtime_ns:
         return 0
@@ -265,25 +259,12 @@ def _retry_progress(run_dir: Path) -> int:
 def _attempts(run_dir: Path) -> int:
     """How many times the trial has started its run: once, plus one line of resumes.jsonl per resume (verl's
     metrics files do not count them: an attempt that logged nothing leaves no file of its own)."""
-
     path = run_dir / RESUMES
     return 1 + (len(path.read_text().splitlines()) if path.is_file() else 0)
 
 
-@dataclass
-class Events:
-    """What the rehearsal did to the sweep, for its report."""
-
-    lost_at: dict[str, int]
-    """Per run: its last logged step with a checkpoint when the node was lost."""
-    killed_at: dict[str, int]
-    """Per run: the same when the driver was killed."""
-    seconds: float = 0.0
-
-
-def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], None]) -> Events:
-    """The sweep through the node loss and the driver kill to its end (``emapg sweep --resume``)."""
-
+def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], None]) -> float:
+    """The sweep through the node loss and the driver kill to its end (``emapg sweep --resume``); its seconds."""
     log, sweep_dir, t0 = out / LOGS / "sweep.log", out / "sweep", time.time()
     proc = _sweep(spec_file, cluster.address, sweep_dir, log)
     try:
@@ -309,14 +290,13 @@ def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], 
         raise RuntimeError(
             f"emapg sweep --resume exited with status {proc.returncode}: {last_error(log, 'emapg sweep:')}"
         )
-    return Events(lost_at, killed_at, time.time() - t0)
+    return time.time() - t0
 
 
 # ---------------------------------------------------------------------------- the checks
 def checks(sweep_dir: Path) -> dict[str, list]:
     """Per trial: the single-config rehearsal's checks (``experiments.ops.rehearse.CHECKS``, the resume check as
     ``check_attempts``) and the world-size-2 checks; plus one line for the sweep (sweep.csv, the report)."""
-
     out = {}
     for run_dir in _runs(sweep_dir):
         e = expect(run_dir, attempts=1)
@@ -348,7 +328,6 @@ def _csv(path: Path):
 def check_attempts(run_dir: Path, e):
     """No step lost or trained twice across attempts: each attempt of verl starts right after the last step the
     earlier ones logged; the anchor's update count at the end is the schedule's, counted across attempts."""
-
     steps = attempt_steps(run_dir)
     done, ok = 0, bool(steps)
     for s in steps:
@@ -368,7 +347,6 @@ def check_sharded(run_dir: Path, e, world: int = 2):
     step, gathered from both ranks' shards, is the EMA of the gathered policy and the anchor of the step before
     (tau * anchor + (1 - tau) * policy after an update step, else unchanged), to ``ULPS`` float32 units in the last
     place of each weight (``_ulps``; a tau off by 0.01 misses by about 1e5 of them)."""
-
     root = run_dir / "checkpoints"
     last, prev = root / f"global_step_{e.steps}", root / f"global_step_{e.steps - 1}"
     parts = [d / "actor" for d in (prev, last)] + ([d / "anchor" for d in (prev, last)] if e.tau < 1 else [])
@@ -395,15 +373,13 @@ def check_sharded(run_dir: Path, e, world: int = 2):
     )
 
 
-ULPS = 4.0
-"""Float32 rounding the anchor's EMA may differ by from the same EMA computed in float64 (units in the last place)."""
+ULPS = 4.0  # float32 rounding the anchor's EMA may differ by from the same EMA in float64 (units in the last place)
 
 
 def _ulps(got, want, *operands) -> float:
     """max |got - want| in float32 units in the last place of the largest of |want| and the |operands| it was computed
     from, element by element (float64 tensors): float32 rounding of tau * a + (1 - tau) * p is within a few of them,
     also where the two terms cancel."""
-
     scale = want.abs()
     for t in operands:
         scale = torch.maximum(scale, t.abs())
@@ -413,7 +389,6 @@ def _ulps(got, want, *operands) -> float:
 
 def _gathered(path: Path, world: int) -> dict:
     """The full tensors of an FSDP2 checkpoint: each rank's Shard(0) pieces concatenated in rank order."""
-
     shards = [
         torch.load(path / f"model_world_size_{world}_rank_{r}.pt", map_location="cpu", weights_only=False)
         for r in range(world)
@@ -460,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start()
         stage = "the sweep"
         say(f"  emapg sweep {spec_file} --address {cluster.address} --out {out / 'sweep'}")
-        events = run(spec_file, out, cluster, say)
+        seconds = run(spec_file, out, cluster, say)
         stage = "the checks"
         results = checks(out / "sweep")
     except Exception as e:
@@ -481,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             for c in cs:
                 say(c.line())
         bad = [(name, c) for name, cs in results.items() for c in cs if not c.ok]
-        say(f"{args.spec} ({events.seconds:.0f} s): {'passed' if not bad else 'FAILED'}")
+        say(f"{args.spec} ({seconds:.0f} s): {'passed' if not bad else 'FAILED'}")
         if not bad:
             return 0
         name, c = bad[0]
@@ -523,8 +498,8 @@ def _keep_logs(logs: Path, cluster: LocalCluster, shared, sweep_dir: Path) -> No
             f.write(f"{type(e).__name__}: {e}\n")
 
 
+# a Ray worker's stdout/stderr file: worker-<worker id>-<job id>-<pid>.out|err
 WORKER_LOG = re.compile(r"^worker-[0-9a-f]+-(?P<job>[0-9a-f]+)-\d+\.(out|err)$")
-"""A Ray worker's stdout/stderr file: worker-<worker id>-<job id>-<pid>.out|err."""
 
 
 def _trial_logs(sweep_dir: Path, ray_logs: Path) -> str:

@@ -73,7 +73,7 @@ def test_a_failing_check_is_named_with_its_output(rehearse_env, monkeypatch, tmp
     def run(spec_file, out, cluster, say):
         (out / "sweep").mkdir()
         (out / "logs" / "sweep.log").write_text("the driver's output\n")
-        return rehearse.Events({"a": 1}, {"a": 2}, 1.0)
+        return 1.0  # seconds
 
     def checks(sweep_dir):
         return {
