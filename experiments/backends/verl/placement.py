@@ -12,7 +12,7 @@ actors in that reservation explicitly (``docs/verl-plugin.md``, "Inside a sweep 
   trials never meet, and verl's own ``ray.init`` with verl's runtime environment (env vars, the
   worker setup hook). The group's id reaches it in ``PLACEMENT_GROUP_ENV``.
 - ``main._Launch``: the TaskRunner goes into bundle 0, capturing its children.
-- ``TrialPoolManager`` (from ``trainer.EmaPGTrainerSync._init_resource_pool_mgr``): verl's worker
+- ``trainer.TrialPoolManager`` (from ``EmaPGTrainerSync._init_resource_pool_mgr``): verl's worker
   pool is the trial's group, rank r in bundle r, instead of new groups of verl's own.
 - ``isolate_transfer_queue``: TransferQueue 0.1 names its controller in the fixed namespace
   "transfer_queue", one per cluster; every process of a run looks it up in its job's namespace
@@ -43,37 +43,6 @@ def trial_placement_group():
     from ray.util.placement_group import PlacementGroup
 
     return PlacementGroup(ray.PlacementGroupID(bytes.fromhex(hexid)))
-
-
-def _pool_manager_class():
-    from verl.single_controller.ray.base import RayResourcePool, ResourcePoolManager
-
-    class TrialPoolManager(ResourcePoolManager):
-        """verl's global worker pool as the trial's placement group: one pool of all ranks, rank r in bundle r
-        (verl puts local rank i of a pool's group in its bundle i). No availability check: the trial holds
-        the GPUs already, so none of them are "available"."""
-
-        def create_resource_pool(self):
-            other = sorted(set(self.resource_pool_spec) - {"global_pool"})
-            if other:
-                raise ValueError(f"resource pools {other} are not supported inside a sweep trial (backend: verl)")
-            pool = RayResourcePool(
-                process_on_nodes=[sum(self.resource_pool_spec["global_pool"])],
-                use_gpu=True,
-                max_colocate_count=self.max_colocate_count,
-                name_prefix="global_pool",
-            )
-            pool.pgs = [trial_placement_group()]  # get_placement_groups returns these
-            self.resource_pool_dict["global_pool"] = pool
-
-    return TrialPoolManager
-
-
-def trial_pool_manager(manager):
-    """``manager`` (verl's ResourcePoolManager), as a ``TrialPoolManager`` when this job runs in a trial."""
-    if trial_placement_group() is None:
-        return manager
-    return _pool_manager_class()(resource_pool_spec=manager.resource_pool_spec, mapping=manager.mapping)
 
 
 class _NamespacedRay:

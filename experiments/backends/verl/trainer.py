@@ -29,6 +29,7 @@ import ray
 import transfer_queue as tq
 from omegaconf import open_dict
 from transfer_queue import KVBatchMeta
+from verl.single_controller.ray.base import RayResourcePool, ResourcePoolManager
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -37,7 +38,7 @@ from verl.utils.debug import marked_timer
 from experiments.backends.verl.config import TRAINER_MODE, EmaPGSection, topk_passes
 from experiments.backends.verl.engine import CAP_KEY, DROP_KEY, set_pass
 from experiments.backends.verl.evals import anchor_keys, append_rows, as_anchor, evals_path, problem_rows
-from experiments.backends.verl.placement import trial_pool_manager
+from experiments.backends.verl.placement import trial_placement_group
 from experiments.backends.verl.probe import pick
 from experiments.backends.verl.worker import EmaPGActorRolloutRefWorker
 
@@ -78,6 +79,25 @@ def dropped_share(tags: list[dict], cap: int) -> float:
     return sum(tag["response_len"] >= cap for tag in tags) / max(len(tags), 1)
 
 
+class TrialPoolManager(ResourcePoolManager):
+    """verl's global worker pool as a sweep trial's placement group (``experiments.backends.verl.placement``): one
+    pool of all ranks, rank r in bundle r (verl puts local rank i of a pool's group in its bundle i). No availability
+    check: the trial holds the GPUs already, so none of them are "available"."""
+
+    def create_resource_pool(self):
+        other = sorted(set(self.resource_pool_spec) - {"global_pool"})
+        if other:
+            raise ValueError(f"resource pools {other} are not supported inside a sweep trial (backend: verl)")
+        pool = RayResourcePool(
+            process_on_nodes=[sum(self.resource_pool_spec["global_pool"])],
+            use_gpu=True,
+            max_colocate_count=self.max_colocate_count,
+            name_prefix="global_pool",
+        )
+        pool.pgs = [trial_placement_group()]  # get_placement_groups returns these
+        self.resource_pool_dict["global_pool"] = pool
+
+
 @register_trainer(TRAINER_MODE)
 class EmaPGTrainerSync(PPOTrainerSync):
     """``PPOTrainerSync`` with the EMA anchor and Top-k KL passes (see the module docstring)."""
@@ -111,7 +131,9 @@ class EmaPGTrainerSync(PPOTrainerSync):
         if Role.ActorRolloutRef not in self.role_worker_mapping:
             raise ValueError("EMA-PG needs verl's actor_rollout_ref role (use_kl_loss=true, no LoRA, hybrid engine)")
         self.role_worker_mapping[Role.ActorRolloutRef] = ray.remote(EmaPGActorRolloutRefWorker)
-        self.resource_pool_manager = trial_pool_manager(self.resource_pool_manager)  # in a sweep trial: its group
+        if trial_placement_group() is not None:  # in a sweep trial: the trial's group
+            spec, mapping = self.resource_pool_manager.resource_pool_spec, self.resource_pool_manager.mapping
+            self.resource_pool_manager = TrialPoolManager(resource_pool_spec=spec, mapping=mapping)
 
     def _compute_old_log_prob(self, batch, metrics):
         set_pass(batch.extra_info, **self._passes["old"])
