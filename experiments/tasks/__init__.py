@@ -123,6 +123,18 @@ def read_prepared(task: str, data_dir: str, split: str, n: int, seed: int) -> li
     return [df.iloc[i].to_dict() for i in order[:n]]
 
 
+def write_prepared(out_dir: str, tables: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """Each table of verl rows as `<out_dir>/<name>.parquet` (what `read_prepared` reads); {name: path}."""
+    import pandas as pd
+
+    out_dir = os.path.expanduser(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    written = {name: os.path.join(out_dir, f"{name}.parquet") for name in tables}
+    for name, rows in tables.items():
+        pd.DataFrame(rows).to_parquet(written[name], index=False)
+    return written
+
+
 def prepared_examples(
     task: str, data_dir: str, split: str, *, n: int, seed: int, example_id: Callable[[dict[str, Any]], str]
 ) -> list[Example]:

@@ -27,14 +27,22 @@ no instruction; `Knobs.instruction` appends one); math-verify runs without its S
 from __future__ import annotations
 
 import math as _math
-import os
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from experiments.tasks import Example, Rehearsal, RehearsalData, Reporting, Source, make_knobs, prepared_examples
+from experiments.tasks import (
+    Example,
+    Rehearsal,
+    RehearsalData,
+    Reporting,
+    Source,
+    make_knobs,
+    prepared_examples,
+    write_prepared,
+)
 from experiments.tasks.math_tiny import extract_answer as last_boxed
 from experiments.tasks.math_tiny import is_equiv
 
@@ -162,17 +170,9 @@ def rows(name: str, loader: Callable[[str], Iterable[dict]] = hf_loader, instruc
 
 def prepare(out_dir: str, loader: Callable[[str], Iterable[dict]] = hf_loader, instruction: str = "") -> dict[str, str]:
     """Write train.parquet, test.parquet (all benchmarks), val.parquet (AIME24) and <benchmark>.parquet."""
-    import pandas as pd
-
-    out_dir = os.path.expanduser(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    written, tables = {}, {name: rows(name, loader, instruction) for name in TRAIN + BENCHMARKS}
+    tables = {name: rows(name, loader, instruction) for name in TRAIN + BENCHMARKS}
     groups = {"train": TRAIN, "test": BENCHMARKS, "val": VALIDATION, **{b: (b,) for b in BENCHMARKS}}
-    for file, names in groups.items():
-        path = os.path.join(out_dir, f"{file}.parquet")
-        pd.DataFrame([r for n in names for r in tables[n]]).to_parquet(path, index=False)
-        written[file] = path
-    return written
+    return write_prepared(out_dir, {file: [r for n in names for r in tables[n]] for file, names in groups.items()})
 
 
 def rehearsal_data(out_dir, rows: dict[str, int]) -> RehearsalData:

@@ -29,7 +29,6 @@ prompt (the released code's per-dataset indices collide between NQ and HotpotQA)
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from experiments.tasks import (
     make_knobs,
     prepared_examples,
     search_tiny,
+    write_prepared,
 )
 from experiments.tasks.search_tiny import em, evaluate, extract_answer, normalize_answer  # noqa: F401  same rules
 
@@ -141,16 +141,7 @@ def rows(split: str, loader: Callable[[str, str], Iterable[dict]] = hf_loader) -
 
 def prepare(out_dir: str, loader: Callable[[str, str], Iterable[dict]] = hf_loader) -> dict[str, str]:
     """Write train.parquet (NQ + HotpotQA) and test.parquet (the 7 test sets)."""
-    import pandas as pd
-
-    out_dir = os.path.expanduser(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    written = {}
-    for split in ("train", "test"):
-        path = os.path.join(out_dir, f"{split}.parquet")
-        pd.DataFrame(rows(split, loader)).to_parquet(path, index=False)
-        written[split] = path
-    return written
+    return write_prepared(out_dir, {split: rows(split, loader) for split in ("train", "test")})
 
 
 def rehearsal_data(out_dir, rows: dict[str, int]) -> RehearsalData:
