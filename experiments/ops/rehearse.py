@@ -57,6 +57,7 @@ from typing import Any
 import httpx
 import torch
 import yaml
+from torch.nn.utils.rnn import pad_sequence
 
 from ema_pg_core.config import KLConfig
 from ema_pg_core.local.tiny import build_model as tiny_model
@@ -102,7 +103,8 @@ def build_model(out_dir: Path, sft_texts: list[tuple[str, str]], steps: int = 30
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         batch = [pairs[int(i)] for i in torch.randint(len(pairs), (8,), generator=g)]
-        ids, labels = _pad(batch, tok.pad_token_id)
+        ids = pad_sequence([torch.tensor(x) for x, _ in batch], batch_first=True, padding_value=tok.pad_token_id)
+        labels = pad_sequence([torch.tensor(y) for _, y in batch], batch_first=True, padding_value=-100)  # (B, L)
         loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad()
         loss.backward()
@@ -118,15 +120,6 @@ def _encode(tok, prompt: str, response: str) -> tuple[list[int], list[int]]:
     p = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
     p_ids, r_ids = tok(p)["input_ids"], tok(response)["input_ids"] + [tok.eos_token_id]
     return p_ids + r_ids, [-100] * len(p_ids) + r_ids
-
-
-def _pad(batch, pad_id: int):
-    width = max(len(ids) for ids, _ in batch)
-    ids = torch.full((len(batch), width), pad_id)  # (B, L)
-    labels = torch.full((len(batch), width), -100)  # (B, L)
-    for i, (x, y) in enumerate(batch):
-        ids[i, : len(x)], labels[i, : len(y)] = torch.tensor(x), torch.tensor(y)
-    return ids, labels
 
 
 # ---------------------------------------- Data in the real schema
