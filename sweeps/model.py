@@ -31,9 +31,7 @@ from experiments.errors import shown
 KINDS = ("grid", "choice", "uniform", "loguniform", "int")
 SET_BY_SWEEP = ("run_dir", "out_root", "resume", "sweep.name", "sweep.trial_id", "logger.group", "logger.tags")
 MAX_TRIALS = 10_000  # default `max_trials`: a larger sweep is refused before its trials are enumerated
-NAME_MAX = 58
-"""The longest sweep name: it names a directory and goes into every trial's W&B tag ``sweep:<name>``, which W&B
-allows up to 64 characters."""
+NAME_MAX = 58  # it names a directory and goes into every trial's W&B tag ``sweep:<name>`` (W&B: <= 64 characters)
 
 
 class Section(BaseModel):
@@ -75,8 +73,7 @@ def _distinct(what: str):
     return AfterValidator(check)
 
 
-Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
-"""A seed in the range every consumer takes (ema_pg_core.config.SEED_MAX, the one home of that bound)."""
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]  # the range every consumer takes (SEED_MAX, its one home)
 Values = Annotated[list[Any], Field(min_length=1, json_schema_extra={"uniqueItems": True}), _distinct("value")]
 
 
@@ -208,9 +205,8 @@ class IntRange(SpaceEntry):
 
 
 def _kind(value) -> str | None:
-    return (
-        f"({next(iter(value))})" if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in KINDS else None
-    )
+    key = next(iter(value)) if isinstance(value, dict) and len(value) == 1 else None
+    return f"({key})" if key in KINDS else None
 
 
 Entry = Annotated[
@@ -418,11 +414,10 @@ class SweepFile(Section):
         return self
 
 
-SPEC_KEYS = tuple(SweepFile.model_fields)
-"""The top-level keys of a sweep YAML, in the models' order."""
+SPEC_KEYS = tuple(SweepFile.model_fields)  # the top-level keys of a sweep YAML, in the models' order
+# the default of every optional key of a sweep YAML (and of `seeds.adaptive`): the models' field defaults
 SPEC_DEFAULTS = {name: f.default for name, f in SweepFile.model_fields.items() if not f.is_required()}
 SPEC_DEFAULTS["seeds.adaptive"] = {name: f.default for name, f in Adaptive.model_fields.items() if not f.is_required()}
-"""The default of every optional key of a sweep YAML (and of `seeds.adaptive`): the models' field defaults."""
 
 
 @dataclass(frozen=True)
@@ -436,8 +431,7 @@ class Param:
     @classmethod
     def of(cls, name: str, entry: SpaceEntry) -> Param:
         keys = tuple(k.strip() for k in name.split(","))
-        values = entry.values
-        return cls(keys, entry.kind, tuple(tuple(v) for v in values) if len(keys) > 1 else tuple(values))
+        return cls(keys, entry.kind, tuple(map(tuple, entry.values)) if len(keys) > 1 else tuple(entry.values))
 
     @property
     def name(self) -> str:

@@ -181,8 +181,7 @@ def _check_adaptive(spec: Spec) -> None:
     if a.baseline not in values or len(values) < 2:
         raise SpecError(
             f"seeds.adaptive.compare.baseline={shown(a.baseline)} must be one of space.{a.key}'s values "
-            f"{shown(list(values))} "
-            "(which need at least one other value to compare)"
+            f"{shown(list(values))} (which need at least one other value to compare)"
         )
     if not any(levels(spec).values()):
         from analysis.stats import min_seeds  # loads numpy, pandas
@@ -191,12 +190,6 @@ def _check_adaptive(spec: Spec) -> None:
             f"seeds.adaptive.max={a.max} is too few seeds to decide anything at confidence {a.confidence:g}: the exact "
             f"paired test needs max >= {min_seeds(1 - a.confidence)} (more where start/step split it over looks)"
         )
-
-
-def _per_trial(spec: Spec) -> str:
-    if spec.backend == "verl":
-        return "its verl job (a placement group of one 3-CPU + 1-GPU bundle per rank, from the trial's config)"
-    return f"{spec.cpu:g} CPU {spec.gpu:g} GPU"
 
 
 def _check_search(spec: Spec) -> None:
@@ -357,8 +350,6 @@ def _compose(build, spec: Spec, point: dict, seed, where: str):
     try:
         cfg = build.compose(spec.overrides_for(point, seed))
         build.validate(cfg)
-    except SpecError:
-        raise
     except ValueError as e:  # a bad value or key (build.compose words Hydra's errors as UserError)
         raise SpecError(re.sub(r"\s+", " ", f"{where}: {e}")) from None
     return cfg
@@ -433,12 +424,15 @@ def table(spec: Spec) -> str:
         else f"asha (grace_period={s.grace_period}, reduction_factor={s.reduction_factor:g}, max_t={s.max_t})"
     )
     first = {k: v for k, v in rows[0].items() if k not in ("seed", "sample") and not str(v).startswith("~")}
+    per_trial = f"{spec.cpu:g} CPU {spec.gpu:g} GPU"
+    if spec.backend == "verl":
+        per_trial = "its verl job (a placement group of one 3-CPU + 1-GPU bundle per rank, from the trial's config)"
     head = [
         f"sweep {spec.name}: {n} trials{' at most' if spec.adaptive else ''}, search={spec.search}"
         + (f" (seed {spec.search_seed})" if spec.search != "grid" else ""),
         f"  metric {spec.metric} ({spec.mode}); scheduler {sched}; health "
         + (" ".join(f"{k[len('health.') :]}={v}" for k, v in spec.health.items()) or "non-finite loss/gradient only"),
-        f"  per trial {_per_trial(spec)}; max_concurrent {spec.max_concurrent or 'unlimited'}; "
+        f"  per trial {per_trial}; max_concurrent {spec.max_concurrent or 'unlimited'}; "
         f"max_failures {spec.max_failures}; backend {spec.backend}"
         + (f"; time budget {spec.time_budget_s:g}s" if spec.time_budget_s else ""),
         "",
