@@ -298,9 +298,6 @@ def pretrain(
     *,
     model_cfg: dict | None = None,
     steps: int | None = None,
-    lr: float | None = None,
-    batch_size: int | None = None,
-    seed: int = 0,
     cache_dir: str | os.PathLike | None = None,
     knobs: dict | None = None,
     progress: bool = True,
@@ -309,11 +306,12 @@ def pretrain(
     """Path of the warm-started HF checkpoint for this config; trains it only if not cached.
 
     Unset arguments take the task's calibrated values (its `PRETRAIN`); `overrides` set other `PretrainConfig`
-    fields. The checkpoint, `cache_dir/<cache_name>/`, counts as built once `pretrain.json` is in it with this
-    provenance and its files are as it records (else it is rebuilt, saying why on stderr). Training happens in a
-    temporary sibling directory renamed into place: concurrent callers (sweep trials) never see half a checkpoint.
+    fields (lr, batch_size, seed, ...). The checkpoint, `cache_dir/<cache_name>/`, counts as built once
+    `pretrain.json` is in it with this provenance and its files are as it records (else it is rebuilt, saying why on
+    stderr). Training happens in a temporary sibling directory renamed into place: concurrent callers (sweep trials)
+    never see half a checkpoint.
     """
-    named = dict(model=model_cfg, steps=steps, lr=lr, batch_size=batch_size, seed=seed, knobs=knobs)
+    named = dict(model=model_cfg, steps=steps, knobs=knobs)
     cfg = resolve(task, **{k: v for k, v in named.items() if v is not None}, **overrides)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     built = provenance(cfg.task)
