@@ -45,16 +45,7 @@ import pandas as pd
 import yaml
 
 from analysis import audit_schema, load, outdir, tables
-from analysis.figures import (
-    ablation,
-    audit,
-    beta_tau_map,
-    kl_probe,
-    learning_curves,
-    style,
-    topk_coverage,
-    training_dynamics,
-)
+from analysis.figures import ablation, audit, beta_tau_map, curves, style, topk_coverage
 from analysis.index import Output, run_provenance, write_index
 from experiments import records as run_records
 from experiments.tasks import reporting
@@ -314,13 +305,13 @@ def _task_curves(
     for bench, metric in _curve_metrics(task, metrics.columns).items():
         anchor = metric.replace("eval/", "eval_anchor/", 1)
         label = task if bench == task else f"{task} · {bench}"  # a tiny task is its own benchmark
-        fig = learning_curves.make(metrics, metric, anchor, reps=reps, seed=seed, title=f"{label}: learning curves")
+        fig = curves.learning_curves(metrics, metric, anchor, reps=reps, seed=seed, title=f"{label}: learning curves")
         title = f"{label}: {metric} (and the anchor's) vs iteration"
         outputs.append(_figure(fig, out, f"{task}_curve_{bench}", title, runs))
     if not outputs:
         skipped.append(f"{task}: no eval metric logged; no learning curves")
     try:
-        fig = training_dynamics.make(metrics, reps=reps, seed=seed, title=f"{task}: training dynamics")
+        fig = curves.training_dynamics(metrics, reps=reps, seed=seed, title=f"{task}: training dynamics")
         outputs.append(_figure(fig, out, f"{task}_dynamics", f"{task}: KL value and anchor drift vs iteration", runs))
     except ValueError as err:
         skipped.append(f"{task}: dynamics figure: {err}")
@@ -368,7 +359,7 @@ def _task_telemetry(
     """KL telemetry: kl/exact vs kl/estimate_on_probe per method, and Top-k coverage vs k when k varies."""
     outputs, skipped = [], []
     try:
-        fig = kl_probe.make(metrics, reps=reps, seed=seed, title=f"{task}: exact KL vs its estimate on the probe")
+        fig = curves.kl_probe(metrics, reps=reps, seed=seed, title=f"{task}: exact KL vs its estimate on the probe")
         outputs.append(_figure(fig, out, f"{task}_kl_probe", f"{task}: kl/exact vs kl/estimate_on_probe", runs))
     except ValueError as err:
         skipped.append(f"{task}: KL probe figure: {err}")

@@ -8,7 +8,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from analysis import load
-from analysis.figures import ablation, audit, learning_curves, style, training_dynamics
+from analysis.figures import ablation, audit, curves, style
 
 
 def check(fig: Figure, tmp_path, name: str) -> None:
@@ -30,24 +30,24 @@ def frames(sweep_dir):
 
 def test_learning_curves(frames, tmp_path):
     _, metrics = frames
-    fig = learning_curves.make(metrics, "eval/math_tiny/acc", "eval_anchor/math_tiny/acc", reps=100)
+    fig = curves.learning_curves(metrics, "eval/math_tiny/acc", "eval_anchor/math_tiny/acc", reps=100)
     assert len(fig.axes) == 2 and "(%)" in fig.axes[0].get_ylabel()
     assert fig.axes[1].get_title() == "EMA anchor"
     ci_bands = [c for c in fig.axes[0].collections if c.get_alpha() == style.CI_ALPHA]
     assert len(ci_bands) == 3  # one band per variant
     check(fig, tmp_path, "curves")
-    assert len(learning_curves.make(metrics, "eval/math_tiny/acc", "eval_anchor/nope/acc").axes) == 1
+    assert len(curves.learning_curves(metrics, "eval/math_tiny/acc", "eval_anchor/nope/acc").axes) == 1
     with pytest.raises(ValueError, match="never logged"):
-        learning_curves.make(metrics, "eval/nope/acc")
+        curves.learning_curves(metrics, "eval/nope/acc")
 
 
 def test_training_dynamics(frames, tmp_path):
     _, metrics = frames
-    fig = training_dynamics.make(metrics, reps=100)
+    fig = curves.training_dynamics(metrics, reps=100)
     assert fig.axes[0].get_ylabel() == "per-token KL estimate (nats)"
     check(fig, tmp_path, "dynamics")
     with pytest.raises(ValueError):
-        training_dynamics.make(metrics.drop(columns=["kl/value", "anchor/drift"]))
+        curves.training_dynamics(metrics.drop(columns=["kl/value", "anchor/drift"]))
 
 
 @pytest.mark.parametrize("knob", ["anchor_tau", "kl_type"])

@@ -1,12 +1,12 @@
-"""The KL telemetry figures (analysis/figures/kl_probe.py, topk_coverage.py) and their place in the report, on
-hand-made frames: one panel per method, the per-run coverage means, and clear refusals without telemetry."""
+"""The KL telemetry figures (curves.kl_probe, topk_coverage) and their place in the report, on hand-made frames:
+one panel per method, the per-run coverage means, and clear refusals without telemetry."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from analysis.figures import kl_probe, topk_coverage
+from analysis.figures import curves, topk_coverage
 
 
 def _metrics(with_probe: bool = True) -> pd.DataFrame:
@@ -26,7 +26,7 @@ def _runs() -> pd.DataFrame:
 
 
 def test_kl_probe_has_one_panel_per_method_with_both_curves():
-    fig = kl_probe.make(_metrics(), reps=50)
+    fig = curves.kl_probe(_metrics(), reps=50)
     shown = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in shown] == ["A", "B"]
     for ax in shown:
@@ -38,7 +38,7 @@ def test_kl_probe_has_one_panel_per_method_with_both_curves():
 
 def test_kl_probe_refuses_runs_without_the_probe():
     with pytest.raises(ValueError, match="no run logged kl/exact"):
-        kl_probe.make(_metrics(with_probe=False))
+        curves.kl_probe(_metrics(with_probe=False))
 
 
 def test_topk_coverage_means_per_run_and_the_inside_fraction():
