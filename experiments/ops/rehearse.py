@@ -49,7 +49,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,7 +201,6 @@ ATTEMPT_STALL_S = 1800.0
 
 @dataclass
 class Attempt:
-    started: float  # time.time()
     returncode: int | None  # None when it was killed (at its kill point, or stalled)
     killed_at: int | None  # the last complete checkpoint when the attempt was killed
     seconds: float
@@ -236,7 +234,6 @@ def run_attempt(
     *,
     kill_after: int | None,
     timeout_s: float = ATTEMPT_STALL_S,
-    on_wait: Callable[[float], None] | None = None,
 ) -> Attempt:
     """``emapg train <overrides>`` in its own process group, its stdout and stderr to `log`; with `kill_after`,
     SIGKILL the whole group (driver, Ray, workers) once the checkpoint of that step is complete and its metrics are
@@ -250,7 +247,6 @@ def run_attempt(
         killed, timed_out, seen, since = None, False, None, t0
         try:
             while proc.poll() is None:
-                elapsed = time.time() - t0
                 now = (latest_checkpoint(run_dir), logged_step(run_dir))
                 if kill_after is not None and min(now) >= kill_after:
                     killed = now[0]
@@ -260,13 +256,11 @@ def run_attempt(
                 elif time.time() - since > timeout_s:
                     timed_out = True
                     break
-                if on_wait is not None:
-                    on_wait(elapsed)
                 time.sleep(1.0)
         finally:
             kill_group(proc)  # also what outlives the driver in its group (Ray's processes after a crash)
     code = None if killed is not None or timed_out else proc.returncode
-    return Attempt(t0, code, killed, time.time() - t0, log, timed_out)
+    return Attempt(code, killed, time.time() - t0, log, timed_out)
 
 
 NOT_INHERITED = ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")  # its own Ray; trainer.device decides
@@ -554,9 +548,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float 
     raise RuntimeError(f"the rehearsal's retriever did not answer at {url} within {timeout_s:.0f} s (log: {log})")
 
 
-def rehearse_config(
-    name: str, target: list[str], out: Path, shared: Shared, steps: int, *, say: Callable[[str], None] = print
-) -> Result:
+def rehearse_config(name: str, target: list[str], out: Path, shared: Shared, steps: int) -> Result:
     """Rehearse one configuration (`target`: Hydra overrides naming a verl preset); see the module docstring."""
     t0 = time.time()
     cfg = build.compose(target)
@@ -575,11 +567,11 @@ def rehearse_config(
     overrides = target + rehearsal_overrides(cfg, shared.model(task), data, run_dir, steps, retriever_url=url)
     (run_dir.parent / f"{name}.command.txt").write_text(shlex.join(["emapg", "train", *overrides]) + "\n")
     kill_after = min(KILL_AFTER, steps - 1)
-    say(f"{name}: attempt 1, killed after the checkpoint of step {kill_after} ...")
+    print(f"{name}: attempt 1, killed after the checkpoint of step {kill_after} ...")
     first = run_attempt(overrides, run_dir, run_dir.parent / f"{name}.attempt1.log", kill_after=kill_after)
     if first.killed_at is None:
         return Result([Check("attempt 1", False, _failure(first))], time.time() - t0)
-    say(f"{name}: attempt 2, resumed to step {steps} ...")
+    print(f"{name}: attempt 2, resumed to step {steps} ...")
     second = run_attempt(overrides + ["resume=true"], run_dir, run_dir.parent / f"{name}.attempt2.log", kill_after=None)
     if second.returncode != 0:
         return Result([Check("attempt 2", False, _failure(second))], time.time() - t0)
