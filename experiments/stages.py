@@ -54,14 +54,6 @@ class Stage:
     overrides: dict[str, Any] = field(default_factory=dict)  # dotted config keys set on top of the run's config
 
 
-def _flat(d: Mapping, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}, "c.d": 2} -> {"a.b": 1, "c.d": 2} (lists and scalars are leaves)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, Mapping) and v else {f"{prefix}{k}": v})
-    return out
-
-
 def _task_stage(module, name: str, where: str) -> dict[str, Any]:
     """The task's own overrides for stage `name` (its STAGES / stage_overrides)."""
     known = list(getattr(module, "STAGES", {}) or {})
@@ -82,7 +74,7 @@ def entry_stage(entry: Any, module, where: str) -> Stage:
         raise UserError(f"{where}.set={sets!r}: expected a mapping of config keys to values")
     known = entry["name"] in (getattr(module, "STAGES", {}) or {})
     base = _task_stage(module, entry["name"], where) if known else {}
-    return Stage(entry["name"], {**base, **_flat(sets)})
+    return Stage(entry["name"], {**base, **records.flat(dict(sets))})
 
 
 def plan(cfg: DictConfig) -> list[Stage]:
