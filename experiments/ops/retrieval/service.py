@@ -198,18 +198,8 @@ def _replay(body: bytes, receive):
 async def _refuse(send, status: int, detail: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     """A JSON {"detail": ...} response that closes the connection (whatever the client still sends is unread)."""
     body = json.dumps({"detail": detail}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-                *headers,
-            ],
-        }
-    )
+    own = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": status, "headers": [*own, *headers]})
     await send({"type": "http.response.body", "body": body})
 
 
