@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "index":
-        from experiments.ops.retrieval.dense import write_faiss_index  # loads torch
+        from experiments.ops.retrieval.dense import write_faiss_index  # loads torch, transformers
 
         _check_index_args(args)
         docs = load_corpus(args.corpus)
@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _retriever(args: argparse.Namespace, knobs: dict):
     """(the retriever `serve` serves, what it serves in words)."""
     if args.retriever == "e5":
-        from experiments.ops.retrieval.dense import DenseRetriever  # loads torch
+        from experiments.ops.retrieval.dense import DenseRetriever  # loads torch, transformers
 
         env = DenseRetriever(load_corpus(args.corpus), index_path=args.index, **_dense_kwargs(args))
         return env, f"{args.corpus} with e5 ({env.backend} search)"

@@ -29,6 +29,7 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from experiments.ops.retrieval import check_file, check_k, faiss_available, import_faiss
 from experiments.progress import bar as progress_bar
@@ -111,8 +112,6 @@ class E5Encoder:
     def __init__(
         self, model: str = DEFAULT_MODEL, max_length: int = 256, batch_size: int = 64, device: str | None = None
     ):
-        from transformers import AutoModel, AutoTokenizer
-
         if max_length < 1 or batch_size < 1:
             raise ValueError(f"max_length and batch_size must be >= 1; got {max_length}, {batch_size}")
         self.max_length, self.batch_size = max_length, batch_size
@@ -207,8 +206,6 @@ class DenseRetriever:
         self.backend = "faiss" if use_faiss else "torch"
         index = None
         if index_path is not None:  # checked before the model's weights are loaded
-            from transformers import AutoConfig
-
             with _loading(model):
                 dim = AutoConfig.from_pretrained(model).hidden_size
             index = read_faiss_index(index_path, len(self.docs), dim, model)
