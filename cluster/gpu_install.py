@@ -116,13 +116,11 @@ def _python(version: str) -> str | None:
     if not exe:
         return None
     try:
-        out = subprocess.run([exe, "-c", "import sys, venv; print('%d.%d' % sys.version_info[:2])"], **_QUIET)
+        probe = "import sys, venv; print('%d.%d' % sys.version_info[:2])"
+        out = subprocess.run([exe, "-c", probe], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return exe if out.returncode == 0 and out.stdout.strip() == version else None
-
-
-_QUIET = {"capture_output": True, "text": True, "timeout": 60}
 
 
 def _interpreter(version: str, tmp: Path) -> tuple[list[str], dict[str, str], str]:

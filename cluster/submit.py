@@ -77,7 +77,7 @@ def submit(args) -> int:
         entry = sweep_entrypoint(args.spec, args.out)
     else:
         raise ValueError("give a sweep spec, or -- and a command")
-    entrypoint = " ".join(shlex.quote(a) for a in entry)
+    entrypoint = shlex.join(entry)
     renv = runtime_env(args.working_dir or None, args.env, args.pip)
     if args.dry_run:
         print(f"entrypoint: {entrypoint}\nruntime_env: {renv}")
@@ -90,23 +90,22 @@ def submit(args) -> int:
         metadata={"tool": "emapg", "spec": args.spec or ""},
     )
     print(job_id)
-    return _wait(client, job_id, follow=True) if args.wait else 0
+    return _follow(client, job_id) if args.wait else 0
 
 
-def _wait(client, job_id: str, follow: bool, poll: float = 1.0) -> int:
+def _follow(client, job_id: str) -> int:
     shown = 0
     while True:
         st = client.get_job_status(job_id)
         status = getattr(st, "value", st)
-        if follow:
-            logs = client.get_job_logs(job_id)
-            sys.stdout.write(logs[shown:])
-            sys.stdout.flush()
-            shown = len(logs)
+        logs = client.get_job_logs(job_id)
+        sys.stdout.write(logs[shown:])
+        sys.stdout.flush()
+        shown = len(logs)
         if status in TERMINAL:
             print(f"job {job_id}: {status}", file=sys.stderr)
             return 0 if status == "SUCCEEDED" else 1
-        time.sleep(poll)
+        time.sleep(1.0)
 
 
 def status(args) -> int:
@@ -118,7 +117,7 @@ def status(args) -> int:
 def logs(args) -> int:
     client = _client(args.address)
     if args.follow:
-        return _wait(client, args.job_id, follow=True)
+        return _follow(client, args.job_id)
     sys.stdout.write(client.get_job_logs(args.job_id))
     return 0
 

@@ -36,8 +36,7 @@ from pathlib import Path
 from experiments.errors import bounded, is_path_error, raise_terminated
 from sweeps.spec import load, schema, table
 
-SUCCESS = ("finished", "stopped")
-"""sweep.csv statuses of a sweep that exits 0; any other (failed, stopped_unhealthy, not_run, interrupted, ...) 1."""
+SUCCESS = ("finished", "stopped")  # sweep.csv statuses of a sweep that exits 0; any other exits 1
 
 
 def main(argv: list[str] | None = None) -> int:
