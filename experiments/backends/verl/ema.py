@@ -87,8 +87,7 @@ def ema_update_sharded_(anchor: nn.Module, policy: nn.Module, tau: float) -> Non
 
     Call on every rank, after the optimizer step (parameters resharded), outside forward/backward.
     """
-    la, lp = paired_local_shards(anchor, policy)
-    ema_update_(la, lp, tau)
+    ema_update_(*paired_local_shards(anchor, policy), tau)
 
 
 def _counted_once(t: torch.Tensor, rank: int) -> bool:
