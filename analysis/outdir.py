@@ -26,7 +26,6 @@ from experiments.errors import UserError
 
 MARKER = "emapg_output.json"  # {"command": "emapg report" | "emapg figures", ...}: which command wrote the directory
 BUILD, OLD = ".emapg-build-", ".emapg-old-"  # hidden work directories inside the output (left over: removed)
-SWEEP_FILES = ("sweep.yaml",)
 LISTED = 5  # entries named in a refusal
 
 
@@ -75,7 +74,7 @@ def check(out: str | Path, command: str) -> Path:
     entries = sorted(e.name for e in out.iterdir() if not e.name.startswith((BUILD, OLD)))
     if not entries:
         return out
-    if any((out / name).is_file() for name in SWEEP_FILES):
+    if (out / "sweep.yaml").is_file():
         raise refuse("is a sweep directory (sweep.yaml); a sweep's report goes into <sweep>/report")
     made_by = producer(out)
     if made_by is None:

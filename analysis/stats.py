@@ -89,18 +89,13 @@ def probability_of_improvement(x, y) -> float:
 
 # ---------------------------------------------------------------- comparing two methods
 #
-# One decision procedure for every comparison the platform prints (report tables, the β × τ map, adaptive
-# seeds): an exact permutation test of "the two methods are exchangeable", with the CI of the difference of
-# means obtained by inverting that test. Paired (row i of x and y from the same seed): the seed's two runs are
-# swapped or not, 2^n sign flips of the per-seed differences (Fisher's randomization test). Unpaired: the runs
-# are relabelled, every split of the pooled runs into groups of the two sizes. Under no effect the test's
-# false-"clear" rate is at most alpha at every n and for any distribution of the scores (discrete, heavy
-# tailed), which a percentile bootstrap over 3-10 seeds is not (Colas et al. 2019, arXiv:1904.06979); the
-# price is honesty about small n: with n paired seeds the smallest p-value is 2 / 2^n, so a two-sided 95%
-# decision needs at least 6 seeds.
+# `compare` decides every comparison the platform prints (report tables, the β × τ map, adaptive seeds). Paired:
+# 2^n sign flips of the per-seed differences (Fisher's randomization test); unpaired: every split of the pooled
+# runs into groups of the two sizes. Exact for any distribution of the scores (discrete, heavy tailed), which a
+# percentile bootstrap over 3-10 seeds is not (Colas et al. 2019, arXiv:1904.06979); the price: with n paired
+# seeds the smallest p-value is 2 / 2^n, so a two-sided 95% decision needs at least 6 seeds.
 
-EXACT_MAX = 1 << 16
-"""Enumerate every sign flip / relabelling up to this many; beyond, draw this many at random (seeded)."""
+EXACT_MAX = 1 << 16  # every sign flip / relabelling up to this many; beyond, this many drawn at random (seeded)
 
 
 @dataclass(frozen=True)
@@ -264,10 +259,8 @@ def look_alphas(looks: Sequence[int], alpha: float) -> list[float]:
 
 
 def paired_poi(x, y) -> float:
-    """Paired probability of improvement: the fraction of seeds on which x beats y, ties counted
-    1/2, averaged over tasks: mean over seeds i and tasks j of 1[x_ij > y_ij] + 1/2 1[x_ij == y_ij].
-    Row i of x and of y must come from the same seed. `probability_of_improvement` instead compares
-    every run of x with every run of y (P(X > Y) for independent draws)."""
+    """Paired probability of improvement: the fraction of seeds (row i of x and of y from the same seed) on which
+    x beats y, ties 1/2, averaged over tasks. `probability_of_improvement` compares every run of x with every y."""
     x, y = as_scores(x), as_scores(y)
     if x.shape != y.shape:
         raise ValueError(f"paired samples need the same shape (seeds, tasks), got {x.shape} and {y.shape}")
@@ -286,11 +279,8 @@ def summarize(
     seed: int = 0,
     statistic: Aggregate = mean_score,
 ) -> pd.DataFrame:
-    """Per group: mean (or `statistic`), bootstrap CI over the group's rows (runs), n.
-
-    NaN values are dropped first; groups left empty are omitted.
-    Columns: *by, "mean", "ci_low", "ci_high", "n".
-    """
+    """Per group: mean (or `statistic`), bootstrap CI over the group's rows (runs), n; NaN values dropped first.
+    Columns: *by, "mean", "ci_low", "ci_high", "n"."""
     keys = [by] if isinstance(by, str) else list(by)
     out = []
     for group, sub in frame.dropna(subset=[value]).groupby(keys, sort=True, dropna=False):
@@ -304,11 +294,8 @@ def summarize(
 def curve_bands(
     metrics: pd.DataFrame, value: str, group: str = "variant", *, x: str = "iteration", reps: int = 1000, seed: int = 0
 ) -> pd.DataFrame:
-    """Mean and bootstrap CI over runs at each x, per group (learning-curve bands).
-
-    Each run contributes its own value at x; points where fewer than two runs logged the
-    metric have a NaN CI. Columns: group, x, "mean", "ci_low", "ci_high", "n".
-    """
+    """Mean and bootstrap CI over runs at each x, per group (learning-curve bands); NaN CI where fewer than two runs
+    logged the metric. Columns: group, x, "mean", "ci_low", "ci_high", "n"."""
     if value not in metrics:
         raise KeyError(f"metric {value!r} not in the frame; have {sorted(metrics.columns)}")
     return summarize(metrics, value, [group, x], reps=reps, seed=seed)
