@@ -25,6 +25,8 @@ import os
 import shlex
 from types import ModuleType
 
+import pyarrow.parquet as pq
+
 from experiments import progress
 from experiments.errors import UserError
 from experiments.tasks import TASKS
@@ -45,7 +47,6 @@ def _task(name: str) -> ModuleType:
     tasks = prepare_tasks()
     if name in tasks:
         return tasks[name]
-
     why = "has no data to prepare (it is generated)" if name in TASKS else "is not a task"
     raise UserError(f"task {name!r} {why}; tasks with a prepare function: {', '.join(tasks)}")
 
@@ -89,8 +90,6 @@ def read_rows(path: str, fields: tuple[str, ...]) -> list[dict]:
     """The rows of one --from file (parquet or JSONL); a UserError naming the file if it cannot be read
     or a row lacks a column the task reads."""
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
         try:
             rows = pq.read_table(path).to_pylist()
         except (OSError, ValueError) as e:
@@ -217,8 +216,6 @@ def run(task: str, out: str, src: str | None = None) -> dict[str, str]:
 
 def summary(task: str, out: str, written: dict[str, str]) -> list[str]:
     """Rows per file (read back from the parquet files), where they are, and the overrides that use them."""
-    import pyarrow.parquet as pq
-
     out = os.path.abspath(os.path.expanduser(out))
     counts = [(os.path.basename(path), pq.read_metadata(path).num_rows) for path in written.values()]
     width = max(len(name) for name, _ in counts)

@@ -258,7 +258,6 @@ def pick_engine(engine: str, module) -> str:
         return engine
     if getattr(module, "STOP_STRINGS", ()) or importlib.util.find_spec("vllm") is None:
         return "hf"
-
     return "vllm" if torch.cuda.is_available() else "hf"
 
 
@@ -388,7 +387,6 @@ def _load(load, engine: str, device: str, hf_dir: Path):
         model.save_pretrained(hf_dir)
         tok.save_pretrained(hf_dir)
         return str(hf_dir), tok
-
     return model.to(resolve_device(device)).eval(), tok
 
 
