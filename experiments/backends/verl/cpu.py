@@ -28,6 +28,8 @@ import types
 
 import torch
 
+from experiments.backends.verl import failures
+
 SETUP_HOOK = "experiments.backends.verl.cpu.setup_worker"
 """Ray ``worker_process_setup_hook`` that installs the platform in each Ray worker process."""
 
@@ -168,10 +170,10 @@ def _patch_process_group() -> None:
 
 
 def setup_worker() -> None:
-    """Ray ``worker_process_setup_hook`` of a CPU run: the platform, our rollout engine, failure forwarding."""
+    """Ray ``worker_process_setup_hook`` of a CPU run: the platform and our rollout engine, then what the hook of a
+    run on GPUs does (``failures.setup_worker``)."""
     install()
-    from experiments.backends.verl import failures, hf_rollout, placement  # loads transformers, ray
+    from experiments.backends.verl import hf_rollout  # loads transformers, verl
 
     hf_rollout.register()
-    failures.install_handler()
-    placement.isolate_transfer_queue()
+    failures.setup_worker()
