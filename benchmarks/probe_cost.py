@@ -21,7 +21,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
-from _common import machine, machine_line  # noqa: E402
+
+C.numerics.pin()  # before torch loads, as the emapg command does: run() checks its numerics pins
+
+from ema_pg_core.config import probe_prompts  # noqa: E402
+from experiments.build import compose, validate  # noqa: E402
+from experiments.run import run  # noqa: E402
 
 
 def shares(rows: list[dict]) -> dict:
@@ -41,9 +46,6 @@ def shares(rows: list[dict]) -> dict:
 
 
 def measure(preset: str, iterations: int, threads: int) -> dict:
-    from experiments.build import compose  # loads torch, omegaconf
-    from experiments.run import run  # loads torch, omegaconf
-
     with tempfile.TemporaryDirectory() as d:
         overrides = [f"experiment={preset}", f"trainer.iterations={iterations}", f"trainer.eval_every={iterations}"]
         overrides += ["trainer.eval_size=8", "trainer.save_every=0", "logger.name=none", f"run_dir={d}/run"]
@@ -51,7 +53,8 @@ def measure(preset: str, iterations: int, threads: int) -> dict:
         run(cfg)
         lines = (Path(d) / "run" / "metrics.jsonl").read_text().splitlines()
     out = shares([json.loads(line) for line in lines])
-    out["every"], out["size"] = int(cfg.trainer.probe_every), int(cfg.trainer.probe_size)
+    trainer = validate(cfg).trainer  # a null cadence resolved as the run resolves it
+    out["every"], out["size"] = trainer.resolved_probe_every, probe_prompts(trainer, int(cfg.task.test_size))
     return out
 
 
@@ -80,12 +83,12 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, default=None, help="read run records under this directory instead")
     args = ap.parse_args()
     os.environ.setdefault("EMAPG_PROGRESS", "0")
-    m = machine()
+    m = C.machine()
     if args.runs:
         results, name = from_runs(args.runs), "probe_cost_runs"
     else:
         results, name = {p: measure(p, args.iterations, args.threads) for p in args.presets}, "probe_cost"
-    text = machine_line(m, args.threads)
+    text = C.machine_line(m, args.threads)
     if args.runs:
         text += " The runs were measured earlier, during their sweep, under the load of that time."
     C.publish(name, section(results, C.command("probe_cost.py", sys.argv[1:]), text), args.write)
