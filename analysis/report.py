@@ -328,25 +328,18 @@ def _task_ablations(
     varying = [k for k in ABLATION_KNOBS if k in runs and runs[k].dropna().nunique() > 1]
     for knob in varying:
         others = [k for k in varying if k != knob]
-        hue = (
-            runs[others].apply(lambda r: ", ".join(f"{k}={_fmt(v)}" for k, v in r.items()), axis=1) if others else None
-        )
-        if hue is not None and runs.assign(_h=hue).groupby("_h")[knob].nunique().max() < 2:
-            skipped.append(
-                f"{task}: {knob} never varies with the other knobs held fixed "
-                f"({', '.join(others)} change with it); no ablation figure"
-            )
-            continue
-        sub = runs.assign(**({"other knobs": hue} if hue is not None else {}))
-        fig = ablation.make(
-            sub,
-            knob,
-            score,
-            hue="other knobs" if hue is not None else None,
-            reps=reps,
-            seed=seed,
-            title=f"{task}: ablation over the {style.knob_name(knob)}",
-        )
+        sub, hue = runs, "other knobs" if others else None
+        if others:
+            held = runs[others].apply(lambda r: ", ".join(f"{k}={_fmt(v)}" for k, v in r.items()), axis=1)
+            sub = runs.assign(**{hue: held})
+            if sub.groupby(hue)[knob].nunique().max() < 2:
+                skipped.append(
+                    f"{task}: {knob} never varies with the other knobs held fixed "
+                    f"({', '.join(others)} change with it); no ablation figure"
+                )
+                continue
+        title = f"{task}: ablation over the {style.knob_name(knob)}"
+        fig = ablation.make(sub, knob, score, hue=hue, reps=reps, seed=seed, title=title)
         outputs.append(_figure(fig, out, f"{task}_ablation_{knob}", f"{task}: {score} vs {knob}", runs))
     if not varying:
         skipped.append(f"{task}: no knob varies across runs; no ablation figures")
@@ -384,9 +377,8 @@ def _task_beta_tau_map(
     if not (runs["anchor_tau"] == beta_tau_map.BASELINE_TAU).any():
         return [], [f"{task}: β and τ vary but no run has τ = 1; no β × τ map (its gains are over τ = 1)"]
     anchor = score.replace("final/eval/", "final/eval_anchor/", 1)
-    fig = beta_tau_map.make(
-        runs, score, anchor if anchor in runs else None, reps=reps, seed=seed, title=f"{task}: the β × τ map"
-    )
+    anchor = anchor if anchor in runs else None
+    fig = beta_tau_map.make(runs, score, anchor, reps=reps, seed=seed, title=f"{task}: the β × τ map")
     return [_figure(fig, out, f"{task}_beta_tau_map", f"{task}: β × τ map ({score})", runs)], []
 
 
