@@ -89,13 +89,9 @@ WORKER_REGISTER_S = 600
 """Ray's worker_register_timeout_seconds on the rehearsal cluster (Ray's default: 60): a Python worker that starts
 beside many others (verl starts about ten per trial at once) on busy cores may take longer to register."""
 LOGS = "logs"
-"""The rehearsal's folder of every process's output, kept after a pass too (5 to 40 MB; the next rehearsal of the
-same spec and layout replaces it): ``rehearse.log`` (all this command printed, every check's line among it),
-``sweep.log`` (the `emapg sweep` driver, both invocations), ``ray/`` (the Ray session's logs of the head and every
-worker node: GCS, raylets, and each Ray worker's stdout/stderr, every trial's and its verl actors' output among
-them), ``trials.txt`` (per trial: its verl job's own log, ``sweep/runs/<run>/verl_driver.log``, and which of the
-Ray files hold its output), ``retriever.log`` (a search sweep's
-retriever) and, after a failure, ``failure.txt`` (the failing checks' lines, or the error and its traceback)."""
+"""The rehearsal's folder of every process's output, kept after a pass too: ``rehearse.log`` (all this command
+printed), ``sweep.log`` (the driver), ``ray/`` (``_keep_logs``), ``trials.txt`` (``_trial_logs``), ``retriever.log``
+and, after a failure, ``failure.txt``; what each holds: docs/scaling-out.md, "Rehearse the sweep itself"."""
 
 
 # ---------------------------------------------------------------------------- the rehearsal spec
