@@ -312,24 +312,15 @@ def frames(raw_runs: Iterable[RawRun]) -> tuple[pd.DataFrame, pd.DataFrame]:
         run_rows.append(rr)
         ids = {"run_id": raw.run_id, **{k: rr[k] for k in CURVE_KEYS}}
         metric_rows.extend({**ids, **r} for r in rows)
-    runs = (
-        pd.DataFrame.from_records(run_rows)
-        if run_rows
-        else pd.DataFrame(
-            columns=["run_id", "status", "complete", "failed", "unhealthy", "truncated", *KNOBS, "method", "variant"]
-        )
-    )
-    metrics = (
-        pd.DataFrame.from_records(metric_rows)
-        if metric_rows
-        else pd.DataFrame(columns=["run_id", *CURVE_KEYS, "iteration", "time_s"])
-    )
+    no_runs = ["run_id", "status", "complete", "failed", "unhealthy", "truncated", *KNOBS, "method", "variant"]
+    runs = pd.DataFrame.from_records(run_rows) if run_rows else pd.DataFrame(columns=no_runs)
+    lead = ["run_id", *CURVE_KEYS, "iteration", "time_s"]
+    metrics = pd.DataFrame.from_records(metric_rows) if metric_rows else pd.DataFrame(columns=lead)
     relabel = label_coefs(runs) if len(runs) else {}
     if relabel:
         runs["variant"] = runs["run_id"].map(relabel).fillna(runs["variant"])
         if len(metrics):
             metrics["variant"] = metrics["run_id"].map(relabel).fillna(metrics["variant"])
-    lead = ["run_id", *CURVE_KEYS, "iteration", "time_s"]
     metrics = metrics[[c for c in lead if c in metrics] + sorted(c for c in metrics if c not in lead)]
     return runs, metrics
 
