@@ -268,20 +268,12 @@ class HFGenerationServer:
         self.global_steps = global_steps
 
     # ------------------------------------------------------------------ lifecycle (nothing to free on CPU)
-    async def wake_up(self, tags: list[str] | None = None):
+    async def _nothing(self, *args, **kwargs):
         return None
 
-    async def sleep(self):
-        return None
-
-    async def clear_kv_cache(self):
-        return None  # HF generate keeps no cache between requests
-
-    async def release_kv_cache(self):
-        return None
-
-    async def resume_kv_cache(self):
-        return None
+    # HF generate keeps no KV cache between requests, and no profiler runs
+    wake_up = sleep = clear_kv_cache = release_kv_cache = resume_kv_cache = resume_generation = _nothing
+    start_profile = stop_profile = _nothing
 
     async def wait_for_requests_to_drain(self):
         async with self._busy:
@@ -290,17 +282,8 @@ class HFGenerationServer:
     async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False):
         return {"aborted_count": 0, "request_ids": []}  # requests finish; nothing is partial
 
-    async def resume_generation(self):
-        return None
-
     async def abort_request(self, request_id: str, reset_prefix_cache: bool = True):
         return {"aborted": False, "request_id": request_id}
-
-    async def start_profile(self, **kwargs):
-        return None
-
-    async def stop_profile(self):
-        return None
 
     def get_server_address(self) -> tuple[str, int]:
         return "127.0.0.1", 0  # token-in/token-out through the Ray handle only; no HTTP endpoint
