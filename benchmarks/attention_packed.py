@@ -42,8 +42,8 @@ CASES = [(16384, 1024), (16384, 4096), (8192, 512)]  # (N packed tokens, L token
 MODEL_CASES = [(16384, 1024)]
 
 
-def _timed(fn, reps: int = 3) -> tuple[float, float]:
-    """(median ms, peak GiB above the start) of fn()."""
+def timed_peak(fn, reps: int = 3) -> tuple[float, float]:
+    """(median ms, peak GiB above the start) of fn(), after a warm-up call, CUDA-synchronised."""
     fn()
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -126,7 +126,7 @@ def attention_rows() -> list[dict]:
             pass
         for name, f in variants.items():
             try:
-                ms, peak = _timed(lambda f=f: run(f))
+                ms, peak = timed_peak(lambda f=f: run(f))
                 rows.append({"N": n, "L": seq, "variant": name, "ms": ms, "peak_GiB": peak})
             except Exception as e:  # noqa: BLE001 - a kernel this torch lacks is a row saying so
                 rows.append({"N": n, "L": seq, "variant": name, "error": f"{type(e).__name__}: {e}"[:200]})
@@ -171,7 +171,7 @@ def model_rows() -> list[dict]:
                 model.zero_grad(set_to_none=True)
                 f().float().mean().backward()
 
-            ms, peak = _timed(step)
+            ms, peak = timed_peak(step)
             rows.append({"N": n, "L": seq, "variant": name, "ms": ms, "peak_GiB": peak})
             torch.cuda.empty_cache()
         with torch.no_grad():

@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
+from benchmarks.attention_packed import timed_peak  # noqa: E402
 from benchmarks.ema_update import TAU, Params, qwen25_05b_shapes  # noqa: E402
 from benchmarks.topk_kl_memory import make_inputs, value_and_backward  # noqa: E402
 from ema_pg_core.anchor import EmaAnchor, ema_update_  # noqa: E402
@@ -97,13 +98,8 @@ def _topk_row(variant: str, N: int, reps: int) -> dict:
         value_and_backward(variant, x)
         x["h"].grad, x["W"].grad = None, None
 
-    fn()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    times = _timed(fn, reps)
-    peak = torch.cuda.max_memory_allocated() - base
-    return {"variant": variant, "N": N, "ms": 1e3 * statistics.median(times), "peak_GiB": peak / C.GiB}
+    ms, peak = timed_peak(fn, reps)
+    return {"variant": variant, "N": N, "ms": ms, "peak_GiB": peak}
 
 
 def topk_rows(reps: int = 5) -> list[dict]:
