@@ -39,14 +39,9 @@ from typing import Any
 
 from experiments import records
 
-# Tune's trial state -> sweep.csv's status (a trial still RUNNING when the sweep ended was interrupted)
-STATUS = {
-    "TERMINATED": "finished",
-    "ERROR": "failed",
-    "RUNNING": "interrupted",
-    "PENDING": "pending",
-    "PAUSED": "paused",
-}
+# Tune's trial state -> sweep.csv's status (a trial still RUNNING when the sweep ended was interrupted); any other
+# state (PENDING, PAUSED) lowercased
+STATUS = {"TERMINATED": "finished", "ERROR": "failed", "RUNNING": "interrupted"}
 NOT_RUN = "not_run"  # sweep.csv's status of a trial the time budget stopped, or never started (``Trial.cut``)
 
 

@@ -394,15 +394,13 @@ def trials(spec: Spec) -> list[dict[str, Any]]:
     sampled = {p.name: p.describe() for p in spec.space if p.kind != "grid"}
     points = grid_points(spec)
     rows = []
-    for sample in range(spec.num_samples):
-        for seed in spec.seed_axis:
-            for point in points:
-                row = {**point, **sampled}
-                if seed is not None:
-                    row["seed"] = seed
-                if spec.search != "grid":
-                    row["sample"] = sample
-                rows.append(row)
+    for sample, seed, point in itertools.product(range(spec.num_samples), spec.seed_axis, points):
+        row = {**point, **sampled}
+        if seed is not None:
+            row["seed"] = seed
+        if spec.search != "grid":
+            row["sample"] = sample
+        rows.append(row)
     return rows
 
 
