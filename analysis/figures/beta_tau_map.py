@@ -42,13 +42,10 @@ def map_cells(runs: pd.DataFrame, metric: str, anchor_metric: str | None, *, rep
         base = df[(df["kl_coef"] == beta) & (df["anchor_tau"] == BASELINE_TAU)]
         got = None if tau == BASELINE_TAU or base.empty else tables.compare(cell, base, metric)
         vals = cell[metric].dropna()
-        anchor = cell[anchor_metric].dropna() if anchor_metric and anchor_metric in cell else pd.Series([], dtype=float)
-        rows.append(
-            dict(kl_coef=beta, anchor_tau=tau, n=len(vals), policy=vals.mean() if len(vals) else math.nan)
-            | dict(anchor=anchor.mean() if len(anchor) else math.nan)
-            | dict(zip(("gain", "gain_lo", "gain_hi"), (got[0].gain, *got[0].ci) if got else (math.nan,) * 3))
-            | dict(p=got[0].p if got else math.nan, pairing=got[1] if got else "")
-        )
+        anchor = cell[anchor_metric].mean() if anchor_metric and anchor_metric in cell else math.nan  # NaN: none
+        gain = (got[0].gain, *got[0].ci, got[0].p, got[1]) if got else (math.nan,) * 4 + ("",)
+        row = dict(kl_coef=beta, anchor_tau=tau, n=len(vals), policy=vals.mean(), anchor=anchor)
+        rows.append(row | dict(zip(("gain", "gain_lo", "gain_hi", "p", "pairing"), gain)))
     return pd.DataFrame(rows)
 
 
@@ -119,22 +116,18 @@ def _acc_text(acc: pd.DataFrame, n: pd.DataFrame | None) -> list[list[str]]:
 
 
 def _gain_text(g: pd.DataFrame, lo: pd.DataFrame, hi: pd.DataFrame, pairing: pd.DataFrame) -> list[list[str]]:
-    out = []
-    for i in range(g.shape[0]):
-        row = []
-        for j in range(g.shape[1]):
-            v, a, b, p = g.iat[i, j], lo.iat[i, j], hi.iat[i, j], pairing.iat[i, j]
-            if g.columns[j] == BASELINE_TAU:
-                row.append("baseline")
-            elif not np.isfinite(v):
-                row.append("—")
-            else:
-                tag = "p" if str(p).startswith("paired") else "u"
-                end = lambda x: f"{x:+.1f}" if np.isfinite(x) else "-inf" if x < 0 else "+inf"  # noqa: E731
-                ci = f"\n[{end(a)}, {end(b)}]" if not (np.isnan(a) or np.isnan(b)) else ""
-                row.append(f"{v:+.1f}{ci} {tag}")
-        out.append(row)
-    return out
+    end = lambda x: f"{x:+.1f}" if np.isfinite(x) else "-inf" if x < 0 else "+inf"  # noqa: E731
+
+    def cell(i: int, j: int) -> str:
+        v, a, b = g.iat[i, j], lo.iat[i, j], hi.iat[i, j]
+        if g.columns[j] == BASELINE_TAU:
+            return "baseline"
+        if not np.isfinite(v):
+            return "—"
+        ci = f"\n[{end(a)}, {end(b)}]" if not (np.isnan(a) or np.isnan(b)) else ""
+        return f"{v:+.1f}{ci} {'p' if str(pairing.iat[i, j]).startswith('paired') else 'u'}"
+
+    return [[cell(i, j) for j in range(g.shape[1])] for i in range(g.shape[0])]
 
 
 def _mark_clear(ax: Axes, lo: pd.DataFrame, hi: pd.DataFrame) -> None:
