@@ -44,12 +44,6 @@ def _client(address: str | None):
     return JobSubmissionClient(address)
 
 
-def sweep_entrypoint(spec: str, out: str | None) -> list[str]:
-    """The job command for a sweep spec (a path relative to the uploaded working dir)."""
-    cmd = ["python", "-m", "experiments.cli", "sweep", spec, "--address", "auto"]
-    return cmd + (["--out", out] if out else [])
-
-
 def runtime_env(working_dir: str | None, env: list[str], pip: list[str]) -> dict:
     """Ray runtime env: the uploaded code, environment variables, optional extra pip packages."""
     renv: dict = {"env_vars": {"WANDB_MODE": os.environ.get("WANDB_MODE", "offline"), "RAY_USAGE_STATS_ENABLED": "0"}}
@@ -74,7 +68,8 @@ def submit(args) -> int:
     elif args.spec:
         if args.working_dir and not Path(args.spec).is_absolute() and not (Path(args.working_dir) / args.spec).exists():
             raise ValueError(f"{args.spec} is not inside the working dir {args.working_dir} that is uploaded")
-        entry = sweep_entrypoint(args.spec, args.out)
+        entry = ["python", "-m", "experiments.cli", "sweep", args.spec, "--address", "auto"]
+        entry += ["--out", args.out] if args.out else []
     else:
         raise ValueError("give a sweep spec, or -- and a command")
     entrypoint = shlex.join(entry)
