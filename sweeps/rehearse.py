@@ -304,14 +304,8 @@ def checks(sweep_dir: Path) -> dict[str, list]:
     report = (sweep_dir / "report" / "index.md").is_file()
     ok = bool(rows) and all(s == "finished" for s in finished) and report and len(rows) == len(out)
     hit = sorted(n for n in out if _attempts(sweep_dir / "runs" / n) > 1)
-    out["sweep"] = [
-        Check(
-            "sweep",
-            ok,
-            f"sweep.csv: {finished}; report/index.md written: {report}; trials with more than one "
-            f"attempt (node loss, driver kill): {hit}",
-        )
-    ]
+    detail = f"sweep.csv: {finished}; report/index.md written: {report}"
+    out["sweep"] = [Check("sweep", ok, f"{detail}; trials with more than one attempt (node loss, driver kill): {hit}")]
     return out
 
 

@@ -154,11 +154,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not is_loopback(args.host):
         print(f"emapg retriever: warning: {_remote_warning(args.host, port, token)}", file=sys.stderr, flush=True)
     url_host = f"[{args.host}]" if ":" in args.host else args.host
-    print(
-        f"serving {what} ({len(env.docs)} passages) on http://{url_host}:{port}"
-        + (" (requests need the token)" if token else ""),
-        flush=True,
-    )
+    need = " (requests need the token)" if token else ""
+    print(f"serving {what} ({len(env.docs)} passages) on http://{url_host}:{port}{need}", flush=True)
     limits = Limits(max_body_bytes=args.max_body_bytes, max_queries=args.max_queries, max_topk=args.max_topk)
     serve(env, sock, limits=limits, token=token)
 
