@@ -7,8 +7,9 @@ or `ema_pg_core` (an import-linter contract in pyproject.toml enforces it).
     analysis.stats     mean, IQM, stratified bootstrap CIs, probability of improvement, pass@k
     analysis.tables    markdown / LaTeX (booktabs) / CSV, paper-format result tables
     analysis.paper     the paper's verified numbers, each with its source tag
-    analysis.figures   one module per figure, `make(...) -> Figure`; styling in figures/style.py
+    analysis.figures   the figures, each a function returning a Figure; styling in figures/style.py
     analysis.report    `emapg report` and `emapg figures`: write everything + index.md/index.html
+    analysis.dashboard `emapg dashboard`: a sweep's W&B workspace and report (built by analysis.wandb_views)
 
 Submodules are imported explicitly (`from analysis import load`) so that `import analysis` stays
 cheap.
