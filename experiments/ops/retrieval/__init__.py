@@ -25,10 +25,8 @@ request/response shape of Search-R1's retrieval server:
     POST /retrieve  {"queries": ["Bara Kovin"], "topk": 3}  ->  {"result": [["passage", ...]]}
     GET  /health    -> {"status": "ok", "num_docs": 1234}
 
-With EMAPG_RETRIEVER_TOKEN set (or --token), every request needs `Authorization: Bearer <token>`
-(401), which `HTTPRetriever` sends from the same variable (a 401 it gets is one line: the token was refused).
-A request's body size, query count and topk are bounded (413 / 422; `service.Limits`, flags --max-body-bytes,
---max-queries, --max-topk), and a connection that sends no request for 5 s is closed (`Limits.idle_timeout`).
+The token (EMAPG_RETRIEVER_TOKEN or --token) and the bounds on a request and a connection (`Limits`, 401 / 413 /
+422): `service`'s docstring and docs/scaling-out.md, "The retriever service".
 
 The dense retriever is the paper's (Search-R1's). `--index` reads a prebuilt FAISS index such as
 Search-R1's `e5_Flat.index` instead of encoding the corpus (encoding wiki-18's 21M passages takes
