@@ -88,14 +88,11 @@ def cpu_model() -> str:
     return m.group(1).strip() if m else platform.processor() or platform.machine()
 
 
-def mkl_branch() -> str | None:
-    """The CNR branch MKL runs, asked from MKL itself (e.g. "COMPATIBLE", "AUTO,STRICT", "BRANCH_OFF" = CNR off);
-    None where torch has no MKL to ask."""
-    import torch
-
+def mkl_branch(library: Path) -> str | None:
+    """The CNR branch MKL runs, asked from the MKL in `library` (torch's libtorch_cpu.so) itself (e.g. "COMPATIBLE",
+    "AUTO,STRICT", "BRANCH_OFF" = CNR off); None where torch has no MKL to ask."""
     try:
-        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
-        get = lib.mkl_serv_cbwr_get
+        get = ctypes.CDLL(str(library)).mkl_serv_cbwr_get
     except (OSError, AttributeError):
         return None
     get.restype, get.argtypes = ctypes.c_int, [ctypes.c_int]
@@ -124,7 +121,7 @@ def fingerprint(warm_start: str | os.PathLike | None = None) -> dict:
         "mode": mode(),
         "cpu": cpu_model(),
         "aten_capability": torch.backends.cpu.get_cpu_capability(),
-        "mkl_cbwr": mkl_branch(),
+        "mkl_cbwr": mkl_branch(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"),
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
         "threads": torch.get_num_threads(),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
