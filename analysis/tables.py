@@ -67,14 +67,8 @@ def to_latex(df: pd.DataFrame, caption: str | None = None, label: str | None = N
         out.append(r"\caption{" + latex_escape(caption) + "}")
     if label:
         out.append(r"\label{" + label + "}")
-    out += [
-        r"\begin{tabular}{l" + "r" * (len(df.columns) - 1) + "}",
-        r"\toprule",
-        *body,
-        r"\bottomrule",
-        r"\end{tabular}",
-        r"\end{table}",
-    ]
+    tabular = r"\begin{tabular}{l" + "r" * (len(df.columns) - 1) + "}"
+    out += [tabular, r"\toprule", *body, r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(out) + "\n"
 
 
@@ -159,13 +153,11 @@ def find_benchmarks(
     """Display benchmark name -> column, for columns `<prefix><benchmark>/<metric>` (e.g. prefix "final/eval/",
     metric "acc"). `names`: normalised logged name -> display name (a task's REPORTING.names); names not in it
     keep their own spelling."""
-    names = names or {}
     found = {}
     pat = re.compile(re.escape(prefix) + r"(?P<b>[^/]+)/" + re.escape(metric) + "$")
     for col in columns:
-        m = pat.match(col)
-        if m:
-            found[names.get(normalise(m["b"]), m["b"])] = col
+        if m := pat.match(col):
+            found[(names or {}).get(normalise(m["b"]), m["b"])] = col
     return found
 
 
@@ -417,6 +409,10 @@ def paper_table(
     return assemble(f"{task}_main", caption, list(columns), blocks, notes=notes + g_notes, run_ids=run_ids)
 
 
+# tiny_table's columns per benchmark: (label, eval prefix, metric)
+TINY_COLUMNS = ("policy acc", "eval", "acc"), ("policy pass@1", "eval", "pass@1"), ("anchor acc", "eval_anchor", "acc")
+
+
 def tiny_table(
     runs: pd.DataFrame, task: str, *, which: str = "final", group: str = "variant", reps: int = 2000, seed: int = 0
 ) -> Table:
@@ -430,11 +426,7 @@ def tiny_table(
     columns: dict[str, str] = {}
     for b in benches:
         pre = f"{b} " if len(benches) > 1 else ""
-        for kind, prefix, metric in (
-            ("policy acc", "eval", "acc"),
-            ("policy pass@1", "eval", "pass@1"),
-            ("anchor acc", "eval_anchor", "acc"),
-        ):
+        for kind, prefix, metric in TINY_COLUMNS:
             col = find_benchmarks(runs.columns, f"{which}/{prefix}/", metric, names).get(b)
             columns[pre + kind] = col or f"{which}/{prefix}/{b}/{metric}"
     caption = (
