@@ -21,7 +21,7 @@ What each file adds to verl (how and why, in more detail: docs/verl-plugin.md):
                 update every `period` iterations, `anchor/*` metrics
     main.py     entry point: verl's ppo_trainer config + the `emapg:` section -> run_ppo
     probe.py, evals.py   the KL probe; per-problem rows of verl's validation (and the anchor's turn at it)
-    search_agent.py      the Search-R1 tool protocol as a verl agent loop (conf/verl/agent_loops.yaml)
+    search_agent.py      the Search-R1 tool protocol as a verl agent loop (experiments/conf/verl/agent_loops.yaml)
 
 emapg's side of the launch: launch.py (a run config -> verl argv, `to_verl`; a launch in this process),
 resources.py and placement.py (what a run reserves on Ray, inside a Tune trial), failures.py (verl's

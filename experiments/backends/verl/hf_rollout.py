@@ -53,8 +53,8 @@ def register() -> None:
     replica.RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: HFReplica)
 
 
-def _server_name(replica_rank: int, node_rank: int = 0) -> str:
-    return f"{ROLLOUT_NAME}_server_{replica_rank}_{node_rank}"
+def _server_name(replica_rank: int) -> str:
+    return f"{ROLLOUT_NAME}_server_{replica_rank}_0"  # node 0: a replica's one server
 
 
 # --------------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ class _Request:
 class HFGenerationServer:
     """Token-in/token-out generation with an HF causal LM; the methods verl calls on a rollout server."""
 
-    def __init__(self, config, model_config, replica_rank: int = 0, node_rank: int = 0):
+    def __init__(self, config, model_config, replica_rank: int = 0):
         self.config = omega_conf_to_dataclass(config)
         path = getattr(model_config, "local_path", None) or model_config.path
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=bool(model_config.trust_remote_code))
