@@ -76,7 +76,8 @@ def _table(t: tables.Table, out: Path, title: str, prov: dict[str, Any], **kw: A
 
 def _figure(fig: Any, out: Path, name: str, title: str, runs: Frame) -> Output:
     """Save `fig` as <out>/<name>.{png,pdf}; its front-page entry."""
-    return Output("figure", title, style.save(fig, out / _stem(name)), run_provenance(runs))
+    stem = re.sub(r"[^A-Za-z0-9_.@-]+", "_", name)
+    return Output("figure", title, style.save(fig, out / stem), run_provenance(runs))
 
 
 def report(
@@ -488,14 +489,10 @@ def _with_score(task: str, runs: pd.DataFrame, sweep_metric: str | None) -> tupl
     return runs.assign(**{name: runs[list(bench.values())].mean(axis=1, skipna=False)}), name
 
 
-def _problem_counts(
-    evals: pd.DataFrame, benchmarks: Sequence[str], names: Mapping[str, str]
-) -> dict[str, float] | None:
-    """Problems per benchmark (display names, via the task's `names`), when evals cover every benchmark; else
-    None."""
-    counts = {
-        names.get(tables.normalise(b), b): n for b, n in evals.groupby("benchmark")["problem_id"].nunique().items()
-    }
+def _problem_counts(evals: pd.DataFrame, benchmarks: Sequence[str], names: Mapping[str, str]) -> dict | None:
+    """Problems per benchmark (display names, via the task's `names`) when evals cover every benchmark, else None."""
+    per_benchmark = evals.groupby("benchmark")["problem_id"].nunique()
+    counts = {names.get(tables.normalise(b), b): n for b, n in per_benchmark.items()}
     return {b: float(counts[b]) for b in benchmarks} if all(b in counts for b in benchmarks) else None
 
 
@@ -511,7 +508,3 @@ def _sweep_metric(root: Path) -> str | None:
 
 def _fmt(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def _stem(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", name)
