@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from experiments.backends.verl import cpu, require_verl
 from experiments.backends.verl.launch import to_verl
@@ -108,8 +109,6 @@ def variant_argv(variant: Variant, model: str, data, run_dir: Path, steps: int) 
     """The verl launch (``python -m experiments.backends.verl.main`` arguments) of `variant`'s rehearsal-sized run: the
     overrides ``emapg rehearse`` uses, compiled by ``to_verl`` as ``emapg train`` does (W&B off), then
     ``COMMON_EDITS``, this script's worker setup hook, and for (a) ``STOCK_EDITS``."""
-    from omegaconf import OmegaConf
-
     from experiments import build  # loads omegaconf, hydra: the parent only (HOOK)
     from experiments.ops.rehearse import rehearsal_overrides  # loads httpx, yaml: the parent only (HOOK)
 
