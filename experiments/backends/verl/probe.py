@@ -53,11 +53,11 @@ def pick(uids: list[str], tags: list[dict], n: int) -> list[int]:
     return out
 
 
-def chunks(lengths_: list[int], vocab: int, budget: int = PROBE_LOGITS_BYTES, elem: int = 4) -> list[list[int]]:
+def chunks(lengths_: list[int], vocab: int, budget: int = PROBE_LOGITS_BYTES) -> list[list[int]]:
     """Consecutive sequence indices grouped so that each group's (sum L_i, V) logits take <= ``budget`` bytes."""
     out, cur, used = [], [], 0
     for i, n in enumerate(lengths_):
-        size = n * vocab * elem
+        size = n * vocab * 4  # bytes, counted as fp32
         if cur and used + size > budget:
             out.append(cur)
             cur, used = [], 0
