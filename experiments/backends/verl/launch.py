@@ -209,9 +209,9 @@ class VerlJob:
         """The arguments ``experiments.backends.verl.main`` reads: verl overrides, then emapg.* (dotted)."""
         return [*self.overrides, *_dotted("emapg", self.emapg)]
 
-    def command(self, python: str = "python") -> list[str]:
+    def command(self) -> list[str]:
         """``python -m experiments.backends.verl.main`` with ``argv()``."""
-        return [python, "-m", "experiments.backends.verl.main", *self.argv()]
+        return ["python", "-m", "experiments.backends.verl.main", *self.argv()]
 
 
 A, R, T, D = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "trainer.", "data."
