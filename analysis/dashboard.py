@@ -220,20 +220,15 @@ def report_content(sweep_dir: Path, info: SweepInfo) -> dict[str, Any]:
         "title": f"Sweep {info.name}"[:128],
         "description": f"{info.metric} ({info.mode}) over {', '.join(info.varied) or 'seeds only'}",
         "tables": tables,
-        "figures": [figure_key(p) for p in figure_files(sweep_dir)],
+        "figures": list(report_figures(sweep_dir)),
         "command": f"emapg sweep {sweep_dir / 'sweep.yaml'} --out <new dir>",
         "config": yaml.safe_dump(info.raw, sort_keys=False),
     }
 
 
-def figure_files(sweep_dir: Path) -> list[Path]:
-    """The report's figures (PNG) in <sweep_dir>/report."""
-    return sorted((Path(sweep_dir) / "report").glob("*.png"))
-
-
-def figure_key(path: Path) -> str:
-    """The media key a figure is logged under by the sweep-summary run."""
-    return f"figures/{path.stem}"
+def report_figures(sweep_dir: Path) -> dict[str, Path]:
+    """The report's figures (PNG in <sweep_dir>/report) by the media key the sweep-summary run logs them under."""
+    return {f"figures/{p.stem}": p for p in sorted((Path(sweep_dir) / "report").glob("*.png"))}
 
 
 def write_spec(sweep_dir: str | Path, spec: dict[str, Any]) -> Path:
@@ -340,7 +335,7 @@ def log_summary_run(sweep_dir: str | Path, info: SweepInfo) -> str | None:
             reinit="create_new", settings=settings(),
         )  # fmt: skip
     try:
-        figures = {figure_key(p): wandb.Image(str(p)) for p in figure_files(sweep_dir)}
+        figures = {key: wandb.Image(str(p)) for key, p in report_figures(sweep_dir).items()}
         run.log({"trials": wandb.Table(columns=cols, data=rows), **figures})
     finally:
         run.finish()
