@@ -416,11 +416,9 @@ def table(spec: Spec) -> str:
     widths = [max(len(x) for x in col) for col in zip(["#"] + cols, *cells)]
     line = lambda xs: "  ".join(x.ljust(w) for x, w in zip(xs, widths)).rstrip()  # noqa: E731
     s = spec.scheduler
-    sched = (
-        "none"
-        if s.type == "none"
-        else f"asha (grace_period={s.grace_period}, reduction_factor={s.reduction_factor:g}, max_t={s.max_t})"
-    )
+    sched = "none"
+    if s.type == "asha":
+        sched = f"asha (grace_period={s.grace_period}, reduction_factor={s.reduction_factor:g}, max_t={s.max_t})"
     first = {k: v for k, v in rows[0].items() if k not in ("seed", "sample") and not str(v).startswith("~")}
     per_trial = f"{spec.cpu:g} CPU {spec.gpu:g} GPU"
     if spec.backend == "verl":
