@@ -197,11 +197,10 @@ def _previous_timing(sweep_dir: Path) -> dict[str, Any]:
     return t if isinstance(t, dict) and isinstance(t.get("wall_s"), (int, float)) else {}
 
 
-def _fixed(timeline: dict[str, Any] | None) -> str:
-    """The closing line's fixed costs (``timeline``), or "" without them."""
-    if not timeline or timeline.get("fixed_s_per_trial") is None:
+def _fixed(t: dict[str, Any] | None) -> str:
+    """The closing line's fixed costs (`t`: a ``timeline``), or "" without them."""
+    if not t or t.get("fixed_s_per_trial") is None:
         return ""
-    t = timeline
     reused = f", {t['reused_s_per_trial']:.1f}s in a started slot" if t["reused_s_per_trial"] is not None else ""
     return f"; fixed cost {t['fixed_s_per_trial']:.1f}s per trial{reused}, idle tail {t['idle_tail_s']:.0f}s"
 

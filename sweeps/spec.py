@@ -443,6 +443,5 @@ def table(spec: Spec) -> str:
     return "\n".join(head)
 
 
-# ---------------------------------------------------------------------------- helpers
 def _fmt(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(list(v) if isinstance(v, tuple) else v)
