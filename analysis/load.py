@@ -361,11 +361,10 @@ def load_wandb(
     tags: Iterable[str] | None = None,
     *,
     api: Any = None,
-    page_size: int = 1000,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(runs_df, metrics_df) from W&B, in the same shape as `load_runs`.
 
-    Full-resolution history through `run.scan_history()` (never the sampled `run.history()`);
+    Full-resolution history through `run.scan_history()` (W&B's page size; never the sampled `run.history()`);
     "final"/"best" are recomputed from it (a W&B summary holds only the last value).
     `tags`: keep runs carrying all of them. `api`: a `wandb.Api`-like object (tests pass a
     stand-in); by default `wandb.Api()`, which needs network access to the W&B server.
@@ -375,11 +374,7 @@ def load_wandb(
 
         api = wandb.Api()
     tags = list(tags or [])
-    filters: dict[str, Any] = {}
-    if group:
-        filters["group"] = group
-    if tags:
-        filters["tags"] = {"$in": tags}
+    filters = {k: v for k, v in (("group", group), ("tags", {"$in": tags} if tags else None)) if v}
     path = f"{entity}/{project}" if entity else project
     raws = []
     for run in api.runs(path, filters=filters or None):
@@ -387,15 +382,15 @@ def load_wandb(
             continue
         if tags and not set(tags) <= set(getattr(run, "tags", None) or []):
             continue
-        raws.append(wandb_raw_run(run, path, page_size))
+        raws.append(wandb_raw_run(run, path))
     return frames(raws)
 
 
-def wandb_raw_run(run: Any, path: str, page_size: int = 1000) -> RawRun:
+def wandb_raw_run(run: Any, path: str) -> RawRun:
     """One `wandb.apis.public.Run` -> RawRun (history through scan_history)."""
     config = {k: v for k, v in flatten(dict(run.config or {})).items() if not k.startswith("_")}
     rows = []
-    for rec in run.scan_history(page_size=page_size):
+    for rec in run.scan_history():
         rec = dict(rec)
         rec.setdefault("iteration", rec.get("_step"))
         rec.setdefault("time_s", rec.get("_runtime"))
