@@ -30,6 +30,8 @@ from experiments.tasks import reporting
 
 NA = "—"
 NUMBER_COLUMNS = ["row", "column", "value", "ci_low", "ci_high", "n", "unit", "source"]  # Table.numbers
+GROUP = "variant"  # the result tables' rows: one per method (analysis.load's variant label)
+PASS_KS = (1, 2, 4, 8, 16, 32)  # passk_table's k, those each problem's n samples allow
 METRIC_NAMES = {"acc": "greedy accuracy", "pass@1": "pass@1 (mean accuracy over n samples)"}
 
 
@@ -170,11 +172,11 @@ def _number(*values: Any) -> dict[str, Any]:
 
 
 def ours_rows(
-    runs: pd.DataFrame, columns: dict[str, str], group: str, *, reps: int, seed: int, scale: float = 100.0
+    runs: pd.DataFrame, columns: dict[str, str], *, reps: int, seed: int
 ) -> tuple[list[tuple[str, dict[str, str]]], list[dict]]:
     """One display row per group (mean ± CI over its runs) for each (label -> runs column)."""
     rows, numbers = [], []
-    groups = sorted(runs.groupby(group), key=lambda t: (not str(t[0]).startswith("GRPO"), str(t[0])))
+    groups = sorted(runs.groupby(GROUP), key=lambda t: (not str(t[0]).startswith("GRPO"), str(t[0])))
     for name, sub in groups:  # the GRPO baseline first
         label = f"{name} — ours, {len(sub)} seed{'s' if len(sub) != 1 else ''}"
         cells = {}
@@ -184,20 +186,19 @@ def ours_rows(
                 cells[col_label] = NA
                 continue
             m, lo, hi = stats.bootstrap_ci(vals, reps=reps, seed=seed)
-            cells[col_label] = fmt_ci(m, lo, hi, scale) + (f" (n={len(vals)})" if len(vals) < len(sub) else "")
-            unit = "%" if scale == 100 else ""
-            numbers.append(_number(label, col_label, m * scale, lo * scale, hi * scale, len(vals), unit, "ours"))
+            cells[col_label] = fmt_ci(m, lo, hi) + (f" (n={len(vals)})" if len(vals) < len(sub) else "")
+            numbers.append(_number(label, col_label, m * 100, lo * 100, hi * 100, len(vals), "%", "ours"))
         rows.append((label, cells))
     return rows, numbers
 
 
-def gain_pairs(runs: pd.DataFrame, group: str = "variant") -> tuple[list[tuple[str, str]], list[str]]:
+def gain_pairs(runs: pd.DataFrame) -> tuple[list[tuple[str, str]], list[str]]:
     """(EMA-PG variant, GRPO variant) pairs to compare, and notes on what could not be paired.
 
     Each EMA-PG variant is paired with the only GRPO variant, or else with the GRPO variant that
     has the same KL configuration (type, k, tail, coef)."""
     kl = ["kl_type", "kl_k", "kl_tail", "kl_coef"]
-    first = runs.drop_duplicates(group).set_index(group)
+    first = runs.drop_duplicates(GROUP).set_index(GROUP)
     grpo = [v for v in first.index if first.at[v, "method"] == "GRPO"]
     pairs, notes = [], []
     for v in (v for v in first.index if first.at[v, "method"] == "EMA-PG"):
@@ -211,19 +212,19 @@ def gain_pairs(runs: pd.DataFrame, group: str = "variant") -> tuple[list[tuple[s
 
 
 def gain_rows(
-    runs: pd.DataFrame, columns: dict[str, str], group: str
+    runs: pd.DataFrame, columns: dict[str, str]
 ) -> tuple[list[tuple[str, dict[str, str]]], list[dict], list[str]]:
     """Three rows per EMA-PG variant against its GRPO baseline: the relative gain of the seed means with the
     exact test's 95% CI, P(improvement), and the decision (`compare`; paired over the seeds both ran where they
     share at least two, else unpaired). Each gain cell says which: "(paired, n seeds)" or "(unpaired)"."""
-    pairs, notes = gain_pairs(runs, group)
+    pairs, notes = gain_pairs(runs)
     rows, numbers = [], []
     for ema, base in pairs:
         g_cells, p_cells, d_cells, unpaired = {}, {}, {}, {}
         g_label, p_label = f"gain: {ema} vs {base}", f"P(improvement): {ema} > {base}"
         d_label = f"decision: {ema} vs {base}"
         for col_label, col in columns.items():
-            got = compare(runs[runs[group] == ema], runs[runs[group] == base], col)
+            got = compare(runs[runs[GROUP] == ema], runs[runs[GROUP] == base], col)
             if got is None:
                 g_cells[col_label] = p_cells[col_label] = d_cells[col_label] = NA
                 continue
@@ -243,7 +244,7 @@ def gain_rows(
                 unpaired.setdefault(why, []).append(col_label)
         rows += [(g_label, g_cells), (p_label, p_cells), (d_label, d_cells)]
         notes += [f"{ema} vs {base}: unpaired for {', '.join(cs)}: {why}." for why, cs in unpaired.items()]
-        fingerprints = runs[runs[group].isin([ema, base])]["numerics"] if "numerics" in runs else pd.Series([])
+        fingerprints = runs[runs[GROUP].isin([ema, base])]["numerics"] if "numerics" in runs else pd.Series([])
         if fingerprints.dropna().nunique() > 1:
             notes.append(
                 f"{ema} vs {base}: the runs compared computed under {fingerprints.dropna().nunique()} numerical "
@@ -367,18 +368,11 @@ def assemble(
 
 
 def paper_table(
-    runs: pd.DataFrame,
-    task: str,
-    *,
-    which: str = "final",
-    group: str = "variant",
-    weights: dict[str, float] | None = None,
-    reps: int = 2000,
-    seed: int = 0,
+    runs: pd.DataFrame, task: str, *, weights: dict[str, float] | None = None, reps: int = 2000, seed: int = 0
 ) -> Table:
     """The paper-format main table of a task that declares benchmarks (its REPORTING: the columns, the metric,
     the paper setting): the paper's verified numbers when the task names a setting of analysis.paper, then
-    ours per variant (mean ± CI over seeds of the `which` value), then relative gains.
+    ours per variant (mean ± CI over seeds of the final value), then relative gains.
 
     `runs`: the runs frame, already filtered to the runs to report (e.g. complete, task).
     "Average" is the per-run mean over all benchmarks (weighted by `weights`, e.g. problem
@@ -388,12 +382,12 @@ def paper_table(
     if not spec.benchmarks:
         raise ValueError(f"task {task!r} declares no benchmarks (REPORTING.benchmarks): its table is tiny_table")
     benchmarks, metric = spec.benchmarks, spec.metrics[0]
-    found = find_benchmarks(runs.columns, f"{which}/eval/", metric, spec.names)
+    found = find_benchmarks(runs.columns, "final/eval/", metric, spec.names)
     runs = runs.assign(_avg=_average(runs, [found.get(b) for b in benchmarks], benchmarks, weights))
-    columns = {**{b: found.get(b, f"{which}/eval/{b}/{metric}") for b in benchmarks}, "Average": "_avg"}
+    columns = {**{b: found.get(b, f"final/eval/{b}/{metric}") for b in benchmarks}, "Average": "_avg"}
     published = f"Paper: {paper.SETTINGS[spec.paper]}. " if spec.paper else ""
     caption = (
-        f"{task.capitalize()}: {METRIC_NAMES.get(metric, metric)} (%) at the {which} iteration. {published}"
+        f"{task.capitalize()}: {METRIC_NAMES.get(metric, metric)} (%) at the final iteration. {published}"
         f"Ours: mean ± half-width of the 95% stratified-bootstrap CI "
         f"over seeds ({reps} resamples); gains: relative gain of seed means [95% CI of the exact permutation "
         f"test], paired or unpaired over seeds as marked, with the test's decision (see the notes). "
@@ -402,9 +396,9 @@ def paper_table(
     notes = [f"{tag}: {desc}" for tag, desc in paper.SOURCES.items()] if spec.paper else []
     weighted = "weighted by " + ", ".join(f"{k}={v:g}" for k, v in weights.items()) if weights else ""
     notes.append(f"Average = {weighted or 'unweighted mean over the benchmarks'}.")
-    g_rows, g_nums, g_notes = gain_rows(runs, columns, group)
+    g_rows, g_nums, g_notes = gain_rows(runs, columns)
     blocks = [paper_rows(spec.paper, list(columns))] if spec.paper else []
-    blocks += [ours_rows(runs, columns, group, reps=reps, seed=seed), (g_rows, g_nums)]
+    blocks += [ours_rows(runs, columns, reps=reps, seed=seed), (g_rows, g_nums)]
     run_ids = runs["run_id"].tolist()
     return assemble(f"{task}_main", caption, list(columns), blocks, notes=notes + g_notes, run_ids=run_ids)
 
@@ -413,39 +407,35 @@ def paper_table(
 TINY_COLUMNS = ("policy acc", "eval", "acc"), ("policy pass@1", "eval", "pass@1"), ("anchor acc", "eval_anchor", "acc")
 
 
-def tiny_table(
-    runs: pd.DataFrame, task: str, *, which: str = "final", group: str = "variant", reps: int = 2000, seed: int = 0
-) -> Table:
+def tiny_table(runs: pd.DataFrame, task: str, *, reps: int = 2000, seed: int = 0) -> Table:
     """The main-table layout for a tiny task: policy greedy acc, policy pass@1 and EMA-anchor
     greedy acc per benchmark; no paper rows (the paper has no tiny tasks)."""
     names = reporting(task).names
     benches = sorted(
-        set(find_benchmarks(runs.columns, f"{which}/eval/", "acc", names))
-        | set(find_benchmarks(runs.columns, f"{which}/eval/", "pass@1", names))
+        set(find_benchmarks(runs.columns, "final/eval/", "acc", names))
+        | set(find_benchmarks(runs.columns, "final/eval/", "pass@1", names))
     )
     columns: dict[str, str] = {}
     for b in benches:
         pre = f"{b} " if len(benches) > 1 else ""
         for kind, prefix, metric in TINY_COLUMNS:
-            col = find_benchmarks(runs.columns, f"{which}/{prefix}/", metric, names).get(b)
-            columns[pre + kind] = col or f"{which}/{prefix}/{b}/{metric}"
+            col = find_benchmarks(runs.columns, f"final/{prefix}/", metric, names).get(b)
+            columns[pre + kind] = col or f"final/{prefix}/{b}/{metric}"
     caption = (
-        f"{task}: accuracy (%) at the {which} iteration; acc = greedy, pass@1 = mean accuracy "
+        f"{task}: accuracy (%) at the final iteration; acc = greedy, pass@1 = mean accuracy "
         f"over n samples; anchor = the EMA anchor (the fixed reference for GRPO). Mean ± "
         f"half-width of the 95% stratified-bootstrap CI over seeds ({reps} resamples). "
         f"— = not logged."
     )
-    g_rows, g_nums, g_notes = gain_rows(runs, columns, group)
-    blocks = [ours_rows(runs, columns, group, reps=reps, seed=seed), (g_rows, g_nums)]
+    g_rows, g_nums, g_notes = gain_rows(runs, columns)
+    blocks = [ours_rows(runs, columns, reps=reps, seed=seed), (g_rows, g_nums)]
     return assemble(f"{task}_main", caption, list(columns), blocks, notes=g_notes, run_ids=runs["run_id"].tolist())
 
 
 def passk_table(
     evals: pd.DataFrame,
     task: str,
-    ks: Sequence[int] = (1, 2, 4, 8, 16, 32),
     *,
-    group: str = "variant",
     reps: int = 2000,
     seed: int = 0,
     name: str | None = None,
@@ -458,10 +448,10 @@ def passk_table(
         return None
     last = evals.groupby("run_id")["iteration"].transform("max")
     ev = evals[evals["iteration"] == last]
-    ks = [k for k in ks if k <= int(ev["n"].min())]
-    per = stats.pass_at_k_frame(ev, ks, by=("run_id", group, "model"))
-    per = per.groupby(["run_id", group, "model"], as_index=False)[[f"pass@{k}" for k in ks]].mean()
-    wide = per.pivot_table(index=["run_id", group], columns="model", values=[f"pass@{k}" for k in ks])
+    ks = [k for k in PASS_KS if k <= int(ev["n"].min())]
+    per = stats.pass_at_k_frame(ev, ks, by=("run_id", GROUP, "model"))
+    per = per.groupby(["run_id", GROUP, "model"], as_index=False)[[f"pass@{k}" for k in ks]].mean()
+    wide = per.pivot_table(index=["run_id", GROUP], columns="model", values=[f"pass@{k}" for k in ks])
     wide.columns = [f"{m} {k}" for k, m in wide.columns]
     wide = wide.reset_index()
     models = sorted(per["model"].unique(), key=lambda m: (m != "policy", m))
@@ -470,7 +460,7 @@ def passk_table(
         f"{task}: unbiased pass@k (%) from n samples per problem (Codex estimator), {when}, "
         f"mean over problems; mean ± half-width of the 95% bootstrap CI over seeds."
     )
-    blocks = [ours_rows(wide, columns, group, reps=reps, seed=seed)]
+    blocks = [ours_rows(wide, columns, reps=reps, seed=seed)]
     return assemble(name or f"{task}_passk", caption, list(columns), blocks, notes=[], run_ids=wide["run_id"].tolist())
 
 
