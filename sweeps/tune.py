@@ -73,19 +73,17 @@ from sweeps.model import Spec, grid_points
 from sweeps.spec import Param, SpecError, read_raw
 from sweeps.spec import trials as spec_trials
 
-SETTLE_S = 15.0
-"""After an interrupted Tune run, how long the driver waits for stopped trials to close their run records."""
+SETTLE_S = 15.0  # after an interrupted Tune run, how long stopped trials get to close their run records
+# sweep.csv statuses that end an adaptive round (stopped_unhealthy is experiments.records.UNHEALTHY)
 _ROUND_ENDED = ("finished", "stopped", "failed", "stopped_unhealthy")
-"""Trial statuses (sweep.csv) that end an adaptive round; stopped_unhealthy is experiments.records.UNHEALTHY."""
 
 TRIAL_INDEX = "__trial_index__"  # set by ray.tune.search.Repeater (optuna x seeds)
-_PRIMITIVE = (str, int, float, bool, type(None))
 
 
 # ---------------------------------------------------------------------------- the search space
 def _indexed(p) -> bool:
     """Tune (and Optuna) get indices for joint or non-scalar values; the trial maps them back."""
-    return len(p.keys) > 1 or not all(isinstance(v, _PRIMITIVE) for v in p.values)
+    return len(p.keys) > 1 or not all(isinstance(v, (str, int, float, bool, type(None))) for v in p.values)
 
 
 def param_space(spec: Spec) -> dict:
@@ -131,10 +129,7 @@ def decode(spec: Spec, config: dict) -> tuple[dict, int | None]:
 
 def describe(spec: Spec, config: dict) -> str:
     point, seed = decode(spec, config)
-    parts = [
-        f"{k.rsplit('.', 1)[-1]}={v:g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={v}"
-        for k, v in point.items()
-    ]
+    parts = [f"{k.rsplit('.', 1)[-1]}={format(v, 'g') if isinstance(v, float) else v}" for k, v in point.items()]
     return " ".join(parts + ([f"seed={seed}"] if seed is not None else []))
 
 
@@ -145,7 +140,6 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
     the config composed)."""
     timeline = {"worker": round(time.time(), 3)}
     os.environ.setdefault("EMAPG_PROGRESS", "0")  # no per-trial progress bars in the sweep's output
-
     point, seed = decode(spec, config)
     trial_id = tune.get_context().get_trial_id()
     cfg = build.compose(spec.overrides_for(point, seed))
@@ -229,37 +223,30 @@ class _Reporter:
 
 
 def _restore(run_dir: Path, reporter: _Reporter) -> dict | None:
-    """Put Tune's checkpoint of this trial back as the run's latest checkpoint and return the reporter's
-    carried values. Without one from Tune, the run's own newest checkpoint is resumed (``_own_checkpoint``);
-    None = a fresh start (what an earlier attempt left without a checkpoint is removed)."""
+    """Put Tune's checkpoint of this trial back as the run's latest checkpoint and return the reporter's carried
+    values; None = a fresh start (what an earlier attempt left without a checkpoint is removed). A driver killed
+    between two of Tune's state saves (SIGKILL, a lost head node) leaves a state without the trial's newest
+    checkpoints; the run directory still holds them (complete before reported): without a checkpoint from Tune, or
+    with an older one, the run resumes from its own newest."""
     ckpt = tune.get_checkpoint()
     meta = ckpt.get_metadata() if ckpt is not None else {}
-    if ckpt is None or _own_iteration(run_dir) > int(meta["iteration"]):  # Tune's is older than the run's own
-        carry = _own_checkpoint(run_dir, reporter)
-        if carry is None:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        return carry
-    put_checkpoint(run_dir, int(meta["iteration"]), lambda d: ckpt.to_directory(str(d)))
-    return dict(meta.get("carry") or {})
+    own = _own_iteration(run_dir)
+    if ckpt is not None and own <= int(meta["iteration"]):
+        put_checkpoint(run_dir, int(meta["iteration"]), lambda d: ckpt.to_directory(str(d)))
+        return dict(meta.get("carry") or {})
+    if own < 0:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return None
+    for row in records.read_metrics(run_dir):
+        if row.get("iteration", own + 1) <= own:
+            reporter.absorb(row)
+    return dict(reporter.carry)
 
 
 def _own_iteration(run_dir: Path) -> int:
     """The iteration of the newest checkpoint in a run record's own directory; -1 without one (or no record)."""
     newest = newest_checkpoint(run_dir)
     return newest[0] if newest and (run_dir / records.CONFIG).is_file() else -1
-
-
-def _own_checkpoint(run_dir: Path, reporter: _Reporter) -> dict | None:
-    """The carried values at the run's own newest checkpoint, or None when the run has none. A driver killed
-    between two of Tune's state saves (SIGKILL, a lost head node) leaves a state without the trial's newest
-    checkpoints; the run directory still holds them (complete before reported), so the run resumes from there."""
-    last = _own_iteration(run_dir)
-    if last < 0:
-        return None
-    for row in records.read_metrics(run_dir):
-        if row.get("iteration", last + 1) <= last:
-            reporter.absorb(row)
-    return dict(reporter.carry)
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -291,31 +278,25 @@ class _Progress(tune.Callback):
             f"{n['PENDING'] + n['PAUSED']} waiting{best}"
         )
 
-    def _again(self, trial) -> str:
+    def _again(self, run_dir: Path | None) -> str:
         """A restarted trial without a Tune checkpoint resumes from its run's own, if it has one."""
         if self.spec.backend == "verl":
             return " from verl's last checkpoint in its run directory"
-
-        run_dir = records.find_trial_run(Path(self.sweep_dir or ".") / "runs", trial.trial_id)
         newest = newest_checkpoint(run_dir) if run_dir else None
         return f" from its run's checkpoint {newest[1].name}" if newest else " from scratch"
 
-    def _recorded(self, trial) -> bool:
-        """An earlier driver ran this trial (a resumed sweep): its run record exists."""
-        root = getattr(self, "sweep_dir", None)
-        return root is not None and records.find_trial_run(Path(root) / "runs", trial.trial_id) is not None
-
     def on_trial_start(self, iteration, trials, trial, **info):
-        again = trial.trial_id in self.started or trial.latest_checkpoint_result is not None or self._recorded(trial)
-        self.started.add(trial.trial_id)
+        # a run record of the trial: an earlier attempt's, or an earlier driver's (a resumed sweep)
+        run_dir = records.find_trial_run(Path(self.sweep_dir) / "runs", trial.trial_id) if self.sweep_dir else None
         ckpt = trial.latest_checkpoint_result
+        again = trial.trial_id in self.started or ckpt is not None or run_dir is not None
+        self.started.add(trial.trial_id)
         it = ckpt.metrics.get("training_iteration", 0) if ckpt is not None else 0
         if it and self.spec.backend == "local":  # the trial resumes from the newer of Tune's and its run's own
-            run_dir = records.find_trial_run(Path(self.sweep_dir or ".") / "runs", trial.trial_id)
             it = max(it, _own_iteration(run_dir) if run_dir else -1)
         self._say(
             f"{'resume ' if again else 'start  '} {describe(self.spec, trial.config)}  [{trial.trial_id}]"
-            + (f" from its checkpoint at iteration {it}" if it else (self._again(trial) if again else ""))
+            + (f" from its checkpoint at iteration {it}" if it else (self._again(run_dir) if again else ""))
         )
 
     def _consider(self, v, config) -> None:
@@ -337,7 +318,6 @@ class _Progress(tune.Callback):
         pending = [t for t in trials if t.status == "PENDING"]
         if not pending:
             return ""
-
         return "\n          " + waiting_line(self.spec, pending[0].config, verl_resources.free_per_node(), len(pending))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
@@ -380,8 +360,7 @@ class _Progress(tune.Callback):
         self._say(line.replace(" done,", f" done, {len(stopped)} interrupted,", 1) if stopped else line)
 
 
-_STAMPS: dict[str, dict[str, float]] = {}
-"""The driver's stamps of the trials this invocation ran (``_Timeline``), read by ``_run_tune`` after Tune returns."""
+_STAMPS: dict[str, dict[str, float]] = {}  # the driver's stamps of this invocation's trials (_Timeline)
 
 
 class _Timeline(tune.Callback):
@@ -469,12 +448,12 @@ def _check_address(address: str) -> None:
 
 
 def _check_fits(spec: Spec) -> None:
-    """A local Ray never grows: a trial asking for more than the machine has would wait forever."""
+    """A local Ray never grows: a trial asking for more than the machine has would wait forever (the caller shuts
+    Ray down)."""
     have = ray.cluster_resources()
     if spec.backend == "verl":
         p = _first_placement(spec)
         if p.cpus > have.get("CPU", 0) or p.gpus > have.get("GPU", 0):
-            ray.shutdown()
             raise ValueError(
                 f"a verl trial reserves {p.describe()}, but this machine's Ray has {have.get('CPU', 0):g} CPUs and "
                 f"{have.get('GPU', 0):g} GPUs; pass --address of a Ray cluster that holds it"
@@ -482,7 +461,6 @@ def _check_fits(spec: Spec) -> None:
         return
     for name, need in (("CPU", spec.cpu), ("GPU", spec.gpu)):
         if need > have.get(name, 0):
-            ray.shutdown()
             raise ValueError(
                 f"resources.{name.lower()}={need:g} per trial, but this machine's Ray has "
                 f"{have.get(name, 0):g} {name}s; lower it, or pass --address of a larger cluster"
@@ -528,9 +506,9 @@ def _tune_config(spec: Spec) -> tune.TuneConfig:
     )
 
 
+# Ray starts its workers at nice 15 by default: beside two busy processes per core a trial then gets a few percent
+# of a CPU (a rehearsal's verl start-up took 35 minutes instead of 3). The raylet of a Ray emapg starts reads this.
 WORKER_NICENESS = "RAY_worker_niceness"
-"""Ray starts its workers at nice 15 by default: beside two busy processes per core a trial then gets a few percent
-of a CPU (a rehearsal's verl start-up took 35 minutes instead of 3). The raylet of a Ray emapg starts reads this."""
 
 DRIVER_BUSY = "wait for it to end, or pass --out <another dir>"
 
@@ -547,45 +525,56 @@ def run_sweep(
 ) -> Path:
     """Run (or with resume=True finish) the sweep; returns its directory. `num_cpus` sizes a local Ray (default: all
     cores). Adaptive seeds run in rounds (`run_adaptive`). The directory is checked before anything is written to it
-    (``_check_out``). SIGTERM / SIGINT end the driver at any point with RunInterrupted (exit 143 / 130, with the
-    command that resumes); a sweep stopped before Tune saved any state starts afresh on --resume."""
+    (``_check_out``), and again once held (a driver may have started a sweep there since); a new sweep's sweep.yaml
+    is written whole or not at all. SIGTERM / SIGINT end the driver at any point with RunInterrupted (exit 143 / 130,
+    with the command that resumes); a sweep stopped before Tune saved any state starts afresh on --resume."""
     sweep_dir = Path(sweep_dir or Path("outputs") / "sweeps" / spec.name).resolve()
     _check_out(spec, sweep_dir, resume)  # before the owner lock writes into it
     _PHASE[0] = BEFORE_TUNE
     with _driver_signals():
         try:
             with owner.held(sweep_dir, "sweep driver", DRIVER_BUSY) as killed:  # one driver per directory
+                _check_out(spec, sweep_dir, resume)
+                if not resume:
+                    records.atomic_write(sweep_dir / "sweep.yaml", yaml.safe_dump(spec.raw, sort_keys=False))
                 killed_s = owner.killed_wall_s(killed) if resume and killed else None
-                how = dict(
-                    resume=resume,
-                    address=address,
-                    num_cpus=num_cpus,
-                    progress=progress,
-                    report=report,
-                    killed_s=killed_s,
-                )
+                how = dict(resume=resume, address=address, num_cpus=num_cpus, progress=progress, report=report)
                 if spec.adaptive is not None:
-                    return run_adaptive(spec, sweep_dir, **how)
-                return _run_tune(spec, sweep_dir, **how)
+                    return run_adaptive(spec, sweep_dir, **how, killed_s=killed_s)
+                return _run_tune(spec, sweep_dir, **how, killed_s=killed_s)
         except (Terminated, KeyboardInterrupt) as e:  # outside Tune's run: before it, or after it returned
             raise _interrupted(sweep_dir, "SIGINT" if isinstance(e, KeyboardInterrupt) else "SIGTERM") from None
 
 
-def _run_tune(spec, sweep_dir, *, resume, address, num_cpus, progress, report, killed_s) -> Path:
-    """run_sweep without adaptive seeds: one Tune experiment (the directory's lock held by the caller)."""
-    exp_path = sweep_dir / "tune" / spec.name
-    _prepare(spec, sweep_dir, resume)
-    restore = resume and _restorable(exp_path)
-    if resume and not restore:  # stopped before Tune saved anything: nothing ran, the spec is the same
-        _afresh(spec, exp_path)
+@contextlib.contextmanager
+def _sweep_ray(spec: Spec, address: str | None, num_cpus: int | None, sweep_dir: Path):
+    """Ray for the sweep (``_init_ray``; shut down after if started here; a local one checked to hold a trial), the
+    warm start built and Tune's environment set; yields the trials that can run at once (``_slots``)."""
     started = _init_ray(address, num_cpus, sweep_dir)
     try:
         if started and not address:
             _check_fits(spec)
         _warm_start(spec)
-        _quiet_tune_env()
+        os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", STATE_PERIOD_S)
+        # num_to_keep forces a state snapshot whenever a trial has replaced its checkpoints (cheap, and what
+        # keeps --resume exact); Tune warns about that on every fast iteration unless told not to.
+        os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+        # Tune's legacy reporter is silent at verbose=0: _Progress reports instead
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        yield _slots(spec)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run_tune(spec, sweep_dir, *, resume, address, num_cpus, progress, report, killed_s) -> Path:
+    """run_sweep without adaptive seeds: one Tune experiment (the directory's lock held by the caller)."""
+    exp_path = sweep_dir / "tune" / spec.name
+    restore = resume and _restorable(exp_path)
+    if resume and not restore:  # stopped before Tune saved anything: nothing ran, the spec is the same
+        _afresh(spec, exp_path)
+    with _sweep_ray(spec, address, num_cpus, sweep_dir) as slots:
         tuner = _tuner(spec, sweep_dir, exp_path, restore, progress)
-        slots = _slots(spec)
         _STAMPS.clear()
         t0 = time.time()
         with _quiet(), _signals_stop_tune() as stopped_by:
@@ -600,30 +589,27 @@ def _run_tune(spec, sweep_dir, *, resume, address, num_cpus, progress, report, k
         if not stopped_by:  # Tune ran to its end: a trial it never created was left out by the time budget
             known += _never_created(spec, known)
         rows = results.write_csv(sweep_dir, spec.metric, spec.mode, known)
-    finally:
-        if started:
-            ray.shutdown()
     timeline = results.timeline(sweep_dir, rows, _STAMPS, start=t0, end=t0 + wall, slots=slots)
     results.write_timing(
         sweep_dir, spec.name, rows, wall, slots, progress=progress, resumed=resume, killed_s=killed_s, timeline=timeline
     )
     if stopped_by:
         raise _interrupted(sweep_dir, stopped_by[0], sum(r["status"] in _UNFINISHED for r in rows))
-    unfinished = _unfinished_hint(spec, sweep_dir, trials)  # stopped without a signal to this driver (SIGUSR1)
-    for hint in (unfinished, _not_run_hint(spec, rows)):
-        if hint:
-            print(hint, flush=True)
+    unfinished = sum(t.status in ("RUNNING", "PENDING", "PAUSED") for t in trials)  # stopped without a signal (SIGUSR1)
+    if unfinished:
+        resume_with = sweep_resume_command(sweep_dir)
+        print(f"{spec.name}: {unfinished} trial(s) not finished; continue with: {resume_with}", flush=True)
+    if hint := _not_run_hint(spec, rows):
+        print(hint, flush=True)
     if report and not unfinished and any(r["run_id"] for r in rows):  # a report of what ran
         _report(sweep_dir, progress)
         _dashboard(spec, sweep_dir)
     return sweep_dir
 
 
-_UNFINISHED = ("interrupted", "crashed", "pending", "paused")
-"""sweep.csv statuses of trials that --resume continues."""
+_UNFINISHED = ("interrupted", "crashed", "pending", "paused")  # sweep.csv statuses that --resume continues
 BEFORE_TUNE, AFTER_TUNE = "before Tune started the trials", "after Tune ended (sweep.csv may be stale)"
-_PHASE = [BEFORE_TUNE]
-"""Where the driver is outside Tune's run, for the interrupted line (``_interrupted``)."""
+_PHASE = [BEFORE_TUNE]  # where the driver is outside Tune's run, for the interrupted line
 
 
 def _interrupted(
@@ -639,20 +625,10 @@ def _interrupted(
     return RunInterrupted(f"interrupted ({signame}){what}\n{resume}", signame, sweep_dir)
 
 
+# How often Tune saves its experiment state (TUNE_GLOBAL_CHECKPOINT_S; Tune's "auto" waits 10 s or more). A trial
+# started after the last save is unknown to a driver resumed after a kill: it runs again under a new trial id, and
+# the killed attempt's run directory moves to orphaned/ (_set_aside_orphans).
 STATE_PERIOD_S = "2"
-"""How often Tune saves its experiment state (TUNE_GLOBAL_CHECKPOINT_S; Tune's "auto" waits 10 s or more). A trial
-started after the last save is unknown to a driver resumed after a kill: it runs again under a new trial id, and
-the killed attempt's run directory moves to orphaned/ (``_set_aside_orphans``)."""
-
-
-def _quiet_tune_env() -> None:
-    """Environment defaults that keep Tune's own output quiet (``_Progress`` reports instead), and its state
-    fresh (``STATE_PERIOD_S``)."""
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", STATE_PERIOD_S)
-    # num_to_keep forces a state snapshot whenever a trial has replaced its checkpoints (cheap, and what
-    # keeps --resume exact); Tune warns about that on every fast iteration unless told not to.
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's legacy reporter is silent at verbose=0; _Progress reports
 
 
 def _tuner(spec: Spec, sweep_dir: Path, exp_path: Path, resume: bool, progress: bool) -> tune.Tuner:
@@ -700,7 +676,6 @@ def verl_placement(spec: Spec, point: dict, seed: int | None):
 
 @functools.lru_cache(maxsize=64)
 def _placement(overrides: tuple[str, ...]):
-
     cfg = build.compose(list(overrides))
     return placement_for(OmegaConf.to_container(cfg, resolve=True))
 
@@ -716,14 +691,6 @@ def _verl_resources(spec: Spec, config: dict) -> tune.PlacementGroupFactory:
     return tune.PlacementGroupFactory([dict(b) for b in p.bundles], strategy=p.strategy)
 
 
-def _unfinished_hint(spec: Spec, sweep_dir: Path, trials) -> str | None:
-    """How to continue the sweep if some trials did not finish; None if all did."""
-    unfinished = [t for t in trials if t.status in ("RUNNING", "PENDING", "PAUSED")]
-    if not unfinished:
-        return None
-    return f"{spec.name}: {len(unfinished)} trial(s) not finished; continue with: {sweep_resume_command(sweep_dir)}"
-
-
 def sweep_resume_command(sweep_dir: Path) -> str:
     """The command that finishes the sweep in `sweep_dir`: its own copy of the spec (sweep.yaml, what --resume
     compares against) and the same directory, quoted for the shell."""
@@ -736,8 +703,7 @@ def sweep_resume_command(sweep_dir: Path) -> str:
 # the driver (``_driver_signals``); while ray.init blocks in Ray's C++ code they end it from a helper thread
 # (``_ray_signals``); during Tune's run they stop Tune first (``_signals_stop_tune``). Only the main thread can
 # set a handler: elsewhere (a driver run in a thread) the caller's handling stands.
-RAY_GRACE_S = 2.0
-"""After a signal while ray.init runs: how long it has to return (the driver then unwinds) before the driver ends."""
+RAY_GRACE_S = 2.0  # after a signal while ray.init runs: how long it has to return (the driver then unwinds)
 
 
 def _main_thread() -> bool:
@@ -852,29 +818,14 @@ def _signals_stop_tune():
 
 
 # ---------------------------------------------------------------------------- adaptive seeds, in rounds
-def run_adaptive(
-    spec: Spec,
-    sweep_dir: Path,
-    *,
-    resume: bool,
-    address: str | None,
-    num_cpus: int | None,
-    progress: bool,
-    report: bool,
-    killed_s: float | None = None,
-) -> Path:
+def run_adaptive(spec: Spec, sweep_dir: Path, *, resume, address, num_cpus, progress, report, killed_s) -> Path:
     """Adaptive seeds (sweeps.adaptive): one Tune experiment per round (<sweep_dir>/tune/round_<r>/<name>), each
     round planned in adaptive.jsonl before it starts and decided there after it ends; --resume continues the
     round the sweep was in (its Tune experiment restored), then plans the rest. sweep.csv holds every round."""
-    _prepare_adaptive(spec, sweep_dir, resume)
-    started = _init_ray(address, num_cpus, sweep_dir)
+    if resume and not (sweep_dir / adaptive.FILE).is_file():  # stopped before its first round was planned
+        _afresh(spec, sweep_dir / "tune")
     wall, rows, done = 0.0, [], False
-    try:
-        if started and not address:
-            _check_fits(spec)
-        _warm_start(spec)
-        _quiet_tune_env()
-        slots = _slots(spec)
+    with _sweep_ray(spec, address, num_cpus, sweep_dir) as slots:
         while not done:
             events = adaptive.read_events(sweep_dir)
             rnd, planned = _round_to_run(spec, sweep_dir, events)
@@ -903,23 +854,12 @@ def run_adaptive(
                 print(hint, flush=True)
                 return sweep_dir
             done = _decide_round(spec, sweep_dir, rnd, rows)
-    finally:
-        if started:
-            ray.shutdown()
     rows = rows or results.write_csv(sweep_dir, spec.metric, spec.mode, _adaptive_trials(spec, sweep_dir))
     results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress=progress, resumed=resume, killed_s=killed_s)
     if report:
         _report(sweep_dir, progress)
         _dashboard(spec, sweep_dir)
     return sweep_dir
-
-
-def _prepare_adaptive(spec: Spec, sweep_dir: Path, resume: bool) -> None:
-    """As `_prepare`; adaptive.jsonl marks a sweep that planned its first round: a --resume without it (stopped in
-    the warm start, or while Ray started) starts from the beginning."""
-    _prepare(spec, sweep_dir, resume)
-    if resume and not (sweep_dir / adaptive.FILE).is_file():
-        _afresh(spec, sweep_dir / "tune")
 
 
 def _round_path(sweep_dir: Path, spec: Spec, rnd: int) -> Path:
@@ -997,8 +937,7 @@ def _decide_round(spec: Spec, sweep_dir: Path, rnd: int, rows: list[dict]) -> bo
 
 
 # ---------------------------------------------------------------------------- Tune's state files
-COMPLETE = ".complete"
-"""Suffix of the last complete copy of a Tune state file (``_StateBackup``)."""
+COMPLETE = ".complete"  # suffix of the last complete copy of a Tune state file (_StateBackup)
 
 
 def _state_files(exp_path: Path) -> list[Path]:
@@ -1089,7 +1028,6 @@ def _warm_start(spec: Spec) -> None:
     """Build each tiny model's cached warm start once, here, instead of in every concurrent trial."""
     if spec.backend != "local":
         return
-
     seen = set()
     for point in grid_points(spec):
         cfg = build.compose(spec.overrides_for(point, spec.seed_axis[0]))
@@ -1102,16 +1040,8 @@ def _warm_start(spec: Spec) -> None:
             build.model(cfg)
 
 
-def _prepare(spec: Spec, sweep_dir: Path, resume: bool) -> None:
-    """With the directory held: check it again (``_check_out``: a driver may have started a sweep there since), and
-    for a new sweep write its sweep.yaml, whole or not at all (a kill mid-write leaves no torn copy)."""
-    _check_out(spec, sweep_dir, resume)
-    if not resume:
-        records.atomic_write(sweep_dir / "sweep.yaml", yaml.safe_dump(spec.raw, sort_keys=False))
-
-
+# what a sweep writes into its directory (besides its owner lock): their presence marks an emapg sweep
 SWEEP_ENTRIES = ("sweep.yaml", "sweep.csv", "timing.json", "tune", "runs", adaptive.FILE, "report", "orphaned")
-"""What a sweep writes into its directory (besides its owner lock): their presence marks an emapg sweep."""
 _OWN_FILES = (owner.FILE, "driver.lock")  # the owner lock (and the one the sweeps wrote before experiments.owner)
 
 
@@ -1227,23 +1157,18 @@ def _set_aside_orphans(sweep_dir: Path, trial_ids: set[str]) -> list[Path]:
 
 
 def _known(spec: Spec, trials) -> list[results.Trial]:
-    """What Tune knows of each trial, in launch order, for sweeps.results (with the time budget's line for a trial
-    it may have cut short, ``_maybe_cut``)."""
+    """What Tune knows of each trial, in launch order, for sweeps.results, with the time budget's line for a trial
+    it may have cut short. With a budget, Tune ends every live trial (running, paused or not started) when it runs
+    out (TERMINATED, the last result not marked done), while a scheduler's stop marks the result done. A trial whose
+    function returned is TERMINATED, not done, too: its run record, finished, tells it apart (results.status)."""
     out = []
     for t in sorted(trials, key=_launch_index):
-        it = (t.last_result or {}).get("training_iteration", 0)
-        cut = _budget_line(spec, it) if _maybe_cut(spec, t) else ""
+        last = t.last_result or {}
+        it = last.get("training_iteration", 0)
+        cut = _budget_line(spec, it) if spec.time_budget_s and t.status == "TERMINATED" and not last.get("done") else ""
         error = _error_line(t) if t.status == "ERROR" else ""
         out.append(results.Trial(t.trial_id, t.status, *decode(spec, t.config), iterations=it, error=error, cut=cut))
     return out
-
-
-def _maybe_cut(spec: Spec, trial) -> bool:
-    """Did Tune's time budget end the trial? With a budget, Tune ends every live trial (running, paused or not
-    started) when it runs out (its TuneController's stopper: TERMINATED, the last result not marked done), while a
-    scheduler's stop marks the result done. A trial whose function returned is TERMINATED, not done, too: its run
-    record, finished, tells it apart (sweeps.results.status)."""
-    return bool(spec.time_budget_s) and trial.status == "TERMINATED" and not (trial.last_result or {}).get("done")
 
 
 def _budget_line(spec: Spec, iteration: int | None) -> str:
@@ -1319,20 +1244,16 @@ def _dashboard(spec: Spec, sweep_dir: Path) -> None:
 
 
 def _report(sweep_dir: Path, progress: bool) -> None:
+    command = f"emapg report {sweep_dir} --out {sweep_dir / 'report'}"
     try:
         from analysis.report import report  # loads pandas, matplotlib
     except ImportError as e:
-        print(
-            f"report skipped (analysis not importable: {e}); "
-            f"later: emapg report {sweep_dir} --out {sweep_dir / 'report'}"
-        )
+        print(f"report skipped (analysis not importable: {e}); later: {command}")
         return
     try:
         paths = report(sweep_dir, sweep_dir / "report")
     except Exception as e:  # the sweep's results stand; say why the report is missing
-        print(
-            f"report failed: {type(e).__name__}: {e}; retry with: emapg report {sweep_dir} --out {sweep_dir / 'report'}"
-        )
+        print(f"report failed: {type(e).__name__}: {e}; retry with: {command}")
         return
     if progress:
         index = [p for p in paths if Path(p).name == "index.md"]
