@@ -30,7 +30,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import ray
+import ray._private.accelerators as accelerators
+import ray._private.utils as ray_utils
 from omegaconf import OmegaConf
+from ray._private.services import find_bootstrap_address
+from ray._private.state import available_resources_per_node
 
 from experiments.backends.verl.placement import storage_bundle
 
@@ -211,9 +216,6 @@ def _accelerator(config) -> str:
 
 def _detected(resource: str) -> float:
     """What a new local Ray finds on this machine, as ``ray.init`` does it (CPUs: cgroup-aware count)."""
-    import ray._private.accelerators as accelerators
-    import ray._private.utils as ray_utils
-
     if resource == "CPU":
         return float(ray_utils.get_num_cpus())
     manager = accelerators.get_accelerator_manager_for_resource(resource)
@@ -228,8 +230,6 @@ def _existing_address(environ: Mapping[str, str] = os.environ) -> str | None:
     """The cluster a bare ``ray.init()`` joins instead of starting one: $RAY_ADDRESS, else the last ``ray start``."""
     if environ.get("RAY_ADDRESS"):
         return environ["RAY_ADDRESS"]
-    from ray._private.services import find_bootstrap_address
-
     return find_bootstrap_address(None)
 
 
@@ -346,9 +346,6 @@ WAIT_SAY_S = 30.0
 
 def free_per_node() -> dict[str, dict[str, float]]:
     """Unreserved CPUs and GPUs of each alive node, by address (Ray's own per-node view, as verl reads it)."""
-    import ray
-    from ray._private.state import available_resources_per_node
-
     ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
     out: dict[str, dict[str, float]] = {}
     for node, res in available_resources_per_node().items():
@@ -377,8 +374,6 @@ def wait_for_room(
     """Return once the cluster's free CPUs and GPUs hold `need` (a run joining a shared cluster, where other jobs
     hold part of it); say what it waits for at once and every `every_s` seconds until then. A demand larger than
     the whole cluster is refused (``check_fits``): it would wait forever. Returns the seconds waited."""
-    import ray
-
     have = (total or ray.cluster_resources)()
     check_fits(need, float(have.get("CPU", 0)), float(have.get(accelerator, 0)))
     cpus, gpus = sum(i.cpus for i in need), sum(i.gpus for i in need)
