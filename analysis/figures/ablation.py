@@ -18,7 +18,6 @@ def make(
     metric: str,
     *,
     hue: str | None = None,
-    categorical: bool | None = None,
     reps: int = 1000,
     seed: int = 0,
     title: str | None = None,
@@ -28,8 +27,7 @@ def make(
     `knob`: a runs column, e.g. "anchor_tau", "anchor_period", "kl_k", "kl_type".
     `metric`: a runs column, e.g. "final/eval/math_tiny/acc".
     `hue`: an optional column splitting the runs into separate lines / bar groups (e.g. the
-    other knobs that vary). `categorical`: bars instead of lines; by default when the knob's
-    values are not all numbers.
+    other knobs that vary). Bars when the knob's values are not all numbers, else lines.
     """
     for col in (knob, metric, *([hue] if hue else [])):
         if col not in runs:
@@ -37,8 +35,7 @@ def make(
     df = runs.dropna(subset=[knob, metric]).assign(_hue=runs[hue] if hue else "all runs")
     if df.empty:
         raise ValueError(f"no run has both {knob!r} and {metric!r}")
-    if categorical is None:
-        categorical = not pd.api.types.is_numeric_dtype(df[knob]) or df[knob].dtype == bool
+    categorical = not pd.api.types.is_numeric_dtype(df[knob]) or df[knob].dtype == bool
     summary = stats.summarize(df, metric, ["_hue", knob], reps=reps, seed=seed)
     label, scale = style.metric_label(metric)
     fig, (ax,) = style.new_figure(6.4, 4.2)

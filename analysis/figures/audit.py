@@ -40,7 +40,7 @@ def _row_label(r: Any) -> str:
 
 
 @style.styled
-def kl_estimators_bias(rows: Any, *, title: str | None = None, note: str | None = None) -> Figure:
+def kl_estimators_bias(rows: Any) -> Figure:
     """`rows`: estimator-table records (analysis.audit_schema.ESTIMATOR_FIELDS)."""
     df = _common.as_frame(rows, ESTIMATOR_REQUIRED)
     labels = [_row_label(r) for r in df.to_dict("records")]
@@ -49,7 +49,7 @@ def kl_estimators_bias(rows: Any, *, title: str | None = None, note: str | None 
     _pair(axs[1], labels, df["variance"], df["grad_variance"], "variance per token (nats²; log scale)")
     axs[0].invert_yaxis()
     axs[0].set_ylabel("estimator (direction, k, tail)  audit verdicts")
-    style.finish(fig, title or "KL estimators: bias and variance of the value and of the gradient")
+    style.finish(fig, "KL estimators: bias and variance of the value and of the gradient")
     floor = f"exactly 0 or < {style.FLOOR:.0e} (drawn at the floor)"
     handles = [
         Patch(color=style.color(0), label="value"),
@@ -57,7 +57,7 @@ def kl_estimators_bias(rows: Any, *, title: str | None = None, note: str | None 
         Patch(facecolor="white", edgecolor="0.3", hatch="///", label=floor),
     ]
     what = "bias: |E[estimate] − exact| as reported by the audit; ✓ / ✗: the audit's unbiasedness verdict"
-    return style.legend_below(fig, handles, style.noted(what, note), ncols=3)
+    return style.legend_below(fig, handles, what, ncols=3)
 
 
 def _pair(ax: Axes, labels: list[str], value: Any, grad: Any, xlabel: str) -> None:
@@ -89,15 +89,12 @@ MARK = dict(xycoords=("data", "axes fraction"), textcoords="offset points", va="
 
 
 @style.styled
-def topk_variance(
-    rows: Any, *, vocab_size: int | None = None, title: str | None = None, note: str | None = None
-) -> Figure:
-    """`rows`: top-k sweep records (analysis.audit_schema.TOPK_FIELDS). One line per
-    (direction: colour, tail: line style); bias panels are drawn when the rows carry biases.
-    `vocab_size` marks k=|V| (default: the largest k in the rows)."""
+def topk_variance(rows: Any) -> Figure:
+    """`rows`: top-k sweep records (analysis.audit_schema.TOPK_FIELDS). One line per (direction: colour, tail: line
+    style); bias panels are drawn when the rows carry biases. k=|V| is the largest k in the rows."""
     df = _common.as_frame(rows, TOPK_REQUIRED)
     df["tail"] = df["tail"].fillna("none")
-    v = int(vocab_size or df["k"].max())
+    v = int(df["k"].max())
     panels = [p for p in TOPK_PANELS if p[0] in df]
     nrows = 2 if len(panels) > 2 else 1
     fig, axs = style.new_figure(11.0, 3.9 * nrows + 0.5, nrows, 2, sharex=True)
@@ -116,17 +113,17 @@ def topk_variance(
             ax.annotate(text, (x, 0.55), xytext=(dx, 0), ha=ha, **MARK)
     for ax in axs:
         ax.set_xlabel("k (vocabulary entries computed exactly)")
-    style.finish(fig, title or "Top-k KL interpolates between the sampled (k=0) and the exact (k=|V|) estimator")
+    style.finish(fig, "Top-k KL interpolates between the sampled (k=0) and the exact (k=|V|) estimator")
     handles, labels = axs[0].get_legend_handles_labels()
     foot = f"×: 0 or below {style.FLOOR:.0e} (float64 rounding), drawn at the floor"
-    return style.legend_below(fig, handles, style.noted(foot, note), min(3, len(labels)), labels)
+    return style.legend_below(fig, handles, foot, min(3, len(labels)), labels)
 
 
 # ---------------------------------------------------------------- anchor_horizon
 
 
 @style.styled
-def anchor_horizon(rows: Any, *, title: str | None = None, note: str | None = None) -> Figure:
+def anchor_horizon(rows: Any) -> Figure:
     """`rows`: anchor-horizon records (analysis.audit_schema.HORIZON_FIELDS), one line per period."""
     df = _common.as_frame(rows, ("tau", "period", "half_life", "time_constant"))
     fig, axs = style.new_figure(11.0, 4.3, 1, 2, sharex=True)
@@ -141,11 +138,8 @@ def anchor_horizon(rows: Any, *, title: str | None = None, note: str | None = No
         ax.set_yscale("log")
         ax.set(xlabel="EMA weight τ on the old anchor (unitless)", ylabel=ylabel)
     axs[0].legend(loc="upper left", frameon=False, title="update period")
-    return style.finish(
-        fig,
-        title or f"EMA anchor horizon {style.OURS_ARITHMETIC}",
-        style.noted("one EMA update every P iterations: θ_ema ← τ·θ_ema + (1−τ)·θ", note),
-    )
+    note = "one EMA update every P iterations: θ_ema ← τ·θ_ema + (1−τ)·θ"
+    return style.finish(fig, f"EMA anchor horizon {style.OURS_ARITHMETIC}", note)
 
 
 # ---------------------------------------------------------------- stability_region
@@ -154,7 +148,7 @@ MAX_PANELS = 6
 
 
 @style.styled
-def stability_region(rows: Any, *, title: str | None = None, note: str | None = None) -> Figure:
+def stability_region(rows: Any) -> Figure:
     """`rows`: stability-grid records (analysis.audit_schema.STABILITY_FIELDS); one panel per η
     (at most 6, evenly spaced over the η values present)."""
     df = _common.as_frame(rows, ("alpha", "beta_c", "eta", "stable"))
@@ -179,9 +173,9 @@ def stability_region(rows: Any, *, title: str | None = None, note: str | None = 
     model = "θ' = θ + α[a(θ*−θ) − βc(θ−θ_ema)],  θ_ema' = ηθ_ema + (1−η)θ'"
     if "a" in df and df["a"].nunique() == 1:
         model += f",  a = {df['a'].iloc[0]:g}"
-    style.finish(fig, title or f"EMA-PG stability region {style.OURS_TOY}")
+    style.finish(fig, f"EMA-PG stability region {style.OURS_TOY}")
     handles = [
         Patch(color=style.color(2), label="stable (spectral radius < 1)"),
         Patch(color="#d9d9d9", label="unstable"),
     ]
-    return style.legend_below(fig, handles, style.noted(model, note), ncols=2)
+    return style.legend_below(fig, handles, model, ncols=2)

@@ -1,5 +1,5 @@
 """Curves vs training iteration, mean ± CI over seeds, from the metrics frame of analysis.load (one row per run x
-iteration; one line per `group` value).
+iteration; one line per method).
 
     learning_curves    the policy's and the EMA anchor's eval metric
     training_dynamics  the KL estimate and the anchor drift
@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from analysis import stats
 from analysis.figures import _common, style
 
+GROUP = "variant"  # one line (kl_probe: one panel) per method
 EXACT, ESTIMATE = "kl/exact", "kl/estimate_on_probe"
 
 
@@ -23,7 +24,6 @@ def _band(
     ax: Axes,
     metrics: pd.DataFrame,
     metric: str,
-    group: str,
     *,
     reps: int,
     seed: int,
@@ -32,12 +32,12 @@ def _band(
     label_suffix: str = "",
     colors: dict[str, str] | None = None,
 ) -> None:
-    """Plot mean ± bootstrap-CI band over runs of `metric` vs iteration, one line per group (none when the metric
+    """Plot mean ± bootstrap-CI band over runs of `metric` vs iteration, one line per method (none when the metric
     was never logged)."""
     if metric not in metrics or metrics[metric].notna().sum() == 0:
         return
-    curves = stats.curve_bands(metrics, metric, group=group, reps=reps, seed=seed)
-    for i, (name, c) in enumerate(curves.groupby(group, sort=True)):
+    curves = stats.curve_bands(metrics, metric, group=GROUP, reps=reps, seed=seed)
+    for i, (name, c) in enumerate(curves.groupby(GROUP, sort=True)):
         col = (colors or {}).get(name, style.color(i))
         # later lines thinner, with their own marker, so identical curves stay visible
         marker = style.MARKERS[i % len(style.MARKERS)]
@@ -50,15 +50,15 @@ def _band(
 
 
 def _row(
-    metrics: pd.DataFrame, panels: list[tuple[str, str]], group: str, *, reps: int, seed: int, title: str | None, **kw
+    metrics: pd.DataFrame, panels: list[tuple[str, str]], *, reps: int, seed: int, title: str | None, **kw
 ) -> Figure:
-    """A row of panels, one per (metric, panel title): each group's mean ± CI band vs iteration, a colour per group
+    """A row of panels, one per (metric, panel title): each method's mean ± CI band vs iteration, a colour per method
     shared across the panels. `kw`: new_figure's (e.g. sharey)."""
     fig, axs = style.new_figure(5.2 * len(panels) + 0.6, 4.2, 1, len(panels), **kw)
-    colors = _common.group_colors(metrics[group].dropna())
+    colors = _common.group_colors(metrics[GROUP].dropna())
     for ax, (m, name) in zip(axs, panels):
         label, scale = style.metric_label(m)
-        _band(ax, metrics, m, group, reps=reps, seed=seed, scale=scale, colors=colors)
+        _band(ax, metrics, m, reps=reps, seed=seed, scale=scale, colors=colors)
         ax.set(xlabel="training iteration (rollout batches)", ylabel=label, title=name)
     axs[0].legend(loc="best", frameon=False)
     return style.finish(fig, title, style.CI_NOTE + "; n = runs (seeds) per line")
@@ -70,7 +70,6 @@ def learning_curves(
     metric: str,
     anchor_metric: str | None = None,
     *,
-    group: str = "variant",
     reps: int = 1000,
     seed: int = 0,
     title: str | None = None,
@@ -82,48 +81,32 @@ def learning_curves(
     panels = [(metric, "policy")]
     if anchor_metric and anchor_metric in metrics and metrics[anchor_metric].notna().any():
         panels.append((anchor_metric, "EMA anchor"))
-    return _row(metrics, panels, group, reps=reps, seed=seed, title=title, sharey=True)
+    return _row(metrics, panels, reps=reps, seed=seed, title=title, sharey=True)
 
 
 @style.styled
-def training_dynamics(
-    metrics: pd.DataFrame,
-    *,
-    kl_metric: str = "kl/value",
-    drift_metric: str = "anchor/drift",
-    group: str = "variant",
-    reps: int = 1000,
-    seed: int = 0,
-    title: str | None = None,
-) -> Figure:
-    """Two panels (the KL value, the anchor drift ‖θ−θ_ema‖/‖θ‖); a panel whose metric was never
-    logged is left out. Raises ValueError if neither was logged."""
-    panels = [m for m in (kl_metric, drift_metric) if m in metrics and metrics[m].notna().any()]
+def training_dynamics(metrics: pd.DataFrame, *, reps: int = 1000, seed: int = 0, title: str | None = None) -> Figure:
+    """Two panels (kl/value, the anchor drift ‖θ−θ_ema‖/‖θ‖); a panel whose metric was never logged is left out.
+    Raises ValueError if neither was logged."""
+    panels = [m for m in ("kl/value", "anchor/drift") if m in metrics and metrics[m].notna().any()]
     if not panels:
-        raise ValueError(f"neither {kl_metric!r} nor {drift_metric!r} was logged")
-    return _row(metrics, [(m, m) for m in panels], group, reps=reps, seed=seed, title=title)
+        raise ValueError("neither 'kl/value' nor 'anchor/drift' was logged")
+    return _row(metrics, [(m, m) for m in panels], reps=reps, seed=seed, title=title)
 
 
 @style.styled
-def kl_probe(
-    metrics: pd.DataFrame,
-    *,
-    group: str = "variant",
-    reps: int = 1000,
-    seed: int = 0,
-    title: str | None = None,
-) -> Figure:
-    """One panel per group with both curves; raises ValueError if no run logged the probe."""
+def kl_probe(metrics: pd.DataFrame, *, reps: int = 1000, seed: int = 0, title: str | None = None) -> Figure:
+    """One panel per method with both curves; raises ValueError if no run logged the probe."""
     if any(m not in metrics or metrics[m].notna().sum() == 0 for m in (EXACT, ESTIMATE)):
         raise ValueError(f"no run logged {EXACT} and {ESTIMATE} (trainer.probe_every = 0, or the verl backend)")
     probed = metrics[metrics[EXACT].notna()]
-    names = sorted(probed[group].dropna().unique())
+    names = sorted(probed[GROUP].dropna().unique())
     fig, axs = style.panel_grid(len(names), 4.6, 3.6, (0.6, 0.0))
     for ax, name in zip(axs, names):
-        sub = probed[probed[group] == name]
-        _band(ax, sub, EXACT, group, reps=reps, seed=seed, label_suffix=": exact", colors={name: style.color(0)})
+        sub = probed[probed[GROUP] == name]
+        _band(ax, sub, EXACT, reps=reps, seed=seed, label_suffix=": exact", colors={name: style.color(0)})
         estimate = dict(linestyle="--", label_suffix=": estimate", colors={name: style.color(1)})
-        _band(ax, sub, ESTIMATE, group, reps=reps, seed=seed, **estimate)
+        _band(ax, sub, ESTIMATE, reps=reps, seed=seed, **estimate)
         for line in ax.get_lines():  # the panel's title names the method: keep "exact (n=..)" in the legend
             line.set_label(line.get_label().removeprefix(f"{name}: "))
         ax.axhline(0.0, color="0.6", lw=0.8)

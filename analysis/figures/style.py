@@ -99,11 +99,6 @@ def legend_below(fig: Figure, handles: list, title: str, ncols: int, labels: lis
     return fig
 
 
-def noted(text: str, note: str | None) -> str:
-    """`text`, with the caller's `note` appended after a semicolon."""
-    return text + (f"; {note}" if note else "")
-
-
 def color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
