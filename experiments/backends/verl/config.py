@@ -124,9 +124,7 @@ def run_runner_setup(section: Any) -> None:
     name = section.get("runner_setup")
     if name:
         module, _, attr = str(name).partition(":")
-        getattr(importlib.import_module(module), attr)(
-            {str(k): str(v) for k, v in (section.get("runner_env") or {}).items()}
-        )
+        getattr(importlib.import_module(module), attr)(_strings(section.get("runner_env") or {}))
 
 
 def uses_topk(kl: KLConfig) -> bool:
