@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(out)
     logs = out / LOGS
     logs.mkdir(parents=True)
-    say = _Say(logs / "rehearse.log")
+    say = _say_to(logs / "rehearse.log")
     shared = Shared(Path(args.out) / "_shared")
     cluster, stage, failure = LocalCluster(), "the rehearsal spec", None
     try:
@@ -458,16 +458,15 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
-class _Say:
-    """Print a line (flushed) and append it to the rehearsal's own log."""
+def _say_to(path: Path) -> Callable[[str], None]:
+    """A function that prints a line (flushed) and appends it to the rehearsal's own log, `path`."""
 
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __call__(self, msg: str) -> None:
+    def say(msg: str) -> None:
         print(msg, flush=True)
-        with open(self.path, "a") as f:
+        with open(path, "a") as f:
             f.write(msg + "\n")
+
+    return say
 
 
 def _keep_logs(logs: Path, cluster: LocalCluster, shared, sweep_dir: Path) -> None:

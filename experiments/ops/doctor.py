@@ -519,7 +519,8 @@ def interface_matches(spec: str, interfaces: Sequence[str]) -> bool:
 
 def check_paths(ctx: Context) -> list[Result]:
     """model.path and the data files are readable here (and, with --address, on every node)."""
-    items = _path_items(ctx.demand)
+    d = ctx.demand
+    items = ([("model.path", d.model)] if d.model else []) + list(d.files)
     if not items:
         return [Result("N/A", "no model or data files: the tiny model and the task's problems are built here")]
     here = [summarize_paths(look(items))]
@@ -527,10 +528,6 @@ def check_paths(ctx: Context) -> list[Result]:
         return here
     answers = ctx.cluster.on_each_node(look, items)
     return here + [_node_result(node, a, summarize_paths) for node, a in sorted(answers.items())]
-
-
-def _path_items(d: Demand) -> list[tuple[str, str]]:
-    return ([("model.path", d.model)] if d.model else []) + list(d.files)
 
 
 def _node_result(node: str, answer: Any, judge: Callable[[Any], Result]) -> Result:
