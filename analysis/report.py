@@ -368,7 +368,7 @@ def _task_telemetry(
 
 
 def _task_beta_tau_map(
-    task: str, runs: Frame, metrics: Frame, evals: Evals, out: Path, *, reps: int, seed: int, sweep_metric: str | None
+    task: str, runs: Frame, metrics: Frame, evals: Evals, out: Path, *, sweep_metric: str | None, **_: Any
 ) -> Built:
     """The β × τ heatmaps (figures/beta_tau_map) when both the KL coefficient and τ vary, τ = 1 among them."""
     runs, score = _with_score(task, runs, sweep_metric)
@@ -379,7 +379,7 @@ def _task_beta_tau_map(
         return [], [f"{task}: β and τ vary but no run has τ = 1; no β × τ map (its gains are over τ = 1)"]
     anchor = score.replace("final/eval/", "final/eval_anchor/", 1)
     anchor = anchor if anchor in runs else None
-    fig = beta_tau_map.make(runs, score, anchor, reps=reps, seed=seed, title=f"{task}: the β × τ map")
+    fig = beta_tau_map.make(runs, score, anchor, title=f"{task}: the β × τ map")
     return [_figure(fig, out, f"{task}_beta_tau_map", f"{task}: β × τ map ({score})", runs)], []
 
 

@@ -1,8 +1,8 @@
 """The β × τ map: heatmaps over (KL coefficient β, EMA weight τ) of the final policy accuracy, the final
 anchor accuracy, and the paired relative gain of each τ < 1 over τ = 1 at the same β (with its CI).
 
-    fig = make(runs, "final/eval/math_tiny/acc", "final/eval_anchor/math_tiny/acc", reps=2000)
-    cells = map_cells(runs, metric, anchor_metric, reps=2000)   # the numbers behind the figure, one row per cell
+    fig = make(runs, "final/eval/math_tiny/acc", "final/eval_anchor/math_tiny/acc")
+    cells = map_cells(runs, metric, anchor_metric)   # the numbers behind the figure, one row per cell
 
 The gain is the report's own comparison (analysis.tables.compare: relative gain of the seed means with the
 exact permutation test's CI, paired over the seeds both cells ran, else unpaired), so the figure and the
@@ -33,7 +33,7 @@ REQUIRED = ("kl_coef", "anchor_tau", "seed")
 BASELINE_TAU = 1.0
 
 
-def map_cells(runs: pd.DataFrame, metric: str, anchor_metric: str | None, *, reps: int, seed: int = 0) -> pd.DataFrame:
+def map_cells(runs: pd.DataFrame, metric: str, anchor_metric: str | None) -> pd.DataFrame:
     """One row per (kl_coef, anchor_tau): n, policy mean, anchor mean, gain over τ=1 (point, lo, hi) and
     its pairing. Columns: kl_coef, anchor_tau, n, policy, anchor, gain, gain_lo, gain_hi, p, pairing."""
     df = _common.as_frame(runs, (*REQUIRED, metric))
@@ -50,18 +50,10 @@ def map_cells(runs: pd.DataFrame, metric: str, anchor_metric: str | None, *, rep
 
 
 @style.styled
-def make(
-    runs: pd.DataFrame,
-    metric: str,
-    anchor_metric: str | None = None,
-    *,
-    reps: int = 2000,
-    seed: int = 0,
-    title: str | None = None,
-) -> Figure:
+def make(runs: pd.DataFrame, metric: str, anchor_metric: str | None = None, *, title: str | None = None) -> Figure:
     """`runs`: analysis.load's runs frame (kl_coef, anchor_tau, seed and the metric columns). Rows β
     (top: smallest), columns τ (left: 1.0, the fixed anchor). Three panels: policy, anchor, gain over τ=1."""
-    cells = map_cells(runs, metric, anchor_metric, reps=reps, seed=seed)
+    cells = map_cells(runs, metric, anchor_metric)
     betas = sorted(cells["kl_coef"].unique())
     taus = sorted(cells["anchor_tau"].unique(), reverse=True)
     label, scale = style.metric_label(metric)

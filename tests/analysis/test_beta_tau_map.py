@@ -32,7 +32,7 @@ def runs_frame() -> pd.DataFrame:
 
 
 def test_cells_are_the_reports_paired_gain_over_tau_1():
-    cells = beta_tau_map.map_cells(runs_frame(), ACC, ANCHOR, reps=500).set_index(["kl_coef", "anchor_tau"])
+    cells = beta_tau_map.map_cells(runs_frame(), ACC, ANCHOR).set_index(["kl_coef", "anchor_tau"])
     assert len(cells) == 6 and (cells["n"] == 6).all()
     assert cells.loc[(0.1, 1.0), "policy"] == pytest.approx(np.mean(list(BASE.values())))
     assert np.isnan(cells.loc[(0.1, 1.0), "gain"]) and cells.loc[(0.1, 1.0), "pairing"] == ""
@@ -50,7 +50,7 @@ def test_cells_are_the_reports_paired_gain_over_tau_1():
 
 
 def test_figure_renders_three_labelled_heatmaps(tmp_path):
-    fig = beta_tau_map.make(runs_frame(), ACC, ANCHOR, reps=200, title="map")
+    fig = beta_tau_map.make(runs_frame(), ACC, ANCHOR, title="map")
     heat = [ax for ax in fig.axes if ax.get_visible() and ax.images]
     assert len(heat) == 3 and all(ax.get_xlabel() and ax.get_ylabel() for ax in heat)
     assert [t.get_text() for t in heat[0].get_xticklabels()] == ["1", "0.9", "0.5"]
@@ -59,7 +59,7 @@ def test_figure_renders_three_labelled_heatmaps(tmp_path):
     assert len(heat[2].patches) == 1  # one boxed cell: the CI of β = 0.1, τ = 0.9 excludes 0
     paths = style.save(fig, tmp_path / "map")
     assert all(p.stat().st_size > 1000 for p in paths)
-    no_anchor = beta_tau_map.make(runs_frame(), ACC, None, reps=50)
+    no_anchor = beta_tau_map.make(runs_frame(), ACC, None)
     assert len([ax for ax in no_anchor.axes if ax.get_visible() and ax.images]) == 2
 
 
