@@ -97,9 +97,9 @@ def find_run_dirs(root: str | Path) -> list[Path]:
     return sorted(d for d in found if "checkpoints" not in d.relative_to(root).parts)
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict[str, Any]) -> dict[str, Any]:
     """Nested dict -> {"a.b.c": value}; "/" in keys (W&B style) also becomes "."."""
-    return {k.replace("/", "."): v for k, v in records.flat(d, prefix).items()}
+    return {k.replace("/", "."): v for k, v in records.flat(d).items()}
 
 
 def parse_run_id(run_id: str) -> dict[str, Any]:

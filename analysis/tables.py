@@ -127,13 +127,13 @@ def latex_escape(text: Any) -> str:
 # ---------------------------------------------------------------- cell formatting
 
 
-def fmt_ci(mean: float, lo: float, hi: float, scale: float = 100.0, digits: int = 1) -> str:
-    """ "53.9 ± 1.2" (± half-width of the CI), "53.9" without a CI, "—" without a number."""
+def fmt_ci(mean: float, lo: float, hi: float) -> str:
+    """ "53.9 ± 1.2" (percent, ± half-width of the CI), "53.9" without a CI, "—" without a number."""
     if mean is None or not np.isfinite(mean):
         return NA
     if lo is None or not (np.isfinite(lo) and np.isfinite(hi)):
-        return f"{mean * scale:.{digits}f}"
-    return f"{mean * scale:.{digits}f} ± {(hi - lo) / 2 * scale:.{digits}f}"
+        return f"{mean * 100:.1f}"
+    return f"{mean * 100:.1f} ± {(hi - lo) / 2 * 100:.1f}"
 
 
 def fmt_gain(g: float, lo: float = math.nan, hi: float = math.nan) -> str:
@@ -266,7 +266,7 @@ PAIRING_NOTE = (
 )
 
 
-def compare(xs: pd.DataFrame, ys: pd.DataFrame, col: str, alpha: float = 0.05):
+def compare(xs: pd.DataFrame, ys: pd.DataFrame, col: str):
     """(stats.Comparison of runs `xs` against runs `ys` in `col`, pairing label, why unpaired or None).
 
     Paired over the common seeds (`pair_by_seed`) when there are at least two; otherwise unpaired over all
@@ -280,7 +280,7 @@ def compare(xs: pd.DataFrame, ys: pd.DataFrame, col: str, alpha: float = 0.05):
         x, y = x_all, y_all
     if np.mean(y) <= 0:
         return None
-    c = stats.compare(x, y, paired=why is None, alpha=alpha)
+    c = stats.compare(x, y, paired=why is None)  # at its alpha, 0.05
     return c, (f"paired, {len(x)} seeds" if why is None else "unpaired"), why
 
 
