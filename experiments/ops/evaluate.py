@@ -68,8 +68,8 @@ def resolve_target(path: str) -> Target:
     """TARGET -> Target; a UserError naming it when it is none of the three kinds."""
     p = Path(path).expanduser()
     if (p / records.CONFIG).is_file() and (p / records.STATUS).is_file():
-        cfg = OmegaConf.load(p / records.CONFIG)
-        return Target("run", p, p, cfg, _run_iteration(p))
+        last = max((int(r["iteration"]) for r in records.read_metrics(p)), default=0)
+        return Target("run", p, p, OmegaConf.load(p / records.CONFIG), last)
     if (p / "state.pt").is_file() and (p.parent.parent / records.CONFIG).is_file():
         run_dir = p.parent.parent
         return Target("checkpoint", p, run_dir, OmegaConf.load(run_dir / records.CONFIG), _ckpt_iteration(p))
@@ -84,11 +84,6 @@ def resolve_target(path: str) -> Target:
 def _ckpt_iteration(step: Path) -> int:
     name = step.name
     return int(name.rsplit("_", 1)[1]) if name.startswith("iter_") and name.rsplit("_", 1)[1].isdigit() else 0
-
-
-def _run_iteration(run_dir: Path) -> int:
-    rows = records.read_metrics(run_dir)
-    return max((int(r["iteration"]) for r in rows), default=0)
 
 
 def check_target(t: Target) -> None:
@@ -140,11 +135,6 @@ def _from_checkpoint(cfg: DictConfig, step: Path, who: str):
 
 
 # ---------------------------------------------------------------- problems and settings
-def benchmarks_of(module, task: str) -> list[str]:
-    """The benchmarks a task can be evaluated on: its BENCHMARKS, and its own test split (named as the task)."""
-    return [*getattr(module, "BENCHMARKS", ()), task]
-
-
 def problems(module, task_cfg: DictConfig, benchmark: str, limit: int | None) -> list:
     """The benchmark's problems: the task's test split (as in training) or a prepared benchmark file."""
     knobs = OmegaConf.to_container(task_cfg.knobs, resolve=True)
@@ -312,7 +302,7 @@ def task_of(args: argparse.Namespace, t: Target) -> tuple[Any, DictConfig]:
 
 
 def pick_benchmarks(args: argparse.Namespace, module, task: str) -> list[str]:
-    allowed = benchmarks_of(module, task)
+    allowed = [*getattr(module, "BENCHMARKS", ()), task]  # and its own test split, named as the task
     given = [b.strip() for b in (args.benchmarks or "").split(",") if b.strip()]
     if bad := [b for b in given if b not in allowed]:
         raise UserError(f"--benchmarks: unknown benchmark {bad[0]!r} of task {task}; allowed: {', '.join(allowed)}")
