@@ -8,7 +8,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from analysis import stats
-from analysis.figures import _common, style
+from analysis.figures import style
 
 
 @style.styled
@@ -57,7 +57,7 @@ def _n_range(n: pd.Series) -> str:
 
 
 def _lines(ax: Axes, summary: pd.DataFrame, knob: str, scale: float) -> None:
-    colors = _common.group_colors(summary["_hue"])
+    colors = style.group_colors(summary["_hue"])
     for name, s in summary.groupby("_hue", sort=True):
         s = s.sort_values(knob)
         label = f"{name} ({_n_range(s['n'])})"
@@ -74,7 +74,7 @@ def _bars(ax: Axes, summary: pd.DataFrame, knob: str, scale: float) -> None:
     cats = sorted(summary[knob].astype(str).unique())
     hues = sorted(summary["_hue"].unique())
     width = 0.8 / len(hues)
-    colors = _common.group_colors(hues)
+    colors = style.group_colors(hues)
     for j, name in enumerate(hues):
         s = summary[summary["_hue"] == name].assign(_c=lambda d: d[knob].astype(str))
         x = np.array([cats.index(c) for c in s["_c"]]) + (j - (len(hues) - 1) / 2) * width

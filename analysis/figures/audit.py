@@ -17,7 +17,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from analysis.figures import _common, style
+from analysis.figures import style
 
 # ---------------------------------------------------------------- kl_estimators_bias
 
@@ -42,7 +42,7 @@ def _row_label(r: Any) -> str:
 @style.styled
 def kl_estimators_bias(rows: Any) -> Figure:
     """`rows`: estimator-table records (analysis.audit_schema.ESTIMATOR_FIELDS)."""
-    df = _common.as_frame(rows, ESTIMATOR_REQUIRED)
+    df = style.as_frame(rows, ESTIMATOR_REQUIRED)
     labels = [_row_label(r) for r in df.to_dict("records")]
     fig, axs = style.new_figure(11.0, 0.32 * len(df) + 1.9, 1, 2, sharey=True)
     _pair(axs[0], labels, df["value_bias"], df["grad_bias"], "|bias| (nats; log scale)")
@@ -63,7 +63,7 @@ def kl_estimators_bias(rows: Any) -> Figure:
 def _pair(ax: Axes, labels: list[str], value: Any, grad: Any, xlabel: str) -> None:
     y = np.arange(len(labels))
     for off, vals, col in ((-0.2, value, style.color(0)), (0.2, grad, style.color(1))):
-        v, floor = _common.positive(vals)
+        v, floor = style.positive(vals)
         bars = ax.barh(y + off, v, 0.4, color=col)
         for b, f in zip(bars, floor):
             if f:
@@ -92,7 +92,7 @@ MARK = dict(xycoords=("data", "axes fraction"), textcoords="offset points", va="
 def topk_variance(rows: Any) -> Figure:
     """`rows`: top-k sweep records (analysis.audit_schema.TOPK_FIELDS). One line per (direction: colour, tail: line
     style); bias panels are drawn when the rows carry biases. k=|V| is the largest k in the rows."""
-    df = _common.as_frame(rows, TOPK_REQUIRED)
+    df = style.as_frame(rows, TOPK_REQUIRED)
     df["tail"] = df["tail"].fillna("none")
     v = int(df["k"].max())
     panels = [p for p in TOPK_PANELS if p[0] in df]
@@ -103,7 +103,7 @@ def topk_variance(rows: Any) -> Figure:
         for (direction, tail), s in df.groupby(["direction", "tail"], sort=True):
             s = s.sort_values("k")
             c = style.color(directions.index(direction))
-            y, floor = _common.positive(s[col])
+            y, floor = style.positive(s[col])
             ax.plot(s["k"], y, DASHES.get(tail, "-."), color=c, marker="o", ms=3, label=f"{direction}, tail={tail}")
             ax.plot(s["k"][floor], y[floor], "x", color=c, ms=7)
         ax.set_yscale("log")
@@ -125,7 +125,7 @@ def topk_variance(rows: Any) -> Figure:
 @style.styled
 def anchor_horizon(rows: Any) -> Figure:
     """`rows`: anchor-horizon records (analysis.audit_schema.HORIZON_FIELDS), one line per period."""
-    df = _common.as_frame(rows, ("tau", "period", "half_life", "time_constant"))
+    df = style.as_frame(rows, ("tau", "period", "half_life", "time_constant"))
     fig, axs = style.new_figure(11.0, 4.3, 1, 2, sharex=True)
     panels = (
         (axs[0], "half_life", "half-life (iterations; log scale)"),
@@ -151,7 +151,7 @@ MAX_PANELS = 6
 def stability_region(rows: Any) -> Figure:
     """`rows`: stability-grid records (analysis.audit_schema.STABILITY_FIELDS); one panel per η
     (at most 6, evenly spaced over the η values present)."""
-    df = _common.as_frame(rows, ("alpha", "beta_c", "eta", "stable"))
+    df = style.as_frame(rows, ("alpha", "beta_c", "eta", "stable"))
     etas = np.sort(df["eta"].unique())
     if len(etas) > MAX_PANELS:
         etas = etas[np.linspace(0, len(etas) - 1, MAX_PANELS).round().astype(int)]

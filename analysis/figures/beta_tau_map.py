@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from analysis import tables
-from analysis.figures import _common, style
+from analysis.figures import style
 
 REQUIRED = ("kl_coef", "anchor_tau", "seed")
 BASELINE_TAU = 1.0
@@ -36,7 +36,7 @@ BASELINE_TAU = 1.0
 def map_cells(runs: pd.DataFrame, metric: str, anchor_metric: str | None) -> pd.DataFrame:
     """One row per (kl_coef, anchor_tau): n, policy mean, anchor mean, gain over τ=1 (point, lo, hi) and
     its pairing. Columns: kl_coef, anchor_tau, n, policy, anchor, gain, gain_lo, gain_hi, p, pairing."""
-    df = _common.as_frame(runs, (*REQUIRED, metric))
+    df = style.as_frame(runs, (*REQUIRED, metric))
     rows = []
     for (beta, tau), cell in df.groupby(["kl_coef", "anchor_tau"], sort=True):
         base = df[(df["kl_coef"] == beta) & (df["anchor_tau"] == BASELINE_TAU)]

@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from analysis import stats
-from analysis.figures import _common, style
+from analysis.figures import style
 
 GROUP = "variant"  # one line (kl_probe: one panel) per method
 EXACT, ESTIMATE = "kl/exact", "kl/estimate_on_probe"
@@ -55,7 +55,7 @@ def _row(
     """A row of panels, one per (metric, panel title): each method's mean ± CI band vs iteration, a colour per method
     shared across the panels. `kw`: new_figure's (e.g. sharey)."""
     fig, axs = style.new_figure(5.2 * len(panels) + 0.6, 4.2, 1, len(panels), **kw)
-    colors = _common.group_colors(metrics[GROUP].dropna())
+    colors = style.group_colors(metrics[GROUP].dropna())
     for ax, (m, name) in zip(axs, panels):
         label, scale = style.metric_label(m)
         _band(ax, metrics, m, reps=reps, seed=seed, scale=scale, colors=colors)

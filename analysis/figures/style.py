@@ -1,4 +1,5 @@
-"""The one place for figure styling: sizes, fonts, colours, axis labels with units, saving.
+"""The one place for figure styling (sizes, fonts, colours, axis labels with units), saving, and the helpers the
+figure modules share.
 
 Figures are built on the Agg canvas directly (`new_figure`), without pyplot: no global figure
 registry, no backend switch, headless-safe, and nothing leaks across a long report.
@@ -8,12 +9,13 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import matplotlib as mpl
 import numpy as np
+import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -101,6 +103,27 @@ def legend_below(fig: Figure, handles: list, title: str, ncols: int, labels: lis
 
 def color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
+
+
+def group_colors(names: Iterable[str]) -> dict[str, str]:
+    """A stable colour per group name (sorted), shared across panels."""
+    return {n: color(i) for i, n in enumerate(sorted(set(names)))}
+
+
+def positive(values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(|values| floored at FLOOR for a log axis, mask of values at or below the floor)."""
+    v = np.abs(np.asarray(values, dtype=float))
+    at_floor = ~(v > FLOOR)
+    return np.where(at_floor, FLOOR, v), at_floor
+
+
+def as_frame(rows: Any, required: Iterable[str]) -> pd.DataFrame:
+    """A DataFrame from a list of dicts or a DataFrame; raises if it is empty or lacks columns."""
+    df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    missing = [c for c in required if c not in df]
+    if df.empty or missing:
+        raise ValueError(f"need a non-empty table with columns {list(required)}; missing {missing}")
+    return df
 
 
 def metric_label(metric: str) -> tuple[str, float]:
