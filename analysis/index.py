@@ -138,11 +138,9 @@ def _html(out_dir: Path, title: str, header: list[str], outputs: list[Output], s
             body.append(_details(notes[0]))
     body.append("<h2>Skipped</h2><ul>" + "".join(f"<li>{e(s)}</li>" for s in skipped or ["nothing"]) + "</ul>")
     css = (
-        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
-        "img{max-width:100%;border:1px solid #ddd}.prov{color:#555;font-size:.85em}"
-        "table.tbl{border-collapse:collapse;font-size:.85em}"
-        ".tbl td,.tbl th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"
-        ".tbl th{text-align:left}"
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}img{max-width:100%;"
+        "border:1px solid #ddd}.prov{color:#555;font-size:.85em}table.tbl{border-collapse:collapse;font-size:.85em}"
+        ".tbl td,.tbl th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}.tbl th{text-align:left}"
     )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
