@@ -210,11 +210,8 @@ def check_iterations(rows: list[dict[str, Any]], path: str | Path) -> None:
 
 
 def clean_rows(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-    """Numeric metric rows sorted by iteration, the last line per iteration kept.
-
-    Returns (rows, n_relogged). Non-numeric values (W&B media, strings) and keys starting
-    with "_" are dropped; a row without "iteration" is skipped.
-    """
+    """(rows, n_relogged): numeric metric rows sorted by iteration, the last line per iteration kept; non-numeric
+    values (W&B media, strings), keys starting with "_" and rows without "iteration" dropped."""
     by_iter: dict[int, dict[str, Any]] = {}
     n_seen = 0
     for row in rows:
@@ -362,13 +359,10 @@ def load_wandb(
     *,
     api: Any = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs_df, metrics_df) from W&B, in the same shape as `load_runs`.
-
-    Full-resolution history through `run.scan_history()` (W&B's page size; never the sampled `run.history()`);
-    "final"/"best" are recomputed from it (a W&B summary holds only the last value).
-    `tags`: keep runs carrying all of them. `api`: a `wandb.Api`-like object (tests pass a
-    stand-in); by default `wandb.Api()`, which needs network access to the W&B server.
-    """
+    """(runs_df, metrics_df) from W&B, in the same shape as `load_runs`. Full-resolution history through
+    `run.scan_history()` (never the sampled `run.history()`); "final"/"best" are recomputed from it (a W&B summary
+    holds only the last value). `tags`: keep runs carrying all of them. `api`: a `wandb.Api`-like object (tests
+    pass a stand-in); by default `wandb.Api()`, which needs network access to the W&B server."""
     if api is None:
         import wandb  # lazy: only this loader needs it
 
