@@ -1,10 +1,11 @@
-"""The figures of `emapg figures`, from the audit records of analysis.audit_schema (lists of dicts or DataFrames).
+"""The figures of `emapg figures`, each a function of one list of audit records (analysis.audit_schema; a list of
+dicts or a DataFrame) returning a Figure, with no I/O.
 
-kl_estimators_bias  |bias| of the value and of the gradient, and variances, per KL estimator (log x)
-topk_variance       Top-k KL vs k, from sampled (k=0) to exact (k=|V|): variance and bias of value and gradient
-anchor_horizon      EMA anchor half-life and time constant (iterations) vs τ, per update period
-stability_region    the stable (α, βc) region of our toy quadratic EMA-PG model per η (docs/algorithm.md; not
-                    the paper's theorem)
+    kl_estimators_bias  |bias| of the value and of the gradient, and variances, per KL estimator (log x)
+    topk_variance       Top-k KL vs k, from sampled (k=0) to exact (k=|V|): variance and bias of value and gradient
+    anchor_horizon      EMA anchor half-life and time constant (iterations) vs τ, per update period
+    stability_region    the stable (α, βc) region of our toy quadratic EMA-PG model per η (docs/algorithm.md; not
+                        the paper's theorem)
 """
 
 from __future__ import annotations
