@@ -314,16 +314,10 @@ class HFReplica(RolloutReplica):
                 "the hf rollout engine runs one server per replica on one node "
                 f"(rollout tensor_model_parallel_size spans {self.nnodes} nodes)"
             )
-        node_ids = (
-            await asyncio.gather(
-                *[w.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for w in self.workers[:1]]
-            )
-            if self.workers
-            else [None]
-        )
         options = {"name": _server_name(self.replica_rank), "num_cpus": 0, "max_concurrency": self.max_concurrency}
-        if node_ids[0] is not None:
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_ids[0], soft=False)
+        if self.workers:
+            node = await self.workers[0].__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
         server = (
             ray.remote(HFGenerationServer)
             .options(**options)
