@@ -20,22 +20,23 @@ import argparse
 import copy
 from pathlib import Path
 
-import torch
+from experiments import numerics
 
-from ema_pg_core.kl import ImportanceWeight, KLInputs, aggregate, get_estimator, kl_per_token
-from ema_pg_core.local import checkpoints
-from ema_pg_core.local.batch import response_hidden
-from ema_pg_core.local.probe import probe_batch, score_probe
+numerics.pin()  # before torch loads, as the emapg command does: build.model checks the pins of the model it builds
+
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from ema_pg_core.kl import ImportanceWeight, KLInputs, aggregate, get_estimator, kl_per_token  # noqa: E402
+from ema_pg_core.local import checkpoints  # noqa: E402
+from ema_pg_core.local.batch import response_hidden  # noqa: E402
+from ema_pg_core.local.probe import probe_batch, score_probe  # noqa: E402
+from experiments import build  # noqa: E402
 
 
 def _load(run: Path):
-    from omegaconf import OmegaConf
-
-    from experiments import build  # loads omegaconf, numpy
-
     cfg = OmegaConf.load(run / "config.yaml")
-    built = build.model(cfg)
-    policy = built[0] if isinstance(built, tuple) else built
+    policy, _ = build.model(cfg)
     anchor = copy.deepcopy(policy)
     step = checkpoints.candidates(run / "checkpoints")[0]
     state = torch.load(step / "state.pt", weights_only=False, map_location="cpu")
@@ -83,8 +84,6 @@ def main() -> None:
     print("| run | estimator | exact | expected (enumerated) | sampled (probe tokens) |")
     print("|---|---|---|---|---|")
     for run in args.runs:
-        from omegaconf import OmegaConf
-
         kl = OmegaConf.load(run / "config.yaml").algo.kl
         r = enumerate_run(run)
         name = kl.type + (f" k={kl.k} {kl.tail}" if kl.type.startswith("topk") else "")
