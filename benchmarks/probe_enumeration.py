@@ -36,6 +36,7 @@ from experiments import build  # noqa: E402
 
 def _load(run: Path):
     cfg = OmegaConf.load(run / "config.yaml")
+    torch.set_num_threads(int(cfg.trainer.threads))  # as the run: its warm start's cache key holds the threads
     policy, _ = build.model(cfg)
     anchor = copy.deepcopy(policy)
     step = checkpoints.candidates(run / "checkpoints")[0]
