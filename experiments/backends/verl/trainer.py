@@ -73,12 +73,6 @@ def check_verl(config, section: EmaPGSection) -> None:
         raise ValueError("verl settings incompatible with EMA-PG:\n  " + "\n  ".join(problems))
 
 
-def dropped_share(tags: list[dict], cap: int) -> float:
-    """Share of the batch's responses with at least `cap` tokens (``train/dropped_truncated``), from the
-    ``response_len`` tag verl's agent loop gives every row (its padding rows: 1), read without a TransferQueue get."""
-    return sum(tag["response_len"] >= cap for tag in tags) / max(len(tags), 1)
-
-
 class TrialPoolManager(ResourcePoolManager):
     """verl's global worker pool as a sweep trial's placement group (``experiments.backends.verl.placement``): one
     pool of all ranks, rank r in bundle r (verl puts local rank i of a pool's group in its bundle i). No availability
@@ -150,8 +144,9 @@ class EmaPGTrainerSync(PPOTrainerSync):
         set_pass(batch.extra_info, **self._passes["train"])
         cap = int(self.config.data.max_response_length) if self.emapg.mask_truncated else 0
         batch.extra_info.update({CAP_KEY: cap, DROP_KEY: cap > 0})
-        if cap:
-            metrics["train/dropped_truncated"] = dropped_share(batch.tags, cap)
+        if cap:  # from the response_len tag verl's agent loop gives every row (padding: 1); no TransferQueue get
+            tags = batch.tags
+            metrics["train/dropped_truncated"] = sum(t["response_len"] >= cap for t in tags) / max(len(tags), 1)
         try:
             batch = super()._update_actor(batch, metrics)
         finally:  # the update alone drops them: whatever reads this batch next sees every response
