@@ -109,12 +109,6 @@ def sweep_runs(sweep_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if (p / "config.yaml").is_file()) if root.is_dir() else []
 
 
-def logged_metrics(run_dirs: Sequence[Path]) -> list[str]:
-    """Every metric key some run logged (metrics.jsonl, read through experiments.records), sorted."""
-    keys = {k for d in run_dirs for row in records.read_metrics(d) for k in row}
-    return sorted(keys - set(records.RESERVED))
-
-
 def run_logger(run_dirs: Sequence[Path]) -> dict[str, Any]:
     """The runs' logger settings (config.yaml's `logger`: name, project, mode), from the first run; name "none"
     when there is no run."""
@@ -184,7 +178,7 @@ def dashboard_spec(sweep_dir: str | Path, info: SweepInfo, project: str | None =
     directory that is not a sweep or holds no finished run."""
     sweep_dir = Path(sweep_dir).resolve()
     finished = check_sweep(sweep_dir)
-    logged = logged_metrics(finished)
+    logged = sorted({k for d in finished for row in records.read_metrics(d) for k in row} - set(records.RESERVED))
     key = info.metric.removeprefix("best_")
     return {
         "version": SPEC_VERSION,
