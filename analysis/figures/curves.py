@@ -32,10 +32,7 @@ def _band(
     label_suffix: str = "",
     colors: dict[str, str] | None = None,
 ) -> None:
-    """Plot mean ± bootstrap-CI band over runs of `metric` vs iteration, one line per method (none when the metric
-    was never logged)."""
-    if metric not in metrics or metrics[metric].notna().sum() == 0:
-        return
+    """Plot mean ± bootstrap-CI band over runs of `metric` vs iteration, one line per method that logged it."""
     curves = stats.curve_bands(metrics, metric, group=GROUP, reps=reps, seed=seed)
     for i, (name, c) in enumerate(curves.groupby(GROUP, sort=True)):
         col = (colors or {}).get(name, style.color(i))
