@@ -62,8 +62,13 @@ _DEVICE_MODULE = types.SimpleNamespace(  # what verl calls on torch.cuda, as no-
 )
 
 
-def _platform_class():
-    from verl.plugin.platform.platform_base import PlatformBase
+def register_platform() -> None:
+    """Make "cpu" a platform name verl knows (idempotent); selecting it is ``install``'s job. Needed before
+    verl detects its platform whenever ``VERL_PLATFORM=cpu`` is already in the environment."""
+    from verl.plugin.platform import PlatformBase, PlatformRegistry
+
+    if PlatformRegistry.get("cpu") is not None:
+        return
 
     class PlatformCPU(PlatformBase):
         device_name = "cpu"
@@ -110,16 +115,7 @@ def _platform_class():
         def cudart(self):
             return None
 
-    return PlatformCPU
-
-
-def register_platform() -> None:
-    """Make "cpu" a platform name verl knows (idempotent); selecting it is ``install``'s job. Needed before
-    verl detects its platform whenever ``VERL_PLATFORM=cpu`` is already in the environment."""
-    from verl.plugin.platform import platform_manager as pm
-
-    if pm.PlatformRegistry.get("cpu") is None:
-        pm.PlatformRegistry.register(platform="cpu")(_platform_class())
+    PlatformRegistry.register(platform="cpu")(PlatformCPU)
 
 
 def install() -> None:
