@@ -440,12 +440,10 @@ def passk_table(
     seed: int = 0,
     name: str | None = None,
     when: str = "at each run's last evaluated iteration",
-) -> Table | None:
-    """Unbiased pass@k (%) at each run's last evaluated iteration, per model (policy, anchor),
-    averaged over problems and benchmarks, mean ± CI over seeds. None if evals are empty.
-    `name` (default <task>_passk) and `when` (the caption's) serve the `emapg eval` table."""
-    if evals.empty:
-        return None
+) -> Table:
+    """Unbiased pass@k (%) at each run's last evaluated iteration, per model (policy, anchor), averaged over problems
+    and benchmarks, mean ± CI over seeds, from non-empty `evals`. `name` (default <task>_passk) and `when` (the
+    caption's) serve the `emapg eval` table."""
     last = evals.groupby("run_id")["iteration"].transform("max")
     ev = evals[evals["iteration"] == last]
     ks = [k for k in PASS_KS if k <= int(ev["n"].min())]
