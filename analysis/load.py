@@ -313,11 +313,10 @@ def frames(raw_runs: Iterable[RawRun]) -> tuple[pd.DataFrame, pd.DataFrame]:
     runs = pd.DataFrame.from_records(run_rows) if run_rows else pd.DataFrame(columns=no_runs)
     lead = ["run_id", *CURVE_KEYS, "iteration", "time_s"]
     metrics = pd.DataFrame.from_records(metric_rows) if metric_rows else pd.DataFrame(columns=lead)
-    relabel = label_coefs(runs) if len(runs) else {}
+    relabel = label_coefs(runs)
     if relabel:
         runs["variant"] = runs["run_id"].map(relabel).fillna(runs["variant"])
-        if len(metrics):
-            metrics["variant"] = metrics["run_id"].map(relabel).fillna(metrics["variant"])
+        metrics["variant"] = metrics["run_id"].map(relabel).fillna(metrics["variant"])
     metrics = metrics[[c for c in lead if c in metrics] + sorted(c for c in metrics if c not in lead)]
     return runs, metrics
 
