@@ -325,10 +325,10 @@ def main(argv: list[str]) -> int:
         total = len(loaders) * sum(len(v) for v in problem_sets.values())
         bar = progress.bar(total, f"eval {t.path.name}", unit="problem")
         bar.update(sum(1 for m in loaders for b, exs in problem_sets.items() for e in exs if (m, b, str(e.id)) in done))
-        kw = dict(module=module, task_cfg=task_cfg, problem_sets=problem_sets, st=st, out=out, done=done, bar=bar)
+        kw = dict(module=module, task_cfg=task_cfg, run_cfg=t.cfg, problem_sets=problem_sets, st=st, out=out, done=done)
         try:
             for name, load in loaders.items():
-                run_model(name, load, device=args.device, **kw)
+                run_model(name, load, device=args.device, bar=bar, **kw)
         finally:
             bar.close()
         summary = summarize(records.read_evals(out), st)
@@ -337,9 +337,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _generation_context(module, task_cfg: DictConfig, t_cfg: DictConfig | None) -> tuple[Any, dict]:
-    """(tool environment or None, rollout keywords): as in training for a tool task."""
-    ro = t_cfg.rollout if t_cfg is not None else OmegaConf.structured(RolloutConfig)
+def _generation_context(module, task_cfg: DictConfig, run_cfg: DictConfig | None) -> tuple[Any, dict]:
+    """(tool environment or None, rollout keywords): as the run trained, for a tool task (the schema's defaults for
+    a model directory)."""
+    ro = run_cfg.rollout if run_cfg is not None else OmegaConf.structured(RolloutConfig)
     if not getattr(module, "STOP_STRINGS", ()):
         return None, {}
     if task_cfg.get("retriever_url"):
@@ -349,9 +350,11 @@ def _generation_context(module, task_cfg: DictConfig, t_cfg: DictConfig | None) 
     return env, {"max_turns": int(ro.max_turns), "max_obs_tokens": int(ro.max_obs_tokens)}
 
 
-def run_model(name, load, *, module, task_cfg, problem_sets: dict, st: dict, out: Path, done: set, bar, device) -> None:
+def run_model(
+    name, load, *, module, task_cfg, run_cfg, problem_sets: dict, st: dict, out: Path, done: set, bar, device
+) -> None:
     """Evaluate one model on every benchmark, chunk by chunk, skipping the chunks already written."""
-    env, rollout_kw = _generation_context(module, task_cfg, getattr(load, "cfg", None))
+    env, rollout_kw = _generation_context(module, task_cfg, run_cfg)
     model = tok = None
     for bench, exs in problem_sets.items():
         for c in range(0, len(exs), st["batch"]):

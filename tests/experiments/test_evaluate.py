@@ -151,3 +151,20 @@ def test_a_second_eval_on_one_out_is_refused_and_nothing_is_written_twice(run_di
     assert len(records.read_evals(out)) == 2 * 4  # policy and anchor, 4 problems each, once
     assert main(["eval", str(run_dir), *EVAL, "--out", str(run_dir)]) == 2
     assert "holds a run or a sweep record" in capsys.readouterr().err
+
+
+def test_eval_of_a_tool_task_run_generates_with_the_runs_turn_and_observation_limits(tmp_path, monkeypatch):
+    """A tool task evaluates as it trained: the run's rollout.max_turns and max_obs_tokens (not the defaults, 3 and
+    160, which every run's evaluation used before)."""
+    run = tmp_path / "search_run"
+    turns = {"experiment": "search_tiny_ema_pg", "rollout.max_turns": 2, "rollout.max_obs_tokens": 50}
+    assert main(["train", *small_run({**turns, "trainer.iterations": 1, "task.test_size": 4}), f"run_dir={run}"]) == 0
+    seen = []
+
+    def samples(model, tok, prompts, st, seed, env, rollout_kw):
+        seen.append((env is not None, rollout_kw))
+        raise KeyboardInterrupt  # what was asked is all this test needs
+
+    monkeypatch.setattr(evaluate, "hf_samples", samples)
+    assert main(["eval", str(run), *EVAL, "--out", str(tmp_path / "ev")]) == 130
+    assert seen == [(True, {"max_turns": 2, "max_obs_tokens": 50})]
