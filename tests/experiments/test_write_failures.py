@@ -101,8 +101,8 @@ def test_the_resume_line_printed_after_an_interrupt_parses_back_to_the_run_dir(t
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from experiments.run import resume_command
     from experiments.errors import RunInterrupted
+    from experiments.run import resume_command
 
     run_dir = tmp_path / name
     line = resume_command(["experiment=math_tiny_grpo"], RunInterrupted("stopped", "SIGINT", run_dir))
