@@ -53,6 +53,10 @@ PROBE_PREFIX = ".emapg-doctor-"  # of the probe files the checkpoint check write
 # compatibility: https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html)
 CUDA_MIN_DRIVER = {11: 450, 12: 525, 13: 580}
 TORCH_CUDA_WHEELS = "https://download.pytorch.org/whl/"
+# the torch and vLLM that verl 0.9.1's GPU install resolves to (cluster/gpu-install.sh; docs/verl-plugin.md,
+# 'Installing on GPUs')
+TORCH_VERSION = "2.11.0"
+VLLM_VERSION = "0.24.0"
 # verl 0.9.1's attn_implementation when the config sets none (verl/workers/config/model.py, HFModelConfig)
 VERL_ATTN_DEFAULT = "flash_attention_2"
 # verl rollout engine -> the module it needs (the hf engine is ours: experiments.backends.verl.hf_rollout)
@@ -282,7 +286,10 @@ def check_driver(ctx: Context) -> Result:
     version, cuda = ctx.probes.torch_build()
     if cuda is None:
         if ctx.gpu_here:
-            fix = f"install torch's CUDA build ({TORCH_CUDA_WHEELS}cu130 for R580+ drivers; docs/scaling-out.md)"
+            fix = (
+                f"install torch {TORCH_VERSION}'s CUDA build (verl {VERL_VERSION}'s: cluster/gpu-install.sh, or "
+                f"{TORCH_CUDA_WHEELS}cu130 for R580+ drivers; docs/scaling-out.md)"
+            )
             found = f"torch {version} is a CPU build; the run needs {ctx.demand.gpus_per_node} GPU(s) per node"
             return Result("FAIL", found, fix)
         return Result("N/A", f"torch {version} is a CPU build; {_no_gpu_needed(ctx)}")
@@ -305,8 +312,11 @@ def check_driver(ctx: Context) -> Result:
     found = f"NVIDIA driver {', '.join(drivers)}; torch {version} is built for CUDA {cuda} (needs a driver >= {need})"
     if not old:
         return Result("PASS", found)
-    older = {13: f"{TORCH_CUDA_WHEELS}cu128", 12: f"{TORCH_CUDA_WHEELS}cu118"}.get(major, TORCH_CUDA_WHEELS)
-    fix = f"upgrade the driver to R{need}+, or install a torch built for an older CUDA ({older})"
+    if major == 13:  # torch 2.11.0 has CUDA 12.8 wheels too
+        older = f"torch=={TORCH_VERSION} built for an older CUDA ({TORCH_CUDA_WHEELS}cu128)"
+    else:
+        older = f"a torch built for an older CUDA ({TORCH_CUDA_WHEELS}{'cu118' if major == 12 else ''})"
+    fix = f"upgrade the driver to R{need}+, or install {older}"
     return Result("FAIL" if ctx.gpu_here else "WARN", found, fix)
 
 

@@ -158,7 +158,10 @@ def test_driver_against_the_torch_build(cfgs, cuda, drivers, status, words):
 
 def test_driver_fix_names_the_driver_branch(cfgs):
     r = doctor.check_driver(ctx(cfgs["verl"], cuda="13.0", drivers="570.124.06\n"))
-    assert "R580+" in r.fix and "cu128" in r.fix
+    assert "R580+" in r.fix and "cu128" in r.fix and f"torch=={doctor.TORCH_VERSION}" in r.fix
+    cpu = doctor.check_driver(ctx(cfgs["verl"], cuda=None))  # verl's pinned torch, not whatever pip picks
+    assert cpu.status == "FAIL" and "torch 2.11.0's CUDA build" in cpu.fix and "cluster/gpu-install.sh" in cpu.fix
+    assert doctor.TORCH_VERSION == "2.11.0"  # verl 0.9.1's (docs/verl-plugin.md, 'Installing on GPUs')
 
 
 def test_driver_is_na_where_no_gpu_is_needed(cfgs):
