@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib
+import importlib.metadata
 import os
 import re
 import secrets
@@ -236,6 +237,7 @@ class Probes:
     nvidia_smi: Callable[[Sequence[str]], str] = _nvidia_smi
     nccl_version: Callable[[], str | None] = _nccl_version
     import_module: Callable[[str], Any] = importlib.import_module
+    dist_version: Callable[[str], str] = importlib.metadata.version  # an installed distribution's version
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     interfaces: Callable[[], list[str]] = _interfaces
 
@@ -442,18 +444,34 @@ def check_verl(ctx: Context) -> Result:
 
 
 def check_rollout(ctx: Context) -> Result:
-    """The rollout engine the verl config names (vLLM or SGLang) imports."""
+    """The rollout engine the verl config names (vLLM or SGLang) imports; vLLM at the version verl pins
+    (VLLM_VERSION), with its compiled extension vllm._C."""
     d = ctx.demand
     if d.backend != "verl":
         return Result("N/A", "backend=local generates with Hugging Face")
     module = ROLLOUT_MODULES.get(d.rollout or "")
     if module is None:
         return Result("N/A", f"backend.verl.rollout_engine={d.rollout}: emapg's own engine, nothing to install")
-    if module == "vllm":
-        fix = "install verl's vllm stack: cluster/gpu-install.sh (docs/scaling-out.md)"
-    else:
-        fix = f"pip install {module} (the version verl 0.9.1 supports)"
-    return _importable(ctx, module, f"backend.verl.rollout_engine={d.rollout}", fix)
+    why = f"backend.verl.rollout_engine={d.rollout}"
+    if module != "vllm":
+        return _importable(ctx, module, why, f"pip install {module} (the version verl 0.9.1 supports)")
+    fix = "install verl's vllm stack: cluster/gpu-install.sh (docs/scaling-out.md)"
+    imported = _importable(ctx, module, why, fix)
+    if imported.status == "FAIL":
+        return imported
+    fix = f"install verl's vllm stack (vllm=={VLLM_VERSION}): cluster/gpu-install.sh (docs/scaling-out.md)"
+    try:
+        version = ctx.probes.dist_version("vllm")
+    except Exception as e:  # noqa: BLE001  importable, but not an installed distribution (a stray directory, ...)
+        return Result("FAIL", f"{why}: vllm imports, but no vllm distribution is installed ({_first_line(e)})", fix)
+    if version.split("+")[0] != VLLM_VERSION:
+        return Result("FAIL", f"{why}: vllm {version} is installed; verl {VERL_VERSION} needs vllm {VLLM_VERSION}", fix)
+    try:
+        ctx.probes.import_module("vllm._C")
+    except Exception as e:  # noqa: BLE001  a wheel for another torch or CUDA, or no GPU libraries on this node
+        found = f"{why}: vllm {version} imports, but its compiled extension vllm._C does not: {_first_line(e)}"
+        return Result("FAIL" if ctx.gpu_here else "WARN", found, fix)
+    return Result("PASS", f"{why}: vllm {version} (verl {VERL_VERSION}'s) imports, and its compiled extension vllm._C")
 
 
 def check_flash_attn(ctx: Context) -> Result:

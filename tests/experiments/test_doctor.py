@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import importlib.metadata
 import os
 import shutil
 import socket
@@ -52,8 +53,12 @@ def fake_probes(
     env: dict | None = None,
     interfaces=("lo", "eth0"),
     nccl: str | None = "2.27.3",
+    dists: dict | None = None,
 ) -> Probes:
-    """Probes answering as a machine with these properties (nothing real is asked)."""
+    """Probes answering as a machine with these properties (nothing real is asked). `modules`: {name: version or
+    the exception its import raises}; a submodule (vllm._C) imports when its package does, unless named there.
+    `dists`: {distribution: version} (default: the versions of `modules`)."""
+    modules = modules or {}
 
     def nvidia_smi(args):
         if isinstance(drivers, Exception):
@@ -66,10 +71,20 @@ def fake_probes(
         return list(devices)
 
     def import_module(name):
-        found = (modules or {}).get(name)
+        package = name.rpartition(".")[0]
+        if name not in modules and isinstance(modules.get(package), str):
+            return types.SimpleNamespace()
+        found = modules.get(name)
         if found is None or isinstance(found, Exception):
             raise found or ModuleNotFoundError(f"No module named {name!r}")
         return types.SimpleNamespace(__version__=found)
+
+    versions = {k: v for k, v in modules.items() if isinstance(v, str)} if dists is None else dists
+
+    def dist_version(name):
+        if name not in versions:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return versions[name]
 
     return Probes(
         torch_build=lambda: ("2.11.0" + (f"+cu{cuda.replace('.', '')}" if cuda else "+cpu"), cuda),
@@ -78,6 +93,7 @@ def fake_probes(
         nvidia_smi=nvidia_smi,
         nccl_version=lambda: nccl,
         import_module=import_module,
+        dist_version=dist_version,
         environ=env or {},
         interfaces=lambda: list(interfaces),
     )
@@ -245,7 +261,7 @@ def test_gpus_of_the_local_backend():
 
 # ---------------------------------------------------------------------------------------------- imports
 def test_verl_rollout_engine_and_flash_attn_imports(cfgs):
-    good = {"verl": "0.9.1", "vllm": "0.12.0", "flash_attn": "2.8.3"}
+    good = {"verl": "0.9.1", "vllm": "0.24.0", "flash_attn": "2.8.3"}
     c = ctx(cfgs["verl_flash"], modules=good)
     assert [f(c).status for f in (doctor.check_verl, doctor.check_rollout, doctor.check_flash_attn)] == ["PASS"] * 3
     sdpa = doctor.check_flash_attn(ctx(cfgs["verl"]))  # the presets' attention: no flash-attn needed
@@ -260,6 +276,30 @@ def test_verl_rollout_engine_and_flash_attn_imports(cfgs):
     assert {f(local).status for f in (doctor.check_verl, doctor.check_rollout, doctor.check_flash_attn)} == {"N/A"}
     cpu = build.compose(["experiment=math_deepscaler_ema_pg", "trainer.device=cpu", "backend.verl.rollout_engine=hf"])
     assert doctor.check_rollout(ctx(cpu)).status == "N/A" and doctor.check_flash_attn(ctx(cpu)).status == "N/A"
+
+
+def test_vllm_at_verl_s_version_with_its_compiled_extension(cfgs):
+    """`import vllm` loads no compiled code: a stub or another release imports; verl 0.9.1 needs vllm 0.24.0."""
+    ok = doctor.check_rollout(ctx(cfgs["verl"], modules={"vllm": "0.24.0"}))
+    assert ok.status == "PASS" and "vllm 0.24.0 (verl 0.9.1's)" in ok.found and "vllm._C" in ok.found
+    assert doctor.VLLM_VERSION == "0.24.0"  # cluster/gpu-install.sh, docs/verl-plugin.md
+    local = doctor.check_rollout(ctx(cfgs["verl"], modules={"vllm": "0.24.0"}, dists={"vllm": "0.24.0+cu130"}))
+    assert local.status == "PASS"  # a local version label is the same release
+    for version in ("0.1.0-wrong", "0.12.0", "0.24.1"):
+        wrong = doctor.check_rollout(ctx(cfgs["verl"], modules={"vllm": version}))
+        assert wrong.status == "FAIL" and f"vllm {version} is installed" in wrong.found, wrong
+        assert "verl 0.9.1 needs vllm 0.24.0" in wrong.found and "cluster/gpu-install.sh" in wrong.fix
+        assert "vllm==0.24.0" in wrong.fix
+    stray = doctor.check_rollout(ctx(cfgs["verl"], modules={"vllm": "0.24.0"}, dists={}))
+    assert stray.status == "FAIL" and "no vllm distribution" in stray.found
+    no_ext = {"vllm": "0.24.0", "vllm._C": ImportError("libcudart.so.13: cannot open shared object file")}
+    broken = doctor.check_rollout(ctx(cfgs["verl"], modules=no_ext))
+    assert broken.status == "FAIL" and "vllm._C does not" in broken.found and "libcudart" in broken.found
+    assert "cluster/gpu-install.sh" in broken.fix and "docs/scaling-out.md" in broken.fix
+    head = doctor.check_rollout(ctx(cfgs["verl"], cluster=FakeCluster({}), modules=no_ext))
+    assert head.status == "WARN"  # a Ray head checking a cluster need not run vLLM's kernels itself
+    sglang = dataclasses.replace(doctor.demand(cfgs["verl"]), rollout="sglang")
+    assert doctor.check_rollout(ctx(cfgs["verl"], sglang, modules={"sglang": "0.5.0"})).status == "PASS"
 
 
 # ---------------------------------------------------------------------------------------------- nccl
@@ -483,7 +523,7 @@ def test_the_command_with_fakes_and_a_fake_cluster(cfgs, data, tmp_path, capsys)
         "--address",
         "10.0.0.1:6379",
     ]
-    good = {"verl": "0.9.1", "vllm": "0.12.0", "flash_attn": "2.8.3", "wandb": "0.31.0"}
+    good = {"verl": "0.9.1", "vllm": "0.24.0", "flash_attn": "2.8.3", "wandb": "0.31.0"}
     cluster = FakeCluster({"10.0.0.1": None}, gpus={"10.0.0.1": 8})
     code = doctor.main(argv, fake_probes(devices=gpus(8), modules=good), cluster)
     out = capsys.readouterr().out.splitlines()
