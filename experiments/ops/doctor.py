@@ -32,6 +32,7 @@ import importlib.metadata
 import os
 import re
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -240,6 +241,7 @@ class Probes:
     dist_version: Callable[[str], str] = importlib.metadata.version  # an installed distribution's version
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     interfaces: Callable[[], list[str]] = _interfaces
+    disk_free: Callable[[str], int] = lambda path: shutil.disk_usage(path).free  # bytes free where path lies
 
 
 # ---------------------------------------------------------------------------------------------- the cluster
@@ -623,8 +625,10 @@ def summarize_paths(looked: Sequence[tuple[str, str, str, str]]) -> Result:
 
 
 def check_checkpoint(ctx: Context) -> list[Result]:
-    """The checkpoint directory is writable here (a probe file written, read back, deleted) and, with --address,
-    writable on every node and shared: each node sees a file written here."""
+    """The checkpoint directory is writable here (a probe file written, read back, deleted; the space free there
+    stated) and, with --address, writable on every node and shared: each node sees a file written here.
+
+    No WARN on the free space: the repo has no estimate of a run's checkpoint size to hold it against."""
     d = ctx.demand
     where = existing_parent(d.checkpoints)
     probe = os.path.join(where, f"{PROBE_PREFIX}{ctx.token}") if where else ""
@@ -633,6 +637,7 @@ def check_checkpoint(ctx: Context) -> list[Result]:
     except OSError as e:
         fix = f"make it writable, or set {d.checkpoint_key}"
         return [Result("FAIL", f"{shown_path(d.checkpoints)}: {_os_reason(e)}", fix)]
+    here = f"{here}; {_gib(ctx.probes.disk_free(where))} GiB free there"
     if ctx.cluster is None:
         return [Result("PASS", f"{shown_path(d.checkpoints)}: {here}")]
     try:

@@ -54,6 +54,7 @@ def fake_probes(
     interfaces=("lo", "eth0"),
     nccl: str | None = "2.27.3",
     dists: dict | None = None,
+    disk_free=lambda path: 100 * GIB,
 ) -> Probes:
     """Probes answering as a machine with these properties (nothing real is asked). `modules`: {name: version or
     the exception its import raises}; a submodule (vllm._C) imports when its package does, unless named there.
@@ -96,6 +97,7 @@ def fake_probes(
         dist_version=dist_version,
         environ=env or {},
         interfaces=lambda: list(interfaces),
+        disk_free=disk_free,
     )
 
 
@@ -439,6 +441,11 @@ def test_checkpoint_dir_writable(cfgs, tmp_path):
         r.status == "PASS" and f"in {tmp_path}, its nearest existing directory" in r.found and leftovers(tmp_path) == []
     )
     assert not (tmp_path / "runs").exists()  # nothing created
+    asked = []
+    (r,) = doctor.check_checkpoint(ctx(cfgs["local"], d, disk_free=lambda p: asked.append(p) or int(12.5 * GIB)))
+    assert r.status == "PASS" and r.found.endswith("; 12.5 GiB free there") and asked == [str(tmp_path)]
+    real = doctor.Probes().disk_free(str(tmp_path))  # the real probe (others write to this disk meanwhile)
+    assert abs(real - shutil.disk_usage(tmp_path).free) < GIB
     (tmp_path / "file").write_text("x")
     under_file = dataclasses.replace(d, checkpoints=str(tmp_path / "file" / "checkpoints"))
     (r,) = doctor.check_checkpoint(ctx(cfgs["local"], under_file))
