@@ -61,6 +61,9 @@ TORCH_VERSION = "2.11.0"
 VLLM_VERSION = "0.24.0"
 # verl 0.9.1's attn_implementation when the config sets none (verl/workers/config/model.py, HFModelConfig)
 VERL_ATTN_DEFAULT = "flash_attention_2"
+# verl 0.9.1's actor_rollout_ref.rollout.dtype when the config sets none (verl/trainer/config/rollout/rollout.yaml;
+# its FSDP actor's mixed precision is bf16 by default too): trainer.dtype is the local backend's only
+VERL_DTYPE_DEFAULT = "bfloat16"
 # verl rollout engine -> the module it needs (the hf engine is ours: experiments.backends.verl.hf_rollout)
 ROLLOUT_MODULES = {"vllm": "vllm", "sglang": "sglang"}
 # the network interfaces NCCL / gloo bind to (a comma list; ^ excludes, = is exact)
@@ -108,6 +111,8 @@ class Demand:
     files: tuple[tuple[str, str], ...] = ()  # (setting, path) of the data and config files the workers read
     checkpoints: str = ""  # the checkpoint directory, absolute
     checkpoint_key: str = "run_dir"  # the setting that moves it
+    dtype: str = "float32"  # what the run computes in on its GPUs: float32 | bfloat16 | float64
+    dtype_key: str = "trainer.dtype"  # the setting that names it
 
 
 def demand(cfg) -> Demand:
@@ -123,7 +128,16 @@ def _local_demand(cfg, run_dir: Path) -> Demand:
     ckpt = os.path.abspath(os.path.expanduser(run_dir / "checkpoints"))
     key = "run_dir (checkpoints go to <run_dir>/checkpoints)"
     sizes = f"trainer.device={device}"
-    return Demand("local", device, gpus, sizes=sizes, model=cfg.model.path, checkpoints=ckpt, checkpoint_key=key)
+    return Demand(
+        "local",
+        device,
+        gpus,
+        sizes=sizes,
+        model=cfg.model.path,
+        checkpoints=ckpt,
+        checkpoint_key=key,
+        dtype=str(cfg.trainer.dtype),
+    )
 
 
 def _verl_demand(cfg, run_dir: Path) -> Demand:
@@ -158,6 +172,8 @@ def _verl_demand(cfg, run_dir: Path) -> Demand:
         files=tuple((k, str(v)) for k, v in files),
         checkpoints=os.path.abspath(os.path.expanduser(checkpoint_root(run))),
         checkpoint_key="backend.verl.checkpoint_dir",
+        dtype=str(verl.get("actor_rollout_ref.rollout.dtype", VERL_DTYPE_DEFAULT)),
+        dtype_key="verl's actor_rollout_ref.rollout.dtype, bfloat16 unless set",
     )
 
 
@@ -191,6 +207,13 @@ def _gpus() -> list[Gpu]:
         free, total = torch.cuda.mem_get_info(i)
         out.append(Gpu(i, torch.cuda.get_device_properties(i).name, int(total), int(free)))
     return out
+
+
+def _bf16_supported() -> bool:
+    """Whether the current CUDA device computes in bf16 natively (torch's emulation on older GPUs not counted)."""
+    import torch
+
+    return bool(torch.cuda.is_bf16_supported(including_emulation=False))
 
 
 def _nvidia_present() -> bool:
@@ -241,6 +264,7 @@ class Probes:
     dist_version: Callable[[str], str] = importlib.metadata.version  # an installed distribution's version
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     interfaces: Callable[[], list[str]] = _interfaces
+    bf16_supported: Callable[[], bool] = _bf16_supported
     disk_free: Callable[[str], int] = lambda path: shutil.disk_usage(path).free  # bytes free where path lies
 
 
@@ -331,7 +355,8 @@ def _smi_reason(e: BaseException) -> str:
 
 
 def check_cuda(ctx: Context) -> Result:
-    """torch.cuda works: every visible device allocates and multiplies a small matrix."""
+    """torch.cuda works: every visible device allocates and multiplies a small matrix; bf16 where the run trains
+    in it (trainer.dtype on the local backend; on verl, its rollout dtype, bf16 unless set)."""
     version, cuda = ctx.probes.torch_build()
     if cuda is None:
         why = f"torch {version} is a CPU build"
@@ -352,7 +377,16 @@ def check_cuda(ctx: Context) -> Result:
         except Exception as e:  # noqa: BLE001  a broken device, an arch torch was not built for, ...
             fix = "check the device with nvidia-smi; a torch build for this GPU's architecture"
             return Result("FAIL", f"cuda:{g.index} ({g.name}): a 4x4 matmul failed: {_first_line(e)}", fix)
-    return Result("PASS", f"a 4x4 matmul ran on each of {len(gpus)} device(s) (cuda:0..{len(gpus) - 1})")
+    ran = f"a 4x4 matmul ran on each of {len(gpus)} device(s) (cuda:0..{len(gpus) - 1})"
+    if ctx.demand.dtype not in ("bfloat16", "bf16"):
+        return Result("PASS", ran)
+    if not ctx.probes.bf16_supported():
+        d = ctx.demand
+        found = f"{ran}, but the run computes in {d.dtype} ({d.dtype_key}) and {gpus[0].name} has no bf16"
+        fix = "run on a GPU with bf16 (compute capability 8.0+: A100, H100, L40S, RTX 30xx and newer)"
+        fix += ", or trainer.dtype=float32" if d.backend == "local" else ""
+        return Result("FAIL" if ctx.gpu_here else "WARN", found, fix)
+    return Result("PASS", f"{ran}; bf16 supported (the run computes in {ctx.demand.dtype}: {ctx.demand.dtype_key})")
 
 
 def check_gpus(ctx: Context) -> Result:

@@ -55,6 +55,7 @@ def fake_probes(
     nccl: str | None = "2.27.3",
     dists: dict | None = None,
     disk_free=lambda path: 100 * GIB,
+    bf16: bool = True,
 ) -> Probes:
     """Probes answering as a machine with these properties (nothing real is asked). `modules`: {name: version or
     the exception its import raises}; a submodule (vllm._C) imports when its package does, unless named there.
@@ -98,6 +99,7 @@ def fake_probes(
         environ=env or {},
         interfaces=lambda: list(interfaces),
         disk_free=disk_free,
+        bf16_supported=lambda: bf16,
     )
 
 
@@ -212,6 +214,30 @@ def test_cuda_fails_on_a_broken_device_or_initialisation(cfgs):
     assert doctor.check_cuda(ctx(cfgs["verl"], cuda=None)).status == "FAIL"
     assert doctor.check_cuda(ctx(cfgs["local"], cuda=None)).status == "N/A"
     assert doctor.check_cuda(ctx(cfgs["local"], devices=[])).status == "N/A"
+
+
+def test_cuda_in_bf16_where_the_run_trains_in_it(cfgs):
+    """The GPU presets compute in bf16 (verl's rollout dtype unless set; trainer.dtype on the local backend): a
+    GPU without it (a V100, a T4) runs the fp32 matmul and fails the run."""
+    assert doctor.demand(cfgs["verl"]).dtype == "bfloat16" and doctor.demand(cfgs["local"]).dtype == "float32"
+    ok = doctor.check_cuda(ctx(cfgs["verl"], devices=gpus(2)))
+    assert ok.status == "PASS" and "bf16 supported" in ok.found and "rollout.dtype" in ok.found
+    v100 = [Gpu(i, "Tesla V100-SXM2-32GB", 32 * GIB, 31 * GIB) for i in range(8)]
+    old = doctor.check_cuda(ctx(cfgs["verl"], devices=v100, bf16=False))
+    assert old.status == "FAIL" and "computes in bfloat16" in old.found and "Tesla V100" in old.found, old
+    assert "compute capability 8.0+" in old.fix and "trainer.dtype" not in old.fix  # verl ignores trainer.dtype
+    fp32 = build.compose(
+        ["experiment=math_deepscaler_ema_pg", "backend.verl.overrides=['actor_rollout_ref.rollout.dtype=float32']"]
+    )
+    assert doctor.demand(fp32).dtype == "float32"
+    r = doctor.check_cuda(ctx(fp32, devices=v100, bf16=False))
+    assert r.status == "PASS" and "bf16" not in r.found  # fp32 only: today's line
+    local = build.compose(["trainer.device=cuda", "trainer.dtype=bfloat16"])
+    r = doctor.check_cuda(ctx(local, devices=v100[:1], bf16=False))
+    assert r.status == "FAIL" and "trainer.dtype" in r.found and "trainer.dtype=float32" in r.fix
+    assert doctor.check_cuda(ctx(build.compose(["trainer.device=cuda"]), devices=v100[:1], bf16=False)).status == "PASS"
+    head = doctor.check_cuda(ctx(cfgs["verl"], cluster=FakeCluster({}), devices=v100[:1], bf16=False))
+    assert head.status == "WARN"  # a Ray head checking a cluster does not train here
 
 
 def test_the_real_matmul_runs_on_the_cpu():
