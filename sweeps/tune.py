@@ -147,8 +147,8 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
     run_dir = Path(sweep_dir) / "runs" / records.make_run_id(cfg.task.name, cfg.experiment, cfg.seed, trial_id=trial_id)
     if spec.backend == "verl":  # verl keeps its own checkpoints: <run_dir>/checkpoints, or <checkpoint_dir>/<run id>
         carry, resume = None, "auto"  # continue the record an earlier attempt left, else start
-        root = cfg.backend.verl.checkpoint_dir
-        cfg.backend.verl.checkpoint_dir = str(run_dir / "checkpoints" if root is None else Path(root) / run_dir.name)
+        if cfg.backend.verl.checkpoint_dir is not None:  # one directory for every trial of the sweep
+            cfg.backend.verl.checkpoint_dir = str(Path(cfg.backend.verl.checkpoint_dir) / run_dir.name)
     else:
         carry = _restore(run_dir, _Reporter(spec.metric, spec.mode))
         resume = carry is not None

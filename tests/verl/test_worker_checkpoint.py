@@ -197,13 +197,13 @@ def test_step_dirs_to_remove_ignores_other_names():
     assert step_dirs_to_remove(others + _names(1, 2, 3), 3, 1, 2) == _names(1)
 
 
-def test_checkpoint_root_parses_the_trainer_layout():
-    from experiments.backends.verl.worker import checkpoint_root
+def test_step_layout_parses_the_trainer_layout():
+    from experiments.backends.verl.worker import step_layout
 
-    assert checkpoint_root("/r/ckpt/global_step_7/actor") == ("/r/ckpt", 7)
-    assert checkpoint_root("/r/ckpt/global_step_7/actor/") == ("/r/ckpt", 7)
-    assert checkpoint_root("/r/ckpt/step_7/actor") is None
-    assert checkpoint_root("/r/ckpt/global_step_7") is None  # the step dir itself is not an actor path
+    assert step_layout("/r/ckpt/global_step_7/actor") == ("/r/ckpt", 7)
+    assert step_layout("/r/ckpt/global_step_7/actor/") == ("/r/ckpt", 7)
+    assert step_layout("/r/ckpt/step_7/actor") is None
+    assert step_layout("/r/ckpt/global_step_7") is None  # the step dir itself is not an actor path
 
 
 @pytest.mark.parametrize("keep", [None, 0, -2, 2, 3, 5])

@@ -160,7 +160,7 @@ class VerlSettings:
     paper's 8k math stage, rLLM's mask_truncated_samples; emapg.mask_truncated)."""
     val_before_train: bool = False
     checkpoint_dir: str | None = None
-    """trainer.default_local_dir; null = verl's checkpoints/<project>/<experiment>."""
+    """trainer.default_local_dir; null = <run_dir>/checkpoints, as on the local backend."""
     total_epochs: int = 100
     """Cap only: training stops at trainer.iterations."""
     overrides: list[str] = field(default_factory=list)
@@ -260,8 +260,8 @@ def to_verl(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> V
         o["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = vs.micro_batch_size_per_gpu
     if vs.multi_turn:
         o.update(_multi_turn_keys(ro, vs))
-    if vs.checkpoint_dir:
-        o[f"{T}default_local_dir"] = vs.checkpoint_dir
+    if vs.checkpoint_dir or run.get("run_dir"):
+        o[f"{T}default_local_dir"] = checkpoint_root(run)
     o.update(_device_keys(section.device, vs))
     o.update(_logger(run, wandb))
     return VerlJob([f"{k}={hydra_value(v)}" for k, v in o.items()] + list(vs.overrides), section.model_dump())
@@ -436,11 +436,14 @@ def _logger(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> d
 
 
 def checkpoint_root(run: Mapping[str, Any]) -> str:
-    """Where verl writes ``global_step_N`` for this run: backend.verl.checkpoint_dir, else verl's default
-    ``checkpoints/<project>/<experiment name>`` (relative to the working directory)."""
+    """Where verl writes ``global_step_N`` for this run: backend.verl.checkpoint_dir, else <run_dir>/checkpoints
+    (absolute: verl's processes do not share this one's working directory); without a run_dir (a config checked
+    before its run directory is known), verl's default ``checkpoints/<project>/<experiment name>``."""
     vs = (run.get("backend") or {}).get("verl") or {}
     if vs.get("checkpoint_dir"):
         return str(vs["checkpoint_dir"])
+    if run.get("run_dir"):
+        return os.path.join(os.path.abspath(os.path.expanduser(run["run_dir"])), "checkpoints")
     names = _logger(run)
     return os.path.join("checkpoints", names["trainer.project_name"], names["trainer.experiment_name"])
 

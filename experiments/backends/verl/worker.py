@@ -89,7 +89,7 @@ def step_dirs_to_remove(
     return [steps[s] for s in sorted(steps) if s not in spared]
 
 
-def checkpoint_root(actor_path: str) -> tuple[str, int] | None:
+def step_layout(actor_path: str) -> tuple[str, int] | None:
     """``<root>/global_step_N/actor`` -> (root, N); None when the path has another layout."""
     step_dir = os.path.dirname(os.path.normpath(actor_path))
     step = step_of(os.path.basename(step_dir))
@@ -249,7 +249,7 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
         forgets everything saved before a restart, and with a limit of 1 it would delete the actor
         the tracker file still names. Any other layout keeps verl's behaviour.
         """
-        layout = checkpoint_root(local_path)
+        layout = step_layout(local_path)
         verl_keep = max_ckpt_to_keep if layout is None else None
         super().save_checkpoint(local_path, hdfs_path, global_step, verl_keep)
         if self._emapg.anchor.tau < 1.0:  # a fixed anchor is the initial model, which the run config names
