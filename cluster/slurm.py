@@ -24,7 +24,7 @@ DEFAULTS = {
 }
 
 
-OPTIONAL = ("account", "qos", "constraint", "mem", "exclude", "setup", "env")
+OPTIONAL = ("account", "qos", "constraint", "mem", "exclude", "setup", "env", "network_interface")
 KEYS = REQUIRED + OPTIONAL + tuple(DEFAULTS)
 TIME_FORMATS = (
     "minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, days-hours:minutes:seconds"
@@ -33,6 +33,7 @@ TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}")  # a days- prefix or not, then 1 to 
 WORD = re.compile(r"[^\s'\"\\]+")  # an #SBATCH value: one word, no quotes
 MEM = re.compile(r"\d+[KMGT]?", re.IGNORECASE)
 SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+INTERFACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}")  # a Linux interface name (IFNAMSIZ: 15 characters)
 MINIMUM = {"gpus_per_node": 0, "cpus_per_node": 1, "port_base": 1, "port_slots": 1, "ready_timeout": 1, "stop_grace": 1}
 MINIMUM["port_stride"] = 20  # 10 service ports + the workers'
 
@@ -67,6 +68,11 @@ def load_site(path: str | Path) -> dict:
     for key in ("partition", "account", "qos", "constraint"):
         if key in site and not (isinstance(site[key], str) and WORD.fullmatch(site[key])):
             raise bad(key, "must be one word (no spaces or quotes)", site[key])
+    if "network_interface" in site and not (
+        isinstance(site["network_interface"], str) and INTERFACE.fullmatch(site["network_interface"])
+    ):
+        what = "must be a network interface name (up to 15 letters, digits, _ . : -), e.g. ib0"
+        raise bad("network_interface", what, site["network_interface"])
     for key, low in MINIMUM.items():
         if type(site[key]) is not int or site[key] < low:
             raise bad(key, f"must be an integer >= {low}", site[key])
@@ -139,6 +145,13 @@ def render_sbatch(
     if site.get("exclude"):
         extra.append(f"#SBATCH --exclude={','.join(site['exclude'])}")
     env = "\n".join(f"export {k}={shell_word(v)}" for k, v in site.get("env", {}).items())
+    # Each node's address for Ray: its first IPv4 address that is not loopback, on the site's interface if it names one.
+    if site.get("network_interface"):
+        query = f"ip -4 -o addr show dev {site['network_interface']}"
+        no_address = f"no IPv4 address on interface {site['network_interface']} (network_interface; {query})"
+    else:
+        query = "hostname --all-ip-addresses"
+        no_address = f"no IPv4 address but 127.* in {query} (name one with network_interface in the site file)"
     cmd = shlex.join(command) if command else "python -m experiments.cli --help  # replace: your command"
     resume = ""
     out = sweep_dir(command or [])
@@ -159,6 +172,8 @@ def render_sbatch(
         token_dir=shell_word(site["token_dir"]),
         time=site["time"],
         sbatch_extra="\n".join(extra),
+        address_query=query,
+        no_address=no_address,
         setup="\n".join(site.get("setup", [])),
         env=env,
         resume=resume,

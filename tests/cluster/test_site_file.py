@@ -112,3 +112,16 @@ def test_the_example_site_file_renders(capsys):
     assert main(["slurm", "--site", str(EXAMPLE), "--", "true"]) == 0
     out = capsys.readouterr().out
     assert "#SBATCH --time=48:00:00\n" in out and 'export HF_HOME="$HOME/.cache/huggingface"\n' in out
+
+
+@pytest.mark.parametrize("value", ["ib 0", "eth0;reboot", "a_very_long_interface0", "[ib0]", "1"])
+def test_a_network_interface_that_is_not_an_interface_name_is_refused(tmp_path, capsys, value):
+    err = _refused(tmp_path, capsys, BASE + f"network_interface: {value}\n")
+    assert "network_interface must be a network interface name" in err and "e.g. ib0" in err, err
+
+
+def test_the_nodes_address_comes_from_the_named_interface_else_the_first_non_loopback_ipv4(tmp_path, capsys):
+    rc, out, err = _slurm(tmp_path, capsys, BASE + "network_interface: ib0\n")
+    assert rc == 0 and '-w "$node" ip -4 -o addr show dev ib0 |' in out, err
+    rc, out, err = _slurm(tmp_path, capsys, BASE)
+    assert rc == 0 and '-w "$node" hostname --all-ip-addresses |' in out and "--ip-address" not in out, err

@@ -52,8 +52,17 @@ STUBS = {
         "fi\n"
         'exec "$@"\n'
     ),
-    # Ray's `ray start` on Linux maps 127.0.0.1 to this host's address: every fake host answers with that one.
-    "hostname": '[[ $1 == --ip-address ]] && exec echo "$FAKE_IP"\nexec /bin/hostname "$@"\n',
+    # Ray's `ray start` on Linux maps 127.0.0.1 to this host's address: every fake host has that one, after
+    # Debian's 127.0.1.1 and an IPv6 address ($FAKE_ALL_IPS); `--ip-address` answers 127.0.1.1 alone, as there.
+    "hostname": (
+        'case $1 in --all-ip-addresses|-I) exec echo "$FAKE_ALL_IPS";; --ip-address|-i) exec echo 127.0.1.1;; esac\n'
+        'exec /bin/hostname "$@"\n'
+    ),
+    # `ip -4 -o addr show dev fake0`: the one interface the fake hosts have, with that address.
+    "ip": (
+        '[[ "$*" == "-4 -o addr show dev fake0" ]] || { echo "Device \\"${*: -1}\\" does not exist." >&2; exit 1; }\n'
+        'echo "2: fake0    inet $FAKE_IP/24 brd 10.255.255.255 scope global fake0\\       valid_lft forever"\n'
+    ),
 }
 # Connects through RAY_ADDRESS (this job's head) and runs one task on every node it finds.
 ON_EVERY_NODE = """
@@ -100,9 +109,10 @@ def jobs():
         (bin_dir / name).chmod(0o755)
     procs = []
 
-    def start(job_id, command, restart=0, ready_timeout=100, hang=""):
+    def start(job_id, command, restart=0, ready_timeout=100, hang="", site_extra="", all_ips=None):
         """Run the job's script; `restart` > 0 runs it again as SLURM does after a requeue (same id, same dir);
-        `hang` names a node whose `ray start` never runs."""
+        `hang` names a node whose `ray start` never runs; `site_extra`: more site file lines; `all_ips`: what
+        `hostname --all-ip-addresses` answers (default 127.0.1.1, an IPv6 address, then this host's address)."""
         job_dir = Path(root, str(job_id))
         (job_dir / "pids").mkdir(parents=True, exist_ok=True)
         (job_dir / "home").mkdir(exist_ok=True)
@@ -110,8 +120,9 @@ def jobs():
         site.write_text(
             f"partition: test\ntime: '0:10:00'\ngpus_per_node: 0\ncpus_per_node: 1\nray_tmp: {root}\n"
             f"token_dir: {root}\nport_base: 21000\nport_stride: 100\nport_slots: 100\n"
-            f"ready_timeout: {ready_timeout}\nenv:\n  RAY_USAGE_STATS_ENABLED: '0'\n"
+            f"ready_timeout: {ready_timeout}\nenv:\n  RAY_USAGE_STATS_ENABLED: '0'\n{site_extra}"
         )
+        ip = _host_ip()
         script = job_dir / "job.sbatch"
         script.write_text(render_sbatch(site, nodes=2, command=command))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SLURM_"))}
@@ -125,7 +136,8 @@ def jobs():
             SLURM_SUBMIT_DIR=str(job_dir),
             FAKE_NODES="fakenode1 fakenode2",
             FAKE_PIDS=str(job_dir / "pids"),
-            FAKE_IP=_host_ip(),
+            FAKE_IP=ip,
+            FAKE_ALL_IPS=f"127.0.1.1 fe80::1 {ip}" if all_ips is None else all_ips,
             FAKE_HANG=hang,
             RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1",  # two Ray nodes on 127.0.0.1
         )
@@ -236,7 +248,8 @@ def test_a_sweep_job_preempted_and_requeued_resumes_its_trials(jobs):
 
 @pytest.mark.slow
 def test_a_dead_worker_node_ends_the_job(jobs):
-    proc, log, pids = jobs(4242003, ["sleep", "600"])
+    """(Each node's address taken from the site's network_interface: `ip -4 -o addr show dev fake0`.)"""
+    proc, log, pids = jobs(4242003, ["sleep", "600"], site_extra="network_interface: fake0\n")
     deadline = time.time() + 240
     while "Ray is up" not in log.read_text():
         assert proc.poll() is None and time.time() < deadline, log.read_text()
@@ -254,6 +267,21 @@ def test_a_node_that_never_joins_fails_the_job_after_the_readiness_timeout_namin
     rc, out = _finish(proc, log, timeout=90)
     assert rc == 1 and "emapg: Ray did not come up (after 12 s); not joined: fakenode2" in out, out
     assert "Ray is up" not in out and "the command exited" not in out
+
+
+@pytest.mark.parametrize(
+    ("site_extra", "all_ips", "why"),
+    [
+        ("", "127.0.1.1 fe80::1", "no IPv4 address but 127.* in hostname --all-ip-addresses"),
+        ("network_interface: ib0\n", None, "no IPv4 address on interface ib0 (network_interface; ip -4 -o addr"),
+    ],
+)
+def test_a_node_without_an_address_fails_the_job_naming_it(jobs, site_extra, all_ips, why):
+    """Only loopback and IPv6 addresses, or no such interface: the job ends before any Ray node starts."""
+    proc, log, pids = jobs(4242006, ["true"], site_extra=site_extra, all_ips=all_ips)
+    rc, out = _finish(proc, log, timeout=60)
+    assert rc == 1 and f"emapg: job 4242006: node fakenode1: {why}" in out, out
+    assert "Ray head" not in out and not list(pids.iterdir()), out
 
 
 def test_requeued_sweep_resumes(tmp_path):
