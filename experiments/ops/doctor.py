@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import traceback
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,8 @@ USAGE = "usage: emapg doctor [experiment=<preset>] [key=value ...] [--address HO
 NVIDIA_SMI_TIMEOUT_S = 20  # before the driver check gives up on `nvidia-smi`
 NODE_TIMEOUT_S = 60.0  # with --address, for each node to answer its Ray task (paths and checkpoint directory)
 CONNECT_TIMEOUT_S = 5.0  # for --address to accept a TCP connection before doctor says nothing answers there
+WANDB_CONNECT_TIMEOUT_S = 3.0  # for the W&B server to accept a TCP connection (logger.mode=online)
+WANDB_DEFAULT_URL = "https://api.wandb.ai"  # W&B's server unless WANDB_BASE_URL names another
 PROBE_PREFIX = ".emapg-doctor-"  # of the probe files the checkpoint check writes and deletes
 # CUDA major version of torch's build -> the oldest NVIDIA driver branch that runs it (CUDA minor version
 # compatibility: https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html)
@@ -247,6 +250,23 @@ def _nccl_version() -> str | None:
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
+def _netrc_has(host: str) -> bool:
+    """Whether the netrc file ($NETRC, else ~/.netrc; where `wandb login` writes) has a password for `host`. Only
+    its presence is looked at: the key is never returned, printed or sent."""
+    import netrc
+
+    try:
+        entry = netrc.netrc(os.environ.get("NETRC") or os.path.expanduser("~/.netrc")).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(entry and entry[2])
+
+
+def _tcp_connect(host: str, port: int, timeout: float) -> None:
+    """Open and close a TCP connection to host:port; OSError when nothing accepts it within `timeout` s."""
+    socket.create_connection((host, port), timeout=timeout).close()
+
+
 def _interfaces() -> list[str]:
     return sorted(name for _, name in socket.if_nameindex())
 
@@ -265,6 +285,8 @@ class Probes:
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     interfaces: Callable[[], list[str]] = _interfaces
     bf16_supported: Callable[[], bool] = _bf16_supported
+    netrc_has: Callable[[str], bool] = _netrc_has
+    connect: Callable[[str, int, float], None] = _tcp_connect
     disk_free: Callable[[str], int] = lambda path: shutil.disk_usage(path).free  # bytes free where path lies
 
 
@@ -758,7 +780,8 @@ def _os_reason(e: OSError) -> str:
 
 
 def check_wandb(ctx: Context) -> Result:
-    """W&B's mode (WANDB_MODE over logger.mode) and whether wandb imports; no API key is read."""
+    """W&B's mode (WANDB_MODE over logger.mode) and whether wandb imports; online: an API key is present (never
+    read out) and the W&B server answers."""
     cfg, env = ctx.cfg, ctx.probes.environ
     if cfg.logger.name == "none":
         return Result("N/A", "logger=none: no W&B run")
@@ -774,12 +797,42 @@ def check_wandb(ctx: Context) -> Result:
     except Exception as e:  # noqa: BLE001
         found = f"{mode} ({source}) but wandb does not import: {_first_line(e)}"
         return Result("FAIL", found, "pip install wandb, or logger=none")
-    what = {
-        "offline": "written under the run directory; `wandb sync` uploads them later",
-        "online": "uploaded as the run goes: the node that logs needs `wandb login` (or WANDB_API_KEY) and the "
-        "network (on verl, verl's TaskRunner logs)",
-    }[mode]
-    return Result("PASS", f"{mode} ({source}={raw}), wandb {getattr(module, '__version__', '?')}: runs are {what}")
+    found = f"{mode} ({source}={raw}), wandb {getattr(module, '__version__', '?')}"
+    if mode == "offline":
+        return Result("PASS", f"{found}: runs are written under the run directory; `wandb sync` uploads them later")
+    return _wandb_online(ctx, found, source)
+
+
+def _wandb_online(ctx: Context, found: str, source: str) -> Result:
+    """logger.mode=online: PASS when an API key is present here (WANDB_API_KEY, or a netrc entry for the server;
+    presence only) and the server accepts a TCP connection; otherwise WARN (offline works, online will fail)."""
+    env = ctx.probes.environ
+    url = urllib.parse.urlsplit(env.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL)
+    host = url.hostname or ""
+    port = url.port or (80 if url.scheme == "http" else 443)
+    if env.get("WANDB_API_KEY"):
+        key = "WANDB_API_KEY is set"
+    elif host and ctx.probes.netrc_has(host):
+        key = f"a netrc entry for {host}"
+    else:
+        key = ""
+    try:
+        ctx.probes.connect(host, port, WANDB_CONNECT_TIMEOUT_S)
+        down = ""
+    except OSError as e:
+        down = f"{host}:{port} does not answer ({e.strerror or _first_line(e)})"
+    logs = "on verl, verl's TaskRunner logs, from its node"
+    if key and not down:
+        return Result("PASS", f"{found}: {key} and {host}:{port} answers; runs are uploaded as the run goes ({logs})")
+    problems = ([] if key else [f"no W&B API key here (no WANDB_API_KEY, no netrc entry for {host})"]) + (
+        [down] if down else []
+    )
+    offline = "WANDB_MODE=offline" if source == "WANDB_MODE" else "logger.mode=offline"
+    fix = (
+        f"`wandb login` (or WANDB_API_KEY) and a route to {host}:{port} where the run logs ({logs}), "
+        f"or {offline} and `wandb sync` the run later"
+    )
+    return Result("WARN", f"{found}: {'; '.join(problems)}: offline logging works, online will fail", fix)
 
 
 CHECKS: dict[str, Callable[[Context], Result | list[Result]]] = {

@@ -56,6 +56,8 @@ def fake_probes(
     dists: dict | None = None,
     disk_free=lambda path: 100 * GIB,
     bf16: bool = True,
+    netrc=(),
+    connect=None,
 ) -> Probes:
     """Probes answering as a machine with these properties (nothing real is asked). `modules`: {name: version or
     the exception its import raises}; a submodule (vllm._C) imports when its package does, unless named there.
@@ -100,6 +102,8 @@ def fake_probes(
         interfaces=lambda: list(interfaces),
         disk_free=disk_free,
         bf16_supported=lambda: bf16,
+        netrc_has=lambda host: host in netrc,
+        connect=connect or (lambda host, port, timeout: None),  # everything answers, nothing is asked
     )
 
 
@@ -518,13 +522,66 @@ def test_wandb_mode(cfgs):
     r = doctor.check_wandb(ctx(cfgs["local"], modules={"wandb": "0.31.0"}, env={"WANDB_API_KEY": "s3cret-key"}))
     assert r.status == "PASS" and r.found.startswith("offline (logger.mode=offline)") and "s3cret" not in r.found
     online = doctor.check_wandb(ctx(cfgs["local"], modules={"wandb": "0.31.0"}, env={"WANDB_MODE": "online"}))
-    assert online.status == "PASS" and "online (WANDB_MODE=online)" in online.found and "wandb login" in online.found
+    assert online.status == "WARN" and "online (WANDB_MODE=online)" in online.found and "wandb login" in online.fix
     bad = doctor.check_wandb(ctx(cfgs["local"], modules={"wandb": "0.31.0"}, env={"WANDB_MODE": "loud"}))
     assert bad.status == "FAIL" and "'loud' from WANDB_MODE" in bad.found and "offline" in bad.fix
     missing = doctor.check_wandb(ctx(cfgs["local"]))
     assert missing.status == "FAIL" and "wandb does not import" in missing.found
     assert doctor.check_wandb(ctx(cfgs["local"], env={"WANDB_MODE": "disabled"})).status == "PASS"  # no import
     assert doctor.check_wandb(ctx(build.compose(["logger=none"]))).status == "N/A"
+
+
+def test_wandb_online_needs_a_key_and_the_server(cfgs):
+    """Online: PASS only with an API key present (WANDB_API_KEY or a netrc entry; never shown) and W&B's server
+    accepting a TCP connection; else WARN, offline being the way that works."""
+    online = build.compose(["logger.mode=online"])
+    calls = []
+
+    def answers(host, port, timeout):
+        calls.append((host, port, timeout))
+
+    def refused(host, port, timeout):
+        raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+
+    def check(env=None, **kw):
+        return doctor.check_wandb(ctx(online, env=env or {}, **{"modules": {"wandb": "0.31.0"}, **kw}))
+
+    key = {"WANDB_API_KEY": "s3cret-key"}
+    ok = check(key, connect=answers)
+    assert ok.status == "PASS" and "online (logger.mode=online)" in ok.found and "WANDB_API_KEY is set" in ok.found
+    assert "api.wandb.ai:443 answers" in ok.found and "s3cret" not in ok.found + ok.fix
+    assert calls == [("api.wandb.ai", 443, doctor.WANDB_CONNECT_TIMEOUT_S)]
+    via_netrc = check(connect=answers, netrc={"api.wandb.ai"})
+    assert via_netrc.status == "PASS" and "a netrc entry for api.wandb.ai" in via_netrc.found
+    no_key = check(connect=answers)
+    assert no_key.status == "WARN" and "no W&B API key here" in no_key.found and "online will fail" in no_key.found
+    assert "wandb login" in no_key.fix and "logger.mode=offline" in no_key.fix
+    down = check(key, connect=refused)
+    assert down.status == "WARN" and "api.wandb.ai:443 does not answer (Connection refused)" in down.found
+    assert "no W&B API key" not in down.found
+    both = check({"WANDB_MODE": "online"}, connect=refused)
+    assert both.status == "WARN" and "no W&B API key" in both.found and "does not answer" in both.found
+    assert "WANDB_MODE=offline" in both.fix  # the variable wins over logger.mode
+    calls.clear()
+    own = check({**key, "WANDB_BASE_URL": "http://wandb.internal:8080"}, connect=answers)
+    assert own.status == "PASS" and calls == [("wandb.internal", 8080, doctor.WANDB_CONNECT_TIMEOUT_S)]
+    assert check(key, connect=refused, modules={}).status == "FAIL"  # wandb does not import: as before
+
+
+def test_the_real_netrc_and_connect_probes(tmp_path, monkeypatch):
+    rc = tmp_path / "netrc"
+    rc.write_text("machine api.wandb.ai\n  login user\n  password s3cret\n")
+    rc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(rc))
+    assert doctor.Probes().netrc_has("api.wandb.ai") and not doctor.Probes().netrc_has("wandb.internal")
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    assert not doctor.Probes().netrc_has("api.wandb.ai")
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    doctor.Probes().connect("127.0.0.1", port, 2.0)
+    server.close()
+    with pytest.raises(OSError):
+        doctor.Probes().connect("127.0.0.1", port, 2.0)
 
 
 # ---------------------------------------------------------------------------------------------- the report
