@@ -680,6 +680,38 @@ def summarize_paths(looked: Sequence[tuple[str, str, str, str]]) -> Result:
     return Result("PASS", f"{found}: " + ", ".join(f"{k}={p}" for k, p, _, _ in looked))
 
 
+def check_task(ctx: Context) -> Result:
+    """The task's problems load here as `emapg train` loads them (``build.task``, one problem per split): the
+    task's optional dependencies (reasoning-gym for math_tiny) and, on the local backend, its data."""
+    from experiments.errors import classify
+    from experiments.tasks import get_task
+
+    name = ctx.cfg.task.name
+    try:
+        module = get_task(name)
+        if ctx.demand.backend == "verl":  # verl's workers read the prepared files (the paths check)
+            return Result("PASS", f"task={name}: {module.__name__} imports; verl reads its prepared files (paths)")
+        task_problem(ctx.cfg)
+    except Exception as e:  # noqa: BLE001  only what `emapg train` reports as a user error (exit 2) is judged here
+        kind = classify(e)
+        if kind is None or kind[1] != 2:
+            raise
+        why = _first_line(e)
+        found = f"task={name}: its problems do not load here, so `emapg train` stops (exit 2): {why}"
+        missing = isinstance(e, ImportError) and e.name is None  # the task's own hint, e.g. pip install -e '.[tiny]'
+        return Result("FAIL", found, why if missing else "fix what it names (task.knobs, the task's data)")
+    return Result("PASS", f"task={name}: its problems load here (one per split, as `emapg train` loads them)")
+
+
+def task_problem(cfg) -> None:
+    """``experiments.build.task``, what `emapg train` calls, with one problem per split."""
+    from omegaconf import OmegaConf
+
+    from experiments import build
+
+    build.task(OmegaConf.merge(cfg, {"task": {"train_size": 1, "test_size": 1}}))
+
+
 def check_checkpoint(ctx: Context) -> list[Result]:
     """The checkpoint directory is writable here (a probe file written, read back, deleted; the space free there
     stated) and, with --address, writable on every node and shared: each node sees a file written here.
@@ -844,6 +876,7 @@ CHECKS: dict[str, Callable[[Context], Result | list[Result]]] = {
     "flash-attn": check_flash_attn,
     "nccl": check_nccl,
     "paths": check_paths,
+    "task": check_task,
     "checkpoint": check_checkpoint,
     "wandb": check_wandb,
 }

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import build
+from experiments import build, errors
 from experiments.cli import main as cli_main
 from experiments.ops import doctor
 from experiments.ops.doctor import Context, Demand, Gpu, Node, Probes, Result
@@ -458,6 +458,29 @@ def test_paths_on_every_node(cfgs, data, tmp_path):
     assert "no answer" in results[3].found and "experiments" in results[3].found and "every node" in results[3].fix
 
 
+# ---------------------------------------------------------------------------------------------- task
+def test_a_task_dependency_missing_fails_as_train_stops(cfgs, monkeypatch):
+    """math_tiny without reasoning-gym: `emapg train` stops with exit 2 on the task's own hint; doctor FAILs on it,
+    with that hint as the fix (the same build.task call, one problem per split)."""
+    ok = doctor.check_task(ctx(cfgs["local"]))
+    assert ok.status == "PASS" and "task=math_tiny: its problems load here" in ok.found
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # `import reasoning_gym` fails, as when not installed
+    with pytest.raises(ImportError) as train:
+        build.task(cfgs["local"])
+    assert errors.classify(train.value) == (f"error: {train.value}", 2)  # what `emapg train` prints, exit 2
+    r = doctor.check_task(ctx(cfgs["local"]))
+    assert r.status == "FAIL" and "exit 2" in r.found and "reasoning-gym" in r.found
+    assert r.fix == str(train.value) and "pip install -e '.[tiny]'" in r.fix
+    assert doctor.check_task(ctx(cfgs["verl"])).status == "PASS"  # verl reads the prepared files (the paths check)
+
+
+def test_a_task_without_its_data_fails(tmp_path):
+    cfg = build.compose(["task=math", f"+task.knobs.data_dir={tmp_path}"])
+    r = doctor.check_task(ctx(cfg))
+    assert r.status == "FAIL" and "train.parquet not found" in r.found and "emapg data prepare" in r.found
+    assert "task's data" in r.fix
+
+
 # ---------------------------------------------------------------------------------------------- checkpoint
 def leftovers(path: Path) -> list[str]:
     return [p.name for p in path.rglob(f"{doctor.PROBE_PREFIX}*")]
@@ -620,7 +643,7 @@ def test_the_command_with_fakes_and_a_fake_cluster(cfgs, data, tmp_path, capsys)
     assert out[0].startswith("emapg doctor: experiment=math_deepscaler_ema_pg backend=verl needs 8 GPU(s)")
     assert "the Ray cluster at 10.0.0.1:6379" in out[0]
     names = [line.split()[1] for line in out[1:-1]]
-    assert names == [*doctor.CHECKS][:8] + ["paths", "checkpoint", "checkpoint", "wandb"]
+    assert names == [*doctor.CHECKS][:8] + ["paths", "task", "checkpoint", "checkpoint", "wandb"]
     assert out[-1] == f"{len(out) - 2} lines: {len(out) - 2} PASS, 0 WARN, 0 FAIL, 0 N/A"
 
 
