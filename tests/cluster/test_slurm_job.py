@@ -29,7 +29,7 @@ VENV_BIN = os.path.dirname(sys.executable)
 STUBS = {
     "scontrol": 'case "$1 $2" in "show hostnames") printf "%s\\n" $FAKE_NODES;; *) exit 1;; esac\n',
     # srun [options] -w NODE cmd...: runs cmd here; a `ray` step records its pid under $FAKE_PIDS/<node> (and on
-    # node $FAKE_HANG sleeps instead). The
+    # node $FAKE_HANG sleeps instead; on node $FAKE_FAIL_ONCE the first fails). The
     # hosts share this machine, so the second one's node-local ports (--*-port=N) move up by 5000: what a
     # second real host gets for free.
     "srun": (
@@ -44,6 +44,10 @@ STUBS = {
         '  [[ -n $cpus ]] || { echo "srun stub: a Ray node without --cpus-per-task" >&2; exit 1; }\n'
         '  echo $$ > "$FAKE_PIDS/$node"\n'
         '  [[ $node == "${FAKE_HANG:-}" ]] && exec sleep 600\n'  # a node whose Ray never joins
+        # a node whose first `ray start` fails at once
+        '  if [[ $node == "${FAKE_FAIL_ONCE:-}" && ! -e $FAKE_PIDS/$node.failed ]]; then\n'
+        '    : > "$FAKE_PIDS/$node.failed"; echo "srun stub: ray start: the GCS is not reachable" >&2; exit 1\n'
+        "  fi\n"
         '  if [[ $node != "${FAKE_NODES%% *}" ]]; then\n'
         '    args=(); for a in "$@"; do\n'
         '      [[ $a =~ ^(--[a-z-]+-port)=([0-9]+)$ ]] && a="${BASH_REMATCH[1]}=$((BASH_REMATCH[2] + 5000))"\n'
@@ -109,10 +113,11 @@ def jobs():
         (bin_dir / name).chmod(0o755)
     procs = []
 
-    def start(job_id, command, restart=0, ready_timeout=100, hang="", site_extra="", all_ips=None):
+    def start(job_id, command, restart=0, ready_timeout=100, hang="", fail_once="", site_extra="", all_ips=None):
         """Run the job's script; `restart` > 0 runs it again as SLURM does after a requeue (same id, same dir);
-        `hang` names a node whose `ray start` never runs; `site_extra`: more site file lines; `all_ips`: what
-        `hostname --all-ip-addresses` answers (default 127.0.1.1, an IPv6 address, then this host's address)."""
+        `hang` names a node whose `ray start` never runs, `fail_once` one whose first fails; `site_extra`: more
+        site file lines; `all_ips`: what `hostname --all-ip-addresses` answers (default 127.0.1.1, an IPv6 address,
+        then this host's address)."""
         job_dir = Path(root, str(job_id))
         (job_dir / "pids").mkdir(parents=True, exist_ok=True)
         (job_dir / "home").mkdir(exist_ok=True)
@@ -139,6 +144,7 @@ def jobs():
             FAKE_IP=ip,
             FAKE_ALL_IPS=f"127.0.1.1 fe80::1 {ip}" if all_ips is None else all_ips,
             FAKE_HANG=hang,
+            FAKE_FAIL_ONCE=fail_once,
             RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1",  # two Ray nodes on 127.0.0.1
         )
         log = job_dir / "job.out"
@@ -193,14 +199,17 @@ def _iterations(run: Path) -> list[int]:
 def test_two_jobs_at_once_a_sweep_and_a_command_each_on_its_own_two_node_cluster(jobs):
     """Two jobs on the same two hosts: each forms its own 2-node Ray (its ports, temp dirs, token). One runs a tiny
     `emapg sweep` whose two one-CPU trials run at once, one per node; the other a task on each of its nodes. Each job
-    ends with its command's exit status."""
+    ends with its command's exit status. The second job's worker fails its first `ray start` (as when the head's GCS
+    is not reachable yet): it is tried again."""
     a = jobs(4242001, _sweep(Path(jobs.root, "4242001"), iterations=4, eval_every=2))
-    b = jobs(4242002, ["python", "-c", ON_EVERY_NODE, "3"])
+    b = jobs(4242002, ["python", "-c", ON_EVERY_NODE, "3"], fail_once="fakenode2")
     (rc_a, out_a), (rc_b, out_b) = _finish(*a[:2]), _finish(*b[:2])
     for rc, out, want in ((rc_a, out_a, 0), (rc_b, out_b, 3)):
         assert "emapg: Ray is up: 2 node(s)" in out, out
         assert f"the command exited with status {want}" in out and rc == want, out
     assert "ran a task on each of 2 nodes" in out_b, out_b  # 4 would mean the jobs joined each other
+    again = "emapg: job 4242002: 'ray start' on fakenode2 failed (status 1); trying again in 5 s (1 of 3)"
+    assert again in out_b and "trying again" not in out_a, out_b
     heads = [re.search(r"Ray head fakenode1 \(([\d.]+:\d+)\)", out).group(1) for out in (out_a, out_b)]
     assert heads[0] != heads[1]
     # the sweep: both trials started before either finished (1 CPU per node: one trial on each), both finished
