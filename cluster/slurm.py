@@ -24,7 +24,7 @@ DEFAULTS = {
 }
 
 
-OPTIONAL = ("account", "qos", "constraint", "mem", "exclude", "setup", "env", "network_interface")
+OPTIONAL = ("account", "qos", "constraint", "mem", "exclude", "setup", "env", "network_interface", "sbatch_options")
 KEYS = REQUIRED + OPTIONAL + tuple(DEFAULTS)
 TIME_FORMATS = (
     "minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, days-hours:minutes:seconds"
@@ -33,6 +33,12 @@ TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}")  # a days- prefix or not, then 1 to 
 WORD = re.compile(r"[^\s'\"\\]+")  # an #SBATCH value: one word, no quotes
 MEM = re.compile(r"\d+[KMGT]?", re.IGNORECASE)
 SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SBATCH_OPTION = re.compile(r"--([a-z][a-z0-9-]*)(=[^\s'\"\\]+)?")  # --name or --name=value, one word
+# The #SBATCH options the script writes itself, from its own keys or always: not in sbatch_options.
+SCRIPT_OPTIONS = tuple(
+    "job-name nodes ntasks-per-node gpus-per-node cpus-per-task mem time output open-mode requeue partition account "
+    "qos constraint exclude".split()
+)
 INTERFACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}")  # a Linux interface name (IFNAMSIZ: 15 characters)
 MINIMUM = {"gpus_per_node": 0, "cpus_per_node": 1, "port_base": 1, "port_slots": 1, "ready_timeout": 1, "stop_grace": 1}
 MINIMUM["port_stride"] = 20  # 10 service ports + the workers'
@@ -89,6 +95,16 @@ def load_site(path: str | Path) -> dict:
             raise bad(key, f"must be a list of {what}", site[key])
     if not all(WORD.fullmatch(node) for node in site.get("exclude", [])):
         raise bad("exclude", "must be a list of node names (no spaces or quotes)", site["exclude"])
+    options = site.get("sbatch_options", [])
+    if not isinstance(options, list) or not all(isinstance(o, str) and SBATCH_OPTION.fullmatch(o) for o in options):
+        what = "must be a list of sbatch options, each --name or --name=value (one word), e.g. [--exclusive]"
+        raise bad("sbatch_options", what, options)
+    for option in options:
+        if SBATCH_OPTION.fullmatch(option).group(1) in SCRIPT_OPTIONS:
+            raise UserError(
+                f"site file {path}: sbatch_options: {shown(option)} is set by the script (from its own key where it "
+                f"has one); allowed: any option but --{', --'.join(SCRIPT_OPTIONS)}"
+            )
     if not isinstance(site.get("env", {}), dict):
         raise bad("env", "must be a mapping of variable names to values", site["env"])
     for name, value in site.get("env", {}).items():
@@ -144,6 +160,7 @@ def render_sbatch(
     extra += [f"#SBATCH --{key}={site[key]}" for key in ("account", "qos", "constraint") if site.get(key)]
     if site.get("exclude"):
         extra.append(f"#SBATCH --exclude={','.join(site['exclude'])}")
+    extra += [f"#SBATCH {option}" for option in site.get("sbatch_options", [])]
     env = "\n".join(f"export {k}={shell_word(v)}" for k, v in site.get("env", {}).items())
     # Each node's address for Ray: its first IPv4 address that is not loopback, on the site's interface if it names one.
     if site.get("network_interface"):

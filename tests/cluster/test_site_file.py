@@ -125,3 +125,21 @@ def test_the_nodes_address_comes_from_the_named_interface_else_the_first_non_loo
     assert rc == 0 and '-w "$node" ip -4 -o addr show dev ib0 |' in out, err
     rc, out, err = _slurm(tmp_path, capsys, BASE)
     assert rc == 0 and '-w "$node" hostname --all-ip-addresses |' in out and "--ip-address" not in out, err
+
+
+def test_sbatch_options_become_sbatch_lines(tmp_path, capsys):
+    text = BASE + "sbatch_options: [--exclusive, --signal=B:TERM@300, --gres=nvme:1]\n"
+    rc, out, err = _slurm(tmp_path, capsys, text)
+    assert rc == 0 and "#SBATCH --exclusive\n#SBATCH --signal=B:TERM@300\n#SBATCH --gres=nvme:1\n" in out, err
+
+
+@pytest.mark.parametrize("value", ["--exclusive", "[exclusive]", "[--signal=B:TERM @300]", "['--gres=a;b c']", "[1]"])
+def test_an_sbatch_option_that_is_not_one_option_is_refused(tmp_path, capsys, value):
+    err = _refused(tmp_path, capsys, BASE + f"sbatch_options: {value}\n")
+    assert "sbatch_options must be a list of sbatch options, each --name or --name=value" in err, err
+
+
+@pytest.mark.parametrize("option", ["--time=2:00:00", "--nodes=4", "--requeue", "--partition=debug"])
+def test_an_sbatch_option_the_script_sets_is_refused(tmp_path, capsys, option):
+    err = _refused(tmp_path, capsys, BASE + f"sbatch_options: [{option}]\n")
+    assert f"sbatch_options: '{option}' is set by the script" in err and "allowed: any option but" in err, err
