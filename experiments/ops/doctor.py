@@ -29,6 +29,7 @@ import contextlib
 import errno
 import importlib
 import importlib.metadata
+import netrc
 import os
 import re
 import secrets
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from experiments.backends.verl import VERL_VERSION
-from experiments.errors import UserError, is_ray_auth_error, ray_auth_line
+from experiments.errors import UserError, classify, is_ray_auth_error, ray_auth_line
 
 STATUSES = ("PASS", "WARN", "FAIL", "N/A")
 USAGE = "usage: emapg doctor [experiment=<preset>] [key=value ...] [--address HOST:PORT]"
@@ -253,8 +254,6 @@ def _nccl_version() -> str | None:
 def _netrc_has(host: str) -> bool:
     """Whether the netrc file ($NETRC, else ~/.netrc; where `wandb login` writes) has a password for `host`. Only
     its presence is looked at: the key is never returned, printed or sent."""
-    import netrc
-
     try:
         entry = netrc.netrc(os.environ.get("NETRC") or os.path.expanduser("~/.netrc")).authenticators(host)
     except (OSError, netrc.NetrcParseError):
@@ -683,8 +682,7 @@ def summarize_paths(looked: Sequence[tuple[str, str, str, str]]) -> Result:
 def check_task(ctx: Context) -> Result:
     """The task's problems load here as `emapg train` loads them (``build.task``, one problem per split): the
     task's optional dependencies (reasoning-gym for math_tiny) and, on the local backend, its data."""
-    from experiments.errors import classify
-    from experiments.tasks import get_task
+    from experiments.tasks import get_task  # imports every task module (numpy, and what each task needs)
 
     name = ctx.cfg.task.name
     try:
@@ -707,7 +705,7 @@ def task_problem(cfg) -> None:
     """``experiments.build.task``, what `emapg train` calls, with one problem per split."""
     from omegaconf import OmegaConf
 
-    from experiments import build
+    from experiments import build  # hydra, omegaconf
 
     build.task(OmegaConf.merge(cfg, {"task": {"train_size": 1, "test_size": 1}}))
 
