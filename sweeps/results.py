@@ -1,29 +1,6 @@
-"""A sweep's results, read from its trials' run records: sweep.csv and timing.json.
-
-    rows = write_csv(sweep_dir, spec.metric, spec.mode, [Trial(...), ...])   # in launch order
-    tl = timeline(sweep_dir, rows, stamps, start=t0, end=t1, slots=slots)
-    write_timing(sweep_dir, spec.name, rows, wall_s, slots, timeline=tl)
-
-The run record (read through experiments.records) is the source of truth; Tune contributes what only it knows of
-each trial (`Trial`, built by sweeps.tune). No Ray here.
-
-sweep.csv, one row per trial:
-    trial_id, run_id, status, <knobs>, seed, iterations, train_time_s,
-    final/<metric>   every metric's last value (the sweep metric's first),
-    best/<metric>    only where "best" means something (experiments.records.best_values): the max of
-                     eval/* and eval_anchor/*, and the sweep metric by the sweep's mode,
-    health           a stopped_unhealthy trial's rule, iteration and why (its summary.json["health"])
-    error            the last line of a failed trial's error
-status: finished | stopped (ended early by the scheduler) | stopped_unhealthy (ended by a health rule,
-ema_pg_core.health: that trial only; `emapg report` lists it apart and never averages it) | failed |
-interrupted (SIGTERM/SIGINT: --resume continues it) | crashed (its process was killed: --resume continues it) |
-pending | paused (the sweep ended before the trial did) | not_run (the time budget, budget.time_budget_s, ran out
-before the trial started or before it ended: its `error` says which; --resume runs no more of it, and a trial Tune
-never created has no trial_id).
-
-timing.json: wall_s (summed over invocations), invocations, last_wall_s, trials, statuses (trials per status),
-slots, train_s_sum, overhead_fraction, and "timeline": where the last invocation's slot time went (``timeline``:
-each phase of a trial, the slots' start-up, the idle tail, the fixed cost per trial, each trial's stamps).
+"""A sweep's results, read from its trials' run records (the source of truth; Tune adds what only it knows of
+each trial, `Trial`): sweep.csv (``write_csv``, columns and statuses in docs/run-record.md) and timing.json
+(``write_timing``, ``timeline``). No Ray here.
 """
 
 from __future__ import annotations
@@ -206,42 +183,31 @@ def _fixed(t: dict[str, Any] | None) -> str:
 
 
 # ---------------------------------------------------------------------------- the trials' timeline
+# (phase, the stamp that ends it): a trial's slot time in order. A phase starts at the previous stamp the trial has
+# (eval0_end is missing in a trial resumed past iteration 0). `started`, `reported` and `ended` are the driver's
+# stamps (sweeps.tune), the others the run record's (summary.json["timeline"]).
 PHASES = (
-    (
-        "schedule",
-        "started",
-        "Tune starts the trial: its slot's wait from the previous trial's end (the sweep's "
-        "start for the first ones) until Tune has a worker ready (a new Ray worker, or a reused one reset)",
-    ),
-    ("call", "worker", "Tune calls the trial function in the worker"),
-    ("compose", "composed", "imports and config composition"),
-    ("restore", "run", "Tune's checkpoint put back (a restarted trial), run() entered"),
-    ("record", "record", "config validated, run record opened"),
-    ("wandb", "logger", "W&B run started"),
-    ("model", "model", "task and model built (the tiny model's warm start read from its cache)"),
-    ("trainer", "eval0_start", "trainer set up"),
-    ("eval0", "eval0_end", "evaluation at iteration 0 (training time)"),
-    ("train", "train_end", "training iterations (training time)"),
-    ("save", "saved", "final save (training time)"),
-    ("close", "reported", "run record and W&B closed, the last result reported to Tune"),
-    ("end", "ended", "Tune ends the trial"),
+    ("schedule", "started"),  # the slot's wait from the previous trial's end until Tune has a worker ready
+    ("call", "worker"),  # Tune calls the trial function in the worker
+    ("compose", "composed"),  # imports and config composition
+    ("restore", "run"),  # Tune's checkpoint put back (a restarted trial), run() entered
+    ("record", "record"),  # config validated, run record opened
+    ("wandb", "logger"),
+    ("model", "model"),  # task and model built (the tiny model's warm start read from its cache)
+    ("trainer", "eval0_start"),
+    ("eval0", "eval0_end"),  # training time from here to `saved`
+    ("train", "train_end"),
+    ("save", "saved"),
+    ("close", "reported"),  # run record and W&B closed, the last result reported to Tune
+    ("end", "ended"),
 )
-"""(phase, the stamp that ends it, what it is): a trial's slot time in order. A phase starts at the previous stamp
-the trial has (eval0_end is missing in a trial resumed past iteration 0). `started`, `reported` and `ended` are the
-driver's stamps (sweeps.tune), the others the run record's (summary.json["timeline"])."""
 TRAINING = ("eval0", "train", "save")  # the phases summed in a run's train_wall_time_s: the trials' work
 
 
 def trial_phases(stamps: dict[str, float]) -> dict[str, float]:
     """{phase: seconds} of one trial from its stamps (epoch seconds); "schedule" needs the slot (``timeline``)."""
-    out, before = {}, None
-    for phase, stamp, _ in PHASES:
-        if stamp not in stamps:
-            continue
-        if before is not None:
-            out[phase] = stamps[stamp] - before
-        before = stamps[stamp]
-    return out
+    present = [(phase, stamps[stamp]) for phase, stamp in PHASES if stamp in stamps]
+    return {phase: t - before for (_, before), (phase, t) in zip(present, present[1:])}
 
 
 def timeline(
@@ -281,7 +247,7 @@ def timeline(
     others = [fixed[t] for t, p in phases.items() if not p["first"]]
     return {
         "trials": n,
-        "phases": {name: _stats([p[name] for p in phases.values() if name in p]) for name, _, _ in PHASES},
+        "phases": {name: _stats([p[name] for p in phases.values() if name in p]) for name, _ in PHASES},
         "startup_s_per_slot": round(sum(firsts) / len(firsts), 2) if firsts else None,
         "reused_s_per_trial": _stats(others)["median_s"],
         "idle_tail_s": round(tail, 2),
