@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
 
 from experiments.errors import RunFailed, UserError
 from experiments.records import WANDB_STATE, atomic_write, read_wandb_state
@@ -136,15 +135,6 @@ def new_run_id() -> str:
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
-def _scalar(value: Any) -> Any:
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        try:
-            return value.item()
-        except (ValueError, RuntimeError):
-            return value
-    return value
-
-
 class WandbLogger:
     """One W&B run per run directory, resumed across restarts. `wandb_run_id` is None when disabled."""
 
@@ -170,8 +160,6 @@ class WandbLogger:
 
         state = _start_state(self.run_dir, project, self.mode)  # before init: a crash in it resumes the same W&B run
         self.wandb_run_id, self.last_step = state["id"], state["last_step"]
-        if config is not None and not isinstance(config, dict):
-            config = OmegaConf.to_container(config, resolve=True)
         what = "WANDB_MODE=online" if os.environ.get("WANDB_MODE") else "logger.mode=online"
         with reaching(what if self.mode == "online" else f"W&B mode {self.mode}"):
             self._run = wandb.init(
@@ -188,10 +176,9 @@ class WandbLogger:
                 settings=settings(),
             )
         if self.mode == "online" and self._run.disabled:  # W&B's login prompt timed out: it gave up on the run
-            self._close(exit_code=1)
+            self.finish(exit_code=1)
             raise UserError(
-                f"{what}: W&B found no API key and its login prompt timed out; run `wandb login`, or log offline "
-                "(logger.mode=offline) and `wandb sync` the run later"
+                f"{what}: W&B found no API key and its login prompt timed out; run `wandb login`, or {OFFLINE}"
             )
         if self._run.resumed and self._run.step > 0:  # online: the server knows the next step
             self.last_step = max(self.last_step if self.last_step is not None else -1, self._run.step - 1)
@@ -201,7 +188,7 @@ class WandbLogger:
         iteration = int(iteration)
         if self._run is None or (self.last_step is not None and iteration <= self.last_step):
             return False
-        payload = {k: _scalar(v) for k, v in metrics.items() if k != "iteration" and v is not None}
+        payload = {k: v for k, v in metrics.items() if k != "iteration" and v is not None}
         try:
             self._run.log(payload, step=iteration)
         except Exception as err:  # the mirror must not end a run whose record is intact
@@ -210,15 +197,11 @@ class WandbLogger:
                 f"The run record in {self.run_dir} is complete.",
                 stacklevel=2,
             )
-            self._close(exit_code=1)
+            self.finish(exit_code=1)
             return False
         self.last_step = iteration
         self._save()
         return True
-
-    def finish(self, exit_code: int = 0) -> None:
-        """Close the W&B run (idempotent); a non-zero exit_code marks it failed in W&B."""
-        self._close(exit_code)
 
     def __enter__(self) -> WandbLogger:
         return self
@@ -227,13 +210,14 @@ class WandbLogger:
         self.finish(1 if exc is not None else 0)
         return False
 
-    def _close(self, exit_code: int) -> None:
+    def finish(self, exit_code: int = 0) -> None:
+        """Close the W&B run (idempotent); a non-zero exit_code marks it failed in W&B."""
         run, self._run = self._run, None
         if run is not None:
             try:
                 run.finish(exit_code=exit_code)
             except Exception as err:
-                warnings.warn(f"W&B finish failed ({err!r})", stacklevel=3)
+                warnings.warn(f"W&B finish failed ({err!r})", stacklevel=2)
 
     def _save(self) -> None:
         state = {"id": self.wandb_run_id, "last_step": self.last_step, "project": self.project}
