@@ -3,6 +3,7 @@ launcher runs the file, CI resolves its lines (`make check-gpu-install`, cluster
 resolution itself is CI's step; here, that the three read the same lines and that the check's verdicts hold."""
 
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -45,8 +46,9 @@ def test_the_script_runs_exactly_its_readme_lines():
 def test_ray_cluster_setup_runs_the_script_and_nothing_else_installs():
     cfg = yaml.safe_load((ROOT / "cluster" / "ray-cluster.yaml").read_text())
     setup = cfg["setup_commands"]
-    assert setup[0] == "bash ~/emapg/cluster/gpu-install.sh"
-    assert not [c for c in setup if "pip" in c], "installs belong in cluster/gpu-install.sh"
+    assert "import ensurepip" in setup[0] and "python3-venv" in setup[0]  # stock Ubuntu lacks it: venv fails
+    assert setup[1] == "bash ~/emapg/cluster/gpu-install.sh"
+    assert not [c for c in setup if re.search(r"\bpip\b", c)], "Python installs belong in cluster/gpu-install.sh"
     assert any("source ~/emapg/.venv/bin/activate" in c for c in setup)  # the venv the script makes
     assert cfg["file_mounts"] == {"~/emapg": "."} and ".gitignore" in cfg["rsync_filter"]  # no local .venv up
 
@@ -113,3 +115,19 @@ def test_check_cli_offers_the_projects_pythons():
     assert req == ">=3.10,<3.13"
     with pytest.raises(SystemExit):
         G.main(["--python", "3.9"])
+
+
+def _pip_lines_of(path: Path) -> list[list[str]]:
+    """The arguments of each `pip install -e ".[verl]" ...` in a file (continuations joined; a line that ends in
+    a quote closing a `bash -c '...'` is cut there)."""
+    text = path.read_text().replace("\\\n", " ")
+    return [shlex.split(m) for m in re.findall(r'pip install (-e "\.\[verl\]"[^\'\n]*)', text)]
+
+
+@pytest.mark.parametrize(
+    "path", ["cluster/emapg.def", "docs/containers.md", "docs/verl-plugin.md"], ids=lambda p: p.split("/")[-1]
+)
+def test_every_container_route_installs_the_scripts_pip_line(path):
+    (script_line,) = G.pip_installs(G.readme_lines())
+    found = _pip_lines_of(ROOT / path)
+    assert found and all(argv == script_line for argv in found), (path, found)
