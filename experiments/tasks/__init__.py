@@ -22,6 +22,7 @@ start reads `PRETRAIN`, the report reads `REPORTING`, `emapg rehearse` reads `RE
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import pkgutil
@@ -104,6 +105,19 @@ def make_knobs(cls: type, task: str, knobs: dict[str, Any]):
     if unknown:
         raise ValueError(f"unknown {task} knob(s) {unknown}; allowed: {', '.join(allowed)}")
     return cls(**knobs)
+
+
+def hash_split(key: str, buckets: int) -> str:
+    """'test' for 1 in `buckets` keys (by a stable hash of `key`), else 'train': disjoint for every seed and n."""
+    return "test" if int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % buckets == 0 else "train"
+
+
+def check_load(split: str, n) -> None:
+    """A generated task's `load` arguments: split 'train' or 'test', n an integer >= 1 (ValueError otherwise)."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test'; got {split!r}")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an integer >= 1; got {n!r}")
 
 
 def read_prepared(task: str, data_dir: str, split: str, n: int, seed: int) -> list[dict[str, Any]]:

@@ -20,13 +20,12 @@ problems, single-turn, no chat template, a ~0.5M-parameter char-level model.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 
-from experiments.tasks import Example, make_knobs
+from experiments.tasks import Example, check_load, hash_split, make_knobs
 
 
 def _not_the_timeout_notice(record: logging.LogRecord) -> bool:
@@ -68,12 +67,6 @@ class Knobs:
             raise ValueError(f"math_tiny knobs need min_digits <= digits and min_steps <= steps; got {self}")
 
 
-def _split_of(prompt_text: str) -> str:
-    """'test' or 'train', by a stable hash of the prompt (disjoint for every seed and n)."""
-    h = int(hashlib.sha256(prompt_text.encode()).hexdigest()[:8], 16)
-    return "test" if h % TEST_BUCKETS == 0 else "train"
-
-
 def _example(entry: dict, split: str) -> Example:
     """Turn one reasoning-gym chain_sum entry into an Example (prompt = compact expression)."""
     tokens = entry["metadata"]["expression"].split()  # "57 + 87 - 70" -> ["57", "+", "87", "-", "70"]
@@ -99,10 +92,7 @@ def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
             "(`make setup` installs it; the GPU install leaves it out)"
         ) from e
 
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test'; got {split!r}")
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be an integer >= 1; got {n!r}")
+    check_load(split, n)
     k = make_knobs(Knobs, NAME, knobs)
     ds = reasoning_gym.create_dataset(
         "chain_sum",
@@ -116,7 +106,7 @@ def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
     out: dict[str, Example] = {}
     for idx in range(50 * n + 1000):
         ex = _example(ds[idx], split)
-        if ex.prompt not in out and _split_of(ex.prompt) == split:
+        if ex.prompt not in out and hash_split(ex.prompt, TEST_BUCKETS) == split:
             out[ex.prompt] = ex
             if len(out) == n:
                 return list(out.values())

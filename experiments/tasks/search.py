@@ -194,13 +194,8 @@ def format_passages(passages: list[str]) -> str:
 
 def tool_response(response_so_far: str, env, k: int = TOPK) -> str | None:
     """`\\n\\n<information>...</information>\\n\\n` after a response ending in `<search>q</search>`, else None."""
-    text = response_so_far.rstrip()
-    if not text.endswith(STOP):
-        return None
-    start = text.rfind("<search>")
-    query = text[start + len("<search>") : -len(STOP)].strip() if start != -1 else ""
-    passages = env.search(query, k) if query else []
-    return f"\n\n<information>{format_passages(passages).strip()}</information>\n\n"
+    passages = search_tiny.searched(response_so_far, env, k)
+    return None if passages is None else f"\n\n<information>{format_passages(passages).strip()}</information>\n\n"
 
 
 def make_env(**knobs):

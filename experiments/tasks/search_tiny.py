@@ -26,7 +26,6 @@ over Wikipedia): a generated world, BM25, short passages, no chat template or in
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 import string
@@ -36,7 +35,7 @@ from functools import lru_cache
 
 from experiments.ops.retrieval import Retriever
 from experiments.ops.retrieval.bm25 import BM25Retriever
-from experiments.tasks import Example, make_knobs
+from experiments.tasks import Example, check_load, hash_split, make_knobs
 
 NAME = "search_tiny"
 STOP = "</search>"
@@ -149,11 +148,6 @@ def make_env(**knobs) -> BM25Retriever:
     return _world(*make_knobs(Knobs, NAME, knobs).world()).retriever
 
 
-def _split_of(subject: str) -> str:
-    h = int(hashlib.sha256(subject.encode()).hexdigest()[:8], 16)
-    return "test" if h % TEST_BUCKETS == 0 else "train"
-
-
 def _example(q: Question, k: Knobs) -> Example:
     meta = {"kind": q.kind, "subject": q.subject, "hops": list(q.hops), "world": asdict(k)}
     return Example(id=f"{NAME}/{q.kind}/{q.subject}", prompt=q.text, answer=[q.answer], meta=meta)
@@ -176,12 +170,9 @@ def load(split: str, n: int, seed: int = 0, **knobs) -> list[Example]:
     """`n` questions of `split`, a `two_hop` fraction of them 2-hop; deterministic in all arguments. Split by
     subject entity (no person or city in both splits); test questions are distinct, train ones repeat only when n
     exceeds the pool."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test'; got {split!r}")
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be an integer >= 1; got {n!r}")
+    check_load(split, n)
     k = make_knobs(Knobs, NAME, knobs)
-    questions = [q for q in _world(*k.world()).questions if _split_of(q.subject) == split]
+    questions = [q for q in _world(*k.world()).questions if hash_split(q.subject, TEST_BUCKETS) == split]
     rng = random.Random(f"{NAME}/{split}/{seed}")
     n2 = round(n * k.two_hop)
     picked = _draw([q for q in questions if len(q.hops) == 2], n2, rng, split) + _draw(
@@ -195,17 +186,21 @@ def prompt(example: Example) -> str:
     return example.prompt  # the bare question, e.g. 'Where was Tesa Lunul born?'
 
 
-def tool_response(response_so_far: str, retriever: Retriever, k: int = TOPK) -> str | None:
-    """`<information>passages joined by spaces</information>` for the query between the last `<search>` and the
-    final `</search>` (empty for an empty or missing query); None when the response does not end with `</search>`."""
+def searched(response_so_far: str, retriever: Retriever, k: int) -> list[str] | None:
+    """The top-`k` passages for the query between the last `<search>` and the final `</search>` ([] for an empty or
+    missing query); None when the response does not end with `</search>` (search's tool protocol too)."""
     text = response_so_far.rstrip()
     if not text.endswith(STOP):
         return None
-    body = text[: -len(STOP)]
-    start = body.rfind("<search>")
-    query = body[start + len("<search>") :].strip() if start != -1 else ""
-    passages = retriever.search(query, k) if query else []
-    return "<information>" + " ".join(passages) + "</information>"
+    start = text.rfind("<search>")
+    query = text[start + len("<search>") : -len(STOP)].strip() if start != -1 else ""
+    return retriever.search(query, k) if query else []
+
+
+def tool_response(response_so_far: str, retriever: Retriever, k: int = TOPK) -> str | None:
+    """`<information>passages joined by spaces</information>` (`searched`), or None."""
+    passages = searched(response_so_far, retriever, k)
+    return None if passages is None else "<information>" + " ".join(passages) + "</information>"
 
 
 def demonstration(example: Example, rng=None) -> str:
