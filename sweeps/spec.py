@@ -6,41 +6,8 @@
     spec.overrides_for(point, seed)         # the Hydra overrides of one trial (experiments.build.compose)
     schema()                                # the JSON Schema of a sweep YAML (`emapg sweep --schema`)
 
-A sweep YAML (only `name`, `base` and `metric` are required). The values below are examples; every key's
-type, range and default is a field of the typed models in sweeps/model.py (``SweepFile`` and its sections;
-``SPEC_DEFAULTS`` lists the defaults), which are also the JSON Schema (sweeps/schema.json) an editor checks
-and completes a sweep YAML with (first line ``# yaml-language-server: $schema=schema.json``):
-
-    name: quickstart                  # directory name (outputs/sweeps/<name>) and W&B group; <= 58 characters
-    base:
-      experiment: math_tiny_grpo      # a preset of experiments/conf/experiment/
-      overrides: {trainer.iterations: 20, logger: none}  # fixed config keys (and config groups)
-    space:                            # config key -> exactly one of:
-      experiment: {grid: [math_tiny_grpo, math_tiny_ema_pg]}  # grid: every value is run
-      algo.kl.type: {choice: [k3, topk_reverse]}              # choice: sampled (random, optuna)
-      algo.anchor.tau: {uniform: [0.8, 1.0]}                  # uniform / loguniform: [low, high], finite
-      algo.anchor.period: {int: [1, 20]}                      # int: [low, high], both inclusive
-      algo.kl.type,algo.kl.tail: {grid: [[k3, none], [topk_reverse, paper]]}  # keys varied together
-    seeds: [0, 1, 2]                  # every point runs once per seed (or put `seed` in space), or adaptive:
-    # seeds: {adaptive: {compare: {key: algo.anchor.tau, baseline: 1.0}, start: 7, step: 3, max: 13,
-    #         stop_when: [ci_excludes_zero, {ci_width_below: 0.04}]}}   # more seeds only where unclear
-    #         (sweeps/adaptive.py; the fields and defaults: `Adaptive`; needs search: grid, scheduler: none)
-    #         every seed (and search.seed) is an integer in [0, 2**32 - 1] (ema_pg_core.config.SEED_MAX)
-    search: {type: optuna, seed: 7}   # grid | random | optuna, or {type: ..., seed: the sampler's seed}
-    scheduler: {type: asha, grace_period: 2}  # none | asha, or {type: asha, ...the Scheduler fields}
-                                      # (max_t: null = trainer.iterations)
-    metric: eval/math_tiny/acc        # a key the runs log (docs/run-record.md), or best_<key>
-    mode: max                         # max | min
-    budget: {num_samples: 4, time_budget_s: 3600}   # samples per seed (random/optuna); wall-clock cap
-    resources: {cpu: 2, gpu: 0}       # per trial; a local trial sets trainer.threads to its CPUs
-    max_concurrent: 4                 # trials at once (null: as many as the resources allow)
-    backend: local                    # local | verl (a verl trial reserves its verl job; no `resources`)
-    max_failures: 2                   # retries of a failing trial, each from its last checkpoint
-    max_trials: 500                   # refuse a sweep of more trials (grid points x seeds x num_samples)
-    health:                           # RL-health stops for every trial (the run config's health section,
-      entropy_floor: {floor: 0.05, patience: 5}   # ema_pg_core/health.py); a rule that fires ends that
-      kl_spike: {factor: 10}                      # trial only, as stopped_unhealthy. Non-finite loss or
-                                                  # gradient always stops a trial.
+A sweep YAML's keys, with an example of each: docs/sweeps.md, "Every key"; their types, ranges and defaults are
+the typed models of sweeps/model.py (``SweepFile``, ``SPEC_DEFAULTS``), also the JSON Schema (sweeps/schema.json).
 
 Refused in one line naming the field path (``experiments.errors.validation_line``): a spec that breaks the models, a
 key given twice in one mapping (plain YAML keeps the last), any YAML alias (a few nested ones can expand to billions

@@ -191,7 +191,5 @@ def test_sweeps_doc_lists_every_key_and_every_shipped_sweep():
     text = (ROOT / "docs" / "sweeps.md").read_text(encoding="utf-8")
     blocks = [body for lang, body in FENCE.findall(text) if lang == "yaml"]
     assert len(blocks) == 1 and tuple(yaml.safe_load(blocks[0])) == spec.SPEC_KEYS
-    in_code = "\n".join(x[4:] for x in spec.__doc__.splitlines() if x.startswith("    "))
-    assert blocks[0].strip() in in_code, "docs/sweeps.md's key list differs from sweeps/spec.py's docstring"
     missing = [p.stem for p in sorted((ROOT / "sweeps").glob("*.yaml")) if f"`{p.stem}`" not in text]
     assert not missing, f"docs/sweeps.md, 'Shipped sweeps': add {missing}"
