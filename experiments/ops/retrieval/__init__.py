@@ -1,40 +1,17 @@
 """Retrieval for search tasks: one interface, BM25 and e5 dense retrievers, an HTTP server/client pair.
 
-    experiments/ops/retrieval/__init__.py   the `Retriever` protocol and what every retriever shares
-                                        (argument checks, reading a corpus file, importing faiss)
-    experiments/ops/retrieval/bm25.py       `BM25Retriever` (`bm25s`, the default)
-    experiments/ops/retrieval/dense.py      `DenseRetriever`: intfloat/e5-base-v2 embeddings, exact
-                                        inner-product search (FAISS IndexFlatIP, else a torch matmul)
-    experiments/ops/retrieval/service.py    the HTTP server (`serve`, `running_server`) and its client
-                                        `HTTPRetriever`
-    experiments/ops/retrieval/cli.py        `emapg retriever serve|index`
+    __init__.py   the `Retriever` protocol and what every retriever shares (argument checks, corpus files, faiss)
+    bm25.py       `BM25Retriever` (`bm25s`, the default)
+    dense.py      `DenseRetriever`: e5-base-v2 embeddings, exact inner-product search (FAISS, else torch)
+    service.py    the HTTP server (`serve`, `running_server`) with Search-R1's request/response shape, and
+                  its client `HTTPRetriever`
+    cli.py        `emapg retriever serve|index` (usage: docs/scaling-out.md, "The retriever service")
 
-Dependencies point one way: bm25, dense and service import only this module (which imports
-experiments.errors for its messages); cli imports them (and, for `serve --task`, the task
-registry); a task (search_tiny, search) imports bm25 or service.
-
-The local trainer can call `BM25Retriever` in process; the verl backend (and anyone running the
-retriever on another machine) needs a service, so the same retriever is served over HTTP with the
-request/response shape of Search-R1's retrieval server:
-
-    emapg retriever serve --task search_tiny --port 8000        # host defaults to 127.0.0.1
-    emapg retriever serve --task search_tiny --host 0.0.0.0 --allow-remote   # other machines: set a token
-    emapg retriever serve --corpus wiki-18.jsonl --port 8000    # BM25 over a local corpus file
-    emapg retriever serve --corpus wiki-18.jsonl --retriever e5 --index e5_Flat.index   # Search-R1's setup
-    emapg retriever index --corpus wiki-18.jsonl --out e5_Flat.index    # encode once, serve with --index
-    POST /retrieve  {"queries": ["Bara Kovin"], "topk": 3}  ->  {"result": [["passage", ...]]}
-    GET  /health    -> {"status": "ok", "num_docs": 1234}
-
-The token (EMAPG_RETRIEVER_TOKEN or --token) and the bounds on a request and a connection (`Limits`, 401 / 413 /
-422): `service`'s docstring and docs/scaling-out.md, "The retriever service".
-
-The dense retriever is the paper's (Search-R1's). `--index` reads a prebuilt FAISS index such as
-Search-R1's `e5_Flat.index` instead of encoding the corpus (encoding wiki-18's 21M passages takes
-GPU hours); it must list the passages in the corpus file's order.
-Simplifications compared with Search-R1: results are plain passage strings (no scores); the e5
-encoder runs in float32. A corpus file is Search-R1's / FlashRAG's JSONL (one {"id", "contents"}
-object per line, contents = '"Title"\ntext', e.g. wiki-18.jsonl) or plain text, one passage per line.
-Both retrievers hold their index in memory (wiki-18: tens of GB for BM25, about 65 GB for e5).
+bm25, dense and service import only this module; cli imports them (and, for `serve --task`, the task registry);
+a task imports bm25 or service. The local trainer can call `BM25Retriever` in process; the verl backend needs the
+service. A corpus file is Search-R1's / FlashRAG's JSONL (one {"id", "contents"} object a line, e.g. wiki-18.jsonl)
+or plain text, one passage a line. Unlike Search-R1, results are plain passage strings (no scores) and the e5
+encoder runs in float32.
 """
 
 from __future__ import annotations
@@ -50,10 +27,12 @@ FAISS_HINT = "pip install faiss-cpu (or the [retrieval] extra: pip install -e '.
 
 
 class Retriever(Protocol):
-    """Anything that returns the top-k passages for a query."""
+    """Anything that returns the top-k passages for a query; a subclass inherits `search`."""
 
-    def search(self, query: str, k: int = 3) -> list[str]: ...
     def batch_search(self, queries: Sequence[str], k: int = 3) -> list[list[str]]: ...
+
+    def search(self, query: str, k: int = 3) -> list[str]:
+        return self.batch_search([query], k)[0]
 
 
 def check_k(k: int) -> None:
@@ -77,14 +56,6 @@ def import_faiss():
     except ImportError:
         raise ImportError(f"the FAISS index needs faiss: {FAISS_HINT}") from None
     return faiss
-
-
-def faiss_available() -> bool:
-    try:
-        import_faiss()
-    except ImportError:
-        return False
-    return True
 
 
 def load_corpus(path: str) -> list[str]:

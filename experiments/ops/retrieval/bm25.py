@@ -1,4 +1,5 @@
-"""BM25 retrieval (`bm25s`): the default retriever, in process or behind `emapg retriever serve`."""
+"""BM25 retrieval (`bm25s`): the default retriever, in process or behind `emapg retriever serve` (in memory:
+wiki-18 takes tens of GB)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from experiments.ops.retrieval import check_k
+from experiments.ops.retrieval import Retriever, check_k
 
 
-class BM25Retriever:
+class BM25Retriever(Retriever):
     """BM25 (Lucene variant, k1=1.5, b=0.75, as bm25s defaults) over `docs`, English stopwords removed.
 
     Results are ordered by score, ties broken by document order (deterministic); documents with a
@@ -31,12 +32,8 @@ class BM25Retriever:
     def _tokenize(self, texts: Sequence[str]) -> list[list[str]]:
         return self._bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
 
-    def search(self, query: str, k: int = 3) -> list[str]:
-        """Top-`k` passages for `query` (fewer when fewer documents share a term with it)."""
-        return self.batch_search([query], k)[0]
-
     def batch_search(self, queries: Sequence[str], k: int = 3) -> list[list[str]]:
-        """Top-`k` passages for each query: len(result) == len(queries)."""
+        """Top-`k` passages for each query (fewer when fewer documents share a term with it)."""
         check_k(k)
         out = []
         for tokens in self._tokenize(queries):

@@ -1,5 +1,6 @@
-"""`emapg retriever serve|index`: serve a task's corpus or a corpus file over HTTP, or build an e5 FAISS
-index (usage in experiments.ops.retrieval)."""
+"""`emapg retriever serve|index`: serve a task's corpus or a corpus file over HTTP, or build an e5 FAISS index.
+
+Usage: docs/scaling-out.md, "The retriever service"."""
 
 from __future__ import annotations
 
@@ -23,8 +24,6 @@ from experiments.ops.retrieval.service import (
 )
 
 DESCRIPTION = "Retrieval for search tasks: one interface, BM25 and e5 dense retrievers, an HTTP server/client pair."
-
-
 RETRIEVERS = ("bm25", "e5")
 E5_FLAGS = ("model", "index", "batch_size")  # argparse dests that apply to --retriever e5 only
 LIMITS = Limits()  # the defaults of --max-body-bytes, --max-queries, --max-topk
@@ -96,14 +95,6 @@ def _check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         raise ValueError(f"--token / ${TOKEN_ENV}: must be printable ASCII without spaces (it goes in an HTTP header)")
 
 
-def _check_index_args(args: argparse.Namespace) -> None:
-    """Flag errors of `index`, before the corpus is read or anything is encoded."""
-    out_dir = os.path.dirname(os.path.abspath(os.path.expanduser(args.out)))
-    if not os.path.isdir(out_dir):
-        raise ValueError(f"--out {args.out!r}: directory {out_dir} does not exist")
-    import_faiss()
-
-
 def _positive_int(text: str) -> int:
     if not text.lstrip("-").isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {text!r}")
@@ -122,13 +113,15 @@ def _dense_kwargs(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`emapg retriever serve ...` or `emapg retriever index ...` (usage in experiments.ops.retrieval)."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "index":
         from experiments.ops.retrieval.dense import write_faiss_index  # loads torch, transformers
 
-        _check_index_args(args)
+        out_dir = os.path.dirname(os.path.abspath(os.path.expanduser(args.out)))
+        if not os.path.isdir(out_dir):  # before the corpus is read or anything is encoded
+            raise ValueError(f"--out {args.out!r}: directory {out_dir} does not exist")
+        import_faiss()
         docs = load_corpus(args.corpus)
         write_faiss_index(docs, args.out, **_dense_kwargs(args))
         print(f"wrote {args.out} ({len(docs)} passages)", flush=True)

@@ -1,27 +1,20 @@
 """Dense retrieval as in Search-R1: an e5 encoder and an exact inner-product search over the corpus.
 
-    r = DenseRetriever(docs)                                   # encodes docs with intfloat/e5-base-v2
-    r = DenseRetriever(docs, index_path="e5_Flat.index")       # or reads Search-R1's prebuilt FAISS index
-    r.search("who wrote hamlet", k=3)                          # -> 3 passage strings, best first
+e5 conventions (model card of intfloat/e5-base-v2, as Search-R1 / FlashRAG): inputs prefixed "query: " /
+"passage: ", truncated to 256 tokens, mean-pooled over the attention mask and L2-normalised (inner product = cosine).
+Search is exact: a FAISS `IndexFlatIP` when faiss is installed, else a torch matmul + topk. A prebuilt index
+(Search-R1's `e5_Flat.index`: encoding wiki-18's 21M passages takes GPU hours) must hold the corpus passages in
+file order. Memory: num_docs x D float32 (wiki-18: 21M x 768, about 65 GB).
 
-e5 conventions (model card of intfloat/e5-base-v2; Search-R1 / FlashRAG do the same): inputs are
-prefixed "query: " / "passage: ", truncated to 256 tokens, mean-pooled over the attention mask and
-L2-normalised, so the inner product is the cosine similarity. Search is exact: a FAISS `IndexFlatIP`
-when `faiss` is installed (`pip install faiss-cpu`, or the `[retrieval]` extra), otherwise a torch
-matmul + topk over the (num_docs, D) float32 matrix. A prebuilt index must hold the corpus passages in
-file order (Search-R1's `e5_Flat.index` matches wiki-18.jsonl line by line).
-
-Ranking guarantee: results are ordered by score, best first, and equal scores keep document order
-within the returned list on both backends. The torch backend also picks, among documents tied at the
-k-th place, the earliest ones; FAISS picks among those by its own rule. The two backends compute the
-same float32 inner products with different kernels, so documents whose scores differ only by rounding
-(~1e-7) may be ordered differently; otherwise they return the same documents in the same order.
-Memory: the index holds num_docs x D float32 (wiki-18: 21M x 768, about 65 GB).
+Ranking: best score first, equal scores in document order on both backends; among documents tied at the k-th
+place torch picks the earliest, FAISS by its own rule. The two compute the same float32 products with different
+kernels, so scores that differ only by rounding (~1e-7) may order differently.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-from experiments.ops.retrieval import check_file, check_k, faiss_available, import_faiss
+from experiments.ops.retrieval import Retriever, check_file, check_k, import_faiss
 from experiments.progress import bar as progress_bar
 
 DEFAULT_MODEL = "intfloat/e5-base-v2"
@@ -122,21 +115,17 @@ class E5Encoder:
         self.dim = self.model.config.hidden_size
 
     @torch.inference_mode()
-    def encode_batch(self, texts: Sequence[str]) -> torch.Tensor:
-        """One padded batch through the model -> (B, D) on the CPU."""
-        batch = self.tokenizer(
-            list(texts), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
-        ).to(self.device)
-        hidden = self.model(**batch).last_hidden_state  # (B, T, D)
-        return F.normalize(mean_pool(hidden, batch["attention_mask"]), dim=-1).float().cpu()  # (B, D)
-
     def batches(self, texts: Sequence[str], prefix: str, progress: bool = False) -> Iterator[torch.Tensor]:
-        """(B, D) embeddings of `prefix + text`, `batch_size` texts at a time (a tqdm bar if `progress`)."""
+        """(B, D) embeddings of `prefix + text` on the CPU, `batch_size` texts at a time (a bar if `progress`)."""
         show = progress and len(texts) > self.batch_size
         with progress_bar(len(texts), "encoding", unit="passage", show=show) as bar:
             for start in range(0, len(texts), self.batch_size):
                 chunk = [prefix + t for t in texts[start : start + self.batch_size]]
-                yield self.encode_batch(chunk)
+                batch = self.tokenizer(
+                    chunk, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+                ).to(self.device)
+                hidden = self.model(**batch).last_hidden_state  # (B, T, D)
+                yield F.normalize(mean_pool(hidden, batch["attention_mask"]), dim=-1).float().cpu()  # (B, D)
                 bar.update(len(chunk))
 
     def encode(self, texts: Sequence[str], prefix: str, progress: bool = False) -> torch.Tensor:
@@ -144,11 +133,11 @@ class E5Encoder:
         return torch.cat(list(self.batches(texts, prefix, progress)))
 
 
-def build_faiss_index(encoder: E5Encoder, docs: Sequence[str], progress: bool = True):
+def build_faiss_index(encoder: E5Encoder, docs: Sequence[str]):
     """A FAISS `IndexFlatIP` of the passage embeddings, filled batch by batch (no second full copy)."""
     faiss = import_faiss()
     index = faiss.IndexFlatIP(encoder.dim)
-    for batch in encoder.batches(docs, PASSAGE_PREFIX, progress):
+    for batch in encoder.batches(docs, PASSAGE_PREFIX, progress=True):
         index.add(batch.numpy())  # (B, D) float32
     return index
 
@@ -176,7 +165,7 @@ def read_faiss_index(path: str, num_docs: int, dim: int, model: str):
 
 
 # ---------------------------------------------------------------- the retriever
-class DenseRetriever:
+class DenseRetriever(Retriever):
     """e5 dense retrieval over `docs` (the `Retriever` protocol): top-k passages by cosine similarity.
 
     backend: "faiss" (IndexFlatIP), "torch" (exact matmul + topk) or "auto" (faiss when installed).
@@ -202,7 +191,8 @@ class DenseRetriever:
         if index_path is not None and backend == "torch":
             raise ValueError("index_path is a FAISS index: it needs backend 'faiss' or 'auto'")
         self.docs = list(docs)
-        use_faiss = index_path is not None or backend == "faiss" or (backend == "auto" and faiss_available())
+        auto_faiss = backend == "auto" and importlib.util.find_spec("faiss") is not None
+        use_faiss = index_path is not None or backend == "faiss" or auto_faiss
         self.backend = "faiss" if use_faiss else "torch"
         index = None
         if index_path is not None:  # checked before the model's weights are loaded
@@ -225,10 +215,6 @@ class DenseRetriever:
         with self._lock:
             q = self.encoder.encode(queries, QUERY_PREFIX)  # (Q, D)
             return self._search(q, min(k, len(self.docs)))
-
-    def search(self, query: str, k: int = 3) -> list[str]:
-        """Top-`k` passages for `query`, best first."""
-        return self.batch_search([query], k)[0]
 
     def batch_search(self, queries: Sequence[str], k: int = 3) -> list[list[str]]:
         """Top-`k` passages for each query: len(result) == len(queries)."""

@@ -1,5 +1,7 @@
-"""The retrieval HTTP service: a server for any `Retriever` and its client, with the request and
-response shape of Search-R1's retrieval server (POST /retrieve, GET /health; see experiments.ops.retrieval).
+"""The retrieval HTTP service: a server for any `Retriever` and its client, with Search-R1's request and response:
+
+    POST /retrieve  {"queries": ["Bara Kovin"], "topk": 3}  ->  {"result": [["passage", ...]]}
+    GET  /health    -> {"status": "ok", "num_docs": 1234}
 
 What one request may ask is bounded (`Limits`: 413 / 422, each message naming the flag); a body over the limit is
 refused on its Content-Length or as soon as the streamed body passes it, the rest unread. With a token every request
@@ -46,7 +48,7 @@ def configured_token(given: str | None = None) -> str | None:
     return given or os.environ.get(TOKEN_ENV) or None
 
 
-class HTTPRetriever:
+class HTTPRetriever(Retriever):
     """Client for a retrieval server started by `serve` (or Search-R1-compatible ones). It sends the token
     `token`, else that of $EMAPG_RETRIEVER_TOKEN, when there is one."""
 
@@ -57,9 +59,6 @@ class HTTPRetriever:
         self.token = configured_token(token)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._client = httpx.Client(timeout=timeout, headers=headers)
-
-    def search(self, query: str, k: int = 3) -> list[str]:
-        return self.batch_search([query], k)[0]
 
     def batch_search(self, queries: Sequence[str], k: int = 3) -> list[list[str]]:
         check_k(k)
@@ -76,14 +75,11 @@ class HTTPRetriever:
         """`response`, unless it is a 401: then ValueError, one line saying the token was refused (or is missing)."""
         if response.status_code != 401:
             return response
+        why, whose = "needs a token", "the server's token"
         if self.token:
-            raise ValueError(
-                f"the retriever at {self.url} refused this client's token (HTTP 401): set ${TOKEN_ENV} to the token "
-                f"the server was started with (its --token or ${TOKEN_ENV})"
-            )
-        raise ValueError(
-            f"the retriever at {self.url} needs a token (HTTP 401): set ${TOKEN_ENV} to the server's token"
-        )
+            why = "refused this client's token"
+            whose = f"the token the server was started with (its --token or ${TOKEN_ENV})"
+        raise ValueError(f"the retriever at {self.url} {why} (HTTP 401): set ${TOKEN_ENV} to {whose}")
 
     def close(self) -> None:
         self._client.close()
@@ -102,24 +98,10 @@ def check_answers(url: str, timeout: float = 4.0) -> None:
 
 # ---------------------------------------------------------------- server
 class RetrieveRequest(BaseModel):
-    """Body of POST /retrieve (Search-R1's field names); `request_problem` checks it against `Limits`."""
+    """Body of POST /retrieve (Search-R1's field names)."""
 
     queries: list[str]
     topk: int = 3
-
-
-def request_problem(n_queries: int, topk: int, limits: Limits) -> str | None:
-    """Why a POST /retrieve of `n_queries` queries and `topk` asks too much (answered 422), or None."""
-    if n_queries > limits.max_queries:
-        return f"{n_queries} queries in one request; at most {limits.max_queries} (emapg retriever serve --max-queries)"
-    if not 1 <= topk <= limits.max_topk:
-        return f"topk={topk}; allowed: 1..{limits.max_topk} (emapg retriever serve --max-topk)"
-    return None
-
-
-def authorized(header: bytes | None, token: str) -> bool:
-    """Whether an Authorization header value carries `token` (compared in constant time)."""
-    return header is not None and hmac.compare_digest(header, f"Bearer {token}".encode())
 
 
 def make_app(retriever: Retriever, num_docs: int | None = None, limits: Limits = Limits(), token: str | None = None):
@@ -130,9 +112,13 @@ def make_app(retriever: Retriever, num_docs: int | None = None, limits: Limits =
 
     @app.post("/retrieve")
     def retrieve(request: RetrieveRequest) -> dict:
-        problem = request_problem(len(request.queries), request.topk, limits)
-        if problem:
-            raise HTTPException(status_code=422, detail=problem)
+        n, topk = len(request.queries), request.topk
+        if n > limits.max_queries:
+            detail = f"{n} queries in one request; at most {limits.max_queries} (emapg retriever serve --max-queries)"
+            raise HTTPException(status_code=422, detail=detail)
+        if not 1 <= topk <= limits.max_topk:
+            detail = f"topk={topk}; allowed: 1..{limits.max_topk} (emapg retriever serve --max-topk)"
+            raise HTTPException(status_code=422, detail=detail)
         return {"result": retriever.batch_search(request.queries, request.topk)}
 
     @app.get("/health")
@@ -153,7 +139,8 @@ def guarded(app, limits: Limits, token: str | None):
             await app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        if token and not authorized(headers.get(b"authorization"), token):
+        sent = headers.get(b"authorization")
+        if token and (sent is None or not hmac.compare_digest(sent, f"Bearer {token}".encode())):
             await _refuse(send, 401, no_token, [(b"www-authenticate", b"Bearer")])
             return
         length = headers.get(b"content-length", b"0")
@@ -234,12 +221,14 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _idle_closing():
-    """`IdleClosing`: uvicorn's HTTP/1.1 protocol, which closes an idle connection only after a response (its
-    keep-alive timeout), made to close one that sends no request, or part of a request head, as long too."""
+def _server(retriever: Retriever, limits: Limits, token: str | None):
+    import uvicorn
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class IdleClosing(H11Protocol):
+        """uvicorn's HTTP/1.1 protocol, which closes an idle connection only after a response (its keep-alive
+        timeout), made to close one that sends no request, or part of a request head, as long too."""
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._close_when_idle()
@@ -256,15 +245,9 @@ def _idle_closing():
                     self.timeout_keep_alive, self.timeout_keep_alive_handler
                 )
 
-    return IdleClosing
-
-
-def _server(retriever: Retriever, limits: Limits, token: str | None):
-    import uvicorn
-
     num_docs = len(retriever.docs) if hasattr(retriever, "docs") else None
     app = make_app(retriever, num_docs, limits, token)
-    config = uvicorn.Config(app, log_level="warning", http=_idle_closing(), timeout_keep_alive=limits.idle_timeout)
+    config = uvicorn.Config(app, log_level="warning", http=IdleClosing, timeout_keep_alive=limits.idle_timeout)
     return uvicorn.Server(config)
 
 
