@@ -237,10 +237,10 @@ def _split_val(examples: list[Example], val_size: int) -> tuple[list[Example], l
     return pool, list(val.values())
 
 
-def validation_accuracy(model, tokenizer, task, env, examples: list[Example]) -> float:
-    """Greedy accuracy (model left in eval mode)."""
+def accuracy(model, tokenizer, task, env, examples: list[Example], greedy: bool = True) -> float:
+    """Greedy (else sampled) accuracy on `examples` (model left in eval mode)."""
     model.eval()
-    responses = rollout(model, tokenizer, task, env, [task.prompt(ex) for ex in examples], greedy=True)
+    responses = rollout(model, tokenizer, task, env, [task.prompt(ex) for ex in examples], greedy=greedy)
     return sum(task.evaluate(ex, r) for ex, r in zip(examples, responses)) / len(examples)
 
 
@@ -271,7 +271,7 @@ def train(cfg: PretrainConfig, out_dir: Path, progress: bool = True) -> dict[str
         losses.append(loss.item())
         bar.update(1)
         if cfg.target_acc is not None and step % cfg.eval_every == 0:
-            val_acc = validation_accuracy(model, tokenizer, task, env, val)
+            val_acc = accuracy(model, tokenizer, task, env, val)
             bar.set_postfix(
                 loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", val_acc=f"{val_acc:.2f}", refresh=False
             )
@@ -279,7 +279,7 @@ def train(cfg: PretrainConfig, out_dir: Path, progress: bool = True) -> dict[str
                 break
     bar.close()
     if cfg.target_acc is None or step % cfg.eval_every:
-        val_acc = validation_accuracy(model, tokenizer, task, env, val)
+        val_acc = accuracy(model, tokenizer, task, env, val)
     model.eval()
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -392,12 +392,10 @@ def heldout_accuracy(
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     examples = t.load("test", n, seed=seed, **knobs)
-    prompts = [t.prompt(ex) for ex in examples]
     torch.manual_seed(seed)
-    greedy = rollout(model, tokenizer, t, env, prompts, greedy=True)
-    sampled = [rollout(model, tokenizer, t, env, prompts, greedy=False) for _ in range(samples)]
-    acc = lambda rs: sum(t.evaluate(ex, r) for ex, r in zip(examples, rs)) / len(examples)  # noqa: E731
-    return {"greedy": acc(greedy), "sampled": sum(acc(rs) for rs in sampled) / samples}
+    greedy = accuracy(model, tokenizer, t, env, examples)
+    sampled = [accuracy(model, tokenizer, t, env, examples, greedy=False) for _ in range(samples)]
+    return {"greedy": greedy, "sampled": sum(sampled) / samples}
 
 
 # ---------------------------------------------------------------- CLI

@@ -142,7 +142,7 @@ def test_a_warm_start_built_otherwise_is_rebuilt_saying_why(tmp_path, monkeypatc
 
 def test_pretrain_stops_at_the_target_accuracy(tmp_path, monkeypatch):
     accs = iter([0.1, 0.5, 0.9])
-    monkeypatch.setattr(P, "validation_accuracy", lambda *a: next(accs))
+    monkeypatch.setattr(P, "accuracy", lambda *a: next(accs))
     path = P.pretrain(
         "search_tiny",
         model_cfg=TINY,
