@@ -1,20 +1,7 @@
 """``emapg`` — the command line. Subcommands import their packages lazily, so `emapg train` never
 imports ray and `emapg report` never imports torch.
 
-    emapg train experiment=math_tiny_ema_pg [hydra overrides ...]
-    emapg pretrain task=math_tiny
-    emapg data prepare math --out ~/data/emapg/math [--from <dir with the source data sets>]
-    emapg eval <run dir | checkpoint | HF model dir> [--benchmarks ...] [--protocol readme|benchmark|in_training]
-    emapg retriever serve --task search_tiny --port 8000
-    emapg retriever serve --corpus wiki-18.jsonl --retriever e5 [--index e5_Flat.index]
-    emapg retriever index --corpus wiki-18.jsonl --out e5_Flat.index
-    emapg sweep sweeps/quickstart.yaml [--dry-run] [--resume] [--address ...]
-    emapg rehearse experiment=math_deepscaler_ema_pg                (verl's loop on CPU, killed and resumed)
-    emapg rehearse sweeps/search_r1_ema_pg.yaml [--layout across]   (the sweep through Tune, two nodes)
-    emapg report <runs-or-sweep-dir> --out <dir>
-    emapg dashboard <sweep-dir> [--entity E] [--project P] [--publish]   (W&B workspace + report)
-    emapg figures --out <dir>
-    emapg doctor experiment=math_deepscaler_ema_pg [--address HOST:PORT]  (preflight of a node or a Ray cluster)
+Each command's usage: `emapg <command> --help`, and docs/usage.md.
 """
 
 from __future__ import annotations

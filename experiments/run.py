@@ -196,8 +196,9 @@ def _open_record(cfg: DictConfig, run_dir: Path, stage: dict | None, held: owner
     ckpt_dir = run_dir / "checkpoints"
     found = checkpoints.load_newest(ckpt_dir) if cfg.resume else None  # (dir, state, skipped) or None
     own = found is not None  # a checkpoint of this run_dir, not one trained elsewhere
-    if found is None and cfg.get("resume_from"):  # a stage started from a checkpoint trained elsewhere
-        found = _external_checkpoint(cfg.resume_from)
+    if found is None and cfg.get("resume_from"):  # a stage started from a local checkpoint trained elsewhere
+        step = Path(os.path.expanduser(cfg.resume_from))  # one with state.pt: stages.check_resume_from
+        found = step, torch.load(step / checkpoints.STATE, map_location="cpu", weights_only=False), []
     if cfg.resume and found is None and (run_dir / "metrics.jsonl").exists():
         raise ValueError(f"resume={cfg.resume} but {ckpt_dir} holds no checkpoint to continue from")
     for s in found[2] if found else ():
@@ -396,16 +397,6 @@ def stage_job_config(cfg: DictConfig, stage: dict | None) -> dict:
     if extra:
         job["backend"]["verl"]["overrides"] = list(job["backend"]["verl"].get("overrides") or []) + extra
     return job
-
-
-def _external_checkpoint(path: str) -> tuple[Path, dict, list]:
-    """(dir, state, []) of a local checkpoint directory given as resume_from (one with state.pt)."""
-    step = Path(os.path.expanduser(path))
-    if not (step / checkpoints.STATE).is_file():
-        raise ValueError(
-            f"resume_from={path!r} is not a local checkpoint (a checkpoints/iter_N directory with state.pt)"
-        )
-    return step, torch.load(step / checkpoints.STATE, map_location="cpu", weights_only=False), []
 
 
 def newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
