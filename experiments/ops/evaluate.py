@@ -5,32 +5,27 @@
     emapg eval ~/models/m --task math --benchmarks aime2024,amc --out outputs/evals/m   # any HF model
     ... --protocol readme|benchmark|in_training [--n 32 --temperature 0.8 --top-p 0.9 --max-tokens 28000]
 
-TARGET is a run directory (its `final/policy` and `final/anchor`, or its newest checkpoint when it
-has no `final/`), a local checkpoint (`checkpoints/iter_N`: policy and anchor), or a Hugging Face
-model directory (one model, `policy`; `--task` names the task). A verl run's `global_step_N` is
-evaluated after merging its actor into a Hugging Face directory (verl's model merger).
+TARGET is a run directory (its `final/policy` and `final/anchor`, else its newest checkpoint), a local
+checkpoint (policy and anchor) or a Hugging Face model directory (`policy`; `--task` names the task). A verl run's
+`global_step_N` is evaluated after verl's model merger has made its actor a Hugging Face directory.
 
-The protocols are `experiments.tasks.math.PROTOCOLS` (samples per problem, temperature, top-p,
-length, seed); `--n`, `--temperature`, `--top-p` and `--max-tokens` override one setting each
-(with Hugging Face generation the length is cut to what the model's context window leaves).
-Each problem gets one greedy answer and n samples, scored 0/1 by the task's `evaluate` (the
-reward's correctness), and one line in `evals.jsonl` with the schema of training-time evaluation
-(docs/run-record.md): a run's evaluation goes to `<run_dir>/evals/<name>/` (`emapg report` reads it
-beside the run and writes a pass@k table for it), any other to `--out`. `eval_summary.json` holds
-pass@k and greedy accuracy per model and benchmark.
+The protocols are `experiments.tasks.math.PROTOCOLS`; each option overrides one of their settings (with Hugging
+Face generation the length is cut to what the context window leaves). Each problem gets one greedy answer and n
+samples, scored 0/1 by the task's `evaluate`, and one line in `evals.jsonl` (docs/run-record.md): a run's go to
+`<run_dir>/evals/<name>/` (where `emapg report` reads them), any other to `--out`; `eval_summary.json` holds pass@k
+and greedy accuracy per model and benchmark.
 
-Problems are evaluated in fixed chunks of `--batch` problems, each chunk's rows appended in one
-write with its own seeded generator, so a killed evaluation continues with the first unfinished
-chunk and never scores a problem twice, and a resumed evaluation samples what an uninterrupted one
-would. Generation: Hugging Face `generate`-style sampling with the local backend's rollout
-(`ema_pg_core.local.rollout`, tool loop included), or vLLM (`--engine vllm`, single-turn tasks; the
-default `auto` picks it when vLLM is installed and a GPU is present).
+Problems go in chunks of `--batch`, each appended in one write and sampled with its own seed (`chunk_seed`), so a
+killed evaluation resumes at the first unfinished chunk, never scores a problem twice, and samples what an
+uninterrupted one would. Generation: the local backend's rollout (tool loop included), or vLLM (`--engine vllm`,
+single-turn tasks; `auto` picks it when vLLM is installed and a GPU is present).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,30 +60,22 @@ class Target:
 
 # ---------------------------------------------------------------- what to evaluate
 def resolve_target(path: str) -> Target:
-    """TARGET -> Target; a UserError naming it when it is none of the three kinds."""
+    """TARGET -> Target; a UserError naming it when it is none of the three kinds, or cannot be evaluated."""
     p = Path(path).expanduser()
     if (p / records.CONFIG).is_file() and (p / records.STATUS).is_file():
         last = max((int(r["iteration"]) for r in records.read_metrics(p)), default=0)
-        return Target("run", p, p, OmegaConf.load(p / records.CONFIG), last)
-    if (p / "state.pt").is_file() and (p.parent.parent / records.CONFIG).is_file():
-        run_dir = p.parent.parent
-        return Target("checkpoint", p, run_dir, OmegaConf.load(run_dir / records.CONFIG), _ckpt_iteration(p))
-    if (p / "config.json").is_file():
+        t = Target("run", p, p, OmegaConf.load(p / records.CONFIG), last)
+    elif (p / "state.pt").is_file() and (p.parent.parent / records.CONFIG).is_file():
+        iteration = int(p.name[5:]) if re.fullmatch(r"iter_\d+", p.name) else 0
+        t = Target("checkpoint", p, p.parent.parent, OmegaConf.load(p.parent.parent / records.CONFIG), iteration)
+    elif (p / "config.json").is_file():
         return Target("model", p, None, None, 0)
-    raise UserError(
-        f"TARGET {path!r} is not a run directory (config.yaml + status), a local checkpoint "
-        "(checkpoints/iter_N with state.pt) or a Hugging Face model directory (config.json)"
-    )
-
-
-def _ckpt_iteration(step: Path) -> int:
-    name = step.name
-    return int(name.rsplit("_", 1)[1]) if name.startswith("iter_") and name.rsplit("_", 1)[1].isdigit() else 0
-
-
-def check_target(t: Target) -> None:
-    """What cannot be evaluated is refused before any work (a verl run: merge its checkpoint first)."""
-    if t.cfg is not None and t.cfg.backend.name == "verl":
+    else:
+        raise UserError(
+            f"TARGET {path!r} is not a run directory (config.yaml + status), a local checkpoint "
+            "(checkpoints/iter_N with state.pt) or a Hugging Face model directory (config.json)"
+        )
+    if t.cfg.backend.name == "verl":
         raise UserError(
             f"TARGET {t.path} is a verl run: merge a checkpoint into a Hugging Face directory first "
             "(python -m verl.model_merger merge --backend fsdp --local_dir <global_step_N>/actor "
@@ -96,6 +83,7 @@ def check_target(t: Target) -> None:
         )
     if t.kind == "run" and not (t.path / "final" / "policy").is_dir() and not (t.path / "checkpoints").is_dir():
         raise UserError(f"TARGET {t.path} holds neither final/policy nor checkpoints/: nothing to evaluate")
+    return t
 
 
 def model_loaders(t: Target) -> dict[str, Any]:
@@ -108,15 +96,13 @@ def model_loaders(t: Target) -> dict[str, Any]:
         if (final / "anchor").is_dir():
             out["anchor"] = lambda: _hf(final / "anchor", final / "policy")
         return out
-    step = t.path if t.kind == "checkpoint" else _newest_checkpoint(t.path / "checkpoints")
+    step = t.path
+    if t.kind == "run":
+        found = candidates(t.path / "checkpoints")  # newest first
+        if not found:
+            raise UserError(f"{t.path / 'checkpoints'} holds no checkpoint to evaluate")
+        step = found[0]
     return {who: (lambda who=who: _from_checkpoint(t.cfg, step, who)) for who in ("policy", "anchor")}
-
-
-def _newest_checkpoint(ckpt_dir: Path) -> Path:
-    found = candidates(ckpt_dir)
-    if not found:
-        raise UserError(f"{ckpt_dir} holds no checkpoint to evaluate")
-    return found[0]
 
 
 def _hf(model_dir: Path, tok_dir: Path):
@@ -146,7 +132,7 @@ def problems(module, task_cfg: DictConfig, benchmark: str, limit: int | None) ->
 def settings(args: argparse.Namespace, t: Target, task: str, benchmarks: list[str], engine: str) -> dict:
     """The evaluation's settings (eval.json): the protocol's, each overridden by its option."""
     p = PROTOCOLS[args.protocol]
-    pick = lambda given, default: default if given is None else given  # noqa: E731
+    given = {k: getattr(args, k) for k in ("n", "temperature", "top_p", "max_tokens")}
     return {
         "target": str(t.path.resolve()),
         "kind": t.kind,
@@ -154,10 +140,7 @@ def settings(args: argparse.Namespace, t: Target, task: str, benchmarks: list[st
         "iteration": t.iteration,
         "protocol": args.protocol,
         "benchmarks": benchmarks,
-        "n": pick(args.n, p.n),
-        "temperature": pick(args.temperature, p.temperature),
-        "top_p": pick(args.top_p, p.top_p),
-        "max_tokens": pick(args.max_tokens, p.max_tokens),
+        **{k: getattr(p, k) if v is None else v for k, v in given.items()},
         "seed": p.seed if p.seed is not None else 0,
         "limit": args.limit,
         "batch": args.batch,
@@ -237,18 +220,17 @@ def score_rows(module, exs: list, greedy: list[str], sampled: list[str], st: dic
 def pick_engine(engine: str, module) -> str:
     """auto -> vllm when it is installed and a GPU is present (single-turn tasks), else hf; vllm where it is not
     installed is refused (UserError), before any work."""
-    if engine == "vllm" and getattr(module, "STOP_STRINGS", ()):
+    tools, installed = bool(getattr(module, "STOP_STRINGS", ())), importlib.util.find_spec("vllm") is not None
+    if engine == "vllm" and tools:
         raise UserError(f"--engine vllm evaluates single-turn tasks; {module.NAME} uses tools: --engine hf")
-    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+    if engine == "vllm" and not installed:
         raise UserError(
             "--engine vllm: vLLM is not installed here; install verl's vLLM stack (cluster/gpu-install.sh, "
             "docs/scaling-out.md), or evaluate with --engine hf"
         )
     if engine != "auto":
         return engine
-    if getattr(module, "STOP_STRINGS", ()) or importlib.util.find_spec("vllm") is None:
-        return "hf"
-    return "vllm" if torch.cuda.is_available() else "hf"
+    return "vllm" if installed and not tools and torch.cuda.is_available() else "hf"
 
 
 # ---------------------------------------------------------------- the command
@@ -313,7 +295,6 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     check_args(args)
     t = resolve_target(args.target)
-    check_target(t)
     module, task_cfg = task_of(args, t)
     benches = pick_benchmarks(args, module, task_cfg.name)
     st = settings(args, t, task_cfg.name, benches, pick_engine(args.engine, module))
@@ -364,7 +345,13 @@ def run_model(
             seed = chunk_seed(st["seed"], name, bench, c // st["batch"])
             prompts = [module.prompt(e) for e in todo]
             if model is None:
-                model, tok = _load(load, st["engine"], device, out / ".hf" / name)
+                model, tok = load()
+                if st["engine"] == "vllm":  # vLLM reads a model directory
+                    model.save_pretrained(out / ".hf" / name)
+                    tok.save_pretrained(out / ".hf" / name)
+                    model = str(out / ".hf" / name)
+                else:
+                    model = model.to(resolve_device(device)).eval()
             if st["engine"] == "vllm":
                 greedy, sampled = vllm_samples(model, prompts, st, seed)
             else:
@@ -373,33 +360,19 @@ def run_model(
             bar.update(len(todo))
 
 
-def _load(load, engine: str, device: str, hf_dir: Path):
-    """The model on its device (hf), or a directory vLLM can read (the model saved there if need be)."""
-    model, tok = load()
-    if engine == "vllm":
-        model.save_pretrained(hf_dir)
-        tok.save_pretrained(hf_dir)
-        return str(hf_dir), tok
-    return model.to(resolve_device(device)).eval(), tok
-
-
 def summarize(rows: list[dict], st: dict) -> dict:
     """Settings + {model: {benchmark: {problems, acc, pass@k for k = 1, 2, 4, ... <= n}}}."""
     ks = [k for k in (2**i for i in range(12)) if k <= st["n"]]
-    out: dict[str, dict] = {}
+    results: dict[str, dict] = {}
     for r in rows:
-        out.setdefault(r["model"], {}).setdefault(r["benchmark"], []).append(r)
-    results = {
-        m: {
-            b: {
+        results.setdefault(r["model"], {}).setdefault(r["benchmark"], []).append(r)
+    for by_bench in results.values():
+        for b, rs in by_bench.items():
+            by_bench[b] = {
                 "problems": len(rs),
                 "acc": sum(r["greedy_correct"] for r in rs) / len(rs),
                 **{f"pass@{k}": sum(pass_at_k(r["n"], r["n_correct"], k) for r in rs) / len(rs) for k in ks},
             }
-            for b, rs in by_bench.items()
-        }
-        for m, by_bench in out.items()
-    }
     return {"settings": st, "results": results}
 
 
