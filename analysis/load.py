@@ -4,22 +4,16 @@
     evals = load_evals("outputs/sweeps/quickstart")          # per-problem outcomes (pass@k)
     runs, metrics = load_wandb("emapg", group="quickstart")  # the same frames from W&B
 
-`runs` has one row per run: ids, `status` (finished, running, interrupted, failed, stopped_unhealthy, or crashed:
-left `running` by a process that is gone), the flags `complete` / `failed` / `unhealthy` / `truncated` /
-`forced_resume`, `health_rule` / `health_iteration` / `health_message` for a run a health rule stopped,
-the knobs (experiment, task, seed, kl_*, anchor_*, sweep_name, ...; None where a knob has no
-effect, see `mask_inert_knobs`), a derived `method`
-("GRPO" for a fixed anchor, "EMA-PG" for tau < 1) and `variant` (method + knobs), every scalar
-config entry as `cfg.<dotted.key>`, and `final/<metric>` / `best/<metric>` columns.
-`metrics` has one row per run x iteration with the knobs repeated, so figures can group by them.
+`runs` has one row per run: ids, `status` (as recorded, or crashed: left `running` by a process that is gone),
+the flags `complete` / `failed` / `unhealthy` / `truncated` / `forced_resume`, `health_*` for a run a health rule
+stopped, the knobs (KNOBS; None where a knob has no effect, `mask_inert_knobs`), `method`, `variant`, every scalar
+config entry as `cfg.<dotted.key>`, and `final/<metric>` / `best/<metric>`. `metrics` has one row per run x
+iteration with CURVE_KEYS repeated, so figures can group by them.
 
-The format is docs/run-record.md. Nothing is dropped: failed, running and truncated runs are
-rows with flags, and callers decide what to include. A trailing partial JSON line (a crash while
-appending) is ignored and flags the run `truncated`; a corrupt line elsewhere is an error, and so is a
-metrics.jsonl whose iterations repeat or go back (`check_iterations`: a run record only appends increasing
-iterations, a resume rewinds the file first, so two processes wrote it). W&B history cannot be rewritten:
-there, the last line logged for an iteration wins (`n_relogged`).
-`config_key` is what makes two runs one seed of one configuration (analysis.report.one_per_config).
+Nothing is dropped: failed, running and truncated runs are rows with flags, and callers decide what to include.
+A trailing partial JSON line (a crash while appending) flags the run `truncated`; a corrupt line elsewhere is an
+error, and so is a metrics.jsonl whose iterations do not increase (`check_iterations`). W&B history cannot be
+rewritten: there, the last line logged for an iteration wins (`n_relogged`).
 """
 
 from __future__ import annotations
@@ -140,7 +134,7 @@ def read_run(run_dir: str | Path) -> RawRun:
 
 
 def method_of(anchor_tau: Any) -> str:
-    """ "EMA-PG" when the anchor moves (tau < 1), else "GRPO" (fixed reference)."""
+    """ "EMA-PG" when the anchor moves (tau < 1), else "GRPO" (a fixed reference)."""
     return "EMA-PG" if _is_num(anchor_tau) and anchor_tau < 1 else "GRPO"
 
 
@@ -157,23 +151,19 @@ def variant_of(knobs: dict[str, Any]) -> str:
     return f"GRPO ({kl})"
 
 
-def with_coef(variant: str, coef: Any) -> str:
-    """The label with the KL coefficient added inside its parentheses: "GRPO (k3)" -> "GRPO (k3, β=0.1)"."""
-    return f"{variant[:-1]}, β={_fmt(coef)})" if variant.endswith(")") else f"{variant} (β={_fmt(coef)})"
-
-
 def label_coefs(runs: pd.DataFrame) -> dict[str, str]:
-    """{run_id: variant with β} for the runs of every task whose runs differ in the KL coefficient (a β sweep:
-    without it, runs at different β would share a label and be pooled); {} when no task has two coefficients.
+    """{run_id: variant with β inside its parentheses, "GRPO (k3, β=0.1)"} for the runs of every task whose runs
+    differ in the KL coefficient (a β sweep: else runs at different β would share a label and be pooled).
     Runs without KL ("no KL", β = 0) keep their label."""
     out = {}
     for _, task_runs in runs.groupby("task", dropna=False):
-        coefs = task_runs["kl_coef"].dropna()
-        if coefs.nunique() < 2:
+        if task_runs["kl_coef"].dropna().nunique() < 2:
             continue
         for rid, variant, coef in task_runs[["run_id", "variant", "kl_coef"]].itertuples(index=False):
             if _is_num(coef) and coef != 0:
-                out[rid] = with_coef(variant, coef)
+                out[rid] = (
+                    f"{variant[:-1]}, β={_fmt(coef)})" if variant.endswith(")") else f"{variant} (β={_fmt(coef)})"
+                )
     return out
 
 
@@ -190,8 +180,8 @@ def mask_inert_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_iterations(rows: list[dict[str, Any]], path: str | Path) -> None:
-    """Refuse (ValueError naming the file, the line and the iteration) rows of a metrics.jsonl whose iterations do not
-    strictly increase: a run record appends each iteration once, in order, and a resume rewinds the file first
+    """Refuse (ValueError naming the file, the line and the iteration) rows whose iterations do not strictly
+    increase: a run record appends each iteration once and a resume rewinds the file first
     (experiments.records.RunRecord), so two processes wrote such a record and its curves mix both."""
     last, seen = None, set()
     for n, row in enumerate(rows, 1):
@@ -229,9 +219,8 @@ def clean_rows(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], in
 
 
 def numerics_label(summary: dict) -> str | None:
-    """A run's numerical fingerprint (experiments.records.numerics_key: what two runs must share for their numbers
-    to be comparable) as one short string: mode, ATen's code path / MKL's branch, threads, torch, the warm start's
-    weights, and a digest of every field; equal strings = comparable numbers. None for a record without one."""
+    """A run's numerical fingerprint (experiments.records.numerics_key) as one short string, with a digest of every
+    field: equal strings = comparable numbers. None for a record without one."""
     key = records.numerics_key(summary)
     if key is None:
         return None
@@ -289,10 +278,9 @@ def run_row(raw: RawRun, rows: list[dict[str, Any]], n_relogged: int) -> dict[st
 
 
 def config_key(config: dict[str, Any]) -> str | None:
-    """Equal for two runs of one configuration and one seed: a digest of the flattened config without the keys a
-    run's identity ignores (``records.HASH_EXCLUDE``) or a resume may change (``records.RESUME_MAY_CHANGE``), so a
-    run and its shorter or longer sibling are one seed, never two. From the config, as killed runs have no
-    summary.json (nor its config_hash)."""
+    """Equal for two runs of one configuration and one seed (analysis.report.one_per_config): a digest of the config
+    without the keys a run's identity ignores or a resume may change (records.HASH_EXCLUDE, RESUME_MAY_CHANGE), so
+    a run and its longer sibling are one seed. From the config: a killed run has no summary.json's config_hash."""
     if not config:
         return None
     free = (*records.HASH_EXCLUDE, *records.RESUME_MAY_CHANGE)
@@ -330,10 +318,8 @@ def load_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def load_evals(root: str | Path) -> pd.DataFrame:
-    """Per-problem eval outcomes (evals.jsonl) of every run below `root`, one row per
-    (run, iteration, model, benchmark, problem); with task/variant/seed for grouping. Rows of the
-    run's standalone evaluations (`emapg eval`, <run>/evals/<name>/) carry their name in `eval`
-    (None for training-time rows)."""
+    """Per-problem eval outcomes of every run below `root`, one row per (run, iteration, model, benchmark, problem),
+    with task/variant/seed; `eval` is the `emapg eval` name (<run>/evals/<name>/), None for training-time rows."""
     parts = []
     for run_dir in find_run_dirs(root):
         rows, _ = records.scan_jsonl(run_dir / "evals.jsonl")
@@ -342,7 +328,7 @@ def load_evals(root: str | Path) -> pd.DataFrame:
             continue
         rr = run_row(read_run(run_dir), [], 0)
         ids = {c: rr[c] for c in ("run_id", "task", "variant", "method", "seed", "complete")}
-        for name, these in [(None, rows), *standalone]:  # `eval`: None in training, else the `emapg eval` name
+        for name, these in [(None, rows), *standalone]:
             if these:
                 df = pd.DataFrame.from_records(these).assign(eval=name)
                 df = df.assign(**{c: v for c, v in ids.items() if c not in df})
@@ -358,12 +344,11 @@ def load_wandb(
     *,
     api: Any = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs_df, metrics_df) from W&B, in the same shape as `load_runs`. Full-resolution history through
-    `run.scan_history()` (never the sampled `run.history()`); "final"/"best" are recomputed from it (a W&B summary
-    holds only the last value). `tags`: keep runs carrying all of them. `api`: a `wandb.Api`-like object (tests
-    pass a stand-in); by default `wandb.Api()`, which needs network access to the W&B server."""
+    """(runs_df, metrics_df) from W&B, as `load_runs`. Full-resolution history through `run.scan_history()` (never
+    the sampled `run.history()`); "final"/"best" recomputed from it (a W&B summary holds only the last value).
+    `tags`: keep runs carrying all of them. `api`: a `wandb.Api`-like object; by default `wandb.Api()` (network)."""
     if api is None:
-        import wandb  # lazy: only this loader needs it
+        import wandb
 
         api = wandb.Api()
     tags = list(tags or [])

@@ -6,29 +6,18 @@
     paths = report("outputs/sweeps/quickstart", "outputs/report")    # -> list[Path]
     paths = figures(ema_pg_core.audit.<fn>(), "outputs/figures")     # records are plain data
 
-What `report` writes (per task; whatever the logged metrics support, the rest is listed under
-"Skipped" in the index with the reason):
-    runs.{md,tex,csv}                    every run found, with status (failed / partial included)
-    <task>_main.{md,tex,csv}             a task with benchmarks (its REPORTING, experiments.tasks): the
-                                         paper-format table, the paper's verified numbers beside ours;
-                                         other tasks: policy acc, pass@1 and anchor acc per benchmark
+What `report` writes per task, as far as the logged metrics support it (the rest is listed under "Skipped"):
+    <task>_main.{md,tex,csv}             the task's REPORTING table (paper-format, with the paper's numbers, for a
+                                         task with benchmarks; else policy acc, pass@1 and anchor acc)
     <task>_passk.{md,tex,csv}            unbiased pass@k from evals.jsonl
-    <task>_curve_<benchmark>.{png,pdf}   policy and EMA-anchor eval vs iteration
-    <task>_dynamics.{png,pdf}            KL value and anchor drift vs iteration
-    <task>_ablation_<knob>.{png,pdf}     final metric vs τ / period / k / KL type
-    <task>_beta_tau_map.{png,pdf}        β × τ heatmaps (when both vary, τ = 1 among them): figures/beta_tau_map
-    index.md, index.html, provenance.json  the front page: per task its tables inline and its figures,
-                                         the provenance once per section (collapsed); then all runs
-    emapg_output.json                    which command wrote the directory (analysis.outdir.MARKER)
+    <task>_curve_<benchmark>, <task>_dynamics, <task>_ablation_<knob>, <task>_beta_tau_map, <task>_kl_probe,
+    <task>_topk_coverage .{png,pdf}      the figures (analysis.figures)
+and runs.{md,tex,csv}, unhealthy.{md,tex,csv}, index.{md,html}, provenance.json (analysis.index) and
+emapg_output.json (analysis.outdir: which `out_dir` may be written, and how it is replaced whole).
 
-`out_dir` must be new, empty, or a previous output of the same command, which is replaced whole (analysis.outdir;
-a run record, a sweep, the other command's output or any other non-empty directory is refused, exit 2). A
-(configuration, seed) counts once (`one_per_config`): the runs that repeat one are named on the front page.
-
-Numbers use finished runs only unless `include_incomplete`; the excluded runs are listed. Runs stopped by a
-health rule (status stopped_unhealthy) are never in a number, with or without `include_incomplete`: they get
-their own table, unhealthy.{md,tex,csv}, in a "Stopped unhealthy" section.
-This module never imports the core: `main_figures` receives the audit records from its caller.
+A (configuration, seed) counts once (`one_per_config`). Numbers use finished runs only unless
+`include_incomplete`, and never runs stopped by a health rule: those get their own table. This module never
+imports the core: `main_figures` receives the audit records from its caller.
 """
 
 from __future__ import annotations
@@ -54,10 +43,9 @@ Frame = pd.DataFrame
 Evals = Frame | None  # the rows of evals.jsonl (analysis.load.load_evals); None: not loaded
 Built = tuple[list[Output], list[str]]  # (outputs written, notes on what was skipped and why)
 REPORT, FIGURES = "emapg report", "emapg figures"  # what analysis.outdir.MARKER says wrote a directory
-REPS = 2000
-"""Bootstrap resamples behind every CI of a report (`report`, `report_frames`, `emapg report --reps`)."""
+REPS = 2000  # bootstrap resamples behind every CI of a report (`emapg report --reps`)
 ABLATION_KNOBS = ("anchor_tau", "anchor_period", "kl_k", "kl_type", "kl_tail", "kl_coef")
-# audit record key -> (figure, its file stem = the function's name, index title)
+# audit record key -> (figure, its file stem being the function's name, index title)
 FIGURE_RENDERERS = (
     ("estimator_table", audit.kl_estimators_bias, "KL estimators: |bias| and variance (log scale)"),
     ("topk_sweep", audit.topk_variance, "Top-k KL: variance and bias vs k (k=0 sampled to k=|V| exact)"),
@@ -83,8 +71,7 @@ def _figure(fig: Any, out: Path, name: str, title: str, runs: Frame) -> Output:
 def report(
     runs_dir: str | Path, out_dir: str | Path, *, reps: int = REPS, seed: int = 0, include_incomplete: bool = False
 ) -> list[Path]:
-    """Load every run record below `runs_dir` and write the report into `out_dir` (analysis.outdir: a new or empty
-    directory, or a previous report, which is replaced whole; anything else is refused before any work)."""
+    """Load every run record below `runs_dir` and write the report into `out_dir` (checked before any work)."""
     outdir.check(out_dir, REPORT)
     runs, metrics = load.load_runs(runs_dir)
     if runs.empty:
@@ -106,8 +93,7 @@ def report_frames(
     seed: int = 0,
     include_incomplete: bool = False,
 ) -> list[Path]:
-    """The report from already loaded frames (analysis.load.load_runs or load_wandb), into `out_dir` as `report`
-    writes it."""
+    """The report from already loaded frames (analysis.load.load_runs or load_wandb)."""
     with outdir.replacing(out_dir, REPORT, {"source": source or "frames"}) as out:
         outputs: list[Output] = []
         skipped: list[str] = []
@@ -141,12 +127,9 @@ def report_frames(
 
 
 def one_per_config(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """Each (configuration, seed) once. Runs with the same ``config_key`` (analysis.load: the config without where
-    and how it is logged and without what a resume may change, e.g. `trainer.iterations`) are one seed of one
-    configuration: two sweeps into one directory, a point run again after a driver was killed, a run and its
-    shorter or longer sibling, a stray `emapg train` in a sweep's directory. Of them the finished one with the
-    most iterations is kept (then the first run id). Returns the kept runs and one note per run left out, naming
-    its directory, the kept one's and the settings in which they differ."""
+    """Each (configuration, seed) once (docs/reports.md, "What a report counts"): of the runs with one
+    ``config_key`` (analysis.load), the finished one with the most iterations is kept (then the first run id).
+    Returns the kept runs and one note per run left out, naming its directory, the kept one's and how they differ."""
     if "config_key" not in runs or runs.empty:
         return runs, []
     order = runs.assign(_done=runs["complete"].astype(bool), _its=runs["iterations_done"].fillna(-1))
@@ -182,14 +165,9 @@ def _differing(a: pd.Series, b: pd.Series) -> str:
         if any(key == x or key.startswith(x + ".") for x in run_records.HASH_EXCLUDE):
             continue
         x, y = a.get(col), b.get(col)
-        if not (x == y or (_unset(x) and _unset(y))):
+        if not tables.same(x, y):
             out.append(f"{key}: {_fmt(x)} vs {_fmt(y)}")
     return "; ".join(out)
-
-
-def _unset(v: Any) -> bool:
-    """None, or the NaN a frame holds where a run's config lacks the key."""
-    return v is None or (isinstance(v, float) and v != v)
 
 
 def _repeats_line(repeats: list[str]) -> list[str]:
@@ -231,15 +209,12 @@ def _left_out_notes(runs: pd.DataFrame, keep: pd.DataFrame) -> list[str]:
 
 def _report_header(runs: pd.DataFrame, source: str, reps: int, seed: int, include_incomplete: bool) -> list[str]:
     """The front page's opening lines: where the runs came from, their statuses, which runs count."""
-    n = runs["status"].value_counts().to_dict()
+    found = ", ".join(f"{v} {k}" for k, v in sorted(runs["status"].value_counts().items()))
+    used = "all runs, including unfinished ones" if include_incomplete else "finished runs only"
     return [
-        f"Source: {source or 'frames'}; {len(runs)} runs found ("
-        + ", ".join(f"{v} {k}" for k, v in sorted(n.items()))
-        + ").",
-        "Numbers use "
-        + ("all runs, including unfinished ones" if include_incomplete else "finished runs only")
-        + " (never runs stopped by a health rule: they are listed apart)."
-        + f" Bootstrap: {reps} resamples, seed {seed}.",
+        f"Source: {source or 'frames'}; {len(runs)} runs found ({found}).",
+        f"Numbers use {used} (never runs stopped by a health rule: they are listed apart). "
+        f"Bootstrap: {reps} resamples, seed {seed}.",
         "Gains, P(improvement) and decisions are paired where the two methods ran the same seeds on the same "
         'task and data settings (same warm start, data order and sampling streams; marked "paired, n seeds"), '
         'and unpaired otherwise (marked "unpaired"). A decision is an exact permutation test at 5% (at most 5% '

@@ -3,14 +3,10 @@
     t = paper_table(runs, "search", reps=2000, seed=0)   # -> Table (the task's REPORTING: benchmarks, metric)
     write_table(t, "out/")                                # out/search_main.{md,tex,csv}
 
-A `Table` holds display strings (`cells`, what .md/.tex show) and the numbers behind them
-(`numbers`, tidy, exact CI bounds; what .csv holds). Reproduced cells are mean ± half-width of
-the 95% stratified-bootstrap CI over seeds; a cell with no number is "—" (unavailable), never
-filled in. Gains, P(improvement) and the decision come from one comparison (`compare`, analysis.stats.compare:
-an exact permutation test and its inverted CI), paired over seeds when both methods ran the same seeds on
-the same data, else unpaired; each cell says which.
-Paper rows come from analysis.paper with their source tags. What a task's tables show (its benchmarks, their
-display names, the metric, the paper setting) is its module's REPORTING (experiments.tasks.Reporting).
+A `Table` holds display strings (`cells`, what .md/.tex show) and the numbers behind them (`numbers`, what .csv
+holds). Our cells are mean ± half-width of the 95% stratified-bootstrap CI over seeds; a cell with no number is
+"—", never filled in. Gains, P(improvement) and the decision come from one comparison (`compare`), paired over
+seeds where it can be. What a task's tables show is its module's REPORTING (experiments.tasks.Reporting).
 """
 
 from __future__ import annotations
@@ -44,7 +40,6 @@ class Table:
     cells: pd.DataFrame  # display strings; the index holds the row labels
     numbers: pd.DataFrame  # tidy: NUMBER_COLUMNS
     notes: list[str] = field(default_factory=list)
-    run_ids: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- writers
@@ -74,13 +69,6 @@ def to_latex(df: pd.DataFrame, caption: str | None = None, label: str | None = N
     return "\n".join(out) + "\n"
 
 
-def to_csv(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write `df` as CSV (no index; NaN as an empty field) and return the path."""
-    path = Path(path)
-    df.to_csv(path, index=False)
-    return path
-
-
 def write_table(table: Table, out_dir: str | Path) -> list[Path]:
     """<name>.md and <name>.tex (display cells, caption, notes) and <name>.csv (numbers)."""
     out_dir = Path(out_dir)
@@ -88,10 +76,10 @@ def write_table(table: Table, out_dir: str | Path) -> list[Path]:
     md = to_markdown(table.cells, table.caption)
     if table.notes:
         md += "\n" + "\n".join(f"- {n}" for n in table.notes) + "\n"
-    paths = [out_dir / f"{table.name}.md", out_dir / f"{table.name}.tex"]
+    paths = [out_dir / f"{table.name}{ext}" for ext in (".md", ".tex", ".csv")]
     paths[0].write_text(md, encoding="utf-8")
     paths[1].write_text(to_latex(table.cells, table.caption, f"tab:{table.name}"), encoding="utf-8")
-    paths.append(to_csv(table.numbers, out_dir / f"{table.name}.csv"))
+    table.numbers.to_csv(paths[2], index=False)  # NaN: an empty field
     return paths
 
 
@@ -193,17 +181,15 @@ def ours_rows(
 
 
 def gain_pairs(runs: pd.DataFrame) -> tuple[list[tuple[str, str]], list[str]]:
-    """(EMA-PG variant, GRPO variant) pairs to compare, and notes on what could not be paired.
-
-    Each EMA-PG variant is paired with the only GRPO variant, or else with the GRPO variant that
-    has the same KL configuration (type, k, tail, coef)."""
+    """(EMA-PG variant, GRPO variant) pairs to compare, and notes on what could not be paired: each EMA-PG
+    variant against the only GRPO variant, or else the one with the same KL configuration."""
     kl = ["kl_type", "kl_k", "kl_tail", "kl_coef"]
     first = runs.drop_duplicates(GROUP).set_index(GROUP)
     grpo = [v for v in first.index if first.at[v, "method"] == "GRPO"]
     pairs, notes = [], []
     for v in (v for v in first.index if first.at[v, "method"] == "EMA-PG"):
-        same = [g for g in grpo if all(_same(first.at[g, k], first.at[v, k]) for k in kl if k in first)]
-        base = grpo if len(grpo) == 1 else same
+        alike = [g for g in grpo if all(same(first.at[g, k], first.at[v, k]) for k in kl if k in first)]
+        base = grpo if len(grpo) == 1 else alike
         if len(base) == 1:
             pairs.append((v, base[0]))
         elif grpo:
@@ -267,10 +253,9 @@ PAIRING_NOTE = (
 
 
 def compare(xs: pd.DataFrame, ys: pd.DataFrame, col: str):
-    """(stats.Comparison of runs `xs` against runs `ys` in `col`, pairing label, why unpaired or None).
-
-    Paired over the common seeds (`pair_by_seed`) when there are at least two; otherwise unpaired over all
-    runs, `why` saying why. None when either side has no value or the baseline's mean is not positive."""
+    """(stats.Comparison of runs `xs` against runs `ys` in `col`, pairing label, why unpaired or None): paired
+    over the common seeds (`pair_by_seed`) when it can be, else unpaired over all runs. None when either side has
+    no value or the baseline's mean is not positive."""
     x_all = xs[col].dropna().to_numpy(float) if col in xs else np.array([])
     y_all = ys[col].dropna().to_numpy(float) if col in ys else np.array([])
     if len(x_all) == 0 or len(y_all) == 0:
@@ -284,23 +269,18 @@ def compare(xs: pd.DataFrame, ys: pd.DataFrame, col: str):
     return c, (f"paired, {len(x)} seeds" if why is None else "unpaired"), why
 
 
-def data_columns(columns: Sequence[str]) -> list[str]:
-    """The data-setting columns of a runs frame: every `cfg.task.*` entry (data seed, split sizes,
-    task knobs) except the task's name (the `task` column) and the retriever's address."""
-    return [c for c in columns if c.startswith("cfg.task.") and c not in ("cfg.task.name", "cfg.task.retriever_url")]
-
-
 def pair_by_seed(xs: pd.DataFrame, ys: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray, str | None]:
     """(x, y, None): the values of `col` of runs `xs` and `ys` on their common seeds, aligned
     (x[i] and y[i] from the same seed), or (empty, empty, reason) with fewer than two common seeds.
 
-    A seed is common when each side has exactly one run with a value at that `seed` and `task`,
-    and the two runs agree on every data-setting column (`data_columns`; NaN equals NaN)."""
+    A seed is common when each side has exactly one run with a value at that `seed` and `task`, and the two
+    runs agree on every data setting (`cfg.task.*`: data seed, split sizes, task knobs; NaN equals NaN)."""
     empty = np.array([])
     if "seed" not in xs or "seed" not in ys:
         return empty, empty, "the runs have no seed column"
     keys = ["task", "seed"] if "task" in xs and "task" in ys else ["seed"]
-    data = [c for c in data_columns(xs.columns) if c in ys.columns]
+    skip = ("cfg.task.name", "cfg.task.retriever_url")  # the `task` column; an address, not data
+    data = [c for c in xs.columns if c.startswith("cfg.task.") and c in ys.columns and c not in skip]
 
     def one_per_seed(f: pd.DataFrame) -> pd.DataFrame:
         f = f.dropna(subset=[col, "seed"])
@@ -345,13 +325,7 @@ def paper_rows(setting: str, columns: Sequence[str]) -> tuple[list[tuple[str, di
 
 
 def assemble(
-    name: str,
-    caption: str,
-    columns: Sequence[str],
-    blocks: Sequence[tuple[list, list]],
-    *,
-    notes: list[str],
-    run_ids: list[str],
+    name: str, caption: str, columns: Sequence[str], blocks: Sequence[tuple[list, list]], notes: Sequence[str] = ()
 ) -> Table:
     """Stack row blocks into a Table; missing cells are "—"."""
     rows = [r for block, _ in blocks for r in block]
@@ -361,7 +335,7 @@ def assemble(
         columns=list(columns),
     )
     numbers = pd.DataFrame([n for _, nums in blocks for n in nums], columns=NUMBER_COLUMNS)
-    return Table(name, caption, cells, numbers, notes, sorted(run_ids))
+    return Table(name, caption, cells, numbers, list(notes))
 
 
 # ---------------------------------------------------------------- result tables
@@ -370,14 +344,10 @@ def assemble(
 def paper_table(
     runs: pd.DataFrame, task: str, *, weights: dict[str, float] | None = None, reps: int = 2000, seed: int = 0
 ) -> Table:
-    """The paper-format main table of a task that declares benchmarks (its REPORTING: the columns, the metric,
-    the paper setting): the paper's verified numbers when the task names a setting of analysis.paper, then
-    ours per variant (mean ± CI over seeds of the final value), then relative gains.
-
-    `runs`: the runs frame, already filtered to the runs to report (e.g. complete, task).
-    "Average" is the per-run mean over all benchmarks (weighted by `weights`, e.g. problem
-    counts, when given), reported only for runs that have every benchmark.
-    """
+    """The paper-format main table of a task that declares benchmarks: the paper's verified numbers (when the task
+    names a setting of analysis.paper), ours per variant, then relative gains. `runs`: the runs to report.
+    "Average" is the per-run mean over all benchmarks (weighted by `weights`, e.g. problem counts), shown only
+    for runs that have every benchmark."""
     spec = reporting(task)
     if not spec.benchmarks:
         raise ValueError(f"task {task!r} declares no benchmarks (REPORTING.benchmarks): its table is tiny_table")
@@ -399,8 +369,7 @@ def paper_table(
     g_rows, g_nums, g_notes = gain_rows(runs, columns)
     blocks = [paper_rows(spec.paper, list(columns))] if spec.paper else []
     blocks += [ours_rows(runs, columns, reps=reps, seed=seed), (g_rows, g_nums)]
-    run_ids = runs["run_id"].tolist()
-    return assemble(f"{task}_main", caption, list(columns), blocks, notes=notes + g_notes, run_ids=run_ids)
+    return assemble(f"{task}_main", caption, columns, blocks, notes + g_notes)
 
 
 # tiny_table's columns per benchmark: (label, eval prefix, metric)
@@ -408,8 +377,7 @@ TINY_COLUMNS = ("policy acc", "eval", "acc"), ("policy pass@1", "eval", "pass@1"
 
 
 def tiny_table(runs: pd.DataFrame, task: str, *, reps: int = 2000, seed: int = 0) -> Table:
-    """The main-table layout for a tiny task: policy greedy acc, policy pass@1 and EMA-anchor
-    greedy acc per benchmark; no paper rows (the paper has no tiny tasks)."""
+    """The main table of a task without benchmarks (a tiny task): TINY_COLUMNS per benchmark, no paper rows."""
     names = reporting(task).names
     benches = sorted(
         set(find_benchmarks(runs.columns, "final/eval/", "acc", names))
@@ -429,7 +397,7 @@ def tiny_table(runs: pd.DataFrame, task: str, *, reps: int = 2000, seed: int = 0
     )
     g_rows, g_nums, g_notes = gain_rows(runs, columns)
     blocks = [ours_rows(runs, columns, reps=reps, seed=seed), (g_rows, g_nums)]
-    return assemble(f"{task}_main", caption, list(columns), blocks, notes=g_notes, run_ids=runs["run_id"].tolist())
+    return assemble(f"{task}_main", caption, columns, blocks, g_notes)
 
 
 def passk_table(
@@ -459,7 +427,7 @@ def passk_table(
         f"mean over problems; mean ± half-width of the 95% bootstrap CI over seeds."
     )
     blocks = [ours_rows(wide, columns, reps=reps, seed=seed)]
-    return assemble(name or f"{task}_passk", caption, list(columns), blocks, notes=[], run_ids=wide["run_id"].tolist())
+    return assemble(name or f"{task}_passk", caption, columns, blocks)
 
 
 ESTIMATOR_COLUMNS = {
@@ -479,8 +447,7 @@ ESTIMATOR_COLUMNS = {
 
 def estimator_table(rows: pd.DataFrame, meta: dict[str, Any] | None = None) -> Table:
     """The KL-estimator table (the paper's Table 1, extended) from audit records
-    (analysis.audit_schema.ESTIMATOR_FIELDS): biases and variances in scientific notation,
-    ✓/✗ for the unbiasedness verdicts, memory per token in bytes."""
+    (analysis.audit_schema.ESTIMATOR_FIELDS)."""
 
     def show(col: str, v: Any) -> str:
         if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -504,7 +471,7 @@ def estimator_table(rows: pd.DataFrame, meta: dict[str, Any] | None = None) -> T
         + (f" ({ctx})" if ctx else "")
         + ". ✓/✗: the audit's unbiasedness verdict; — = not reported."
     )
-    return Table("kl_estimators", caption, cells, rows.copy(), [], [])
+    return Table("kl_estimators", caption, cells, rows.copy())
 
 
 RUN_COLUMNS = "run_id status truncated forced_resume task variant seed iterations_done config_hash wandb_run_id error"
@@ -517,8 +484,7 @@ def runs_table(runs: pd.DataFrame) -> Table:
 
 
 def unhealthy_table(runs: pd.DataFrame) -> Table:
-    """The runs a health rule stopped (status stopped_unhealthy): method, rule, iteration and why. They are in
-    no mean, CI or curve of the report; this table is where they show."""
+    """The runs a health rule stopped (status stopped_unhealthy), which are in no number of the report."""
     caption = (
         f"{len(runs)} run(s) stopped by a health rule (status stopped_unhealthy): left out of every mean, CI, "
         "gain and curve; rule, iteration and values are in each run's summary.json."
@@ -530,7 +496,7 @@ def _listing(runs: pd.DataFrame, columns: str, name: str, caption: str) -> Table
     """A table of runs by id: those of the (space-separated) `columns` the frame has, "—" where a value is missing."""
     cols = [c for c in columns.split() if c in runs]
     cells = runs[cols].astype(object).where(runs[cols].notna(), NA).set_index("run_id")
-    return Table(name, caption, cells, runs[cols], [], runs["run_id"].tolist())
+    return Table(name, caption, cells, runs[cols])
 
 
 def _average(
@@ -555,5 +521,6 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _same(a: Any, b: Any) -> bool:
+def same(a: Any, b: Any) -> bool:
+    """a == b, where two missing values (None, NaN) are the same and a missing one differs from any value."""
     return (pd.isna(a) and pd.isna(b)) if (pd.isna(a) or pd.isna(b)) else a == b

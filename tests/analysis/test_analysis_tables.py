@@ -78,7 +78,6 @@ def test_search_table_golden():
         ),
     )
     pd.testing.assert_frame_equal(t.cells, expected)
-    assert t.run_ids == ["e0", "e1", "g0", "g1"]
     num = t.numbers.set_index(["row", "column"])
     assert num.loc[("GRPO — paper", "HotpotQA"), "source"] == "[ABS]"
     assert num.loc[("gain: EMA-PG vs GRPO — paper", "Average"), "value"] == pytest.approx(33.3)
@@ -204,9 +203,6 @@ def test_markdown_and_latex_writers(tmp_path):
         r"r2 & --- & 2 \\",
     ):
         assert piece in tex
-    path = tables.to_csv(df.reset_index(), tmp_path / "t.csv")
-    back = pd.read_csv(path)
-    assert back["τ"].tolist() == [1.5, 2.0] and back["a_b"].isna().tolist() == [False, True]
 
 
 def test_write_table(tmp_path):
@@ -214,7 +210,9 @@ def test_write_table(tmp_path):
     paths = tables.write_table(t, tmp_path)
     assert [p.name for p in paths] == ["search_main.md", "search_main.tex", "search_main.csv"]
     assert "[ABS]: abstract of arXiv 2602.04417" in paths[0].read_text()
-    assert list(pd.read_csv(paths[2]).columns) == ["row", "column", "value", "ci_low", "ci_high", "n", "unit", "source"]
+    numbers = pd.read_csv(paths[2])
+    assert list(numbers.columns) == ["row", "column", "value", "ci_low", "ci_high", "n", "unit", "source"]
+    assert numbers.loc[numbers["source"] == "[ABS]", "ci_low"].isna().all()  # no CI: an empty field
 
 
 def test_estimator_table(audit_records):
