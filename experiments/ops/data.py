@@ -5,15 +5,8 @@ source and a summary of the rows written.
     emapg data prepare math --out ~/data/emapg/math                  # from the hub (needs `datasets`)
     emapg data prepare search --out ~/data/emapg/search --from ~/src  # offline, from files you downloaded
 
-`--from SRC` reads each source data set from one file,
-
-    SRC/<dataset id, "/" replaced by "__">/[<config>/]<split>.parquet   (or .jsonl: one JSON object a line)
-
-e.g. SRC/agentica-org__DeepScaleR-Preview-Dataset/train.parquet or
-SRC/RUC-NLPIR__FlashRAG_datasets/nq/test.jsonl; where a task accepts several splits (search's test
-sets: test, else dev, else train) the first file found is read. `emapg data prepare --help` lists
-every file each task needs and the columns it reads. On a machine with network, e.g.
-`datasets.load_dataset(id, config, split=split).to_parquet(path)` writes one.
+The `--from` layout (`LAYOUT`; `emapg data prepare --help` lists every file each task needs and the columns it
+reads) and how to write one such file: docs/scaling-out.md, "Data".
 """
 
 from __future__ import annotations

@@ -105,8 +105,6 @@ class E5Encoder:
     def __init__(
         self, model: str = DEFAULT_MODEL, max_length: int = 256, batch_size: int = 64, device: str | None = None
     ):
-        if max_length < 1 or batch_size < 1:
-            raise ValueError(f"max_length and batch_size must be >= 1; got {max_length}, {batch_size}")
         self.max_length, self.batch_size = max_length, batch_size
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         with _loading(model):
