@@ -172,17 +172,6 @@ def group_options() -> dict[str, list[str]]:
     return {name: sorted(options) for name, options in sorted(groups.items())}
 
 
-def local_config(cfg: DictConfig) -> LocalConfig:
-    """The core trainer config; each dataclass validates itself (field names in the errors)."""
-    return LocalConfig(
-        algo=OmegaConf.to_object(cfg.algo),
-        rollout=OmegaConf.to_object(cfg.rollout),
-        optim=OmegaConf.to_object(cfg.optim),
-        trainer=OmegaConf.to_object(cfg.trainer),
-        seed=int(cfg.seed),
-    )
-
-
 def validate(cfg: DictConfig) -> LocalConfig:
     """Fail before any work: unknown task, bad model path, invalid algorithm settings, backend."""
     if cfg.task.name not in tasks.TASKS:
@@ -203,7 +192,8 @@ def validate(cfg: DictConfig) -> LocalConfig:
     if cfg.logger.mode not in ("offline", "online", "disabled"):
         raise ValueError(f"logger.mode={cfg.logger.mode!r} is not allowed; allowed values: offline, online, disabled")
     OmegaConf.to_object(cfg.task), OmegaConf.to_object(cfg.model)  # each section validates itself
-    local = local_config(cfg)
+    sections = {name: OmegaConf.to_object(cfg[name]) for name in ("algo", "rollout", "optim", "trainer")}
+    local = LocalConfig(**sections, seed=int(cfg.seed))  # the core trainer's config: each dataclass validates itself
     if cfg.backend.name == "local":  # eval and probe prompts come from the held-out split (verl: its val files)
         eval_problems(local.trainer, int(cfg.task.test_size)), probe_prompts(local.trainer, int(cfg.task.test_size))
     OmegaConf.to_object(cfg.health)  # each rule's section validates itself (health.<rule>.<field> in the error)

@@ -216,12 +216,7 @@ def collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, 
 # ---------------------------------------------------------------- training
 
 
-WARMUP_STEPS = 50
-
-
-def _lr_at(step: int, cfg: PretrainConfig) -> float:
-    """Linear warmup, then constant (early stopping makes a decay schedule's end arbitrary)."""
-    return cfg.lr * min(1.0, (step + 1) / WARMUP_STEPS)
+WARMUP_STEPS = 50  # linear warmup, then constant (early stopping makes a decay schedule's end arbitrary)
 
 
 def _split_val(examples: list[Example], val_size: int) -> tuple[list[Example], list[Example]]:
@@ -262,7 +257,7 @@ def train(cfg: PretrainConfig, out_dir: Path, progress: bool = True) -> dict[str
         model.train()
         batch = collate([data[rng.randrange(len(data))] for _ in range(cfg.batch_size)], tokenizer.pad_token_id)
         for group in opt.param_groups:
-            group["lr"] = _lr_at(step - 1, cfg)
+            group["lr"] = cfg.lr * min(1.0, step / WARMUP_STEPS)
         loss = model(**batch).loss  # mean next-token CE over labelled (model-generated) tokens
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -303,14 +298,10 @@ def pretrain(
     progress: bool = True,
     **overrides,
 ) -> Path:
-    """Path of the warm-started HF checkpoint for this config; trains it only if not cached.
-
-    Unset arguments take the task's calibrated values (its `PRETRAIN`); `overrides` set other `PretrainConfig`
-    fields (lr, batch_size, seed, ...). The checkpoint, `cache_dir/<cache_name>/`, counts as built once
-    `pretrain.json` is in it with this provenance and its files are as it records (else it is rebuilt, saying why on
-    stderr). Training happens in a temporary sibling directory renamed into place: concurrent callers (sweep trials)
-    never see half a checkpoint.
-    """
+    """Path of the warm-started HF checkpoint for this config (`cache_dir/<cache_name>/`); trains it only if not
+    cached (see the module docstring). Unset arguments take the task's calibrated values (its `PRETRAIN`);
+    `overrides` set other `PretrainConfig` fields. Training happens in a temporary sibling directory renamed into
+    place: concurrent callers (sweep trials) never see half a checkpoint."""
     named = dict(model=model_cfg, steps=steps, knobs=knobs)
     cfg = resolve(task, **{k: v for k, v in named.items() if v is not None}, **overrides)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()

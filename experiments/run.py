@@ -78,12 +78,6 @@ def _wandb_settings(cfg: DictConfig) -> dict:
     )
 
 
-def _make_logger(cfg: DictConfig, run_dir: Path):
-    if cfg.logger.name == "none":
-        return NullLogger()
-    return WandbLogger(run_dir=run_dir, name=run_dir.name, **_wandb_settings(cfg))
-
-
 def _verl_wandb(cfg: DictConfig, run_dir: Path) -> dict[str, str]:
     """The same W&B run through verl's tracker: WANDB_* settings (experiments.wandb_logger.verl_env); {} with
     logger=none or W&B disabled."""
@@ -179,7 +173,8 @@ def _run_one(
         raise
     _stamp(timeline, "record")
     with record:
-        logger = _make_logger(cfg, run_dir)
+        none = cfg.logger.name == "none"
+        logger = NullLogger() if none else WandbLogger(run_dir=run_dir, name=run_dir.name, **_wandb_settings(cfg))
         _stamp(timeline, "logger")
         with logger:
             try:
