@@ -4,17 +4,12 @@
     emapg rehearse sweeps/search_r1_ema_pg.yaml                      # through Ray Tune: sweeps.rehearse
 
 A rehearsal keeps every algorithm, loss, anchor, estimator, reward and agent-loop setting of the target and
-replaces only what needs a GPU or a download (``rehearsal_settings``): a tiny Qwen2 given a few seconds of SFT
-(``build_model``), the task's ``rehearsal_data`` in the real schema (for a retrieval task, its corpus behind
-``emapg retriever serve`` on 127.0.0.1), the task's ``REHEARSAL`` sizes, verl's CPU platform with the hf rollout
-engine, a checkpoint every step and the anchor period 2. It runs ``steps`` iterations in a child process
-(``run_attempt``), kills it once the checkpoint of step 2 is on disk, resumes to ``steps`` in a second process and
-checks the run directory (``CHECKS``). Exit status 0 only when every check passed; otherwise the last line printed
-is ``FAILED: <what>; logs: <dir>`` (``failed_line``). The logs (``<name>.attempt1.log``, ``<name>.attempt2.log``,
-``<name>.failure.txt``) are kept after a pass too. No wait has a fixed wall-clock limit that a loaded machine could
-miss while the run still progresses (``ATTEMPT_STALL_S``, ``STEP_TIMEOUT_S``, ``RETRIEVER_START_S``).
-
-What a rehearsal checks, proves and cannot prove: docs/scaling-out.md.
+replaces only what needs a GPU or a download (``rehearsal_settings``): a tiny Qwen2 given seconds of SFT, the
+task's ``rehearsal_data`` (a retrieval task's corpus behind ``emapg retriever serve``), verl's CPU platform with
+the hf rollout engine. It kills the run once the checkpoint of step 2 is on disk, resumes it to ``steps`` and checks
+the run directory (``CHECKS``); a failure ends with ``FAILED: <what>; logs: <dir>`` (``failed_line``). No wait has
+a wall-clock limit that a loaded machine could miss while the run still progresses. What a rehearsal checks,
+proves and cannot prove: docs/scaling-out.md.
 """
 
 from __future__ import annotations
@@ -63,10 +58,9 @@ ANCHOR_PERIOD = 2  # of a rehearsal (tau < 1): updates after steps 2, 4, ...
 ROWS = {"train": 16, "test": 2}  # generated rows: training prompts, and per benchmark / test source
 PROBE_PROMPTS = 2  # trainer.probe_size of a rehearsal whose target runs the KL probe (then scored every step)
 STEP_TIMEOUT_S = 7200
-"""backend.verl.step_timeout_s of a rehearsal, the product's default. Start-up and each step take about a minute on 2
-idle cores but over 20 minutes beside other jobs, so the rehearsal's own watch on progress and output
-(``ATTEMPT_STALL_S``; sweeps: ``sweeps.rehearse.STALL_S``) catches a silent hang first; this one stops a run that
-prints but never steps."""
+"""backend.verl.step_timeout_s of a rehearsal (the product's default: a step takes a minute on 2 idle cores but over
+20 beside other jobs). The watch on progress and output (``ATTEMPT_STALL_S``) catches a silent hang first; this
+stops a run that prints but never steps."""
 
 
 # ---------------------------------------- The tiny model
@@ -101,17 +95,6 @@ def _encode(tok, prompt: str, response: str) -> tuple[list[int], list[int]]:
     p = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
     p_ids, r_ids = tok(p)["input_ids"], tok(response)["input_ids"] + [tok.eos_token_id]
     return p_ids + r_ids, [-100] * len(p_ids) + r_ids
-
-
-# ---------------------------------------- Data in the real schema
-def prepare_data(task: str, out_dir: Path) -> RehearsalData:
-    """The task's rehearsal data (its module's ``rehearsal_data``: rows generated here, written by its own
-    ``prepare``); ValueError naming the tasks that have one otherwise."""
-    module = get_task(task)
-    if module.REHEARSAL is None:
-        allowed = ", ".join(sorted(n for n, m in tasks.TASKS.items() if getattr(m, "REHEARSAL", None) is not None))
-        raise ValueError(f"task.name={task!r} has no rehearsal data; allowed: {allowed}")
-    return module.rehearsal_data(out_dir, ROWS)
 
 
 # ---------------------------------------- The rehearsal config
@@ -470,10 +453,14 @@ class Shared:
         self.retriever_url: str | None = None
 
     def data(self, task: str) -> RehearsalData:
+        """The task's ``rehearsal_data``: rows generated here, written by the task's own ``prepare``."""
         if task not in self._data:
-            path = self.root / task
-            path.mkdir(parents=True, exist_ok=True)
-            self._data[task] = prepare_data(task, path / "data")
+            module = get_task(task)
+            if module.REHEARSAL is None:
+                allowed = sorted(n for n, m in tasks.TASKS.items() if getattr(m, "REHEARSAL", None) is not None)
+                raise ValueError(f"task.name={task!r} has no rehearsal data; allowed: {', '.join(allowed)}")
+            (self.root / task).mkdir(parents=True, exist_ok=True)
+            self._data[task] = module.rehearsal_data(self.root / task / "data", ROWS)
         return self._data[task]
 
     def model(self, task: str) -> str:
