@@ -1,17 +1,11 @@
 """`emapg dashboard`: a sweep's review in Weights & Biases, a workspace (saved view) and a report; what they
 show is in docs/reports.md ("Reviewing a sweep in W&B").
 
-    emapg dashboard outputs/sweeps/ablate_tau                   # offline: writes the spec, prints how to publish
-    emapg dashboard outputs/sweeps/ablate_tau --publish         # builds both from the spec and saves them to W&B
-
     spec = dashboard_spec(sweep_dir, SweepInfo.from_spec(spec))   # plain JSON data, from the run records
     urls = publish(spec, entity)    # saves the report, then the workspace (built by analysis.wandb_views)
 
-The spec (``<sweep_dir>/wandb_dashboard.json``) is the one description of both: the workspace and the
-report are built from it, whether straight after the sweep or later with ``--publish`` (the same
-objects either way). The sweep-summary run (``log_summary_run``) follows the runs' logger settings: offline
-unless they (or WANDB_MODE) say online, and nothing at all with ``logger=none``.
-No API key is read or written here: ``wandb login`` (W&B's own) provides it when publishing.
+The spec (SPEC_FILE) is the one description of both, so the sweep's end and a later ``--publish`` build the same
+objects. No API key is read or written here: ``wandb login`` (W&B's own) provides it.
 """
 
 from __future__ import annotations
@@ -36,40 +30,31 @@ SUMMARY_DIR = "wandb_summary"  # where the sweep-summary run keeps its W&B files
 SUMMARY_JOB = "sweep-summary"
 SPEC_VERSION = 1
 # section -> (panel title, metric names or prefixes ending in "/"); eval panels are per benchmark (below)
-SECTIONS: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
-    (
-        "KL",
-        (
-            ("KL estimate (kl/value)", ("kl/value",)),
-            ("approx KL of the PPO ratio", ("loss/approx_kl",)),
-            ("exact KL", ("kl/exact",)),
-            ("Top-k statistics", ("topk/",)),
-            ("other KL metrics", ("kl/",)),
-        ),
+SECTIONS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "KL": (
+        ("KL estimate (kl/value)", ("kl/value",)),
+        ("approx KL of the PPO ratio", ("loss/approx_kl",)),
+        ("exact KL", ("kl/exact",)),
+        ("Top-k statistics", ("topk/",)),
+        ("other KL metrics", ("kl/",)),
     ),
-    (
-        "Anchor",
-        (
-            ("anchor drift ||θ - θ_ema|| / ||θ||", ("anchor/drift",)),
-            ("anchor distance", ("anchor/dist",)),
-            ("anchor updates", ("anchor/num_updates", "anchor/updated")),
-            ("other anchor metrics", ("anchor/",)),
-        ),
+    "Anchor": (
+        ("anchor drift ||θ - θ_ema|| / ||θ||", ("anchor/drift",)),
+        ("anchor distance", ("anchor/dist",)),
+        ("anchor updates", ("anchor/num_updates", "anchor/updated")),
+        ("other anchor metrics", ("anchor/",)),
     ),
-    (
-        "Training health",
-        (
-            ("reward", ("train/reward",)),
-            ("reward std", ("train/reward_std",)),
-            ("entropy", ("train/entropy",)),
-            ("response length", ("train/response_len",)),
-            ("clip and dual-clip fractions", ("loss/clip_frac", "loss/dual_clip_frac")),
-            ("grad norm", ("train/grad_norm",)),
-            ("health checks", ("health/",)),
-        ),
+    "Training health": (
+        ("reward", ("train/reward",)),
+        ("reward std", ("train/reward_std",)),
+        ("entropy", ("train/entropy",)),
+        ("response length", ("train/response_len",)),
+        ("clip and dual-clip fractions", ("loss/clip_frac", "loss/dual_clip_frac")),
+        ("grad norm", ("train/grad_norm",)),
+        ("health checks", ("health/",)),
     ),
-    ("Throughput", (("tokens per second", ("perf/tokens_per_s",)), ("seconds per phase", ("perf/",)))),
-)
+    "Throughput": (("tokens per second", ("perf/tokens_per_s",)), ("seconds per phase", ("perf/",))),
+}
 
 
 class NotLoggedIn(UserError):
@@ -88,8 +73,7 @@ class SweepInfo:
 
     @classmethod
     def from_spec(cls, spec: Any) -> SweepInfo:
-        """From a parsed sweep spec: the varied knobs are the space's keys with more than one value
-        (ranges always vary); `seed` is never one (seeds are folded into each group)."""
+        """The varied knobs are the space's keys with more than one value (ranges always vary), never `seed`."""
         varied = [
             key
             for p in spec.space
@@ -110,8 +94,7 @@ def sweep_runs(sweep_dir: Path) -> list[Path]:
 
 
 def run_logger(run_dirs: Sequence[Path]) -> dict[str, Any]:
-    """The runs' logger settings (config.yaml's `logger`: name, project, mode), from the first run; name "none"
-    when there is no run."""
+    """The runs' logger settings (name, project, mode) from the first run; name "none" when there is no run."""
     if not run_dirs:
         return {"name": "none"}
     cfg = yaml.safe_load((run_dirs[0] / "config.yaml").read_text(encoding="utf-8")) or {}
@@ -144,7 +127,7 @@ def panels(logged: Sequence[str], varied: Sequence[str]) -> list[dict[str, Any]]
     """Sections of line panels [{"name", "panels": [{"title", "y": [...], "groupby"?}]}], each panel
     naming only logged metrics; a section with none is left out."""
     out = [{"name": "Evaluation", "panels": _eval_panels(logged)}]
-    for name, families in SECTIONS:
+    for name, families in SECTIONS.items():
         taken: set[str] = set()
         section = []
         for title, names in families:
@@ -174,8 +157,8 @@ def _eval_panels(logged: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def dashboard_spec(sweep_dir: str | Path, info: SweepInfo, project: str | None = None) -> dict[str, Any]:
-    """The dashboard of a sweep as plain data (see the module docstring); raises UserError for a
-    directory that is not a sweep or holds no finished run."""
+    """The dashboard of a sweep as plain data; UserError for a directory that is not a sweep or holds no finished
+    run."""
     sweep_dir = Path(sweep_dir).resolve()
     finished = check_sweep(sweep_dir)
     logged = sorted({k for d in finished for row in records.read_metrics(d) for k in row} - set(records.RESERVED))

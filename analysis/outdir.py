@@ -4,10 +4,9 @@
         ...write every file into `build`...                              # swapped into `out` whole at the end
 
 A command writes only into a directory that is missing, empty, or a previous output of the same command (MARKER,
-written last, names the command; an older output is known by its index.md's title); everything else is refused
-with a UserError (exit 2) before any work. The new output is built in a hidden directory inside `out` and swapped
-in once complete, so no file of an earlier output stays and a failed one leaves the previous output as it was.
-What is refused, and why: docs/reports.md, "Where a report is written".
+written last, names the command); anything else is a UserError (exit 2) before any work. Built in a hidden
+directory and swapped in once complete, no file of an earlier output stays and a failed one leaves the previous
+output as it was. What is refused, and why: docs/reports.md, "Where a report is written".
 """
 
 from __future__ import annotations

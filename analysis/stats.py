@@ -1,10 +1,9 @@
 """Aggregate statistics over seeds, and the one procedure that compares two methods.
 
-Scores are arrays of shape (R, M): R runs (seeds) x M tasks; a 1-D array is one task.
-Aggregates (`mean_score`, `iqm`) reduce the last two axes, so the bootstrap evaluates them on a
-whole (reps, R, M) stack at once. Every random function takes an explicit `seed`; nothing uses
-global RNG state. Descriptive intervals (a method's mean over its seeds, learning-curve bands) are
-percentile bootstrap CIs stratified by task, rliable style (Agarwal et al., NeurIPS 2021).
+Scores are arrays of shape (R, M): R runs (seeds) x M tasks; a 1-D array is one task. Aggregates reduce the last
+two axes, so the bootstrap evaluates them on a whole (reps, R, M) stack at once. Every random function takes an
+explicit `seed`. Descriptive intervals are percentile bootstrap CIs stratified by task, rliable style (Agarwal et
+al., NeurIPS 2021).
 
 Deciding whether one method beats another is `compare`: an exact permutation test (paired over seeds
 when both methods ran the same seeds, which share the warm start, data order and sampling streams),
@@ -289,16 +288,6 @@ def summarize(
         group = group if isinstance(group, tuple) else (group,)
         out.append({**dict(zip(keys, group)), "mean": point, "ci_low": lo, "ci_high": hi, "n": len(vals)})
     return pd.DataFrame(out, columns=[*keys, "mean", "ci_low", "ci_high", "n"])
-
-
-def curve_bands(
-    metrics: pd.DataFrame, value: str, group: str = "variant", *, x: str = "iteration", reps: int = 1000, seed: int = 0
-) -> pd.DataFrame:
-    """Mean and bootstrap CI over runs at each x, per group (learning-curve bands); NaN CI where fewer than two runs
-    logged the metric. Columns: group, x, "mean", "ci_low", "ci_high", "n"."""
-    if value not in metrics:
-        raise KeyError(f"metric {value!r} not in the frame; have {sorted(metrics.columns)}")
-    return summarize(metrics, value, [group, x], reps=reps, seed=seed)
 
 
 def pass_at_k_frame(

@@ -4,15 +4,9 @@ anchor accuracy, and the paired relative gain of each τ < 1 over τ = 1 at the 
     fig = make(runs, "final/eval/math_tiny/acc", "final/eval_anchor/math_tiny/acc")
     cells = map_cells(runs, metric, anchor_metric)   # the numbers behind the figure, one row per cell
 
-The gain is the report's own comparison (analysis.tables.compare: relative gain of the seed means with the
-exact permutation test's CI, paired over the seeds both cells ran, else unpaired), so the figure and the
-report's tables agree.
-
-No stability boundary is drawn. The paper derives stability conditions for the EMA anchor that this
-project could not read, and the region `emapg figures` draws is our own toy quadratic model,
-α(a + 2η/(1+η)·βc) < 2 (docs/algorithm.md): placing it in (β, τ) needs the step size α and the
-curvatures a (reward) and c (KL) of a linearisation around the policy, which no run logs (and under
-Adam α is not one number). See docs/results.md for what the toy's shape says about this grid.
+The gain is the report's own comparison (analysis.tables.compare), so the figure and the report's tables agree.
+No stability boundary is drawn: placing our toy model's region in (β, τ) needs quantities no run logs
+(docs/results.md, "No stability boundary is overlaid").
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def _band(
     colors: dict[str, str] | None = None,
 ) -> None:
     """Plot mean ± bootstrap-CI band over runs of `metric` vs iteration, one line per method that logged it."""
-    curves = stats.curve_bands(metrics, metric, group=GROUP, reps=reps, seed=seed)
+    curves = stats.summarize(metrics, metric, [GROUP, "iteration"], reps=reps, seed=seed)
     for i, (name, c) in enumerate(curves.groupby(GROUP, sort=True)):
         col = (colors or {}).get(name, style.color(i))
         # later lines thinner, with their own marker, so identical curves stay visible

@@ -78,13 +78,13 @@ def test_bootstrap_seeded_and_sane():
         stats.bootstrap_ci([0.1, float("nan")])
 
 
-def test_summarize_and_curve_bands():
+def test_summarize():
     df = pd.DataFrame({"v": ["a", "a", "a", "b"], "it": [0, 0, 0, 0], "y": [0.1, 0.2, 0.3, 0.5]})
     s = stats.summarize(df, "y", "v", reps=200)
     assert s["mean"].tolist() == pytest.approx([0.2, 0.5]) and s["n"].tolist() == [3, 1]
     assert math.isnan(s.loc[1, "ci_low"])
-    c = stats.curve_bands(df.rename(columns={"it": "iteration"}), "y", group="v")
-    assert list(c.columns) == ["v", "iteration", "mean", "ci_low", "ci_high", "n"]
+    c = stats.summarize(df, "y", ["v", "it"], reps=200)  # the curves' bands: per group and iteration
+    assert list(c.columns) == ["v", "it", "mean", "ci_low", "ci_high", "n"]
 
 
 def test_pass_at_k_frame():
