@@ -3,23 +3,12 @@
     numerics.pin()                    # first thing in a process that computes: the emapg CLI does it
     numerics.fingerprint(warm_start)  # what is in effect (loads torch): summary.json["numerics"]
 
-The same float32 computation takes different code paths on different x86-64 CPUs: ATen picks its vectorised
-kernels by the widest instruction set the CPU has (AVX-512 or AVX2), and MKL, torch's BLAS on x86-64, picks its
-kernels, blocking and reductions by vendor, instruction set and cache sizes, and without its conditional numerical
-reproducibility (CNR) mode its results can even change from run to run on one machine (docs/usage.md, "Numbers
-across CPUs", has the measurements). `EMAPG_NUMERICS` chooses (MODES):
-
-    reproducible  (default on x86-64) every process pins PINS before torch loads: ATen's AVX2 kernels (AVX2 + FMA:
-                  Intel since 2013, AMD since 2015), MKL's COMPATIBLE branch (the one branch Intel documents as
-                  giving the same results on Intel and compatible CPUs: on this AMD CPU, MKL_CBWR=AVX2 runs MKL's
-                  AUTO branch), oneDNN at AVX2, and MKL's thread count fixed as torch sets it. The same numbers on
-                  any such CPU, for the same library versions and thread count.
-    native        (default elsewhere) whatever this CPU and the environment choose: faster, not comparable
-                  across machines, and not bit-reproducible from run to run.
-
-Worker processes inherit the pins through their environment (a local Ray, the verl rehearsal's processes) or get
-them passed (`env()`, as a Ray cluster's runtime_env); `pin()` in a process where torch is already loaded only
-checks that they are in effect, and raises when they are not.
+The same float32 computation takes other code paths on other x86-64 CPUs (ATen's and MKL's kernels), and MKL's
+results can change from run to run on one machine. `EMAPG_NUMERICS` chooses (MODES): reproducible (the default on
+x86-64) pins PINS before torch loads, for the same numbers on any x86-64 CPU with the same library versions and
+thread count; native (the default elsewhere) keeps the CPU's own, faster paths. docs/usage.md, "Numbers across
+CPUs", has the reasons and the measurements. Worker processes inherit the pins through their environment or get
+them passed (`env()`, a Ray cluster's runtime_env); `pin()` where torch is already loaded only checks them.
 """
 
 from __future__ import annotations

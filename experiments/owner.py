@@ -3,16 +3,11 @@
     with owner.held(run_dir, "run") as before:   # before: what a writer killed mid-way left ({"started", "seen"})
         ...                                      # or None; the file's heartbeat is kept fresh meanwhile
 
-Taking a directory is refused (``Busy``, a user error: exit 2 naming the owner) while another writer has it:
-- on this host, or on a file system whose ``flock`` reaches every host, the kernel says so: the directory itself
-  and ``owner.lock`` are ``flock``ed for the writer's life and let go however it dies (SIGKILL included), so
-  deleting ``owner.lock`` does not free a directory still held;
-- a writer on another host whose lock this host cannot see (``flock`` per machine on some shared file systems)
-  is judged by its heartbeat: the file's ``beats`` counter is watched for ``GONE_AFTER_S``; a writer whose
-  counter moves is alive, whatever the two hosts' clocks say. One whose counter stands still is gone.
-The file is never removed (that would let a second writer lock a new file while the first holds the old one).
-It holds the owner's pid, host, process start (``pid_start``, so a reused pid is not taken for the owner), start
-time, heartbeat (``seen``, ``beats``) and, once the writer let go, ``ended``.
+Taking a directory another writer has is refused (``Busy``, exit 2 naming it): the kernel's ``flock`` on the
+directory and on ``owner.lock`` (let go however the writer dies), and for a writer on another host whose lock this
+host cannot see, a heartbeat counter (``beats``) that has not stood still for GONE_AFTER_S; docs/run-record.md,
+"One writer per record", has the details. The file is never removed (that would let a second writer lock a new
+file while the first holds the old one).
 """
 
 from __future__ import annotations
