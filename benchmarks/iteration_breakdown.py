@@ -10,10 +10,10 @@ pi_old pass) and, with ``--before COMMIT`` (default ``BEFORE``), that commit's t
 child process. After every iteration the batch is replayed through the model's raw operations at the same shapes
 (a KV-cache decode for as many steps, one forward + backward of the policy, one anchor forward) and through
 ``model.generate`` with the rollout's sampling settings; every figure is a ratio to those, from medians over
-iterations 2..N. The spread (``spread``) sets each path's per-iteration times against a fixed-work control: the raw
-operations on one batch kept from the warm-up. ``--eval-every`` evaluates as a run does (untimed), ``--probe-every``
-scores the KL probe (its time left out). On a multi-turn preset (search_tiny) the raw decode is one turn as long as
-the longest response, not the rollout's work, so only the other ratios carry.
+iterations 2..N. The spread sets each path's per-iteration times against a fixed-work control: the raw operations
+on one batch kept from the warm-up. ``--eval-every`` evaluates as a run does (untimed), ``--probe-every`` scores
+the KL probe (its time left out). On a multi-turn preset (search_tiny) the raw decode is one turn as long as the
+longest response, not the rollout's work, so only the other ratios carry.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,6 @@ from benchmarks import _common as C  # noqa: E402
 
 C.numerics.pin()  # before torch loads, as the emapg command does: the measured runs need its numerics pins
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from ema_pg_core.local.batch import collate  # noqa: E402
@@ -50,8 +48,7 @@ PRESETS = ["math_tiny_grpo", "math_tiny_ema_pg"]  # the acceptance measurement o
 
 
 def build_trainer(overrides: list[str], ckpt_dir: str):
-    """A LocalTrainer from config overrides (warm-started tiny model from the cache), as whichever
-    `experiments` / `ema_pg_core` come first on sys.path build it (this checkout's, or --serve's old tree)."""
+    """A LocalTrainer from config overrides, as whichever checkout is first on sys.path builds it (--serve's)."""
     from ema_pg_core.local.trainer import LocalTrainer, seed_everything  # this tree's or --serve's
     from experiments import build  # loads omegaconf; this tree's or --serve's
 
@@ -113,41 +110,23 @@ class BeforeTrainer:
         self.proc.wait()
 
 
-class Usage:
-    """Wall seconds (``iter``), process CPU seconds and minor page faults of the block it wraps (``row``)."""
-
-    def __enter__(self):
-        self.t, self.cpu, self.faults = time.perf_counter(), time.process_time(), _minor_faults()
-        return self
-
-    def __exit__(self, *exc):
-        faults = _minor_faults() - self.faults
-        self.row = {"iter": time.perf_counter() - self.t, "cpu": time.process_time() - self.cpu, "faults": faults}
-
-
-def _minor_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
 def serve(tree: str, preset: str, threads: int, mini_batches: int, ckpt_dir: str) -> None:
     """Child side of BeforeTrainer: that commit's own build and LocalTrainer, one JSON line per step."""
     for name in [m for m in sys.modules if m.partition(".")[0] in ("experiments", "ema_pg_core")]:
         del sys.modules[name]  # this checkout's, imported above: the old tree's load in their place
     sys.path.insert(0, tree)
-    from experiments import build  # loads omegaconf; the old tree's
-
-    assert Path(build.__file__).is_relative_to(tree), build.__file__
     torch.set_num_threads(threads)
     tr = build_trainer([f"experiment={preset}", f"trainer.mini_batches={mini_batches}"], ckpt_dir)
+    assert Path(sys.modules["experiments.build"].__file__).is_relative_to(tree), "not the old tree's build"
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if line.strip() == "eval":
             tr.evaluate()
             print(json.dumps({}), flush=True)
             continue
-        with Usage() as u:
-            m = tr.step()
-        row = {**u.row, "response_len": m["train/response_len"]}
+        t = time.perf_counter()
+        m = tr.step()
+        row = {"iter": time.perf_counter() - t, "response_len": m["train/response_len"]}
         row.update({p: m[f"perf/{p}_s"] for p in ("rollout", "logprob", "update", "anchor")})  # rollout: + rewards
         print(json.dumps(row), flush=True)
 
@@ -206,9 +185,8 @@ def anchor_forward(model, batch) -> None:
 
 
 def raw_ops(tr, seen: list) -> dict:
-    """Seconds of the model's raw operations on the batch `seen`: a KV-cache decode of its contexts for as many steps
-    as its longest response (in the mode the rollout samples in), one forward + backward of the policy, one forward
-    of the anchor."""
+    """Seconds of the model's raw operations on the batch `seen`: a KV-cache decode as long as its longest response
+    (in the mode the rollout samples in), one forward + backward of the policy, one forward of the anchor."""
     batch = collate(seen, tr.tok.pad_token_id, device=tr.device)
     g = torch.Generator().manual_seed(0)  # the same draws every time: the decode's work does not depend on them
     mode = tr.policy.training
@@ -236,29 +214,25 @@ def replay(tr) -> dict:
     return {**raw, "generate": t_gen, "generate_steps": gen_steps[0]}
 
 
-def fixed_work(tr, seen: list) -> float:
-    """``raw_ops`` on one batch kept from the warm-up iteration (seconds): the same decode steps, shapes and passes
-    every iteration, so their spread is what the machine and the model's kernels give at a constant amount of work,
-    the floor under the trainer's own spread."""
-    return sum(raw_ops(tr, seen).values())
-
-
 def step_in_process(tr, kept: dict) -> dict:
-    """One iteration of an in-process trainer, then the raw operations replayed on its batch and on the batch
-    `kept` from its first (warm-up) iteration."""
-    with Usage() as u:
-        m = tr.step()
-    row = {**u.row, "probe": m.get("perf/probe_s", 0.0), **{p: m[f"perf/{p}_s"] for p in PHASES}}
+    """One iteration of an in-process trainer, then the raw operations replayed on its batch and (the fixed-work
+    control: the floor under the trainer's own spread) on the batch `kept` from its first (warm-up) iteration."""
+    t = time.perf_counter()
+    m = tr.step()
+    row = {
+        "iter": time.perf_counter() - t,
+        "probe": m.get("perf/probe_s", 0.0),
+        **{p: m[f"perf/{p}_s"] for p in PHASES},
+    }
     steps = max(len(t.response_ids) for t in tr.seen)
     seen = kept.setdefault("seen", list(tr.seen))
-    return {**row, "response_len": m["train/response_len"], "steps": steps, **replay(tr), "fixed": fixed_work(tr, seen)}
+    fixed = sum(raw_ops(tr, seen).values())
+    return {**row, "response_len": m["train/response_len"], "steps": steps, **replay(tr), "fixed": fixed}
 
 
 def measure(preset: str, args, before_tree: str | None) -> dict[str, list[dict]]:
-    """{path: one row per iteration 2..N (phases, raw ops, usage)} for the new and old path (and the commit
-    before), interleaved. The order of the paths rotates every iteration, so none always runs first after the
-    child process. With ``args.eval_every`` each path evaluates before iteration 1 and after every
-    eval_every-th iteration (untimed), as a training run does."""
+    """{path: one row per iteration 2..N} for the new and old path (and the commit before), interleaved in an order
+    that rotates every iteration. With ``args.eval_every`` each path evaluates as a training run does (untimed)."""
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as d:
         trainers = {m: trainer(preset, m, args.mini_batches, f"{d}/{m}", args.probe_every) for m in MODES}
@@ -293,34 +267,12 @@ def _p90_p10(xs: list[float]) -> float:
     return (q[-1] - q[0]) / statistics.median(xs)
 
 
-def spread(rows: list[dict], eval_every: int) -> dict:
-    """Per-iteration spread of one path over iterations 2..N (the probe's time left out of the iteration)."""
-    out = {}
-    iters = [r["iter"] - r.get("probe", 0.0) for r in rows]
-    for key, xs in (("iter", iters), ("cpu", [r["cpu"] for r in rows])):
-        out[f"{key}_p90_p10"], out[f"{key}_max_min"] = _p90_p10(xs), (max(xs) - min(xs)) / statistics.median(xs)
-    if eval_every and len(rows) > eval_every:  # rows[i] is iteration i + 2; the first mid-run evaluation follows N
-        cut = eval_every - 1
-        out["after_vs_before_eval"] = statistics.median(iters[cut:]) / statistics.median(iters[:cut])
-    faults = [r["faults"] for r in rows]
-    out["faults_median"], out["faults_max"] = statistics.median(faults), max(faults)
-    if all("steps" in r for r in rows) and len(rows) > 3:  # this checkout's paths: the work of each iteration known
-        out.update(work_fit(rows))
-    if all("fixed" in r for r in rows) and len(rows) > 1:
+def spread(rows: list[dict]) -> dict:
+    """The spread of one path's iterations 2..N (the probe's time left out) and of its fixed-work control."""
+    out = {"iter_p90_p10": _p90_p10([r["iter"] - r.get("probe", 0.0) for r in rows])}
+    if all("fixed" in r for r in rows) and len(rows) > 1:  # the commit before's path has no control
         out["fixed_p90_p10"] = _p90_p10([r["fixed"] for r in rows])
     return out
-
-
-def work_fit(rows: list[dict]) -> dict:
-    """The iteration time with each iteration's work accounted for: a least-squares fit of the time (less the probe)
-    on the decode steps (the longest response: the rollout's length) and the mean response length (the tokens the
-    passes and the update process), then the spread of time / fitted time and the share of the time's variance the
-    work explains (R^2). What is left is the runtime's own variation at a given amount of work."""
-    y = np.array([r["iter"] - r.get("probe", 0.0) for r in rows])  # (N,)
-    x = np.array([[1.0, r["steps"], r["response_len"]] for r in rows])  # (N, 3)
-    fitted = x @ np.linalg.lstsq(x, y, rcond=None)[0]  # (N,)
-    r2 = 1.0 - float(((y - fitted) ** 2).sum() / ((y - y.mean()) ** 2).sum())
-    return {"fit_p90_p10": _p90_p10((y / fitted).tolist()), "fit_r2": r2}
 
 
 def ratios(r: dict) -> dict:
@@ -368,14 +320,12 @@ RATIO_COLUMNS = {
 
 
 def _cell(k: str, x: dict) -> str:
-    """One table cell: counts as integers, spreads as percentages, level ratios as NNx, seconds to 3 places."""
+    """One table cell: counts as integers, spreads as percentages, seconds to 3 places."""
     if k not in x:
         return "—"
-    if "steps" in k or "faults" in k:
+    if "steps" in k:
         return f"{x[k]:.0f}"
-    if k.endswith(("_p90_p10", "_max_min", "_r2")):
-        return f"{x[k]:.1%}"
-    return f"{x[k]:.2f}x" if k == "after_vs_before_eval" else f"{x[k]:.3f}"
+    return f"{x[k]:.1%}" if k.endswith("_p90_p10") else f"{x[k]:.3f}"
 
 
 def report(results: dict, args, machine: dict) -> str:
@@ -387,7 +337,7 @@ def report(results: dict, args, machine: dict) -> str:
             x = r[mode]
             label = PATHS[mode] + (f" ({args.before})" if mode == "before" else "")
             rows.append([preset, label, f"{x['iter']:.3f}", *(_cell(k, x) for k in PHASE_COLUMNS)])
-            sp = spread(per_path[mode], args.eval_every)
+            sp = spread(per_path[mode])
             fixed = f" ({_cell('fixed_p90_p10', sp)})" if "fixed_p90_p10" in sp else ""
             paths.append(f"{label} {_cell('iter_p90_p10', sp)}{fixed}")
         spr.append(f"{preset}: {', '.join(paths)}")

@@ -3,19 +3,12 @@
     python benchmarks/verl_overhead.py [--rounds 4] [--steps 12] [--variants a b0 b c d e] [--write]
     python benchmarks/verl_overhead.py --from-jobs OUT/jobs.json [--write]   # render an earlier run again
 
-The run is `emapg rehearse`'s math run (experiments/ops/rehearse.py: verl's real V1 loop on the CPU platform, hf
-rollout, a tiny Qwen2, fixed seeds), in six variants (``VARIANTS``): (a) stock verl GRPO (its own trainer, worker, FSDP
-engine and ppo_loss, reference + low_var_kl; launched as (b) with ``STOCK_EDITS``), (b0) the plugin at tau = 1, K3,
-without the recipe's mask_truncated, (b) with it, (c) the math recipe (tau = 0.95), (d) (c) with reverse Top-k
-k = 32, (e) (d) with the KL probe every step. Each variant runs ``--steps`` steps per fresh verl job, in rounds
-(a b0 b c d e, a ...) so that the shared machine's load falls on all alike; the first ``--warmup`` steps of every
-job are dropped; no checkpoints, no validation, one thread per process, the replay buffer polled every ``POLL_S``.
-
-Measured per step: verl's ``timing_s/step``; from the TransferQueue client's gets and puts, timed and sized in every
-Ray process (``setup_worker``) into ``tq.jsonl``, the bytes per packed token of the Top-k fields and of the update's
-fetch, and the CPU seconds of the worker (actor and reference) and of the trainer. "Fastest quarter" figures
-average the fastest quarter of the steps (``fast_mean``): other jobs only add time. No assertion on wall-clock time
-anywhere (tests/test_benchmarks_verl_overhead.py checks the launches and the parsing).
+The run is `emapg rehearse`'s math run (verl's real V1 loop on the CPU platform, hf rollout, a tiny Qwen2, fixed
+seeds) in the ``VARIANTS``, each ``--steps`` steps per fresh verl job, in rounds (a b0 b c d e, a ...) so that the
+shared machine's load falls on all alike; the first ``--warmup`` steps of every job are dropped. Measured per
+step: verl's ``timing_s/step``, and from the TransferQueue client's gets and puts, logged by every Ray process
+(``setup_worker``), the bytes per packed token and the CPU seconds of the worker and of the trainer. No assertion
+on wall-clock time anywhere (tests/test_benchmarks_verl_overhead.py checks the launches and the parsing).
 """
 
 from __future__ import annotations
@@ -46,24 +39,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, cli, machine, md_table, write_section  # noqa: E402
 
 SECTION = "verl_overhead"
-TQ_LOG_ENV = "EMAPG_BENCH_TQ_LOG"
-"""Where every process of a run appends its TransferQueue records (one JSON line per get or put)."""
+TQ_LOG_ENV = "EMAPG_BENCH_TQ_LOG"  # the file every process of a run appends its TransferQueue records to
 POLL_ENV = "EMAPG_BENCH_POLL_S"
-"""The replay buffer's poll interval in the benchmark's runs (``poll_replay_buffer``)."""
 POLL_S = 0.02
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-"""Every process of a run computes on one thread (torch would take both cores in each Ray worker): on 2 shared
-cores, a descheduled thread of a 2-thread pool makes the other spin at the pool's barriers, so another job's load
-inflated both the wall and the CPU time of whichever variant it hit."""
+"""One thread per process: on 2 shared cores, a descheduled thread of a 2-thread pool makes the other spin at the
+pool's barriers, so another job's load inflated both the wall and the CPU time of whichever variant it hit."""
 HOOK_KEY = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
 HOOK = "benchmarks.verl_overhead.setup_worker"
 """Every Ray process of a run imports this module: what only the parent needs (composing the launches) is imported
 where it is used."""
 TOPK_PREFIX = "emapg_"
 TIMERS = ("gen", "old_log_prob", "ref", "adv", "update_actor", "emapg_ema", "emapg_probe", "update_weights")
-"""verl's timers in a step, in order (timing_s/<name>); emapg_ema and emapg_probe run inside update_actor."""
-TARGETS = {"c": 1.02, "d": 1.05}
-"""Step time / (a)'s, per step (the issue's targets for this benchmark)."""
+TARGETS = {"c": 1.02, "d": 1.05}  # step time / (a)'s: the issue's targets
 JOB_TIMEOUT_S = 900.0
 
 
@@ -71,10 +59,8 @@ JOB_TIMEOUT_S = 900.0
 class Variant:
     name: str
     label: str
-    target: tuple[str, ...]
-    """Hydra overrides of the experiments config (before the rehearsal's)."""
-    stock: bool = False
-    """Run verl's own trainer, worker and loss (trainer mode "sync", low_var_kl) instead of the plugin's."""
+    target: tuple[str, ...]  # overrides of the experiments config (before the rehearsal's)
+    stock: bool = False  # verl's own trainer, worker and loss (STOCK_EDITS) instead of the plugin's
 
 
 GRPO, EMA, NO_PROBE = "experiment=math_deepscaler_grpo", "experiment=math_deepscaler_ema_pg", "trainer.probe_every=0"
@@ -89,9 +75,7 @@ VARIANTS = (
 )
 BY_NAME = {v.name: v for v in VARIANTS}
 COMMON_EDITS = {"trainer.save_freq": "-1", "trainer.test_freq": "-1", "trainer.val_before_train": "false"}
-"""verl keys every variant's launch sets: no checkpoints, no validation (a step is rollout to weight sync)."""
 STOCK_EDITS = {"trainer.v1.trainer_mode": "sync", "actor_rollout_ref.actor.kl_loss_type": "low_var_kl"}
-"""(a): verl's own trainer (its worker, engine and ppo_loss come with it) and its K3 KL loss."""
 
 
 # ------------------------------------------------------------------ The launches
@@ -106,9 +90,7 @@ def edit_argv(argv: list[str], edits: dict[str, str]) -> list[str]:
 
 
 def variant_argv(variant: Variant, model: str, data, run_dir: Path, steps: int) -> list[str]:
-    """The verl launch (``python -m experiments.backends.verl.main`` arguments) of `variant`'s rehearsal-sized run: the
-    overrides ``emapg rehearse`` uses, compiled by ``to_verl`` as ``emapg train`` does (W&B off), then
-    ``COMMON_EDITS``, this script's worker setup hook, and for (a) ``STOCK_EDITS``."""
+    """`variant`'s verl launch: ``emapg rehearse``'s overrides compiled as ``emapg train`` does (W&B off), edited."""
     from experiments import build  # loads omegaconf, hydra: the parent only (HOOK)
     from experiments.ops.rehearse import rehearsal_overrides  # loads httpx, yaml: the parent only (HOOK)
 
@@ -121,17 +103,15 @@ def variant_argv(variant: Variant, model: str, data, run_dir: Path, steps: int) 
 
 
 def launch(run_dir: Path) -> int:
-    """In the child process of one job: verl's run as ``emapg train`` starts it
-    (``experiments.backends.verl.main.main``), from ``<run_dir>/launch.json``. For (a) the plugin's check of its
-    own requirements (trainer mode emapg_sync) is skipped: verl's TaskRunner then builds verl's own trainer, whose
-    worker, engine and loss are verl's."""
+    """The child process of one job: verl's run as ``emapg train`` starts it. For (a) the plugin's check of its own
+    requirements (trainer mode emapg_sync) is skipped, so verl's TaskRunner builds verl's own trainer."""
     spec = json.loads((run_dir / "launch.json").read_text())
     from experiments.backends.verl import main as entry  # loads verl, torch
 
     if spec["stock"]:
         from experiments.backends.verl import trainer  # loads verl's trainer, verl
 
-        trainer.check_verl = lambda config, section: None
+        trainer.check_verl = lambda *args: None
     return entry.main(spec["argv"])
 
 
@@ -146,12 +126,16 @@ def run_job(variant: Variant, argv: list[str], run_dir: Path) -> dict:
     env.update(WANDB_MODE="disabled", HF_HUB_OFFLINE="1", **THREADS)
     env.update({TQ_LOG_ENV: str(run_dir / "tq.jsonl"), POLL_ENV: str(POLL_S)})
     cmd = [sys.executable, str(Path(__file__).resolve()), "--launch", str(run_dir)]
-    load, loads = os.getloadavg(), []
+    load, loads, code = os.getloadavg(), [], None
     t0 = time.time()
     with open(run_dir / "job.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
         try:
-            code = _wait(proc, loads)
+            while code is None and time.time() - t0 < JOB_TIMEOUT_S:  # the 1-min load sampled every 2 s
+                try:
+                    code = proc.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    loads.append(os.getloadavg()[0])
         finally:
             with contextlib.suppress(ProcessLookupError):  # the job's process group has already exited
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -161,21 +145,9 @@ def run_job(variant: Variant, argv: list[str], run_dir: Path) -> dict:
             "load_mean": _mean(loads)}  # fmt: skip
 
 
-def _wait(proc: subprocess.Popen, loads: list[float]) -> int | None:
-    """`proc`'s exit status (None after JOB_TIMEOUT_S), sampling the 1-min load average into `loads` every 2 s."""
-    t0 = time.time()
-    while time.time() - t0 < JOB_TIMEOUT_S:
-        try:
-            return proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            loads.append(os.getloadavg()[0])
-    return None
-
-
 # ---------------------------------- TransferQueue records (in every Ray process of a run: the worker setup hook)
 def setup_worker() -> None:
-    """Ray ``worker_process_setup_hook`` of the benchmark's runs: the CPU run's own (``experiments.backends.verl.cpu``),
-    then, with ``TQ_LOG_ENV`` set, the TransferQueue client's gets and puts timed and sized into that file."""
+    """Ray ``worker_process_setup_hook`` of the benchmark's runs: the CPU run's own, then the instruments."""
     cpu.setup_worker()
     path = os.environ.get(TQ_LOG_ENV)
     if path:
@@ -191,21 +163,18 @@ def poll_replay_buffer(seconds: float) -> None:
     from verl.trainer.ppo.v1 import replay_buffer
 
     cls = replay_buffer.ReplayBuffer
-    if getattr(cls.__init__, "_emapg_bench", False):
-        return
     init = cls.__init__
 
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
         self.poll_interval = seconds
 
-    __init__._emapg_bench = True
     cls.__init__ = __init__
 
 
 def field_sizes(td) -> dict[str, dict]:
-    """{field: {"bytes", "tokens"}} of a TensorDict as it travels: nested (jagged) fields by their values
-    (tokens = rows of the packed values), dense tensors whole (tokens None), non-tensors not counted."""
+    """{field: {"bytes", "tokens"}} of a TensorDict as it travels: nested (jagged) fields by their packed values,
+    dense tensors whole (tokens None), non-tensors not counted."""
     out = {}
     for name in td.keys():
         v = td.get(name)
@@ -222,11 +191,9 @@ def field_sizes(td) -> dict[str, dict]:
 def instrument_transfer_queue(path: str) -> None:
     """Wrap ``AsyncTransferQueueClient.async_get_data`` and ``async_put`` (every TransferQueue transfer of this
     process goes through them) to append ``{"op", "pid", "t" (end, epoch s), "cpu" (this process's CPU seconds
-    then, all threads), "s" (seconds), "fields"}``."""
+    then), "s" (seconds), "fields"}``."""
     from transfer_queue.client import AsyncTransferQueueClient as Client
 
-    if getattr(Client.async_get_data, "_emapg_bench", False):
-        return
     get, put = Client.async_get_data, Client.async_put
 
     def record(op: str, td, seconds: float) -> None:
@@ -253,7 +220,6 @@ def instrument_transfer_queue(path: str) -> None:
         record("put", data, time.perf_counter() - t0)
         return out
 
-    async_get_data._emapg_bench = async_put._emapg_bench = True
     Client.async_get_data, Client.async_put = async_get_data, async_put
 
 
@@ -276,11 +242,9 @@ def _cpu_at(records: list[dict], pid: int | None, t: float) -> float | None:
 
 
 def tq_steps(records: list[dict]) -> dict[int, dict]:
-    """{step: TransferQueue figures of that step}: a step's records are those that ended after the previous
-    step's update fetch and up to its own (step 1: from the start). Per token = per packed token of the update
-    fetch (``input_ids``). CPU seconds per step, from one update fetch to the next (step 1: none), of the worker
-    (the process of the update fetch: the passes, the update, the EMA, the probe) and of the trainer (the process
-    that puts ``advantages``: verl's driver loop in the TaskRunner)."""
+    """{step: TransferQueue figures}: a step's records ended after the previous update fetch and up to its own.
+    Per packed token of the update fetch (``input_ids``); CPU seconds from one update fetch to the next (step 1:
+    none) of the worker (the process of the update fetch) and of the trainer (the one that puts ``advantages``)."""
     records = sorted(records, key=lambda r: r["t"])
     updates = [r for r in records if is_update_fetch(r)]
     trainer = next((r["pid"] for r in records if r["op"] == "put" and "advantages" in (r.get("fields") or {})), None)
@@ -304,8 +268,7 @@ def tq_steps(records: list[dict]) -> dict[int, dict]:
 
 
 def job_steps(run_dir: Path, warmup: int) -> list[dict]:
-    """The kept steps of one job: verl's timers (0 where a timer did not run that step), tokens, and the
-    TransferQueue figures, one dict per step after the first `warmup`."""
+    """One dict per step after the first `warmup`: verl's timers (0 where one did not run), tokens, TransferQueue."""
     metrics = {s: d for s, d in read_attempts(attempt_files(run_dir)).items() if trained_step(d)}
     tq = tq_steps(read_jsonl(run_dir / "tq.jsonl"))
     rows = []
@@ -326,23 +289,21 @@ def _mean(xs: list[float]) -> float:
 
 
 def fast_mean(xs: list[float]) -> float:
-    """Mean of the fastest quarter (ceil(n / 4) values): another job's load only ever adds time, so the fastest
-    steps are the least disturbed (as benchmarks/ema_update.py takes its fastest round)."""
+    """Mean of the fastest quarter (ceil(n / 4) values): another job's load only ever adds time."""
     return _mean(sorted(xs)[: math.ceil(len(xs) / 4)])
 
 
 def summarise(jobs: list[dict]) -> dict[str, dict]:
-    """Per variant, over the kept steps of all its jobs: mean (and median, standard error, fastest-quarter mean)
-    step time, the TransferQueue figures and CPU seconds, and the step-time means of each round (for the per-round
-    ratios)."""
+    """Per variant, over the kept steps of all its jobs: step-time statistics, TransferQueue figures, CPU seconds,
+    and each round's fastest quarter and load."""
     out = {}
     for name in dict.fromkeys(j["variant"] for j in jobs):
         mine = [j for j in jobs if j["variant"] == name]
         steps = [s for j in mine for s in j["steps"]]
         times = [s["step_s"] for s in steps]
         sem = statistics.stdev(times) / len(times) ** 0.5 if len(times) > 1 else float("nan")
-        keys = ("num_tokens", "topk_update_bpt", "topk_put_bpt", "topk_moved_bpt", "update_bpt", "worker_cpu_s")
-        keys += ("trainer_cpu_s",)
+        keys = ("num_tokens", "topk_update_bpt", "topk_put_bpt", "topk_moved_bpt", "update_bpt", "worker_cpu_s",
+                "trainer_cpu_s")  # fmt: skip
         out[name] = {
             "steps": len(steps),
             "step_s": _mean(times),
@@ -351,7 +312,6 @@ def summarise(jobs: list[dict]) -> dict[str, dict]:
             "fast_step_s": fast_mean(times),
             **{k: _mean([s[k] for s in steps if s.get(k) is not None]) for k in keys},
             "topk_fields": sorted({f for s in steps for f in s.get("topk_fields", [])}),
-            "rounds": {j["round"]: _mean([s["step_s"] for s in j["steps"]]) for j in mine},
             "rounds_fast": {j["round"]: fast_mean([s["step_s"] for s in j["steps"]]) for j in mine},
             "rounds_load": {j["round"]: j.get("load_mean", j["load"][0]) for j in mine},
         }
@@ -359,17 +319,14 @@ def summarise(jobs: list[dict]) -> dict[str, dict]:
 
 
 def ratios(summary: dict[str, dict], base: str = "a") -> dict[str, dict]:
-    """Per variant, to the base's: mean step time ("ratio"; and per round, the rounds both ran), fastest-quarter
-    step time ("fast"; and per round, "rounds_fast", with their median "median_fast": a round whose jobs another
-    job's load hit unevenly moves it least), the worker's mean CPU seconds per step ("cpu")."""
+    """Per variant, to the base's: mean step time, fastest quarter (pooled, and per round the both ran, with their
+    median: a round whose jobs another job's load hit unevenly moves it least), the worker's CPU seconds."""
     b = summary[base]
     out = {}
     for name, s in summary.items():
-        both = [r for r in s["rounds"] if r in b["rounds"]]
-        fast = [s["rounds_fast"][r] / b["rounds_fast"][r] for r in both]
+        fast = [s["rounds_fast"][r] / b["rounds_fast"][r] for r in s["rounds_fast"] if r in b["rounds_fast"]]
         out[name] = {
             "ratio": s["step_s"] / b["step_s"],
-            "rounds": [s["rounds"][r] / b["rounds"][r] for r in both],
             "fast": s["fast_step_s"] / b["fast_step_s"],
             "rounds_fast": fast,
             "median_fast": statistics.median(fast) if fast else float("nan"),
@@ -383,7 +340,6 @@ def _f(x, digits=3) -> str:
 
 
 def render(jobs: list[dict], args, m: dict, wall_s: float, loads: list[tuple]) -> str:
-    """The docs/benchmarks.md section of these jobs."""
     summary = summarise(jobs)
     rat = ratios(summary) if "a" in summary else {}
     names = [v.name for v in VARIANTS if v.name in summary]
@@ -425,7 +381,6 @@ def _preamble(args, m: dict, wall_s: float, loads: list[tuple], names: list[str]
 
 
 def _step_table(summary: dict, rat: dict, names: list[str]) -> list[str]:
-    """Step time and CPU time per variant and, with (a) run, their ratios to (a)'s."""
     lines = [
         "Step time (verl's `timing_s/step`, s). Fastest quarter: the mean of the fastest quarter of the steps (the "
         "least disturbed). Worker CPU: CPU seconds of the process holding the actor and the reference, from one "
@@ -469,7 +424,6 @@ def _payload_line(summary: dict, names: list[str]) -> str:
 
 
 def _verdicts(summary: dict, rat: dict) -> list[str]:
-    """One line per target: each ratio against it, the median of the rounds first (the least disturbed)."""
     if "a" not in summary:
         return []
     out = ["Against the targets ((c) <= 1.02x and (d) <= 1.05x of (a) per step):", ""]
@@ -548,7 +502,7 @@ def _measure(args, out: Path) -> int:
 
 
 def _render_saved(path: Path, write: bool) -> int:
-    """Print (and write) the section from a jobs.json; refuses to write when a job failed."""
+    """Print (and write, unless a job failed) the section from a jobs.json."""
     saved = json.loads(path.read_text())
     jobs, failed = [j for j in saved["jobs"] if j["steps"]], [j for j in saved["jobs"] if not j["steps"]]
     if not jobs:

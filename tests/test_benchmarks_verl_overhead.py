@@ -152,7 +152,7 @@ def test_summary_ratios_and_the_section(tmp_path):
     assert summary["a"]["steps"] == 4 and summary["a"]["step_s"] == pytest.approx(4.5)
     assert summary["a"]["topk_update_bpt"] == 0 and summary["d"]["topk_update_bpt"] == 256
     r = vo.ratios(summary)
-    assert r["d"]["ratio"] == pytest.approx(1.1) and r["d"]["rounds"] == pytest.approx([1.1, 1.1])
+    assert r["d"]["ratio"] == pytest.approx(1.1) and r["d"]["rounds_fast"] == pytest.approx([1.1, 1.1])
     assert r["d"]["fast"] == pytest.approx(1.1) and r["d"]["median_fast"] == pytest.approx(1.1)
     args = argparse.Namespace(rounds=2, steps=4, warmup=2, variants=["a", "d"])
     m = {k: "x" for k in ("cpu", "cores", "ram_gib", "torch", "python", "loadavg", "date")}

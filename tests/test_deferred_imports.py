@@ -78,9 +78,6 @@ ALLOWED = {
         "tasks import retrievers, never the reverse: only `emapg retriever serve --task` looks a task up, at call "
         "time (an import-linter contract in pyproject.toml)"
     ),
-    ("benchmarks/iteration_breakdown.py", "ema_pg_core.local.trainer"): (
-        "build_trainer builds with whichever checkout is first on sys.path: in the --serve child, another one's"
-    ),
 }
 """(file, imported module) -> why this import stays inside its function although it loads nothing heavy."""
 
