@@ -1,10 +1,7 @@
 """Shared plumbing for the benchmarks: fresh-subprocess workers, peak RSS, machine facts, the doc.
 
-Peak memory on CPU: each variant runs in a fresh interpreter. After its inputs are allocated (and
-a tiny warm-up has loaded the kernels), the worker resets the kernel's peak-RSS counter
-(``echo 5 > /proc/self/clear_refs``, Linux >= 4.0) and reads VmRSS; after the variant it reads
-VmHWM. "peak above inputs" = VmHWM - VmRSS(after inputs). If clear_refs is unavailable it falls
-back to ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, which also counts the input setup.
+Peak memory on CPU: a worker resets the kernel's peak-RSS counter (``echo 5 > /proc/self/clear_refs``) once its
+inputs are allocated, then reads VmHWM - VmRSS; without clear_refs, ``ru_maxrss`` also counts the input setup.
 """
 
 from __future__ import annotations
@@ -149,24 +146,28 @@ def cli(doc: str) -> argparse.ArgumentParser:
     return p
 
 
-def saved_cli(doc: str, name: str) -> argparse.ArgumentParser:
-    """The parser of a benchmark that writes its section unless ``--print`` and keeps its raw measurements in
-    ``--json`` (``--from-json``: render them again without measuring; ``--worker``: a fresh-interpreter run)."""
+def saved_main(doc: str, name: str, argv: list[str] | None, options, worker, measure, render) -> int:
+    """The command line of a benchmark that runs its variants in fresh interpreters (``worker(*args)``, called
+    with ``--worker args``) and writes its section unless ``--print``. ``measure(args, command)`` returns the raw
+    measurements, kept in ``--json`` (``--from-json``: rendered again without measuring) for ``render(raw)``;
+    ``options(parser)`` adds the benchmark's own."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--print", dest="print_only", action="store_true", help="print the section, do not write it")
     p.add_argument("--json", default=f"/tmp/{name}.json", help="where the raw measurements are saved")
     p.add_argument("--from-json", action="store_true", help="re-render the section from --json without measuring")
     p.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
-    return p
-
-
-def measured(a: argparse.Namespace, measure) -> dict:
-    """The raw measurements: read back from ``a.json`` with ``--from-json``, else ``measure()``, saved there."""
+    options(p)
+    a = p.parse_args(argv)
+    if a.worker:
+        print(json.dumps(worker(*a.worker)))
+        return 0
     if a.from_json:
-        return json.loads(Path(a.json).read_text())
-    raw = measure()
-    Path(a.json).write_text(json.dumps(raw))
-    return raw
+        raw = json.loads(Path(a.json).read_text())
+    else:
+        raw = measure(a, [x for x in (sys.argv[1:] if argv is None else argv) if x != "--print"])
+        Path(a.json).write_text(json.dumps(raw))
+    publish(name, render(raw), not a.print_only)
+    return 0
 
 
 def md_table(header: list[str], rows: list[list]) -> str:

@@ -3,23 +3,18 @@
     python benchmarks/attention_packed.py --json /tmp/attention_packed.json   # on a GPU machine: measure
     python benchmarks/attention_packed.py --from-json F                        # anywhere: write the doc
 
-With ``use_remove_padding=True`` verl 0.9.1's FSDP engine packs a micro-batch into one row of N tokens
-(attention_mask None, position ids restarting at 0 for each sequence). With ``attn_implementation=sdpa``
-transformers turns those position ids into a block-diagonal causal mask of N x N and runs
-``scaled_dot_product_attention`` with it (a masked kernel: the whole N x N product, no flash kernel); with
-flash-attn, verl's patched ``_flash_attention_forward`` runs the varlen kernel over each sequence only.
+With ``use_remove_padding=True`` verl's FSDP engine packs a micro-batch into one row of N tokens (position ids
+restarting at 0 for each sequence); with ``attn_implementation=sdpa`` transformers turns them into a block-diagonal
+causal N x N mask (a masked kernel over the whole N x N product), while flash-attn's varlen kernel attends within
+each sequence only. Measured, forward + backward in bf16:
 
-- attention of one layer, Qwen2.5-7B's heads (28 query, 4 key/value heads of 128), bf16, forward + backward,
-  N packed tokens made of sequences of L tokens: transformers' ``sdpa_attention_forward`` with the packed mask;
-  the same sequences as a (N/L, L) batch with ``is_causal`` (PyTorch's flash kernel: the work within sequences
-  only); PyTorch's own FlashAttention-2 varlen kernel (``torch.nn.attention.varlen.varlen_attn``) where present;
-  flash-attn's ``flash_attn_varlen_func`` where installed.
-- a whole model: a Qwen2.5-1.5B-shaped Qwen2 (random weights, bf16, gradient checkpointing as the presets),
-  forward + backward of N tokens, sdpa packed vs the same sequences as a padded (N/L, L) batch; and the largest
-  |logit| difference between the packed forward and the batch one (the packing is exact, up to bf16).
+- one attention layer with Qwen2.5-7B's heads (28 query, 4 key/value heads of 128), N packed tokens of sequences of
+  L tokens: sdpa with the packed mask; the same sequences as an (N/L, L) batch with ``is_causal`` (the flash
+  kernel); PyTorch's FlashAttention-2 varlen kernel where present; flash-attn's where installed.
+- a Qwen2.5-1.5B-shaped model (random weights, gradient checkpointing): packed vs the (N/L, L) batch, and the
+  largest |logit| difference between the two forwards (the packing is exact, up to bf16).
 
-Time = median of 3 after a warm-up, CUDA-synchronised; peak = ``torch.cuda.max_memory_allocated`` above what
-was allocated before the step.
+Time = median of 3 after a warm-up, CUDA-synchronised; peak = ``torch.cuda.max_memory_allocated`` above the start.
 """
 
 from __future__ import annotations
@@ -210,7 +205,7 @@ def render(data: dict) -> str:
             lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['value']:.3g} | |")
         else:
             lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['ms']:.0f} | {r['peak_GiB']:.2f} |")
-    lines += [""] + [f"- {n}" for n in data.get("notes", [])]  # what the figures say, added to the JSON by hand
+    lines += [""] + [f"- {n}" for n in data.get("notes", [])]  # added to the JSON by hand
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -3,17 +3,11 @@
     python benchmarks/cuda_kernels.py --json /tmp/cuda_kernels.json   # on a GPU machine: measure
     python benchmarks/cuda_kernels.py --from-json benchmarks/cuda_kernels_h200.json   # anywhere: write the doc
 
-The same problems as the CPU benchmarks beside it, on the device:
-
-- EMA update (``benchmarks/ema_update.py``): the 290 parameter shapes of Qwen2.5-0.5B (494M parameters).
-  ``ema_update_`` (one ``_foreach_lerp_``) and ``EmaAnchor.update`` with a bf16 module and an fp32 shadow,
-  against ``_foreach_copy_`` of the same tensors. Throughput = accounted bytes (read + written operands, as in
-  ``ema_update.py``) / median time of 20 interleaved rounds, CUDA-synchronised.
-- Top-k KL value + backward (``benchmarks/topk_kl_memory.py``): V = 151,936, H = 1536 (Qwen2.5-1.5B's head),
-  fp32, k = 32, N response tokens: the naive path (logits and log-softmax materialised), the chunked one
-  (logits materialised), the fused one (``token_stats_from_hidden``, blocks of 1024 rows x 8192 columns, or
-  whole-vocabulary blocks). Peak = ``torch.cuda.max_memory_allocated`` above the inputs (gradients
-  included); time = median of 5 after a warm-up.
+The same problems as ``ema_update.py`` and ``topk_kl_memory.py``, on the device: the EMA update of Qwen2.5-0.5B's
+290 parameter shapes (``ema_update_``, and ``EmaAnchor.update`` with a bf16 module and an fp32 shadow) against
+``_foreach_copy_`` of the same tensors, median of 20 interleaved rounds; the Top-k KL value + backward at k = 32
+(naive, chunked, fused, fused in whole-vocabulary blocks), median of 5 after a warm-up, peak device memory above
+the inputs. CUDA-synchronised; ratios to the first row of each group.
 """
 
 from __future__ import annotations
@@ -132,7 +126,7 @@ def render(data: dict) -> str:
         f"| {r['variant']} | {r['N']} | {r['ms']:.1f} | {r['peak_GiB']:.2f} | {r['ms'] / naive[r['N']]:.2f} |"
         for r in data["topk"]
     ]
-    lines += [""] + [f"- {n}" for n in data.get("notes", [])]  # what the figures say, added to the JSON by hand
+    lines += [""] + [f"- {n}" for n in data.get("notes", [])]  # added to the JSON by hand
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -10,7 +10,6 @@ Throughput = bytes / fastest of the interleaved rounds (1 GB = 1e9 B); ratios ar
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import sys
@@ -59,7 +58,8 @@ def timed_round_robin(fns: dict, reps: int) -> dict[str, list[float]]:
     return ts
 
 
-def worker(config: str, reps: int) -> dict:
+def worker(config: str, reps: str) -> dict:
+    reps = int(reps)
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     dtype = torch.float32 if config == "fp32" else torch.bfloat16
@@ -98,18 +98,19 @@ def worker(config: str, reps: int) -> dict:
     return out
 
 
-def section(results: list[dict], m: dict, argv: list[str]) -> str:
-    header = ["config", "variant", "GB accounted", "ms (best / median)", "GB/s (best)", "ratio vs copy"]
-    lines = [*_intro(results, m, argv), C.md_table(header, _table_rows(results)), *_disturbance_warning(results)]
-    return "\n".join([*lines, "", _target_line(results)]) + "\n"
-
-
-def _intro(results: list[dict], m: dict, argv: list[str]) -> list[str]:
-    """Title, command, machine and the accounting paragraph."""
-    return [
+def section(raw: dict) -> str:
+    results, m = raw["results"], raw["machine"]
+    base = [res["rows"][0]["gbps"] for res in results]  # each config's copy
+    rows = [
+        [res["config"], r["variant"], f"{r['bytes'] / C.GB:.2f}",
+         f"{r['seconds'] * 1e3:.0f} / {r['median_s'] * 1e3:.0f}", f"{r['gbps']:.1f}", f"{r['gbps'] / b:.2f}"]
+        for res, b in zip(results, base)
+        for r in res["rows"]
+    ]  # fmt: skip
+    lines = [
         "## EMA anchor update bandwidth (`benchmarks/ema_update.py`)",
         "",
-        f"Command: `{C.command('ema_update.py', argv)}`  ",
+        f"Command: `{C.command('ema_update.py', raw['argv'])}`  ",
         C.machine_line(m, THREADS),
         "",
         f"Qwen2.5-0.5B's parameter shapes, {results[0]['params'] / 1e6:.0f}M parameters in {results[0]['tensors']} "
@@ -118,63 +119,34 @@ def _intro(results: list[dict], m: dict, argv: list[str]) -> list[str]:
         f"counted. Variants timed round-robin ({results[0]['reps']} shuffled rounds after a warm-up); throughput from "
         "the fastest round (the least disturbed), median listed too. Ratio = throughput / the copy's, same process.",
         "",
+        C.md_table(["config", "variant", "GB accounted", "ms (best / median)", "GB/s (best)", "ratio vs copy"], rows),
     ]
-
-
-def _table_rows(results: list[dict]) -> list[list[str]]:
-    """One row per variant and config; the ratio is against the config's copy (its first row)."""
-    return [
-        [res["config"], r["variant"], f"{r['bytes'] / C.GB:.2f}",
-         f"{r['seconds'] * 1e3:.0f} / {r['median_s'] * 1e3:.0f}", f"{r['gbps']:.1f}",
-         f"{r['gbps'] / res['rows'][0]['gbps']:.2f}"]
-        for res in results
-        for r in res["rows"]
-    ]  # fmt: skip
-
-
-def _disturbance_warning(results: list[dict]) -> list[str]:
-    """A warning when some median is over 1.5x its best time (other jobs disturbed the run)."""
     worst = max(r["median_s"] / r["seconds"] for res in results for r in res["rows"])
-    if worst <= 1.5:
-        return []
-    return [
-        "",
-        f"**Warning:** a median is {worst:.1f}x its best time: other jobs disturbed this run; "
-        "rerun on a quiet machine before trusting the ratios.",
-    ]
-
-
-def _target_line(results: list[dict]) -> str:
-    """Met / missed per EmaAnchor.update row against 80% of the same config's copy bandwidth."""
-    verdicts = []
-    for res in results:
-        base = res["rows"][0]["gbps"]
+    if worst > 1.5:  # other jobs disturbed the run
+        lines += ["", f"**Warning:** a median is {worst:.1f}x its best time: other jobs disturbed this run; "
+                  "rerun on a quiet machine before trusting the ratios."]  # fmt: skip
+    verdicts = []  # each EmaAnchor.update row against 80% of its config's copy bandwidth
+    for res, b in zip(results, base):
         for r in res["rows"]:
             if r["variant"].startswith("EmaAnchor.update"):
-                ok = "**met**" if r["gbps"] >= 0.8 * base else f"**missed** by {0.8 - r['gbps'] / base:.2f}"
-                verdicts.append(f"{r['variant']} at {r['gbps'] / base:.2f} of the copy's ({ok})")
-    return (
-        "Target (issue 7), the anchor update at ≥ 80% of the same-size copy's bandwidth: " + "; ".join(verdicts) + "."
-    )
+                ok = "**met**" if r["gbps"] >= 0.8 * b else f"**missed** by {0.8 - r['gbps'] / b:.2f}"
+                verdicts.append(f"{r['variant']} at {r['gbps'] / b:.2f} of the copy's ({ok})")
+    target = "Target (issue 7), the anchor update at ≥ 80% of the same-size copy's bandwidth: " + "; ".join(verdicts)
+    return "\n".join([*lines, "", target + "."]) + "\n"
+
+
+def measure(a, cmd: list[str]) -> dict:
+    m = C.machine()
+    reps = str(5 if a.quick else 20)
+    results = [C.run_worker(Path(__file__), [cfg, reps]) for cfg in ("fp32", "bf16_shadow")]
+    return {"results": results, "machine": m, "argv": cmd}
 
 
 def main(argv=None) -> int:
-    p = C.saved_cli(__doc__, "ema_update")
-    p.add_argument("--quick", action="store_true", help="5 rounds instead of 20")
-    a = p.parse_args(argv)
-    if a.worker:
-        print(json.dumps(worker(a.worker[0], int(a.worker[1]))))
-        return 0
-    cmd = [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--print"]
-    raw = C.measured(a, lambda: measure(5 if a.quick else 20, cmd))
-    C.publish("ema_update", section(raw["results"], raw["machine"], raw["argv"]), not a.print_only)
-    return 0
+    def options(p):
+        p.add_argument("--quick", action="store_true", help="5 rounds instead of 20")
 
-
-def measure(reps: int, cmd: list[str]) -> dict:
-    m = C.machine()
-    results = [C.run_worker(Path(__file__), [cfg, str(reps)]) for cfg in ("fp32", "bf16_shadow")]
-    return {"results": results, "machine": m, "argv": cmd}
+    return C.saved_main(__doc__, "ema_update", argv, options, worker, measure, section)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import time
 from pathlib import Path
@@ -81,7 +80,8 @@ def value_and_backward(variant: str, x: dict) -> float:
     return loss.item()
 
 
-def worker(variant: str, N: int, k: int) -> dict:
+def worker(variant: str, N: str, k: str) -> dict:
+    N, k = int(N), int(k)
     torch.set_num_threads(THREADS)
     value_and_backward(variant, make_inputs(variant, 64, min(k, 64), Vv=4096, Hh=64))  # load kernels
     x = make_inputs(variant, N, k)
@@ -124,7 +124,7 @@ def plan(ns: list[int]) -> list[tuple[str, int, int]]:
 
 
 def predict(done: list[dict], variant: str, N: int, k: int) -> int | None:
-    """Linear-in-N prediction of peak + inputs from the largest measured N of this variant."""
+    """Peak + inputs, proportional to N from the largest measured N of this variant."""
     prev = [r for r in done if _measured(r, variant, k)]
     if not prev:
         return None
@@ -183,7 +183,7 @@ def _measured(r: dict, variant: str, k: int) -> bool:
 
 
 def _cell(done, variant, N, k, key):
-    """(value, extrapolated?) of a measured or extrapolated key."""
+    """(value, extrapolated?) of `key`."""
     for r in done:
         if r["N"] == N and _measured(r, variant, k):
             return r[key], False
@@ -198,24 +198,17 @@ LABELS = {
     "fused_topk": "fused Top-k from hidden",
     "fused_topk_wholeV": "fused Top-k, whole-V blocks",
 }
-"""Variant -> its name in the section's table."""
 TABLE_HEADER = ["N", "variant", "k", "peak above inputs (GiB)", "ratio vs exact", "inputs (GiB)",
                 "time wall / cpu (s)", "cpu-time ratio vs naive Top-k"]  # fmt: skip
 
 
-def section(done: list[dict], ns: list[int], m: dict, argv: list[str], wall_total: float) -> str:
-    rows = [[f"{N:,}", *row] for N in ns for row in _table_rows(done, N)]
-    out = [*_intro(ns, m, argv, wall_total), C.md_table(TABLE_HEADER, rows), ""]
-    return "\n".join([*out, " ".join(_extra_lines(done, ns) + _target(done, ns))]) + "\n"
-
-
-def _intro(ns: list[int], m: dict, argv: list[str], wall_total: float) -> list[str]:
-    """Title, command, machine and what is measured."""
+def section(raw: dict) -> str:
+    done, ns, m = raw["runs"], raw["ns"], raw["machine"]
     skipped = "" if 8192 in ns else "; N = 8,192 not run: well over 15 minutes on 2 cores"
-    return [
+    intro = [
         "## Top-k KL memory and time at V = 151,936 (`benchmarks/topk_kl_memory.py`)",
         "",
-        f"Command: `{C.command('topk_kl_memory.py', argv)}` (total {wall_total / 60:.1f} min{skipped})  ",
+        f"Command: `{C.command('topk_kl_memory.py', raw['argv'])}` (total {raw['wall'] / 60:.1f} min{skipped})  ",
         C.machine_line(m, THREADS),
         "",
         f"Value + backward of the token-mean KL w.r.t. h (N, {H}) and W ({V:,}, {H}), fp32, each variant in a fresh "
@@ -226,6 +219,15 @@ def _intro(ns: list[int], m: dict, argv: list[str], wall_total: float) -> list[s
         "`~`: extrapolated linearly in N (not run: predicted not to fit in RAM).",
         "",
     ]
+    rows = [[f"{N:,}", *row] for N in ns for row in _table_rows(done, N)]
+    extra = [r for r in done if r.get("measured") and r["N"] not in ns]  # a second point for an extrapolation only
+    points = "; ".join(
+        f"{LABELS[r['variant']]} at N = {r['N']:,}: {_g(r['peak_above_inputs'])} GiB above inputs, "
+        f"{r['cpu_s']:.1f} s cpu"
+        for r in extra
+    )
+    notes = ([f"Measured only for the extrapolation: {points}."] if extra else []) + _target(done, ns)
+    return "\n".join([*intro, C.md_table(TABLE_HEADER, rows), "", " ".join(notes)]) + "\n"
 
 
 def _table_rows(done: list[dict], N: int) -> list[list]:
@@ -252,17 +254,6 @@ def _variant_row(done: list[dict], variant: str, N: int, k: int | None, *, ex, e
     time_cell = f"{mark}{wall:.1f} / {cpu:.1f}" if wall else ""
     return [LABELS[variant], "—" if k is None else k, f"{mark}{_g(mem)}", _ratio(mem, ex, ex_x or x_),
             f"{mark}{_g(inp)}", time_cell, t]  # fmt: skip
-
-
-def _extra_lines(done: list[dict], ns: list[int]) -> list[str]:
-    """The runs measured only as a second point for the extrapolation (at an N outside the grid)."""
-    extra = [r for r in done if r.get("measured") and r["N"] not in ns]
-    points = "; ".join(
-        f"{LABELS[r['variant']]} at N = {r['N']:,}: {_g(r['peak_above_inputs'])} GiB above inputs, "
-        f"{r['cpu_s']:.1f} s cpu"
-        for r in extra
-    )
-    return [f"Measured only for the extrapolation: {points}."] if extra else []
 
 
 def _g(b):
@@ -292,25 +283,19 @@ def _target(done, ns) -> list[str]:
     ]
 
 
-def main(argv=None) -> int:
-    p = C.saved_cli(__doc__, "topk_kl_memory")
-    p.add_argument("--quick", action="store_true", help="N in {1024, 4096} only")
-    p.add_argument("--ns", type=int, nargs="+", help=argparse.SUPPRESS)  # e.g. --ns 256 for a smoke run
-    a = p.parse_args(argv)
-    if a.worker:
-        print(json.dumps(worker(a.worker[0], int(a.worker[1]), int(a.worker[2]))))
-        return 0
-    raw = C.measured(a, lambda: measure(a, [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--print"]))
-    text = section(raw["runs"], raw["ns"], raw["machine"], raw["argv"], raw["wall"])
-    C.publish("topk_kl_memory", text, not a.print_only)
-    return 0
-
-
 def measure(a: argparse.Namespace, cmd: list[str]) -> dict:
     ns = a.ns or ([1024, 4096] if a.quick else [1024, 4096, 8192])
     m, t = C.machine(), time.perf_counter()
     done = run_all(ns)
     return {"runs": done, "ns": ns, "machine": m, "argv": cmd, "wall": time.perf_counter() - t}
+
+
+def main(argv=None) -> int:
+    def options(p):
+        p.add_argument("--quick", action="store_true", help="N in {1024, 4096} only")
+        p.add_argument("--ns", type=int, nargs="+", help=argparse.SUPPRESS)  # e.g. --ns 256 for a smoke run
+
+    return C.saved_main(__doc__, "topk_kl_memory", argv, options, worker, measure, section)
 
 
 if __name__ == "__main__":
