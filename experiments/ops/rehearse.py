@@ -193,12 +193,7 @@ def latest_checkpoint(run_dir: Path) -> int:
 
 
 def run_attempt(
-    overrides: list[str],
-    run_dir: Path,
-    log: Path,
-    *,
-    kill_after: int | None,
-    timeout_s: float = ATTEMPT_STALL_S,
+    overrides: list[str], run_dir: Path, log: Path, *, kill_after: int | None, timeout_s: float = ATTEMPT_STALL_S
 ) -> Attempt:
     """``emapg train <overrides>`` in its own process group, its stdout and stderr to `log`; with `kill_after`,
     SIGKILL the whole group (driver, Ray, workers) once the checkpoint of that step is complete and its metrics are
