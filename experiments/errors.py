@@ -164,10 +164,10 @@ def classify(exc: BaseException) -> tuple[str, int] | None:
         return f"stopped unhealthy: {exc}", UNHEALTHY_EXIT
     if _is_hydra(exc):
         return f"error: {hydra_message(exc)}", 2
-    if _is_pydantic(exc):
+    if type(exc).__module__.startswith("pydantic"):
         return f"error: {validation_line(exc)}", 2
     if isinstance(exc, (ValueError, KeyError)) and not isinstance(exc, UnicodeError):
-        return f"error: {_text(exc)}", 2
+        return f"error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", 2
     if is_path_error(exc):
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
         return f"error: {where}{exc.strerror or exc}", 2
@@ -186,10 +186,6 @@ def handle(prog: str, exc: BaseException) -> int:
     message, code = kind
     print(bounded(f"{prog}: {message}"), file=sys.stderr)
     return code
-
-
-def _text(exc: BaseException) -> str:
-    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
 
 
 # ---------------------------------------------------------------- Hydra's errors in the user's words
@@ -282,10 +278,6 @@ def _near(word: str, choices, cutoff: float = 0.6) -> str:
 
 
 # ---------------------------------------------------------------- pydantic's validation errors in one line
-
-
-def _is_pydantic(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith("pydantic")
 
 
 UNKNOWN_KEY = ("extra_forbidden", "unexpected_keyword_argument")  # a key the model or a dataclass in it lacks
