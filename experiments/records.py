@@ -683,13 +683,6 @@ def _check_unhealthy_resume(run_dir: Path, changes: dict[str, tuple], force: boo
     )
 
 
-def read_health(run_dir: str | Path) -> dict | None:
-    """The breach that stopped a `stopped_unhealthy` run ({"rule", "iteration", "message", "values"}), else None."""
-    if read_status(run_dir)[0] != UNHEALTHY:
-        return None
-    return (read_summary(run_dir) or {}).get("health")
-
-
 def config_changes(before: Path | Mapping[str, Any], new: dict) -> dict[str, tuple]:
     """{dotted key: (recorded value, new value)} for every key that differs from `before` (the config a checkpoint
     was trained under, or a config.yaml), except HASH_EXCLUDE ({} when there is no config.yaml yet)."""

@@ -46,7 +46,7 @@ def test_an_entropy_collapse_stops_the_run_and_only_a_changed_rule_resumes_it(tm
     state, detail = records.read_status(run)
     health = records.read_summary(run)["health"]
     stop = health["iteration"]
-    assert state == "stopped_unhealthy" and records.read_health(run) == health
+    assert state == "stopped_unhealthy" and records.read_summary(run)["health"] == health
     assert health["rule"] == "entropy_floor" and health["message"] in detail
     assert json.loads(detail.splitlines()[-1]) == health  # the status file's last line: the breach as JSON
     rows = records.read_metrics(run)

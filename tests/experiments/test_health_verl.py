@@ -12,7 +12,7 @@ import pytest
 from experiments import build
 from experiments.backends.verl.config import rotate
 from experiments.errors import StoppedUnhealthy
-from experiments.records import RunRecord, read_health, read_metrics, read_status
+from experiments.records import RunRecord, read_metrics, read_status, read_summary
 from experiments.run import _VerlFollower, run
 from experiments.verl_metrics import FILE
 
@@ -42,7 +42,7 @@ def test_the_follower_stops_at_a_kl_spike_and_records_nothing_after_it(tmp_path)
     assert stop.value.breach["rule"] == "kl_spike" and stop.value.breach["iteration"] == 3
     assert stop.value.breach["values"] == {"kl/value": 0.05, "running_median": pytest.approx(0.0035)}
     assert [r["iteration"] for r in read_metrics(tmp_path)] == [1, 2, 3] and reported == [1, 2]
-    assert read_status(tmp_path)[0] == "stopped_unhealthy" and read_health(tmp_path) == stop.value.breach
+    assert read_status(tmp_path)[0] == "stopped_unhealthy" and read_summary(tmp_path)["health"] == stop.value.breach
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_a_nan_gradient_ends_a_verl_run_unhealthy_and_stops_verl(fake_verl, tmp_
         run(_cfg(tmp_path / "run"), callback=lambda it, m, ckpt: reported.append(it))
     assert fake_verl.stops == 1 and reported == [1]
     assert [r["iteration"] for r in read_metrics(tmp_path / "run")] == [1, 2]
-    assert read_health(tmp_path / "run")["values"] == {"train/grad_norm": "nan"}
+    assert read_summary(tmp_path / "run")["health"]["values"] == {"train/grad_norm": "nan"}
 
     # resumed with a change (forced): verl replays from its step-1 checkpoint. Until the new attempt has logged
     # step 2 again, the old attempt's NaN step is read back but never fires; the new, finite step 2 replaces it.

@@ -40,7 +40,7 @@ def test_a_diverging_trial_stops_unhealthy_and_the_other_finishes(local_ray, tmp
     healthy, bad = got[1e-4], got[1.0]
     assert healthy["status"] == "finished" and healthy["iterations"] == "3" and healthy["health"] == ""
     assert bad["status"] == "stopped_unhealthy" and bad["health"].startswith("entropy_floor at iteration ")
-    stop = records.read_health(out / "runs" / bad["run_id"])
+    stop = records.read_summary(out / "runs" / bad["run_id"])["health"]
     assert stop["rule"] == "entropy_floor" and stop["iteration"] < 3 and stop["values"]["train/entropy"][0] < 0.01
     assert int(bad["iterations"]) == stop["iteration"]  # the stopped iteration was reported to Tune, none after
     assert records.read_status(out / "runs" / healthy["run_id"])[0] == "finished"
