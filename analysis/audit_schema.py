@@ -56,10 +56,8 @@ DIRECTIONS = ("reverse", "forward")
 
 
 def check_rows(name: str, rows: Any) -> pd.DataFrame:
-    """Validate one record list against SCHEMA[name] and return it as a DataFrame.
-
-    Raises ValueError naming the record, the row and the missing or mistyped field.
-    """
+    """Validate one record list against SCHEMA[name] (a ValueError naming the record, the row and the field) and
+    return it as a DataFrame."""
     fields = SCHEMA[name]
     if not isinstance(rows, (list, tuple)) or not rows:
         raise ValueError(f"audit records {name!r}: expected a non-empty list of dicts")
@@ -94,16 +92,10 @@ def _ok(value: Any, typ: Any) -> bool:
         return type(None) in types
     if bool in types:
         return isinstance(value, bool) or type(value).__name__ == "bool_"
-    if float in types:
-        return _is_real(value) and not isinstance(value, bool)
-    if int in types:
-        return _is_real(value) and float(value).is_integer() and not isinstance(value, bool)
+    if float in types or int in types:
+        try:
+            real = float(value)
+        except (TypeError, ValueError):
+            return False
+        return not isinstance(value, (str, bool)) and (float in types or real.is_integer())
     return isinstance(value, types)
-
-
-def _is_real(value: Any) -> bool:
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return not isinstance(value, str)

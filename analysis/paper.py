@@ -23,24 +23,16 @@ SETTINGS = {
 
 @dataclass(frozen=True)
 class PaperNumber:
-    """One reported accuracy, in percent."""
+    """One reported number, in percent: a method's accuracy, or (method GAIN) EMA-PG's relative gain over GRPO."""
 
     setting: str  # "math" | "search"
     benchmark: str  # display name, as in analysis.tables
-    method: str  # "GRPO" | "EMA-PG"
-    value: float  # percent
+    method: str  # "GRPO" | "EMA-PG" | GAIN
+    value: float  # percent, e.g. 33.3 for a gain of "+33.3%"
     source: str  # a key of SOURCES
 
 
-@dataclass(frozen=True)
-class PaperGain:
-    """A reported relative gain of EMA-PG over GRPO, in percent."""
-
-    setting: str
-    benchmark: str
-    gain: float  # percent, e.g. 33.3 for "+33.3%"
-    source: str
-    note: str
+GAIN = "gain"
 
 
 NUMBERS: tuple[PaperNumber, ...] = (
@@ -52,23 +44,13 @@ NUMBERS: tuple[PaperNumber, ...] = (
     PaperNumber("search", "2WikiMultiHopQA", "EMA-PG", 40.1, "[ABS]"),
 )
 
-GAINS: tuple[PaperGain, ...] = (
-    PaperGain(
-        "search",
-        "Average",
-        33.3,
-        "[ABS]",
-        "'+33.3% on average' over 7 QA datasets; whether it is the mean of per-dataset "
-        "gains or the gain of the means is UNVERIFIED",
-    ),
+GAINS: tuple[PaperNumber, ...] = (
+    # '+33.3% on average' over 7 QA datasets; whether the mean of per-dataset gains or the gain of the means: UNVERIFIED
+    PaperNumber("search", "Average", GAIN, 33.3, "[ABS]"),
 )
 
 
 def number(setting: str, benchmark: str, method: str) -> PaperNumber | None:
-    """The reported number for one cell, or None when the paper's value is unavailable."""
-    return next((p for p in NUMBERS if (p.setting, p.benchmark, p.method) == (setting, benchmark, method)), None)
-
-
-def gain(setting: str, benchmark: str) -> PaperGain | None:
-    """A relative gain the paper reports directly (not derived from two numbers), or None."""
-    return next((g for g in GAINS if (g.setting, g.benchmark) == (setting, benchmark)), None)
+    """The reported number for one cell (method GAIN: a gain reported directly), or None when unavailable."""
+    found = (p for p in NUMBERS + GAINS if (p.setting, p.benchmark, p.method) == (setting, benchmark, method))
+    return next(found, None)

@@ -255,23 +255,17 @@ def _task_tables(
         t = tables.tiny_table(runs, task, reps=reps, seed=seed)
         title = f"{task}: policy acc, pass@1 and anchor acc per method"
     outputs = [_table(t, out, title, run_provenance(runs))]
-    outputs += _eval_passk(task, runs, evals, out, reps=reps, seed=seed)
+    if evals is not None and "eval" in evals and evals["eval"].notna().any():  # one row per variant and `emapg eval`
+        ev = evals[evals["eval"].notna()]
+        ev = ev.assign(run_id=ev["run_id"] + "/" + ev["eval"], variant=ev["variant"] + " · eval " + ev["eval"])
+        pk = tables.passk_table(ev, task, reps=reps, seed=seed, name=f"{task}_passk_eval", when="by `emapg eval`")
+        title = f"{task}: unbiased pass@k of `emapg eval` (policy and anchor)"
+        outputs.append(_table(pk, out, title, run_provenance(runs)))
     evals = evals[evals["eval"].isna()] if evals is not None and "eval" in evals else evals
     if evals is None or evals.empty:
         return outputs, [f"{task}: no evals.jsonl; no pass@k table"]
     pk = tables.passk_table(evals, task, reps=reps, seed=seed)
     return [*outputs, _table(pk, out, f"{task}: unbiased pass@k (policy and anchor)", run_provenance(runs))], []
-
-
-def _eval_passk(task: str, runs: pd.DataFrame, evals: pd.DataFrame | None, out: Path, *, reps: int, seed: int) -> list:
-    """The pass@k table of the runs' standalone evaluations (`emapg eval`, <run>/evals/<name>/), one row
-    per variant and evaluation name; [] when there are none."""
-    if evals is None or "eval" not in evals or evals["eval"].isna().all():
-        return []
-    ev = evals[evals["eval"].notna()]
-    ev = ev.assign(run_id=ev["run_id"] + "/" + ev["eval"], variant=ev["variant"] + " · eval " + ev["eval"])
-    pk = tables.passk_table(ev, task, reps=reps, seed=seed, name=f"{task}_passk_eval", when="by `emapg eval`")
-    return [_table(pk, out, f"{task}: unbiased pass@k of `emapg eval` (policy and anchor)", run_provenance(runs))]
 
 
 def _task_curves(

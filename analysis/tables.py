@@ -309,10 +309,10 @@ def paper_rows(setting: str, columns: Sequence[str]) -> tuple[list[tuple[str, di
         rows.append((f"{method} — paper", cells))
     cells = {}
     for c in columns:
-        reported = paper.gain(setting, c)
+        reported = paper.number(setting, c, paper.GAIN)
         a, b = paper.number(setting, c, "EMA-PG"), paper.number(setting, c, "GRPO")
         if reported:
-            cells[c], value, src = f"{reported.gain:+.1f}% {reported.source}", reported.gain, reported.source
+            cells[c], value, src = f"{reported.value:+.1f}% {reported.source}", reported.value, reported.source
         elif a and b:  # derived from two reported numbers: our arithmetic on the paper's values
             value, src = (a.value / b.value - 1) * 100, f"{a.source} (ratio computed here)"
             cells[c] = f"{value:+.1f}%"
