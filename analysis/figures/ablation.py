@@ -22,13 +22,8 @@ def make(
     seed: int = 0,
     title: str | None = None,
 ) -> Figure:
-    """`runs`: the runs frame of analysis.load (one row per run), filtered to the runs to compare.
-
-    `knob`: a runs column, e.g. "anchor_tau", "anchor_period", "kl_k", "kl_type".
-    `metric`: a runs column, e.g. "final/eval/math_tiny/acc".
-    `hue`: an optional column splitting the runs into separate lines / bar groups (e.g. the
-    other knobs that vary). Bars when the knob's values are not all numbers, else lines.
-    """
+    """`metric` (e.g. "final/eval/math_tiny/acc") against `knob` (e.g. "anchor_tau"), columns of analysis.load's
+    runs frame; `hue`: a column splitting the runs into lines / bar groups. Bars when the knob is not numeric."""
     for col in (knob, metric, *([hue] if hue else [])):
         if col not in runs:
             raise ValueError(f"column {col!r} not in the runs frame")

@@ -29,18 +29,19 @@ def _band(
     seed: int,
     scale: float = 1.0,
     linestyle: str = "-",
-    label_suffix: str = "",
+    label: str | None = None,
     colors: dict[str, str] | None = None,
 ) -> None:
-    """Plot mean ± bootstrap-CI band over runs of `metric` vs iteration, one line per method that logged it."""
+    """Plot mean ± bootstrap-CI band over runs of `metric` vs iteration, one line per method that logged it, named
+    after the method or `label`."""
     curves = stats.summarize(metrics, metric, [GROUP, "iteration"], reps=reps, seed=seed)
     for i, (name, c) in enumerate(curves.groupby(GROUP, sort=True)):
         col = (colors or {}).get(name, style.color(i))
         # later lines thinner, with their own marker, so identical curves stay visible
         marker = style.MARKERS[i % len(style.MARKERS)]
         look = dict(lw=max(1.0, 2.6 - 0.6 * i), marker=marker, ms=4 if len(c) < 30 else 0, zorder=3 + i)
-        label = f"{name}{label_suffix} (n={int(c['n'].max())})"
-        ax.plot(c["iteration"], c["mean"] * scale, linestyle=linestyle, color=col, label=label, **look)
+        line_label = f"{label or name} (n={int(c['n'].max())})"
+        ax.plot(c["iteration"], c["mean"] * scale, linestyle=linestyle, color=col, label=line_label, **look)
         ok = c["ci_low"].notna()
         lo, hi = c.loc[ok, "ci_low"] * scale, c.loc[ok, "ci_high"] * scale
         ax.fill_between(c.loc[ok, "iteration"], lo, hi, color=col, alpha=style.CI_ALPHA, lw=0)
@@ -101,11 +102,8 @@ def kl_probe(metrics: pd.DataFrame, *, reps: int = 1000, seed: int = 0, title: s
     fig, axs = style.panel_grid(len(names), 4.6, 3.6, (0.6, 0.0))
     for ax, name in zip(axs, names):
         sub = probed[probed[GROUP] == name]
-        _band(ax, sub, EXACT, reps=reps, seed=seed, label_suffix=": exact", colors={name: style.color(0)})
-        estimate = dict(linestyle="--", label_suffix=": estimate", colors={name: style.color(1)})
-        _band(ax, sub, ESTIMATE, reps=reps, seed=seed, **estimate)
-        for line in ax.get_lines():  # the panel's title names the method: keep "exact (n=..)" in the legend
-            line.set_label(line.get_label().removeprefix(f"{name}: "))
+        _band(ax, sub, EXACT, reps=reps, seed=seed, label="exact", colors={name: style.color(0)})
+        _band(ax, sub, ESTIMATE, reps=reps, seed=seed, linestyle="--", label="estimate", colors={name: style.color(1)})
         ax.axhline(0.0, color="0.6", lw=0.8)
         ax.set(xlabel="training iteration", ylabel="KL(policy, anchor) on the probe (nats)", title=name)
         ax.legend(loc="best", frameon=False, fontsize="small")
