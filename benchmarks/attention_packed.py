@@ -28,6 +28,11 @@ from types import SimpleNamespace
 
 import torch
 
+try:  # a GPU install only
+    import flash_attn
+except ImportError:
+    flash_attn = None
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
 
@@ -111,14 +116,10 @@ def attention_rows() -> list[dict]:
             variants["torch varlen_attn (FlashAttention-2 in PyTorch)"] = lambda q, k, v, s=seq, c=cu, f=varlen: f(
                 *(t[0].transpose(0, 1) for t in (q, k, v)), c, s
             )
-        try:
-            from flash_attn import flash_attn_varlen_func
-
-            variants["flash-attn flash_attn_varlen_func"] = lambda q, k, v, s=seq, c=cu: flash_attn_varlen_func(
-                *(t[0].transpose(0, 1) for t in (q, k, v)), c, c, s, s, causal=True
+        if flash_attn is not None:
+            variants["flash-attn flash_attn_varlen_func"] = lambda q, k, v, s=seq, c=cu: (
+                flash_attn.flash_attn_varlen_func(*(t[0].transpose(0, 1) for t in (q, k, v)), c, c, s, s, causal=True)
             )
-        except ImportError:
-            pass
         for name, f in variants.items():
             try:
                 ms, peak = timed_peak(lambda f=f: run(f))
@@ -210,16 +211,10 @@ def render(data: dict) -> str:
 
 
 def measure(save) -> dict:
-    try:
-        import flash_attn
-
-        fa = flash_attn.__version__
-    except ImportError:
-        fa = None
     data = {
         "machine": C.describe(torch),
         "date": time.strftime("%Y-%m-%d"),
-        "flash_attn": fa,
+        "flash_attn": flash_attn.__version__ if flash_attn else None,
         "attention": attention_rows(),
     }
     save(data)  # the attention rows survive a model run that does not finish

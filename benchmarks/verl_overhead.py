@@ -478,14 +478,13 @@ def _measure(args, out: Path) -> int:
     shared = Shared(out / "_shared")
     data, model = shared.data("math"), shared.model("math")
     variants = [BY_NAME[n] for n in args.variants]
-    jobs, loads = [], []
+    jobs = []
     saved = {"args": {k: getattr(args, k) for k in ("rounds", "steps", "warmup", "variants")}, "machine": m}
     for rnd in range(args.rounds):
         for v in variants:
             run_dir = out / f"r{rnd}_{v.name}"
             argv = variant_argv(v, model, data, run_dir, args.steps)
             job = run_job(v, argv, run_dir)
-            loads.append(job["load"])
             job.update(round=rnd, steps=job_steps(run_dir, args.warmup) if job["code"] == 0 else [])
             print(
                 f"round {rnd} ({v.name}): exit {job['code']}, {job['seconds']:.0f} s, {len(job['steps'])} kept steps, "
@@ -495,7 +494,7 @@ def _measure(args, out: Path) -> int:
             if job["code"] != 0 or not job["steps"]:
                 print(f"  failed: see {run_dir / 'job.log'}", flush=True)
             jobs.append(job)
-            saved.update(jobs=jobs, loads=loads, wall_s=time.time() - t0)
+            saved.update(jobs=jobs, wall_s=time.time() - t0)
             (out / "jobs.json").write_text(json.dumps(saved, indent=1))
     print(f"measurements: {out / 'jobs.json'} (render again with --from-jobs)", flush=True)
     return _render_saved(out / "jobs.json", args.write)
@@ -508,7 +507,7 @@ def _render_saved(path: Path, write: bool) -> int:
     if not jobs:
         return 1
     args = argparse.Namespace(**saved["args"])
-    text = render(jobs, args, saved["machine"], saved["wall_s"], [tuple(x) for x in saved["loads"]])
+    text = render(jobs, args, saved["machine"], saved["wall_s"], [tuple(j["load"]) for j in saved["jobs"]])
     print(text)
     if write and not failed:
         write_section(SECTION, text)
