@@ -146,7 +146,7 @@ def cli(doc: str) -> argparse.ArgumentParser:
     return p
 
 
-def saved_main(doc: str, name: str, argv: list[str] | None, options, worker, measure, render) -> int:
+def saved_main(doc: str, name: str, argv: list[str] | None, *, options, worker, measure, render) -> int:
     """The command line of a benchmark that runs its variants in fresh interpreters (``worker(*args)``, called
     with ``--worker args``) and writes its section unless ``--print``. ``measure(args, command)`` returns the raw
     measurements, kept in ``--json`` (``--from-json``: rendered again without measuring) for ``render(raw)``;

@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     def options(p):
         p.add_argument("--quick", action="store_true", help="5 rounds instead of 20")
 
-    return C.saved_main(__doc__, "ema_update", argv, options, worker, measure, section)
+    return C.saved_main(__doc__, "ema_update", argv, options=options, worker=worker, measure=measure, render=section)
 
 
 if __name__ == "__main__":

@@ -295,7 +295,9 @@ def main(argv=None) -> int:
         p.add_argument("--quick", action="store_true", help="N in {1024, 4096} only")
         p.add_argument("--ns", type=int, nargs="+", help=argparse.SUPPRESS)  # e.g. --ns 256 for a smoke run
 
-    return C.saved_main(__doc__, "topk_kl_memory", argv, options, worker, measure, section)
+    return C.saved_main(
+        __doc__, "topk_kl_memory", argv, options=options, worker=worker, measure=measure, render=section
+    )
 
 
 if __name__ == "__main__":
