@@ -13,7 +13,7 @@ import torch
 
 from ema_pg_core.config import KLConfig, LossConfig
 from ema_pg_core.kl import ImportanceWeight, KLInputs, aggregate, get_estimator, kl_per_token
-from ema_pg_core.telemetry import is_topk, topk_parts, topk_summary
+from ema_pg_core.telemetry import topk_parts, topk_summary
 
 
 def ppo_clip_per_token(
@@ -77,9 +77,10 @@ def policy_loss(
         kl = aggregate(kl_per_token(kl_cfg.type, kl_inputs, tail=kl_cfg.tail, iw=iw), mask, agg)
         total = total + kl_cfg.coef * kl
         stats["kl/value"] = kl.item()
-        if is_topk(kl_cfg.type):  # topk/* from the (B, T, K) inputs already here: O(K) per token
+        est = get_estimator(kl_cfg.type)
+        if est.needs == "topk":  # topk/* from the (B, T, K) inputs already here: O(K) per token
             parts = topk_parts(kl_inputs, kl_cfg.type, tail=kl_cfg.tail, iw=iw)
-            stats.update(topk_summary(parts, mask, get_estimator(kl_cfg.type).direction))
+            stats.update(topk_summary(parts, mask, est.direction))
     if entropy is not None:
         ent = aggregate(entropy, mask, agg)
         stats["train/entropy"] = ent.item()

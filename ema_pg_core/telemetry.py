@@ -1,22 +1,9 @@
-"""KL telemetry: the exact KL beside its estimate, and the Top-k head's coverage (docs/run-record.md).
+"""KL telemetry both backends log (keys: docs/run-record.md): the exact KL beside its estimate on the
+probe set (``kl/*``), and the Top-k head's coverage (``topk/*``).
 
-Shapes: B sequences, T positions, N = B*T flattened positions, V vocabulary, H hidden, K top-k.
-
-Both backends log the same keys from these pure functions:
-
-    kl/exact             exact full-vocabulary KL between policy and anchor, in the configured
-                         estimator's direction, on the probe set (``exact_kl_blocks`` and its wrappers)
-    kl/estimate_on_probe the configured estimator on the same probe tokens (``probe_inputs`` + kl_per_token)
-    kl/estimate_gap      estimate - exact
-    topk/head_mass       mean pi mass inside the top-k set q (``topk_parts``)
-    topk/anchor_head_mass  the anchor's mass inside q (forward Top-k, whose q is the anchor's)
-    topk/tail_frac       fraction of sampled tokens outside q
-    topk/tail_share      |tail| / (|head| + |tail|) of the estimate, summed over tokens
-
-The exact KL is computed in blocks of ``chunk_size`` positions x ``vocab_chunk_size`` columns, two
-passes over the vocabulary (first the two logsumexps, then sum_j p_j (log p_j - log r_j)), so it
-never holds (N, V); the Top-k quantities come from the (B, T, K) head logits and the two full
-logsumexps that the Top-k estimators already receive, so they cost O(K) per token.
+The exact KL runs over blocks of ``chunk_size`` positions x ``vocab_chunk_size`` columns, two passes over
+the vocabulary (the two logsumexps, then sum_j p_j (log p_j - log r_j)), so it never holds (N, V); the
+Top-k quantities come from the (B, T, K) head logits and full logsumexps the estimators already receive.
 """
 
 from __future__ import annotations
@@ -49,21 +36,15 @@ EXACT_VOCAB_CHUNK = 8192
 """Vocabulary columns per block of the exact KL (a smaller vocabulary is one block)."""
 
 
-def _lse_pair(zp: ZBlock, zr: ZBlock, blocks) -> tuple[torch.Tensor, torch.Tensor]:
-    """(n,), (n,): full-vocabulary logsumexp of both models, merged block by block."""
+def _rows_exact_kl(zp: ZBlock, zr: ZBlock, blocks, forward: bool) -> torch.Tensor:
+    """(n,) KL(p || r) per row (r and p swapped when ``forward``): sum_j p_j (log p_j - log r_j)."""
+    if forward:
+        zp, zr = zr, zp
     lse_p = lse_r = None
     for v0, v1 in blocks:
         bp, br = torch.logsumexp(zp(v0, v1), -1), torch.logsumexp(zr(v0, v1), -1)
         lse_p = bp if lse_p is None else torch.logaddexp(lse_p, bp)
         lse_r = br if lse_r is None else torch.logaddexp(lse_r, br)
-    return lse_p, lse_r
-
-
-def _rows_exact_kl(zp: ZBlock, zr: ZBlock, blocks, forward: bool) -> torch.Tensor:
-    """(n,) KL(p || r) per row (r and p swapped when ``forward``): sum_j p_j (log p_j - log r_j)."""
-    if forward:
-        zp, zr = zr, zp
-    lse_p, lse_r = _lse_pair(zp, zr, blocks)
     out = torch.zeros_like(lse_p)
     for v0, v1 in blocks:
         lp = zp(v0, v1) - lse_p[:, None]  # (n, vc)
@@ -72,20 +53,15 @@ def _rows_exact_kl(zp: ZBlock, zr: ZBlock, blocks, forward: bool) -> torch.Tenso
     return out
 
 
-def exact_kl_blocks(
-    rows_p, rows_r, N: int, V: int, *, direction: str, chunk_size: int, vocab_chunk_size
-) -> torch.Tensor:
-    """(N,) exact KL per position; rows_p / rows_r: slice -> ZBlock of the policy's / the anchor's scaled logits.
-
-    direction "reverse": KL(policy || anchor); "forward": KL(anchor || policy).
-    """
+@torch.no_grad()
+def exact_kl_blocks(rows_p, rows_r, N: int, V: int, direction: str, chunk_size: int, vocab_chunk_size) -> torch.Tensor:
+    """(N,) exact KL per position, no gradient; rows_p / rows_r: slice -> ZBlock of the policy's / the anchor's
+    scaled logits. direction "reverse": KL(policy || anchor); "forward": KL(anchor || policy)."""
     if direction not in ("reverse", "forward"):
         raise ValueError(f"direction must be reverse or forward; got {direction!r}")
     blocks = _vocab_blocks(V, vocab_chunk_size)
-    parts = [
-        _rows_exact_kl(rows_p(sl), rows_r(sl), blocks, direction == "forward") for sl in _row_slices(N, chunk_size)
-    ]
-    return torch.cat(parts)
+    forward = direction == "forward"
+    return torch.cat([_rows_exact_kl(rows_p(sl), rows_r(sl), blocks, forward) for sl in _row_slices(N, chunk_size)])
 
 
 def exact_kl_from_hidden(
@@ -101,10 +77,7 @@ def exact_kl_from_hidden(
     chunk_size: int = DEFAULT_CHUNK,
     vocab_chunk_size: int | None = EXACT_VOCAB_CHUNK,
 ) -> torch.Tensor:
-    """(B, T) exact KL from both models' hidden states (B, T, H) and LM heads (V, H) [+ bias (V,)].
-
-    No gradient; fp32 accumulation for half-precision inputs (fp64 stays fp64).
-    """
+    """(B, T) exact KL from both models' hidden states (B, T, H) and LM heads (V, H) [+ bias (V,)]."""
     B, T, H = hidden.shape
     if ref_hidden.shape[:2] != (B, T) or ref_weight.shape[0] != weight.shape[0]:
         raise ValueError(
@@ -112,19 +85,9 @@ def exact_kl_from_hidden(
             f"{tuple(ref_hidden.shape)} / head {tuple(ref_weight.shape)} must share (B, T) and V"
         )
     acc = _acc_dtype(hidden.dtype)
-    with torch.no_grad():
-        rows_p = _hidden_rows(hidden.reshape(B * T, H), weight, bias, acc, temperature)
-        rows_r = _hidden_rows(ref_hidden.reshape(B * T, -1), ref_weight, ref_bias, acc, temperature)
-        out = exact_kl_blocks(
-            rows_p,
-            rows_r,
-            B * T,
-            weight.shape[0],
-            direction=direction,
-            chunk_size=chunk_size,
-            vocab_chunk_size=vocab_chunk_size,
-        )
-    return out.view(B, T)
+    rows_p = _hidden_rows(hidden.reshape(B * T, H), weight, bias, acc, temperature)
+    rows_r = _hidden_rows(ref_hidden.reshape(B * T, -1), ref_weight, ref_bias, acc, temperature)
+    return exact_kl_blocks(rows_p, rows_r, B * T, weight.shape[0], direction, chunk_size, vocab_chunk_size).view(B, T)
 
 
 def exact_kl_from_logits(
@@ -136,21 +99,12 @@ def exact_kl_from_logits(
     chunk_size: int = DEFAULT_CHUNK,
     vocab_chunk_size: int | None = EXACT_VOCAB_CHUNK,
 ) -> torch.Tensor:
-    """(N,) exact KL from raw logits (N, V) of both models (the verl engine's packed layout). No gradient."""
+    """(N,) exact KL from raw logits (N, V) of both models (the verl engine's packed layout)."""
     if logits.shape != ref_logits.shape or logits.ndim != 2:
         raise ValueError(f"logits {tuple(logits.shape)} and ref_logits {tuple(ref_logits.shape)} must be equal (N, V)")
     acc = _acc_dtype(logits.dtype)
-    with torch.no_grad():
-        rows_p, rows_r = _logit_rows(logits, acc, temperature), _logit_rows(ref_logits, acc, temperature)
-        return exact_kl_blocks(
-            rows_p,
-            rows_r,
-            logits.shape[0],
-            logits.shape[1],
-            direction=direction,
-            chunk_size=chunk_size,
-            vocab_chunk_size=vocab_chunk_size,
-        )
+    rows_p, rows_r = _logit_rows(logits, acc, temperature), _logit_rows(ref_logits, acc, temperature)
+    return exact_kl_blocks(rows_p, rows_r, *logits.shape, direction, chunk_size, vocab_chunk_size)
 
 
 # --------------------------------------------------------------------------------------
@@ -189,11 +143,6 @@ def topk_summary(parts: dict[str, torch.Tensor], mask: torch.Tensor, direction: 
     if direction == "forward":
         out["topk/anchor_head_mass"] = mean(parts["anchor_head_mass"])
     return out
-
-
-def is_topk(name: str) -> bool:
-    """The estimator takes Top-k inputs (capability flag, never the name)."""
-    return get_estimator(name).needs == "topk"
 
 
 def probe_inputs(

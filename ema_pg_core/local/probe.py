@@ -1,23 +1,13 @@
 """The local backend's KL probe: fixed held-out rollouts re-scored with the exact KL and the estimator.
 
-Shapes: P probe sequences, T response tokens (padded), L prompt + response length, H hidden, V vocabulary,
-K top-k.
+Shapes: P probe sequences, T response tokens (padded), H hidden, V vocabulary, K top-k.
 
-``make_probe`` samples one response for each of the first ``trainer.probe_size`` held-out (test split)
-prompts (null: ``PROBE_SIZE``, or the whole split when it is smaller: ``ema_pg_core.config.probe_prompts``)
-with the initial policy, from its own generator (seeded from the run's seed, so the training stream of
-random numbers is the same with the probe on or off), and keeps the tokens and the log-probs
-of the policy that drew them. The trainer stores the probe in every checkpoint, so a resumed run scores
-the same tokens. ``score_probe`` then computes, every ``trainer.probe_every`` iterations, for the current
-policy pi and anchor pi_ref on those tokens:
-
-    kl/exact              the exact full-vocabulary KL in the estimator's direction (chunked, no (P*T, V))
-    kl/estimate_on_probe  the configured estimator, with the importance weight s = pi / pi_probe, where
-                          pi_probe is the initial policy that drew the tokens (clipped as configured), so
-                          that its expectation is the policy's KL although the tokens are fixed; its head
-                          (Top-k) is the current policy's own top-k (reverse) or the anchor's (forward)
-    kl/estimate_gap       the difference
-
+``make_probe`` samples one response for each of the first held-out prompts (``config.probe_prompts``) with
+the initial policy, from its own generator (so the training stream of random numbers is the same with the
+probe on or off), and keeps the tokens and the drawing policy's log-probs; checkpoints keep it, so a resumed
+run scores the same tokens. ``score_probe`` computes ``kl/exact``, ``kl/estimate_on_probe`` (with the
+importance weight s = pi / pi_probe, so that its expectation is the current policy's KL although the tokens
+are fixed; a Top-k head is the policy's own top-k (reverse) or the anchor's (forward)) and their gap,
 aggregated over the probe's response tokens as the loss aggregates the KL.
 """
 
@@ -28,7 +18,7 @@ from dataclasses import asdict
 import torch
 
 from ema_pg_core.config import KLConfig, probe_prompts
-from ema_pg_core.kl import ImportanceWeight, KLInputs, get_estimator, kl_per_token
+from ema_pg_core.kl import ImportanceWeight, get_estimator, kl_per_token
 from ema_pg_core.local.batch import Batch, collate, forward_stats, response_hidden
 from ema_pg_core.telemetry import exact_kl_from_hidden, probe_inputs, probe_summary
 from ema_pg_core.topk import token_stats_from_hidden
@@ -56,24 +46,6 @@ def probe_batch(probe: dict[str, torch.Tensor], device) -> Batch:
     return Batch(*(probe[k].to(device) for k in ("input_ids", "attention_mask", "pred_pos", "tokens", "mask")))
 
 
-def _head(model):
-    head = model.get_output_embeddings()
-    return head.weight, head.bias
-
-
-def _estimate_inputs(name: str, k: int, h, h_ref, *, policy, anchor, batch: Batch, logp_probe, T: float) -> KLInputs:
-    """KLInputs of estimator ``name`` on the probe tokens; every tensor (P, T[, K | V])."""
-    (w, b), (wr, br) = _head(policy), _head(anchor)
-
-    def stats(hh, ww, bb):
-        return lambda **kw: token_stats_from_hidden(hh, ww, bb, batch.tokens, temperature=T, **kw)
-
-    x = probe_inputs(name, k, stats(h, w, b), stats(h_ref, wr, br), tokens=batch.tokens, probe_logp=logp_probe)
-    if get_estimator(name).needs == "full":
-        x.logits, x.ref_logits = policy.get_output_embeddings()(h) / T, anchor.get_output_embeddings()(h_ref) / T
-    return x
-
-
 @torch.no_grad()
 def score_probe(policy, anchor, probe: dict[str, torch.Tensor], kl: KLConfig, *, agg: str, temperature: float) -> dict:
     """The ``kl/exact``, ``kl/estimate_on_probe`` and ``kl/estimate_gap`` metrics of policy vs anchor on the probe."""
@@ -83,14 +55,19 @@ def score_probe(policy, anchor, probe: dict[str, torch.Tensor], kl: KLConfig, *,
     batch = probe_batch(probe, device)
     h, h_ref = response_hidden(policy, batch), response_hidden(anchor, batch)  # (P, T, H) each
     est = get_estimator(kl.type)
-    (w, b), (wr, br) = _head(policy), _head(anchor)
+    head, ref_head = policy.get_output_embeddings(), anchor.get_output_embeddings()
+    w, b, wr, br = head.weight, head.bias, ref_head.weight, ref_head.bias
     exact = exact_kl_from_hidden(
         h, w, b, ref_hidden=h_ref, ref_weight=wr, ref_bias=br, direction=est.direction, temperature=temperature
     )
+
+    def stats(hh, ww, bb):
+        return lambda **kw: token_stats_from_hidden(hh, ww, bb, batch.tokens, temperature=temperature, **kw)
+
     logp_probe = probe["logp"].to(device)
-    x = _estimate_inputs(
-        kl.type, kl.k, h, h_ref, policy=policy, anchor=anchor, batch=batch, logp_probe=logp_probe, T=temperature
-    )
+    x = probe_inputs(kl.type, kl.k, stats(h, w, b), stats(h_ref, wr, br), tokens=batch.tokens, probe_logp=logp_probe)
+    if est.needs == "full":  # (P, T, V)
+        x.logits, x.ref_logits = head(h) / temperature, ref_head(h_ref) / temperature
     iw = ImportanceWeight(True, kl.iw_clip_low, kl.iw_clip_high)
     estimate = kl_per_token(kl.type, x, tail=kl.tail, iw=iw)  # (P, T)
     policy.train()
