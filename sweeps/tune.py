@@ -5,18 +5,11 @@
 
 Each trial is one ``experiments.run.run`` (``_trial``), reporting every iteration to Tune with its checkpoint
 (``_Reporter``): a trial Tune restores (a scheduler's pause, a retry, ``--resume``) continues from its last
-reported checkpoint, nothing retrained. sweep.csv and timing.json are written by sweeps.results.
+reported checkpoint, nothing retrained.
 
-<sweep_dir>/
-    sweep.yaml       the spec (analysis.report reads its metric; --resume compares the spec with it), written
-                     whole (experiments.records.atomic_write) before anything else of the sweep
-    runs/<run_id>/   one run record per trial; run_id = experiments.records.make_run_id(..., trial_id=tune trial id)
-    tune/<name>/     Tune's experiment state, results and checkpoints (what --resume restores)
-                     (adaptive seeds: tune/round_<r>/<name>/, one Tune experiment per round)
-    adaptive.jsonl   adaptive seeds only: each round's plan and decisions (sweeps.adaptive owns the format)
-    sweep.csv        one row per trial: knobs, status, final and best metrics (sweeps.results)
-    timing.json      wall time summed over invocations (--resume adds), summed trial training time, overhead
-    report/          analysis.report.report(sweep_dir, ...) when the analysis package is importable
+<sweep_dir>/ holds sweep.yaml (the spec, written whole before anything else; --resume compares the spec with it),
+runs/<run_id>/ (a run record per trial, named with its Tune trial id), tune/<name>/ (Tune's state; adaptive seeds:
+tune/round_<r>/<name>/), adaptive.jsonl (sweeps.adaptive), sweep.csv and timing.json (sweeps.results), report/.
 """
 
 from __future__ import annotations
@@ -136,8 +129,7 @@ def describe(spec: Spec, config: dict) -> str:
 # ---------------------------------------------------------------------------- the trial
 def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
     """One trial: compose its config, put back Tune's checkpoint if any, run experiments.run.run. Its timeline
-    (summary.json) starts here: `worker` (this function entered in its Ray worker), `composed` (the imports and
-    the config composed)."""
+    (summary.json) starts here: `worker` (this function entered), `composed` (imports and config done)."""
     timeline = {"worker": round(time.time(), 3)}
     os.environ.setdefault("EMAPG_PROGRESS", "0")  # no per-trial progress bars in the sweep's output
     point, seed = decode(spec, config)
@@ -164,12 +156,11 @@ def _trial(config: dict, spec: Spec, sweep_dir: str) -> None:
 
 
 class _Reporter:
-    """run()'s callback -> one tune.report per training iteration, with its checkpoint (verl runs pass none).
+    """run()'s callback -> one tune.report per training iteration (not 0), with its checkpoint (verl: none).
 
-    Iteration 0 stays in the run record only: Tune's training_iteration is the run's iteration. Tune needs the
-    sweep metric in every result: between evaluations its latest value (and best_<key>, its running best) is
-    carried forward, in each checkpoint's metadata so a restored trial keeps it. The `last` iteration is reported
-    by `finish`, after run() returned: a scheduler stopping the trial there (ASHA at max_t) finds its record finished.
+    Tune needs the sweep metric in every result: its latest value and running best (best_<key>) are carried
+    forward, in each checkpoint's metadata so a restored trial keeps them. The `last` iteration is reported by
+    `finish`, after run() returned: a scheduler stopping the trial there (ASHA at max_t) finds its record finished.
     """
 
     def __init__(self, metric: str, mode: str, carry: dict | None = None, last: int | None = None):
@@ -223,11 +214,10 @@ class _Reporter:
 
 
 def _restore(run_dir: Path, reporter: _Reporter) -> dict | None:
-    """Put Tune's checkpoint of this trial back as the run's latest checkpoint and return the reporter's carried
-    values; None = a fresh start (what an earlier attempt left without a checkpoint is removed). A driver killed
-    between two of Tune's state saves (SIGKILL, a lost head node) leaves a state without the trial's newest
-    checkpoints; the run directory still holds them (complete before reported): without a checkpoint from Tune, or
-    with an older one, the run resumes from its own newest."""
+    """Put Tune's checkpoint of this trial back as the run's latest and return the reporter's carried values; None =
+    a fresh start (an earlier attempt's record without a checkpoint is removed). A driver killed between two of
+    Tune's state saves leaves a state without the trial's newest checkpoints: the run then resumes from its own
+    newest (complete before reported) when Tune has none or an older one."""
     ckpt = tune.get_checkpoint()
     meta = ckpt.get_metadata() if ckpt is not None else {}
     own = _own_iteration(run_dir)
@@ -364,9 +354,8 @@ _STAMPS: dict[str, dict[str, float]] = {}  # the driver's stamps of this invocat
 
 
 class _Timeline(tune.Callback):
-    """The driver's stamps of each trial (time.time()): `started` (Tune has its worker ready: a new Ray worker
-    started, or a reused one reset), `reported` (its last result arrived), `ended` (Tune completed it). Kept in
-    ``_STAMPS`` (a resumed sweep's callbacks are unpickled copies); sweeps.results.timeline adds the run records'."""
+    """The driver's stamps of each trial in ``_STAMPS`` (a resumed sweep's callbacks are unpickled copies):
+    `started` (its worker ready), `reported` (its last result), `ended`; sweeps.results.timeline reads them."""
 
     def on_trial_start(self, iteration, trials, trial, **info):
         _STAMPS[trial.trial_id] = {"started": time.time()}
@@ -396,9 +385,9 @@ def _error_line(trial) -> str:
 
 
 def _init_ray(address: str | None, num_cpus: int | None, sweep_dir: Path | None = None) -> bool:
-    """Connect to `address` (after ``_check_address``), or start a local Ray on 127.0.0.1 (no dashboard); True if
-    we started it. Workers get the numerics pins (experiments.numerics): a local Ray's inherit this environment, a
-    cluster's get them as the job's runtime_env. A signal while ray.init blocks ends the driver (``_ray_signals``)."""
+    """Connect to `address` (after ``_check_address``), or start a local Ray on 127.0.0.1; True if we started it.
+    Workers get the numerics pins (experiments.numerics): a local Ray's inherit this environment, a cluster's get
+    them as the job's runtime_env."""
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -430,10 +419,8 @@ def _init_ray(address: str | None, num_cpus: int | None, sweep_dir: Path | None 
 
 
 def _check_address(address: str) -> None:
-    """A bounded check that something answers at `address` before the one ray.init (which retries an address where
-    nothing listens for minutes): experiments.ops.doctor's `answers`. UserError naming --address.
-    "auto" is checked as the RAY_ADDRESS it reads, if set (else Ray's own lookup fails at once); ray://HOST:PORT (Ray
-    Client) as HOST:PORT."""
+    """A bounded check that something answers at `address` (ray.init retries an address where nothing listens for
+    minutes); "auto" is checked as the RAY_ADDRESS it reads, if set, ray://HOST:PORT as HOST:PORT."""
     target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
     if not target or target in ("auto", "local"):
         return
@@ -524,10 +511,8 @@ def run_sweep(
     report: bool = True,
 ) -> Path:
     """Run (or with resume=True finish) the sweep; returns its directory. `num_cpus` sizes a local Ray (default: all
-    cores). Adaptive seeds run in rounds (`run_adaptive`). The directory is checked before anything is written to it
-    (``_check_out``), and again once held (a driver may have started a sweep there since); a new sweep's sweep.yaml
-    is written whole or not at all. SIGTERM / SIGINT end the driver at any point with RunInterrupted (exit 143 / 130,
-    with the command that resumes); a sweep stopped before Tune saved any state starts afresh on --resume."""
+    cores). The directory is checked before anything is written to it, and again once held (a driver may have
+    started a sweep there since). SIGTERM / SIGINT end the driver at any point with RunInterrupted."""
     sweep_dir = Path(sweep_dir or Path("outputs") / "sweeps" / spec.name).resolve()
     _check_out(spec, sweep_dir, resume)  # before the owner lock writes into it
     _PHASE[0] = BEFORE_TUNE
@@ -548,8 +533,8 @@ def run_sweep(
 
 @contextlib.contextmanager
 def _sweep_ray(spec: Spec, address: str | None, num_cpus: int | None, sweep_dir: Path):
-    """Ray for the sweep (``_init_ray``; shut down after if started here; a local one checked to hold a trial), the
-    warm start built and Tune's environment set; yields the trials that can run at once (``_slots``)."""
+    """Ray for the sweep (shut down after if started here), the warm start built and Tune's environment set;
+    yields the trials that can run at once (``_slots``)."""
     started = _init_ray(address, num_cpus, sweep_dir)
     try:
         if started and not address:
@@ -615,9 +600,8 @@ _PHASE = [BEFORE_TUNE]  # where the driver is outside Tune's run, for the interr
 def _interrupted(
     sweep_dir: Path | None, signame: str, unfinished: int | None = None, where: str | None = None
 ) -> RunInterrupted:
-    """The RunInterrupted that ends the driver after SIGTERM/SIGINT: the interrupted line (`where` the driver was,
-    ``_PHASE`` by default, or how many trials Tune's run left unfinished) and the command that resumes, once the
-    sweep had started (its sweep.yaml written)."""
+    """The RunInterrupted that ends the driver after SIGTERM/SIGINT: where the driver was (``_PHASE`` by default) or
+    how many trials Tune's run left unfinished, and the command that resumes once sweep.yaml is written."""
     if sweep_dir is None or not (sweep_dir / "sweep.yaml").is_file():
         return RunInterrupted(f"interrupted ({signame}) before the sweep started: nothing was run", signame)
     what = f" {where or _PHASE[0]}" if unfinished is None else f": {unfinished} trial(s) not finished"
@@ -698,11 +682,10 @@ def sweep_resume_command(sweep_dir: Path) -> str:
 
 
 # ---------------------------------------------------------------------------- signals
-# The driver's SIGTERM (what SLURM, Kubernetes and `kill` send) and SIGINT (Ctrl-C) end it at any point with the
-# interrupted line and exit 143 / 130 (experiments.errors), never with Ray's own exit: outside Tune's run they unwind
-# the driver (``_driver_signals``); while ray.init blocks in Ray's C++ code they end it from a helper thread
-# (``_ray_signals``); during Tune's run they stop Tune first (``_signals_stop_tune``). Only the main thread can
-# set a handler: elsewhere (a driver run in a thread) the caller's handling stands.
+# SIGTERM and SIGINT end the driver at any point with the interrupted line and exit 143 / 130, never with Ray's own
+# exit: outside Tune's run they unwind it (``_driver_signals``), while ray.init blocks they end it from a thread
+# (``_ray_signals``), during Tune's run they stop Tune first (``_signals_stop_tune``). Only the main thread can set
+# a handler: elsewhere (a driver run in a thread) the caller's handling stands.
 RAY_GRACE_S = 2.0  # after a signal while ray.init runs: how long it has to return (the driver then unwinds)
 
 
@@ -711,8 +694,8 @@ def _main_thread() -> bool:
 
 
 def _own_handlers() -> None:
-    """SIGTERM raises experiments.errors.Terminated, SIGINT KeyboardInterrupt: the driver unwinds (its records and
-    locks closed) to RunInterrupted (``run_sweep``). Put back after ray.init, which sets Ray's (an exit at once)."""
+    """SIGTERM raises Terminated, SIGINT KeyboardInterrupt: the driver unwinds to RunInterrupted (``run_sweep``).
+    Put back after ray.init, which sets Ray's (an exit at once)."""
     signal.signal(signal.SIGTERM, raise_terminated)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -723,21 +706,28 @@ def _driver_signals():
     if not _main_thread():
         yield
         return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = _handlers(signal.SIGTERM, signal.SIGINT)
     _own_handlers()
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        _put_back(previous)
+
+
+def _handlers(*signals: signal.Signals) -> dict:
+    return {s: signal.getsignal(s) for s in signals}
+
+
+def _put_back(handlers: dict) -> None:
+    for s, handler in handlers.items():
+        signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager
 def _ray_signals(what: str, sweep_dir: Path | None):
     """Around ray.init, which can block for minutes in Ray's C++ code (no Python handler runs) and sets Ray's own
-    SIGTERM handler (``sys.exit(15)``): a SIGTERM/SIGINT ends the driver (interrupted line, exit 143 / 130) from a
-    thread that sees it through Python's wakeup fd, unless ray.init returns within RAY_GRACE_S (the driver then
-    unwinds). Ray's ``SystemExit(15)`` becomes Terminated; the driver's handlers are put back after."""
+    SIGTERM handler (``sys.exit(15)``): a thread that sees SIGTERM/SIGINT through Python's wakeup fd ends the
+    driver unless ray.init returns within RAY_GRACE_S. Ray's ``SystemExit(15)`` becomes Terminated."""
     if not _main_thread():
         yield
         return
@@ -780,10 +770,9 @@ def _ray_signals(what: str, sweep_dir: Path | None):
 
 @contextlib.contextmanager
 def _signals_stop_tune():
-    """Around Tuner.fit: the first SIGTERM or SIGINT stops Tune as Ctrl-C does (trials stopped, records
-    ``interrupted``, state saved); yields the signals received ([]: none). A second signal, or one before Tune set
-    its handler, unwinds at once. Tune's handler is reached through SIGUSR1 (always caught); its SIGINT handler is
-    off (TUNE_DISABLE_SIGINT_HANDLER), so the driver knows which signal it was and Tune's never outlives its run."""
+    """Around Tuner.fit: the first SIGTERM or SIGINT stops Tune as Ctrl-C does (trials stopped, state saved);
+    yields the signals received. A second signal, or one before Tune set its handler, unwinds at once. Tune's
+    handler is reached through SIGUSR1; its SIGINT handler is off, so the driver knows which signal it was."""
     got: list[str] = []
     if not _main_thread():
         yield got
@@ -800,7 +789,7 @@ def _signals_stop_tune():
         print(f"emapg sweep: {name}: stopping the trials and saving the sweep's state", file=sys.stderr, flush=True)
         tunes(signal.SIGUSR1, frame)
 
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    previous = _handlers(signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
     env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # until Tune sets its own
@@ -813,8 +802,7 @@ def _signals_stop_tune():
             os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
         else:
             os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = env
-        for s, handler in previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        _put_back(previous)
 
 
 # ---------------------------------------------------------------------------- adaptive seeds, in rounds
@@ -958,10 +946,9 @@ def _is_complete(data: bytes) -> bool:
 
 
 class _StateBackup(tune.Callback):
-    """Keep the last complete copy of each Tune state file beside it (``<name>.complete``). Tune rewrites them in
-    place: a driver killed mid-write leaves a truncated experiment_state-*.json, and ``Tuner.restore`` then starts
-    over with trials that have no config. After every controller step each changed state file that reads whole is
-    copied (write + rename); ``_repair_state`` puts the copy back before a resume. Pickled into tuner.pkl."""
+    """After every controller step, copy each changed Tune state file that reads whole to ``<name>.complete``
+    (write + rename). Tune rewrites them in place: a driver killed mid-write leaves a truncated file, from which
+    ``Tuner.restore`` starts over with trials that have no config; ``_repair_state`` puts the copy back."""
 
     def __init__(self, exp_path: str):
         self.exp_path = exp_path
@@ -1000,9 +987,8 @@ def _repair_state(exp_path: Path) -> list[str]:
 
 @contextlib.contextmanager
 def _quiet():
-    """Tune logs each failed trial's traceback (it is in the trial's error file; _Progress names it), warns
-    about trials without results yet (interrupted ones), and after an interruption tells the user to call
-    ``Tuner.restore`` (the sweep prints its own `emapg sweep ... --resume` line): keep the output readable."""
+    """Silence Tune's tracebacks of failed trials (_Progress names their error files), its warnings about trials
+    without results, and its ``Tuner.restore`` hint (the sweep prints its own --resume line)."""
     loggers = [
         logging.getLogger(n) for n in ("ray.tune.execution.tune_controller", "ray.tune.analysis.experiment_analysis")
     ]
@@ -1057,10 +1043,8 @@ def _entries(sweep_dir: Path) -> list[str]:
 
 
 def _check_out(spec: Spec, sweep_dir: Path, resume: bool) -> None:
-    """Refuse a sweep directory (--out) that is not this sweep's, before anything is written to it (ValueError, one
-    line naming what is there and what to do). A new sweep needs a new or empty directory (its owner lock aside):
-    one that holds a sweep (this one: --resume continues it; another: never mixed in), a run record, or anything
-    else is refused. --resume needs this sweep there: its sweep.yaml, readable and the same spec."""
+    """Refuse a --out that is not this sweep's (ValueError naming what is there and what to do): a new sweep needs a
+    new or empty directory (its owner lock aside), --resume this sweep's sweep.yaml, readable and the same spec."""
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise ValueError(f"--out {sweep_dir} is a file, not a directory; pass a new or empty directory")
     there = _entries(sweep_dir)
@@ -1138,9 +1122,8 @@ def _afresh(spec: Spec, exp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------- after the sweep
 def _set_aside_orphans(sweep_dir: Path, trial_ids: set[str]) -> list[Path]:
-    """Move run directories of trials the resumed Tune does not know (started by a killed driver after Tune's
-    last state save; their points ran again as new trials) to <sweep_dir>/orphaned/, so that runs/ holds each
-    trial once. Returns the new paths."""
+    """Move the run directories of trials the resumed Tune does not know (started by a killed driver after Tune's
+    last state save, their points run again as new trials) to <sweep_dir>/orphaned/; returns the new paths."""
     moved = []
     for run_dir in sorted(p for p in (sweep_dir / "runs").glob("*__*") if p.is_dir()):
         if run_dir.name.rsplit("__", 1)[-1] not in trial_ids:
@@ -1157,10 +1140,9 @@ def _set_aside_orphans(sweep_dir: Path, trial_ids: set[str]) -> list[Path]:
 
 
 def _known(spec: Spec, trials) -> list[results.Trial]:
-    """What Tune knows of each trial, in launch order, for sweeps.results, with the time budget's line for a trial
-    it may have cut short. With a budget, Tune ends every live trial (running, paused or not started) when it runs
-    out (TERMINATED, the last result not marked done), while a scheduler's stop marks the result done. A trial whose
-    function returned is TERMINATED, not done, too: its run record, finished, tells it apart (results.status)."""
+    """What Tune knows of each trial, in launch order, with the time budget's line for a trial it may have cut short:
+    a budget that runs out leaves every live trial TERMINATED with its last result not done (a scheduler's stop
+    marks it done; a trial whose function returned is not done either, and results.status reads its record)."""
     out = []
     for t in sorted(trials, key=_launch_index):
         last = t.last_result or {}
@@ -1173,16 +1155,15 @@ def _known(spec: Spec, trials) -> list[results.Trial]:
 
 def _budget_line(spec: Spec, iteration: int | None) -> str:
     """Why a trial did not run (sweep.csv's error column): the time budget, and how far the trial got."""
-    budget = f"budget.time_budget_s={spec.time_budget_s:g}" if spec.time_budget_s else "the time budget"
+    budget = f"budget.time_budget_s={spec.time_budget_s:g}"
     if iteration:
         return f"not run to its end: the time budget ({budget}) ran out at iteration {iteration}"
     return f"not run: the time budget ({budget}) ran out before it started"
 
 
 def _never_created(spec: Spec, known: list[results.Trial]) -> list[results.Trial]:
-    """The trials of the spec Tune never created (its time budget ran out before it got to them), as not-run rows in
-    launch order: each grid point and seed (sweeps.spec.trials) beyond the trials Tune knows there. A sampled key
-    (random, optuna) has no value: nothing was sampled."""
+    """The trials of the spec Tune never created (its time budget ran out first), as not-run rows in launch order:
+    each grid point and seed beyond the trials Tune knows there (a sampled key has no value)."""
     if not spec.time_budget_s or len(known) >= spec.num_trials:
         return []
     grid = [k for p in spec.space if p.kind == "grid" for k in p.keys]
@@ -1235,8 +1216,7 @@ def _launch_index(trial) -> float:
 
 
 def _dashboard(spec: Spec, sweep_dir: Path) -> None:
-    """The sweep-summary W&B run and the W&B dashboard (analysis.dashboard.after_sweep): published when
-    W&B is online, else its spec is written with the commands that publish it; nothing with logger=none."""
+    """The sweep-summary W&B run and the W&B dashboard (analysis.dashboard.after_sweep)."""
     try:
         after_sweep(sweep_dir, SweepInfo.from_spec(spec), say=lambda text: print(text, flush=True))
     except Exception as e:  # the sweep's results stand; say why the dashboard is missing
