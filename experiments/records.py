@@ -294,28 +294,21 @@ def eval_dirs(run_dir: str | Path) -> list[Path]:
 @contextlib.contextmanager
 def eval_dir(out_dir: str | Path, settings: Mapping[str, Any]) -> Iterator[list[dict]]:
     """Hold an evaluation directory for the block (one writer: a second `emapg eval` on it exits 2 naming this
-    one) and yield the rows already written; see `start_eval`."""
-    if holds_run(out_dir) or (Path(out_dir) / "sweep.yaml").exists():
-        raise UserError(f"--out {out_dir} holds a run or a sweep record; an evaluation needs a directory of its own")
-    with owner.held(out_dir, "evaluation", "wait for it to end, or pass --out <another dir>"):
-        yield start_eval(out_dir, settings)
-
-
-def start_eval(out_dir: str | Path, settings: Mapping[str, Any]) -> list[dict]:
-    """Open an evaluation directory: write eval.json, or check that the one there has the same
-    settings (a resumed evaluation must not mix two); return the rows already written."""
+    one): write eval.json, or check that the one there has the same settings (a resumed evaluation must not mix
+    two); yield the rows already written."""
     out_dir = Path(out_dir)
-    path = out_dir / EVAL_SETTINGS
-    settings = jsonable(dict(settings))
-    if path.is_file():
-        old = json.loads(path.read_text(encoding="utf-8"))
-        if diff := sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k)):
-            listed = "; ".join(f"{k}: {old.get(k)!r} -> {settings.get(k)!r}" for k in diff)
-            raise ValueError(f"{out_dir} holds an evaluation with other settings ({listed}); use another --out")
-    else:
-        _writable(out_dir)
-        _guarded(atomic_write, path, json.dumps(settings, indent=1) + "\n")
-    return read_jsonl(out_dir / EVALS)
+    if holds_run(out_dir) or (out_dir / "sweep.yaml").exists():
+        raise UserError(f"--out {out_dir} holds a run or a sweep record; an evaluation needs a directory of its own")
+    path, settings = out_dir / EVAL_SETTINGS, jsonable(dict(settings))
+    with owner.held(out_dir, "evaluation", "wait for it to end, or pass --out <another dir>"):
+        if path.is_file():
+            old = json.loads(path.read_text(encoding="utf-8"))
+            if diff := sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k)):
+                listed = "; ".join(f"{k}: {old.get(k)!r} -> {settings.get(k)!r}" for k in diff)
+                raise ValueError(f"{out_dir} holds an evaluation with other settings ({listed}); use another --out")
+        else:
+            _guarded(atomic_write, path, json.dumps(settings, indent=1) + "\n")
+        yield read_jsonl(out_dir / EVALS)
 
 
 def append_eval_rows(out_dir: str | Path, rows: list[Mapping[str, Any]]) -> None:
@@ -454,7 +447,8 @@ class RunRecord:
         the `checkpoint` and the `skipped` ones: {"checkpoint", "error"}); `stage` ({"stage", "index",
         "may_change": dotted keys}) starts a stage instead, which may also change its own keys (stages.jsonl)."""
         run_dir = Path(run_dir)
-        _writable(run_dir)
+        if run_dir.exists() and not run_dir.is_dir():
+            raise NotADirectoryError(20, "run_dir is a file, not a directory", str(run_dir))
         held = held or owner.acquire(run_dir, "run", RUN_BUSY)  # one writer per record, before any read or write
         try:
             how = dict(resume=resume, force=force, checkpoint=checkpoint, skipped=skipped, stage=stage, trained=trained)
@@ -709,10 +703,3 @@ def _refusal(run_dir: Path, refused: dict[str, tuple]) -> str:
         f"settings, start a new run_dir, or override deliberately with resume=force (recorded, and flagged "
         f"in reports). A resume may change: {', '.join(RESUME_MAY_CHANGE)}"
     )
-
-
-def _writable(run_dir: Path) -> None:
-    """Refuse a run_dir that is a file, or that cannot be created, before any work."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise NotADirectoryError(20, "run_dir is a file, not a directory", str(run_dir))
-    run_dir.mkdir(parents=True, exist_ok=True)
