@@ -2,8 +2,7 @@
 
 Shapes: B sequences, T positions, N = B*T flattened positions, V vocabulary, H hidden, K top-k.
 
-From logits (B, T, V) or from hidden states (B, T, H) + LM-head weight (V, H), compute for every
-position, on temperature-scaled logits z = logits / temperature:
+From logits (B, T, V) or from hidden states (B, T, H) + LM-head weight (V, H), on z = logits / temperature:
 
     logp     (B, T)     log softmax(z)[token]              the sampled token's log-prob
     lse      (B, T)     logsumexp(z)                       the FULL-vocabulary normaliser
@@ -11,17 +10,13 @@ position, on temperature-scaled logits z = logits / temperature:
     indices  (B, T, K)  int64                              as given, or top-k of z
     entropy  (B, T)     -sum softmax(z) log softmax(z)     optional
 
-The work runs over blocks of ``chunk_size`` positions x ``vocab_chunk_size`` vocabulary columns
-(default: the whole vocabulary), so at most (chunk_size, vocab_chunk_size) fp32 logits exist at a
-time. Across vocabulary blocks the logsumexp is merged online (lse = logaddexp of the blocks'),
-the entropy through the softmax mean of z (weighted by exp(lse_block - lse)), and the own top-k by
-a running top-k merge. Both paths are custom ``torch.autograd.Function``s whose backward
-*recomputes* each block's softmax (and, from hidden states, each block's logits), so neither the
-forward nor the backward keeps (N, V) alive: the logits path saves only a reference to its input;
-the hidden path saves h and W. bf16/fp16 inputs are accumulated in fp32. Storing K logits + one
-logsumexp per token is the paper's O(K) memory, e.g. 388 B/token at K=32 vs 608 KB
-for fp32 logits at V=151,936. With one vocabulary block the results are the unblocked ones; with
-several they agree to rounding (ties in the own top-k may pick a different index of equal value).
+The work runs over blocks of ``chunk_size`` positions x ``vocab_chunk_size`` columns (default: the whole
+vocabulary), merging the logsumexp, the entropy (through the softmax mean of z) and the own top-k across
+vocabulary blocks online. Both paths are ``torch.autograd.Function``s whose backward *recomputes* each
+block's softmax (and, from hidden states, its logits), so neither pass keeps (N, V) alive; half-precision
+inputs accumulate in fp32. K logits + one logsumexp per token is the paper's O(K) memory (388 B/token at
+K=32 vs 608 KB of fp32 logits at V=151,936). With one vocabulary block the results are the unblocked ones;
+with several they agree to rounding (ties in the own top-k may pick another index of equal value).
 Measured memory and time: docs/benchmarks.md.
 """
 
@@ -275,8 +270,8 @@ class _FromHidden(torch.autograd.Function):
         return (g_h, g_w, g_b, None, None, None, None)
 
 
-def _prepare(lead, V, tokens, indices, *, k, temperature, chunk_size, vocab_chunk_size):
-    """Validate and flatten; returns (tokens (N,), indices (N, K) or None)."""
+def _prepare(lead, V, tokens, indices, *, k, temperature, chunk_size, vocab_chunk_size, entropy=False):
+    """Validate and flatten; returns (tokens (N,), indices (N, K) or None, the _Plan)."""
     B, T = lead
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0; got {temperature!r}")
@@ -298,11 +293,8 @@ def _prepare(lead, V, tokens, indices, *, k, temperature, chunk_size, vocab_chun
         if t is not None and t.numel() and (int(t.min()) < 0 or int(t.max()) >= V):  # blocks would silently skip them
             raise ValueError(f"{name} must lie in [0, V) = [0, {V}); got values in [{int(t.min())}, {int(t.max())}]")
     flat_idx = None if indices is None else indices.reshape(B * T, -1).long()
-    return tokens.reshape(-1).long(), flat_idx
-
-
-def _plan(V: int, temperature: float, chunk_size: int, vocab_chunk_size: int | None, entropy: bool) -> _Plan:
-    return _Plan(float(temperature), int(chunk_size), _vocab_blocks(V, vocab_chunk_size), entropy)
+    plan = _Plan(float(temperature), int(chunk_size), _vocab_blocks(V, vocab_chunk_size), entropy)
+    return tokens.reshape(-1).long(), flat_idx, plan
 
 
 def _unflatten(B: int, T: int, out: tuple, want_entropy: bool) -> TokenStats:
@@ -334,8 +326,7 @@ def token_stats_from_logits(
         raise ValueError(f"logits must be (B, T, V); got shape {tuple(logits.shape)}")
     B, T, V = logits.shape
     sizes = dict(k=k, temperature=temperature, chunk_size=chunk_size, vocab_chunk_size=vocab_chunk_size)
-    tok, idx = _prepare((B, T), V, tokens, indices, **sizes)
-    plan = _plan(V, temperature, chunk_size, vocab_chunk_size, entropy)
+    tok, idx, plan = _prepare((B, T), V, tokens, indices, entropy=entropy, **sizes)
     return _unflatten(B, T, _FromLogits.apply(logits.reshape(B * T, V), tok, idx, k, plan), entropy)
 
 
@@ -356,19 +347,17 @@ def topk_ids_from_logits(
     if logits.ndim != 3:
         raise ValueError(f"logits must be (B, T, V); got shape {tuple(logits.shape)}")
     B, T, V = logits.shape
-    _prepare(
-        (B, T), V, None, None, k=k, temperature=temperature, chunk_size=chunk_size, vocab_chunk_size=vocab_chunk_size
-    )
+    sizes = dict(k=k, temperature=temperature, chunk_size=chunk_size, vocab_chunk_size=vocab_chunk_size)
+    _, _, plan = _prepare((B, T), V, None, None, **sizes)
     N = B * T
     if k == 0 or N == 0:
         return torch.zeros(B, T, k, dtype=torch.long, device=logits.device)
-    zrows = _logit_rows(logits.reshape(N, V), _acc_dtype(logits.dtype), float(temperature))
-    blocks = _vocab_blocks(V, vocab_chunk_size)
+    zrows = _logit_rows(logits.reshape(N, V), _acc_dtype(logits.dtype), plan.temperature)
     out = []
     with torch.no_grad():
-        for sl in _row_slices(N, int(chunk_size)):
+        for sl in _row_slices(N, plan.chunk):
             zblock, best = zrows(sl), None
-            for v0, v1 in blocks:
+            for v0, v1 in plan.blocks:
                 best = _merge_topk(best, zblock(v0, v1), v0, k)
             out.append(best[1])
     return torch.cat(out).view(B, T, k)
@@ -400,8 +389,7 @@ def token_stats_from_hidden(
         )
     B, T, H = hidden.shape
     sizes = dict(k=k, temperature=temperature, chunk_size=chunk_size, vocab_chunk_size=vocab_chunk_size)
-    tok, idx = _prepare((B, T), weight.shape[0], tokens, indices, **sizes)
-    plan = _plan(weight.shape[0], temperature, chunk_size, vocab_chunk_size, entropy)
+    tok, idx, plan = _prepare((B, T), weight.shape[0], tokens, indices, entropy=entropy, **sizes)
     out = _FromHidden.apply(hidden.reshape(B * T, H), weight, bias, tok, idx, k, plan)
     return _unflatten(B, T, out, entropy)
 
