@@ -38,10 +38,6 @@ class Refused(yaml.MarkedYAMLError):
     """YAML refused before it is built: an alias, or nesting deeper than MAX_DEPTH (see the module docstring)."""
 
 
-class AliasRefused(Refused):
-    """An alias in user YAML."""
-
-
 class NoAliasLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses the first alias, and the first list or mapping nested deeper than MAX_DEPTH,
     before it is composed into the document."""
@@ -51,7 +47,7 @@ class NoAliasLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise AliasRefused(
+            raise Refused(
                 problem=f"YAML alias *{event.anchor}: aliases are not allowed; write the value out",
                 problem_mark=event.start_mark,
             )
