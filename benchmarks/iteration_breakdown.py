@@ -217,13 +217,10 @@ def replay(tr) -> dict:
 def step_in_process(tr, kept: dict) -> dict:
     """One iteration of an in-process trainer, then the raw operations replayed on its batch and (the fixed-work
     control: the floor under the trainer's own spread) on the batch `kept` from its first (warm-up) iteration."""
-    t = time.perf_counter()
+    t0 = time.perf_counter()
     m = tr.step()
-    row = {
-        "iter": time.perf_counter() - t,
-        "probe": m.get("perf/probe_s", 0.0),
-        **{p: m[f"perf/{p}_s"] for p in PHASES},
-    }
+    row = {"iter": time.perf_counter() - t0, "probe": m.get("perf/probe_s", 0.0)}
+    row.update({p: m[f"perf/{p}_s"] for p in PHASES})
     steps = max(len(t.response_ids) for t in tr.seen)
     seen = kept.setdefault("seen", list(tr.seen))
     fixed = sum(raw_ops(tr, seen).values())

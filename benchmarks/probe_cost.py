@@ -10,7 +10,6 @@ training iterations but the first (target <= 5%); one probe's time is also given
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import _common as C  # noqa: E402
 C.numerics.pin()  # before torch loads, as the emapg command does: run() checks its numerics pins
 
 from ema_pg_core.config import probe_prompts  # noqa: E402
+from experiments import records  # noqa: E402
 from experiments.build import compose, validate  # noqa: E402
 from experiments.run import run  # noqa: E402
 
@@ -51,8 +51,7 @@ def measure(preset: str, iterations: int, threads: int) -> dict:
         overrides += ["trainer.eval_size=8", "trainer.save_every=0", "logger.name=none", f"run_dir={d}/run"]
         cfg = compose(overrides + [f"trainer.threads={threads}"])
         run(cfg)
-        lines = (Path(d) / "run" / "metrics.jsonl").read_text().splitlines()
-    out = shares([json.loads(line) for line in lines])
+        out = shares(records.read_metrics(Path(d) / "run"))
     trainer = validate(cfg).trainer  # a null cadence resolved as the run resolves it
     out["every"], out["size"] = trainer.resolved_probe_every, probe_prompts(trainer, int(cfg.task.test_size))
     return out
@@ -61,17 +60,12 @@ def measure(preset: str, iterations: int, threads: int) -> dict:
 def from_runs(root: Path) -> dict[str, dict]:
     """{run directory name: shares} for every finished run record (config.yaml + metrics.jsonl) under ``root``."""
     out = {}
-    for metrics in sorted(root.rglob("metrics.jsonl")):
-        status = metrics.parent / "status"
-        if not status.is_file() or status.read_text().split("\n", 1)[0].strip() != "finished":
-            continue  # finished runs only
-        cfg = yaml.safe_load((metrics.parent / "config.yaml").read_text())
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        out[metrics.parent.name] = {
-            **shares(rows),
-            "every": cfg["trainer"]["probe_every"],
-            "size": cfg["trainer"]["probe_size"],
-        }
+    for run_dir in sorted(m.parent for m in root.rglob("metrics.jsonl")):
+        if not (run_dir / "status").is_file() or records.read_status(run_dir)[0] != "finished":
+            continue
+        trainer = yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]
+        out[run_dir.name] = {**shares(records.read_metrics(run_dir)), "every": trainer["probe_every"],
+                             "size": trainer["probe_size"]}  # fmt: skip
     return out
 
 
