@@ -1,15 +1,12 @@
-"""Adaptive seeds: add seeds only where a paired comparison is not yet clear. Pure: never imports ray.
+"""Adaptive seeds: add seeds only where a paired comparison is not yet clear (docs/sweeps.md). Pure: never ray.
 
-    comps = comparisons(spec)                        # every (point, baseline point) pair the sweep decides
     trials = first_round(spec)                       # round 0: every grid point at the start seeds
-    decided = decide(spec, comps, rows, seeds_of)    # after a round: per comparison, stop or add seeds
-    nxt = next_round(spec, decided, done)            # the trials of the next round ([] = the sweep is over)
-    write_event(sweep_dir, {...}); read_events(sweep_dir)   # <sweep_dir>/adaptive.jsonl, this module's file
+    decided = decide(spec, rows, seeds_of)           # after a round: per comparison, stop or add seeds
+    nxt = next_round(spec, decided, seeds_of)        # the trials of the next round ([] = the sweep is over)
 
-A comparison (a value of the compare key vs the baseline, at one point of the other grid keys) is decided after each
-round with the report's exact paired test (analysis.stats.compare): its rule met, `max` seeds, or `step` more seeds
-(for its baseline point too). Each look is tested at its own level (`levels`, analysis.stats.look_alphas), so that
-the looks together call a no-effect comparison clear at most 1 - confidence of the time (docs/sweeps.md).
+A comparison (a value of the compare key vs the baseline, at one point of the other grid keys) is decided with the
+report's exact paired test, each look at its own level (``levels``) so that the looks together call a no-effect
+comparison clear at most 1 - confidence of the time.
 
 <sweep_dir>/adaptive.jsonl, one JSON object a line, appended in order (the sweep's decisions, and what
 --resume reads to continue the round it was in):

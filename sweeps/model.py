@@ -1,16 +1,13 @@
 """The sweep YAML as typed models (pydantic v2): every key, its type, range, default and allowed values in one
-place, and the JSON Schema an editor validates a sweep YAML with (``emapg sweep --schema``). Pure: pydantic,
-ema_pg_core.config (the seed range, the health rules) and experiments.errors (``shown``); never ray or Hydra.
+place, and the JSON Schema an editor validates a sweep YAML with (``emapg sweep --schema``). Never ray or Hydra:
+what needs the whole spec or the config tree is checked in sweeps.spec.
 
     model = SweepFile.model_validate(data)   # pydantic.ValidationError: each error's loc is the field path
     spec = Spec.of(model, data)              # the validated spec the sweep runs (sweeps.spec.parse does both)
-    SweepFile.model_json_schema()            # the JSON Schema of a sweep YAML
 
-A union of forms (``search: optuna`` or ``search: {type: optuna, seed: 7}``) picks its form from the input's shape
-(``Discriminator``), so an error comes from that form alone; the form's name is in parentheses in the error's loc,
-e.g. ``('search', '(mapping)', 'seed')``, which experiments.errors.validation_line leaves out of the field path.
-What needs the whole spec (grid vs sampled entries, adaptive seeds vs the space, the trial count) is checked on
-the Spec (sweeps.spec); what needs the Hydra config tree, against it (sweeps.spec.check).
+A union of forms (``search: optuna`` or ``{type: optuna, seed: 7}``) picks its form from the input's shape, so an
+error comes from that form alone; the form's name is in parentheses in the error's loc (``('search', '(mapping)',
+'seed')``), which experiments.errors.validation_line leaves out of the field path.
 """
 
 from __future__ import annotations
