@@ -52,6 +52,10 @@ from experiments.tasks import Example, get_task, make_knobs
 # Written last into a finished warm start: the resolved config, its provenance, training statistics and the size
 # and sha256 of each of its files (`files`).
 MARKER = "pretrain.json"
+# The tiny model's sizes PretrainConfig.model may set: build_model's keyword arguments, with their defaults.
+MODEL_DEFAULTS = {
+    k: p.default for k, p in inspect.signature(build_model).parameters.items() if k not in ("tokenizer", "seed")
+}
 
 
 @dataclass
@@ -80,10 +84,9 @@ class PretrainConfig:
             raise ValueError(f"pretrain target_acc must be in (0, 1] or null; got {self.target_acc!r}")
         if not self.lr > 0:
             raise ValueError(f"pretrain lr must be > 0; got {self.lr!r}")
-        allowed = ("hidden", "layers", "heads", "intermediate", "max_positions", "tie_embeddings")
-        unknown = sorted(set(self.model) - set(allowed))
+        unknown = sorted(set(self.model) - set(MODEL_DEFAULTS))
         if unknown:
-            raise ValueError(f"unknown pretrain model key(s) {unknown}; allowed: {', '.join(allowed)}")
+            raise ValueError(f"unknown pretrain model key(s) {unknown}; allowed: {', '.join(MODEL_DEFAULTS)}")
 
 
 def resolve(task: str, **overrides) -> PretrainConfig:
@@ -92,10 +95,7 @@ def resolve(task: str, **overrides) -> PretrainConfig:
     cfg = make_knobs(PretrainConfig, "pretrain", {"task": task, **values})
     # Canonical form (every knob and model argument spelled out) so equal configs hash equally.
     cfg.knobs = asdict(make_knobs(get_task(task).Knobs, task, cfg.knobs))
-    defaults = {
-        k: p.default for k, p in inspect.signature(build_model).parameters.items() if k not in ("tokenizer", "seed")
-    }
-    cfg.model = {**defaults, **cfg.model}
+    cfg.model = {**MODEL_DEFAULTS, **cfg.model}
     return cfg
 
 
