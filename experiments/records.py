@@ -14,12 +14,10 @@ A resume may change only RESUME_MAY_CHANGE (length, evaluation and checkpoint ca
 any other change of the config is refused unless forced, and every resume is a line of resumes.jsonl.
 Every write error is a RecordWriteError naming the file.
 
-Whole files (config.yaml, summary.json, status) are replaced atomically: a temp file in the same
-directory, fsynced, then `os.replace`. JSONL lines are appended, flushed and fsynced, so a crash
-loses at most the line being written and readers drop that trailing partial line.
-Values go through `.item()`/`float()` (numpy and torch scalars; torch is never imported here);
-non-finite floats (NaN, +-inf) are written as null, so the files are strict JSON and
-`analysis.load` reads null back as NaN.
+Whole files are replaced atomically and JSONL lines appended with fsync: a crash loses at most the line being
+written, which readers drop (docs/run-record.md). Values go through `.item()`/`float()` (numpy and torch scalars;
+torch is never imported here); non-finite floats are written as null (strict JSON), which `analysis.load` reads
+back as NaN.
 """
 
 from __future__ import annotations

@@ -14,12 +14,9 @@ e.g. the paper's 8k/16k/24k math schedule); `{name, set}` adds or overrides keys
 `backend.verl.overrides` is appended to the run's own (a verl key given again replaces the run's).
 
 `trainer.iterations` is where a stage ends, counted from the start of the whole run, so the
-stages' ends must increase. All stages write one run record (docs/run-record.md): iterations,
-metrics and evaluations continue across stages, `config.yaml` holds the current stage's settings,
-and `stages.jsonl` links the stages (which one started after which iteration, from which
-checkpoint, with which changes). The first stage starts like any run; every later one continues
-the record like a resume that may also change its stage's keys, and its trainer starts from the
-previous stage's last checkpoint: the local backend's `checkpoints/iter_N` (policy, EMA anchor
+stages' ends must increase. All stages write one run record (docs/run-record.md, `stages.jsonl`). Every stage
+after the first continues the record like a resume that may also change its stage's keys, and its trainer starts
+from the previous stage's last checkpoint: the local backend's `checkpoints/iter_N` (policy, EMA anchor
 with its update count, optimizer, data position), verl's `global_step_N` (actor, and the anchor
 beside it) through `trainer.resume_mode=resume_path`.
 
