@@ -40,8 +40,7 @@ from _common import ROOT, cli, machine, md_table, write_section  # noqa: E402
 
 SECTION = "verl_overhead"
 TQ_LOG_ENV = "EMAPG_BENCH_TQ_LOG"  # the file every process of a run appends its TransferQueue records to
-POLL_ENV = "EMAPG_BENCH_POLL_S"
-POLL_S = 0.02
+POLL_S = 0.02  # the replay buffer's poll interval in every variant's runs (poll_replay_buffer)
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 """One thread per process: on 2 shared cores, a descheduled thread of a 2-thread pool makes the other spin at the
 pool's barriers, so another job's load inflated both the wall and the CPU time of whichever variant it hit."""
@@ -74,6 +73,7 @@ VARIANTS = (
     Variant("e", "(d) + KL probe every step", (EMA, *SEARCH_KL)),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
+# every variant: no checkpoints, no validation (a step is rollout to weight sync)
 COMMON_EDITS = {"trainer.save_freq": "-1", "trainer.test_freq": "-1", "trainer.val_before_train": "false"}
 STOCK_EDITS = {"trainer.v1.trainer_mode": "sync", "actor_rollout_ref.actor.kl_loss_type": "low_var_kl"}
 
@@ -124,7 +124,7 @@ def run_job(variant: Variant, argv: list[str], run_dir: Path) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env.update(PYTHONUNBUFFERED="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
     env.update(WANDB_MODE="disabled", HF_HUB_OFFLINE="1", **THREADS)
-    env.update({TQ_LOG_ENV: str(run_dir / "tq.jsonl"), POLL_ENV: str(POLL_S)})
+    env[TQ_LOG_ENV] = str(run_dir / "tq.jsonl")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--launch", str(run_dir)]
     load, loads, code = os.getloadavg(), [], None
     t0 = time.time()
@@ -152,8 +152,7 @@ def setup_worker() -> None:
     path = os.environ.get(TQ_LOG_ENV)
     if path:
         instrument_transfer_queue(path)
-    if os.environ.get(POLL_ENV):
-        poll_replay_buffer(float(os.environ[POLL_ENV]))
+    poll_replay_buffer(POLL_S)
 
 
 def poll_replay_buffer(seconds: float) -> None:
