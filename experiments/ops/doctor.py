@@ -1,26 +1,17 @@
-"""``emapg doctor``: a preflight of one machine (or, with ``--address``, of a Ray cluster) against a run's config.
+"""emapg doctor: a preflight of one machine (or, with --address, of a Ray cluster) against a run's config.
 
     emapg doctor experiment=math_deepscaler_ema_pg [hydra overrides ...] [--address HOST:PORT]
 
-It composes the run config as ``emapg train`` does (``experiments.build.compose`` + ``validate``), works out
-what the run needs (``Demand``: GPUs per node, rollout engine, attention kernel, files, checkpoint directory),
-then runs every check of ``CHECKS`` in order and prints one line per result::
+It composes the run config as `emapg train` does, works out what the run needs (`Demand`), runs every check of
+`CHECKS` and prints one line per result: `FAIL  gpus        what was found  fix: what to do`. PASS: ready; WARN:
+it may work, read the line; FAIL: the run cannot work as configured; N/A: the config does not need it here. Exit
+status 0 when no check FAILs, 1 otherwise, 2 on bad input. The GPU checks describe this machine: run it on a GPU
+node. With --address the GPU count is checked against the cluster's nodes, and the paths and checkpoint checks
+also run on every node as Ray tasks (the checkpoint directory must then be shared).
 
-    PASS  driver      what was found
-    FAIL  gpus        what was found  fix: what to do
-
-PASS: ready; WARN: it may work, read the line; FAIL: the run cannot work as configured; N/A: the config does
-not need it here. Exit status 0 when no check FAILs, 1 otherwise; bad input (an override, ``--address``) is
-one line and exit 2, like every command. The GPU checks describe this machine: run it on a GPU node. With
-``--address`` the GPU count is checked against the cluster's nodes and the paths and checkpoint checks also
-run on every node as Ray tasks (one line per node); the checkpoint directory must then be shared.
-
-Not checked: Ray's CPU reservations (``emapg train`` refuses a cluster too small for them before launch,
-``experiments.backends.verl.resources.check_fits``), the driver, imports and NCCL settings of nodes other than this one,
-the environment Ray's workers get (that of ``ray start``, not of this shell), the retriever service, and a staged
-run's later stages (the config is checked as composed).
-
-Each check is one function ``Context -> Result | list[Result]``; it asks the machine through ``Probes``.
+Not checked: Ray's CPU reservations (`emapg train` refuses a cluster too small for them before launch), the
+driver, imports and NCCL of nodes other than this one, the environment Ray's workers get (that of `ray start`),
+the retriever service, and a staged run's later stages. Each check asks the machine through `Probes`.
 """
 
 from __future__ import annotations
@@ -37,15 +28,25 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import traceback
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from datetime import timedelta
 from typing import Any, Protocol
 
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+from experiments import build
 from experiments.backends.verl import VERL_VERSION
+from experiments.backends.verl.launch import checkpoint_root, to_verl
 from experiments.errors import UserError, classify, is_ray_auth_error, ray_auth_line
+from experiments.run import agent_loops_path, resolve_run_dir
+from experiments.tasks import get_task
 
 STATUSES = ("PASS", "WARN", "FAIL", "N/A")
 USAGE = "usage: emapg doctor [experiment=<preset>] [key=value ...] [--address HOST:PORT]"
@@ -54,6 +55,7 @@ NODE_TIMEOUT_S = 60.0  # with --address, for each node to answer its Ray task (p
 CONNECT_TIMEOUT_S = 5.0  # for --address to accept a TCP connection before doctor says nothing answers there
 WANDB_CONNECT_TIMEOUT_S = 3.0  # for the W&B server to accept a TCP connection (logger.mode=online)
 WANDB_DEFAULT_URL = "https://api.wandb.ai"  # W&B's server unless WANDB_BASE_URL names another
+ALL_REDUCE_TIMEOUT_S = 120.0  # for the nccl check's all-reduce, its processes' start (they import torch) included
 PROBE_PREFIX = ".emapg-doctor-"  # of the probe files the checkpoint check writes and deletes
 # CUDA major version of torch's build -> the oldest NVIDIA driver branch that runs it (CUDA minor version
 # compatibility: https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html)
@@ -68,10 +70,9 @@ VERL_ATTN_DEFAULT = "flash_attention_2"
 # verl 0.9.1's actor_rollout_ref.rollout.dtype when the config sets none (verl/trainer/config/rollout/rollout.yaml;
 # its FSDP actor's mixed precision is bf16 by default too): trainer.dtype is the local backend's only
 VERL_DTYPE_DEFAULT = "bfloat16"
-# verl rollout engine -> the module it needs (the hf engine is ours: experiments.backends.verl.hf_rollout)
-ROLLOUT_MODULES = {"vllm": "vllm", "sglang": "sglang"}
 # the network interfaces NCCL / gloo bind to (a comma list; ^ excludes, = is exact)
 SOCKET_IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+VLLM_FIX = f"install verl's vllm stack (vllm=={VLLM_VERSION}): cluster/gpu-install.sh (docs/scaling-out.md)"
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -121,60 +122,50 @@ class Demand:
 
 def demand(cfg) -> Demand:
     """What `cfg` (a composed, validated run config) needs: the local or the verl backend's demand."""
-    from experiments.run import resolve_run_dir  # loads torch, omegaconf
-
-    return (_verl_demand if cfg.backend.name == "verl" else _local_demand)(cfg, resolve_run_dir(cfg))
-
-
-def _local_demand(cfg, run_dir: Path) -> Demand:
+    if cfg.backend.name == "verl":
+        return _verl_demand(cfg)
     device = str(cfg.trainer.device)
-    gpus = 0 if device in ("cpu", "auto") else int(device.partition(":")[2] or 0) + 1
-    ckpt = os.path.abspath(os.path.expanduser(run_dir / "checkpoints"))
-    key = "run_dir (checkpoints go to <run_dir>/checkpoints)"
-    sizes = f"trainer.device={device}"
     return Demand(
         "local",
         device,
-        gpus,
-        sizes=sizes,
+        0 if device in ("cpu", "auto") else int(device.partition(":")[2] or 0) + 1,
+        sizes=f"trainer.device={device}",
         model=cfg.model.path,
-        checkpoints=ckpt,
-        checkpoint_key=key,
+        checkpoints=os.path.abspath(resolve_run_dir(cfg) / "checkpoints"),
+        checkpoint_key="run_dir (checkpoints go to <run_dir>/checkpoints)",
         dtype=str(cfg.trainer.dtype),
     )
 
 
-def _verl_demand(cfg, run_dir: Path) -> Demand:
+def _verl_demand(cfg) -> Demand:
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
 
-    from experiments.backends.verl.launch import checkpoint_root, to_verl  # loads torch
-    from experiments.backends.verl.resources import worker_pool  # loads omegaconf
-    from experiments.run import agent_loops_path  # loads torch, omegaconf
+    from experiments.backends.verl.resources import worker_pool  # loads ray
 
-    run = OmegaConf.to_container(OmegaConf.merge(cfg, {"run_dir": str(run_dir)}, agent_loops_path(cfg)), resolve=True)
+    run = OmegaConf.merge(cfg, {"run_dir": str(resolve_run_dir(cfg))}, agent_loops_path(cfg))
+    run = OmegaConf.to_container(run, resolve=True)
     # verl's Hydra overrides -> {dotted key: value}, the last one winning
     verl = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(to_verl(run).overrides)}
     tree = OmegaConf.create()
     for key, value in verl.items():
         OmegaConf.update(tree, key, value, force_add=True)
     pool = worker_pool(tree)
-    per_node = dict(pool.settings)["trainer.n_gpus_per_node"]
     vs = run["backend"]["verl"]
-    files = [(f"backend.verl.{k}", vs[k]) for k in ("train_files", "val_files") if vs.get(k)]
-    files += [(f"backend.verl.{k}", vs[k]) for k in ("tool_config_path", "agent_loop_config_path") if vs.get(k)]
+    keys = ("train_files", "val_files", "tool_config_path", "agent_loop_config_path")
     return Demand(
         "verl",
         str(cfg.trainer.device),
-        per_node if cfg.trainer.device == "cuda" else 0,
+        dict(pool.settings)["trainer.n_gpus_per_node"] if cfg.trainer.device == "cuda" else 0,
         nodes=int(tree.trainer.nnodes),
         sizes=pool.sizes,
         rollout=str(verl.get("actor_rollout_ref.rollout.name")),
         gpu_memory_utilization=verl.get("actor_rollout_ref.rollout.gpu_memory_utilization"),
         attn=str(verl.get("actor_rollout_ref.model.override_config.attn_implementation", VERL_ATTN_DEFAULT)),
         model=run["model"]["path"],
-        files=tuple((k, str(v)) for k, v in files),
-        checkpoints=os.path.abspath(os.path.expanduser(checkpoint_root(run))),
+        files=tuple((f"backend.verl.{k}", str(vs[k])) for k in keys if vs.get(k)),
+        # verl's ranks join a relative path to their working directory (verl.utils.fs.local_mkdir_safe), which
+        # is the driver's: a local Ray's workers inherit it
+        checkpoints=os.path.abspath(checkpoint_root(run)),
         checkpoint_key="backend.verl.checkpoint_dir",
         dtype=str(verl.get("actor_rollout_ref.rollout.dtype", VERL_DTYPE_DEFAULT)),
         dtype_key="verl's actor_rollout_ref.rollout.dtype, bfloat16 unless set",
@@ -190,20 +181,12 @@ class Gpu:
     free: int
 
 
-def _torch_build() -> tuple[str, str | None]:
-    """(torch.__version__, torch.version.cuda): the CUDA version torch was built for, None for a CPU build."""
-    import torch
-
-    return str(torch.__version__), torch.version.cuda
-
-
 def _gpus() -> list[Gpu]:
     """The CUDA devices torch sees, with their memory; [] without any. A CUDA build that cannot use the
     driver raises torch's own reason (e.g. 'The NVIDIA driver on your system is too old')."""
-    import torch
-
     if not torch.cuda.is_available():
-        if torch.version.cuda is not None and _nvidia_present():
+        nvidia = os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")
+        if torch.version.cuda is not None and nvidia:
             torch.cuda.init()  # raises the reason is_available() keeps to itself
         return []
     out = []
@@ -213,25 +196,51 @@ def _gpus() -> list[Gpu]:
     return out
 
 
-def _bf16_supported() -> bool:
-    """Whether the current CUDA device computes in bf16 natively (torch's emulation on older GPUs not counted)."""
-    import torch
-
-    return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-
-
-def _nvidia_present() -> bool:
-    return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")
-
-
 def matmul(device: str) -> None:
     """Allocate two small tensors on `device`, multiply them there and compare with the CPU's product."""
-    import torch
-
     a = torch.arange(16, dtype=torch.float32).reshape(4, 4)
     on_device = (a.to(device) @ a.to(device).T).cpu()
     if not torch.equal(on_device, a @ a.T):
         raise RuntimeError(f"a 4x4 matmul on {device} differs from the CPU's")
+
+
+def all_reduce(world: int, device: str = "cuda", timeout_s: float = ALL_REDUCE_TIMEOUT_S) -> None:
+    """Sum a small tensor across `world` spawned processes, one per device (NCCL on cuda, gloo on the cpu, where
+    the tests run it); raises unless every rank gets the right sum within `timeout_s`."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ranks = mp.start_processes(_all_reduce_rank, (world, port, device, timeout_s), world, join=False)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ranks.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer within {timeout_s:g} s")
+    except mp.ProcessRaisedException as e:  # its message is the rank's traceback: keep the last line
+        raise RuntimeError(str(e).strip().splitlines()[-1]) from None
+    finally:
+        for p in ranks.processes:
+            p.kill()
+
+
+def _all_reduce_rank(rank: int, world: int, port: int, device: str, timeout_s: float) -> None:
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl" if device == "cuda" else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    try:
+        x = torch.full((4,), float(rank + 1), device=f"cuda:{rank}" if device == "cuda" else "cpu")
+        dist.all_reduce(x)
+        want = world * (world + 1) / 2
+        if not bool((x == want).all()):
+            raise RuntimeError(f"rank {rank}: the all-reduce summed to {x.tolist()}, not {want:g}")
+    finally:
+        dist.destroy_process_group()
 
 
 def _nvidia_smi(args: Sequence[str]) -> str:
@@ -242,8 +251,6 @@ def _nvidia_smi(args: Sequence[str]) -> str:
 
 
 def _nccl_version() -> str | None:
-    import torch
-
     try:
         version = torch.cuda.nccl.version()
     except Exception:  # noqa: BLE001  a CPU build has no NCCL
@@ -266,24 +273,22 @@ def _tcp_connect(host: str, port: int, timeout: float) -> None:
     socket.create_connection((host, port), timeout=timeout).close()
 
 
-def _interfaces() -> list[str]:
-    return sorted(name for _, name in socket.if_nameindex())
-
-
 @dataclass(frozen=True)
 class Probes:
     """Everything the checks ask the machine; tests replace fields (``dataclasses.replace``)."""
 
-    torch_build: Callable[[], tuple[str, str | None]] = _torch_build
+    torch_build: Callable[[], tuple[str, str | None]] = lambda: (str(torch.__version__), torch.version.cuda)
     gpus: Callable[[], list[Gpu]] = _gpus
     matmul: Callable[[str], None] = matmul
+    all_reduce: Callable[[int], None] = all_reduce  # across this many of this node's GPUs
     nvidia_smi: Callable[[Sequence[str]], str] = _nvidia_smi
     nccl_version: Callable[[], str | None] = _nccl_version
     import_module: Callable[[str], Any] = importlib.import_module
     dist_version: Callable[[str], str] = importlib.metadata.version  # an installed distribution's version
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
-    interfaces: Callable[[], list[str]] = _interfaces
-    bf16_supported: Callable[[], bool] = _bf16_supported
+    interfaces: Callable[[], list[str]] = lambda: sorted(name for _, name in socket.if_nameindex())
+    # natively (torch's emulation on older GPUs not counted)
+    bf16_supported: Callable[[], bool] = lambda: torch.cuda.is_bf16_supported(including_emulation=False)
     netrc_has: Callable[[str], bool] = _netrc_has
     connect: Callable[[str, int, float], None] = _tcp_connect
     disk_free: Callable[[str], int] = lambda path: shutil.disk_usage(path).free  # bytes free where path lies
@@ -297,13 +302,12 @@ class Node:
 
 
 class Cluster(Protocol):
-    """What --address gives the checks: the nodes, and a function run once on each (``RayCluster``)."""
+    """What --address gives the checks (``RayCluster``): the nodes, and {node name: fn(*args) run on that node, or
+    the exception it raised there}."""
 
     def nodes(self) -> list[Node]: ...
 
-    def on_each_node(self, fn: Callable, *args) -> dict[str, Any]:
-        """{node name: fn(*args) run on that node, or the exception it raised there}."""
-        ...
+    def on_each_node(self, fn: Callable, *args) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -318,6 +322,11 @@ class Context:
     def gpu_here(self) -> bool:
         """Whether this machine itself must have the GPUs (not so on a Ray head checking a cluster)."""
         return self.demand.gpus_per_node > 0 and self.cluster is None
+
+    @property
+    def severity(self) -> str:
+        """Of a GPU fault found here: FAIL where this machine runs the GPUs, else WARN."""
+        return "FAIL" if self.gpu_here else "WARN"
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -343,41 +352,36 @@ def check_driver(ctx: Context) -> Result:
             return Result("FAIL", found, fix)
         return Result("N/A", f"torch {version} is a CPU build; {_no_gpu_needed(ctx)}")
     major = int(cuda.split(".")[0])
+    need = CUDA_MIN_DRIVER.get(major)
     try:
         drivers = sorted(set(ctx.probes.nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"]).split()))
     except (OSError, subprocess.SubprocessError) as e:
-        why = "nvidia-smi not found" if isinstance(e, FileNotFoundError) else f"nvidia-smi failed: {_smi_reason(e)}"
+        if isinstance(e, FileNotFoundError):
+            why = "nvidia-smi not found"
+        else:  # nvidia-smi prints its errors on stdout
+            said = (getattr(e, "stdout", None) or getattr(e, "stderr", None) or "").strip()
+            why = f"nvidia-smi failed: {_first_line(RuntimeError(said) if said else e)}"
         if not ctx.gpu_here:
             return Result("N/A", f"no NVIDIA driver here ({why}); {_no_gpu_needed(ctx)}")
-        fix = f"install an NVIDIA driver >= {CUDA_MIN_DRIVER.get(major, '?')} on this node"
+        fix = f"install an NVIDIA driver >= {need or '?'} on this node"
         return Result("FAIL", f"torch {version} (CUDA {cuda}) but no usable NVIDIA driver ({why})", fix)
     if not drivers:
         return Result("FAIL" if ctx.gpu_here else "N/A", "nvidia-smi lists no GPU", "check the GPUs with nvidia-smi")
-    need = CUDA_MIN_DRIVER.get(major)
     if need is None:
         found = f"driver {', '.join(drivers)}; torch {version} is built for CUDA {cuda}, which doctor has no entry for"
         return Result("WARN", found, "check NVIDIA's CUDA compatibility table for that CUDA version")
-    old = [d for d in drivers if int(d.split(".")[0]) < need]
     found = f"NVIDIA driver {', '.join(drivers)}; torch {version} is built for CUDA {cuda} (needs a driver >= {need})"
-    if not old:
+    if all(int(d.split(".")[0]) >= need for d in drivers):
         return Result("PASS", found)
     if major == 13:  # torch 2.11.0 has CUDA 12.8 wheels too
         older = f"torch=={TORCH_VERSION} built for an older CUDA ({TORCH_CUDA_WHEELS}cu128)"
     else:
         older = f"a torch built for an older CUDA ({TORCH_CUDA_WHEELS}{'cu118' if major == 12 else ''})"
-    fix = f"upgrade the driver to R{need}+, or install {older}"
-    return Result("FAIL" if ctx.gpu_here else "WARN", found, fix)
-
-
-def _smi_reason(e: BaseException) -> str:
-    """What a failed nvidia-smi said (it prints its errors on stdout), else the exception's first line."""
-    said = (getattr(e, "stdout", None) or getattr(e, "stderr", None) or "").strip()
-    return _first_line(RuntimeError(said)) if said else _first_line(e)
+    return Result(ctx.severity, found, f"upgrade the driver to R{need}+, or install {older}")
 
 
 def check_cuda(ctx: Context) -> Result:
-    """torch.cuda works: every visible device allocates and multiplies a small matrix; bf16 where the run trains
-    in it (trainer.dtype on the local backend; on verl, its rollout dtype, bf16 unless set)."""
+    """torch.cuda works: a small matmul on every device; bf16 where the run computes in it."""
     version, cuda = ctx.probes.torch_build()
     if cuda is None:
         why = f"torch {version} is a CPU build"
@@ -387,7 +391,7 @@ def check_cuda(ctx: Context) -> Result:
     try:
         gpus = ctx.probes.gpus()
     except Exception as e:  # noqa: BLE001  torch's CUDA initialisation error, in one line
-        return Result("FAIL" if ctx.gpu_here else "WARN", f"torch.cuda fails: {_first_line(e)}", "see the driver check")
+        return Result(ctx.severity, f"torch.cuda fails: {_first_line(e)}", "see the driver check")
     if not gpus:
         if ctx.gpu_here:
             return Result("FAIL", "torch.cuda sees no device", "check CUDA_VISIBLE_DEVICES and nvidia-smi")
@@ -399,15 +403,15 @@ def check_cuda(ctx: Context) -> Result:
             fix = "check the device with nvidia-smi; a torch build for this GPU's architecture"
             return Result("FAIL", f"cuda:{g.index} ({g.name}): a 4x4 matmul failed: {_first_line(e)}", fix)
     ran = f"a 4x4 matmul ran on each of {len(gpus)} device(s) (cuda:0..{len(gpus) - 1})"
-    if ctx.demand.dtype not in ("bfloat16", "bf16"):
+    d = ctx.demand  # dtype: trainer.dtype on the local backend; on verl, its rollout dtype, bf16 unless set
+    if d.dtype not in ("bfloat16", "bf16"):
         return Result("PASS", ran)
     if not ctx.probes.bf16_supported():
-        d = ctx.demand
         found = f"{ran}, but the run computes in {d.dtype} ({d.dtype_key}) and {gpus[0].name} has no bf16"
         fix = "run on a GPU with bf16 (compute capability 8.0+: A100, H100, L40S, RTX 30xx and newer)"
         fix += ", or trainer.dtype=float32" if d.backend == "local" else ""
-        return Result("FAIL" if ctx.gpu_here else "WARN", found, fix)
-    return Result("PASS", f"{ran}; bf16 supported (the run computes in {ctx.demand.dtype}: {ctx.demand.dtype_key})")
+        return Result(ctx.severity, found, fix)
+    return Result("PASS", f"{ran}; bf16 supported (the run computes in {d.dtype}: {d.dtype_key})")
 
 
 def check_gpus(ctx: Context) -> Result:
@@ -416,7 +420,12 @@ def check_gpus(ctx: Context) -> Result:
     if d.gpus_per_node == 0 and d.device != "auto":
         return Result("N/A", _no_gpu_needed(ctx))
     if ctx.cluster is not None:
-        return _cluster_gpus(ctx)
+        nodes = ctx.cluster.nodes()
+        have = ", ".join(f"{n.name}: {n.gpus:g}" for n in nodes) or "no node"
+        found = f"GPUs per node: {have}; the run needs {d.nodes} node(s) with {d.gpus_per_node} each [{d.sizes}]"
+        if sum(n.gpus >= d.gpus_per_node for n in nodes) >= d.nodes:
+            return Result("PASS", found)
+        return Result("FAIL", found, "add GPU nodes, or lower backend.verl.nnodes / backend.verl.n_gpus_per_node")
     try:
         gpus = ctx.probes.gpus() if ctx.probes.torch_build()[1] else []
     except Exception as e:  # noqa: BLE001
@@ -428,66 +437,44 @@ def check_gpus(ctx: Context) -> Result:
         return Result("PASS", f"trainer.device=auto runs on cuda:0 ({_describe(gpus[:1])})")
     need = f"the run needs {d.gpus_per_node} per node [{d.sizes}]"
     if len(gpus) < d.gpus_per_node:
-        return Result("FAIL", f"this node has {len(gpus)} CUDA device(s); {need}", _fewer_gpus_fix(d, len(gpus)))
+        if d.backend == "local":
+            fix = "run on a GPU node, or trainer.device=cpu"
+        elif gpus:
+            fix = f"run on a node with {d.gpus_per_node} GPUs, or backend.verl.n_gpus_per_node={len(gpus)}"
+        else:
+            fix = "run on a GPU node (verl's loop on CPU: trainer.device=cpu backend.verl.rollout_engine=hf)"
+        return Result("FAIL", f"this node has {len(gpus)} CUDA device(s); {need}", fix)
     found = f"{_describe(gpus)}; {need}"
-    short = _short_of_memory(gpus[: d.gpus_per_node], d)
-    if short:
+    # vLLM reserves gpu_memory_utilization x total of each GPU at start, and refuses to start with less free
+    low = [g for g in gpus[: d.gpus_per_node] if g.free < (d.gpu_memory_utilization or 0) * g.total]
+    if d.rollout == "vllm" and low:
+        shown = ", ".join(f"cuda:{g.index} {_gib(g.free)} of {_gib(g.total)} GiB free" for g in low)
+        found += (
+            f"; vLLM reserves gpu_memory_utilization={d.gpu_memory_utilization} of each GPU at start and refuses "
+            f"with less free: {shown}"
+        )
         fix = "free the GPUs (nvidia-smi lists what holds them), or lower backend.verl.gpu_memory_utilization"
-        return Result("WARN", f"{found}; {short}", fix)
+        return Result("WARN", found, fix)
     if d.nodes > 1:
         fix = "pass --address HOST:PORT (the Ray head) to check every node"
         return Result("WARN", f"{found}; checked this node only, the run needs {d.nodes} nodes", fix)
     return Result("PASS", found)
 
 
-def _fewer_gpus_fix(d: Demand, have: int) -> str:
-    if d.backend == "local":
-        return "run on a GPU node, or trainer.device=cpu"
-    if have:
-        return f"run on a node with {d.gpus_per_node} GPUs, or backend.verl.n_gpus_per_node={have}"
-    return "run on a GPU node (verl's loop on CPU: trainer.device=cpu backend.verl.rollout_engine=hf)"
-
-
 def _describe(gpus: Sequence[Gpu]) -> str:
-    names = sorted({g.name for g in gpus})
-    free = min(g.free for g in gpus)
-    return f"{len(gpus)} x {'/'.join(names)} ({_gib(max(g.total for g in gpus))} GiB, >= {_gib(free)} GiB free)"
+    names = "/".join(sorted({g.name for g in gpus}))
+    total, free = _gib(max(g.total for g in gpus)), _gib(min(g.free for g in gpus))
+    return f"{len(gpus)} x {names} ({total} GiB, >= {free} GiB free)"
 
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f}"
 
 
-def _short_of_memory(gpus: Sequence[Gpu], d: Demand) -> str:
-    """'' or why vLLM would refuse to start: it needs gpu_memory_utilization x total free on each GPU."""
-    if d.rollout != "vllm" or not d.gpu_memory_utilization:
-        return ""
-    low = [g for g in gpus if g.free < d.gpu_memory_utilization * g.total]
-    if not low:
-        return ""
-    shown_low = ", ".join(f"cuda:{g.index} {_gib(g.free)} of {_gib(g.total)} GiB free" for g in low)
-    return (
-        f"vLLM reserves gpu_memory_utilization={d.gpu_memory_utilization} of each GPU at start and refuses "
-        f"with less free: {shown_low}"
-    )
-
-
-def _cluster_gpus(ctx: Context) -> Result:
-    d = ctx.demand
-    nodes = ctx.cluster.nodes()
-    have = ", ".join(f"{n.name}: {n.gpus:g}" for n in nodes) or "no node"
-    fit = [n for n in nodes if n.gpus >= d.gpus_per_node]
-    found = f"GPUs per node: {have}; the run needs {d.nodes} node(s) with {d.gpus_per_node} each [{d.sizes}]"
-    if len(fit) >= d.nodes:
-        return Result("PASS", found)
-    return Result("FAIL", found, "add GPU nodes, or lower backend.verl.nnodes / backend.verl.n_gpus_per_node")
-
-
 def check_verl(ctx: Context) -> Result:
     """The verl backend's [verl] extra: verl at the version the plugin is written for."""
     if ctx.demand.backend != "verl":
         return Result("N/A", "backend=local does not use verl")
-
     try:
         module = ctx.probes.import_module("verl")
     except Exception as e:  # noqa: BLE001  not installed, or broken
@@ -501,39 +488,36 @@ def check_verl(ctx: Context) -> Result:
 
 
 def check_rollout(ctx: Context) -> Result:
-    """The rollout engine the verl config names (vLLM or SGLang) imports; vLLM at the version verl pins
-    (VLLM_VERSION), with its compiled extension vllm._C."""
+    """The rollout engine verl uses imports: vLLM at the version verl pins, with its compiled extension, or SGLang."""
     d = ctx.demand
     if d.backend != "verl":
         return Result("N/A", "backend=local generates with Hugging Face")
-    module = ROLLOUT_MODULES.get(d.rollout or "")
-    if module is None:
+    if d.rollout not in ("vllm", "sglang"):
         return Result("N/A", f"backend.verl.rollout_engine={d.rollout}: emapg's own engine, nothing to install")
     why = f"backend.verl.rollout_engine={d.rollout}"
-    if module != "vllm":
-        return _importable(ctx, module, why, f"pip install {module} (the version verl 0.9.1 supports)")
-    fix = "install verl's vllm stack: cluster/gpu-install.sh (docs/scaling-out.md)"
-    imported = _importable(ctx, module, why, fix)
+    if d.rollout == "sglang":
+        return _importable(ctx, "sglang", why, "pip install sglang (the version verl 0.9.1 supports)")
+    imported = _importable(ctx, "vllm", why, "install verl's vllm stack: cluster/gpu-install.sh (docs/scaling-out.md)")
     if imported.status == "FAIL":
         return imported
-    fix = f"install verl's vllm stack (vllm=={VLLM_VERSION}): cluster/gpu-install.sh (docs/scaling-out.md)"
     try:
         version = ctx.probes.dist_version("vllm")
     except Exception as e:  # noqa: BLE001  importable, but not an installed distribution (a stray directory, ...)
-        return Result("FAIL", f"{why}: vllm imports, but no vllm distribution is installed ({_first_line(e)})", fix)
+        found = f"{why}: vllm imports, but no vllm distribution is installed ({_first_line(e)})"
+        return Result("FAIL", found, VLLM_FIX)
     if version.split("+")[0] != VLLM_VERSION:
-        return Result("FAIL", f"{why}: vllm {version} is installed; verl {VERL_VERSION} needs vllm {VLLM_VERSION}", fix)
+        found = f"{why}: vllm {version} is installed; verl {VERL_VERSION} needs vllm {VLLM_VERSION}"
+        return Result("FAIL", found, VLLM_FIX)
     try:
         ctx.probes.import_module("vllm._C")
     except Exception as e:  # noqa: BLE001  a wheel for another torch or CUDA, or no GPU libraries on this node
         found = f"{why}: vllm {version} imports, but its compiled extension vllm._C does not: {_first_line(e)}"
-        return Result("FAIL" if ctx.gpu_here else "WARN", found, fix)
+        return Result(ctx.severity, found, VLLM_FIX)
     return Result("PASS", f"{why}: vllm {version} (verl {VERL_VERSION}'s) imports, and its compiled extension vllm._C")
 
 
 def check_flash_attn(ctx: Context) -> Result:
-    """flash-attn imports where the verl config asks for attn_implementation=flash_attention_2 (verl's own default;
-    the GPU presets compose sdpa, ``backend.verl.attn_implementation``).
+    """flash-attn imports where verl uses attn_implementation=flash_attention_2 (verl's default; the presets: sdpa).
 
     use_remove_padding=true (always, ``to_verl``) does not need it by itself: verl 0.9.1 falls back to torch
     versions of flash-attn's padding helpers (verl/utils/attention_utils.py)."""
@@ -558,7 +542,7 @@ def _importable(ctx: Context, module: str, why: str, fix: str) -> Result:
 
 
 def check_nccl(ctx: Context) -> Result:
-    """NCCL's environment (NCCL_*, the socket interfaces), with a WARN on settings that are likely mistakes."""
+    """NCCL's settings (NCCL_*, the socket interfaces) and, with 2+ GPUs here, an all-reduce across them."""
     d = ctx.demand
     if d.backend != "verl" or d.gpus_per_node == 0:
         return Result("N/A", "no NCCL: " + ("one process" if d.backend == "local" else "verl on CPU talks over gloo"))
@@ -571,6 +555,20 @@ def check_nccl(ctx: Context) -> Result:
         return Result("FAIL", found, "see the driver check")
     found = f"NCCL {version or '(not in this torch)'}; {settings}"
     problems = nccl_problems(env, ctx.probes.interfaces(), d.nodes)
+    try:
+        ranks = min(len(ctx.probes.gpus()), d.gpus_per_node) if version else 0
+    except Exception:  # noqa: BLE001  torch.cuda does not initialise: the cuda check says why
+        ranks = 0
+    if ranks > 1:
+        across = f"an all-reduce across cuda:0..{ranks - 1}"
+        try:
+            ctx.probes.all_reduce(ranks)
+        except Exception as e:  # noqa: BLE001  a rank's error, or a hang that ran into the timeout
+            fix = "; ".join(
+                ["NCCL_DEBUG=INFO shows why; check the GPU links (`nvidia-smi topo -m`)", *(f for _, f in problems)]
+            )
+            return Result("FAIL", f"{found}; {across} failed: {_first_line(e)}", fix)
+        found += f"; {across} summed right"
     if problems:
         return Result("WARN", f"{found}; {'; '.join(p for p, _ in problems)}", "; ".join(f for _, f in problems))
     return Result("PASS", found)
@@ -608,88 +606,77 @@ def check_paths(ctx: Context) -> list[Result]:
     items = ([("model.path", d.model)] if d.model else []) + list(d.files)
     if not items:
         return [Result("N/A", "no model or data files: the tiny model and the task's problems are built here")]
-    here = [summarize_paths(look(items))]
     if ctx.cluster is None:
-        return here
-    answers = ctx.cluster.on_each_node(look, items)
-    return here + [_node_result(node, a, summarize_paths) for node, a in sorted(answers.items())]
+        return [readable(items)]
+    return [readable(items)] + _on_each_node(ctx.cluster, readable, items)
 
 
-def _node_result(node: str, answer: Any, judge: Callable[[Any], Result]) -> Result:
-    """A node's line: its answer judged, or why it did not answer."""
-    if isinstance(answer, BaseException):
-        fix = "install emapg at the same path on every node, and check the node with `ray status`"
-        return Result("FAIL", f"node {node}: no answer: {_first_line(answer)}", fix)
-    r = judge(answer)
-    return Result(r.status, f"node {node}: {r.found}", r.fix)
+def _on_each_node(cluster: Cluster, fn: Callable[..., Result], *args) -> list[Result]:
+    """One line per node, sorted by name: what `fn(*args)` found there, or why the node did not answer."""
+    out = []
+    for node, r in sorted(cluster.on_each_node(fn, *args).items()):
+        if isinstance(r, BaseException):
+            fix = "install emapg at the same path on every node, and check the node with `ray status`"
+            r = Result("FAIL", f"no answer: {_first_line(r)}", fix)
+        out.append(Result(r.status, f"node {node}: {r.found}", r.fix))
+    return out
 
 
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def look(items: Sequence[tuple[str, str]]) -> list[tuple[str, str, str, str]]:
-    """(setting, path, state, detail) for each (setting, path): state ok | missing | unreadable | hf_cached |
-    hf_remote | hf_offline. Standard library and huggingface_hub only: it also runs as a Ray task on each node."""
-    out = []
+def readable(items: Sequence[tuple[str, str]]) -> Result:
+    """Whether each (setting, path) is readable: FAIL when one is missing or unreadable, WARN for an HF id to
+    download. It also runs as a Ray task on each node."""
+    ok, bad, remote = 0, [], []
     for key, path in items:
         local = os.path.expanduser(path)
-        if key == "model.path" and not os.path.exists(local) and HF_ID.match(path):
-            out.append((key, path, *_hf_state(path)))
-            continue
         try:
-            if os.path.isdir(local):
+            if key == "model.path" and not os.path.exists(local) and HF_ID.match(path):
+                if not _hf_cached(path):
+                    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", ""):
+                        bad.append(f"{key}={path} an HF id, not in this node's HF cache, and HF_HUB_OFFLINE is set")
+                    else:
+                        where = "not in this node's HF cache: each worker downloads it from the hub"
+                        remote.append(f"{key}={path} is an HF id, {where}")
+                    continue
+            elif os.path.isdir(local):
                 os.listdir(local)
             else:
                 with open(local, "rb") as f:
                     f.read(1)
-            out.append((key, path, "ok", ""))
+            ok += 1
         except FileNotFoundError:
-            out.append((key, path, "missing", "does not exist"))
+            bad.append(f"{key}={path} does not exist")
         except OSError as e:
-            out.append((key, path, "unreadable", e.strerror or str(e)))
-    return out
-
-
-def _hf_state(repo: str) -> tuple[str, str]:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = isinstance(try_to_load_from_cache(repo, "config.json"), str)
-    except Exception:  # noqa: BLE001  no huggingface_hub, or a bad id
-        cached = False
-    if cached:
-        return "hf_cached", "an HF id, in this node's HF cache"
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", ""):
-        return "hf_offline", "an HF id, not in this node's HF cache, and HF_HUB_OFFLINE is set"
-    return "hf_remote", "an HF id, not in this node's HF cache: each worker downloads it from the hub"
-
-
-def summarize_paths(looked: Sequence[tuple[str, str, str, str]]) -> Result:
-    """One line for ``look``'s answer: FAIL when a path is missing or unreadable, WARN for an HF id to download."""
-    bad = [f"{k}={p} {detail}" for k, p, state, detail in looked if state in ("missing", "unreadable", "hf_offline")]
-    remote = [f"{k}={p} is {detail}" for k, p, state, detail in looked if state == "hf_remote"]
-    ok = sum(state in ("ok", "hf_cached") for _, _, state, _ in looked)
-    found = f"{ok} of {len(looked)} readable"
+            bad.append(f"{key}={path} {e.strerror or e}")
+    found = f"{ok} of {len(items)} readable"
     if bad:
         fix = "fix the paths (`emapg data prepare` writes the data files; model.path is a local directory or an HF id)"
         return Result("FAIL", "; ".join([found, *bad, *remote]), f"{fix}, on storage every node reads")
     if remote:
         fix = "download it once where every node reads it (`hf download <id>` with a shared HF_HOME)"
         return Result("WARN", f"{found}; " + "; ".join(remote), f"{fix}, or set model.path to a local copy")
-    return Result("PASS", f"{found}: " + ", ".join(f"{k}={p}" for k, p, _, _ in looked))
+    return Result("PASS", f"{found}: " + ", ".join(f"{k}={p}" for k, p in items))
+
+
+def _hf_cached(repo: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo, "config.json"), str)
+    except Exception:  # noqa: BLE001  no huggingface_hub, or a bad id
+        return False
 
 
 def check_task(ctx: Context) -> Result:
-    """The task's problems load here as `emapg train` loads them (``build.task``, one problem per split): the
-    task's optional dependencies (reasoning-gym for math_tiny) and, on the local backend, its data."""
-    from experiments.tasks import get_task  # imports every task module (numpy, and what each task needs)
-
+    """The task's problems load here as emapg train loads them: its optional dependencies, its data."""
     name = ctx.cfg.task.name
     try:
         module = get_task(name)
         if ctx.demand.backend == "verl":  # verl's workers read the prepared files (the paths check)
             return Result("PASS", f"task={name}: {module.__name__} imports; verl reads its prepared files (paths)")
-        task_problem(ctx.cfg)
+        build.task(OmegaConf.merge(ctx.cfg, {"task": {"train_size": 1, "test_size": 1}}))
     except Exception as e:  # noqa: BLE001  only what `emapg train` reports as a user error (exit 2) is judged here
         kind = classify(e)
         if kind is None or kind[1] != 2:
@@ -701,54 +688,35 @@ def check_task(ctx: Context) -> Result:
     return Result("PASS", f"task={name}: its problems load here (one per split, as `emapg train` loads them)")
 
 
-def task_problem(cfg) -> None:
-    """``experiments.build.task``, what `emapg train` calls, with one problem per split."""
-    from omegaconf import OmegaConf
-
-    from experiments import build  # hydra, omegaconf
-
-    build.task(OmegaConf.merge(cfg, {"task": {"train_size": 1, "test_size": 1}}))
-
-
 def check_checkpoint(ctx: Context) -> list[Result]:
-    """The checkpoint directory is writable here (a probe file written, read back, deleted; the space free there
-    stated) and, with --address, writable on every node and shared: each node sees a file written here.
+    """The checkpoint directory is writable here, the space free there (with --address: on every node, shared).
 
-    No WARN on the free space: the repo has no estimate of a run's checkpoint size to hold it against."""
+    Writable: a probe file written, read back, deleted; shared: each node sees a file written here. No WARN on the
+    free space: the repo has no estimate of a run's checkpoint size to hold it against."""
     d = ctx.demand
     where = existing_parent(d.checkpoints)
-    probe = os.path.join(where, f"{PROBE_PREFIX}{ctx.token}") if where else ""
     try:
-        here = writable(d.checkpoints, ctx.token)
+        found = f"{d.checkpoints}: {writable(d.checkpoints, ctx.token)}"
     except OSError as e:
-        fix = f"make it writable, or set {d.checkpoint_key}"
-        return [Result("FAIL", f"{shown_path(d.checkpoints)}: {_os_reason(e)}", fix)]
-    here = f"{here}; {_gib(ctx.probes.disk_free(where))} GiB free there"
+        return [Result("FAIL", f"{d.checkpoints}: {_os_reason(e)}", f"make it writable, or set {d.checkpoint_key}")]
+    here = [Result("PASS", f"{found}; {_gib(ctx.probes.disk_free(where))} GiB free there")]
     if ctx.cluster is None:
-        return [Result("PASS", f"{shown_path(d.checkpoints)}: {here}")]
+        return here
+    probe = os.path.join(where, f"{PROBE_PREFIX}{ctx.token}")
     try:
         _write(probe, ctx.token)  # kept until every node has looked
-        answers = ctx.cluster.on_each_node(node_checkpoint, d.checkpoints, probe, ctx.token)
+        return here + _on_each_node(ctx.cluster, node_checkpoint, d.checkpoints, probe, ctx.token, d.checkpoint_key)
     finally:
-        _remove(probe)
-    results = [Result("PASS", f"{shown_path(d.checkpoints)}: {here}")]
-    return results + [_node_result(n, a, lambda a: _judge_shared(a, d)) for n, a in sorted(answers.items())]
-
-
-def _judge_shared(answer: tuple[bool, str], d: Demand) -> Result:
-    seen, detail = answer
-    if not seen:
-        fix = f"put {d.checkpoint_key} on storage every node mounts at the same path"
-        return Result("FAIL", detail, f"{fix} (every rank writes its shards there)")
-    return Result("PASS", detail)
+        with contextlib.suppress(OSError):
+            os.remove(probe)
 
 
 def existing_parent(path: str) -> str:
-    """`path`, or its nearest ancestor that exists (the directory a run would create it in)."""
-    p = Path(os.path.expanduser(path)).absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return str(p)
+    """Absolute `path`, or its nearest ancestor that exists (the directory a run would create it in)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p) and p != os.path.dirname(p):
+        p = os.path.dirname(p)
+    return p
 
 
 def writable(path: str, token: str) -> str:
@@ -764,44 +732,32 @@ def writable(path: str, token: str) -> str:
             if f.read() != token:
                 raise OSError(errno.EIO, f"{probe} read back differently")
     finally:
-        _remove(probe)
-    made = ""
-    if where != os.path.abspath(os.path.expanduser(path)):
-        made = f" in {shown_path(where)}, its nearest existing directory"
+        with contextlib.suppress(OSError):
+            os.remove(probe)
+    made = f" in {where}, its nearest existing directory" if where != os.path.abspath(path) else ""
     return f"writable (a probe file written, read back and deleted{made})"
 
 
-def shown_path(path: str) -> str:
-    """`path` relative to the current directory when it lies below it (./ for the directory itself), else as is."""
-    here = os.getcwd()
-    if path == here:
-        return "./"
-    return os.path.relpath(path, here) if path.startswith(here.rstrip(os.sep) + os.sep) else path
-
-
-def node_checkpoint(path: str, probe: str, token: str) -> tuple[bool, str]:
-    """On a node (a Ray task): (whether it sees `probe` with `token` and can write in `path`, what it found)."""
+def node_checkpoint(path: str, probe: str, token: str, key: str) -> Result:
+    """On a node (a Ray task): whether it sees `probe` with `token` (the directory is shared) and can write in
+    `path`; `key` is the setting that moves it."""
+    fix = f"put {key} on storage every node mounts at the same path (every rank writes its shards there)"
     try:
         with open(probe, encoding="utf-8") as f:
             seen = f.read() == token
     except OSError as e:
-        return False, f"does not see {probe}, written on the driver's node ({_os_reason(e)}): not shared"
+        return Result("FAIL", f"does not see {probe}, written on the driver's node ({_os_reason(e)}): not shared", fix)
     if not seen:
-        return False, f"sees {probe} with other content: not the same directory"
+        return Result("FAIL", f"sees {probe} with other content: not the same directory", fix)
     try:
-        return True, f"sees the probe file written on the driver's node (shared); {writable(path, token)}"
+        return Result("PASS", f"sees the probe file written on the driver's node (shared); {writable(path, token)}")
     except OSError as e:
-        return False, f"sees the probe file, but cannot write there: {_os_reason(e)}"
+        return Result("FAIL", f"sees the probe file, but cannot write there: {_os_reason(e)}", fix)
 
 
 def _write(path: str, text: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.remove(path)
 
 
 def _os_reason(e: OSError) -> str:
@@ -810,12 +766,11 @@ def _os_reason(e: OSError) -> str:
 
 
 def check_wandb(ctx: Context) -> Result:
-    """W&B's mode (WANDB_MODE over logger.mode) and whether wandb imports; online: an API key is present (never
-    read out) and the W&B server answers."""
+    """W&B's mode and whether wandb imports; online: an API key present (never read out) and the server answering."""
     cfg, env = ctx.cfg, ctx.probes.environ
     if cfg.logger.name == "none":
         return Result("N/A", "logger=none: no W&B run")
-    source = "WANDB_MODE" if env.get("WANDB_MODE") else "logger.mode"
+    source = "WANDB_MODE" if env.get("WANDB_MODE") else "logger.mode"  # the variable wins
     raw = env.get("WANDB_MODE") or cfg.logger.mode
     mode = {"dryrun": "offline", "run": "online"}.get(raw, raw)
     if mode not in ("online", "offline", "disabled"):
@@ -830,37 +785,25 @@ def check_wandb(ctx: Context) -> Result:
     found = f"{mode} ({source}={raw}), wandb {getattr(module, '__version__', '?')}"
     if mode == "offline":
         return Result("PASS", f"{found}: runs are written under the run directory; `wandb sync` uploads them later")
-    return _wandb_online(ctx, found, source)
-
-
-def _wandb_online(ctx: Context, found: str, source: str) -> Result:
-    """logger.mode=online: PASS when an API key is present here (WANDB_API_KEY, or a netrc entry for the server;
-    presence only) and the server accepts a TCP connection; otherwise WARN (offline works, online will fail)."""
-    env = ctx.probes.environ
     url = urllib.parse.urlsplit(env.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL)
-    host = url.hostname or ""
-    port = url.port or (80 if url.scheme == "http" else 443)
+    host, port = url.hostname or "", url.port or (80 if url.scheme == "http" else 443)
+    key, problems = "", []
     if env.get("WANDB_API_KEY"):
         key = "WANDB_API_KEY is set"
     elif host and ctx.probes.netrc_has(host):
         key = f"a netrc entry for {host}"
     else:
-        key = ""
+        problems.append(f"no W&B API key here (no WANDB_API_KEY, no netrc entry for {host})")
     try:
         ctx.probes.connect(host, port, WANDB_CONNECT_TIMEOUT_S)
-        down = ""
     except OSError as e:
-        down = f"{host}:{port} does not answer ({e.strerror or _first_line(e)})"
+        problems.append(f"{host}:{port} does not answer ({e.strerror or _first_line(e)})")
     logs = "on verl, verl's TaskRunner logs, from its node"
-    if key and not down:
+    if not problems:
         return Result("PASS", f"{found}: {key} and {host}:{port} answers; runs are uploaded as the run goes ({logs})")
-    problems = ([] if key else [f"no W&B API key here (no WANDB_API_KEY, no netrc entry for {host})"]) + (
-        [down] if down else []
-    )
-    offline = "WANDB_MODE=offline" if source == "WANDB_MODE" else "logger.mode=offline"
     fix = (
         f"`wandb login` (or WANDB_API_KEY) and a route to {host}:{port} where the run logs ({logs}), "
-        f"or {offline} and `wandb sync` the run later"
+        f"or {source}=offline and `wandb sync` the run later"
     )
     return Result("WARN", f"{found}: {'; '.join(problems)}: offline logging works, online will fail", fix)
 
@@ -878,7 +821,7 @@ CHECKS: dict[str, Callable[[Context], Result | list[Result]]] = {
     "checkpoint": check_checkpoint,
     "wandb": check_wandb,
 }
-"""Every check, in the order of the report."""
+"""Every check, in the order of the report; the first line of each one's docstring is its `--help` line."""
 
 
 def run_checks(ctx: Context, checks: Mapping[str, Callable] = CHECKS) -> list[tuple[str, Result]]:
@@ -954,7 +897,7 @@ def answers(host: str, port: int, flag: str) -> None:
     """UserError naming `flag` unless something accepts a TCP connection at host:port within CONNECT_TIMEOUT_S (a
     Ray head that is not there would otherwise be waited for, for minutes)."""
     try:
-        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+        _tcp_connect(host, port, CONNECT_TIMEOUT_S)
     except OSError as e:
         raise UserError(
             f"{flag}: nothing answers there ({e.strerror or e}); expected the Ray head's GCS address "
@@ -1008,7 +951,7 @@ def print_help() -> None:
     print(__doc__.split("\n\n")[0])
     print(f"\n{USAGE}\n\nchecks (one line each; --address adds a line per node to paths and checkpoint):")
     for name, fn in CHECKS.items():
-        print(f"  {name:<11} {(fn.__doc__ or '').strip().splitlines()[0]}")
+        print(f"  {name:<11} {fn.__doc__.splitlines()[0]}")
     print("\nexit status: 0 when no check FAILs, 1 otherwise, 2 for bad input")
 
 
@@ -1018,8 +961,6 @@ def main(argv: Sequence[str], probes: Probes | None = None, cluster: Cluster | N
         print_help()
         return 0
     overrides, address = parse_argv(argv)
-    from experiments import build  # loads torch, omegaconf
-
     cfg = build.compose(overrides)
     build.validate(cfg)
     d = demand(cfg)

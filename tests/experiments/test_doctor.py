@@ -58,6 +58,7 @@ def fake_probes(
     bf16: bool = True,
     netrc=(),
     connect=None,
+    all_reduce=None,
 ) -> Probes:
     """Probes answering as a machine with these properties (nothing real is asked). `modules`: {name: version or
     the exception its import raises}; a submodule (vllm._C) imports when its package does, unless named there.
@@ -104,6 +105,7 @@ def fake_probes(
         bf16_supported=lambda: bf16,
         netrc_has=lambda host: host in netrc,
         connect=connect or (lambda host, port, timeout: None),  # everything answers, nothing is asked
+        all_reduce=all_reduce or (lambda ranks: None),  # sums right
     )
 
 
@@ -347,6 +349,42 @@ def test_nccl_environment(cfgs):
     assert doctor.check_nccl(ctx(cfgs["local"])).status == "N/A"
 
 
+def test_nccl_all_reduce_across_the_gpus_here(cfgs):
+    """With 2+ GPUs here the nccl check runs one all-reduce across them (verl's ranks talk over NCCL): PASS only if
+    it sums right; a failed or hung all-reduce is a FAIL with a fix."""
+    calls = []
+    ok = doctor.check_nccl(ctx(cfgs["verl"], devices=gpus(8), all_reduce=calls.append))
+    assert ok.status == "PASS" and calls == [8] and "an all-reduce across cuda:0..7 summed right" in ok.found
+
+    def hangs(ranks):
+        raise TimeoutError("no answer within 120 s")
+
+    bad = doctor.check_nccl(ctx(cfgs["verl"], devices=gpus(8), all_reduce=hangs))
+    assert bad.status == "FAIL" and "all-reduce across cuda:0..7 failed: no answer within 120 s" in bad.found
+    assert "NCCL_DEBUG=INFO" in bad.fix
+    env = {"NCCL_SOCKET_IFNAME": "ib9"}  # the settings' fixes come with it
+    assert (
+        "set NCCL_SOCKET_IFNAME" in doctor.check_nccl(ctx(cfgs["verl"], devices=gpus(8), all_reduce=hangs, env=env)).fix
+    )
+    calls.clear()
+    one = build.compose(["experiment=math_deepscaler_ema_pg", "backend.verl.n_gpus_per_node=1"])
+    assert doctor.check_nccl(ctx(one, devices=gpus(8), all_reduce=calls.append)).status == "PASS" and calls == []
+    assert doctor.check_nccl(ctx(cfgs["verl"], devices=gpus(1), all_reduce=calls.append)).status == "PASS"
+    assert (
+        doctor.check_nccl(ctx(cfgs["verl"], cuda=None, nccl=None, devices=gpus(8), all_reduce=hangs)).status == "FAIL"
+    )
+    assert calls == [] and doctor.check_nccl(ctx(cfgs["local"], devices=gpus(8), all_reduce=hangs)).status == "N/A"
+
+
+def test_the_real_all_reduce_on_the_cpu():
+    """The code the nccl check runs across the GPUs (spawned ranks, a sum), here over gloo on the CPU."""
+    doctor.all_reduce(2, "cpu", timeout_s=120)
+    beyond = __import__("torch").cuda.device_count() + 1  # one rank more than this machine has CUDA devices
+    with pytest.raises(RuntimeError) as failed:  # a rank that raises: its error, in one line
+        doctor.all_reduce(max(beyond, 2), "cuda", timeout_s=120)
+    assert "\n" not in str(failed.value) and "Traceback" not in str(failed.value)
+
+
 def test_nccl_problems_and_interface_syntax():
     assert doctor.nccl_problems({"NCCL_IB_DISABLE": "1"}, ["eth0"], nodes=2)[0][0].startswith("NCCL_IB_DISABLE")
     assert doctor.nccl_problems({"NCCL_IB_DISABLE": "1", "NCCL_P2P_DISABLE": "0"}, ["eth0"], nodes=1) == []
@@ -504,6 +542,19 @@ def test_checkpoint_dir_writable(cfgs, tmp_path):
     assert r.status == "FAIL" and "is a file, not a directory" in r.found and "run_dir" in r.fix
 
 
+def test_a_relative_checkpoint_dir_is_the_driver_s_working_directory(tmp_path, monkeypatch):
+    """verl's ranks join a relative backend.verl.checkpoint_dir to their working directory, the driver's (a local
+    Ray's workers inherit it): the line names that absolute path, where the free space is measured."""
+    monkeypatch.chdir(tmp_path)
+    cfg = build.compose(["experiment=math_deepscaler_ema_pg", "backend.verl.checkpoint_dir=ckpt/run1"])
+    d = doctor.demand(cfg)
+    assert d.checkpoints == str(tmp_path / "ckpt" / "run1")
+    asked = []
+    (r,) = doctor.check_checkpoint(ctx(cfg, d, disk_free=lambda p: asked.append(p) or 7 * GIB))
+    assert r.status == "PASS" and r.found.startswith(f"{tmp_path}/ckpt/run1: writable") and asked == [str(tmp_path)]
+    assert r.found.endswith("; 7.0 GiB free there")
+
+
 def test_a_read_only_checkpoint_dir_fails(cfgs, tmp_path, monkeypatch):
     def read_only(path, text):
         raise OSError(errno.EROFS, "Read-only file system", path)
@@ -533,11 +584,11 @@ def test_checkpoint_dir_shared_by_every_node(cfgs, tmp_path):
 def test_node_checkpoint_reads_the_token(tmp_path):
     probe = tmp_path / f"{doctor.PROBE_PREFIX}abc"
     probe.write_text("abc")
-    seen, detail = doctor.node_checkpoint(str(tmp_path), str(probe), "abc")
-    assert seen and "(shared)" in detail and "writable" in detail
+    r = doctor.node_checkpoint(str(tmp_path), str(probe), "abc", "run_dir")
+    assert r.status == "PASS" and "(shared)" in r.found and "writable" in r.found
     probe.write_text("another doctor's")  # same name, another file: not the directory the driver wrote in
-    seen, detail = doctor.node_checkpoint(str(tmp_path), str(probe), "abc")
-    assert not seen and "other content" in detail
+    r = doctor.node_checkpoint(str(tmp_path), str(probe), "abc", "run_dir")
+    assert r.status == "FAIL" and "other content" in r.found and "put run_dir on storage" in r.fix
 
 
 # ---------------------------------------------------------------------------------------------- wandb
