@@ -109,19 +109,16 @@ STAGES = {
 }
 
 
-def stage_overrides(stage: str, resume_from: str | None = None) -> dict:
-    """Run-config keys (dotted) for one stage; `resume_from` is the previous stage's global_step dir."""
+def stage_overrides(stage: str) -> dict:
+    """Run-config keys (dotted) for one stage (where it starts from: experiments.stages.verl_resume_overrides)."""
     if stage not in STAGES:
         raise ValueError(f"unknown math stage {stage!r}; allowed: {', '.join(STAGES)}")
     s = STAGES[stage]
-    extra = [f"data.seed={s.data_seed}"]
-    if resume_from:
-        extra += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={resume_from}"]
     out = {
         "rollout.max_new_tokens": s.max_response_length,
         "backend.verl.max_response_length": s.max_response_length,
         "backend.verl.mask_truncated": s.mask_truncated,
-        "backend.verl.overrides": extra,
+        "backend.verl.overrides": [f"data.seed={s.data_seed}"],
     }
     if s.iterations[1] is not None:
         out["trainer.iterations"] = s.iterations[1]

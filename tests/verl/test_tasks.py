@@ -81,9 +81,9 @@ def test_math_prepare_writes_verl_parquet(tmp_path):
 def test_math_stages_and_protocols():
     assert [m.STAGES[k].max_response_length for k in ("8k", "16k", "24k")] == [8192, 16384, 24576]
     assert m.STAGES["8k"].mask_truncated and not m.STAGES["16k"].mask_truncated
-    o = m.stage_overrides("16k", resume_from="/ckpt/global_step_480")
+    o = m.stage_overrides("16k")
     assert o["rollout.max_new_tokens"] == 16384 and o["trainer.iterations"] == 800
-    assert "trainer.resume_from_path=/ckpt/global_step_480" in o["backend.verl.overrides"]
+    assert o["backend.verl.overrides"] == ["data.seed=986"]
     assert o["backend.verl.mask_truncated"] is False and m.stage_overrides("8k")["backend.verl.mask_truncated"] is True
     assert "trainer.iterations" not in m.stage_overrides("24k")  # its end is unpublished
     p = m.PROTOCOLS["readme"]
