@@ -143,11 +143,11 @@ def variant_of(knobs: dict[str, Any]) -> str:
     method = method_of(knobs.get("anchor_tau"))
     kl = str(knobs.get("kl_type") or "?")
     if "topk" in kl.lower():
-        kl += f" k={_fmt(knobs.get('kl_k'))}" + (f", {knobs['kl_tail']}" if knobs.get("kl_tail") else "")
+        kl += f" k={fmt(knobs.get('kl_k'))}" + (f", {knobs['kl_tail']}" if knobs.get("kl_tail") else "")
     if _is_num(knobs.get("kl_coef")) and knobs["kl_coef"] == 0:
         kl = "no KL"
     if method == "EMA-PG":
-        return f"EMA-PG (τ={_fmt(knobs.get('anchor_tau'))}, P={_fmt(knobs.get('anchor_period'))}; {kl})"
+        return f"EMA-PG (τ={fmt(knobs.get('anchor_tau'))}, P={fmt(knobs.get('anchor_period'))}; {kl})"
     return f"GRPO ({kl})"
 
 
@@ -161,9 +161,7 @@ def label_coefs(runs: pd.DataFrame) -> dict[str, str]:
             continue
         for rid, variant, coef in task_runs[["run_id", "variant", "kl_coef"]].itertuples(index=False):
             if _is_num(coef) and coef != 0:
-                out[rid] = (
-                    f"{variant[:-1]}, β={_fmt(coef)})" if variant.endswith(")") else f"{variant} (β={_fmt(coef)})"
-                )
+                out[rid] = f"{variant[:-1]}, β={fmt(coef)})" if variant.endswith(")") else f"{variant} (β={fmt(coef)})"
     return out
 
 
@@ -191,7 +189,7 @@ def check_iterations(rows: list[dict[str, Any]], path: str | Path) -> None:
         if last is not None and it <= last:
             what = "repeats an iteration already logged" if it in seen else "goes back"
             raise ValueError(
-                f"{path}:{n}: iteration {_fmt(it)} {what} (the line before it logged iteration {_fmt(last)}): "
+                f"{path}:{n}: iteration {fmt(it)} {what} (the line before it logged iteration {fmt(last)}): "
                 "a run record's iterations only increase, so two processes wrote this record; move the run out "
                 "of the directory reported on, or keep one writer's lines"
             )
@@ -410,7 +408,8 @@ def _is_scalar(v: Any) -> bool:
     return v is None or isinstance(v, (str, int, float, bool))
 
 
-def _fmt(v: Any) -> str:
+def fmt(v: Any) -> str:
+    """A knob or config value as a label shows it: a float in %g, anything else as str."""
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 

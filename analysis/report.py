@@ -145,7 +145,7 @@ def one_per_config(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             f"{_where(dup)} repeats the configuration and seed of {_where(first)} "
             f"({'differing in ' + diff if diff else 'the same settings'}): not counted; {first['run_id']} is "
             f"(of such runs, the finished one with the most iterations done is counted: "
-            f"{_fmt(dup['iterations_done'])} vs {_fmt(first['iterations_done'])})"
+            f"{load.fmt(dup['iterations_done'])} vs {load.fmt(first['iterations_done'])})"
         )
     return runs[~runs["run_id"].isin(repeated["run_id"])], notes
 
@@ -166,7 +166,7 @@ def _differing(a: pd.Series, b: pd.Series) -> str:
             continue
         x, y = a.get(col), b.get(col)
         if not tables.same(x, y):
-            out.append(f"{key}: {_fmt(x)} vs {_fmt(y)}")
+            out.append(f"{key}: {load.fmt(x)} vs {load.fmt(y)}")
     return "; ".join(out)
 
 
@@ -300,7 +300,7 @@ def _task_ablations(
         others = [k for k in varying if k != knob]
         sub, hue = runs, "other knobs" if others else None
         if others:
-            held = runs[others].apply(lambda r: ", ".join(f"{k}={_fmt(v)}" for k, v in r.items()), axis=1)
+            held = runs[others].apply(lambda r: ", ".join(f"{k}={load.fmt(v)}" for k, v in r.items()), axis=1)
             sub = runs.assign(**{hue: held})
             if sub.groupby(hue)[knob].nunique().max() < 2:
                 skipped.append(
@@ -473,7 +473,3 @@ def _sweep_metric(root: Path) -> str | None:
     data = yaml.safe_load(spec.read_text(encoding="utf-8")) or {}
     metric = data.get("metric") if isinstance(data, dict) else None
     return metric if isinstance(metric, str) else None
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)

@@ -1,9 +1,9 @@
 """Aggregate statistics over seeds, and the one procedure that compares two methods.
 
-Scores are arrays of shape (R, M): R runs (seeds) x M tasks; a 1-D array is one task. Aggregates reduce the last
-two axes, so the bootstrap evaluates them on a whole (reps, R, M) stack at once. Every random function takes an
-explicit `seed`. Descriptive intervals are percentile bootstrap CIs stratified by task, rliable style (Agarwal et
-al., NeurIPS 2021).
+Scores are arrays of shape (R, M): R runs (seeds) x M tasks; a 1-D array is one task. An aggregate (`mean_score`)
+reduces the last two axes, so the bootstrap evaluates it on a whole (reps, R, M) stack at once. Every random
+function takes an explicit `seed`. Descriptive intervals are percentile bootstrap CIs stratified by task, rliable
+style (Agarwal et al., NeurIPS 2021).
 
 Deciding whether one method beats another is `compare`: an exact permutation test (paired over seeds
 when both methods ran the same seeds, which share the warm start, data order and sampling streams),
@@ -11,7 +11,7 @@ whose CI is the test inverted, so "the CI excludes 0" and "p <= alpha" are the s
 false-"clear" rate under no effect is at most alpha at every n (tests/analysis/test_error_rates.py
 measures it); sequential looks (adaptive seeds) split alpha with `look_alphas`.
 
-    point, lo, hi = bootstrap_ci(scores, iqm, reps=2000, seed=0)
+    point, lo, hi = bootstrap_ci(scores, reps=2000, seed=0)
     c = compare(scores_ema, scores_grpo, paired=True, alpha=0.05)   # c.gain, c.ci, c.p, c.verdict
     alphas = look_alphas([3, 5, 7], 0.05)                           # per-look levels of adaptive seeds
     pass_at_k(n=32, c=5, k=4)                                       # unbiased Codex estimator
@@ -48,17 +48,6 @@ def as_scores(scores: Sequence[float] | np.ndarray) -> np.ndarray:
 def mean_score(s: np.ndarray) -> np.ndarray:
     """Mean over runs and tasks (the last two axes)."""
     return np.asarray(s).mean(axis=(-2, -1))
-
-
-def iqm(s: np.ndarray) -> np.ndarray:
-    """Interquartile mean over runs and tasks (last two axes): the mean after dropping
-    floor(n/4) values at each end of the sorted n = R*M scores; scipy.stats.trim_mean(x, 0.25),
-    which rliable uses."""
-    s = np.asarray(s, dtype=float)
-    flat = np.sort(s.reshape(*s.shape[:-2], -1), axis=-1)
-    n = flat.shape[-1]
-    cut = int(0.25 * n)
-    return flat[..., cut : n - cut].mean(axis=-1)
 
 
 def bootstrap_ci(
@@ -269,22 +258,14 @@ def paired_poi(x, y) -> float:
 # ---------------------------------------------------------------- over tidy frames
 
 
-def summarize(
-    frame: pd.DataFrame,
-    value: str,
-    by: str | list[str],
-    *,
-    reps: int = 2000,
-    seed: int = 0,
-    statistic: Aggregate = mean_score,
-) -> pd.DataFrame:
-    """Per group: mean (or `statistic`), bootstrap CI over the group's rows (runs), n; NaN values dropped first.
+def summarize(frame: pd.DataFrame, value: str, by: str | list[str], *, reps: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per group: mean, bootstrap CI over the group's rows (runs), n; NaN values dropped first.
     Columns: *by, "mean", "ci_low", "ci_high", "n"."""
     keys = [by] if isinstance(by, str) else list(by)
     out = []
     for group, sub in frame.dropna(subset=[value]).groupby(keys, sort=True, dropna=False):
         vals = sub[value].to_numpy(dtype=float)
-        point, lo, hi = bootstrap_ci(vals, statistic, reps=reps, seed=seed)
+        point, lo, hi = bootstrap_ci(vals, reps=reps, seed=seed)
         group = group if isinstance(group, tuple) else (group,)
         out.append({**dict(zip(keys, group)), "mean": point, "ci_low": lo, "ci_high": hi, "n": len(vals)})
     return pd.DataFrame(out, columns=[*keys, "mean", "ci_low", "ci_high", "n"])
