@@ -4,25 +4,13 @@ two-node Ray cluster, at world size 2, two trials at once, with a node lost and 
     emapg rehearse sweeps/math_deepscaler_ema_pg.yaml --layout across   # nnodes=2, one rank on each node
     emapg rehearse sweeps/search_r1_ema_pg.yaml                         # --layout within: 1 node x 2 ranks
 
-1. The tiny model, the data in the real schema and (search) the retriever: ``experiments.ops.rehearse.Shared``.
-2. The rehearsal spec (``rehearsal_spec``): the sweep's grid points at its first seed, each with the rehearsal
-   overrides of a single-config rehearsal (``experiments.ops.rehearse.rehearsal_settings``: CPU platform, hf
-   rollout, tiny sizes, a checkpoint every step, the anchor period 2) and world size 2 (``LAYOUTS``).
-3. A local Ray cluster of two nodes (``ray.cluster_utils.Cluster``: two raylets on this machine, each with
-   ``NODE_CPUS`` CPUs and ``NODE_GPUS`` virtual GPUs, on 127.0.0.1).
-4. ``emapg sweep <spec> --address <cluster> --out <dir>``, the command a user runs, in its own process group.
-5. Once a trial has logged a step and written its checkpoint: the second node's processes are killed (a node
-   lost) and a fresh node joins; Tune retries the trials that were on it (``max_failures``) from verl's last
-   checkpoint.
-6. Once a retried trial has logged a step of its new attempt: the sweep's driver is SIGKILLed, then
-   ``emapg sweep ... --resume`` finishes the sweep.
-7. Every trial's run directory is checked (``checks``); the exit status is 0 only when every check passed.
-
-Every process's output is kept under ``<out>/<spec>__<layout>/logs/`` (``LOGS``), after a pass too. A failure,
-whether a check, a wait or an exception, ends the output with one line: ``FAILED: <what>; logs: <that folder>``.
-No wait has a fixed wall-clock limit that a loaded machine could miss while the sweep still moves: a phase fails
-after ``STALL_S`` without progress (``_wait``), a node has ``NODE_START_S`` to register (Ray's own wait is 30 s), and
-Ray workers ``WORKER_REGISTER_S`` to register with their raylet (Ray's default: 60 s).
+The rehearsal spec (``rehearsal_spec``) runs the sweep's grid points at its first seed with a single-config
+rehearsal's overrides (``experiments.ops.rehearse``) at world size 2 (``LAYOUTS``) on a local Ray cluster of two
+nodes (``LocalCluster``): once a trial has a checkpoint the second node is lost and Tune retries its trials; once a
+retry has stepped, the driver is SIGKILLed and ``emapg sweep --resume`` finishes the sweep; then ``checks``. Every
+process's output is kept under ``<out>/<spec>__<layout>/logs/``; a failure ends the output with one line,
+``FAILED: <what>; logs: <that folder>``. No wait has a wall-clock limit a loaded machine could miss while the sweep
+still moves (``_wait``).
 
 What this proves and what only GPUs can show: docs/scaling-out.md.
 """
@@ -67,38 +55,29 @@ from experiments.records import RESUMES
 from experiments.verl_metrics import FILE
 from sweeps import spec as sweep_spec
 
+# Samples per prompt. With 2, a run now and then drew equal rewards in every group at every step: no gradient, and
+# nothing for the anchor check (``check_sharded``) to observe.
 GROUP_SIZE = 4
-"""Samples per prompt. With 2, a run now and then drew equal rewards in every group at every step: no advantage, no
-gradient, a policy that never left its anchor, and nothing for the anchor check (``check_sharded``) to observe."""
-LAYOUTS = {
+LAYOUTS = {  # world size 2: one rank on each of two nodes, or two ranks on one node
     "across": {"backend.verl.nnodes": 2, "backend.verl.n_gpus_per_node": 1},
     "within": {"backend.verl.nnodes": 1, "backend.verl.n_gpus_per_node": 2},
 }
-"""World size 2: one rank on each of two nodes, or two ranks on one node."""
-NODE_CPUS, NODE_GPUS = 16, 2
-"""Each node of the rehearsal cluster: Ray CPUs (reservations, not cores) and virtual GPUs (verl's CPU platform)."""
+NODE_CPUS, NODE_GPUS = 16, 2  # per node: Ray CPUs (reservations, not cores) and virtual GPUs (verl's CPU platform)
 STEPS = 4  # per trial: the anchor updates after steps 2 and 4 (period 2), checkpoints 3 and 4 are kept
+# A phase fails once no trial has started, attempted again, logged a step, written a checkpoint or printed for this
+# long (``_wait``); a trial that prints but never steps ends at its own STEP_TIMEOUT_S and Tune retries it.
 STALL_S = 1800.0
-"""A phase (the sweep to a kill point, or the resumed sweep to its end) fails once no trial has started, attempted
-again, logged a step, written a checkpoint or printed (its verl job's log) for this long (``_wait``). A trial that
-prints but never steps ends at its own limit (``experiments.ops.rehearse.STEP_TIMEOUT_S``) and Tune retries it."""
+# For a node to register with the GCS and the GCS to write its port (Ray's own waits: 30 s), and for a Ray worker to
+# register with its raylet (Ray's default: 60 s; verl starts about ten per trial at once, on busy cores).
 NODE_START_S = 600.0
-"""A node of the rehearsal cluster has this long to register with the GCS (a few seconds on an idle machine; Ray's
-own ``Cluster.add_node`` waits 30 s), and the GCS to write its port (Ray: 30 s; RAY_gcs_server_port_wait_time_s)."""
 WORKER_REGISTER_S = 600
-"""Ray's worker_register_timeout_seconds on the rehearsal cluster (Ray's default: 60): a Python worker that starts
-beside many others (verl starts about ten per trial at once) on busy cores may take longer to register."""
-LOGS = "logs"
-"""The rehearsal's folder of every process's output, kept after a pass too: ``rehearse.log`` (all this command
-printed), ``sweep.log`` (the driver), ``ray/`` (``_keep_logs``), ``trials.txt`` (``_trial_logs``), ``retriever.log``
-and, after a failure, ``failure.txt``; what each holds: docs/scaling-out.md, "Rehearse the sweep itself"."""
+LOGS = "logs"  # every process's output, kept after a pass too (docs/scaling-out.md, "Rehearse the sweep itself")
 
 
 # ---------------------------------------------------------------------------- the rehearsal spec
 def rehearsal_spec(spec_path: str, shared, layout: str, steps: int = STEPS) -> dict:
-    """The sweep YAML (as a mapping) that rehearses `spec_path`: its grid points at its first seed, each with the
-    rehearsal overrides of its config and world size 2 (`layout`). Overrides all points share go to
-    ``base.overrides``; the others join the point in one joint grid entry."""
+    """The sweep YAML (a mapping) that rehearses `spec_path`: its grid points at its first seed with their rehearsal
+    overrides; those all points share go to ``base.overrides``, the others join the point in one joint grid entry."""
     s = sweep_spec.load(spec_path)
     if s.backend != "verl" or s.search != "grid":
         raise ValueError(
@@ -124,8 +103,7 @@ def rehearsal_spec(spec_path: str, shared, layout: str, steps: int = STEPS) -> d
 
 
 def _world_size_2(o: dict, layout: str) -> dict:
-    """The rehearsal overrides at world size 2: the layout's nodes and ranks, and each rank's micro-batch the size
-    of its half of a mini-batch (verl's fixed-size micro-batches must divide what a rank gets)."""
+    """The overrides at world size 2: the layout, and each rank's micro-batch its half of a mini-batch."""
     o = {**o, **LAYOUTS[layout], "rollout.group_size": GROUP_SIZE}
     per_rank = o["rollout.prompts_per_iter"] * o["rollout.group_size"] // o["trainer.mini_batches"] // 2
     return {**o, "backend.verl.micro_batch_size_per_gpu": per_rank}
@@ -133,8 +111,8 @@ def _world_size_2(o: dict, layout: str) -> dict:
 
 # ---------------------------------------------------------------------------- the cluster
 class LocalCluster:
-    """Two raylets on this machine (``ray.cluster_utils.Cluster``); the second can be lost and replaced. ``start``
-    starts them; ``logs_dir`` is then the Ray session's log folder, which every node of it writes to."""
+    """Two raylets on this machine (``ray.cluster_utils.Cluster``); the second can be lost and replaced. After
+    ``start``, ``logs_dir`` is the Ray session's log folder, which every node writes to."""
 
     def __init__(self):
         self.cluster, self.worker, self.added = None, None, 0
@@ -222,8 +200,7 @@ def _wait(
         time.sleep(1.0)
 
 
-DRIVER_LOG = "verl_driver.log"
-"""A trial's verl job's output, in its run directory (``backends.verl.main.DRIVER_LOG``, which loads verl)."""
+DRIVER_LOG = "verl_driver.log"  # a trial's verl job's output, in its run directory (backends.verl.main's, loads verl)
 
 
 def _moves(sweep_dir: Path) -> tuple:
@@ -243,9 +220,7 @@ def _progress(run_dir: Path) -> int:
 
 def _retry_progress(run_dir: Path) -> int:
     """``_progress`` of the attempt the trial's last retry started: 0 until that attempt's verl job has written its
-    own metrics file. The retry writes its resumes.jsonl line at once, but the earlier attempt's metrics file stays
-    the live one until the new job's TaskRunner renames it (``rotate``), minutes later on busy cores: until then its
-    steps are the killed attempt's, not the retry's."""
+    own metrics file (the earlier attempt's stays the live one until the new job renames it, minutes later)."""
     live, resumes = run_dir / FILE, run_dir / RESUMES
     if not (live.is_file() and resumes.is_file()) or live.stat().st_mtime_ns <= resumes.stat().st_mtime_ns:
         return 0
@@ -299,7 +274,10 @@ def checks(sweep_dir: Path) -> dict[str, list]:
         got = [c(run_dir, e) for c in rehearse.CHECKS if c is not rehearse.check_resume]
         got += [check_attempts(run_dir, e), check_sharded(run_dir, e)]
         out[run_dir.name] = got
-    rows = list(_csv(sweep_dir / "sweep.csv"))
+    rows = []
+    if (sweep_dir / "sweep.csv").is_file():
+        with open(sweep_dir / "sweep.csv") as f:
+            rows = list(csv.DictReader(f))
     finished = [r["status"] for r in rows]
     report = (sweep_dir / "report" / "index.md").is_file()
     ok = bool(rows) and all(s == "finished" for s in finished) and report and len(rows) == len(out)
@@ -307,12 +285,6 @@ def checks(sweep_dir: Path) -> dict[str, list]:
     detail = f"sweep.csv: {finished}; report/index.md written: {report}"
     out["sweep"] = [Check("sweep", ok, f"{detail}; trials with more than one attempt (node loss, driver kill): {hit}")]
     return out
-
-
-def _csv(path: Path):
-    if path.is_file():
-        with open(path) as f:
-            yield from csv.DictReader(f)
 
 
 def check_attempts(run_dir: Path, e):
@@ -333,10 +305,9 @@ def check_attempts(run_dir: Path, e):
 
 
 def check_sharded(run_dir: Path, e, world: int = 2):
-    """The kept checkpoints were written by `world` ranks (policy and anchor); for tau < 1 the anchor of the last
-    step, gathered from both ranks' shards, is the EMA of the gathered policy and the anchor of the step before
-    (tau * anchor + (1 - tau) * policy after an update step, else unchanged), to ``ULPS`` float32 units in the last
-    place of each weight (``_ulps``; a tau off by 0.01 misses by about 1e5 of them)."""
+    """The kept checkpoints were written by `world` ranks; for tau < 1 the last step's anchor, gathered from the
+    shards, is tau * anchor + (1 - tau) * policy of the step before after an update step, else unchanged, to
+    ``ULPS`` float32 units in the last place (a tau off by 0.01 misses by about 1e5 of them)."""
     root = run_dir / "checkpoints"
     last, prev = root / f"global_step_{e.steps}", root / f"global_step_{e.steps - 1}"
     parts = [d / "actor" for d in (prev, last)] + ([d / "anchor" for d in (prev, last)] if e.tau < 1 else [])
@@ -367,9 +338,8 @@ ULPS = 4.0  # float32 rounding the anchor's EMA may differ by from the same EMA 
 
 
 def _ulps(got, want, *operands) -> float:
-    """max |got - want| in float32 units in the last place of the largest of |want| and the |operands| it was computed
-    from, element by element (float64 tensors): float32 rounding of tau * a + (1 - tau) * p is within a few of them,
-    also where the two terms cancel."""
+    """max |got - want| in float32 units in the last place of the largest of |want| and the |operands|, element by
+    element: float32 rounding of tau * a + (1 - tau) * p is within a few of them, also where the terms cancel."""
     scale = want.abs()
     for t in operands:
         scale = torch.maximum(scale, t.abs())
@@ -470,9 +440,8 @@ def _say_to(path: Path) -> Callable[[str], None]:
 
 
 def _keep_logs(logs: Path, cluster: LocalCluster, shared, sweep_dir: Path) -> None:
-    """Into `logs`: the Ray session's logs (every node's; copied, Ray leaves its own under its temp dir), the index of
-    each trial's files among them (trials.txt) and the retriever's log. Best effort: what could not be copied is
-    named in NOT_COPIED.txt, and the rehearsal's own failure, if any, is still the one reported."""
+    """Into `logs`: the Ray session's logs, the index of each trial's files among them (trials.txt) and the
+    retriever's log. Best effort: what could not be copied is named in NOT_COPIED.txt."""
     try:
         if cluster.logs_dir is not None and cluster.logs_dir.is_dir():
             try:
@@ -492,9 +461,8 @@ WORKER_LOG = re.compile(r"^worker-[0-9a-f]+-(?P<job>[0-9a-f]+)-\d+\.(out|err)$")
 
 
 def _trial_logs(sweep_dir: Path, ray_logs: Path) -> str:
-    """Per trial run: its verl job's driver log (in its run directory), the Ray worker logs that name its run
-    directory, and every worker log of a Ray job whose logs name that run only (the verl job the trial starts: its
-    task runner, workers, rollout and reward servers)."""
+    """Per trial run: its verl job's driver log, the Ray worker logs that name its run directory, and every worker
+    log of a Ray job whose logs name that run only (the verl job the trial starts)."""
     files = sorted(p for p in ray_logs.glob("worker-*") if WORKER_LOG.match(p.name))
     runs = [r.name for r in _runs(sweep_dir)]
     named = {p: {r for r in runs if r in p.read_text(errors="replace")} for p in files}
