@@ -390,9 +390,6 @@ def wandb_raw_run(run: Any, path: str) -> RawRun:
     )
 
 
-# ---------------------------------------------------------------- small helpers
-
-
 def _lookup(flat: dict[str, Any], paths: tuple[str, ...]) -> Any:
     for p in paths:
         if p in flat and _is_scalar(flat[p]):

@@ -431,9 +431,6 @@ def main_figures(argv: Sequence[str] | None, audit_fn: Callable[[], Mapping[str,
     return 0
 
 
-# ---------------------------------------------------------------- helpers
-
-
 def _curve_metrics(task: str, columns: Sequence[str]) -> dict[str, str]:
     """benchmark -> the eval metric to plot: the first of the task's REPORTING.metrics that it logs."""
     found: dict[str, str] = {}

@@ -20,8 +20,6 @@ from matplotlib.patches import Patch
 
 from analysis.figures import style
 
-# ---------------------------------------------------------------- kl_estimators_bias
-
 ESTIMATOR_REQUIRED = ("estimator", "direction", "tail", "k", "value_bias", "grad_bias", "variance", "grad_variance")
 VERDICT = {True: "✓", False: "✗"}
 
@@ -76,8 +74,6 @@ def _pair(ax: Axes, labels: list[str], value: Any, grad: Any, xlabel: str) -> No
     ax.set_xlabel(xlabel)
 
 
-# ---------------------------------------------------------------- topk_variance
-
 TOPK_REQUIRED = ("direction", "tail", "k", "value_variance", "grad_variance")
 DASHES = {"paper": "-", "unbiased": "--", "none": ":"}
 TOPK_PANELS = (
@@ -120,9 +116,6 @@ def topk_variance(rows: Any) -> Figure:
     return style.legend_below(fig, handles, foot, min(3, len(labels)), labels)
 
 
-# ---------------------------------------------------------------- anchor_horizon
-
-
 @style.styled
 def anchor_horizon(rows: Any) -> Figure:
     """`rows`: anchor-horizon records (analysis.audit_schema.HORIZON_FIELDS), one line per period."""
@@ -142,8 +135,6 @@ def anchor_horizon(rows: Any) -> Figure:
     note = "one EMA update every P iterations: θ_ema ← τ·θ_ema + (1−τ)·θ"
     return style.finish(fig, f"EMA anchor horizon {style.OURS_ARITHMETIC}", note)
 
-
-# ---------------------------------------------------------------- stability_region
 
 MAX_PANELS = 6
 
