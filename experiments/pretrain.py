@@ -338,13 +338,10 @@ def pretrain(
 
 
 @torch.no_grad()
-def rollout(
-    model, tokenizer, task, env, prompts: list[str], *, greedy: bool, max_new_tokens: int | None = None
-) -> list[str]:
+def rollout(model, tokenizer, task, env, prompts: list[str], *, greedy: bool) -> list[str]:
     """Responses for `prompts` with HF `generate` and the task's tool loop (reference version): each turn generates
-    until EOS, a stop string or `max_new_tokens`; text `task.tool_response` returns is appended and generation
+    until EOS, a stop string or `task.MAX_NEW_TOKENS`; text `task.tool_response` returns is appended and generation
     continues, at most `task.MAX_TURNS` times. Sampling is at temperature 1, untruncated."""
-    budget = max_new_tokens or task.MAX_NEW_TOKENS
     responses, active = [""] * len(prompts), list(range(len(prompts)))
     for turn in range(task.MAX_TURNS + 1):
         texts = [prompts[i] + responses[i] for i in active]
@@ -352,7 +349,7 @@ def rollout(
         sampling = {} if greedy else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
         out = model.generate(
             **enc,
-            max_new_tokens=budget,
+            max_new_tokens=task.MAX_NEW_TOKENS,
             **sampling,
             stop_strings=list(task.STOP_STRINGS) or None,
             tokenizer=tokenizer,
@@ -373,20 +370,16 @@ def rollout(
     return responses
 
 
-def heldout_accuracy(
-    path: str | os.PathLike, task: str, *, n: int = 100, seed: int = 0, samples: int = 1, knobs: dict | None = None
-) -> dict[str, float]:
-    """Greedy and mean sampled accuracy (`samples` per problem) of the checkpoint at `path` on `n` test problems."""
+def heldout_accuracy(path: str | os.PathLike, task: str, knobs: dict, n: int = 100) -> dict[str, float]:
+    """Greedy and sampled accuracy of the checkpoint at `path` on `n` test problems (seed 0)."""
     t = get_task(task)
-    knobs = knobs or {}
     env = t.make_env(**knobs)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    examples = t.load("test", n, seed=seed, **knobs)
-    torch.manual_seed(seed)
+    examples = t.load("test", n, seed=0, **knobs)
+    torch.manual_seed(0)
     greedy = accuracy(model, tokenizer, t, env, examples)
-    sampled = [accuracy(model, tokenizer, t, env, examples, greedy=False) for _ in range(samples)]
-    return {"greedy": greedy, "sampled": sum(sampled) / samples}
+    return {"greedy": greedy, "sampled": accuracy(model, tokenizer, t, env, examples, greedy=False)}
 
 
 # ---------------------------------------------------------------- CLI
@@ -426,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = pretrain(task, model_cfg=model_cfg, knobs=knobs, **args)  # unknown keys raise, naming the allowed
     print(path)
     if do_eval:
-        acc = heldout_accuracy(path, task, n=100, knobs=knobs)
+        acc = heldout_accuracy(path, task, knobs or {})
         print(f"held-out accuracy on 100 test problems: greedy {acc['greedy']:.2f}, sampled {acc['sampled']:.2f}")
     return 0
 
