@@ -526,10 +526,10 @@ class RunRecord:
             raise ValueError(f"eval rows need an integer 'iteration'; got {bad[0]!r}")
         self._append(EVALS, out)
 
-    def rewind(self, iteration: int | None, time_s: float | None = None) -> None:
+    def rewind(self, iteration: int | None) -> None:
         """Keep only lines with iteration <= `iteration` (None: all complete lines), so a resumed run never
-        duplicates steps. time_s continues from `time_s` (by default the last kept line's) plus the time since
-        `create`: work lost after the checkpoint and the downtime before the restart are not counted."""
+        duplicates steps. time_s continues from the last kept line's plus the time since `create`: work lost after
+        the checkpoint and the downtime before the restart are not counted."""
 
         def keep(r: dict) -> bool:
             return iteration is None or r["iteration"] <= iteration
@@ -538,7 +538,7 @@ class RunRecord:
         _guarded(_rewrite_jsonl, self.run_dir / EVALS, keep)
         last = max(rows, key=lambda r: r["iteration"]) if rows else None
         self.last_iteration = last["iteration"] if last else None
-        self._offset_s = float(time_s if time_s is not None else (last or {}).get("time_s") or 0.0)
+        self._offset_s = float((last or {}).get("time_s") or 0.0)
 
     def state(self) -> dict:
         """Small state to keep in a checkpoint: the clock, and the config it was trained under (a resume compares
@@ -549,24 +549,24 @@ class RunRecord:
         """Write summary.json, then status=finished; return the summary."""
         return self._close("finished", None, extra_summary)
 
-    def interrupt(self, message: str, extra_summary: Mapping[str, Any] | None = None) -> dict:
+    def interrupt(self, message: str) -> dict:
         """Write summary.json, then status=interrupted followed by `message` (what stopped it, where to resume)."""
-        return self._close("interrupted", message, extra_summary)
+        return self._close("interrupted", message, None)
 
-    def stop_unhealthy(self, breach: Mapping[str, Any], extra_summary: Mapping[str, Any] | None = None) -> dict:
+    def stop_unhealthy(self, breach: Mapping[str, Any]) -> dict:
         """Write summary.json with "health" = `breach` ({"rule", "iteration", "message", "values"}, see
         ema_pg_core.health.Breach), then status=stopped_unhealthy followed by the message and the breach as JSON."""
         breach = jsonable(dict(breach))
         detail = f"{breach['message']}\n{json.dumps(breach, allow_nan=False)}"
-        return self._close(UNHEALTHY, detail, {**dict(extra_summary or {}), "health": breach})
+        return self._close(UNHEALTHY, detail, {"health": breach})
 
-    def fail(self, exc: BaseException | str, extra_summary: Mapping[str, Any] | None = None) -> dict:
+    def fail(self, exc: BaseException | str) -> dict:
         """Write summary.json, then status=failed followed by the error and its traceback."""
         if isinstance(exc, BaseException):
             error = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         else:
             error = str(exc)
-        return self._close("failed", error, extra_summary)
+        return self._close("failed", error, None)
 
     def __enter__(self) -> RunRecord:
         return self
