@@ -326,13 +326,11 @@ def after_sweep(sweep_dir: str | Path, info: SweepInfo, say: Callable[[str], Non
     """The end of `emapg sweep`: the sweep-summary run, then the dashboard, published when W&B is online,
     else its spec written with the commands that publish it later. Nothing with logger=none."""
     sweep_dir = Path(sweep_dir)
-    lg = run_logger(sweep_runs(sweep_dir))
-    if lg["name"] == "none" or resolve_mode(lg["mode"]) == "disabled":
+    if log_summary_run(sweep_dir, info) is None:  # the runs log no W&B
         return
-    log_summary_run(sweep_dir, info)
     spec = dashboard_spec(sweep_dir, info)
     path = write_spec(sweep_dir, spec)
-    if resolve_mode(lg["mode"]) != "online":
+    if resolve_mode(run_logger(sweep_runs(sweep_dir))["mode"]) != "online":
         say(f"  W&B dashboard spec: {path}\n  {publish_hint(sweep_dir)}")
         return
     try:
