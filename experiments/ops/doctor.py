@@ -287,7 +287,7 @@ class Probes:
     dist_version: Callable[[str], str] = importlib.metadata.version  # an installed distribution's version
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     interfaces: Callable[[], list[str]] = lambda: sorted(name for _, name in socket.if_nameindex())
-    # natively (torch's emulation on older GPUs not counted)
+    # bf16 in hardware: torch's emulation on older GPUs is not counted
     bf16_supported: Callable[[], bool] = lambda: torch.cuda.is_bf16_supported(including_emulation=False)
     netrc_has: Callable[[str], bool] = _netrc_has
     connect: Callable[[str, int, float], None] = _tcp_connect
@@ -299,6 +299,7 @@ class Probes:
 class Node:
     name: str  # its address (with a node id prefix where two share one)
     gpus: float
+    id: str = ""  # Ray's node id
 
 
 class Cluster(Protocol):
@@ -854,23 +855,16 @@ class RayCluster:
 
         self.ray, self.timeout_s = ray, timeout_s
 
-    def _alive(self) -> list[tuple[str, str, float]]:
-        """(node id, display name, GPUs) of each alive node."""
+    def nodes(self) -> list[Node]:
         nodes = [n for n in self.ray.nodes() if n.get("Alive")]
         ips = [n["NodeManagerAddress"] for n in nodes]
         shown = [ip if ips.count(ip) == 1 else f"{ip} ({n['NodeID'][:8]})" for n, ip in zip(nodes, ips)]
-        return [(n["NodeID"], name, float(n["Resources"].get("GPU", 0))) for n, name in zip(nodes, shown)]
-
-    def nodes(self) -> list[Node]:
-        return [Node(name, gpus) for _, name, gpus in self._alive()]
+        return [Node(name, float(n["Resources"].get("GPU", 0)), n["NodeID"]) for n, name in zip(nodes, shown)]
 
     def on_each_node(self, fn: Callable, *args) -> dict[str, Any]:
         task = self.ray.remote(num_cpus=0, max_retries=0)(fn)
         pin = self.ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
-        refs = {
-            name: task.options(scheduling_strategy=pin(node_id, soft=False)).remote(*args)
-            for node_id, name, _ in self._alive()
-        }
+        refs = {n.name: task.options(scheduling_strategy=pin(n.id, soft=False)).remote(*args) for n in self.nodes()}
         ready, _ = self.ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s)
         out: dict[str, Any] = {}
         for name, ref in refs.items():
