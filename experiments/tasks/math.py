@@ -19,7 +19,7 @@ resuming from the previous stage's checkpoint (the EMA anchor carries over). Eva
 (`PROTOCOLS`) and the unbiased pass@k estimator (`pass_at_k`) are below.
 
 Simplifications: the prompt is the raw problem as the user message (the authors' MathAgent adds
-no instruction; `Knobs.instruction` appends one); math-verify runs without its SIGALRM timeout
+no instruction); math-verify runs without its SIGALRM timeout
 (it fails outside the main thread, e.g. in Ray/verl reward workers), so boxed answers longer than
 `MAX_ANSWER_CHARS` score 0 instead of risking a slow parse.
 """
@@ -88,8 +88,6 @@ REHEARSAL = Rehearsal(prompt_tokens=128, turn_tokens=24)
 @dataclass(frozen=True)
 class Knobs:
     data_dir: str = "~/data/emapg/math"  # where `prepare` wrote the parquet files
-    instruction: str = ""  # appended to every problem (empty: the raw problem, as the authors' MathAgent)
-    require_think: bool = True  # score only the text after `</think>`, 0 without it (R1-style models)
 
 
 @dataclass(frozen=True)
@@ -144,30 +142,26 @@ def _gold(value) -> list[str]:
     return [str(v).strip() for v in values]
 
 
-def verl_row(source: str, index: int, question: str, gold: list[str], split: str, *, instruction: str = "") -> dict:
+def verl_row(source: str, index: int, question: str, gold: list[str], split: str) -> dict:
     """One verl RL-dataset row (verl's RLHFDataset schema): chat prompt, rule reward with the gold answers."""
-    content = question.strip() + (f" {instruction}" if instruction else "")
     return {
         "data_source": source,
-        "prompt": [{"role": "user", "content": content}],
+        "prompt": [{"role": "user", "content": question.strip()}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": gold},
         "extra_info": {"split": split, "index": index, "source": source},
     }
 
 
-def rows(name: str, loader: Callable[[str], Iterable[dict]] = hf_loader, instruction: str = "") -> list[dict]:
+def rows(name: str, loader: Callable[[str], Iterable[dict]] = hf_loader) -> list[dict]:
     _, _, _, q_key, a_key = SOURCES[name]
     split = "train" if name in TRAIN else "test"
-    return [
-        verl_row(name, i, ex[q_key], _gold(ex[a_key]), split, instruction=instruction)
-        for i, ex in enumerate(loader(name))
-    ]
+    return [verl_row(name, i, ex[q_key], _gold(ex[a_key]), split) for i, ex in enumerate(loader(name))]
 
 
-def prepare(out_dir: str, loader: Callable[[str], Iterable[dict]] = hf_loader, instruction: str = "") -> dict[str, str]:
+def prepare(out_dir: str, loader: Callable[[str], Iterable[dict]] = hf_loader) -> dict[str, str]:
     """Write train.parquet, test.parquet (all benchmarks), val.parquet (AIME24) and <benchmark>.parquet."""
-    tables = {name: rows(name, loader, instruction) for name in TRAIN + BENCHMARKS}
+    tables = {name: rows(name, loader) for name in TRAIN + BENCHMARKS}
     groups = {"train": TRAIN, "test": BENCHMARKS, "val": VALIDATION, **{b: (b,) for b in BENCHMARKS}}
     return write_prepared(out_dir, {file: [r for n in names for r in tables[n]] for file, names in groups.items()})
 
@@ -203,18 +197,16 @@ def prompt(example: Example) -> str:
     return example.prompt
 
 
-def extract_answer(response: str, require_think: bool = True) -> str | None:
+def extract_answer(response: str) -> str | None:
     r"""Content of the last `\boxed{}` after the last `</think>`; None without either (or if too long)."""
-    if require_think:
-        if THINK_END not in response:
-            return None
-        response = response.rsplit(THINK_END, 1)[1]
-    answer = last_boxed(response)
+    if THINK_END not in response:
+        return None
+    answer = last_boxed(response.rsplit(THINK_END, 1)[1])
     return answer if answer and len(answer) <= MAX_ANSWER_CHARS else None
 
 
-def evaluate(example: Example, response: str, require_think: bool = True) -> int:
-    pred = extract_answer(response, require_think)
+def evaluate(example: Example, response: str) -> int:
+    pred = extract_answer(response)
     gold = example.answer if isinstance(example.answer, list) else [example.answer]
     return int(pred is not None and is_equiv(pred, gold))
 
@@ -222,7 +214,7 @@ def evaluate(example: Example, response: str, require_think: bool = True) -> int
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
     """verl's custom reward function (reward.custom_reward_function.path=experiments.tasks.math)."""
     gold = _gold(list(ground_truth) if not isinstance(ground_truth, str) else ground_truth)
-    pred = extract_answer(solution_str, kwargs.get("require_think", True))
+    pred = extract_answer(solution_str)
     return float(pred is not None and is_equiv(pred, gold))
 
 

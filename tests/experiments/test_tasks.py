@@ -5,6 +5,7 @@ import random
 import pytest
 
 from experiments.tasks import TASKS, Example, get_task
+from experiments.tasks import math as math_task
 from experiments.tasks import math_tiny as M
 from experiments.tasks import search_tiny as S
 
@@ -278,3 +279,10 @@ def test_a_task_without_a_yaml_file_is_a_config_option(monkeypatch):
         assert build.compose(["task=search_tiny"]).task.name == "search_tiny"  # the YAML file still wins
     finally:
         ConfigStore.instance().repo["task"].pop("echo.yaml", None)
+
+
+@pytest.mark.parametrize("knob", ["require_think", "instruction"])
+def test_math_knobs_that_did_nothing_are_refused(knob):
+    """Both were accepted and never read (the reward always needs `</think>`; no prompt got an instruction)."""
+    with pytest.raises(ValueError, match=rf"unknown math knob\(s\) \['{knob}'\]; allowed: data_dir$"):
+        math_task.load("train", n=1, **{knob: "x"})
