@@ -1,25 +1,21 @@
-"""Rollout for the local backend: batched sampling with a KV cache, stop strings, and the
-multi-turn tool loop of Search-R1 (generation stops at the tool's stop string, the environment
-appends an observation, generation continues; after ``max_turns`` tool calls one final turn).
+"""Rollout for the local backend: batched sampling with a KV cache, stop strings, and the multi-turn tool
+loop of Search-R1 (a turn stops at the tool's stop string, the environment appends an observation,
+generation continues; after ``max_turns`` tool calls, one final turn).
 
-Shapes: B sequences, L context length. Environment tokens are part of the context but carry
-mask 0, so the PG and KL losses never see them (as Search-R1's "state_masking" does).
+Shapes: B sequences, L context length. Environment tokens are part of the context but carry mask 0, so
+the PG and KL losses never see them (Search-R1's "state_masking").
 
-Sampling-time statistics (``stats_k`` not None): the decode already computes the sampler's logits
-for every generated token, so ``rollout`` can return, per response token, the statistics the loss
-needs of pi_old (``TokenStats``: the sampled token's log-prob, the logsumexp, the own top-k indices
-and head logits, the entropy; all at the rollout temperature, without top-p) taken from those
-logits: one (B, V) block per step, never (B, T, V). Environment tokens get zeros (mask 0).
-
-Determinism: all randomness comes from the ``generator`` argument (its state is checkpointed by
-the trainer), so a resumed run samples exactly what an uninterrupted run samples. Inputs, KV cache
-and sampling live on the model's device; the generator must be on that device too.
+With ``stats_k`` set, ``rollout`` also returns pi_old's per-token ``TokenStats`` (at the rollout
+temperature, without top-p) from the logits the decode computes anyway: one (B, V) block per step, never
+(B, T, V); environment tokens get zeros. All randomness comes from ``generator`` (checkpointed by the
+trainer, on the model's device), so a resumed run samples exactly what an uninterrupted run samples.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -77,13 +73,9 @@ StepHook = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 def _stop_filter(stop: str | None, decode) -> Callable[[int], bool]:
-    """token id -> "may this token complete ``stop``?", a cached necessary condition.
-
-    The decoded tail can only end with ``stop`` when the newest token's own text holds its last
-    character (an ASCII character is one byte, and that byte belongs to the newest token); a token
-    that decodes to nothing (a skipped special token) leaves the text as it was, which did not end with
-    ``stop`` a step earlier. Non-ASCII last characters are always checked in full.
-    """
+    """token id -> "may this token complete ``stop``?", a cached necessary condition: the decoded tail can
+    end with ``stop`` only if the newest token's text holds its last character when that is ASCII (one byte,
+    of the newest token; a token decoding to nothing leaves the text as it was a step earlier)."""
     if not stop or not stop[-1].isascii():
         return lambda _tok: True
     cache: dict[int, bool] = {}
@@ -114,13 +106,10 @@ def generate(
 ) -> list[list[int]]:
     """Sample continuations for a batch of token contexts (left-padded, KV cache; temperature 0 = greedy).
 
-    A sequence stops at eos (included), at ``stop`` (the decoded tail ends with it; included) or
-    after ``max_new_tokens``. ``decode`` maps token ids to text (needed with ``stop``).
-
-    Finished rows leave the model's batch once the live ones are at most ``SHRINK_AT`` of it (a step
-    costs less with fewer rows; the KV-cache gathers stay rare). Sampling still draws for all B rows,
-    finished ones from zero logits, so the generator's stream, and hence every live row's token, does
-    not depend on which rows are still in the model's batch.
+    A sequence stops at eos or at ``stop`` (both included; ``decode``: ids -> text) or after
+    ``max_new_tokens``. Finished rows leave the model's batch once the live ones are at most ``SHRINK_AT``
+    of it; sampling still draws for all B rows (finished ones from zero logits), so the generator's stream,
+    and hence every live row's token, does not depend on which rows are still in the model's batch.
     """
     B = len(contexts)
     device = next(model.parameters()).device  # everything below (inputs, KV cache, sampling) lives here
@@ -160,10 +149,8 @@ def generate(
 
 
 def _prefill(model, contexts: list[list[int]], pad_id: int, max_new_tokens: int, device):
-    """(model output on the left-padded contexts, attention mask (B, L + max_new_tokens), L).
-
-    The mask is allocated once for the whole generation: step s attends to the view attn[:, : L + s].
-    """
+    """(model output on the left-padded contexts, attention mask (B, L + max_new_tokens), L); the mask is
+    allocated once for the whole generation: step s attends to the view attn[:, : L + s]."""
     L = max(len(c) for c in contexts)
     left = [L - len(c) for c in contexts]  # left padding per row
     ids = torch.tensor([[pad_id] * n + list(c) for n, c in zip(left, contexts)], dtype=torch.long, device=device)
@@ -235,10 +222,8 @@ def _cat_stats(parts: list[TokenStats]) -> TokenStats:
 
 
 def _end_turn(tr: Trajectory, parts: list, new: list[int], stop, *, env, tokenizer, decode, max_new, max_obs) -> bool:
-    """Append a turn's tokens to ``tr``, then the environment's observation when the turn ended at ``stop``.
-
-    Returns whether the trajectory continues (an observation was appended). ``parts``: its stats segments.
-    """
+    """Append a turn's tokens to ``tr``, then the environment's observation when the turn ended at ``stop``;
+    returns whether the trajectory continues (an observation was appended). ``parts``: its stats segments."""
     tr.response_ids += new
     tr.response_mask += [1] * len(new)
     text = decode(tr.response_ids) if stop else ""  # the last turn needs no text until the end
@@ -275,12 +260,11 @@ def rollout(
     max_obs_tokens: int = 160,
     stats_k: int | None = None,
 ) -> list[Trajectory]:
-    """One trajectory per prompt. Without ``env`` it is a single generation turn.
+    """One trajectory per prompt; without ``env``, a single generation turn.
 
-    With ``env``: up to ``max_turns`` turns ending at ``env.stop`` get an observation appended
-    (mask 0, truncated to ``max_obs_tokens``); then one final turn without the stop string.
-    ``stats_k`` (not None, sampling only): fill ``Trajectory.stats`` with the sampler's statistics
-    at ``temperature`` with its own top-``stats_k`` (0: no head), zeros for environment tokens.
+    With ``env``: up to ``max_turns`` turns ending at ``env.stop`` get an observation appended (mask 0, cut
+    to ``max_obs_tokens``), then one final turn without the stop string. ``stats_k`` (not None, sampling
+    only): fill ``Trajectory.stats`` with the sampler's own top-``stats_k`` (0: no head) statistics.
     ``temperature`` 0 decodes greedily (as ``greedy``; no statistics then).
     """
     greedy = greedy or temperature == 0
@@ -288,6 +272,9 @@ def rollout(
     trajs = [Trajectory(prompt_ids=ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
     parts: list[list[TokenStats]] = [[] for _ in trajs]  # per trajectory: stats of its segments, in order
     active = list(range(len(trajs)))
+    end_turn = partial(
+        _end_turn, env=env, tokenizer=tokenizer, decode=decode, max_new=max_new_tokens, max_obs=max_obs_tokens
+    )
     for turn in range(max_turns + 1 if env is not None else 1):
         stop = env.stop if (env is not None and turn < max_turns) else None
         ctx = [trajs[i].prompt_ids + trajs[i].response_ids for i in active]
@@ -308,22 +295,7 @@ def rollout(
         )
         for i, st in zip(active, hook.rows([len(o) for o in outs]) if hook else ()):
             parts[i].append(st)
-        still = [
-            i
-            for i, new in zip(active, outs)
-            if _end_turn(
-                trajs[i],
-                parts[i],
-                new,
-                stop,
-                env=env,
-                tokenizer=tokenizer,
-                decode=decode,
-                max_new=max_new_tokens,
-                max_obs=max_obs_tokens,
-            )
-        ]
-        active = still
+        active = [i for i, new in zip(active, outs) if end_turn(trajs[i], parts[i], new, stop)]
         if not active:
             break
     for tr, ps, text in zip(trajs, parts, tokenizer.batch_decode([t.response_ids for t in trajs], **SKIP)):

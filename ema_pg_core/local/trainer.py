@@ -3,23 +3,17 @@
 One training iteration (docs/algorithm.md), read top to bottom in ``LocalTrainer.step``:
     1. rollout: prompts_per_iter prompts x group_size samples (tool loop for tool tasks)
     2. rewards and GRPO group advantages
-    3. no-grad statistics: pi_old's log-probs (+ its top-k indices for reverse Top-k), kept by the
-       sampler while decoding (trainer.old_logprobs=auto|rollout) or from a forward pass
-       (recompute); the anchor's log-probs and its logits at those indices (its own top-k for
-       forward Top-k; full logits for exact KL) and logsumexp, from a forward pass
+    3. no-grad statistics: pi_old's (kept by the sampler while decoding, or from a forward pass:
+       trainer.old_logprobs) and the anchor's, at pi_old's top-k (reverse Top-k) or its own (forward)
     4. ppo_epochs x mini_batches PPO steps: clipped surrogate + beta * KL(policy, anchor)
     5. anchor.update(iteration): EMA after iterations period, 2*period, ...
-Evaluation (policy and anchor: greedy accuracy and pass@1 over n samples) runs before training
-and every eval_every iterations; checkpoints every save_every iterations and on SIGTERM/SIGINT.
+Evaluation (policy and anchor) runs before training and every eval_every iterations; checkpoints every
+save_every iterations and on SIGTERM/SIGINT. Everything lives on ``trainer.device`` except the data order
+(a per-epoch permutation drawn on the CPU, so it does not depend on the device).
 
-Device: ``trainer.device`` (resolved by ``ema_pg_core.local.device.resolve_device``). The trainer moves
-the policy there; the anchor copy, optimizer state, batches, rewards, advantages and the sampling
-generators follow. Only the data order (a per-epoch permutation of example indices) is drawn on
-the CPU, so it does not depend on the device. Checkpoints load onto the configured device.
-
-Simplifications vs the paper's verl runs: one process, no sequence packing, no dynamic batch
-size, pi_old is the policy before this iteration's update (as in the released code), the KL's
-importance weight uses pi_old as pi_sampling (top-p truncation ignored, as in the code).
+Simplifications vs the paper's verl runs: one process, no sequence packing, no dynamic batch size, pi_old
+is the policy before this iteration's update (as in the released code), the KL's importance weight uses
+pi_old as pi_sampling (top-p truncation ignored, as in the code).
 """
 
 from __future__ import annotations
@@ -184,11 +178,8 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ the iteration
     def step(self) -> dict:
-        """One training iteration; returns its metrics.
-
-        Shapes: P prompts, G samples per prompt, B = P * G sequences, T response tokens (padded),
-        L = prompt + response length, V vocabulary, k the Top-k head size.
-        """
+        """One training iteration; returns its metrics. Shapes: P prompts, G samples per prompt, B = P * G
+        sequences, T response tokens (padded), L = prompt + response length, V vocabulary, k the Top-k size."""
         cfg = self.cfg
         it = self.iteration + 1
         self._ensure_probe()  # before the first update: drawn by the initial policy
@@ -365,24 +356,19 @@ class LocalTrainer:
             else:
                 model.eval()
                 g = torch.Generator(device=self.device).manual_seed(self.cfg.seed * 1_000_003 + self.iteration)
-                greedy = self._rollout(model, [self.task.prompt(e) for e in exs], greedy=True)
+                prompts = [self.task.prompt(e) for e in exs]
+                greedy = self._rollout(model, prompts, greedy=True)
                 if tc.eval_temperature == 0:  # greedy samples: the greedy answers, n times (decoded once)
                     sampled = [t for t in greedy for _ in range(tc.eval_n)]
                 else:
-                    sampled = self._rollout(
-                        model,
-                        [self.task.prompt(e) for e in exs for _ in range(tc.eval_n)],
-                        generator=g,
-                        temperature=tc.eval_temperature,
-                    )
+                    n_prompts = [p for p in prompts for _ in range(tc.eval_n)]
+                    sampled = self._rollout(model, n_prompts, generator=g, temperature=tc.eval_temperature)
+                n_exs = [e for e in exs for _ in range(tc.eval_n)]
                 res = cache = (
                     [self.task.evaluate(e, t.text) for e, t in zip(exs, greedy)],
-                    np.array(
-                        [
-                            self.task.evaluate(e, t.text)
-                            for e, t in zip((e for e in exs for _ in range(tc.eval_n)), sampled)
-                        ]
-                    ).reshape(len(exs), tc.eval_n),
+                    np.array([self.task.evaluate(e, t.text) for e, t in zip(n_exs, sampled)]).reshape(
+                        len(exs), tc.eval_n
+                    ),
                 )
             g_ok, s_ok = res
             prefix = "eval" if who == "policy" else "eval_anchor"
@@ -416,7 +402,7 @@ class LocalTrainer:
                 "device": self.device.type,
                 "gen": self.gen.get_state(),
                 "torch": torch.get_rng_state(),
-                **self._cuda_rng(),
+                **({"cuda": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {}),
                 "python": random.getstate(),
                 "numpy": np.random.get_state(),
             },
@@ -444,10 +430,6 @@ class LocalTrainer:
         np.random.set_state(rng["numpy"])
         self.iteration, self.data_pos = int(s["iteration"]), tuple(s["data_pos"])
         self.probe = s.get("probe")
-
-    def _cuda_rng(self) -> dict:
-        """The global CUDA RNG state of the trainer's device (dropout etc.), when it is a CUDA device."""
-        return {"cuda": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {}
 
     def save(self) -> Path:
         """Atomically write checkpoints/iter_<N>/state.pt and the ``latest`` pointer; prune old ones."""
@@ -481,13 +463,8 @@ class LocalTrainer:
         return found[0] if found else None
 
     def resume(self, path: str | Path) -> int:
-        """Load a checkpoint onto the configured device; returns its iteration.
-
-        Loaded to host memory (map_location=cpu: works whichever device wrote it, RNG states stay the CPU
-        byte tensors they must be, no second copy of the model in device memory), then copied into the
-        trainer's tensors on ``self.device`` by the load_state_dict calls (the optimizer casts its state
-        to each parameter's device).
-        """
+        """Load a checkpoint onto the configured device; returns its iteration. Loaded to host memory first
+        (RNG states must stay CPU byte tensors; no second copy of the model in device memory)."""
         state = torch.load(Path(path) / "state.pt", weights_only=False, map_location="cpu")
         self.load_state_dict(state)
         return self.iteration
