@@ -12,18 +12,6 @@ from collections.abc import Callable
 
 import torch
 
-ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {}
-
-
-def register_advantage(name: str):
-    def deco(fn):
-        if name in ADVANTAGES:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGES[name] = fn
-        return fn
-
-    return deco
-
 
 def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-response (B,) group mean, unbiased group std and group size."""
@@ -38,16 +26,17 @@ def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.
     return mean[inv], std[inv], counts[inv]
 
 
-@register_advantage("grpo")
 def grpo(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     mean, std, _ = _group_stats(rewards, group_ids)
     return (rewards - mean) / (std + eps)
 
 
-@register_advantage("dr_grpo")
 def dr_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     mean, _, _ = _group_stats(rewards, group_ids)
     return rewards - mean
+
+
+ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {"grpo": grpo, "dr_grpo": dr_grpo}
 
 
 def compute_advantages(

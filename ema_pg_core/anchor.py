@@ -1,17 +1,11 @@
 """The EMA anchor (docs/algorithm.md, "The EMA anchor"): theta_ema <- tau * theta_ema + (1 - tau) * theta.
 
-``tau`` is the paper's eta (the weight on the old anchor). The update runs after the policy
-update of iterations period, 2*period, ... (iterations count rollout batches from 1, as in the
-released code's ``global_steps``), so with period 10 the anchor is frozen for iterations 1-10,
-then updated once, and so on. The anchor starts equal to the initial policy. tau = 1 is a fixed
-anchor (plain GRPO); tau = 0 copies the policy.
-
-Mixed: every floating parameter and every floating buffer (integer buffers such as position
-ids are constants and are skipped). The mix is one multi-tensor ``torch._foreach_lerp_`` call,
-no Python loop per parameter. With ``fp32_shadow`` the mix runs on an fp32 copy and the module
-(e.g. bf16) receives the rounded result, so small (1 - tau) steps are not rounded away; when the
-policy's dtype differs from the shadow's, the cast, the mix and the copy-out run over cache-sized
-slices instead of materialising an fp32 copy of the policy. Throughput: docs/benchmarks.md.
+``tau`` is the paper's eta. The update runs after the policy update of iterations period, 2*period, ...
+(counted from 1, as the released code's ``global_steps``); the anchor starts equal to the initial policy;
+tau = 1 is a fixed anchor (plain GRPO), tau = 0 copies the policy. Every floating parameter and buffer is
+mixed (integer buffers are constants) by one multi-tensor ``torch._foreach_lerp_``. With ``fp32_shadow`` the
+mix runs on an fp32 copy and the module (e.g. bf16) receives the rounded result, so small (1 - tau) steps are
+not rounded away. Throughput: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -41,12 +35,8 @@ def _same(a: torch.Tensor, p: torch.Tensor) -> bool:
 
 @torch.no_grad()
 def _lerp_cast_(a: torch.Tensor, p: torch.Tensor, w: float, out: torch.Tensor | None = None) -> None:
-    """a <- lerp(a, p cast to a's dtype/device, w) [then out <- a], over flat slices of SLICE elements.
-
-    Casting the whole policy first would allocate a full copy of it (page faults included) and
-    stream it through memory twice more; per slice, the cast stays in cache. On an accelerator the cost is
-    the kernel launches (three per slice), so slices there are 64x larger (``DEVICE_SLICE``).
-    """
+    """a <- lerp(a, p cast to a's dtype/device, w) [then out <- a], over flat slices: casting the whole policy
+    first would allocate a full copy of it and stream it through memory twice more."""
     if a.shape != p.shape:
         raise ValueError(f"anchor tensor shape {tuple(a.shape)} != policy tensor shape {tuple(p.shape)}")
     if not (a.is_contiguous() and p.is_contiguous() and (out is None or out.is_contiguous())):
@@ -65,12 +55,8 @@ def _lerp_cast_(a: torch.Tensor, p: torch.Tensor, w: float, out: torch.Tensor | 
 
 @torch.no_grad()
 def ema_update_(anchor: list[torch.Tensor], policy: list[torch.Tensor], tau: float) -> None:
-    """In place: anchor[i] <- tau * anchor[i] + (1 - tau) * policy[i], tau in [0, 1] (checked once, by AnchorConfig).
-
-    ``lerp(start, end, w) = start + w (end - start) = (1 - w) start + w end`` with w = 1 - tau.
-    Pairs of equal dtype/device are mixed by one fused multi-tensor op (``torch._foreach_lerp_``);
-    pairs that differ (e.g. an fp32 shadow and a bf16 policy) are cast slice by slice.
-    """
+    """In place: anchor[i] <- tau * anchor[i] + (1 - tau) * policy[i] = lerp(anchor[i], policy[i], 1 - tau), tau in
+    [0, 1] (checked by AnchorConfig); pairs of different dtype/device are cast slice by slice."""
     if len(anchor) != len(policy):
         raise ValueError(f"anchor has {len(anchor)} tensors, policy {len(policy)}")
     if tau == 1.0 or not anchor:
@@ -87,11 +73,8 @@ def ema_update_(anchor: list[torch.Tensor], policy: list[torch.Tensor], tau: flo
 def _shadow_update_(
     shadow: list[torch.Tensor], targets: list[torch.Tensor], policy: list[torch.Tensor], tau: float
 ) -> None:
-    """shadow <- lerp(shadow, policy, 1 - tau); targets <- shadow (rounded to their dtype).
-
-    Slice by slice when any cast is needed, so the policy cast and the shadow are read once from
-    memory (16 B/param for bf16 policy and module, fp32 shadow); else two foreach ops.
-    """
+    """shadow <- lerp(shadow, policy, 1 - tau); targets <- shadow (rounded to their dtype); slice by slice when any
+    cast is needed, so the policy cast and the shadow are read from memory once."""
     if all(_same(a, p) for a, p in zip(shadow, policy)):
         torch._foreach_lerp_(shadow, list(policy), 1.0 - tau)
         torch._foreach_copy_(targets, shadow)
@@ -101,12 +84,7 @@ def _shadow_update_(
 
 
 class EmaAnchor:
-    """Owns the anchor network, its schedule and (optionally) an fp32 shadow.
-
-    Args:
-        policy: the policy module at initialisation; the anchor is a deep copy of it.
-        cfg: tau (the paper's eta, the weight on the old anchor), period, fp32_shadow; validated where it was made.
-    """
+    """Owns the anchor network (a deep copy of the initial policy), its schedule and (optionally) an fp32 shadow."""
 
     def __init__(self, policy: nn.Module, cfg: AnchorConfig):
         self.cfg, self.tau = cfg, float(cfg.tau)

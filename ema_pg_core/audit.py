@@ -46,17 +46,9 @@ _V_FIELDS = {"logits", "ref_logits"}
 # Memory accounting
 # --------------------------------------------------------------------------------------
 def bytes_per_token(needs: str, *, V: int = BYTES_VOCAB, K: int = BYTES_K, iw: bool = False) -> int:
-    """Bytes per token of the ``KLInputs`` fields an estimator with capability ``needs`` reads.
-
-    fp32 values (4 B), int64 ids and indices (8 B); K-wide fields x K, V-wide fields x V; +4 B for
-    old_logp when the importance weight is on. At V=151,936, K=32:
-        sampled  logp + ref_logp                                              =         8 B
-        topk     logp, ref_logp, lse, ref_lse (4 x 4) + sampled id (8)
-                 + topk_idx (32 x 8) + logits_k, ref_logits_k (2 x 32 x 4)    =       536 B
-        full     logits + ref_logits (2 x V x 4)                              = 1,215,488 B
-    (What the update pass *stores* from earlier passes is less: for Top-k, indices + anchor
-    logits_k + anchor lse + ref_logp = 32 x 12 + 8 = 392 B; the policy's own fields are recomputed.)
-    """
+    """Bytes per token of the ``KLInputs`` fields an estimator with capability ``needs`` reads: fp32 values
+    (4 B) and int64 ids (8 B), K-wide fields x K, V-wide x V, +4 B for old_logp under the importance weight.
+    At V=151,936, K=32: sampled 8 B, topk 536 B, full 1,215,488 B."""
     total = 0
     for f in REQUIRED[needs]:
         width = K if f in _K_FIELDS else V if f in _V_FIELDS else 1
@@ -121,11 +113,8 @@ def per_sample_grads(est: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 
 def moments(name: str, z, zr, zo=None, *, k: int = 0, tail: str = "unbiased") -> dict[str, float]:
-    """Exact moments of estimator ``name`` under pi_s (pi_old = softmax(zo) if given, with s on).
-
-    Returns value_bias, grad_bias (max-abs), value_variance and grad_variance (trace of the
-    covariance of the per-sample gradient w.r.t. z) for one distribution.
-    """
+    """value_bias, grad_bias (max-abs), value_variance and grad_variance (trace of the per-sample gradient's
+    covariance) of estimator ``name`` under pi_s (pi_old = softmax(zo) if given, with s on)."""
     direction = KL_ESTIMATORS[name].direction
     q = head_indices(z, zr, zo, direction, k)
     iw = ImportanceWeight(enabled=zo is not None)
@@ -160,13 +149,9 @@ def _over_seeds(name: str, V: int, seeds: Iterable[int], off_policy: bool, **kw)
 
 
 def estimator_table(V: int = 16, k: int = 4, seeds: Iterable[int] = range(8), off_policy: bool = False) -> list[dict]:
-    """One row per registered estimator (Top-k ones once per tail mode), by exact enumeration.
-
-    Rows: {"estimator", "direction", "tail" (Top-k only, else None), "k" (Top-k only, else None),
-    "value_bias", "grad_bias", "value_unbiased", "grad_unbiased", "variance", "grad_variance",
-    "bytes_per_token"}; bytes at V=151,936 and K=32 (``bytes_per_token``), not at the audit's V, k.
-    ``off_policy``: sample from pi_old with the importance weight s on (exact KL ignores s).
-    """
+    """One row per registered estimator (Top-k ones once per tail mode), by exact enumeration (schema:
+    analysis/audit_schema.py); bytes at V=151,936 and K=32, not at the audit's V, k. ``off_policy``: sample
+    from pi_old with the importance weight s on (exact KL ignores s)."""
     seeds = list(seeds)
     rows = []
     for name, est in KL_ESTIMATORS.items():
@@ -198,11 +183,8 @@ def topk_sweep(
     tails: Sequence[str] = TAILS,
     seeds: Iterable[int] = range(8),
 ) -> list[dict]:
-    """Top-k KL from k=0 (pure K4 / K5 tail) to k=|V| (exact), on-policy, by exact enumeration.
-
-    Rows: {"direction", "tail", "k", "value_variance", "grad_variance" (means over seeds),
-    "value_bias", "grad_bias" (max over seeds)}.
-    """
+    """Top-k KL from k=0 (pure K4 / K5 tail) to k=|V| (exact), on-policy, by exact enumeration: rows of
+    direction, tail, k, the variances (means over seeds) and the biases (max over seeds)."""
     seeds = list(seeds)
     rows = []
     for direction in directions:
@@ -273,10 +255,7 @@ def stability_grid(
     etas: Sequence[float] = (0.0, 0.5, 0.9, 0.95, 0.99),
     a: float = 1.0,
 ) -> list[dict]:
-    """Rows {"alpha", "beta_c", "eta", "stable"} (+ "a", "spectral_radius", "closed_form").
-
-    ``stable`` is spectral radius < 1 of the 2x2 iteration matrix; ``closed_form`` the inequality.
-    """
+    """Rows {"alpha", "beta_c", "eta", "stable" (spectral radius < 1), "a", "spectral_radius", "closed_form"}."""
     # the default grid is offset so that no point lies exactly on the boundary (radius 1 = rounding noise)
     alphas = 0.05 * (np.arange(50) + 2**-0.5) if alphas is None else np.asarray(alphas, dtype=float)
     beta_cs = np.linspace(0.0, 20.0, 41) if beta_cs is None else np.asarray(beta_cs, dtype=float)

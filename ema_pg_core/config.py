@@ -67,10 +67,8 @@ def check_integer(name: str, value, low: int, *, null: bool = False, why: str = 
 
 
 SEED_MAX = 2**32 - 1
-"""Seeds (``seed``, ``task.data_seed``, a sweep's ``seeds:`` and ``search.seed``) are integers in [0, SEED_MAX]: the
-range of the tightest consumer, numpy's ``np.random.seed`` (the local trainer's numpy state, Optuna's and Ray Tune's
-samplers, and vLLM, which verl's rollout seeds with ``seed``). ``torch.manual_seed`` takes [-2**63, 2**64) and
-Python's ``random`` any integer."""
+"""Every seed lies in [0, SEED_MAX], the range of its tightest consumer, numpy's ``np.random.seed`` (the local
+trainer's numpy state, Optuna's and Ray Tune's samplers, vLLM's seed on verl)."""
 
 
 def check_seed(name: str, value) -> None:
@@ -81,7 +79,7 @@ def check_seed(name: str, value) -> None:
 @dataclass
 class KLConfig:
     type: str = "topk_reverse"
-    """Estimator name in ema_pg_core.kl.KL_ESTIMATORS (k1 k2 k3 k3++ k4 k5 k1+ k3+ exact_* topk_*)."""
+    """Estimator name or alias in ema_pg_core.kl (KL_ESTIMATORS, ALIASES)."""
     k: int = 32
     """Top-k head size (Top-k estimators only); 0 = pure sampled tail, |V| = exact. Paper: 32."""
     tail: str = "unbiased"
@@ -153,10 +151,6 @@ class LossConfig:
         check_number("algo.loss.log_ratio_clamp", self.log_ratio_clamp, 0, low_open=True)
 
 
-ADVANTAGE_MODES = tuple(ADVANTAGES)
-"""``algo.adv.mode`` values: the estimators registered in ``ema_pg_core.advantages.ADVANTAGES``."""
-
-
 @dataclass
 class AdvantageConfig:
     mode: str = "grpo"
@@ -165,7 +159,7 @@ class AdvantageConfig:
     """Added to the group std, > 0 (a group of equal rewards has std 0)."""
 
     def __post_init__(self):
-        _choice("algo.adv.mode", self.mode, ADVANTAGE_MODES)
+        _choice("algo.adv.mode", self.mode, tuple(ADVANTAGES))
         check_number("algo.adv.eps", self.eps, 0, low_open=True)
 
 
@@ -244,11 +238,7 @@ time on math_tiny, docs/benchmarks.md)."""
 PROBE_SIZE = 16
 """``trainer.probe_size: null``: 16 prompts in the KL probe (on verl at most ``rollout.prompts_per_iter``)."""
 
-OLD_LOGPROBS = ("auto", "rollout", "recompute")
-"""``trainer.old_logprobs`` values."""
-
-LOCAL_DEVICES = ("cpu", "cuda", "cuda:N", "auto")
-"""``trainer.device`` values of the local trainer (N = a CUDA device index)."""
+LOCAL_DEVICES = ("cpu", "cuda", "cuda:N", "auto")  # trainer.device (N = a CUDA device index)
 DEVICE_PATTERN = r"cpu|cuda|cuda:[0-9]+|auto"
 
 
@@ -259,9 +249,8 @@ class TrainerConfig:
     ppo_epochs: int = 1
     """Passes over each rollout batch. Paper: 1."""
     mini_batches: int = 2
-    """Optimizer steps per epoch: the batch is split into this many equal mini-batches, so it must divide the batch
-    (``check_batch_split``: rollout.prompts_per_iter x rollout.group_size sequences on the local backend,
-    rollout.prompts_per_iter prompts on verl). Paper: ~2 math, 10 search."""
+    """Optimizer steps per epoch, one per equal mini-batch, so it must divide the batch (``check_batch_split``;
+    on verl, the rollout.prompts_per_iter prompts). Paper: ~2 math, 10 search."""
     eval_every: int = 10
     """Evaluate policy and anchor every this many iterations (and before training)."""
     eval_size: int = 64
@@ -284,23 +273,18 @@ class TrainerConfig:
     """Re-score the fixed KL probe set every this many iterations (``kl/exact``, ``kl/estimate_on_probe``,
     ``kl/estimate_gap``; docs/run-record.md); 0 = no probe; null = every ``PROBE_EVERY`` iterations."""
     probe_size: int | None = None
-    """Prompts in the probe set, one response each, drawn by the policy once and checkpointed: held-out (test
-    split) prompts on the local backend, the first training batch's on verl (experiments.backends.verl.probe, so at
-    most ``rollout.prompts_per_iter`` there); null = ``PROBE_SIZE``, capped at the held-out split (local:
-    ``probe_prompts``) or at prompts_per_iter (verl). A value above that is refused, not cut."""
+    """Prompts in the probe set, one response each, drawn by the initial policy: held-out prompts on the local
+    backend (at most task.test_size), the first training batch's on verl (at most ``rollout.prompts_per_iter``);
+    null = ``PROBE_SIZE``, capped at that bound. A value above the bound is refused, not cut."""
 
     old_logprobs: str = "auto"
-    """Where pi_old's per-token statistics (sampled log-prob, top-k head, logsumexp, entropy) come from:
-    rollout = the sampler's own logits, kept while decoding (saves one forward pass per iteration);
-    recompute = a separate no-grad forward pass over the batch; auto = rollout on the local backend,
-    recompute on verl (which always recomputes them). Both are pi_old at the rollout temperature, so
-    they differ only by float rounding (KV-cache decode vs full forward): docs/algorithm.md."""
+    """Where pi_old's per-token statistics come from: rollout = the sampler's logits, kept while decoding (one
+    forward pass fewer per iteration); recompute = a no-grad forward pass; auto = rollout on the local backend,
+    recompute on verl (which always recomputes). They differ only by float rounding: docs/algorithm.md."""
     device: str = "cpu"
-    """Where the local trainer runs: cpu | cuda | cuda:N | auto (cuda if available, else cpu). Model, batches,
-    sampling generators, anchor and optimizer state all live there. Only the syntax is checked here (configs
-    are validated on CPU head nodes); ``ema_pg_core.local.device.resolve_device`` checks that CUDA (and the
-    index) exists when the run starts. The cuda path is covered by a gpu-marked test that has NOT been run
-    on a GPU (none was available). The verl backend accepts cuda | cpu."""
+    """Where the local trainer runs: cpu | cuda | cuda:N | auto (cuda if available, else cpu); verl accepts cuda |
+    cpu. Only the syntax is checked here (configs are validated on CPU head nodes); ``resolve_device`` checks
+    that the device exists when the run starts."""
 
     @property
     def resolved_probe_every(self) -> int:
@@ -321,7 +305,7 @@ class TrainerConfig:
         check_integer("trainer.probe_every", self.probe_every, 0, null=True, why=" (0 = no KL probe)")
         check_integer("trainer.probe_size", self.probe_size, 1, null=True, why=" (prompts in the KL probe)")
         _choice("trainer.dtype", self.dtype, ("float32", "bfloat16", "float64"))
-        _choice("trainer.old_logprobs", self.old_logprobs, OLD_LOGPROBS)
+        _choice("trainer.old_logprobs", self.old_logprobs, ("auto", "rollout", "recompute"))
         _check(
             isinstance(self.device, str) and re.fullmatch(DEVICE_PATTERN, self.device) is not None,
             f"trainer.device={self.device!r} is not allowed; allowed values: {', '.join(LOCAL_DEVICES)}",
@@ -414,9 +398,8 @@ class LengthCapRule:
 
 @dataclass
 class HealthConfig:
-    """Rules that end a run as ``stopped_unhealthy`` (docs/run-record.md). A non-finite loss/total, loss/pg,
-    kl/value or train/grad_norm always stops the run (rule ``nonfinite``, no setting); the rules below are off
-    until their threshold is set. A sweep's ``health:`` section sets these keys for every trial."""
+    """Rules that end a run as ``stopped_unhealthy`` (docs/run-record.md), off until their threshold is set; the
+    ``nonfinite`` rule has no setting and is always on. A sweep's ``health:`` section sets them for every trial."""
 
     entropy_floor: EntropyFloorRule = field(default_factory=EntropyFloorRule)
     kl_spike: KLSpikeRule = field(default_factory=KLSpikeRule)

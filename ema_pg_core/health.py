@@ -3,15 +3,12 @@
     monitor = HealthMonitor(cfg.health)          # ema_pg_core.config.HealthConfig
     breach = monitor.observe(iteration, metrics) # None, or the Breach that ends the run (status stopped_unhealthy)
 
-One registry, ``HEALTH_RULES``, filled by ``register_rule(name, metrics)`` (a duplicate name raises). Every
-rule has the same signature: ``rule(history, **params) -> Fired | None``, where ``history`` maps each metric
-the rule reads to its values so far (one per iteration that logged it, oldest first, the current one last)
-and ``params`` are the fields of the rule's section of ``HealthConfig`` (``health.<name>``). A rule whose
-threshold is null is off and returns None. ``nonfinite`` has no section: it is always on.
+One registry, ``HEALTH_RULES``: ``rule(history, **params) -> Fired | None``, where ``history`` maps each
+metric the rule reads to its values so far (oldest first) and ``params`` are the fields of its section
+``health.<name>`` of ``HealthConfig``; a rule whose threshold is null is off. ``nonfinite`` is always on.
 
 Why: a sweep's scheduler (ASHA) looks only at the target metric, so a run whose entropy has collapsed, whose
-KL has exploded or whose loss is NaN keeps its slot until the end. These rules end such a run (or sweep
-trial) at the iteration where the stream shows it, and say which rule fired on which values.
+KL has exploded or whose loss is NaN would keep its slot until the end.
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ class Breach:
     values: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule, "iteration": self.iteration, "message": self.message, "values": self.values}
+        return asdict(self)
 
     def __str__(self) -> str:
         return f"health rule {self.rule} fired at iteration {self.iteration}: {self.message}"
@@ -130,12 +127,6 @@ def _show(v: Any) -> Any:
     return str(v) if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def rule_params(health: Any, name: str) -> dict[str, Any]:
-    """The parameters of rule `name`: the fields of `health.<name>` (a dataclass), {} when it has no section."""
-    section = getattr(health, name, None)
-    return asdict(section) if is_dataclass(section) else {}
-
-
 class HealthMonitor:
     """Feeds each iteration's metrics to every registered rule; the first rule that fires wins.
 
@@ -148,7 +139,8 @@ class HealthMonitor:
             from ema_pg_core.config import HealthConfig  # loads torch
 
             health = HealthConfig()  # the defaults: only nonfinite is on
-        self.params = {name: rule_params(health, name) for name in HEALTH_RULES}
+        sections = {name: getattr(health, name, None) for name in HEALTH_RULES}  # None: no section (nonfinite)
+        self.params = {name: asdict(s) if is_dataclass(s) else {} for name, s in sections.items()}
         self.watched = sorted({m for r in HEALTH_RULES.values() for m in r.metrics})
         self.history: dict[str, list[float]] = {m: [] for m in self.watched}
 

@@ -16,7 +16,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from ema_pg_core.local.rollout import Trajectory
-from ema_pg_core.topk import TokenStats, token_stats_from_hidden, token_stats_from_logits
+from ema_pg_core.topk import TokenStats, _acc_dtype, token_stats_from_hidden, token_stats_from_logits
 
 
 @dataclass
@@ -82,10 +82,8 @@ def check_model(model) -> None:
 
 
 def response_hidden(model, batch: Batch) -> torch.Tensor:
-    """(B, T, H) final hidden states at the positions predicting each response token.
-
-    Rows that share a prompt (GRPO's G samples of it) share its forward: see ``_shared_prompt_hidden``.
-    """
+    """(B, T, H) final hidden states at the positions predicting each response token; rows that share a prompt
+    (GRPO's G samples of it) share its forward (``_shared_prompt_hidden``)."""
     groups = prompt_groups(batch)
     shared = _shared_prompt_hidden(model, batch, *groups) if groups is not None and _plain_cache(model) else None
     if shared is not None:
@@ -214,12 +212,8 @@ def forward_stats(
     entropy: bool = False,
     full_logits: bool = False,
 ) -> tuple[TokenStats, torch.Tensor | None]:
-    """Token statistics of ``model`` on the batch's responses, plus (B, T, V) scaled logits if asked.
-
-    fused=True computes them from hidden states and the LM head in chunks (no (B, T, V) tensor);
-    fused=False materialises the logits and uses the chunked logits path. Same numbers either way.
-    Exact-KL estimators need ``full_logits=True`` (O(V) per token by definition).
-    """
+    """Token statistics of ``model`` on the batch's responses, plus (B, T, V) scaled logits if asked (exact KL).
+    fused: from hidden states and the LM head in chunks (no (B, T, V) tensor), else from materialised logits."""
     head = model.get_output_embeddings()
     h = response_hidden(model, batch)
     logits = None
@@ -233,8 +227,4 @@ def forward_stats(
         stats = token_stats_from_logits(
             logits, batch.tokens, k=k, indices=indices, temperature=temperature, entropy=entropy
         )
-    if logits is not None:
-        logits = (
-            logits.float() / temperature if logits.dtype in (torch.float16, torch.bfloat16) else logits / temperature
-        )
-    return stats, (logits if full_logits else None)
+    return stats, (logits.to(_acc_dtype(logits.dtype)) / temperature if full_logits else None)
