@@ -268,6 +268,20 @@ def _netrc_has(host: str) -> bool:
     return bool(entry and entry[2])
 
 
+def _param_count(path: str) -> int | None:
+    """Parameters of the model at `path` (a directory, or an HF id in this node's cache), counted on the meta
+    device from its config.json (no weights read); None where its config is not on this node."""
+    import transformers  # heavy: only for this count
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError):
+        return None
+    return sum(p.numel() for p in model.parameters())
+
+
 def _tcp_connect(host: str, port: int, timeout: float) -> None:
     """Open and close a TCP connection to host:port; OSError when nothing accepts it within `timeout` s."""
     socket.create_connection((host, port), timeout=timeout).close()
@@ -292,6 +306,7 @@ class Probes:
     netrc_has: Callable[[str], bool] = _netrc_has
     connect: Callable[[str, int, float], None] = _tcp_connect
     disk_free: Callable[[str], int] = lambda path: shutil.disk_usage(path).free  # bytes free where path lies
+    param_count: Callable[[str], int | None] = _param_count
 
 
 # ---------------------------------------------------------------------------------------------- the cluster
@@ -689,18 +704,42 @@ def check_task(ctx: Context) -> Result:
     return Result("PASS", f"task={name}: its problems load here (one per split, as `emapg train` loads them)")
 
 
-def check_checkpoint(ctx: Context) -> list[Result]:
-    """The checkpoint directory is writable here, the space free there (with --address: on every node, shared).
+# A verl checkpoint per parameter: the actor's fp32 weights and AdamW's two fp32 moments (verl's FSDP engine trains
+# in fp32 unless model_dtype is set), and the EMA anchor's fp32 shards (the reference, fp32 in launch.py) when tau < 1
+ACTOR_BYTES, ANCHOR_BYTES = 12, 4
 
-    Writable: a probe file written, read back, deleted; shared: each node sees a file written here. No WARN on the
-    free space: the repo has no estimate of a run's checkpoint size to hold it against."""
+
+def checkpoint_need(ctx: Context) -> tuple[int, str] | None:
+    """Bytes a verl run's checkpoints hold at their peak (a new one is written before the oldest goes), and how
+    that was counted; None on the local backend or where the model's config is not on this node."""
+    d, cfg = ctx.demand, ctx.cfg
+    params = ctx.probes.param_count(d.model) if d.backend == "verl" and d.model else None
+    if not params:
+        return None
+    per = ACTOR_BYTES + (ANCHOR_BYTES if cfg.algo.anchor.tau < 1.0 else 0)
+    n = int(cfg.trainer.keep_checkpoints) + 1
+    return n * per * params, f"{n} checkpoints x {params / 1e9:.2f}B parameters x {per} bytes"
+
+
+def check_checkpoint(ctx: Context) -> list[Result]:
+    """The checkpoint directory is writable here, with room there for the run's checkpoints (with --address: on
+    every node, shared). Writable: a probe file written, read back, deleted; shared: each node sees a file
+    written here; room: `checkpoint_need`, a WARN below it."""
     d = ctx.demand
     where = existing_parent(d.checkpoints)
     try:
         found = f"{d.checkpoints}: {writable(d.checkpoints, ctx.token)}"
     except OSError as e:
         return [Result("FAIL", f"{d.checkpoints}: {_os_reason(e)}", f"make it writable, or set {d.checkpoint_key}")]
-    here = [Result("PASS", f"{found}; {_gib(ctx.probes.disk_free(where))} GiB free there")]
+    free, need = ctx.probes.disk_free(where), checkpoint_need(ctx)
+    found += f"; {_gib(free)} GiB free there"
+    if need is None:
+        here = [Result("PASS", found)]
+    elif free < need[0]:
+        fix = f"free space there, lower trainer.keep_checkpoints, or set {d.checkpoint_key} to a larger disk"
+        here = [Result("WARN", f"{found}, under the {_gib(need[0])} GiB its checkpoints take ({need[1]})", fix)]
+    else:
+        here = [Result("PASS", f"{found}, for {_gib(need[0])} GiB of checkpoints ({need[1]})")]
     if ctx.cluster is None:
         return here
     probe = os.path.join(where, f"{PROBE_PREFIX}{ctx.token}")

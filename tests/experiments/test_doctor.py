@@ -59,6 +59,7 @@ def fake_probes(
     netrc=(),
     connect=None,
     all_reduce=None,
+    params: int | None = None,
 ) -> Probes:
     """Probes answering as a machine with these properties (nothing real is asked). `modules`: {name: version or
     the exception its import raises}; a submodule (vllm._C) imports when its package does, unless named there.
@@ -106,6 +107,7 @@ def fake_probes(
         netrc_has=lambda host: host in netrc,
         connect=connect or (lambda host, port, timeout: None),  # everything answers, nothing is asked
         all_reduce=all_reduce or (lambda ranks: None),  # sums right
+        param_count=lambda path: params,  # None: the model's config is not on this node
     )
 
 
@@ -553,6 +555,51 @@ def test_a_relative_checkpoint_dir_is_the_driver_s_working_directory(tmp_path, m
     (r,) = doctor.check_checkpoint(ctx(cfg, d, disk_free=lambda p: asked.append(p) or 7 * GIB))
     assert r.status == "PASS" and r.found.startswith(f"{tmp_path}/ckpt/run1: writable") and asked == [str(tmp_path)]
     assert r.found.endswith("; 7.0 GiB free there")
+
+
+def test_checkpoint_room_against_the_run_s_checkpoints(cfgs, tmp_path):
+    """verl: (keep_checkpoints + 1) x parameters x (12 bytes for the fp32 actor and AdamW, + 4 for the EMA
+    anchor): WARN with less free; the GRPO baseline saves no anchor; no estimate without the model's config."""
+    d = dataclasses.replace(doctor.demand(cfgs["verl"]), checkpoints=str(tmp_path))
+    assert cfgs["verl"].trainer.keep_checkpoints == 2 and cfgs["verl"].algo.anchor.tau < 1
+    need = 3 * 16 * 10**9  # 44.7 GiB for 1B parameters
+    (r,) = doctor.check_checkpoint(ctx(cfgs["verl"], d, params=10**9, disk_free=lambda p: need - 1))
+    assert (
+        r.status == "WARN"
+        and "under the 44.7 GiB its checkpoints take (3 checkpoints x 1.00B parameters x 16" in r.found
+    )
+    assert "trainer.keep_checkpoints" in r.fix and "backend.verl.checkpoint_dir" in r.fix
+    (r,) = doctor.check_checkpoint(ctx(cfgs["verl"], d, params=10**9, disk_free=lambda p: need))
+    assert r.status == "PASS" and r.found.endswith(
+        "44.7 GiB free there, for 44.7 GiB of checkpoints (3 checkpoints x 1.00B parameters x 16 bytes)"
+    )
+    grpo = build.compose(["experiment=math_deepscaler_grpo"])
+    (r,) = doctor.check_checkpoint(ctx(grpo, d, params=10**9, disk_free=lambda p: need))
+    assert r.status == "PASS" and "x 12 bytes" in r.found
+    (r,) = doctor.check_checkpoint(ctx(cfgs["verl"], d, params=None, disk_free=lambda p: 1))
+    assert r.status == "PASS" and r.found.endswith("0.0 GiB free there")
+    local = dataclasses.replace(doctor.demand(cfgs["local"]), checkpoints=str(tmp_path))
+    (r,) = doctor.check_checkpoint(ctx(cfgs["local"], local, params=10**9, disk_free=lambda p: 1))
+    assert r.status == "PASS"  # the local backend is not estimated
+
+
+def test_param_count_reads_a_config_on_the_meta_device(tmp_path):
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
+    config.save_pretrained(tmp_path)  # config.json only: no weights
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert doctor._param_count(str(tmp_path)) == sum(p.numel() for p in model.parameters())
+    assert doctor._param_count(str(tmp_path / "nope")) is None
+    assert doctor._param_count("no-such-org/no-such-model-for-emapg") is None
 
 
 def test_a_read_only_checkpoint_dir_fails(cfgs, tmp_path, monkeypatch):
