@@ -50,7 +50,16 @@ def test_ray_cluster_setup_runs_the_script_and_nothing_else_installs():
     assert setup[1] == "bash ~/emapg/cluster/gpu-install.sh"
     assert not [c for c in setup if re.search(r"\bpip\b", c)], "Python installs belong in cluster/gpu-install.sh"
     assert any("source ~/emapg/.venv/bin/activate" in c for c in setup)  # the venv the script makes
-    assert cfg["file_mounts"] == {"~/emapg": "."} and ".gitignore" in cfg["rsync_filter"]  # no local .venv up
+    assert cfg["file_mounts"]["~/emapg"] == "." and ".gitignore" in cfg["rsync_filter"]  # no local .venv up
+
+
+def test_ray_cluster_nodes_start_with_the_token_every_node_gets():
+    """Ray 2.60's `ray start` turns token authentication on only where a token exists (else it runs open, with a
+    warning); RAY_AUTH_MODE=token makes a node without the shipped token fail instead of joining open."""
+    cfg = yaml.safe_load((ROOT / "cluster" / "ray-cluster.yaml").read_text())
+    assert cfg["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    starts = [c for c in cfg["head_start_ray_commands"] + cfg["worker_start_ray_commands"] if "ray start" in c]
+    assert len(starts) == 2 and all(c.startswith("RAY_AUTH_MODE=token ") for c in starts)
 
 
 def test_ci_resolves_the_same_lines():
