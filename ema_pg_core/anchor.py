@@ -98,10 +98,7 @@ class EmaAnchor:
         """Call once after the policy update of ``iteration``; returns whether the anchor changed."""
         if not self.cfg.due(iteration):
             return False
-        policy_state = dict(_floating_state(policy))
-        missing = [n for n in self._names if n not in policy_state]
-        if missing:
-            raise ValueError(f"policy lacks anchor tensors: {missing[:5]}")
+        policy_state = dict(_floating_state(policy))  # the anchor is a copy of the policy: the same names
         src = [policy_state[n] for n in self._names]
         targets = [t for _, t in _floating_state(self.module)]
         if self.shadow is None:

@@ -19,7 +19,7 @@ the exact KL of the estimator's direction; a verdict is "unbiased" when the bias
 
 The anchor horizon and the stability region are arithmetic on the EMA rule and on a toy quadratic
 model of our own (not the paper's theorem): docs/algorithm.md, "Horizon" and "Stability of a toy
-model". Imports only torch, numpy and the core.
+model".
 """
 
 from __future__ import annotations
@@ -150,8 +150,8 @@ def _over_seeds(name: str, V: int, seeds: Iterable[int], off_policy: bool, **kw)
 
 def estimator_table(V: int = 16, k: int = 4, seeds: Iterable[int] = range(8), off_policy: bool = False) -> list[dict]:
     """One row per registered estimator (Top-k ones once per tail mode), by exact enumeration (schema:
-    analysis/audit_schema.py); bytes at V=151,936 and K=32, not at the audit's V, k. ``off_policy``: sample
-    from pi_old with the importance weight s on (exact KL ignores s)."""
+    analysis/audit_schema.py); bytes at V=151,936 and K=32, not at the audit's V, k. ``off_policy``: the samples
+    come from pi_old, with the importance weight s on (exact KL ignores s)."""
     seeds = list(seeds)
     rows = []
     for name, est in KL_ESTIMATORS.items():

@@ -99,9 +99,7 @@ def check_inputs(x: KLInputs, needs: Needs, name: str) -> tuple[int, int]:
     B, T = ref.shape[:2]
     for f in fields(x):
         t = getattr(x, f.name)
-        if t is None:
-            continue
-        if tuple(t.shape[:2]) != (B, T):
+        if t is not None and tuple(t.shape[:2]) != (B, T):
             raise ValueError(f"KLInputs.{f.name} has shape {tuple(t.shape)}; expected leading (B, T) = {(B, T)}")
     if needs == "topk":
         K = x.topk_idx.shape[-1]

@@ -57,8 +57,6 @@ def _rows_exact_kl(zp: ZBlock, zr: ZBlock, blocks, forward: bool) -> torch.Tenso
 def exact_kl_blocks(rows_p, rows_r, N: int, V: int, direction: str, chunk_size: int, vocab_chunk_size) -> torch.Tensor:
     """(N,) exact KL per position, no gradient; rows_p / rows_r: slice -> ZBlock of the policy's / the anchor's
     scaled logits. direction "reverse": KL(policy || anchor); "forward": KL(anchor || policy)."""
-    if direction not in ("reverse", "forward"):
-        raise ValueError(f"direction must be reverse or forward; got {direction!r}")
     blocks = _vocab_blocks(V, vocab_chunk_size)
     forward = direction == "forward"
     return torch.cat([_rows_exact_kl(rows_p(sl), rows_r(sl), blocks, forward) for sl in _row_slices(N, chunk_size)])
@@ -111,14 +109,8 @@ def exact_kl_from_logits(
 # Top-k head coverage
 # --------------------------------------------------------------------------------------
 def topk_parts(x: KLInputs, name: str, *, tail: str, iw: ImportanceWeight) -> dict[str, torch.Tensor]:
-    """Per-token (B, T) Top-k telemetry of estimator ``name`` on Top-k inputs; no gradient.
-
-    head_mass:        sum_{j in q} pi(j)          (pi's full-vocabulary normalisation, lse)
-    anchor_head_mass: sum_{j in q} pi_ref(j)
-    tail:             1[sampled token not in q]
-    head:             the estimate's exact head (the estimator with tail "none")
-    estimate:         the whole estimate (head + tail term); estimate - head is the tail's part
-    """
+    """Per-token (B, T) Top-k telemetry of estimator ``name``, no gradient: both models' mass inside q, whether
+    the sampled token is outside q (tail), the estimate's exact head (tail "none") and the whole estimate."""
     with torch.no_grad():
         return {
             "head_mass": (x.logits_k - x.lse.unsqueeze(-1)).exp().sum(-1),
@@ -182,14 +174,9 @@ def probe_scores_from_logits(
     iw: ImportanceWeight,
     probe_logp: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per-token probe scores (B, T) from both models' logits (B, T, V), already divided by the temperature.
-
-    exact:    the exact KL in estimator ``name``'s direction
-    estimate: estimator ``name`` on ``tokens`` with the importance weight pi / pi_probe
-    logp:     the policy's log-prob of ``tokens`` (pi_probe when the policy drew them)
-    ``probe_logp`` None: the policy is the one that drew the tokens (the weight is 1).
-    Holds no more than the two (B, T, V) inputs (the verl backend's probe, per sequence); no gradient.
-    """
+    """Per-token (B, T) probe scores from both models' scaled logits (B, T, V) (the verl backend's probe, per
+    sequence): the exact KL in estimator ``name``'s direction, the estimate on ``tokens`` with the importance
+    weight pi / pi_probe (``probe_logp`` None: the policy drew the tokens, weight 1), and the policy's logp."""
     B, T, V = logits.shape
     direction = get_estimator(name).direction
     exact = exact_kl_from_logits(logits.reshape(B * T, V), ref_logits.reshape(B * T, V), direction=direction)

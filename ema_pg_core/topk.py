@@ -247,11 +247,9 @@ class _FromHidden(torch.autograd.Function):
         acc = saved[2].dtype
         g_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         g_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
-        g_b = (
-            torch.zeros(weight.shape[0], dtype=acc, device=weight.device)
-            if (bias is not None and ctx.needs_input_grad[2])
-            else None
-        )
+        g_b = None
+        if bias is not None and ctx.needs_input_grad[2]:
+            g_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device)
         zrows = _hidden_rows(hidden, weight, bias, acc, plan.temperature)
         for sl, rows, grads in _row_chunks(saved, (g_lse, g_k, g_logp, g_ent), hidden.shape[0], plan.chunk):
             h = hidden[sl]
@@ -317,11 +315,8 @@ def token_stats_from_logits(
     entropy: bool = False,
     vocab_chunk_size: int | None = None,
 ) -> TokenStats:
-    """Stats from logits (B, T, V). With ``indices`` (B, T, K) gather there (k ignored), else own top-k.
-
-    Differentiable w.r.t. ``logits``; the backward recomputes softmax block by block
-    (``chunk_size`` positions x ``vocab_chunk_size`` columns; None = whole vocabulary).
-    """
+    """Stats from logits (B, T, V), differentiable. With ``indices`` (B, T, K) gather there (k ignored), else
+    the own top-k."""
     if logits.ndim != 3:
         raise ValueError(f"logits must be (B, T, V); got shape {tuple(logits.shape)}")
     B, T, V = logits.shape
@@ -339,11 +334,7 @@ def topk_ids_from_logits(
     vocab_chunk_size: int | None = None,
 ) -> torch.Tensor:
     """(B, T, k) int64 top-k ids of logits (B, T, V): exactly ``token_stats_from_logits(logits, k=k, ...).indices``
-    with the same temperature and chunk sizes, without the logsumexp, the gathers or an autograd graph.
-
-    Same row chunks, vocabulary blocks, accumulation dtype (half types in fp32) and running top-k merge as
-    the statistics, so equal logits resolve to the same ids (``torch.topk`` is given the same tensors).
-    """
+    (``torch.topk`` is given the same tensors, so ties resolve alike), without the statistics or autograd."""
     if logits.ndim != 3:
         raise ValueError(f"logits must be (B, T, V); got shape {tuple(logits.shape)}")
     B, T, V = logits.shape
@@ -376,13 +367,9 @@ def token_stats_from_hidden(
     entropy: bool = False,
     vocab_chunk_size: int | None = None,
 ) -> TokenStats:
-    """Stats from hidden states (B, T, H) and the LM head weight (V, H) [+ bias (V,)], fused.
-
-    Never materialises (B, T, V) logits: each (chunk_size, vocab_chunk_size) block of logits is
-    computed, reduced and dropped, and recomputed in the backward. ``vocab_chunk_size`` None means
-    the whole vocabulary per block; at V = 151,936 a block of 8192-16384 columns keeps the
-    temporaries to tens of MB (docs/benchmarks.md). Differentiable w.r.t. hidden, weight and bias.
-    """
+    """Stats from hidden states (B, T, H) and the LM head weight (V, H) [+ bias (V,)], never materialising
+    (B, T, V) logits; differentiable w.r.t. hidden, weight and bias. At V = 151,936 a ``vocab_chunk_size`` of
+    8192-16384 columns keeps the temporaries to tens of MB (docs/benchmarks.md)."""
     if hidden.ndim != 3 or weight.ndim != 2 or hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(
             f"hidden must be (B, T, H) and weight (V, H); got {tuple(hidden.shape)} and {tuple(weight.shape)}"

@@ -44,19 +44,6 @@ def candidates(ckpt_dir: str | Path) -> list[Path]:
     return first + [p for p in steps if p not in first]
 
 
-def problems_with_pointer(ckpt_dir: str | Path) -> str | None:
-    """Why ``latest`` cannot be followed (empty, or naming a missing directory), or None."""
-    pointer = Path(ckpt_dir) / LATEST
-    if not pointer.exists():
-        return None
-    named = pointer.read_text().strip()
-    if not named:
-        return f"{pointer} is empty"
-    if not (Path(ckpt_dir) / named / STATE).is_file():
-        return f"{pointer} names {named}, which holds no {STATE}"
-    return None
-
-
 def load_newest(
     ckpt_dir: str | Path, map_location: Any = "cpu", load: Callable[[Path], dict] | None = None
 ) -> tuple[Path, dict, list[dict]] | None:
@@ -64,21 +51,20 @@ def load_newest(
     checkpoint whose state.pt loads, or None when the directory holds no checkpoint at all.
     Raises ValueError naming each checkpoint and why it failed when none loads."""
     load = load or (lambda p: torch.load(p / STATE, map_location=map_location, weights_only=False))
-    skipped = []
-    if problem := problems_with_pointer(ckpt_dir):
-        skipped.append({"checkpoint": LATEST, "error": problem})
+    skipped, pointer = [], Path(ckpt_dir) / LATEST
+    named = pointer.read_text().strip() if pointer.exists() else None
+    if named == "":
+        skipped.append({"checkpoint": LATEST, "error": f"{pointer} is empty"})
+    elif named and not (Path(ckpt_dir) / named / STATE).is_file():
+        skipped.append({"checkpoint": LATEST, "error": f"{pointer} names {named}, which holds no {STATE}"})
     steps = candidates(ckpt_dir)
     for step in steps:
         try:
             return step, load(step), skipped
         except Exception as e:  # noqa: BLE001  truncated zip, unpickling error, missing file: try the next
-            skipped.append({"checkpoint": step.name, "error": f"{type(e).__name__}: {_first_line(e)}"})
+            first_line = (str(e).strip() or "unreadable").splitlines()[0]
+            skipped.append({"checkpoint": step.name, "error": f"{type(e).__name__}: {first_line}"})
     if not steps and not skipped:
         return None
     tried = "; ".join(f"{s['checkpoint']}: {s['error']}" for s in skipped)
     raise ValueError(f"no intact checkpoint in {ckpt_dir} to resume from ({tried})")
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else "unreadable"

@@ -14,10 +14,8 @@ from ema_pg_core.config import DEVICE_PATTERN, LOCAL_DEVICES
 
 
 def resolve_device(name: str) -> torch.device:
-    """cpu | cuda | cuda:N | auto -> torch.device with an explicit CUDA index; ValueError when it is not here.
-
-    auto is cuda (the current CUDA device) when CUDA is available, else cpu.
-    """
+    """cpu | cuda | cuda:N | auto (cuda if available, else cpu) -> torch.device with an explicit CUDA index;
+    ValueError when it is not here."""
     if not isinstance(name, str) or re.fullmatch(DEVICE_PATTERN, name) is None:
         raise ValueError(f"trainer.device={name!r} is not allowed; allowed values: {', '.join(LOCAL_DEVICES)}")
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):

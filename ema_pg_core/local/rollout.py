@@ -26,8 +26,7 @@ from ema_pg_core.topk import TokenStats, token_stats_from_logits
 class ToolEnv(Protocol):
     """The environment side of a tool task (e.g. search_tiny's retriever)."""
 
-    stop: str
-    """Generation of a turn stops when the response ends with this string (e.g. '</search>')."""
+    stop: str  # a turn ends when the response ends with this string (e.g. '</search>')
 
     def respond(self, response_so_far: str) -> str | None:
         """Observation text to append (e.g. '<information>...</information>'), or None to stop."""
@@ -165,8 +164,7 @@ def _ender(eos_id: int, stop: str | None, decode) -> Callable[[list[int]], bool]
     return lambda g: g[-1] == eos_id or bool(stop and may_end(g[-1]) and decode(g[-tail:]).endswith(stop))
 
 
-SHRINK_AT = 7 / 8
-"""generate drops finished rows from the model's batch once the live rows are at most this fraction of it (0: never)."""
+SHRINK_AT = 7 / 8  # generate drops finished rows once the live ones are at most this fraction of its batch (0: never)
 
 
 def _prunable(cache) -> bool:
@@ -177,9 +175,7 @@ def _prunable(cache) -> bool:
     return bool(layers) and all(isinstance(layer, DynamicLayer) for layer in layers)
 
 
-STATS_BUFFER_BYTES = 64 * 2**20
-"""The sampler keeps up to this many bytes of step logits before computing their statistics in one batch
-(fewer, larger operations); a bound, never the whole (B, T, V)."""
+STATS_BUFFER_BYTES = 64 * 2**20  # step logits the sampler buffers before computing their statistics at once
 
 
 class _SamplerStats:
@@ -241,8 +237,7 @@ def _end_turn(tr: Trajectory, parts: list, new: list[int], stop, *, env, tokeniz
     return True
 
 
-SKIP = {"skip_special_tokens": True}
-"""How responses are decoded to text (one at a time, or all at once at the end: the same strings)."""
+SKIP = {"skip_special_tokens": True}  # how responses are decoded, one at a time or all at the end
 
 
 def rollout(

@@ -1,24 +1,15 @@
-"""Tiny HF models and a character-level HF tokenizer, built locally (no downloaded weights).
+"""Tiny HF models and a character-level HF tokenizer, built locally (no downloaded weights), for the CPU
+`*_tiny` tasks: `build_tokenizer()` (one token per character) and `build_model(tokenizer)` (a randomly
+initialised `Qwen2ForCausalLM`) round-trip through `save_pretrained` / `AutoTokenizer` /
+`AutoModelForCausalLM`, so the rest of the stack treats them like a downloaded model.
 
-Used by the CPU `*_tiny` tasks: `build_tokenizer()` gives a real HF fast tokenizer with one token
-per character and `build_model(tokenizer)` a randomly initialised `Qwen2ForCausalLM`. Both
-round-trip through `save_pretrained` / `from_pretrained` (and `AutoTokenizer` /
-`AutoModelForCausalLM`), so the rest of the stack treats them like a downloaded model.
+Why a `Qwen2Tokenizer`: for a `model_type: qwen2` checkpoint, transformers 5 `AutoTokenizer` always builds
+`Qwen2Tokenizer`'s byte-level BPE from the saved vocab and merges, ignoring any other tokenizer.json
+pipeline; so this is that pipeline with **no merges**, over the byte-level symbol of each `CHARSET` character.
 
-Why the tokenizer is a `Qwen2Tokenizer`: for a checkpoint whose config says `model_type: qwen2`,
-transformers 5 `AutoTokenizer` always instantiates `Qwen2Tokenizer` and rebuilds its byte-level
-BPE pipeline from the saved vocab and merges, ignoring any other pipeline in tokenizer.json. We
-therefore build exactly that pipeline: byte-level BPE with **no merges**, whose vocabulary holds
-the byte-level symbol of each character of `CHARSET`. Every character is one token, and loading
-through `AutoTokenizer` gives the identical tokenizer.
-
-Conventions the trainer relies on (they are Qwen's):
-- no special tokens are added by `tokenizer(text)` (no BOS), so prompt, response and injected tool
-  text can be encoded piecewise and concatenated;
-- `<|eos|>` ends a response (the SFT warm start appends it; generation stops on it);
-  `<|pad|>` pads; `padding_side` defaults to "left" (generation);
-- characters outside `CHARSET` have no token and are dropped (no unk in Qwen2's BPE): all task
-  text is ASCII within `CHARSET` (tested in tests/experiments/test_pretrain.py).
+Qwen's conventions, which the trainer relies on: `tokenizer(text)` adds no special tokens (so prompt,
+response and tool text encode piecewise); `<|eos|>` ends a response, `<|pad|>` pads, padding is on the
+left; characters outside `CHARSET` are dropped (all task text is within it: tests/experiments/test_pretrain.py).
 """
 
 from __future__ import annotations
@@ -38,12 +29,8 @@ CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 
 def build_tokenizer(charset: str = CHARSET) -> PreTrainedTokenizerFast:
-    """A character-level HF fast tokenizer over `charset` (+ pad/bos/eos/unk specials).
-
-    Vocabulary: specials get ids 0..3, then the byte-level symbol of each distinct character in
-    `charset` order (space is "\u0120", newline "\u010a", as in GPT-2/Qwen), so the same charset
-    always gives the same ids. `decode(encode(s)) == s` for any `s` over the charset.
-    """
+    """A character-level HF fast tokenizer over `charset`: specials get ids 0..3, then the byte-level symbol of
+    each distinct character in `charset` order, so the same charset always gives the same ids."""
     if not charset:
         raise ValueError("charset must be a non-empty string of characters")
     to_bytelevel = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -75,11 +62,8 @@ def build_model(
     tie_embeddings: bool = True,
     seed: int | None = None,
 ) -> Qwen2ForCausalLM:
-    """A randomly initialised `Qwen2ForCausalLM` sized for CPU (~0.4M parameters by default).
-
-    `intermediate` defaults to 4 * hidden. `seed`, when given, seeds the initialisation with a
-    local generator state (the global torch RNG is restored afterwards).
-    """
+    """A randomly initialised `Qwen2ForCausalLM` sized for CPU (~0.4M parameters by default); `seed` seeds the
+    initialisation without touching the global torch RNG."""
     for name, value in (("hidden", hidden), ("layers", layers), ("heads", heads)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")

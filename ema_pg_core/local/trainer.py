@@ -53,9 +53,7 @@ from ema_pg_core.loss import policy_loss
 
 
 class TrainerTask(Protocol):
-    """The trainer's view of a task: one task's loaded splits, its environment and its scoring. Task modules
-    implement another interface (experiments.tasks.TaskModule: data, prompt, scoring, metadata), which
-    experiments.tasks.TaskAdapter turns into this."""
+    """The trainer's view of a task: its loaded splits, environment and scoring (experiments.tasks.TaskAdapter)."""
 
     name: str
     env: ToolEnv | None
@@ -182,7 +180,8 @@ class LocalTrainer:
         sequences, T response tokens (padded), L = prompt + response length, V vocabulary, k the Top-k size."""
         cfg = self.cfg
         it = self.iteration + 1
-        self._ensure_probe()  # before the first update: drawn by the initial policy
+        if self.cfg.trainer.resolved_probe_every and self.probe is None:  # drawn once, by the initial policy
+            self.probe = make_probe(self)
         t0 = time.perf_counter()
         # --- algorithm: rollout, rewards, advantages
         examples = self.next_examples()  # P examples
@@ -231,11 +230,6 @@ class LocalTrainer:
             **self._probe_metrics(it),  # kl/exact ... and perf/probe_s, every probe_every iterations
             "perf/tokens_per_s": float(batch.attention_mask.sum()) / (t4 - t0),
         }
-
-    def _ensure_probe(self) -> None:
-        """Draw the KL probe set once (kept in checkpoints, so a resumed run scores the same tokens)."""
-        if self.cfg.trainer.resolved_probe_every and self.probe is None:
-            self.probe = make_probe(self)
 
     def _probe_metrics(self, it: int) -> dict:
         """kl/exact, kl/estimate_on_probe, kl/estimate_gap and perf/probe_s at iterations probe_every, 2*probe_every,
@@ -450,8 +444,7 @@ class LocalTrainer:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         checkpoints.point_latest(self.ckpt_dir, final)
-        keep = max(1, self.cfg.trainer.keep_checkpoints)
-        for old in sorted(self.ckpt_dir.glob("iter_*"))[:-keep]:
+        for old in sorted(self.ckpt_dir.glob("iter_*"))[: -self.cfg.trainer.keep_checkpoints]:  # >= 1 (TrainerConfig)
             shutil.rmtree(old, ignore_errors=True)
         self.hooks.checkpoint(self.iteration, final)
         return final
