@@ -120,15 +120,10 @@ def write_timing(
     killed_s: float | None = None,
     timeline: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """timing.json: overhead = 1 - (summed trial training time) / (wall time x trial slots); with
-    `progress`, a closing line (counts by status, time, overhead) is printed. Returns what was written.
-    `timeline` (``timeline``: where this invocation's slot time went) is written as it is, under "timeline".
-
-    The training time is summed over every trial's record, whichever invocation trained it, so with
-    `resumed` the wall time is too: this invocation's `wall` is added to the total already in timing.json
-    (`invocations` counts them; `last_wall_s` is this one's). `killed_s`: an earlier invocation killed before
-    it wrote this file (sweeps.lock: its start to its last heartbeat), counted as one more invocation.
-    """
+    """timing.json (returned): overhead = 1 - (summed trial training time) / (wall time x trial slots); with
+    `progress`, a closing line is printed. The training time is summed over every trial's record, whichever
+    invocation trained it, so with `resumed` the wall time is too: `wall` is added to the total in timing.json.
+    `killed_s`: an earlier invocation killed before it wrote this file (its start to its last heartbeat)."""
     sweep_dir = Path(sweep_dir)
     before = _previous_timing(sweep_dir) if resumed else {}
     earlier, invocations = float(before.get("wall_s", 0.0)), int(before.get("invocations", 1 if before else 0))
