@@ -2,5 +2,3 @@
 
 Imports only torch/numpy (and transformers where a model is touched); no hydra/ray/pandas/wandb.
 """
-
-__version__ = "0.1.0"

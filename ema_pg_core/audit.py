@@ -104,12 +104,9 @@ def head_indices(z, zr, zo, direction: str, k: int) -> torch.Tensor:
 
 
 def per_sample_grads(est: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """(V, V) Jacobian d est_j / d z: one vmapped backward, or a loop if an op has no batching rule."""
+    """(V, V) Jacobian d est_j / d z: one vmapped backward."""
     eye = torch.eye(est.shape[0], dtype=est.dtype)
-    try:
-        return torch.autograd.grad(est, z, grad_outputs=eye, is_grads_batched=True, retain_graph=True)[0]
-    except RuntimeError:
-        return torch.stack([torch.autograd.grad(est[j], z, retain_graph=True)[0] for j in range(est.shape[0])])
+    return torch.autograd.grad(est, z, grad_outputs=eye, is_grads_batched=True, retain_graph=True)[0]
 
 
 def moments(name: str, z, zr, zo=None, *, k: int = 0, tail: str = "unbiased") -> dict[str, float]:
