@@ -21,6 +21,7 @@ DEFAULTS = {
     "token_dir": "$SLURM_SUBMIT_DIR",  # where the job's Ray auth token is written: storage every node reads
     "ready_timeout": 300,  # seconds for every node to join Ray
     "stop_grace": 25,  # seconds the command has, after SIGTERM, to stop before the Ray nodes do (< SLURM's KillWait)
+    "stop_before": 300,  # seconds before the time limit the job stops (as on SIGTERM) and requeues itself
 }
 
 
@@ -37,10 +38,11 @@ SBATCH_OPTION = re.compile(r"--([a-z][a-z0-9-]*)(=[^\s'\"\\]+)?")  # --name or -
 # The #SBATCH options the script writes itself, from its own keys or always: not in sbatch_options.
 SCRIPT_OPTIONS = tuple(
     "job-name nodes ntasks-per-node gpus-per-node cpus-per-task mem time output open-mode requeue partition account "
-    "qos constraint exclude".split()
+    "qos constraint exclude signal".split()
 )
 INTERFACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}")  # a Linux interface name (IFNAMSIZ: 15 characters)
 MINIMUM = {"gpus_per_node": 0, "cpus_per_node": 1, "port_base": 1, "port_slots": 1, "ready_timeout": 1, "stop_grace": 1}
+MINIMUM["stop_before"] = 1  # and from twice stop_grace to 65535 (Slurm's --signal): checked below
 MINIMUM["port_stride"] = 20  # 10 service ports + the workers'
 
 
@@ -82,6 +84,10 @@ def load_site(path: str | Path) -> dict:
     for key, low in MINIMUM.items():
         if type(site[key]) is not int or site[key] < low:
             raise bad(key, f"must be an integer >= {low}", site[key])
+    if not 2 * site["stop_grace"] <= site["stop_before"] <= 65535:  # the command's grace, then the Ray nodes'
+        raise bad(
+            "stop_before", f"must be from 2 * stop_grace ({2 * site['stop_grace']}) to 65535", site["stop_before"]
+        )
     top = site["port_base"] + site["port_slots"] * site["port_stride"]
     if top > 65536:
         raise UserError(f"site file {path}: port_base + port_slots * port_stride = {top} exceeds 65536")

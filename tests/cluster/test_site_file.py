@@ -128,9 +128,9 @@ def test_the_nodes_address_comes_from_the_named_interface_else_the_first_non_loo
 
 
 def test_sbatch_options_become_sbatch_lines(tmp_path, capsys):
-    text = BASE + "sbatch_options: [--exclusive, --signal=B:TERM@300, --gres=nvme:1]\n"
+    text = BASE + "sbatch_options: [--exclusive, --gres=nvme:1]\n"
     rc, out, err = _slurm(tmp_path, capsys, text)
-    assert rc == 0 and "#SBATCH --exclusive\n#SBATCH --signal=B:TERM@300\n#SBATCH --gres=nvme:1\n" in out, err
+    assert rc == 0 and "#SBATCH --exclusive\n#SBATCH --gres=nvme:1\n" in out, err
 
 
 @pytest.mark.parametrize("value", ["--exclusive", "[exclusive]", "[--signal=B:TERM @300]", "['--gres=a;b c']", "[1]"])
@@ -139,7 +139,19 @@ def test_an_sbatch_option_that_is_not_one_option_is_refused(tmp_path, capsys, va
     assert "sbatch_options must be a list of sbatch options, each --name or --name=value" in err, err
 
 
-@pytest.mark.parametrize("option", ["--time=2:00:00", "--nodes=4", "--requeue", "--partition=debug"])
+@pytest.mark.parametrize(
+    "option", ["--time=2:00:00", "--nodes=4", "--requeue", "--partition=debug", "--signal=B:TERM@60"]
+)
 def test_an_sbatch_option_the_script_sets_is_refused(tmp_path, capsys, option):
     err = _refused(tmp_path, capsys, BASE + f"sbatch_options: [{option}]\n")
     assert f"sbatch_options: '{option}' is set by the script" in err and "allowed: any option but" in err, err
+
+
+def test_the_job_stops_and_requeues_itself_stop_before_the_time_limit(tmp_path, capsys):
+    """--signal=B:USR1@<stop_before>: Slurm signals the batch shell alone; its trap stops the command, then Ray, then
+    `scontrol requeue`s the job. stop_before leaves room for the command's stop_grace and then the Ray nodes'."""
+    rc, out, err = _slurm(tmp_path, capsys, BASE + "stop_before: 600\n")
+    assert rc == 0 and "#SBATCH --signal=B:USR1@600\n" in out and 'scontrol requeue "$job"; exit 0\' USR1' in out, err
+    for value in (49, 65536, "5m"):  # 2 * stop_grace (25) = 50
+        err = _refused(tmp_path, capsys, BASE + f"stop_before: {value}\n")
+        assert "stop_before must be" in err, err

@@ -1,7 +1,7 @@
 """The rendered sbatch script (cluster/slurm.sbatch) run under stub `srun`, `scontrol` and `hostname` that start
 real Ray nodes on this machine: two fake hosts per job (each node its own temp dir), a tiny `emapg sweep` through
-the cluster beside a second job, the same job preempted mid-sweep and requeued (it resumes), a worker node that
-dies, and (fast) what the renderer writes for a requeued sweep.
+the cluster beside a second job, the same job signalled near its time limit (it stops, requeues itself and
+resumes), a worker node that dies, and (fast) what the renderer writes for a requeued sweep.
 
 Every job script runs in its own process group (`start_new_session`); the teardown SIGKILLs that group and
 any process whose command line names the test's directory (the Ray temp dirs live there), never `ray stop`.
@@ -27,9 +27,15 @@ from experiments import pretrain
 
 VENV_BIN = os.path.dirname(sys.executable)
 STUBS = {
-    "scontrol": 'case "$1 $2" in "show hostnames") printf "%s\\n" $FAKE_NODES;; *) exit 1;; esac\n',
-    # srun [options] -w NODE cmd...: runs cmd here; a `ray` step records its pid under $FAKE_PIDS/<node> (and on
-    # node $FAKE_HANG sleeps instead; on node $FAKE_FAIL_ONCE the first fails). The
+    # `scontrol requeue <job>` is recorded in $FAKE_PIDS/requeued: Slurm's would also end the job (SIGTERM, then
+    # SIGKILL, to every step), which the script does itself just before and then exits.
+    "scontrol": (
+        'case "$1 $2" in "show hostnames") printf "%s\\n" $FAKE_NODES;; "requeue $SLURM_JOB_ID")\n'
+        '  echo "$2" >> "$FAKE_PIDS/requeued";; *) exit 1;; esac\n'
+    ),
+    # srun [options] -w NODE cmd...: runs cmd here; a `ray` step runs in a session of its own (a step of its own, as
+    # Slurm's: a signal to the batch step's process group does not reach it) and records its pid, its group's,
+    # under $FAKE_PIDS/<node> (and on node $FAKE_HANG sleeps instead; on node $FAKE_FAIL_ONCE the first fails). The
     # hosts share this machine, so the second one's node-local ports (--*-port=N) move up by 5000: what a
     # second real host gets for free.
     "srun": (
@@ -53,6 +59,7 @@ STUBS = {
         '      [[ $a =~ ^(--[a-z-]+-port)=([0-9]+)$ ]] && a="${BASH_REMATCH[1]}=$((BASH_REMATCH[2] + 5000))"\n'
         '      args+=("$a"); done; set -- "${args[@]}"\n'
         "  fi\n"
+        '  exec setsid "$@"\n'
         "fi\n"
         'exec "$@"\n'
     ),
@@ -221,24 +228,42 @@ def test_two_jobs_at_once_a_sweep_and_a_command_each_on_its_own_two_node_cluster
     assert not token.exists()  # removed when the job ended
 
 
-@pytest.mark.slow
-def test_a_sweep_job_preempted_and_requeued_resumes_its_trials(jobs):
-    """SLURM preempts the job (SIGTERM to the batch script) mid-sweep and later starts it again with the same id and
-    SLURM_RESTART_COUNT=1: the rendered script adds `--resume`, each trial continues from its checkpoint, and every
-    run's record holds each iteration once."""
-    job_dir = Path(jobs.root, "4242004")
-    command = _sweep(job_dir, iterations=40, eval_every=20)
-    proc, log, _ = jobs(4242004, command)
-    runs = job_dir / "sw" / "runs"
-    deadline = time.time() + 240
-    while len(list(runs.glob("*/checkpoints/iter_*"))) < 2:  # each trial has saved a checkpoint
+def _checkpointed(runs: Path, after: dict[str, int], proc, log, timeout=240) -> dict[str, int]:
+    """Each run's latest checkpoint iteration, once both runs have one past `after`'s."""
+    deadline = time.time() + timeout
+    while True:
+        latest = {}
+        for ckpt in runs.glob("*/checkpoints/iter_*"):
+            run, it = ckpt.parent.parent.name, int(ckpt.name.split("_")[1])
+            latest[run] = max(latest.get(run, -1), it)
+        if len(latest) == 2 and all(it > after.get(run, -1) for run, it in latest.items()):
+            return latest
         assert proc.poll() is None and time.time() < deadline, log.read_text()
         time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)  # what SLURM sends the batch script on preemption
+
+
+def _statuses(sweep: Path) -> list[str]:
+    return [r["status"] for r in _rows(sweep)]
+
+
+@pytest.mark.slow
+def test_a_sweep_job_at_its_time_limit_stops_requeues_itself_and_resumes_its_trials(jobs):
+    """The time limit: SIGUSR1 to the batch shell alone (--signal=B:USR1@stop_before), mid-sweep: the job stops the
+    sweep (its records say interrupted), then the Ray nodes, and requeues itself (`scontrol requeue <job>`); Slurm
+    starts it again with the same id and SLURM_RESTART_COUNT=1: the rendered script adds `--resume`, each trial
+    continues from its checkpoint, and every run's record holds each iteration once."""
+    job_dir = Path(jobs.root, "4242004")
+    command = _sweep(job_dir, iterations=40, eval_every=20)
+    proc, log, pids = jobs(4242004, command)
+    runs, sweep = job_dir / "sw" / "runs", job_dir / "sw"
+    saved = _checkpointed(runs, {}, proc, log)
+    proc.send_signal(signal.SIGUSR1)  # the batch shell alone
     rc, first = _finish(proc, log, timeout=120)
-    assert rc == 143 and "emapg: job 4242004: signalled, stopping" in first, first
+    assert rc == 0 and "emapg: job 4242004: 300 s to the time limit (SIGUSR1): stopping, then requeueing" in first
     assert "emapg sweep: SIGTERM: stopping the trials" in first and "2 trial(s) not finished" in first, first
     assert "resume  tau=" not in first  # the first run started its trials
+    assert _statuses(sweep) == ["interrupted"] * 2 and (pids / "requeued").read_text() == "4242004\n", first
+
     proc, log, _ = jobs(4242004, command, restart=1)
     rc, out = _finish(proc, log)
     out = out[len(first) :]  # the requeued run's output (appended)
@@ -248,8 +273,7 @@ def test_a_sweep_job_preempted_and_requeued_resumes_its_trials(jobs):
         r"run's checkpoint iter_)0*(\d+)",
         out,
     )
-    assert len(resumed) == 2 and all(int(it) >= 2 for it in resumed), out
-    sweep = job_dir / "sw"
+    assert len(resumed) == 2 and all(int(it) >= min(saved.values()) for it in resumed), out
     assert [(r["status"], r["iterations"]) for r in _rows(sweep)] == [("finished", "40")] * 2
     for run in runs.iterdir():
         assert _iterations(run) == list(range(41)), run  # 0 is the first evaluation; no row twice, none lost
