@@ -95,7 +95,7 @@ def probe_main(probe_out: str, argv: list[str]) -> int:
                 return {
                     "env": {k: os.environ.get(k) for k in ("VLLM_DISABLE_COMPILE_CACHE", "NCCL_DEBUG")},
                     "hook": hooked,
-                    "isolated": isinstance(interface.ray, placement._NamespacedRay),
+                    "isolated": isinstance(interface.ray, placement._OwnNamespace),
                     "group": pg.id.hex() if pg else None,
                     "namespace": ray.get_runtime_context().namespace,
                 }

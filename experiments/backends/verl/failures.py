@@ -1,15 +1,10 @@
 """Errors verl only logs, made fatal: a failed rollout ends the run with its cause instead of a hang.
 
-verl 0.9.1's V1 agent loop catches an exception raised while a prompt is rolled out (in the rollout
-server, the agent loop, a tool or retriever client, or the reward function, which runs inside the
-agent loop), logs "Error in _run_prompt ..." in the worker process, marks the prompt as failed and
-goes on. On a run where every rollout fails the trainer then waits forever for data that never comes.
-
-Here every Ray worker process of the run gets a logging handler (``install_handler``, from the
-``worker_process_setup_hook`` the run's Ray cluster is started with, ``setup_worker``) that sends
-such records to one named actor (``FailureLog``, created by the process that launches the run). The driver asks that
-actor for the first failure every time it polls verl's metrics (``first_failure``) and ends the run
-with it: the exception text and the worker's traceback, in the error message and in the run record.
+verl 0.9.1's V1 agent loop catches an exception raised while a prompt is rolled out (rollout server, agent
+loop, tool or retriever, reward), logs "Error in _run_prompt ..." and goes on; when every rollout fails the
+trainer waits forever. Every Ray worker process of the run gets a logging handler (``setup_worker``, the
+``worker_process_setup_hook``) that sends such records to one named actor (``FailureLog``); the driver asks it
+for the first failure whenever it polls verl's metrics (``first_failure``) and ends the run with it.
 """
 
 from __future__ import annotations
@@ -19,20 +14,14 @@ import os
 import subprocess
 import traceback
 
-from experiments.backends.verl.placement import isolate_transfer_queue
-
-ACTOR = "emapg_failure_log"
-"""Name of the ``FailureLog`` actor (in the run's Ray namespace)."""
-PATTERNS = ("Error in _run_prompt",)
-"""Starts of the log messages that mean a rollout failed (verl 0.9.1's V1 agent loop)."""
-SETUP_HOOK = "experiments.backends.verl.failures.setup_worker"
-"""Ray ``worker_process_setup_hook`` for runs on GPUs (on CPU: ``experiments.backends.verl.cpu.SETUP_HOOK``)."""
+ACTOR = "emapg_failure_log"  # the FailureLog actor, in the run's Ray namespace
+PATTERNS = ("Error in _run_prompt",)  # starts of the log messages that mean a rollout failed
+SETUP_HOOK = "experiments.backends.verl.failures.setup_worker"  # Ray's worker_process_setup_hook on GPUs
 MAX_KEPT = 5
 RUNNING: dict = {}
 """In the process that launched a run: its TaskRunner ("runner") and ``FailureLog`` ("failure_log") handles;
 inside a sweep trial, the child process running verl ("process") and its Ray namespace ("namespace")."""
-STOP_GRACE_S = 10.0
-"""How long a verl child process gets to exit after SIGTERM before it is killed."""
+STOP_GRACE_S = 10.0  # how long a verl child process gets to exit after SIGTERM before it is killed
 
 
 class VerlExited(RuntimeError):
@@ -97,43 +86,35 @@ class _Forward(logging.Handler):
                 import ray
 
                 self._actor = ray.get_actor(ACTOR)
-            self._actor.report.remote(
-                {"message": message, "traceback": exc, "pid": os.getpid(), "cause": _last_line(exc) or message}
-            )
+            cause = exc.strip().splitlines()[-1].strip() if exc.strip() else message
+            self._actor.report.remote({"message": message, "traceback": exc, "pid": os.getpid(), "cause": cause})
         except Exception:  # noqa: BLE001  a log handler must not fail the code that logs
             pass
 
 
-def _last_line(text: str) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else ""
+def setup_worker() -> None:
+    """Ray ``worker_process_setup_hook`` of a run on GPUs: failure forwarding (idempotent), and a TransferQueue of
+    the run's own."""
+    from experiments.backends.verl.placement import isolate_transfer_queue  # loads ray
 
-
-def install_handler() -> None:
-    """Forward failed-rollout records of this process to the run's ``FailureLog``; idempotent."""
     root = logging.getLogger()
     if not any(isinstance(h, _Forward) for h in root.handlers):
         root.addHandler(_Forward())
-
-
-def setup_worker() -> None:
-    """Ray ``worker_process_setup_hook`` of a run on GPUs: failure forwarding, and a TransferQueue of the
-    run's own (``experiments.backends.verl.placement``)."""
-    install_handler()
     isolate_transfer_queue()
 
 
 def first_failure(tolerated: int = 0) -> str | None:
-    """The first failure the run's workers reported, as one message, once there are more than
-    `tolerated` (None: not yet, or no run to ask)."""
+    """The first failure the run's workers reported, once there are more than `tolerated` (else None)."""
     import ray
 
     if not ray.is_initialized():
         return None
-    actor = RUNNING.get("failure_log") or _child_failure_log()
-    if actor is None:
-        return None
     try:
+        actor = RUNNING.get("failure_log")
+        if actor is None and RUNNING.get("namespace"):  # the FailureLog of the verl child process this trial started
+            RUNNING["failure_log"] = actor = ray.get_actor(ACTOR, namespace=RUNNING["namespace"])
+        if actor is None:
+            return None
         failure, count = ray.get(actor.first.remote(), timeout=10)
     except Exception:  # noqa: BLE001  no actor yet (verl still starting), or the cluster is gone
         return None
@@ -147,29 +128,14 @@ def first_failure(tolerated: int = 0) -> str | None:
     )
 
 
-def _child_failure_log():
-    """The ``FailureLog`` of the verl child process this trial started (in its namespace), once it exists."""
-    import ray
-
-    namespace = RUNNING.get("namespace")
-    if namespace is None:
-        return None
-    try:
-        RUNNING["failure_log"] = actor = ray.get_actor(ACTOR, namespace=namespace)
-    except ValueError:  # not created yet
-        return None
-    return actor
-
-
 def stop_run() -> None:
-    """Kill the TaskRunner this process launched, if any (``emapg train`` does when a rollout failed or a
-    step timed out). By handle: looking the actor up by name from the driver can block on its class."""
+    """Kill the TaskRunner (or verl child process) this process launched, if any. By handle: looking the actor up
+    by name from the driver can block on its class."""
     import ray
 
     _stop_child(RUNNING.pop("process", None))
-    RUNNING.pop("namespace", None)
     handle = RUNNING.pop("runner", None)
-    RUNNING.pop("failure_log", None)
+    RUNNING.clear()  # the namespace and the FailureLog of the run stopped
     if handle is not None and ray.is_initialized():
         ray.kill(handle)
 

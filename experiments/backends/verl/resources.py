@@ -1,26 +1,14 @@
 """The Ray CPUs and GPUs a verl run reserves, checked against the cluster before launch.
 
 Ray never reports a request it cannot satisfy: an actor or placement group that does not fit waits
-forever, and a verl run on a small machine hangs silently. ``ray_demand`` lists, from the composed
-config (``experiments.backends.verl.main.compose``), what verl 0.9.1's V1 synchronous trainer will reserve,
-each item with the settings that size it; ``check_fits`` refuses a demand the cluster cannot hold;
-``cluster_size`` says how big that cluster is, before or after Ray starts.
-
-What reserves CPUs or GPUs (an actor holds its ``num_cpus``/``num_gpus`` for its whole life):
-
-- our TaskRunner (1 CPU);
-- TransferQueue, which verl's V1 TaskRunner always starts: a controller and, with the
-  ``SimpleStorage`` backend, ``num_data_storage_units`` storage units, 1 CPU each;
-- one placement group per node for the actor/rollout/ref workers, ``n_gpus_per_node`` bundles of
-  3 CPUs + 1 GPU (verl's ``ResourcePoolManager.max_colocate_count``), and the same for the
-  optional separate reward-model and teacher pools;
-- with ``reward.reward_manager.name=remote``: every reward-loop worker starts
-  ``reward.num_workers`` reward processes of 1 CPU each.
-
-Actors created without any resource request (agent-loop workers, reward-loop workers, the rollout
-server actors, the request load balancer) reserve nothing: Ray's default actor holds 0 CPUs for
-its life (https://docs.ray.io/en/latest/ray-core/patterns/limit-running-tasks.html), and starts even
-when every CPU is reserved. They are listed with 0 CPUs, because they are processes all the same.
+forever, and a verl run on a small machine hangs silently. ``ray_demand`` lists what verl 0.9.1's V1
+synchronous trainer reserves for a composed config, each item with the settings that size it:
+the TaskRunner, TransferQueue's controller and SimpleStorage units (1 CPU each), one placement group per
+node of {3 CPUs + 1 GPU} bundles per pool, and the ``remote`` reward manager's processes. Actors created
+without a resource request (agent-loop and reward-loop workers, rollout servers, the load balancer) hold 0
+CPUs for life (https://docs.ray.io/en/latest/ray-core/patterns/limit-running-tasks.html); they are listed
+with 0 CPUs, because they are processes all the same. ``check_fits`` refuses a demand the cluster cannot
+hold; ``cluster_size`` says how big that cluster is, before or after Ray starts.
 """
 
 from __future__ import annotations
@@ -39,14 +27,10 @@ from ray._private.state import available_resources_per_node
 
 from experiments.backends.verl.placement import storage_bundle
 
-TASK_RUNNER_CPUS = 1
-"""``num_cpus`` of the TaskRunner actor ``experiments.backends.verl.main`` launches."""
-BUNDLE_CPUS = 3
-"""CPUs of each one-GPU placement-group bundle (verl's ``ResourcePoolManager.max_colocate_count``)."""
-TQ_ACTOR_CPUS = 1
-"""``num_cpus`` of TransferQueue's controller and of each of its SimpleStorage units."""
-REMOTE_REWARD_CPUS = 1
-"""``num_cpus`` of each reward process of verl's ``remote`` reward manager."""
+TASK_RUNNER_CPUS = 1  # the TaskRunner actor experiments.backends.verl.main launches
+BUNDLE_CPUS = 3  # of each one-GPU bundle (verl's ResourcePoolManager.max_colocate_count)
+TQ_ACTOR_CPUS = 1  # TransferQueue's controller and each of its SimpleStorage units
+REMOTE_REWARD_CPUS = 1  # each reward process of verl's "remote" reward manager
 
 
 @dataclass(frozen=True)
@@ -54,8 +38,7 @@ class Item:
     """One kind of Ray actor (or placement-group bundle) a run starts, and what it reserves in total."""
 
     what: str
-    settings: tuple[tuple[str, object], ...]
-    """The config keys that size the item, with their values (empty: fixed in code)."""
+    settings: tuple[tuple[str, object], ...]  # the config keys that size the item, with their values
     count: int
     cpus: float
     gpus: float = 0.0
@@ -78,18 +61,14 @@ def _get(config, key: str, default=None):
     return OmegaConf.select(config, key, default=default)
 
 
-def _bundles(what: str, config, nnodes_key: str, gpus_key: str) -> Item:
-    """A worker pool: one STRICT_PACK placement group per node of ``gpus_key`` bundles {CPU: 3, GPU: 1}."""
+def _bundles(what: str, config, pool: str) -> Item:
+    """A worker pool: one STRICT_PACK placement group per node (``<pool>.nnodes``) of ``<pool>.n_gpus_per_node``
+    bundles {CPU: 3, GPU: 1}."""
+    nnodes_key, gpus_key = f"{pool}.nnodes", f"{pool}.n_gpus_per_node"
     nnodes, per_node = int(_get(config, nnodes_key)), int(_get(config, gpus_key))
     n = nnodes * per_node
-    return Item(
-        what,
-        ((nnodes_key, nnodes), (gpus_key, per_node)),
-        n,
-        BUNDLE_CPUS * n,
-        n,
-        f"{BUNDLE_CPUS} CPUs + 1 GPU per bundle; one node holds each node's {per_node} bundles",
-    )
+    note = f"{BUNDLE_CPUS} CPUs + 1 GPU per bundle; one node holds each node's {per_node} bundles"
+    return Item(what, ((nnodes_key, nnodes), (gpus_key, per_node)), n, BUNDLE_CPUS * n, n, note)
 
 
 def _transfer_queue(config) -> list[Item]:
@@ -113,13 +92,8 @@ def _rollout_servers(config) -> Item:
     world = int(_get(config, "trainer.nnodes")) * int(_get(config, "trainer.n_gpus_per_node"))
     per_node = min(int(_get(config, r + "n_gpus_per_node", per_replica)), per_replica)
     count = (world // per_replica) * (per_replica // per_node)
-    return Item(
-        f"rollout server actors ({_get(config, r + 'name')})",
-        ((r + "tensor_model_parallel_size", tp),),
-        count,
-        0,
-        note="no Ray resources; they use the workers' GPUs",
-    )
+    what, note = f"rollout server actors ({_get(config, r + 'name')})", "no Ray resources; they use the workers' GPUs"
+    return Item(what, ((r + "tensor_model_parallel_size", tp),), count, 0, note=note)
 
 
 def _reward(config) -> list[Item]:
@@ -128,32 +102,22 @@ def _reward(config) -> list[Item]:
     items = [Item("reward-loop workers", ((key, n),), n, 0, note="no Ray resources")]
     manager = _get(config, "reward.reward_manager.name")
     if manager == "remote" and _get(config, "reward.reward_manager.source", "register") == "register":
-        items.append(
-            Item(
-                "remote reward processes",
-                ((key, n), ("reward.reward_manager.name", manager)),
-                n * n,
-                REMOTE_REWARD_CPUS * n * n,
-                note=f"{n} per reward-loop worker",
-            )
-        )
+        settings = ((key, n), ("reward.reward_manager.name", manager))
+        note = f"{n} per reward-loop worker"
+        items.append(Item("remote reward processes", settings, n * n, REMOTE_REWARD_CPUS * n * n, note=note))
     return items
 
 
 def worker_pool(config) -> Item:
-    """The actor/rollout/ref workers' placement groups: ``trainer.nnodes`` groups of ``trainer.n_gpus_per_node``
-    {3 CPUs + 1 GPU} bundles, each group on one node (what a node's GPUs are checked against: ``emapg doctor``).
-    `config`: a composed verl config, or any mapping with those two keys."""
-    return _bundles("actor/rollout/ref placement groups", config, "trainer.nnodes", "trainer.n_gpus_per_node")
+    """The actor/rollout/ref workers' placement groups (``emapg doctor`` checks a node's GPUs against them).
+    `config`: a composed verl config, or any mapping with trainer.nnodes and trainer.n_gpus_per_node."""
+    return _bundles("actor/rollout/ref placement groups", config, "trainer")
 
 
 def ray_demand(config) -> list[Item]:
-    """What a launch of ``config`` (a composed verl config) reserves in Ray, item by item.
-
-    Models verl 0.9.1's V1 synchronous trainer with hybrid (colocated) rollout, the trainer
-    ``experiments.backends.verl.trainer`` registers. Transient tasks are left out; so are a custom
-    ``agent_loop_manager_class``/router and the TransferQueue backends other than SimpleStorage.
-    """
+    """What a launch of ``config`` (a composed verl config) reserves in Ray, item by item: verl's V1 sync trainer
+    with hybrid rollout; transient tasks, a custom agent-loop manager and TransferQueue backends other than
+    SimpleStorage left out."""
     agents = int(_get(config, "actor_rollout_ref.rollout.agent.num_workers"))
     items = [
         Item("TaskRunner", (), 1, TASK_RUNNER_CPUS, note="ray.remote(num_cpus=1) in experiments.backends.verl.main"),
@@ -161,40 +125,22 @@ def ray_demand(config) -> list[Item]:
         worker_pool(config),
     ]
     if _get(config, "reward.reward_model.enable_resource_pool", False):
-        items.append(
-            _bundles(
-                "reward-model placement groups",
-                config,
-                "reward.reward_model.nnodes",
-                "reward.reward_model.n_gpus_per_node",
-            )
-        )
+        items.append(_bundles("reward-model placement groups", config, "reward.reward_model"))
     if _get(config, "distillation.enabled", False):
-        items.append(
-            _bundles("teacher placement groups", config, "distillation.nnodes", "distillation.n_gpus_per_node")
-        )
+        items.append(_bundles("teacher placement groups", config, "distillation"))
+    agent_settings = (("actor_rollout_ref.rollout.agent.num_workers", agents),)
     return [
         *items,
         *_reward(config),
-        Item(
-            "agent-loop workers",
-            (("actor_rollout_ref.rollout.agent.num_workers", agents),),
-            agents,
-            0,
-            note="no Ray resources",
-        ),
+        Item("agent-loop workers", agent_settings, agents, 0, note="no Ray resources"),
         _rollout_servers(config),
         Item("request load balancer", (), 1, 0, note="no Ray resources"),
     ]
 
 
 def check_fits(need: Sequence[Item], cluster_cpus: float, cluster_gpus: float) -> None:
-    """Raise ValueError naming the settings behind the demand when ``need`` exceeds the cluster.
-
-    Compares totals, which is exact for a one-node cluster. On several nodes it is necessary but not
-    sufficient: each placement group needs its node's bundles (CPUs and GPUs) on one node, and the
-    TransferQueue storage units are pinned round-robin to the nodes.
-    """
+    """Raise ValueError naming the settings behind the demand when ``need`` exceeds the cluster. Compares totals:
+    exact on one node, necessary but not sufficient on several (a placement group needs one node's bundles)."""
     cpus, gpus = sum(i.cpus for i in need), sum(i.gpus for i in need)
     if cpus <= cluster_cpus and gpus <= cluster_gpus:
         return
@@ -226,11 +172,9 @@ def _detected(resource: str) -> float:
     return float(n if visible is None else min(n, len(visible)))
 
 
-def _existing_address(environ: Mapping[str, str] = os.environ) -> str | None:
+def _existing_address() -> str | None:
     """The cluster a bare ``ray.init()`` joins instead of starting one: $RAY_ADDRESS, else the last ``ray start``."""
-    if environ.get("RAY_ADDRESS"):
-        return environ["RAY_ADDRESS"]
-    return find_bootstrap_address(None)
+    return os.environ.get("RAY_ADDRESS") or find_bootstrap_address(None)
 
 
 def cluster_size(
@@ -240,15 +184,11 @@ def cluster_size(
     detect: Callable[[str], float] = _detected,
     existing_address: Callable[[], str | None] = _existing_address,
 ) -> tuple[float, float] | None:
-    """(CPUs, GPUs) of the Ray cluster the run will use; None when that is unknown before Ray starts.
+    """(CPUs, GPUs) of the Ray cluster the run will use; None when unknown before Ray starts.
 
-    With Ray running, pass ``ray.cluster_resources``: the cluster's totals (other jobs or Tune trials
-    may hold part of them). Otherwise verl's ``run_ppo`` calls ``ray.init(**ray_kwargs.ray_init)``:
-    it starts a local Ray of ``ray_init.num_cpus`` CPUs and ``ray_init.num_gpus`` GPUs, each
-    detected on this machine (``detect``) when unset. It joins an existing cluster instead when
-    ``ray_init.address`` is set (other than "local") or, with no address, when ``existing_address``
-    finds one; its size is then known only after connecting (None).
-    """
+    With Ray running, pass ``ray.cluster_resources`` (totals). Otherwise verl's ``ray.init(**ray_init)`` starts a
+    local Ray of ``ray_init.num_cpus``/``num_gpus``, each ``detect``ed when unset, or joins an existing cluster
+    (``ray_init.address`` other than "local", or one ``existing_address`` finds): None."""
     accelerator = _accelerator(config)
     if cluster_resources is not None:
         have = cluster_resources()
@@ -266,20 +206,14 @@ def cluster_size(
 class TrialPlacement:
     """The one placement group a Ray Tune trial reserves for its whole verl job (``trial_placement``).
 
-    ``bundles[0]`` is Tune's head bundle, empty: the trial's own process (which only follows verl's metrics
-    files) holds nothing, and Ray drops the empty bundle, so rank r's bundle is index r of the group. Bundle
-    0 (rank 0's) also holds the TaskRunner and the TransferQueue controller, which the TaskRunner starts;
-    TransferQueue's storage unit i is in rank ``storage_bundle(i)``'s bundle.
-    """
+    ``bundles[0]`` is Tune's head bundle, empty (the trial's process only follows verl's metrics files); Ray drops
+    it, so rank r's bundle is index r of the group."""
 
     bundles: tuple[dict[str, float], ...]
     strategy: str
-    world: int
-    """Ranks (= GPUs) of the job: trainer.nnodes x trainer.n_gpus_per_node."""
-    outside: tuple[Item, ...]
-    """What the job starts outside the group (placed on nodes by verl or TransferQueue themselves)."""
-    storage_units: int
-    """TransferQueue storage units, one CPU each, in rank ``storage_bundle(i, world)``'s bundle."""
+    world: int  # ranks (= GPUs): trainer.nnodes x trainer.n_gpus_per_node
+    outside: tuple[Item, ...]  # what the job starts outside the group (placed by verl or TransferQueue)
+    storage_units: int  # TransferQueue's, one CPU each, in rank storage_bundle(i, world)'s bundle
 
     @property
     def cpus(self) -> float:
@@ -303,16 +237,11 @@ class TrialPlacement:
 def trial_placement(config) -> TrialPlacement:
     """The placement group a Tune trial reserves for a verl job of ``config`` (a composed verl config).
 
-    One bundle per rank, {3 CPUs + 1 GPU} as verl's own per-node groups have them; rank 0's also holds the
-    TaskRunner and TransferQueue's controller. Strategy: STRICT_PACK on one node (verl's own for a node's
-    ranks); with several nodes of one rank each STRICT_SPREAD (one rank per node, as trainer.nnodes asks);
-    else PACK: Ray fills one node before the next, so each node's ranks land together when nodes have
-    n_gpus_per_node free GPUs (verl's own per-node groups do not promise distinct nodes either).
-
-    Refused (ValueError): separate reward-model or teacher pools, and a rollout replica spanning nodes
-    (its tensor parallelism above n_gpus_per_node), which verl places by node and a trial's single group
-    cannot express.
-    """
+    One bundle per rank, {3 CPUs + 1 GPU} as verl's own groups; rank 0's also holds the TaskRunner and
+    TransferQueue's controller. STRICT_PACK on one node; STRICT_SPREAD for one rank per node; else PACK (Ray
+    fills one node before the next; verl's own per-node groups do not promise distinct nodes either).
+    Refused: separate reward-model or teacher pools and a rollout replica spanning nodes, which verl places by
+    node and one group cannot express."""
     nnodes, per_node = int(_get(config, "trainer.nnodes")), int(_get(config, "trainer.n_gpus_per_node"))
     for key, what in (
         ("reward.reward_model.enable_resource_pool", "a separate reward-model pool"),
@@ -340,8 +269,7 @@ def trial_placement(config) -> TrialPlacement:
 
 
 # ---------------------------------------------------------------------------- waiting for room on a shared cluster
-WAIT_SAY_S = 30.0
-"""How often a run waiting for room on a shared Ray cluster says what it waits for."""
+WAIT_SAY_S = 30.0  # how often a run waiting for room on a shared Ray cluster says what it waits for
 
 
 def free_per_node() -> dict[str, dict[str, float]]:
