@@ -1,15 +1,8 @@
 """The plugin's own settings inside a verl launch: the top-level ``emapg:`` section. Pure Python, no verl.
 
-    emapg.kl.*      (KLConfig: estimator, k, tail, beta, importance weight)
-    emapg.anchor.*  (AnchorConfig: tau, period)
-    emapg.loss.*    (LossConfig: clip-low/high, dual clip, entropy, aggregation)
-    emapg.<scalar>  (metrics file, mask_truncated, device, probe period and size, the TaskRunner's setup hook)
-
-The ``emapg:`` section is read by our trainer/worker/loss only; verl's config dataclasses never see
-it (they reject unknown keys). It reaches ``python -m experiments.backends.verl.main`` as ``emapg.*`` command-line
-overrides (``split_argv``). What writes them, from an application's run config, is not the core's
-business: emapg's compiler is ``experiments.backends.verl.launch.to_verl`` (it also sets the verl keys that mirror
-the section, so verl's logging and validation agree with what runs).
+Read by our trainer, worker and loss only (verl's config dataclasses reject unknown keys). It reaches
+``python -m experiments.backends.verl.main`` as ``emapg.*`` overrides (``split_argv``), which
+``experiments.backends.verl.launch.to_verl`` writes from a run config.
 """
 
 from __future__ import annotations
@@ -19,22 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    StrictStr,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from ema_pg_core.config import AnchorConfig, KLConfig, LossConfig
 from ema_pg_core.kl import get_estimator
 
-TRAINER_MODE = "emapg_sync"
-"""Name under which ``experiments.backends.verl.trainer`` registers its V1 trainer."""
+TRAINER_MODE = "emapg_sync"  # the name experiments.backends.verl.trainer registers its V1 trainer under
 VERL_AGG = {
     "token-mean": "token-mean",
     "seq-mean-token-mean": "seq-mean-token-mean",
@@ -44,14 +27,9 @@ VERL_AGG = {
 """Our loss aggregation names -> verl's ``agg_loss`` modes (same formulas; verl's are global-batch normalised)."""
 Device = Literal["cuda", "cpu"]
 DEVICES = get_args(Device)
-"""``trainer.device`` values of the verl backend: GPUs, or verl's loop on CPU (``experiments.backends.verl.cpu``)."""
-OLD, REF = "emapg_old_", "emapg_ref_"
-"""Prefixes of the Top-k tensors produced by the pi_old pass and by the anchor (reference) pass."""
+OLD, REF = "emapg_old_", "emapg_ref_"  # prefixes of the Top-k tensors of the pi_old pass and the anchor pass
 
 
-# --------------------------------------------------------------------------------------
-# The emapg: section
-# --------------------------------------------------------------------------------------
 def _import_name(name: Any) -> Any:
     module, sep, attr = name.partition(":") if isinstance(name, str) else ("", "", "")
     if name is not None and not (sep and attr and all(part.isidentifier() for part in (*module.split("."), attr))):
@@ -65,9 +43,8 @@ def _strings(env: Any) -> Any:
 
 
 class EmaPGSection(BaseModel):
-    """What our verl plugin reads: the core's own dataclasses (their defaults and checks live there; pydantic builds
-    them from mappings and refuses a key they do not have) and the section's own values, as a pydantic model (the
-    mechanism the sweep spec is validated with: a ``ValidationError`` whose ``loc`` is the field path)."""
+    """What our verl plugin reads: the core's own dataclasses (their defaults and checks live there) and the
+    section's own values; a ``ValidationError``'s ``loc`` is the field path, as for the sweep spec."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -75,22 +52,17 @@ class EmaPGSection(BaseModel):
     anchor: AnchorConfig = Field(default_factory=AnchorConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     metrics_path: StrictStr | None = None
-    """Where verl's "file" logger writes one JSON line per iteration ({"step", "data"}); null = verl's default."""
+    """Where verl's "file" logger writes one JSON line per iteration; null = verl's default."""
     mask_truncated: StrictBool = False
-    """Drop responses that reached data.max_response_length from the actor update, after the advantages
-    (rLLM's mask_truncated_samples, the paper's 8k math stage; ``backend.verl.mask_truncated``)."""
+    """Drop responses that reached data.max_response_length from the actor update (``backend.verl.mask_truncated``)."""
     device: Device = "cuda"
-    """cuda (GPUs, verl's own platform detection) | cpu (``experiments.backends.verl.cpu``: development, rehearsals)."""
     probe_every: StrictInt = Field(0, ge=0)
-    """The KL probe every this many iterations (0 = none): ``trainer.probe_every`` resolved (see probe.py)."""
+    """The KL probe every this many iterations (0 = none): ``trainer.probe_every`` resolved."""
     probe_size: StrictInt = Field(16, ge=1)
-    """Prompts in the probe: the first ones of the run's first training batch (``trainer.probe_size``)."""
     runner_setup: Annotated[StrictStr | None, BeforeValidator(_import_name)] = None
-    """``module:function`` that verl's TaskRunner calls in its own process, with ``runner_env``, before verl's
-    trackers start (``run_runner_setup``): the application's hook (emapg's gives W&B its run id, group and tags:
-    ``experiments.backends.verl.launch.apply_wandb_env``). None: nothing is called."""
+    """``module:function`` verl's TaskRunner calls with ``runner_env`` before verl's trackers start
+    (``run_runner_setup``; emapg's is ``launch.apply_wandb_env``). None: nothing is called."""
     runner_env: Annotated[dict[StrictStr, StrictStr], BeforeValidator(_strings)] = Field(default_factory=dict)
-    """The hook's argument: string settings by name (emapg's: WANDB_* variables)."""
 
     @model_validator(mode="after")
     def _shippable(self) -> EmaPGSection:
@@ -104,8 +76,7 @@ class EmaPGSection(BaseModel):
 
     @classmethod
     def from_config(cls, node: Any) -> EmaPGSection:
-        """From the ``emapg`` node of a composed verl config (an OmegaConf node, resolved here; the trainer's
-        ``config.emapg`` and the workers' ``actor_rollout_ref.emapg``) or a plain mapping."""
+        """From the ``emapg`` node of a composed verl config (resolved here) or a plain mapping."""
         if not isinstance(node, dict):
             from omegaconf import OmegaConf  # the verl side only: this module imports no omegaconf
 
@@ -113,14 +84,13 @@ class EmaPGSection(BaseModel):
         return cls.model_validate(node)
 
 
-SECTION_GROUPS = ("kl", "anchor", "loss", "runner_env")
-SECTION_SCALARS = tuple(name for name in EmaPGSection.model_fields if name not in SECTION_GROUPS)
-"""The emapg section's top-level keys that are values, not groups (metrics_path, ..., runner_setup)."""
+SECTION_SCALARS = tuple(
+    name for name in EmaPGSection.model_fields if name not in ("kl", "anchor", "loss", "runner_env")
+)
 
 
 def run_runner_setup(section: Any) -> None:
-    """Call the section's ``runner_setup`` hook with its ``runner_env`` (in verl's TaskRunner process, before
-    verl's ``Tracking`` starts). `section`: a composed config's ``emapg`` node or a plain mapping."""
+    """Call the section's ``runner_setup`` hook with its ``runner_env`` (in verl's TaskRunner process)."""
     name = section.get("runner_setup")
     if name:
         module, _, attr = str(name).partition(":")
@@ -140,10 +110,8 @@ def head_keys(kl: KLConfig) -> dict[str, str]:
 
 
 def topk_passes(kl: KLConfig) -> dict[str, dict[str, Any]]:
-    """Per pass ("old", "ref", "train"), the engine instructions (``engine.set_pass`` keyword arguments).
-
-    Only what the loss reads travels to the update: the head ids (int32) and the anchor's log-probs there
-    (fp32), 8K bytes per token; pi_old's values at its own top-k are never read, so its pass sends ids only."""
+    """Per pass ("old", "ref", "train"), the ``engine.set_pass`` keyword arguments. Only what the loss reads
+    travels to the update: the head ids and the anchor's log-probs there (pi_old's pass sends ids only)."""
     off = {"mode": "off"}
     if not uses_topk(kl):
         return {"old": off, "ref": off, "train": off}
@@ -184,9 +152,8 @@ def split_argv(argv: list[str]) -> tuple[list[str], EmaPGSection]:
 
 
 def rotate(path: str | Path) -> Path:
-    """verl's file logger opens its file with mode "wb" (a resumed run would truncate it). Move a
-    non-empty `path` aside to `<stem>.<n><suffix>` (the next free n >= 1) so that
-    the new attempt can open `path` for writing; returns `path`. A missing or empty file is left alone."""
+    """Move a non-empty `path` aside to `<stem>.<n><suffix>` (the next free n >= 1) and return `path`: verl's
+    file logger opens it "wb", which would truncate a resumed run's lines."""
     path = Path(path)
     if path.is_file() and path.stat().st_size > 0:
         n = 1

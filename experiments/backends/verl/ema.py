@@ -1,19 +1,10 @@
 """EMA of the anchor from the policy on FSDP2 local shards: theta_ema <- tau*theta_ema + (1-tau)*theta.
 
-Under FSDP2 every parameter is a DTensor whose rank-local shard is ``p.to_local()``. When the
-anchor (verl's reference) and the policy (verl's actor) are sharded the same way (same mesh and
-placements: verl builds both with ``create_device_mesh(world_size, fsdp_size)``), shard i of the
-anchor and shard i of the policy hold the same elements, so the EMA is elementwise on the local
-shards: no all-gather, no communication. The update itself is ``ema_pg_core.anchor.ema_update_``
-(one fused ``_foreach_lerp_``), exactly the local backend's; policy shards are cast to each anchor
-shard's device and dtype (the reference is CPU-offloaded fp32, the actor may be on GPU).
-
-What is mixed: every floating parameter and floating buffer, as ``EmaAnchor`` does (buffers are
-plain replicated tensors under FSDP2 and mix identically on every rank).
-
-``drift`` gives the ``anchor/*`` metrics: ||theta - theta_ema|| and ||theta|| from per-rank sums of
-squares, each element counted once (shards summed over ranks, replicated tensors counted on one
-rank), then one all-reduce.
+When the anchor (verl's reference) and the policy (verl's actor) are sharded alike (same mesh and placements:
+verl builds both with ``create_device_mesh(world_size, fsdp_size)``), their local shards hold the same
+elements, so the EMA is ``ema_pg_core.anchor.ema_update_`` on the local shards, with no communication. Every
+floating parameter and buffer is mixed, as ``EmaAnchor`` does. ``drift`` gives the ``anchor/*`` metrics from
+per-rank sums of squares (each element counted once), then one all-reduce.
 """
 
 from __future__ import annotations
@@ -83,10 +74,8 @@ def wait_for_offload() -> None:
 
 
 def ema_update_sharded_(anchor: nn.Module, policy: nn.Module, tau: float) -> None:
-    """In place on this rank's shards: anchor <- tau * anchor + (1 - tau) * policy (tau = paper's eta).
-
-    Call on every rank, after the optimizer step (parameters resharded), outside forward/backward.
-    """
+    """In place on this rank's shards: anchor <- tau * anchor + (1 - tau) * policy (tau = paper's eta). Call on
+    every rank, after the optimizer step (parameters resharded)."""
     ema_update_(*paired_local_shards(anchor, policy), tau)
 
 

@@ -2,57 +2,26 @@
 
 Shapes: nnz = packed tokens of a micro-batch (verl's remove-padding layout), V vocabulary, K top-k.
 
-``EmaPGFSDPEngineWithLMHead`` wraps ``FSDPEngineWithLMHead.prepare_model_outputs``, the one place
-where verl 0.9.1 materialises logits. The trainer switches it per pass with
-non-tensor flags on the batch (``set_pass``):
+``EmaPGFSDPEngineWithLMHead`` wraps ``prepare_model_outputs``, the one place verl 0.9.1 materialises
+logits; the trainer switches it per pass with non-tensor flags on the batch (``set_pass``):
 
-    mode "ids"     (pi_old pass for reverse KL): this model's own top-k ids only
-                   (``ema_pg_core.topk.topk_ids_from_logits``: no logsumexp, the same ids as "self")
-    mode "self"    (anchor pass for forward KL): this model's own top-k ids, the logits there and the
-                   full-vocabulary logsumexp
-    mode "gather"  (anchor pass for reverse KL): logits at the ids under ``ids_key`` + logsumexp
-    mode "train"   (actor update): turn on verl's logits-processor hook so the loss function sees
-                   the training logits (``experiments.backends.verl.loss``); the hook also returns verl's log-probs of
-                   the sampled tokens, so verl's own log-prob pass is skipped (its ``distillation_only``
-                   flag): one full-vocabulary log-softmax per micro-batch, not two
-    mode "keep"    (the KL probe, ``experiments.backends.verl.probe``): append each micro-batch's (nnz, V) logits
-                   / temperature to the engine's ``probe_logits`` list, for the worker to pair with the other
-                   model's on the same tokens; the probe runs one sequence per micro-batch, in chunks
-                   whose logits fit its memory budget
+    "ids"     pi_old pass, reverse KL: own top-k ids     -> <prefix>topk_ids (nnz, K) int32
+    "self"    anchor pass, forward KL: own top-k ids + log-probs there (or logits + logsumexp)
+    "gather"  anchor pass, reverse KL: log-probs at the ids under ``ids_key`` (or logits + logsumexp)
+    "train"   actor update: verl's logits-processor hook runs the loss's Top-k KL and returns verl's
+              log-probs too (``distillation_only``: one full-vocabulary log-softmax, not two)
+    "keep"    the KL probe: append each micro-batch's (nnz, V) logits / temperature to ``probe_logits``
 
-In "ids", "self" and "gather" the outputs are added to verl's own (log_probs, entropy) as nested tensors
-in verl's packed order; nothing of size V leaves the worker:
+With ``logp`` the pass sends ``<prefix>logp_k`` (nnz, K) fp32 = logits_k - lse taken in fp32, else
+``<prefix>logits_k`` (nnz, K) and ``<prefix>lse`` (nnz,). Nothing of size V leaves the worker: 8K bytes
+per token for either direction (tests/verl/test_payload.py).
 
-    ``<prefix>topk_ids``  (nnz, K) int32   "ids", "self"
-    ``<prefix>logits_k``  (nnz, K) fp32    "self", "gather"
-    ``<prefix>lse``       (nnz,)   fp32    "self", "gather"
-    ``<prefix>logp_k``    (nnz, K) fp32    "self", "gather" with the ``logp`` flag, in place of the two above:
-                                           logits_k - lse, the difference taken in fp32
+``CAP_KEY`` (emapg.mask_truncated) zeroes the masks of training responses of at least that many tokens
+here, in the worker, before verl counts the loss tokens; ``DROP_KEY`` makes ``global_batch_size`` (verl's
+seq-mean denominator) the kept sequences over the data-parallel group, so a masked response is dropped
+from the seq-mean modes exactly as from token-mean.
 
-The statistics come from ``ema_pg_core.topk.token_stats_from_logits`` (chunked; no (nnz, V) log-softmax
-copy), on logits divided by the rollout temperature as verl's log-probs are.
-
-The loss reads pi_old's top-k values never, and the anchor's logits at the head and its logsumexp only
-through their difference, the anchor's log-probs there (``experiments.backends.verl.loss.anchor_head``). So
-``topk_passes`` asks pi_old for "ids" and the anchor for ``logp``. Per packed token the Top-k passes then
-add, and TransferQueue carries to the actor update (measured in tests/verl/test_payload.py):
-    reverse Top-k: pi_old's ids 4K + the anchor's log-probs 4K = 8K bytes (256 B at K = 32)
-    forward Top-k: the anchor's ids 4K + its log-probs 4K      = 8K bytes (256 B at K = 32)
-Before "ids" and ``logp`` (pi_old "self"; logits + logsumexp): reverse 12K + 8 (392 B), forward 8K + 4 (260 B).
-
-With ``CAP_KEY`` set to a length (the trainer sets verl's ``data.max_response_length`` when
-emapg.mask_truncated is on), a training mini-batch's responses of at least that many tokens get all-zero
-``response_mask`` and ``loss_mask`` rows here, in the worker (``drop_truncated``), before verl counts the
-mini-batch's loss tokens: nothing travels through TransferQueue for it, and the passes, the advantages and
-the metrics, which never see this data, see every response. With ``DROP_KEY`` set (the trainer sets it
-with ``CAP_KEY``), a training mini-batch's ``global_batch_size`` (verl's seq-mean denominator, normally
-the fixed mini-batch size) becomes the number of sequences whose loss mask is not all zero, summed over
-the data-parallel group: a masked response is then dropped from the seq-mean aggregations exactly, as it
-is from token-mean.
-
-Activation: ``EmaPGActorRolloutRefWorker`` re-classes the engines verl built (``__class__``
-assignment, after checking the type) instead of replacing verl's private engine registry.
-Supported: remove-padding or padded inputs, Ulysses SP = 1, no ``pad_to_length`` (validated).
+The worker re-classes the engines verl built (``reclass``) instead of replacing verl's private registry.
 """
 
 from __future__ import annotations
@@ -68,18 +37,13 @@ from experiments.backends.verl.layout import lengths, token_rows
 MODE, K, IDS_KEY, PREFIX = "emapg_topk_mode", "emapg_topk_k", "emapg_topk_ids_key", "emapg_topk_prefix"
 LOGP = "emapg_topk_logp"
 MODES = ("off", "ids", "self", "gather", "train", "keep")
-DROP_KEY = "emapg_drop_masked_seqs"
-"""Non-tensor flag: sequences with an all-zero loss mask leave verl's seq-mean denominator too."""
-TRAIN_FLAGS = {"distillation_use_topk": True, "distillation_only": True}
-"""verl's flags in mode "train": call the loss function's logits hook; take ``log_probs`` from it, not from verl."""
-CAP_KEY = "emapg_truncation_cap"
-"""Non-tensor int flag (0: off): responses of at least this many tokens are left out of the update (see above)."""
+DROP_KEY = "emapg_drop_masked_seqs"  # flag: sequences with an all-zero loss mask leave the seq-mean denominator too
+CAP_KEY = "emapg_truncation_cap"  # int flag (0: off): responses of at least this many tokens leave the update
+TRAIN_FLAGS = {"distillation_use_topk": True, "distillation_only": True}  # mode "train": the hook gives log_probs
 
 
 def set_pass(td, mode: str = "off", *, k: int = 0, ids_key: str = "", prefix: str = "", logp: bool = False) -> None:
-    """Attach this pass's Top-k instructions to a TensorDict (or dict of extra_info) as non-tensors.
-
-    ``logp``: modes "self"/"gather" send log-probs at the ids (``<prefix>logp_k``) instead of logits + logsumexp."""
+    """Attach this pass's Top-k instructions to a TensorDict (or dict of extra_info) as non-tensors."""
     if mode not in MODES:
         raise ValueError(f"top-k pass mode {mode!r} unknown; allowed: {MODES}")
     flags = {MODE: mode, K: int(k), IDS_KEY: ids_key, PREFIX: prefix, LOGP: bool(logp)}
@@ -94,14 +58,8 @@ def _flag(td, key, default):
 
 
 def drop_truncated(mask: torch.Tensor, response_lens: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mask with the rows of responses that reached `cap` tokens zeroed, which rows).
-
-    mask: jagged nested (B, *) or dense (B, T), response_lens: (B,) response tokens per row -> mask's layout, (B,) bool.
-    A zero mask removes a response from the update as rLLM's mask_truncated_samples drops it: no
-    policy-gradient and no KL term; token-mean normalises over the kept tokens, and the seq-mean
-    modes over the kept sequences (``DROP_KEY``; verl alone would divide by its fixed mini-batch
-    size). The mini-batches keep their size and number (rLLM's smaller batch had fewer).
-    """
+    """(mask with the rows of responses that reached `cap` tokens zeroed, which rows), as rLLM's
+    mask_truncated_samples drops them. mask: jagged nested (B, *) or dense (B, T); response_lens: (B,)."""
     truncated = response_lens.to(mask.device) >= cap  # (B,)
     keep = (~truncated).to(mask.dtype)  # (B,)
     if not mask.is_nested:
@@ -111,9 +69,8 @@ def drop_truncated(mask: torch.Tensor, response_lens: torch.Tensor, cap: int) ->
 
 
 def mask_truncated_(data, cap: int) -> None:
-    """Zero the ``response_mask`` and ``loss_mask`` rows of `data`'s responses of at least `cap` tokens, in place
-    (new tensors under the same keys): verl counts the loss tokens from ``loss_mask``, the loss reads
-    ``response_mask``, and verl's TransferQueue holds both, as separate fields, unmasked."""
+    """Zero the ``response_mask`` (the loss's) and ``loss_mask`` (verl's token count) rows of `data`'s responses
+    of at least `cap` tokens (new tensors under the same keys)."""
     response_lens = lengths(data)[1]  # (B,)
     for key in ("response_mask", "loss_mask"):
         if key in data.keys():
@@ -180,10 +137,7 @@ class EmaPGFSDPEngineWithLMHead(FSDPEngineWithLMHead):
 
 
 def _packed_scaled_logits(output, output_args, micro_batch) -> torch.Tensor:
-    """(nnz, V) logits / temperature in verl's packed order, for either input layout.
-
-    Sequence-parallel padding (Ulysses SP > 1, pad_to_length) would shift the positions; ``check_verl``
-    refuses those settings before any work, and this raises if an engine still hands padded outputs."""
+    """(nnz, V) logits / temperature in verl's packed order, for either input layout."""
     if output_args.get("pad_size", 0):
         raise NotImplementedError("EMA-PG's logits (Top-k KL, KL probe) need Ulysses SP = 1 and pad_to_length=False")
     logits = output.logits

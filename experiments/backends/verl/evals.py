@@ -1,24 +1,10 @@
 """Per-problem evaluation rows of verl's validation, and the EMA anchor's turn at it. No verl imports.
 
-verl's validation (``PPOTrainer._validate``) generates ``val_kwargs.n`` responses per validation
-prompt, scores each with the reward function and keeps only the per-source means. Our trainer
-(``EmaPGTrainerSync``) also writes one row per prompt and model to ``verl_evals.jsonl`` beside
-verl's metrics file, in the run record's evals.jsonl schema (docs/run-record.md)::
-
-    {"iteration", "model": "policy" | "anchor", "benchmark": <data_source>, "problem_id", "n", "n_correct",
-     "greedy_correct"}
-
-A response counts as correct when its score is > 0 (the math and search rewards are 0/1).
-``problem_id`` is ``<data_source>/<16 hex digits of the prompt's sha1>``: the same problem gets the
-same id at every validation and for both models. ``greedy_correct`` is the first response's
-correctness when validation is greedy (val_kwargs.do_sample false), else null.
-
-The anchor: after the policy's validation, every validation after the first update also runs
-with the anchor's weights in the actor (``load_anchor_``: each rank keeps its actor shards aside in
-host memory and copies the anchor's in; ``restore_actor_`` puts them back exactly), pushed to the
-rollout engine by verl's own weight sync; its metrics are verl's with ``val-`` renamed to
-``val-anchor-`` (``anchor_keys``). Before any update the two models are equal, so the policy's rows
-and metrics are copied (``as_anchor``), as the local trainer does.
+verl's validation keeps only per-source means; ``EmaPGTrainerSync`` also writes one row per prompt and model to
+``verl_evals.jsonl`` beside verl's metrics file, in the run record's evals.jsonl schema (docs/run-record.md).
+A response is correct when its score is > 0; ``problem_id`` is ``<data_source>/<16 hex of the prompt's sha1>``.
+After the first update each validation also runs with the anchor's weights in the actor (``load_anchor_``,
+``restore_actor_``), its metrics renamed ``val-anchor-`` (``anchor_keys``); before it the policy's are copied.
 """
 
 from __future__ import annotations
@@ -44,14 +30,7 @@ def problem_id(source: str, prompt: str) -> str:
 
 
 def problem_rows(
-    iteration: int,
-    model: str,
-    *,
-    sources: Sequence[str],
-    uids: Sequence[str],
-    prompts: Sequence[str],
-    scores: Sequence[float],
-    greedy: bool,
+    iteration: int, model: str, *, sources: Sequence, uids: Sequence, prompts: Sequence, scores: Sequence, greedy: bool
 ) -> list[dict[str, Any]]:
     """One row per validation prompt (its samples share a uid; the four lists are per sample, aligned)."""
     if not len(sources) == len(uids) == len(prompts) == len(scores):
@@ -72,10 +51,6 @@ def problem_rows(
         }
         for g in groups.values()
     ]
-
-
-def as_anchor(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**r, "model": "anchor"} for r in rows]
 
 
 def anchor_keys(metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,26 +1,11 @@
 """A rollout engine for verl that generates with Hugging Face transformers (rollout name "hf").
 
-verl 0.9.1 registers only vLLM, SGLang and TensorRT-LLM rollouts, all GPU-only. This engine lets
-verl's real training loop run where none of them can: on CPU, for development and for rehearsing a
-GPU run (``emapg rehearse``). It follows the interfaces verl's own engines implement:
-
-    HFReplica(RolloutReplica)      one server actor per replica, launched next to the training
-                                   workers (hybrid mode) and registered under "hf"
-    HFGenerationServer (Ray actor) token-in/token-out ``generate`` for verl's agent loops: HF
-                                   ``generate`` with a KV cache; temperature / top-p / top-k /
-                                   greedy, max_tokens, stop strings, ignore_eos, repetition penalty;
-                                   returns the token ids and their log-probabilities
-    HFServerAdapter(BaseRollout)   lives in each training worker: receives the trainer's weight
-                                   syncs (full tensors) and loads them into the server's model
-
-Concurrent requests are batched: whatever requests are waiting when the model is free run as one
-left-padded ``generate`` per group of identical sampling settings.
-
-Log-probabilities are those of the sampled token after the request's logits processors (repetition
-penalty, temperature, top-k / top-p masking), as vLLM returns them by default ("processed").
-
-Speed is not a goal (no paged attention, no continuous batching); the weight sync goes through
-Ray's object store. Use vLLM or SGLang for real training on GPUs.
+verl 0.9.1's rollouts (vLLM, SGLang, TensorRT-LLM) are GPU-only; this one lets verl's real training loop
+run on CPU, for development and for rehearsing a GPU run (``emapg rehearse``). ``HFReplica`` launches one
+``HFGenerationServer`` actor per replica (token-in/token-out ``generate`` for verl's agent loops; requests
+waiting together run as one left-padded ``generate`` per sampling setting) and ``HFServerAdapter``, in each
+training worker, loads the trainer's weight syncs into it. Log-probs are vLLM's default "processed" ones:
+after the request's logits processors. Speed is not a goal.
 """
 
 from __future__ import annotations
@@ -43,8 +28,7 @@ from verl.workers.rollout.utils import ensure_async_iterator
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_NAME = "hf"
-"""``actor_rollout_ref.rollout.name`` of this engine."""
+ROLLOUT_NAME = "hf"  # actor_rollout_ref.rollout.name
 
 
 def register() -> None:
@@ -57,9 +41,6 @@ def _server_name(replica_rank: int) -> str:
     return f"{ROLLOUT_NAME}_server_{replica_rank}_0"  # node 0: a replica's one server
 
 
-# --------------------------------------------------------------------------------------
-# Sampling: one request's settings, and the cut of a generated row
-# --------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Sampling:
     """The settings a batch shares (requests with equal ``Sampling`` run together)."""
@@ -111,9 +92,6 @@ def cut(tokens: list[int], eos_ids: set[int], stops: tuple[str, ...], decode, ig
     return end
 
 
-# --------------------------------------------------------------------------------------
-# The server (a Ray actor)
-# --------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class _Request:
     prompt_ids: list[int]
@@ -149,29 +127,18 @@ class HFGenerationServer:
         self._busy = asyncio.Lock()
         self.replica_rank = replica_rank
 
-    # ------------------------------------------------------------------ generation
-    def _default_max_tokens(self, prompt_len: int) -> int:
-        c = self.config
-        return min(c.response_length, c.prompt_length + c.response_length - prompt_len)
-
     async def generate(
-        self,
-        prompt_ids: list[int],
-        sampling_params: dict[str, Any],
-        request_id: str,
-        image_data=None,
-        video_data=None,
-        **kwargs,
+        self, prompt_ids: list[int], sampling_params: dict, request_id: str, image_data=None, video_data=None, **kwargs
     ):
         """One request; returns verl's TokenOutput. Requests that arrive together are generated as one batch."""
         if image_data is not None or video_data is not None:
             raise NotImplementedError("the hf rollout engine is text-only")
-        prompt_ids = [int(t) for t in prompt_ids]
-        window = self.config.max_model_len or (self.config.prompt_length + self.config.response_length)
-        limit = window - len(prompt_ids)
+        prompt_ids, c = [int(t) for t in prompt_ids], self.config
+        limit = (c.max_model_len or (c.prompt_length + c.response_length)) - len(prompt_ids)
         if limit < 1:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room to generate (max_model_len)")
-        sampling = Sampling.from_params(sampling_params, self._default_max_tokens(len(prompt_ids)))
+        default_max = min(c.response_length, c.prompt_length + c.response_length - len(prompt_ids))
+        sampling = Sampling.from_params(sampling_params, default_max)
         sampling = dataclasses.replace(sampling, max_tokens=max(1, min(sampling.max_tokens, limit)))
         request = _Request(prompt_ids, sampling, asyncio.get_running_loop().create_future())
         self._pending.append(request)
@@ -250,7 +217,6 @@ class HFGenerationServer:
             results.append((row[:n], chosen[i, :n].tolist() if s.logprobs else None))
         return results
 
-    # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         """Copy the trainer's tensors into the model; every name must be one of its parameters or buffers."""
         own = self.model.state_dict(keep_vars=True)  # includes tied weights (lm_head.weight) under their own names
@@ -302,9 +268,6 @@ class _StopStrings(StoppingCriteria):
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
-# --------------------------------------------------------------------------------------
-# The replica (in the trainer's process) and the adapter (in each training worker)
-# --------------------------------------------------------------------------------------
 class HFReplica(RolloutReplica):
     """One ``HFGenerationServer`` per replica, on the node of the replica's first training worker."""
 
@@ -356,14 +319,7 @@ class HFServerAdapter(BaseRollout):
         return None
 
     @torch.no_grad()
-    async def update_weights(
-        self,
-        weights,
-        global_steps: int | None = None,
-        wire_format: str = "named_tensors",
-        peft_config=None,
-        **kwargs,
-    ):
+    async def update_weights(self, weights, global_steps=None, wire_format="named_tensors", peft_config=None, **kwargs):
         if wire_format != "named_tensors":
             raise NotImplementedError(f"the hf rollout engine takes full tensors (wire_format={wire_format!r})")
         if peft_config is not None:

@@ -1,20 +1,10 @@
 """The verl backend's adapter: a resolved run config -> a verl launch of the plugin, and that launch run.
 
-One sweep YAML drives either backend, because the verl launch is compiled from the same keys the local
-backend reads (``algo.*``, ``rollout.*``, ``optim.*``, ``trainer.*``, ``model.path``, ``seed``) plus
-``backend.verl.*`` (``VerlSettings``: GPUs, data files, lengths, memory knobs: things the local backend has
-no use for). ``to_verl(run)`` is the only place the mapping lives; the golden test in tests/verl/golden/ pins
-its output for the paper's math and search runs.
-
-    emapg.kl.* / emapg.anchor.* / emapg.loss.*  = algo.kl.* / algo.anchor.* / algo.loss.*
-    emapg.metrics_path                          = <run_dir>/verl_metrics.jsonl (the run record's follower reads it)
-    emapg.runner_setup, emapg.runner_env.*      = ``apply_wandb_env`` and the run's W&B settings
-
-verl keys that mirror the ``emapg:`` section are set too (clip ratios, loss_agg_mode, kl coef) so verl's
-own logging and validation agree with what runs. Fixed requirements of the plugin (FSDP2, a separate fp32
-reference, V1 trainer "emapg_sync", no fused kernels) are emitted as overrides and re-checked at launch
-(``experiments.backends.verl.trainer.check_verl``). Everything here is pure Python: verl is imported only by
-``run_config`` and ``placement_for`` (through ``experiments.backends.verl.main``).
+``to_verl(run)`` is the only place the mapping lives: the keys the local backend reads (``algo.*``,
+``rollout.*``, ``optim.*``, ``trainer.*``, ``model.path``, ``seed``) plus ``backend.verl.*`` (``VerlSettings``)
+become verl overrides and the ``emapg:`` section; the verl keys that mirror the section are set too, so verl's
+logging and validation agree with what runs. tests/verl/golden/ pins its output for the paper's runs.
+Pure Python: verl is imported only by ``run_config`` and ``placement_for``.
 """
 
 from __future__ import annotations
@@ -41,17 +31,10 @@ from ema_pg_core.overrides import hydra_value
 from experiments.backends.verl import cpu, failures
 from experiments.backends.verl.config import DEVICES, TRAINER_MODE, VERL_AGG, EmaPGSection
 
-ROLLOUT_ENGINES = ("vllm", "sglang", "hf")
-"""``backend.verl.rollout_engine``: verl's GPU engines, or ``experiments.backends.verl.hf_rollout`` (any device)."""
+ROLLOUT_ENGINES = ("vllm", "sglang", "hf")  # verl's GPU engines, or hf_rollout.py (any device)
 ATTN_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "eager")
-"""``backend.verl.attn_implementation``: the transformers attention of the actor and the reference."""
-RUNNER_SETUP = "experiments.backends.verl.launch:apply_wandb_env"
-"""The ``emapg.runner_setup`` hook of every launch (a no-op without W&B settings)."""
+RUNNER_SETUP = "experiments.backends.verl.launch:apply_wandb_env"  # every launch's (a no-op without W&B settings)
 
-
-# --------------------------------------------------------------------------------------
-# W&B inside verl's TaskRunner
-# --------------------------------------------------------------------------------------
 WANDB_ENV = {
     "WANDB_RUN_ID": "run_id",
     "WANDB_RESUME": "resume",
@@ -66,13 +49,11 @@ WANDB_ENV = {
 
 
 def apply_wandb_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Give this process's W&B the run's settings `env` (WANDB_* names, ``WANDB_ENV``); returns them. The
-    plugin's ``emapg.runner_setup`` hook: verl's TaskRunner calls it in its own process, where verl's
-    ``Tracking`` later calls ``wandb.init``.
+    """Give this process's W&B the run's settings `env` (WANDB_* names); returns them. ``emapg.runner_setup``:
+    verl's TaskRunner calls it in its own process, before its ``Tracking`` calls ``wandb.init``.
 
-    They go to ``wandb.setup`` as settings, not only as environment variables: wandb reads the variables
-    once per process (an earlier wandb use would hide them), and wandb 0.31 refuses WANDB_CONFIG_PATHS
-    given as a variable (a string where it wants a list). The variables are set too (minus that one)."""
+    As ``wandb.setup`` settings, not only variables: wandb reads the variables once per process, and wandb 0.31
+    refuses WANDB_CONFIG_PATHS as a variable (a string where it wants a list)."""
     env = {str(k): str(v) for k, v in env.items()}
     if set(env) - set(WANDB_ENV):
         raise ValueError(f"unknown W&B setting(s) {sorted(set(env) - set(WANDB_ENV))}; allowed: {', '.join(WANDB_ENV)}")
@@ -99,7 +80,7 @@ VERL_COUNTS = (
     "max_tool_response_length",
     "total_epochs",
 )
-"""The integer settings of ``VerlSettings`` that must be >= 1 (counts and lengths)."""
+"""The integer settings of ``VerlSettings`` that must be >= 1."""
 
 
 @dataclass
@@ -131,11 +112,9 @@ class VerlSettings:
     optimizer_offload: bool = False
     gradient_checkpointing: bool = True
     attn_implementation: str | None = None
-    """Attention of the actor and the reference (verl's ``actor_rollout_ref.model.override_config.
-    attn_implementation``): sdpa | flash_attention_2 | eager; null = sdpa on GPUs, eager on CPU. verl's own
-    default, flash_attention_2, needs the flash-attn package, which the GPU install (docs/scaling-out.md) leaves
-    out (no wheel for torch 2.11 + CUDA 13; docs/verl-plugin.md, "Installing on GPUs"); set flash_attention_2 where
-    it is installed (verl's image), for speed."""
+    """Attention of the actor and the reference: sdpa | flash_attention_2 | eager; null = sdpa on GPUs, eager on
+    CPU (verl's default, flash_attention_2, needs flash-attn, which the GPU install leaves out: docs/verl-plugin.md,
+    "Installing on GPUs")."""
     multi_turn: bool = False
     """A multi-turn agent loop (search): rollout.max_turns tool calls, then one answer turn."""
     tool_config_path: str | None = None
@@ -145,19 +124,15 @@ class VerlSettings:
     """verl agent loop for multi_turn: tool_agent (verl's, hermes JSON tool calls) or a loop named in
     agent_loop_config_path (experiments' search_r1 speaks Search-R1's <search> tags)."""
     agent_loop_config_path: str | None = None
-    """YAML list of {name, _target_} agent loops verl registers (agent.agent_loop_config_path). verl
-    resolves a relative path against its working directory; `emapg train` makes it absolute first."""
+    """YAML list of {name, _target_} agent loops verl registers (`emapg train` makes it absolute)."""
     retriever_url: str | None = None
     """`emapg retriever serve` URL for a search agent loop (verl's rollout.custom.retriever_url)."""
     max_failed_rollouts: int = 0
-    """Failed rollouts (an exception in the rollout server, agent loop, tool/retriever or reward) a run
-    tolerates; one more ends it with that exception (verl alone logs them and may wait forever)."""
+    """Failed rollouts a run tolerates; one more ends it with that exception (verl alone logs them and may hang)."""
     step_timeout_s: float = 7200.0
-    """`emapg train` stops a verl run (status failed) when no training step completes for this long
-    (start-up included; finite, > 0): the last line of defence against a hang."""
+    """`emapg train` fails a verl run when no training step completes for this long (start-up included)."""
     mask_truncated: bool = False
-    """Drop responses that hit max_response_length from the actor update, after the advantages (the
-    paper's 8k math stage, rLLM's mask_truncated_samples; emapg.mask_truncated)."""
+    """Drop responses that hit max_response_length from the actor update (emapg.mask_truncated)."""
     val_before_train: bool = False
     checkpoint_dir: str | None = None
     """trainer.default_local_dir; null = <run_dir>/checkpoints, as on the local backend."""
@@ -210,7 +185,6 @@ class VerlJob:
         return [*self.overrides, *_dotted("emapg", self.emapg)]
 
     def command(self) -> list[str]:
-        """``python -m experiments.backends.verl.main`` with ``argv()``."""
         return ["python", "-m", "experiments.backends.verl.main", *self.argv()]
 
 
@@ -363,15 +337,9 @@ def _training_keys(opt, tr, vs: VerlSettings, ro, *, model_path: str, seed: int)
 
 
 def _device_keys(device: str, vs: VerlSettings) -> dict[str, Any]:
-    """Every worker process of the Ray cluster verl starts runs our setup hook (failed rollouts become
-    fatal: ``experiments.backends.verl.failures``). trainer.device=cpu: verl's loop on the CPU platform
-    (``experiments.backends.verl.cpu``) with the hf rollout engine.
-
-    The local Ray cluster verl starts advertises one virtual GPU per rank, every Ray worker process
-    installs the CPU platform (a ``worker_process_setup_hook``), and the model runs with eager
-    attention (unless ``backend.verl.attn_implementation`` says sdpa) and without torch.compile. Ray binds
-    to 127.0.0.1. On GPUs the attention is sdpa unless set: verl's default needs flash-attn.
-    """
+    """Every Ray worker process runs our setup hook (``failures``; on CPU ``cpu`` too). trainer.device=cpu: verl's
+    loop on the CPU platform with the hf rollout engine, one virtual GPU per rank, Ray bound to 127.0.0.1, eager
+    attention unless set and no torch.compile."""
     hook = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
     attn = "+actor_rollout_ref.model.override_config.attn_implementation"
     if device == "cuda":
@@ -404,13 +372,9 @@ def _multi_turn_keys(ro, vs: VerlSettings) -> dict[str, Any]:
     o = {f"{R}multi_turn.enable": True}
     if vs.tool_config_path:
         o[f"{R}multi_turn.tool_config_path"] = vs.tool_config_path
-    o.update(
-        {
-            f"{R}multi_turn.max_assistant_turns": ro.max_turns + 1,
-            f"{R}multi_turn.max_tool_response_length": vs.max_tool_response_length,
-            f"{R}agent.default_agent_loop": vs.agent_loop,
-        }
-    )
+    o[f"{R}multi_turn.max_assistant_turns"] = ro.max_turns + 1
+    o[f"{R}multi_turn.max_tool_response_length"] = vs.max_tool_response_length
+    o[f"{R}agent.default_agent_loop"] = vs.agent_loop
     if vs.agent_loop_config_path:
         o[f"{R}agent.agent_loop_config_path"] = vs.agent_loop_config_path
     if vs.agent_loop != "tool_agent":  # our loops cap each generation turn like the local backend
@@ -458,23 +422,16 @@ def _dotted(prefix: str, d: Mapping[str, Any]) -> list[str]:
     return out
 
 
-# --------------------------------------------------------------------------------------
-# Running a launch
-# --------------------------------------------------------------------------------------
 def run_config(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> int:
-    """Launch a resolved run config (plain mapping; ``backend.name == "verl"``) in this process.
-
-    `wandb`: the run's WANDB_* settings (``to_verl``). Inside a Ray Tune trial verl runs as a Ray job of its
-    own in the trial's placement group; elsewhere verl starts a local Ray (``experiments.backends.verl.main.launch``).
-    """
+    """Launch a resolved run config (``backend.name == "verl"``) in this process (``main.launch``); `wandb`: as
+    ``to_verl``'s."""
     from experiments.backends.verl.main import launch  # loads verl, ray
 
     return launch(to_verl(run, wandb).argv(), Path(run["run_dir"]) if run.get("run_dir") else None)
 
 
 def placement_for(run: Mapping[str, Any]):
-    """What a sweep trial of the resolved run config ``run`` reserves for its verl job
-    (``experiments.backends.verl.resources.trial_placement``); composes verl's config, starts nothing."""
-    from experiments.backends.verl.main import trial_placement_of  # loads verl, ray
+    """What a sweep trial of the resolved run config ``run`` reserves for its verl job; starts nothing."""
+    from experiments.backends.verl.main import compose, trial_placement  # loads verl, ray
 
-    return trial_placement_of(to_verl(run).argv())
+    return trial_placement(compose(to_verl(run).argv()))

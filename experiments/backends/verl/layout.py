@@ -1,19 +1,12 @@
 """verl's packed full-sequence layout <-> our response layout.
 
-Shapes: B sequences, T response width, nnz = total prompt+response tokens of a micro-batch (verl's
-"remove padding" packing), K top-k.
+Shapes: B sequences, T response width, nnz = prompt+response tokens of a micro-batch (verl's remove-padding
+packing), K top-k. Packed position j holds what the model predicts for token j + 1, so response token t of
+sequence b is predicted at ``seq_end_b - resp_len_b - 1 + t``.
 
-verl engines return per-position tensors packed over full sequences, (nnz, *), where position j
-holds what the model predicts for token j + 1. ``verl.workers.utils.padding.no_padding_2_padding``
-turns them into response layout (B, T, *): response token t of sequence b is predicted at packed
-position ``seq_end_b - resp_len_b - 1 + t``.
-
-``Layout`` is both directions for one micro-batch, its positions derived once: ``Layout.response`` gives
-``no_padding_2_padding``'s values and gradients exactly (tested), and ``Layout.packed`` is its inverse on those
-positions (zeros elsewhere), differentiable, so that a per-token (B, T) quantity computed in response layout can
-travel through verl's per-token (1, nnz) logits-processor channel. The loss moves about a dozen fields per
-micro-batch between the layouts; ``no_padding_2_padding`` derives the positions again on every call (a loop over
-the sequences with a host sync), a fixed cost per field.
+``Layout.response`` gives ``verl.workers.utils.padding.no_padding_2_padding``'s values and gradients exactly
+(tested) and ``Layout.packed`` is its differentiable inverse, the positions derived once per micro-batch
+(``no_padding_2_padding`` derives them again, with a host sync, for each of the loss's dozen fields).
 """
 
 from __future__ import annotations
@@ -64,12 +57,9 @@ def response_index(
 class Layout:
     """One micro-batch's map between verl's packed positions (nnz,) and the response layout (B, T)."""
 
-    idx: torch.Tensor
-    """(B, T) int64: the packed position predicting response token t (0 past the response's end)."""
-    valid: torch.Tensor
-    """(B, T) bool: t < the response's length."""
-    nnz: int
-    """Packed tokens in the micro-batch (prompts and responses)."""
+    idx: torch.Tensor  # (B, T) int64: the packed position predicting response token t (0 past the response's end)
+    valid: torch.Tensor  # (B, T) bool: t < the response's length
+    nnz: int  # packed tokens in the micro-batch (prompts and responses)
 
     @classmethod
     def of(cls, data) -> Layout:

@@ -2,30 +2,18 @@
 
 Shapes: B sequences, T response width, nnz packed tokens, V vocabulary, K top-k.
 
-Installed as the actor's loss function (``TrainingWorker.set_loss_fn``), the extension point verl's
-own ``ppo_loss`` and distillation loss use. verl calls it in two roles:
+Installed with ``TrainingWorker.set_loss_fn`` (as verl's own ``ppo_loss``); verl calls it in two roles:
 
-1. **logits processor** (``student_logits`` (1, nnz, V) given; only when the estimator declares
-   ``needs == "topk"``): the training logits exist only here, so the whole per-token Top-k KL is
-   computed here. ``ema_pg_core.topk`` gathers this step's logits at the stored head ids q and
-   takes the full logsumexp; the estimator sees the local backend's (B, T) / (B, T, K) inputs
-   (response layout; the anchor's as its log-probs at q with logsumexp 0, the same head log-probs:
-   ``anchor_head``); the (B, T) result travels back to verl packed as (1, nnz). The ``topk/*``
-   telemetry of the micro-batch is summarised here too and handed to the final loss as a non-tensor
-   entry of the micro-batch (``TOPK_METRICS``): verl would wrap each per-token part the hook returned
-   in a nested tensor, only for the final loss to unwrap it again. The
-   sampled token's log-prob takes the value of verl's own log-prob function (``_as_verl_logp``),
-   so that it is comparable with ``old_log_probs`` and ``ref_log_prob``; the hook returns that
-   function's result, with its gradient, as verl's ``log_probs`` too (``LOGP_KEY``), and the engine
-   tells verl to skip its own computation of them (``experiments.backends.verl.engine``, mode "train").
-2. **final loss** (``model_output`` given): per token the core's ``ppo_clip_per_token`` (clip-higher,
-   dual clip, log-ratio clamp), times verl's rollout-correction weights when present, + beta * KL
-   (from the hook, or ``kl_per_token`` on log-probs for ``needs == "sampled"``), - c_ent * entropy;
-   each term aggregated with verl's ``agg_loss`` and its global batch info, so gradient
-   accumulation over micro-batches and data-parallel ranks gives the mini-batch loss.
+1. **logits processor** (``student_logits`` (1, nnz, V) given; Top-k estimators only): the training logits
+   exist only here, so the per-token Top-k KL is computed here on the local backend's (B, T[, K]) inputs and
+   returned packed as (1, nnz), with verl's log-probs of the sampled tokens (``LOGP_KEY``: the engine tells
+   verl to skip its own pass). The ``topk/*`` telemetry goes to the final loss as a non-tensor entry
+   (``TOPK_METRICS``), not as per-token parts verl would wrap in nested tensors.
+2. **final loss** (``model_output`` given): the core's ``ppo_clip_per_token`` (times verl's rollout-correction
+   weights when present) + beta * KL - c_ent * entropy, each aggregated with verl's ``agg_loss`` and its global
+   batch info, so accumulation over micro-batches and ranks gives the mini-batch loss.
 
 With one micro-batch on one rank the value equals ``ema_pg_core.loss.policy_loss`` (tested).
-Estimators with ``needs == "full"`` (exact KL: (B, T, V) reference logits) are refused in config.
 """
 
 from __future__ import annotations
@@ -50,15 +38,7 @@ TOPK_METRICS = "emapg_topk_metrics"  # the hook's ``topk/*`` metrics of its micr
 
 
 def emapg_actor_loss(
-    *,
-    config,
-    model_output=None,
-    data=None,
-    dp_group=None,
-    student_logits=None,
-    data_format="thd",
-    kl: KLConfig,
-    loss: LossConfig,
+    *, config, model_output=None, data=None, dp_group=None, student_logits=None, data_format="thd", kl, loss
 ):
     """verl loss function (bind ``config``, ``kl``, ``loss`` with functools.partial; module-level, picklable)."""
     if student_logits is not None:
@@ -106,36 +86,25 @@ def topk_kl_packed(student_logits: torch.Tensor, data, kl: KLConfig) -> dict[str
 def anchor_head(data, lay: Layout, kl: KLConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(ref_logits_k (B, T, K), ref_lse (B, T)) of ``KLInputs`` from the anchor pass's log-probs at the head.
 
-    The estimators and the telemetry read the anchor's logits at the head and its logsumexp only as
-    ``ref_logits_k - ref_lse``, the anchor's log-probs there; its pass therefore sends that difference, taken in
-    fp32 (``<REF>logp_k``). Here it enters as logits with logsumexp 0: in fp32 (the dtype of the loss's
-    log-probs for fp32, bf16 and fp16 logits) ``v - 0`` is ``v``, bit for bit the difference the estimators
-    took when the pass sent the two separately.
-    """
+    The estimators read the two only as ``ref_logits_k - ref_lse``, so the pass sends that difference (fp32) and
+    it enters with logsumexp 0: in fp32 ``v - 0`` is ``v``, bit for bit what the estimators took before."""
     ref_logp_k = lay.response(data[head_keys(kl)["ref_logp_k"]].values()).to(dtype)  # (B, T, K)
     return ref_logp_k, ref_logp_k.new_zeros(ref_logp_k.shape[:-1])
 
 
 def _as_verl_logp(logp: torch.Tensor, verl_logp: torch.Tensor) -> torch.Tensor:
-    """(nnz,) ``logp`` with the value `verl_logp` (verl's ``logprobs_from_logits`` on the same logits and tokens,
-    the hook's ``LOGP_KEY``); gradient of ``logp``.
+    """(nnz,) ``logp`` with the value `verl_logp` (verl's ``logprobs_from_logits``), the gradient of ``logp``.
 
-    The Top-k tail and the importance weight compare this log-prob with ``ref_log_prob`` and
-    ``old_log_probs``, which verl computes with that function on logits of the same dtype. Under
-    verl's default mixed precision the logits are bf16, and verl's function may round its result
-    to bf16 (CPU autocast keeps log_softmax in bf16) while ``token_stats_from_logits`` accumulates
-    in fp32: the two differ by up to ~3e-2 per token, which showed up as a Top-k KL of ~1e-3 between
-    identical policy and anchor (k3, on verl's log-probs only, stayed 0). With verl's value the three
-    log-probs are one function of the logits; the gradient stays the fp32 one of ``logp``.
-    """
+    The tail and the importance weight compare it with ``ref_log_prob`` and ``old_log_probs``, which verl
+    computes with that function. On bf16 logits verl's may round to bf16 while ours accumulates in fp32: up to
+    ~3e-2 apart per token, a Top-k KL of ~1e-3 between identical policy and anchor. With verl's value the three
+    are one function of the logits."""
     return verl_logp.detach().to(logp.dtype) + (logp - logp.detach())  # value: verl's exactly; gradient: d logp
 
 
 def _topk_metrics(x: KLInputs, per_token: torch.Tensor, lay: Layout, mask: torch.Tensor, kl: KLConfig) -> dict:
-    """The ``topk/*`` metrics of one micro-batch (``telemetry.topk_summary``); per_token, mask: (B, T).
-
-    Every per-token part is zeroed past each response's end, as the packed round trip to the final loss zeroed it
-    when the parts travelled that way; the figures equal the local backend's (tests/verl/test_loss.py)."""
+    """The ``topk/*`` metrics of one micro-batch (``telemetry.topk_summary``); per_token, mask: (B, T). Every part
+    is zeroed past each response's end; the figures equal the local backend's (tests/verl/test_loss.py)."""
     parts = topk_parts(x, kl.type, tail=kl.tail, iw=_iw(kl))  # (B, T) each, no gradient
     parts["estimate"] = per_token.detach()
     keep = lambda t: torch.where(lay.valid.to(t.device), t, t.new_zeros(()))  # noqa: E731

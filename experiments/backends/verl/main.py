@@ -3,18 +3,10 @@
     python -m experiments.backends.verl.main <verl overrides ...> emapg.kl.type=topk_reverse emapg.anchor.tau=0.9 ...
     python -m experiments.backends.verl.main --print-config <same args>     # compose + validate, no Ray, no GPUs
 
-Usually generated from a run config by the application (emapg: ``experiments.backends.verl.launch.to_verl(run)
-.command()``), or run in-process with ``launch(argv, run_dir)`` (what a sweep trial with ``backend: verl``
-calls, through ``experiments.backends.verl.launch.run_config``).
-
-What it does: composes verl's own ``ppo_trainer`` config with the verl overrides (Hydra compose
-API; verl's defaults and struct checks apply), adds the validated top-level ``emapg:`` section,
-checks the plugin's requirements, runs verl's ``validate_config`` and then verl's ``run_ppo``
-with a TaskRunner that imports our trainer (so "emapg_sync" is registered in the TaskRunner
-process) before doing exactly what verl's ``TaskRunnerV1`` does.
-
-Simplifications compared with the authors' fork: V1 sync trainer only (no V0, no async modes),
-Ulysses SP = 1, no evaluation of the EMA anchor through vLLM.
+Composes verl's ``ppo_trainer`` config with the verl overrides (Hydra; verl's defaults and struct checks
+apply), adds the validated ``emapg:`` section, checks the plugin's requirements and verl's ``validate_config``,
+then runs verl's ``run_ppo`` with a TaskRunner that registers our trainer in its process first.
+V1 sync trainer only, Ulysses SP = 1.
 """
 
 from __future__ import annotations
@@ -55,10 +47,8 @@ from experiments.backends.verl.resources import (  # noqa: E402
     wait_for_room,
 )
 
-NAMESPACE_ENV = "EMAPG_RAY_NAMESPACE"
-"""The Ray namespace of a verl job launched inside a sweep trial (one per launch: named actors never meet)."""
-DRIVER_LOG = "verl_driver.log"
-"""Output of the verl job a sweep trial runs as a child process (in the run directory)."""
+NAMESPACE_ENV = "EMAPG_RAY_NAMESPACE"  # of a verl job inside a sweep trial (one per launch: named actors never meet)
+DRIVER_LOG = "verl_driver.log"  # output of the verl job a sweep trial runs as a child process (in the run directory)
 
 
 def compose(argv: list[str]):
@@ -90,7 +80,6 @@ class EmaPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
 
 
 def main(argv: list[str] | None = None) -> int:
-    require_verl()
     argv = sys.argv[1:] if argv is None else argv
     dry = "--print-config" in argv
     cfg = compose([a for a in argv if a != "--print-config"])
@@ -151,9 +140,8 @@ def _check_trial_group(pg, cfg) -> None:
 
 
 def join_trial(cfg) -> None:
-    """In the child process ``launch`` starts inside a sweep trial: verl's own ``ray.init`` joins the
-    trial's cluster (``RAY_ADDRESS``) as a job of its own, in the namespace ``NAMESPACE_ENV`` names, with
-    verl's runtime environment and the trial's placement group in every worker's environment."""
+    """In the child process ``launch`` starts inside a sweep trial: verl's own ``ray.init`` joins the trial's
+    cluster as a job of its own (``NAMESPACE_ENV``), the trial's placement group in every worker's environment."""
     with open_dict(cfg):  # nothing here may call Ray: RAY_ADDRESS would connect it, without this config
         init = cfg.ray_kwargs.ray_init
         runtime_env = OmegaConf.to_container(init.get("runtime_env") or OmegaConf.create({}), resolve=True)
@@ -178,16 +166,8 @@ def check_resources(cfg) -> None:
         check_fits(need, *have)
 
 
-def trial_placement_of(argv: list[str]):
-    """What a sweep trial reserves for the verl job of ``argv`` (``main``'s arguments;
-    ``experiments.backends.verl.resources.trial_placement``); composes verl's config, starts nothing."""
-    return trial_placement(compose(argv))
-
-
 def launch(argv: list[str], run_dir: Path | None = None) -> int:
-    """Run ``main(argv)`` from this process. Inside a Ray Tune trial (Ray initialised, a placement group)
-    verl runs as a Ray job of its own in a child process, its output in `run_dir` (``_run_in_trial``);
-    elsewhere in this process, verl starting a local Ray (verl's ``ray_kwargs``)."""
+    """Run ``main(argv)`` from this process; inside a Ray Tune trial, as a Ray job of its own (``_run_in_trial``)."""
     pg = ray.util.get_current_placement_group() if ray.is_initialized() else None  # a Tune trial's (sweeps.tune)
     if pg is None:
         return main(argv)
@@ -197,10 +177,8 @@ def launch(argv: list[str], run_dir: Path | None = None) -> int:
 
 
 def _run_in_trial(argv: list[str], pg, run_dir: Path, launcher: tuple[str, ...] = ()) -> int:
-    """verl as a Ray job of its own, in a child process (``python -m experiments.backends.verl.main``), its actors in
-    the trial's placement group ``pg`` (``experiments.backends.verl.placement``). The child's output goes to
-    ``<run_dir>/verl_driver.log``; it dies with this process. Raises ``VerlExited`` on a non-zero exit.
-    `launcher`: the command before `argv` (tests replace the entry point)."""
+    """verl as a Ray job of its own in a child process that dies with this one, its actors in the trial's group
+    ``pg``, its output in ``<run_dir>/verl_driver.log``; ``VerlExited`` on a non-zero exit. `launcher`: for tests."""
     namespace = f"emapg_{uuid.uuid4().hex[:12]}"
     env = {
         **os.environ,

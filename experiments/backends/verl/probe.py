@@ -2,25 +2,14 @@
 
 Shapes: P probe sequences; sequence i has L_i = prompt + response tokens and T_i response tokens; V vocabulary.
 
-The same measurement as the local backend's probe (``ema_pg_core.local.probe``): fixed tokens, drawn once,
-re-scored every ``trainer.probe_every`` iterations with the exact full-vocabulary KL between the policy (verl's
-actor) and the EMA anchor (verl's reference) and with the configured estimator, importance-weighted by
-pi / pi_probe where pi_probe is the policy that drew the tokens. Two differences, both forced by verl:
-
-- **Which tokens.** verl's rollout engine generates held-out prompts only inside validation (at the validation
-  sampling settings, often greedy), so the probe is the first training batch the run sees: the first response
-  of each of its first ``probe_size`` prompts (``pick``), sampled by the policy at the rollout temperature. Its
-  log-probs under that policy, computed at capture, are pi_probe.
-- **Where the logits are.** Both models live in the worker's FSDP engines and their logits exist only inside a
-  forward pass. Each engine runs over the probe with the Top-k pass mode "keep" (``experiments.backends.verl.engine``),
-  one sequence per micro-batch, and hands back its (L_i, V) logits / temperature; the worker pairs the two
-  models' logits of each sequence (``telemetry.probe_scores_from_logits``, chunked over the vocabulary) and
-  aggregates over the response mask as the loss aggregates the KL (``telemetry.probe_summary``). The sequences
-  go through in chunks holding at most ``PROBE_LOGITS_BYTES`` of logits per model (``chunks``).
-
-Every worker rank holds the whole probe (``EmaPGActorRolloutRefWorker.capture_probe``): under FSDP each rank
-runs the same forward passes and gets the same numbers. The probe goes into every checkpoint (``PROBE_FILE``
-beside the actor), so a resumed run scores the same tokens against the same pi_probe.
+The local backend's measurement (``ema_pg_core.local.probe``): fixed tokens re-scored every
+``trainer.probe_every`` iterations with the exact KL between the policy (verl's actor) and the anchor (verl's
+reference) and with the configured estimator, importance-weighted by pi / pi_probe. Two differences forced by
+verl: the tokens are the first response of each of the first ``probe_size`` prompts of the first training
+batch (verl generates held-out prompts only inside validation), and the logits come from the engines' pass
+mode "keep", one sequence per micro-batch, in chunks of at most ``PROBE_LOGITS_BYTES`` per model. Every rank
+holds the whole probe; it is saved with each checkpoint (``PROBE_FILE``), so a resumed run scores the same
+tokens against the same pi_probe.
 """
 
 from __future__ import annotations
@@ -34,10 +23,8 @@ from ema_pg_core.telemetry import probe_scores_from_logits, probe_summary
 from experiments.backends.verl.engine import set_pass
 from experiments.backends.verl.layout import lengths
 
-PROBE_FILE = "emapg_probe.pt"
-"""``global_step_N/emapg_probe.pt``: {"data": the probe's TensorDict, "logp": [(T_i,)] pi_probe}."""
-PROBE_LOGITS_BYTES = 2**30
-"""Logits held per model at once while scoring the probe (at least one sequence): 1 GiB."""
+PROBE_FILE = "emapg_probe.pt"  # in global_step_N: {"data": the probe's TensorDict, "logp": [(T_i,)] pi_probe}
+PROBE_LOGITS_BYTES = 2**30  # logits held per model at once while scoring the probe (at least one sequence)
 
 
 def pick(uids: list[str], tags: list[dict], n: int) -> list[int]:
@@ -102,10 +89,8 @@ def score(
 ) -> tuple[dict[str, float], list[torch.Tensor]]:
     """(the probe metrics, [(T_i,)] the policy's log-probs of each sequence's response tokens).
 
-    ``actor`` / ``ref``: verl ``TrainingWorker``s of the policy and the anchor (engines re-classed to ours);
-    ``probe``: the probe's TensorDict in verl's nested layout; ``probe_logp``: pi_probe (None: the policy is the
-    one that drew the tokens, as at capture, and the importance weight is 1).
-    """
+    ``actor`` / ``ref``: verl ``TrainingWorker``s (engines re-classed to ours); ``probe_logp``: pi_probe (None: at
+    capture, the importance weight is 1)."""
     p_len, r_len, _ = lengths(probe)
     p_len, r_len = p_len.tolist(), r_len.tolist()
     tokens, masks = _rows(probe["responses"], r_len), _rows(probe["response_mask"], r_len)

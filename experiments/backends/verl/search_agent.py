@@ -1,47 +1,23 @@
 """The Search-R1 tool protocol as a verl 0.9.1 agent loop (agent name ``search_r1``).
 
 verl's stock ``tool_agent`` speaks hermes JSON tool calls; the paper's search task uses Search-R1's
-tags instead (experiments/tasks/search.py). Per trajectory:
+tags (experiments/tasks/search.py). Per trajectory, up to max_turns searches then one answer turn:
 
-    prompt (chat template, as verl's single-turn loop builds it)
-    turn 1..max_turns:  generate at most max_turn_tokens with stop string "</search>"
-                        response ends in <search> q </search> ->  append
-                        "\\n\\n<information>Doc 1(Title: ...) ...</information>\\n\\n" (mask 0, logprob 0.0)
-                        otherwise (EOS, an <answer>, no search call)     ->  done
-    final turn:         generate without the stop string; no tool response after it
+    responses:     | turn 1 (model) | <information> (env) | turn 2 (model) | ... |   <= response_length
+    response_mask: | 1 1 ... 1 1    | 0 0 ... 0 0         | 1 1 ... 1 1    | ... |
 
-    responses:     | turn 1 (model) | information (env) | turn 2 (model) | ... |   <= response_length
-    response_mask: | 1 1 ... 1 1    | 0 0 ... 0 0       | 1 1 ... 1 1    | ... |
+A turn generates at most ``custom.max_turn_tokens`` with stop string "</search>"; a response ending in a
+search gets the retriever's information block (mask 0, logprob 0.0). Registered through
+experiments/conf/verl/agent_loops.yaml; settings from verl's rollout config (``multi_turn.*``,
+``custom.retriever_url``, ``custom.max_turn_tokens``: ``launch._multi_turn_keys``).
 
-Registered with verl through ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` (the YAML
-experiments/conf/verl/agent_loops.yaml) and selected by ``agent.default_agent_loop=search_r1``.
-Settings come from verl's rollout config:
-
-    multi_turn.max_assistant_turns   = rollout.max_turns + 1  (searches + the final answer turn)
-    multi_turn.max_tool_response_length                       (information tokens kept per search)
-    custom.retriever_url             = backend.verl.retriever_url  (an `emapg retriever serve` URL; the
-                                       client sends $EMAPG_RETRIEVER_TOKEN of the worker's environment)
-    custom.max_turn_tokens           = rollout.max_new_tokens  (tokens per generation turn; Search-R1's
-                                       max_response_length, 500; unset = no per-turn cap)
-    response_length                  (all turns and information tokens together)
-
-Stop string and returned tokens (the decision this loop rests on): verl hands ``sampling_params``
-to the engine unchanged, so ``stop`` reaches vLLM's ``SamplingParams`` (verl/workers/rollout/
-vllm_rollout/vllm_async_server.py:634, vLLM started with ``skip_tokenizer_init: False`` at :328, so
-it detokenizes and can match stop strings) and SGLang's request ``sampling_params``
-(sglang_rollout/async_sglang_server.py:627). verl returns the engine's generated token ids as they
-are (vLLM ``final_res.outputs[0].token_ids``, vllm_async_server.py:710; SGLang ``output_ids``,
-async_sglang_server.py:662/678). A stop string trims only the engine's *text* (vLLM's
-detokenizer; ``include_stop_str_in_output`` is about the text too), so the ids end with the
-tokens that spell ``</search>``. They are the model's samples: they stay in the response as model tokens (mask 1,
-their own logprobs) and nothing is appended in their place. As a guard for a server that did not
-honour the stop string (SGLang runs with verl's ``skip_tokenizer_init: True`` default,
-trainer/config/rollout/rollout.yaml:333 passed at async_sglang_server.py:333, which leaves it no
-tokenizer to match strings with), a turn is cut right after the first token that completes
-``</search>``; on vLLM that cut removes nothing. A prefix of a sample is itself a sample, so the
-kept tokens' logprobs stay valid.
-
-Not run on GPUs: the engine behaviour above is read from verl's source, not executed.
+Stop string and returned tokens (read from verl's source, not run on GPUs): verl passes ``stop`` to vLLM
+(vllm_async_server.py:634, detokenizing: ``skip_tokenizer_init: False`` at :328) and SGLang
+(async_sglang_server.py:627) and returns the engine's token ids as they are (vllm_async_server.py:710,
+async_sglang_server.py:662/678). A stop string trims only the engine's text, so the ids end with the tokens
+that spell ``</search>``: model samples, kept with mask 1 and their logprobs. SGLang runs with verl's
+``skip_tokenizer_init: True`` (rollout.yaml:333) and cannot match strings, so a turn is cut right after the
+first token that completes ``</search>`` (on vLLM the cut removes nothing); a prefix of a sample is a sample.
 """
 
 from __future__ import annotations
@@ -62,12 +38,8 @@ from experiments.tasks import search
 logger = logging.getLogger(__file__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
-NAME = "search_r1"
-"""Agent loop name in experiments/conf/verl/agent_loops.yaml (``agent.default_agent_loop``)."""
-RETRIEVER_KEY = "retriever_url"
-"""Key under ``actor_rollout_ref.rollout.custom`` (verl's RolloutConfig extension dict)."""
-TURN_TOKENS_KEY = "max_turn_tokens"
-"""Key under ``actor_rollout_ref.rollout.custom``: the per-turn generation cap."""
+NAME = "search_r1"  # in experiments/conf/verl/agent_loops.yaml
+RETRIEVER_KEY, TURN_TOKENS_KEY = "retriever_url", "max_turn_tokens"  # under actor_rollout_ref.rollout.custom
 
 
 @functools.cache
@@ -77,11 +49,8 @@ def retriever(url: str):
 
 
 def cut_after_stop(tokenizer, token_ids: list[int], stop: str = search.STOP) -> int:
-    """Number of leading tokens up to the one completing the first `stop` (len(token_ids) if none).
-
-    What follows that token, an EOS included, is dropped: vLLM ends the turn there, before any
-    later token is sampled.
-    """
+    """Number of leading tokens up to the one completing the first `stop` (len(token_ids) if none); what
+    follows, an EOS included, is dropped, as vLLM ends the turn there."""
     decode = lambda n: tokenizer.decode(token_ids[:n])  # noqa: E731
     if stop not in decode(len(token_ids)):
         return len(token_ids)
@@ -177,12 +146,8 @@ class SearchR1AgentLoop(AgentLoopBase):
         return bool(token_ids) and token_ids[-1] == self.tokenizer.eos_token_id
 
     async def _information(self, response_ids: list[int], metrics: dict) -> list[int] | None:
-        """Token ids of the `<information>` block after a response ending in `</search>`, else None.
-
-        At most ``multi_turn.max_tool_response_length`` tokens (a token count, like the local
-        backend's rollout.max_obs_tokens and Search-R1's max_obs_length; verl's tool_agent counts
-        characters instead).
-        """
+        """Token ids of the `<information>` block after a response ending in `</search>`, else None; at most
+        ``multi_turn.max_tool_response_length`` tokens (verl's tool_agent counts characters)."""
         text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
         with simple_timer("tool_calls", metrics):
             info = await self.loop.run_in_executor(None, search.tool_response, text, self.env)
@@ -191,14 +156,7 @@ class SearchR1AgentLoop(AgentLoopBase):
         return self.tokenizer(info, add_special_tokens=False)["input_ids"][: self.max_info_tokens]
 
     def _output(
-        self,
-        ids: list[int],
-        mask: list[int],
-        logprobs: list[float] | None,
-        *,
-        num_turns: int,
-        metrics: dict,
-        extra: dict,
+        self, ids: list[int], mask: list[int], logprobs: list[float] | None, *, num_turns: int, metrics, extra
     ) -> AgentLoopOutput:
         """prompt_ids (P,) and response_ids / response_mask / response_logprobs cut to response_length."""
         n = self.response_length

@@ -2,23 +2,15 @@
 
 Registered as ``trainer.v1.trainer_mode=emapg_sync``. Per iteration (verl's ``_step_once``):
 
-    rollout -> reward -> pi_old pass  [Top-k "old" flags: reverse KL takes pi_old's top-k ids here]
-            -> anchor pass            [Top-k "ref" flags: log-probs at pi_old's ids / at its own top-k]
-            -> GRPO advantages -> actor update [Top-k "train" flags: the KL runs in the logits hook;
-                                                with emapg.mask_truncated, the length cap as a flag: the
-                                                engine masks the capped responses out of the update only
-                                                (``experiments.backends.verl.engine.CAP_KEY``)]
-            -> EMA: after the update of iterations period, 2*period, ... (``AnchorConfig.due``)
-            -> KL probe: captured after the first pi_old pass (the first response of each of the
-               batch's first probe_size prompts, kept by the workers), scored after the EMA of
-               iterations probe_every, 2*probe_every, ... (``experiments.backends.verl.probe``)
-    -> checkpoint (verl's; our worker writes the anchor beside the actor) -> weight sync -> eval
+    rollout -> reward -> pi_old pass [Top-k "old" flags] -> anchor pass [Top-k "ref" flags]
+            -> GRPO advantages -> actor update [Top-k "train" flags; with emapg.mask_truncated, the length cap]
+            -> EMA after the update of iterations period, 2*period, ... (``AnchorConfig.due``)
+            -> KL probe: captured after the first pi_old pass, scored after the EMA every probe_every
+    -> checkpoint (our worker writes the anchor beside the actor) -> weight sync -> eval
 
-The EMA runs inside ``_update_actor`` so that it precedes verl's checkpoint of the same
-iteration (a checkpoint at step N contains the anchor update of step N), and
-only on the last local update of a parameter-sync cycle. The instructions for each pass go in
-the batch's ``extra_info``, which verl forwards to the workers as non-tensor data; the Top-k
-tensors themselves travel through verl's TransferQueue under producer-prefixed keys.
+The EMA runs inside ``_update_actor`` so that a checkpoint at step N contains the anchor update of step N,
+and only on the last local update of a parameter-sync cycle. The pass instructions go in the batch's
+``extra_info`` (non-tensor data for the workers); the Top-k tensors travel through TransferQueue.
 """
 
 from __future__ import annotations
@@ -37,14 +29,12 @@ from verl.utils.debug import marked_timer
 
 from experiments.backends.verl.config import TRAINER_MODE, EmaPGSection, topk_passes
 from experiments.backends.verl.engine import CAP_KEY, DROP_KEY, set_pass
-from experiments.backends.verl.evals import anchor_keys, append_rows, as_anchor, evals_path, problem_rows
+from experiments.backends.verl.evals import anchor_keys, append_rows, evals_path, problem_rows
 from experiments.backends.verl.placement import trial_placement_group
 from experiments.backends.verl.probe import pick
 from experiments.backends.verl.worker import EmaPGActorRolloutRefWorker
 
-EMA_TIMER, PROBE_TIMER = "emapg_ema", "emapg_probe"
-"""verl timers (``marked_timer``) around the EMA and the KL probe RPCs, both inside verl's ``update_actor`` timer:
-logged as ``timing_s/emapg_ema`` and ``timing_s/emapg_probe`` at the steps that run them."""
+EMA_TIMER, PROBE_TIMER = "emapg_ema", "emapg_probe"  # verl timers: timing_s/emapg_ema, timing_s/emapg_probe
 
 
 def check_verl(config, section: EmaPGSection) -> None:
@@ -74,9 +64,8 @@ def check_verl(config, section: EmaPGSection) -> None:
 
 
 class TrialPoolManager(ResourcePoolManager):
-    """verl's global worker pool as a sweep trial's placement group (``experiments.backends.verl.placement``): one
-    pool of all ranks, rank r in bundle r (verl puts local rank i of a pool's group in its bundle i). No availability
-    check: the trial holds the GPUs already, so none of them are "available"."""
+    """verl's global worker pool as a sweep trial's placement group, rank r in bundle r. No availability check:
+    the trial holds the GPUs already, so none of them are "available"."""
 
     def create_resource_pool(self):
         other = sorted(set(self.resource_pool_spec) - {"global_pool"})
@@ -109,10 +98,8 @@ class EmaPGTrainerSync(PPOTrainerSync):
 
     @property
     def trainer_mode(self) -> str:
-        """The mode verl's code sees: "sync", as for ``PPOTrainerSync`` itself. verl 0.9.1 branches on
-        ``trainer_mode != "sync"`` for its async modes, and the name this trainer is registered under would take
-        them: the async replay buffer, one-prompt dataloader fetches (``data.gen_batch_size`` forced to 1), the
-        prompts' data put into TransferQueue every step, TransferQueue saved with every checkpoint."""
+        """The mode verl sees: "sync". verl 0.9.1 takes its async paths (replay buffer, one-prompt fetches,
+        TransferQueue in every checkpoint) for any ``trainer_mode != "sync"``, this trainer's registered name too."""
         return "sync"
 
     @trainer_mode.setter
@@ -167,14 +154,12 @@ class EmaPGTrainerSync(PPOTrainerSync):
         return batch
 
     def _timing_raw(self) -> dict:
-        """verl's timings of the current step (``fit`` sets ``timing_raw`` before each step; they are logged as
-        ``timing_s/<name>``); a throwaway dict outside ``fit``."""
+        """verl's timings of the current step (``fit`` sets ``timing_raw``); a throwaway dict outside ``fit``."""
         timing = getattr(self, "timing_raw", None)
         return timing if isinstance(timing, dict) else {}
 
     def _capture_probe(self, batch) -> None:
-        """Hand the probe's rows (``pick``) to every worker rank, which keeps them with pi_probe; a worker that
-        loaded a probe with its checkpoint keeps that one."""
+        """Hand the probe's rows (``pick``) to every worker rank, which keeps them with pi_probe."""
         uids = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid"])["uid"]
         rows = pick([str(u) for u in uids], batch.tags, self.emapg.probe_size)
         keys, tags = [batch.keys[i] for i in rows], [batch.tags[i] for i in rows]
@@ -188,7 +173,7 @@ class EmaPGTrainerSync(PPOTrainerSync):
         self._eval_as = "policy"
         metrics = super()._validate()
         if self.global_steps == 0:  # no update yet: the anchor is the policy
-            append_rows(self._evals, as_anchor(self._val_rows))
+            append_rows(self._evals, [{**r, "model": "anchor"} for r in self._val_rows])
             return {**metrics, **anchor_keys(metrics)}
         return {**metrics, **self._validate_anchor()}
 

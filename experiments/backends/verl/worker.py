@@ -1,29 +1,14 @@
 """verl's ActorRolloutRefWorker + the EMA anchor: update on local shards, checkpoint, resume.
 
-In verl 0.9.1 one Ray worker process holds the actor and the reference (``self.actor``,
-``self.ref``, both ``TrainingWorker``s with FSDP2 engines) when the role is
-``actor_rollout_ref``. The reference *is* the EMA anchor; this subclass:
+In verl 0.9.1 one Ray worker process holds the actor and the reference (``self.actor``, ``self.ref``,
+``TrainingWorker``s with FSDP2 engines) for role ``actor_rollout_ref``; the reference *is* the EMA anchor.
+The anchor is saved to ``global_step_N/anchor`` (with ``emapg_anchor.json``) beside verl's actor, and on
+resume a missing anchor is an error, never a silent restart from the initial model (what the released code
+and stock verl do). Retention applies to whole ``global_step_N`` directories, judged from what is on disk:
+verl's own pruning only remembers the saves of the current process, so it is switched off in favour of ours.
 
-- ``init_model``: verl's, then ``emapg_setup``: our engine class on both engines (Top-k
-  statistics), our loss function on the actor, a model-only checkpoint manager for the anchor,
-  and the checks that make local-shard EMA valid (FSDP2, a separate fp32 reference).
-- ``update_ref_ema`` (RPC, every rank): anchor <- tau*anchor + (1-tau)*actor on this rank's
-  shards (``experiments.backends.verl.ema``), then the ``anchor/*`` metrics (global norms).
-- ``save_checkpoint``: verl saves the actor to ``.../global_step_N/actor``; the anchor goes
-  beside it to ``.../global_step_N/anchor`` with ``emapg_anchor.json`` (tau, period, updates).
-  Then the worker applies ``max_ckpt_to_keep`` to whole ``global_step_N`` directories, judged
-  from what is on disk (verl's own pruning only remembers the saves of the current process, so
-  checkpoints written before a resume would never go; it is switched off in favour of ours).
-- ``load_checkpoint``: verl restores the actor; with tau < 1 the anchor must be beside it. A
-  missing anchor is an error (never a silent restart from the initial model, which is what the
-  released code and stock verl do).
-- ``capture_probe`` / ``score_probe`` (RPC, every rank): the KL probe (``experiments.backends.verl.probe``): every
-  rank keeps the probe's sequences and pi_probe, saved as ``global_step_N/emapg_probe.pt`` with each
-  checkpoint and loaded with it.
-
-The trainer passes the ``emapg:`` section as ``actor_rollout_ref.emapg`` (the worker only gets
-``actor_rollout_ref``). Methods other than the RPC wrappers take no Ray state, so tests call them
-on an object carrying ``.actor``/``.ref`` ``TrainingWorker``s built outside Ray.
+The trainer passes the ``emapg:`` section as ``actor_rollout_ref.emapg``. Methods other than the RPC wrappers
+take no Ray state, so tests call them on an object carrying ``.actor``/``.ref`` built outside Ray.
 """
 
 from __future__ import annotations
@@ -71,16 +56,12 @@ def step_of(name: str) -> int | None:
 def step_dirs_to_remove(
     names: Iterable[str], current: int, keep: int | None, protected: int | None = None
 ) -> list[str]:
-    """The ``global_step_N`` names to delete so that the newest ``keep`` steps up to ``current`` remain.
+    """The ``global_step_N`` names to delete so that the newest ``keep`` steps up to ``current`` remain, oldest
+    first; none when ``keep`` sets no limit (None, 0, negatives or a non-int, as in verl).
 
-    ``names`` are the entries of the checkpoint root; anything that is not ``global_step_N`` is
-    ignored. ``current`` (just written) and ``protected`` (the step the tracker file names, i.e. the
-    last complete save) are never removed; with ``keep`` = 1 both stay until the next save, because
-    the trainer moves the tracker only after the worker returns. Steps above ``current`` are left
-    alone: they belong to a run resumed from an earlier step and will be overwritten when it gets
-    there. Returns the names oldest first; empty when ``keep`` sets no limit (None, 0, negatives or a
-    non-int, as in verl).
-    """
+    ``current`` (just written) and ``protected`` (the tracker file's step, the last complete save) stay: the
+    trainer moves the tracker only after the worker returns. Steps above ``current`` belong to a run that
+    resumed from an earlier step and are left to be overwritten."""
     if not (keep and isinstance(keep, int) and keep > 0):
         return []
     steps = {s: n for n in names if (s := step_of(n)) is not None and s <= current}
@@ -106,11 +87,8 @@ def _tracked_step(root: str) -> int | None:
 
 
 def remove_old_step_dirs(root: str, current: int, keep: int | None) -> list[str]:
-    """Deletes what ``step_dirs_to_remove`` picks among the directories under ``root``; returns the names.
-
-    Safe to repeat: a directory that vanished meanwhile (deleted by someone else) is skipped, and a
-    half-deleted one is picked again next time.
-    """
+    """Deletes what ``step_dirs_to_remove`` picks under ``root``; returns the names. Safe to repeat: a
+    half-deleted directory is picked again next time."""
     names = [n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n))]
     doomed = step_dirs_to_remove(names, current, keep, _tracked_step(root))
     for name in doomed:
@@ -192,16 +170,13 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
         ema_update_sharded_(self.ref.engine.module, self.actor.engine.module, self._emapg.anchor.tau)
         self._anchor_updates += 1
         _barrier()
-        metrics = drift(self.ref.engine.module, self.actor.engine.module)
-        metrics.update(
-            {
-                "anchor/num_updates": float(self._anchor_updates),
-                "anchor/updated": 1.0,
-                "anchor/tau": self._emapg.anchor.tau,
-                "anchor/last_iteration": float(iteration),
-            }
-        )
-        return metrics
+        return {
+            **drift(self.ref.engine.module, self.actor.engine.module),
+            "anchor/num_updates": float(self._anchor_updates),
+            "anchor/updated": 1.0,
+            "anchor/tau": self._emapg.anchor.tau,
+            "anchor/last_iteration": float(iteration),
+        }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def anchor_in_actor(self, on: bool) -> None:
@@ -243,12 +218,8 @@ class EmaPGActorRolloutRefWorker(ActorRolloutRefWorker):
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        """Actor (verl), then the anchor beside it, then retention over whole ``global_step_N`` dirs.
-
-        With the trainer's layout the retention is ours and verl's managers get no limit: theirs
-        forgets everything saved before a restart, and with a limit of 1 it would delete the actor
-        the tracker file still names. Any other layout keeps verl's behaviour.
-        """
+        """Actor (verl), then the anchor beside it, then retention over whole ``global_step_N`` dirs. With the
+        trainer's layout verl's managers get no limit: with 1 they would delete the actor the tracker still names."""
         layout = step_layout(local_path)
         verl_keep = max_ckpt_to_keep if layout is None else None
         super().save_checkpoint(local_path, hdfs_path, global_step, verl_keep)
