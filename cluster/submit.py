@@ -165,10 +165,22 @@ def _parser() -> argparse.ArgumentParser:
     q = sub.add_parser("list", help="jobs on the cluster")
     q.add_argument("--address", default=None)
     q.set_defaults(fn=list_jobs)
-    q = sub.add_parser("slurm", help="print an sbatch script that starts Ray on the allocation and runs a command")
+    q = sub.add_parser(
+        "slurm",
+        help="print an sbatch script that starts Ray on the allocation and runs a command",
+        usage="emapg cluster slurm --site SITE [--nodes N] [--job-name NAME] -- COMMAND [ARG ...] > job.sbatch",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Print an sbatch script: one Ray node per allocated node, then COMMAND on the head (the job's\n"
+        "exit status is its). A requeued job resumes an `emapg sweep` COMMAND.",
+        epilog="example:\n"
+        "  emapg cluster slurm --site cluster/sites/mysite.yaml --nodes 2 -- \\\n"
+        "      emapg sweep sweeps/math_deepscaler_ema_pg.yaml --out /shared/sweeps/math > job.sbatch\n"
+        "  sbatch job.sbatch\n\n"
+        'The site file\'s keys: cluster/sites/example.yaml. The job: docs/scaling-out.md, "SLURM".',
+    )
     q.add_argument("--site", required=True, help="site file, e.g. cluster/sites/example.yaml")
-    q.add_argument("--nodes", type=int, default=1)
-    q.add_argument("--job-name", default="emapg")
+    q.add_argument("--nodes", type=int, default=1, help="nodes to allocate, one Ray node each (default 1)")
+    q.add_argument("--job-name", default="emapg", help="the job's name in the queue (default emapg)")
     q.set_defaults(fn=slurm)
     return p
 

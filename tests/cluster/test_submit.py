@@ -238,6 +238,16 @@ def test_slurm_render(tmp_path):
     assert _run("slurm", "--site", str(bad))[0] == 2
 
 
+def test_slurm_help_shows_the_whole_command_form(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["slurm", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert out.startswith("usage: emapg cluster slurm --site SITE [--nodes N] [--job-name NAME] -- COMMAND [ARG ...]")
+    assert "--nodes 2 -- \\\n      emapg sweep sweeps/math_deepscaler_ema_pg.yaml --out" in out
+    assert "  sbatch job.sbatch\n" in out
+
+
 def test_small_local_sweep_as_a_job(head, tmp_path):
     """A two-trial smoke sweep of the local backend, submitted with the checkout as working dir (its own
     model cache: the warm start is built inside the job, as on a fresh cluster)."""
