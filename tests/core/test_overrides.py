@@ -154,9 +154,22 @@ def test_the_sweeps_and_the_verl_launch_share_the_formatter():
 
     assert spec.hydra_value is hydra_value and launch.hydra_value is hydra_value
     run = yaml.safe_load((GOLDEN / "math_deepscaler_8k.run.yaml").read_text())
-    run["backend"]["verl"]["checkpoint_dir"] = "True"
+    run.setdefault("logger", {})["project"] = "True"
     run["algo"]["kl"]["coef"] = 1e-5
     job = to_verl(run)
     args = dict(a.split("=", 1) for a in job.argv())
-    assert _read(args["trainer.default_local_dir"]) == "True"
+    assert _read(args["trainer.project_name"]) == "True"
     assert split_argv(job.argv())[1].model_dump() == job.emapg and job.emapg["kl"]["coef"] == 1e-5
+
+
+def test_an_explicit_checkpoint_dir_reaches_verl_expanded_and_absolute(tmp_path, monkeypatch):
+    """verl expands no `~` (`checkpoint_dir=~/ckpt` after `key=` is not expanded by the shell either) and its ranks
+    resolve a relative path in their own working directory: both were written somewhere else than meant."""
+    from experiments.backends.verl.launch import checkpoint_root
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    root = lambda path: checkpoint_root({"backend": {"verl": {"checkpoint_dir": path}}})  # noqa: E731
+    assert root("~/ckpt") == str(tmp_path / "home" / "ckpt")
+    assert root("ckpt/run1") == str(tmp_path / "ckpt" / "run1")
+    assert root("/abs/ckpt") == "/abs/ckpt"

@@ -400,12 +400,13 @@ def _logger(run: Mapping[str, Any], wandb: Mapping[str, str] | None = None) -> d
 
 
 def checkpoint_root(run: Mapping[str, Any]) -> str:
-    """Where verl writes ``global_step_N`` for this run: backend.verl.checkpoint_dir, else <run_dir>/checkpoints
-    (absolute: verl's processes do not share this one's working directory); without a run_dir (a config checked
-    before its run directory is known), verl's default ``checkpoints/<project>/<experiment name>``."""
+    """Where verl writes ``global_step_N`` for this run: backend.verl.checkpoint_dir, else <run_dir>/checkpoints,
+    `~` expanded and made absolute here (verl expands neither, and its ranks resolve a relative path in their own
+    working directory, which on a cluster started by `ray start` is not this one's); without a run_dir (a config
+    checked before its run directory is known), verl's default ``checkpoints/<project>/<experiment name>``."""
     vs = (run.get("backend") or {}).get("verl") or {}
     if vs.get("checkpoint_dir"):
-        return str(vs["checkpoint_dir"])
+        return os.path.abspath(os.path.expanduser(str(vs["checkpoint_dir"])))
     if run.get("run_dir"):
         return os.path.join(os.path.abspath(os.path.expanduser(run["run_dir"])), "checkpoints")
     names = _logger(run)
