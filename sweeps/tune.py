@@ -555,18 +555,15 @@ def _sweep_ray(spec: Spec, address: str | None, num_cpus: int | None, sweep_dir:
 def _run_tune(spec, sweep_dir, *, resume, address, num_cpus, progress, report, killed_s) -> Path:
     """run_sweep without adaptive seeds: one Tune experiment (the directory's lock held by the caller)."""
     exp_path = sweep_dir / "tune" / spec.name
-    restore = resume and _restorable(exp_path)
-    if resume and not restore:  # stopped before Tune saved anything: nothing ran, the spec is the same
+    if resume and not _restorable(exp_path):  # stopped before Tune saved anything: nothing ran, the spec is the same
         _afresh(spec, exp_path)
     with _sweep_ray(spec, address, num_cpus, sweep_dir) as slots:
-        tuner = _tuner(spec, sweep_dir, exp_path, restore, progress)
         _STAMPS.clear()
         t0 = time.time()
-        with _quiet(), _signals_stop_tune() as stopped_by:
-            tuner.fit()
-            wall = time.time() - t0
-            trials = tune.ExperimentAnalysis(str(exp_path)).trials
+        stopped_by = _fit(spec, sweep_dir, exp_path, progress)
+        wall = time.time() - t0
         _PHASE[0] = AFTER_TUNE
+        trials = _trials(exp_path)
         known = _known(spec, trials)
         _settle(sweep_dir, known)
         if resume:
@@ -587,8 +584,7 @@ def _run_tune(spec, sweep_dir, *, resume, address, num_cpus, progress, report, k
     if hint := _not_run_hint(spec, rows):
         print(hint, flush=True)
     if report and not unfinished and any(r["run_id"] for r in rows):  # a report of what ran
-        _report(sweep_dir, progress)
-        _dashboard(spec, sweep_dir)
+        _report(spec, sweep_dir, progress)
     return sweep_dir
 
 
@@ -821,7 +817,9 @@ def run_adaptive(spec: Spec, sweep_dir: Path, *, resume, address, num_cpus, prog
                 break
             t0 = time.time()
             _PHASE[0] = BEFORE_TUNE
-            stopped_by = _run_round(spec, sweep_dir, rnd, planned, progress)
+            if progress:
+                print(f"{spec.name}: adaptive seeds, round {rnd}: {len(planned)} trial(s)", flush=True)
+            stopped_by = _fit(_round_spec(spec, planned), sweep_dir, _round_path(sweep_dir, spec, rnd), progress)
             _PHASE[0] = AFTER_TUNE
             wall += time.time() - t0
             known = _adaptive_trials(spec, sweep_dir, None if not stopped_by else rnd)
@@ -845,8 +843,7 @@ def run_adaptive(spec: Spec, sweep_dir: Path, *, resume, address, num_cpus, prog
     rows = rows or results.write_csv(sweep_dir, spec.metric, spec.mode, _adaptive_trials(spec, sweep_dir))
     results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress=progress, resumed=resume, killed_s=killed_s)
     if report:
-        _report(sweep_dir, progress)
-        _dashboard(spec, sweep_dir)
+        _report(spec, sweep_dir, progress)
     return sweep_dir
 
 
@@ -879,21 +876,6 @@ def _round_spec(spec: Spec, planned: list[dict]) -> Spec:
     return replace(spec, space=(Param((*keys, "seed"), "grid", values),), seeds=(0,), adaptive=None)
 
 
-def _run_round(spec: Spec, sweep_dir: Path, rnd: int, planned: list[dict], progress: bool) -> list[str]:
-    """Run (or, if its Tune state exists, resume) one round's trials; returns the signals that stopped it ([]: none,
-    ``_signals_stop_tune``)."""
-    exp_path = _round_path(sweep_dir, spec, rnd)
-    if progress:
-        print(f"{spec.name}: adaptive seeds, round {rnd}: {len(planned)} trial(s)", flush=True)
-    restore = _restorable(exp_path)
-    if not restore:  # what a driver stopped before Tune saved its state left: nothing to restore
-        shutil.rmtree(exp_path, ignore_errors=True)
-    tuner = _tuner(_round_spec(spec, planned), sweep_dir, exp_path, restore, progress)
-    with _quiet(), _signals_stop_tune() as stopped_by:
-        tuner.fit()
-    return stopped_by
-
-
 def _adaptive_trials(spec: Spec, sweep_dir: Path, interrupted: int | None = None) -> list[results.Trial]:
     """What Tune knows of every trial of every round so far, rounds in order, the seed back in its column (and the
     trials the time budget left Tune no time to create, except in round `interrupted`, which --resume continues)."""
@@ -902,10 +884,8 @@ def _adaptive_trials(spec: Spec, sweep_dir: Path, interrupted: int | None = None
         exp_path = _round_path(sweep_dir, spec, e["round"])
         if e["event"] != "plan" or not _restorable(exp_path):
             continue
-        with _quiet():
-            trials = tune.ExperimentAnalysis(str(exp_path)).trials
         round_spec = _round_spec(spec, e["trials"])
-        known = _known(round_spec, trials)
+        known = _known(round_spec, _trials(exp_path))
         if e["round"] != interrupted:
             known += _never_created(round_spec, known)
         for t in known:
@@ -1108,6 +1088,24 @@ def _listed(names: list[str], most: int = 5) -> str:
     return ", ".join(shown(n, 60).strip("'\"") for n in names[:most]) + more
 
 
+def _fit(spec: Spec, sweep_dir: Path, exp_path: Path, progress: bool) -> list[str]:
+    """Run (or, if its Tune state exists, resume) one Tune experiment; returns the signals that stopped it ([]: none,
+    ``_signals_stop_tune``)."""
+    restore = _restorable(exp_path)
+    if not restore:  # what a driver stopped before Tune saved its state left: nothing to restore
+        shutil.rmtree(exp_path, ignore_errors=True)
+    tuner = _tuner(spec, sweep_dir, exp_path, restore, progress)
+    with _quiet(), _signals_stop_tune() as stopped_by:
+        tuner.fit()
+    return stopped_by
+
+
+def _trials(exp_path: Path) -> list:
+    """Tune's trials of the experiment at `exp_path`, as it saved them."""
+    with _quiet():
+        return tune.ExperimentAnalysis(str(exp_path)).trials
+
+
 def _restorable(exp_path: Path) -> bool:
     """Tune saved this experiment's state (its tuner.pkl and an experiment state): Tuner.restore can continue it."""
     return tune.Tuner.can_restore(str(exp_path)) and any(exp_path.glob("experiment_state-*.json*"))
@@ -1215,26 +1213,24 @@ def _launch_index(trial) -> float:
     return int(head) if head.isdigit() else math.inf
 
 
-def _dashboard(spec: Spec, sweep_dir: Path) -> None:
-    """The sweep-summary W&B run and the W&B dashboard (analysis.dashboard.after_sweep)."""
-    try:
-        after_sweep(sweep_dir, SweepInfo.from_spec(spec), say=lambda text: print(text, flush=True))
-    except Exception as e:  # the sweep's results stand; say why the dashboard is missing
-        print(f"W&B dashboard skipped: {type(e).__name__}: {e}; retry with: emapg dashboard {sweep_dir}", flush=True)
-
-
-def _report(sweep_dir: Path, progress: bool) -> None:
+def _report(spec: Spec, sweep_dir: Path, progress: bool) -> None:
+    """The report, then the sweep-summary W&B run and dashboard (analysis.dashboard.after_sweep). The sweep's results
+    stand whatever fails here: a failure is one line with the command that retries it."""
     command = f"emapg report {sweep_dir} --out {sweep_dir / 'report'}"
     try:
         from analysis.report import report  # loads pandas, matplotlib
     except ImportError as e:
         print(f"report skipped (analysis not importable: {e}); later: {command}")
-        return
+    else:
+        try:
+            paths = report(sweep_dir, sweep_dir / "report")
+        except Exception as e:
+            print(f"report failed: {type(e).__name__}: {e}; retry with: {command}")
+        else:
+            if progress:
+                index = [p for p in paths if Path(p).name == "index.md"]
+                print(f"  report: {index[0] if index else sweep_dir / 'report'}", flush=True)
     try:
-        paths = report(sweep_dir, sweep_dir / "report")
-    except Exception as e:  # the sweep's results stand; say why the report is missing
-        print(f"report failed: {type(e).__name__}: {e}; retry with: {command}")
-        return
-    if progress:
-        index = [p for p in paths if Path(p).name == "index.md"]
-        print(f"  report: {index[0] if index else sweep_dir / 'report'}", flush=True)
+        after_sweep(sweep_dir, SweepInfo.from_spec(spec), say=lambda text: print(text, flush=True))
+    except Exception as e:
+        print(f"W&B dashboard skipped: {type(e).__name__}: {e}; retry with: emapg dashboard {sweep_dir}", flush=True)
