@@ -9,11 +9,8 @@
 A sweep YAML's keys, with an example of each: docs/sweeps.md, "Every key"; their types, ranges and defaults are
 the typed models of sweeps/model.py (``SweepFile``, ``SPEC_DEFAULTS``), also the JSON Schema (sweeps/schema.json).
 
-Refused in one line naming the field path (``experiments.errors.validation_line``): a spec that breaks the models, a
-key given twice in one mapping (plain YAML keeps the last), any YAML alias (a few nested ones can expand to billions
-of values), more than `max_trials` trials (counted from the axis sizes, nothing enumerated). ``check`` composes and
-validates every grid point / choice and both ends of every range, and a Top-k KL's largest ``algo.kl.k`` with every
-model and estimator the space can pick (the model's config gives its vocabulary, no weights loaded).
+What is refused (one line naming the field path, ``experiments.errors.validation_line``): docs/sweeps.md, "Every
+key". ``check`` composes every grid point / choice and both ends of every range against the config tree.
 """
 
 from __future__ import annotations
@@ -290,9 +287,8 @@ def _check_points(space: tuple[Param, ...]):
 
 
 def _check_vocab(build, spec: Spec) -> None:
-    """Refuse a Top-k KL whose algo.kl.k exceeds its model's vocabulary: the largest k is composed with
-    every estimator and model the space can pick (``build.validate`` reads the vocabulary from the
-    model's config, no weights loaded)."""
+    """Refuse a Top-k KL whose algo.kl.k exceeds its model's vocabulary: the largest k is composed with every
+    estimator and model the space can pick (the vocabulary is read from the model's config, no weights loaded)."""
     for point in _check_points(_vocab_space(spec.space)):
         where = "trials with " + ", ".join(f"{k}={v}" for k, v in point.items()) if point else "every trial"
         cfg = _compose(build, spec, point, spec.seed_axis[0], where)
