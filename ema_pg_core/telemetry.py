@@ -54,7 +54,9 @@ def _rows_exact_kl(zp: ZBlock, zr: ZBlock, blocks, forward: bool) -> torch.Tenso
 
 
 @torch.no_grad()
-def exact_kl_blocks(rows_p, rows_r, N: int, V: int, direction: str, chunk_size: int, vocab_chunk_size) -> torch.Tensor:
+def exact_kl_blocks(
+    rows_p, rows_r, N: int, V: int, *, direction: str, chunk_size: int, vocab_chunk_size
+) -> torch.Tensor:
     """(N,) exact KL per position, no gradient; rows_p / rows_r: slice -> ZBlock of the policy's / the anchor's
     scaled logits. direction "reverse": KL(policy || anchor); "forward": KL(anchor || policy)."""
     blocks = _vocab_blocks(V, vocab_chunk_size)
@@ -85,7 +87,15 @@ def exact_kl_from_hidden(
     acc = _acc_dtype(hidden.dtype)
     rows_p = _hidden_rows(hidden.reshape(B * T, H), weight, bias, acc, temperature)
     rows_r = _hidden_rows(ref_hidden.reshape(B * T, -1), ref_weight, ref_bias, acc, temperature)
-    return exact_kl_blocks(rows_p, rows_r, B * T, weight.shape[0], direction, chunk_size, vocab_chunk_size).view(B, T)
+    return exact_kl_blocks(
+        rows_p,
+        rows_r,
+        B * T,
+        weight.shape[0],
+        direction=direction,
+        chunk_size=chunk_size,
+        vocab_chunk_size=vocab_chunk_size,
+    ).view(B, T)
 
 
 def exact_kl_from_logits(
@@ -102,7 +112,9 @@ def exact_kl_from_logits(
         raise ValueError(f"logits {tuple(logits.shape)} and ref_logits {tuple(ref_logits.shape)} must be equal (N, V)")
     acc = _acc_dtype(logits.dtype)
     rows_p, rows_r = _logit_rows(logits, acc, temperature), _logit_rows(ref_logits, acc, temperature)
-    return exact_kl_blocks(rows_p, rows_r, *logits.shape, direction, chunk_size, vocab_chunk_size)
+    return exact_kl_blocks(
+        rows_p, rows_r, *logits.shape, direction=direction, chunk_size=chunk_size, vocab_chunk_size=vocab_chunk_size
+    )
 
 
 # --------------------------------------------------------------------------------------

@@ -232,7 +232,7 @@ def _split_val(examples: list[Example], val_size: int) -> tuple[list[Example], l
     return pool, list(val.values())
 
 
-def accuracy(model, tokenizer, task, env, examples: list[Example], greedy: bool = True) -> float:
+def accuracy(model, tokenizer, task, env, examples: list[Example], *, greedy: bool = True) -> float:
     """Greedy (else sampled) accuracy on `examples` (model left in eval mode)."""
     model.eval()
     responses = rollout(model, tokenizer, task, env, [task.prompt(ex) for ex in examples], greedy=greedy)
