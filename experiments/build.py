@@ -176,8 +176,6 @@ def validate(cfg: DictConfig) -> LocalConfig:
     """Fail before any work: unknown task, bad model path, invalid algorithm settings, backend."""
     if cfg.task.name not in tasks.TASKS:
         raise ValueError(f"task.name={cfg.task.name!r} is not a known task; allowed: {', '.join(sorted(tasks.TASKS))}")
-    knobs = OmegaConf.to_container(cfg.task.knobs, resolve=True)  # their names now, before a run directory exists
-    tasks.make_knobs(get_task(cfg.task.name).Knobs, cfg.task.name, knobs)
     if cfg.backend.name not in ("local", "verl"):
         raise ValueError(f"backend.name={cfg.backend.name!r} is not allowed; allowed values: local, verl")
     path = cfg.model.path
