@@ -163,9 +163,7 @@ def _verl_demand(cfg) -> Demand:
         attn=str(verl.get("actor_rollout_ref.model.override_config.attn_implementation", VERL_ATTN_DEFAULT)),
         model=run["model"]["path"],
         files=tuple((f"backend.verl.{k}", str(vs[k])) for k in keys if vs.get(k)),
-        # verl's ranks join a relative path to their working directory (verl.utils.fs.local_mkdir_safe), which
-        # is the driver's: a local Ray's workers inherit it
-        checkpoints=os.path.abspath(checkpoint_root(run)),
+        checkpoints=checkpoint_root(run),  # absolute: launch resolves ~ and a relative path as emapg train will
         checkpoint_key="backend.verl.checkpoint_dir",
         dtype=str(verl.get("actor_rollout_ref.rollout.dtype", VERL_DTYPE_DEFAULT)),
         dtype_key="verl's actor_rollout_ref.rollout.dtype, bfloat16 unless set",
