@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib
 import importlib.metadata
 import netrc
 import os
@@ -27,18 +26,18 @@ import secrets
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import traceback
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from experiments import build
@@ -50,12 +49,7 @@ from experiments.tasks import get_task
 
 STATUSES = ("PASS", "WARN", "FAIL", "N/A")
 USAGE = "usage: emapg doctor [experiment=<preset>] [key=value ...] [--address HOST:PORT]"
-NVIDIA_SMI_TIMEOUT_S = 20  # before the driver check gives up on `nvidia-smi`
-NODE_TIMEOUT_S = 60.0  # with --address, for each node to answer its Ray task (paths and checkpoint directory)
-CONNECT_TIMEOUT_S = 5.0  # for --address to accept a TCP connection before doctor says nothing answers there
 WANDB_CONNECT_TIMEOUT_S = 3.0  # for the W&B server to accept a TCP connection (logger.mode=online)
-WANDB_DEFAULT_URL = "https://api.wandb.ai"  # W&B's server unless WANDB_BASE_URL names another
-ALL_REDUCE_TIMEOUT_S = 120.0  # for the nccl check's all-reduce, its processes' start (they import torch) included
 PROBE_PREFIX = ".emapg-doctor-"  # of the probe files the checkpoint check writes and deletes
 # CUDA major version of torch's build -> the oldest NVIDIA driver branch that runs it (CUDA minor version
 # compatibility: https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html)
@@ -67,9 +61,6 @@ TORCH_VERSION = "2.11.0"
 VLLM_VERSION = "0.24.0"
 # verl 0.9.1's attn_implementation when the config sets none (verl/workers/config/model.py, HFModelConfig)
 VERL_ATTN_DEFAULT = "flash_attention_2"
-# verl 0.9.1's actor_rollout_ref.rollout.dtype when the config sets none (verl/trainer/config/rollout/rollout.yaml;
-# its FSDP actor's mixed precision is bf16 by default too): trainer.dtype is the local backend's only
-VERL_DTYPE_DEFAULT = "bfloat16"
 # the network interfaces NCCL / gloo bind to (a comma list; ^ excludes, = is exact)
 SOCKET_IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 VLLM_FIX = f"install verl's vllm stack (vllm=={VLLM_VERSION}): cluster/gpu-install.sh (docs/scaling-out.md)"
@@ -138,26 +129,20 @@ def demand(cfg) -> Demand:
 
 
 def _verl_demand(cfg) -> Demand:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from experiments.backends.verl.resources import worker_pool  # loads ray
-
     run = OmegaConf.merge(cfg, {"run_dir": str(resolve_run_dir(cfg))}, agent_loops_path(cfg))
     run = OmegaConf.to_container(run, resolve=True)
     # verl's Hydra overrides -> {dotted key: value}, the last one winning
     verl = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(to_verl(run).overrides)}
-    tree = OmegaConf.create()
-    for key, value in verl.items():
-        OmegaConf.update(tree, key, value, force_add=True)
-    pool = worker_pool(tree)
+    # the actor/rollout/ref workers: one placement group of n_gpus_per_node GPUs on each of nnodes nodes
+    nodes, per_node = int(verl["trainer.nnodes"]), int(verl["trainer.n_gpus_per_node"])
     vs = run["backend"]["verl"]
     keys = ("train_files", "val_files", "tool_config_path", "agent_loop_config_path")
     return Demand(
         "verl",
         str(cfg.trainer.device),
-        dict(pool.settings)["trainer.n_gpus_per_node"] if cfg.trainer.device == "cuda" else 0,
-        nodes=int(tree.trainer.nnodes),
-        sizes=pool.sizes,
+        per_node if cfg.trainer.device == "cuda" else 0,
+        nodes=nodes,
+        sizes=f"trainer.nnodes={nodes} x trainer.n_gpus_per_node={per_node}",
         rollout=str(verl.get("actor_rollout_ref.rollout.name")),
         gpu_memory_utilization=verl.get("actor_rollout_ref.rollout.gpu_memory_utilization"),
         attn=str(verl.get("actor_rollout_ref.model.override_config.attn_implementation", VERL_ATTN_DEFAULT)),
@@ -165,7 +150,9 @@ def _verl_demand(cfg) -> Demand:
         files=tuple((f"backend.verl.{k}", str(vs[k])) for k in keys if vs.get(k)),
         checkpoints=checkpoint_root(run),  # absolute: launch resolves ~ and a relative path as emapg train will
         checkpoint_key="backend.verl.checkpoint_dir",
-        dtype=str(verl.get("actor_rollout_ref.rollout.dtype", VERL_DTYPE_DEFAULT)),
+        # verl 0.9.1's rollout dtype unless set (verl/trainer/config/rollout/rollout.yaml); its FSDP actor's mixed
+        # precision is bf16 too: trainer.dtype is the local backend's only
+        dtype=str(verl.get("actor_rollout_ref.rollout.dtype", "bfloat16")),
         dtype_key="verl's actor_rollout_ref.rollout.dtype, bfloat16 unless set",
     )
 
@@ -202,9 +189,9 @@ def matmul(device: str) -> None:
         raise RuntimeError(f"a 4x4 matmul on {device} differs from the CPU's")
 
 
-def all_reduce(world: int, device: str = "cuda", timeout_s: float = ALL_REDUCE_TIMEOUT_S) -> None:
+def all_reduce(world: int, device: str = "cuda", timeout_s: float = 120.0) -> None:
     """Sum a small tensor across `world` spawned processes, one per device (NCCL on cuda, gloo on the cpu, where
-    the tests run it); raises unless every rank gets the right sum within `timeout_s`."""
+    the tests run it); raises unless every rank gets the right sum within `timeout_s` (their start included)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -243,9 +230,7 @@ def _all_reduce_rank(rank: int, world: int, port: int, device: str, timeout_s: f
 
 def _nvidia_smi(args: Sequence[str]) -> str:
     """stdout of `nvidia-smi *args`; raises FileNotFoundError / CalledProcessError / TimeoutExpired."""
-    return subprocess.run(
-        ["nvidia-smi", *args], capture_output=True, text=True, check=True, timeout=NVIDIA_SMI_TIMEOUT_S
-    ).stdout
+    return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, check=True, timeout=20).stdout
 
 
 def _nccl_version() -> str | None:
@@ -315,21 +300,12 @@ class Node:
     id: str = ""  # Ray's node id
 
 
-class Cluster(Protocol):
-    """What --address gives the checks (``RayCluster``): the nodes, and {node name: fn(*args) run on that node, or
-    the exception it raised there}."""
-
-    def nodes(self) -> list[Node]: ...
-
-    def on_each_node(self, fn: Callable, *args) -> dict[str, Any]: ...
-
-
 @dataclass(frozen=True)
 class Context:
     cfg: Any
     demand: Demand
     probes: Probes = field(default_factory=Probes)
-    cluster: Cluster | None = None
+    cluster: RayCluster | None = None
     token: str = field(default_factory=lambda: secrets.token_hex(6))  # names this doctor's probe files
 
     @property
@@ -625,7 +601,7 @@ def check_paths(ctx: Context) -> list[Result]:
     return [readable(items)] + _on_each_node(ctx.cluster, readable, items)
 
 
-def _on_each_node(cluster: Cluster, fn: Callable[..., Result], *args) -> list[Result]:
+def _on_each_node(cluster: RayCluster, fn: Callable[..., Result], *args) -> list[Result]:
     """One line per node, sorted by name: what `fn(*args)` found there, or why the node did not answer."""
     out = []
     for node, r in sorted(cluster.on_each_node(fn, *args).items()):
@@ -645,16 +621,17 @@ def readable(items: Sequence[tuple[str, str]]) -> Result:
     ok, bad, remote = 0, [], []
     for key, path in items:
         local = os.path.expanduser(path)
+        if key == "model.path" and not os.path.exists(local) and HF_ID.match(path):
+            if _hf_cached(path):
+                ok += 1
+            elif os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", ""):
+                bad.append(f"{key}={path} an HF id, not in this node's HF cache, and HF_HUB_OFFLINE is set")
+            else:
+                where = "not in this node's HF cache: each worker downloads it from the hub"
+                remote.append(f"{key}={path} is an HF id, {where}")
+            continue
         try:
-            if key == "model.path" and not os.path.exists(local) and HF_ID.match(path):
-                if not _hf_cached(path):
-                    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", ""):
-                        bad.append(f"{key}={path} an HF id, not in this node's HF cache, and HF_HUB_OFFLINE is set")
-                    else:
-                        where = "not in this node's HF cache: each worker downloads it from the hub"
-                        remote.append(f"{key}={path} is an HF id, {where}")
-                    continue
-            elif os.path.isdir(local):
+            if os.path.isdir(local):
                 os.listdir(local)
             else:
                 with open(local, "rb") as f:
@@ -823,7 +800,7 @@ def check_wandb(ctx: Context) -> Result:
     found = f"{mode} ({source}={raw}), wandb {getattr(module, '__version__', '?')}"
     if mode == "offline":
         return Result("PASS", f"{found}: runs are written under the run directory; `wandb sync` uploads them later")
-    url = urllib.parse.urlsplit(env.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL)
+    url = urllib.parse.urlsplit(env.get("WANDB_BASE_URL") or "https://api.wandb.ai")
     host, port = url.hostname or "", url.port or (80 if url.scheme == "http" else 443)
     key, problems = "", []
     if env.get("WANDB_API_KEY"):
@@ -885,9 +862,10 @@ def _first_line(e: BaseException, limit: int = 300) -> str:
 
 # ---------------------------------------------------------------------------------------------- Ray (--address)
 class RayCluster:
-    """The Ray cluster this process is connected to (``connect``): its alive nodes, and a task pinned to each."""
+    """What --address gives the checks (tests fake it): the alive nodes of the Ray cluster this process joined
+    (``connect``), and {node name: fn(*args) run on that node, or the exception it raised there}."""
 
-    def __init__(self, timeout_s: float = NODE_TIMEOUT_S):
+    def __init__(self, timeout_s: float = 60.0):
         import ray  # also loads ray.util.scheduling_strategies
 
         self.ray, self.timeout_s = ray, timeout_s
@@ -925,10 +903,10 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 def answers(host: str, port: int, flag: str) -> None:
-    """UserError naming `flag` unless something accepts a TCP connection at host:port within CONNECT_TIMEOUT_S (a
-    Ray head that is not there would otherwise be waited for, for minutes)."""
+    """UserError naming `flag` unless something accepts a TCP connection at host:port within 5 s (a Ray head that
+    is not there would otherwise be waited for, for minutes)."""
     try:
-        _tcp_connect(host, port, CONNECT_TIMEOUT_S)
+        _tcp_connect(host, port, 5.0)
     except OSError as e:
         raise UserError(
             f"{flag}: nothing answers there ({e.strerror or e}); expected the Ray head's GCS address "
@@ -986,7 +964,7 @@ def print_help() -> None:
     print("\nexit status: 0 when no check FAILs, 1 otherwise, 2 for bad input")
 
 
-def main(argv: Sequence[str], probes: Probes | None = None, cluster: Cluster | None = None) -> int:
+def main(argv: Sequence[str], probes: Probes | None = None, cluster: RayCluster | None = None) -> int:
     """`emapg doctor`: compose and validate the config, run every check, print one line each; the exit status."""
     if any(a in ("-h", "--help") for a in argv):
         print_help()
@@ -1002,6 +980,5 @@ def main(argv: Sequence[str], probes: Probes | None = None, cluster: Cluster | N
     for name, r in results:
         print(r.line(name), flush=True)
     counts = ", ".join(f"{sum(r.status == s for _, r in results)} {s}" for s in STATUSES)
-    print(f"{len(results)} lines: {counts}")
-    sys.stdout.flush()
+    print(f"{len(results)} lines: {counts}", flush=True)
     return exit_code([r for _, r in results])

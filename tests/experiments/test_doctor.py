@@ -1,6 +1,6 @@
 """`emapg doctor` (experiments/ops/doctor.py): every check's PASS and FAIL (and WARN / N/A) paths, each against
 fakes of what it asks the machine (``Probes``: nvidia-smi, torch.cuda, imports, environment, interfaces) or
-of the cluster (a fake ``Cluster`` whose nodes run the real node functions, one with a disk of its own); one
+of the cluster (a fake ``RayCluster`` whose nodes run the real node functions, one with a disk of its own); one
 test joins a real local Ray on 127.0.0.1; the command end to end on this (CPU-only) machine.
 """
 
@@ -124,7 +124,7 @@ def test_demand_of_the_local_and_verl_configs(cfgs):
     v = doctor.demand(cfgs["verl"])
     assert (v.gpus_per_node, v.nodes, v.rollout, v.attn) == (8, 1, "vllm", "sdpa")
     assert doctor.demand(cfgs["verl_flash"]).attn == "flash_attention_2"
-    assert v.sizes == "trainer.nnodes=1 x trainer.n_gpus_per_node=8"  # experiments.backends.verl.resources.worker_pool
+    assert v.sizes == "trainer.nnodes=1 x trainer.n_gpus_per_node=8"  # verl's actor/rollout/ref worker pool
     assert v.gpu_memory_utilization == 0.85 and v.model == "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
     assert dict(v.files) == {
         "backend.verl.train_files": "~/data/emapg/math/train.parquet",
