@@ -235,10 +235,9 @@ def _nvidia_smi(args: Sequence[str]) -> str:
 
 def _nccl_version() -> str | None:
     try:
-        version = torch.cuda.nccl.version()
+        return ".".join(map(str, torch.cuda.nccl.version()))  # (major, minor, patch[, suffix])
     except Exception:  # noqa: BLE001  a CPU build has no NCCL
         return None
-    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
 def _netrc_has(host: str) -> bool:
@@ -854,10 +853,10 @@ def run_checks(ctx: Context, checks: Mapping[str, Callable] = CHECKS) -> list[tu
     return out
 
 
-def _first_line(e: BaseException, limit: int = 300) -> str:
-    """The first line of an exception's message (its type when it has none), at most `limit` characters."""
+def _first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type when it has none), at most 300 characters."""
     line = (str(e).strip() or type(e).__name__).splitlines()[0]
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return line if len(line) <= 300 else line[:297] + "..."
 
 
 # ---------------------------------------------------------------------------------------------- Ray (--address)
