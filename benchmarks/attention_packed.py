@@ -27,6 +27,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 try:  # a GPU install only
     import flash_attn
@@ -89,8 +91,6 @@ def _torch_varlen():
 
 
 def attention_rows() -> list[dict]:
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     module = SimpleNamespace(num_key_value_groups=HQ // HKV, is_causal=True, training=True)
     varlen = _torch_varlen()
     rows = []
@@ -132,8 +132,6 @@ def attention_rows() -> list[dict]:
 
 
 def model_rows() -> list[dict]:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     cfg = Qwen2Config(
         vocab_size=151936,
         hidden_size=1536,

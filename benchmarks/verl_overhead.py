@@ -1,11 +1,11 @@
 """What the verl plugin costs per step over stock verl GRPO, on the rehearsal-sized verl run (CPU).
 
-    python benchmarks/verl_overhead.py [--rounds 4] [--steps 12] [--variants a b0 b c d e] [--write]
+    python benchmarks/verl_overhead.py [--rounds 4] [--steps 12] [--variants a b c d e] [--write]
     python benchmarks/verl_overhead.py --from-jobs OUT/jobs.json [--write]   # render an earlier run again
 
 The run is `emapg rehearse`'s math run (verl's real V1 loop on the CPU platform, hf rollout, a tiny Qwen2, fixed
-seeds) in the ``VARIANTS``, each ``--steps`` steps per fresh verl job, in rounds (a b0 b c d e, a ...) so that the
-shared machine's load falls on all alike; the first ``--warmup`` steps of every job are dropped. Measured per
+seeds) in the ``VARIANTS``, each ``--steps`` steps per fresh verl job, in rounds (a b c d e, a ...) so that the
+shared machine's load falls on all alike; the first ``WARMUP`` steps of every job are dropped. Measured per
 step: verl's ``timing_s/step``, and from the TransferQueue client's gets and puts, logged by every Ray process
 (``setup_worker``), the bytes per packed token and the CPU seconds of the worker and of the trainer. No assertion
 on wall-clock time anywhere (tests/test_benchmarks_verl_overhead.py checks the launches and the parsing).
@@ -36,7 +36,7 @@ from experiments.records import read_jsonl
 from experiments.verl_metrics import attempt_files, read_attempts, trained_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, cli, machine, md_table, write_section  # noqa: E402
+from _common import ROOT, cli, machine, md_table, publish  # noqa: E402
 
 SECTION = "verl_overhead"
 TQ_LOG_ENV = "EMAPG_BENCH_TQ_LOG"  # the file every process of a run appends its TransferQueue records to
@@ -66,7 +66,6 @@ GRPO, EMA, NO_PROBE = "experiment=math_deepscaler_grpo", "experiment=math_deepsc
 SEARCH_KL = ("algo.kl.type=topk_reverse", "algo.kl.k=32", "algo.kl.tail=paper", "algo.kl.use_iw=true")
 VARIANTS = (
     Variant("a", "stock verl GRPO, reference + low_var_kl (no plugin)", (GRPO, NO_PROBE), stock=True),
-    Variant("b0", "plugin, tau = 1, K3, without mask_truncated", (GRPO, "backend.verl.mask_truncated=false", NO_PROBE)),
     Variant("b", "plugin, tau = 1, K3 (with the recipe's mask_truncated)", (GRPO, NO_PROBE)),
     Variant("c", "plugin, tau = 0.95, K3 (math recipe)", (EMA, NO_PROBE)),
     Variant("d", "plugin, tau = 0.95, reverse Top-k k = 32", (EMA, *SEARCH_KL, NO_PROBE)),
@@ -190,33 +189,28 @@ def field_sizes(td) -> dict[str, dict]:
 def instrument_transfer_queue(path: str) -> None:
     """Wrap ``AsyncTransferQueueClient.async_get_data`` and ``async_put`` (every TransferQueue transfer of this
     process goes through them) to append ``{"op", "pid", "t" (end, epoch s), "cpu" (this process's CPU seconds
-    then), "s" (seconds), "fields"}``."""
+    then), "fields"}``."""
     from transfer_queue.client import AsyncTransferQueueClient as Client
 
     get, put = Client.async_get_data, Client.async_put
 
-    def record(op: str, td, seconds: float) -> None:
-        line = {"op": op, "pid": os.getpid(), "t": time.time(), "cpu": time.process_time(), "s": seconds}
+    def record(op: str, td) -> None:
+        line = {"op": op, "pid": os.getpid(), "t": time.time(), "cpu": time.process_time()}
         try:
             line["fields"] = field_sizes(td)
         except Exception as e:  # noqa: BLE001  a record must never break the run
             line["error"] = repr(e)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (json.dumps(line) + "\n").encode())
-        finally:
-            os.close(fd)
+        with open(path, "a") as f:  # one write of one line (O_APPEND): the processes' lines do not interleave
+            f.write(json.dumps(line) + "\n")
 
     async def async_get_data(self, metadata):
-        t0 = time.perf_counter()
         out = await get(self, metadata)
-        record("get", out, time.perf_counter() - t0)
+        record("get", out)
         return out
 
     async def async_put(self, data, metadata=None, partition_id=None, data_parser=None):
-        t0 = time.perf_counter()
         out = await put(self, data, metadata=metadata, partition_id=partition_id, data_parser=data_parser)
-        record("put", data, time.perf_counter() - t0)
+        record("put", data)
         return out
 
     Client.async_get_data, Client.async_put = async_get_data, async_put
@@ -317,10 +311,10 @@ def summarise(jobs: list[dict]) -> dict[str, dict]:
     return out
 
 
-def ratios(summary: dict[str, dict], base: str = "a") -> dict[str, dict]:
-    """Per variant, to the base's: mean step time, fastest quarter (pooled, and per round the both ran, with their
+def ratios(summary: dict[str, dict]) -> dict[str, dict]:
+    """Per variant, to (a)'s: mean step time, fastest quarter (pooled, and per round the both ran, with their
     median: a round whose jobs another job's load hit unevenly moves it least), the worker's CPU seconds."""
-    b = summary[base]
+    b = summary["a"]
     out = {}
     for name, s in summary.items():
         fast = [s["rounds_fast"][r] / b["rounds_fast"][r] for r in s["rounds_fast"] if r in b["rounds_fast"]]
@@ -507,10 +501,8 @@ def _render_saved(path: Path, write: bool) -> int:
         return 1
     args = argparse.Namespace(**saved["args"])
     text = render(jobs, args, saved["machine"], saved["wall_s"], [tuple(j["load"]) for j in saved["jobs"]])
-    print(text)
-    if write and not failed:
-        write_section(SECTION, text)
-    elif write:
+    publish(SECTION, text, write and not failed)
+    if write and failed:
         print(f"not written: {len(failed)} job(s) failed")
     return 1 if failed else 0
 

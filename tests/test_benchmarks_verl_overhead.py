@@ -1,4 +1,4 @@
-"""benchmarks/verl_overhead.py without running verl: the six variants' launches (what each changes and nothing
+"""benchmarks/verl_overhead.py without running verl: the five variants' launches (what each changes and nothing
 else), the parsing of verl's timers and of the TransferQueue records, and the section it writes. Its runs take
 half an hour; these keep the script from rotting when the compiled launch, verl's keys or the records change."""
 
@@ -23,8 +23,8 @@ def _as_dict(argv):
 
 
 def test_the_variants_differ_only_where_they_should(launches):
-    a, b0, b, c, d, e = (_as_dict(launches[n]) for n in ("a", "b0", "b", "c", "d", "e"))
-    for o in (a, b0, b, c, d, e):  # every run: no checkpoints, no validation, the benchmark's worker hook
+    a, b, c, d, e = (_as_dict(launches[n]) for n in ("a", "b", "c", "d", "e"))
+    for o in (a, b, c, d, e):  # every run: no checkpoints, no validation, the benchmark's worker hook
         assert o["trainer.save_freq"] == "-1" and o["trainer.test_freq"] == "-1"
         assert o["trainer.val_before_train"] == "false" and o[vo.HOOK_KEY] == vo.HOOK
         assert o["trainer.total_training_steps"] == "6" and o["trainer.device"] == "cpu"
@@ -37,9 +37,7 @@ def test_the_variants_differ_only_where_they_should(launches):
         "actor_rollout_ref.actor.kl_loss_type",
     }
     assert a["actor_rollout_ref.actor.use_kl_loss"] == "true"  # verl builds its reference model
-    run_keys = {"emapg.metrics_path", "trainer.experiment_name", "trainer.default_local_dir"}
-    assert {k for k in b.keys() | b0.keys() if b.get(k) != b0.get(k)} - run_keys == {"emapg.mask_truncated"}
-    assert b["emapg.mask_truncated"] == "true" and b0["emapg.mask_truncated"] == "false"
+    assert b["emapg.mask_truncated"] == "true"
     assert b["emapg.anchor.tau"] == "1.0" and c["emapg.anchor.tau"] == "0.95" and c["emapg.anchor.period"] == "2"
     assert b["emapg.kl.type"] == c["emapg.kl.type"] == "k3"
     assert d["emapg.kl.type"] == "topk_reverse" and d["emapg.kl.k"] == "32" and d["emapg.kl.tail"] == "paper"
