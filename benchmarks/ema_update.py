@@ -62,9 +62,10 @@ def worker(config: str, reps: str) -> dict:
     reps = int(reps)
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
-    dtype = torch.float32 if config == "fp32" else torch.bfloat16
+    shadow = config == "bf16_shadow"
+    dtype = torch.bfloat16 if shadow else torch.float32
     policy = Params(qwen25_05b_shapes(), dtype)
-    anchor = EmaAnchor(policy, AnchorConfig(TAU, period=1, fp32_shadow=(config != "fp32")))
+    anchor = EmaAnchor(policy, AnchorConfig(TAU, period=1, fp32_shadow=shadow))
     pol = [p.detach() for p in policy.parameters()]
     anc = [p.detach() for p in anchor.module.parameters()]
     n = sum(p.numel() for p in pol)
@@ -79,17 +80,8 @@ def worker(config: str, reps: str) -> dict:
         f"lerp ({str(dtype)[6:]}, ema_update_, one foreach op)": (lambda: ema_update_(anc, pol, TAU), 3 * size * n),
         f"lerp ({str(dtype)[6:]}, Python loop over parameters)": (loop, 3 * size * n),
     }
-    if config == "fp32":
-        variants["EmaAnchor.update (fp32)"] = (lambda: anchor.update(1, policy), 12 * n)
-    else:
-        update = (lambda: anchor.update(1, policy), 16 * n)
-        variants["EmaAnchor.update (bf16 module + fp32 shadow, sliced cast)"] = update
-
-        def whole_cast():  # the previous implementation: cast the whole policy, lerp, copy out
-            torch._foreach_lerp_(anchor.shadow, [p.float() for p in pol], 1.0 - TAU)
-            torch._foreach_copy_(anc, anchor.shadow)
-
-        variants["shadow update, whole-policy cast (previous code)"] = (whole_cast, 16 * n)
+    label = "bf16 module + fp32 shadow, sliced cast" if shadow else "fp32"
+    variants[f"EmaAnchor.update ({label})"] = (lambda: anchor.update(1, policy), (16 if shadow else 12) * n)
     ts = timed_round_robin({k: fn for k, (fn, _) in variants.items()}, reps)
     out = {"config": config, "params": n, "tensors": len(pol), "reps": reps, "rows": []}
     for name, (_, nbytes) in variants.items():

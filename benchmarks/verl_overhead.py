@@ -5,7 +5,7 @@
 
 The run is `emapg rehearse`'s math run (verl's real V1 loop on the CPU platform, hf rollout, a tiny Qwen2, fixed
 seeds) in the ``VARIANTS``, each ``--steps`` steps per fresh verl job, in rounds (a b c d e, a ...) so that the
-shared machine's load falls on all alike; the first ``WARMUP`` steps of every job are dropped. Measured per
+shared machine's load falls on all alike; the first ``--warmup`` steps of every job are dropped. Measured per
 step: verl's ``timing_s/step``, and from the TransferQueue client's gets and puts, logged by every Ray process
 (``setup_worker``), the bytes per packed token and the CPU seconds of the worker and of the trainer. No assertion
 on wall-clock time anywhere (tests/test_benchmarks_verl_overhead.py checks the launches and the parsing).
