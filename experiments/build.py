@@ -43,10 +43,8 @@ NAME_MAX_BYTES, PATH_MAX_BYTES = 255, 4095  # longest path component and path fi
 
 
 def presets(tasks_dirs: bool = True) -> list[str]:
-    """Names of the experiment presets: experiments/conf/experiment/*.yaml and, with `tasks_dirs`, those in the
-    config directory of a registered task outside experiments/tasks (its CONF_DIR)."""
-    roots = [CONF_DIR] + ([Path(d) for d in conf_dirs()] if tasks_dirs else [])
-    return sorted({p.stem for root in roots for p in (root / "experiment").glob("*.yaml")})
+    """Names of the experiment presets (the config group `experiment`; `tasks_dirs` as in `group_options`)."""
+    return group_options(tasks_dirs)["experiment"]
 
 
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -60,9 +58,7 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     for name in sorted(set(tasks.TASKS) - {p.stem for p in (CONF_DIR / "task").glob("*.yaml")}):
         store.store(group="task", name=name, node={"name": name})
     overrides = list(overrides)
-    deep = too_deep(overrides)
-    if deep:
-        raise UserError(deep)
+    check_depth(overrides)
     exp = [o.split("=", 1)[1] for o in overrides if o.startswith("experiment=")]
     if exp and exp[-1] not in presets():
         raise ValueError(f"unknown experiment preset {exp[-1]!r}; allowed: {', '.join(presets())}")
@@ -76,7 +72,7 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     except Exception as e:  # noqa: BLE001  Hydra/OmegaConf errors -> one line naming the key
         if not _is_hydra(e):
             raise
-        raise UserError(unquoted_value(overrides) or hydra_message(e, schema_keys(), group_options())) from e
+        raise UserError(unquoted_value(overrides) or hydra_message(e, schema_keys())) from e
     if cfg.smoke:  # smoke sizes, except where the command line sets the key itself
         given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
         for key, value in SMOKE.items():
@@ -85,10 +81,10 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     return cfg
 
 
-def too_deep(overrides: list[str]) -> str | None:
-    """For the first override nested deeper than user_yaml.MAX_DEPTH (its dotted key's levels, then the lists,
-    mappings, calls and interpolations of its value), one line naming it; None when none is. Hydra's override
-    parser and OmegaConf recurse per level: deeper input would end in a RecursionError, not a message."""
+def check_depth(overrides: list[str]) -> None:
+    """Refuse the first override nested deeper than user_yaml.MAX_DEPTH (its dotted key's levels, then the lists,
+    mappings, calls and interpolations of its value): Hydra's override parser and OmegaConf recurse per level, and
+    deeper input would end in a RecursionError, not a message."""
     for override in overrides:
         key, _, value = override.partition("=")
         keys, nest, deepest, quote, quoted_at = key.count(".") + 1, 0, 0, None, 0
@@ -105,8 +101,7 @@ def too_deep(overrides: list[str]) -> str | None:
                 nest -= 1
             deepest = max(deepest, nest)
         if keys + deepest > user_yaml.MAX_DEPTH:
-            return f"override {shown(override)}: {user_yaml.too_deep()}"
-    return None
+            raise UserError(f"override {shown(override)}: {user_yaml.too_deep()}")
 
 
 def unquoted_value(overrides: list[str]) -> str | None:
@@ -115,13 +110,11 @@ def unquoted_value(overrides: list[str]) -> str | None:
     for override in overrides:
         key, eq, value = override.partition("=")
         quote = "'" if '"' in value else '"'
-        if not eq or quote in value or _parsed(override) is not None:
-            continue
-        if _parsed(f"{key}={quote}{value}{quote}") is not None:
-            shell = f"{key}={quote}{value}{quote}"
+        quoted = f"{key}={quote}{value}{quote}"
+        if eq and quote not in value and _parsed(override) is None and _parsed(quoted) is not None:
             return (
-                f"cannot parse the override {override!r}: quote its value for Hydra, e.g. {shell} "
-                f"(in a shell: {shlex.quote(shell)})"
+                f"cannot parse the override {override!r}: quote its value for Hydra, e.g. {quoted} "
+                f"(in a shell: {shlex.quote(quoted)})"
             )
     return None
 
@@ -159,16 +152,15 @@ def schema_keys() -> list[str]:
     return leaves(OmegaConf.structured(RunConfig), "")
 
 
-def group_options() -> dict[str, list[str]]:
-    """Config groups and their options (experiments/conf/<group>/*.yaml and the same in the tasks' config
-    directories), e.g. {"task": ["math", ...]}; the task options are every registered task (`compose`
-    stores those without a YAML file)."""
-    groups: dict[str, set[str]] = {}
-    for root in [CONF_DIR] + [Path(d) for d in conf_dirs()]:
-        for d in sorted(root.iterdir()):
+def group_options(tasks_dirs: bool = True) -> dict[str, list[str]]:
+    """Config groups and their options, e.g. {"task": ["math", ...]}: experiments/conf/<group>/*.yaml and, with
+    `tasks_dirs`, the same in the config directories of registered tasks (their CONF_DIR); the task options are
+    every registered task (`compose` stores those without a YAML file)."""
+    groups: dict[str, set[str]] = {"task": set(tasks.TASKS)}
+    for root in [CONF_DIR] + ([Path(d) for d in conf_dirs()] if tasks_dirs else []):
+        for d in root.iterdir():
             if d.is_dir() and not d.name.startswith(("_", "verl")):
                 groups.setdefault(d.name, set()).update(p.stem for p in d.glob("*.yaml"))
-    groups["task"] = groups.get("task", set()) | set(tasks.TASKS)
     return {name: sorted(options) for name, options in sorted(groups.items())}
 
 

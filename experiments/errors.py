@@ -9,9 +9,6 @@
 ``EMAPG_DEBUG=1`` prints the traceback of every error too. Hydra's composition errors are turned
 into user errors here (``hydra_message``), with a "did you mean" for near-misses, and so is every pydantic
 ValidationError (``validation_line``: the field path, what is wrong, what is allowed; a sweep spec's too).
-
-A message shows a value the user gave through ``shown`` (at most ``SHOWN_CHARS`` long, however large
-the value), and ``handle`` prints every line of a message at most ``MESSAGE_CHARS`` long.
 """
 
 from __future__ import annotations
@@ -47,9 +44,6 @@ class RunInterrupted(Exception):
 
     def __reduce__(self):  # crosses process boundaries intact (a sweep trial's Ray worker -> Tune)
         return type(self), (str(self), self.signame, self.run_dir)
-
-
-UNHEALTHY_EXIT = 3  # a run ended by a health rule: neither a failure (1) nor bad input (2), so scripts can tell it
 
 
 class StoppedUnhealthy(Exception):
@@ -106,13 +100,11 @@ def undecodable(exc: UnicodeDecodeError) -> str:
     return f"not a text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} is not {exc.encoding.upper()})"
 
 
-USER_OS_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
-# OS errors that say a path given is unusable (read-only, full, too long): the user's to fix, in one line.
-PATH_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG, errno.EACCES})
-
-
 def is_path_error(exc: BaseException) -> bool:
-    return isinstance(exc, USER_OS_ERRORS) or (isinstance(exc, OSError) and exc.errno in PATH_ERRNOS)
+    """An OS error saying a path given is unusable (missing, read-only, full, too long): the user's to fix."""
+    missing = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+    unusable = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG, errno.EACCES)
+    return isinstance(exc, missing) or (isinstance(exc, OSError) and exc.errno in unusable)
 
 
 RAY_TOKEN_AUTH_DOCS = "https://docs.ray.io/en/latest/ray-security/token-auth.html"
@@ -161,7 +153,7 @@ def classify(exc: BaseException) -> tuple[str, int] | None:
     if isinstance(exc, RunFailed):
         return f"run failed: {exc}", 1
     if isinstance(exc, StoppedUnhealthy):
-        return f"stopped unhealthy: {exc}", UNHEALTHY_EXIT
+        return f"stopped unhealthy: {exc}", 3  # neither a failure (1) nor bad input (2): scripts can tell it
     if _is_hydra(exc):
         return f"error: {hydra_message(exc)}", 2
     if type(exc).__module__.startswith("pydantic"):
@@ -195,20 +187,16 @@ def _is_hydra(exc: BaseException) -> bool:
     return type(exc).__module__.startswith(("hydra", "omegaconf"))
 
 
-def hydra_message(exc: BaseException, keys=(), groups=None) -> str:
-    """One line for a Hydra/OmegaConf composition error: the field, what was wrong, what is allowed.
-
-    `keys` lists the schema's dotted keys and `groups` maps each config group to its options (both for the
-    "did you mean"; ``experiments.build.compose`` passes the run schema's). Without them (a Hydra error
-    outside composition) the line names the field and the problem, with no suggestion."""
-    groups = {} if groups is None else groups
+def hydra_message(exc: BaseException, keys=()) -> str:
+    """One line for a Hydra/OmegaConf composition error: the field, what was wrong, what is allowed. `keys` lists
+    the schema's dotted keys, for the "did you mean" (``experiments.build.compose`` passes the run schema's)."""
     cause = exc.__cause__ or exc
     text = str(cause)
-    full_key = _field(text, "full_key")
+    full_key = getattr(cause, "full_key", None)
     name = type(exc).__name__
-    if name == "MissingConfigException" or "Could not find" in text:
-        group, option = _missing_option(text)
-        allowed = groups.get(group, [])
+    if name == "MissingConfigException":  # a group's option: Hydra lists the group's options
+        group, _, option = (exc.missing_cfg_file or "?/?").rpartition("/")
+        allowed = exc.options or []
         return f"{group}={option!r} is not an option; allowed: {', '.join(allowed)}{_near(option, allowed)}"
     if name == "OverrideParseException":
         return (
@@ -216,22 +204,22 @@ def hydra_message(exc: BaseException, keys=(), groups=None) -> str:
             "see https://hydra.cc/docs/advanced/override_grammar/basic/"
         )
     if type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError") and full_key:
-        return _unknown_key(full_key, keys, groups)
+        return _unknown_key(full_key, keys)
     if type(cause).__name__ == "ValidationError":
         what = text.splitlines()[0]
         return f"{full_key or 'a config value'}: {_plain(what)}"
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _unknown_key(full_key: str, keys: list[str], groups) -> str:
+def _unknown_key(full_key: str, keys: list[str]) -> str:
     """ "trainer.iteratons is not a config key; did you mean trainer.iterations?" (+ the section's keys)."""
     parent, _, leaf = full_key.rpartition(".")
     if parent in keys:  # a mapping field (e.g. task.knobs): its keys are added, not overridden
         return f"{parent} holds free-form keys: add one with +{full_key}=<value>"
     if parent:
         siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
-    else:  # top level: plain keys and sections
-        siblings = list(dict.fromkeys([k.split(".")[0] for k in keys] + sorted(groups)))
+    else:  # top level: plain keys and sections (every config group is a section)
+        siblings = list(dict.fromkeys(k.split(".")[0] for k in keys))
     if not siblings:  # an unknown section: compare whole keys
         return f"{full_key} is not a config key{_near(full_key, keys, 0.8)}"
     near = _near(leaf, siblings)
@@ -240,18 +228,6 @@ def _unknown_key(full_key: str, keys: list[str], groups) -> str:
         f"{full_key} is not a config key{near.replace('mean ', f'mean {parent}.' if parent else 'mean ')}; "
         f"{where}: {', '.join(siblings)}"
     )
-
-
-def _field(text: str, name: str) -> str | None:
-    m = re.search(rf"{name}: ([^\s]+)", text)
-    return m.group(1) if m else None
-
-
-def _missing_option(text: str) -> tuple[str, str]:
-    m = re.search(r"Could not find '([^']+)'", text)
-    path = m.group(1) if m else "?/?"
-    group, _, option = path.rpartition("/")
-    return group or path, option
 
 
 def _plain(what: str) -> str:
@@ -294,7 +270,7 @@ def validation_line(exc, schema: dict | None = None, root: str = "the input") ->
     err = next((e for e in errs if e["type"] in UNKNOWN_KEY), errs[0])
     loc = [p for p in err["loc"] if not (isinstance(p, str) and (p == "[key]" or p[:1] + p[-1:] == "()"))]
     schema = schema or {}
-    words = _VALIDATION_WORDS.get(err["type"], _other_error)
+    words = _VALIDATION_WORDS.get(err["type"], _message)
     return " ".join(words(_dotted(loc) or root, loc, err, _schema_node(schema, loc, schema), schema).split())
 
 
@@ -337,10 +313,9 @@ def _got(err: dict) -> str:
 
 
 def _unknown_field(path, loc, err, nodes, schema) -> str:
-    parent = _schema_node(schema, loc[:-1], schema)
-    allowed = [k for n in parent for k in n.get("properties", {})]
+    allowed = [k for n in _schema_node(schema, loc[:-1], schema) for k in n.get("properties", {})]
     where = _dotted(loc[:-1]) + "." if len(loc) > 1 else ""
-    near = difflib.get_close_matches(str(loc[-1])[:200], allowed, n=1) if allowed else []
+    near = difflib.get_close_matches(str(loc[-1])[:200], allowed, n=1)
     return (
         f"unknown key {path}"
         + (f" (did you mean {where}{near[0]}?)" if near else "")
@@ -356,11 +331,11 @@ def _not_allowed(path, loc, err, nodes, schema) -> str:
     return f"{path}={shown(err['input'])} is not allowed; {allowed}"
 
 
-_BOUNDS = (
-    ("minimum", ">=", "["),
-    ("exclusiveMinimum", ">", "("),
-    ("maximum", "<=", "]"),
-    ("exclusiveMaximum", "<", ")"),
+_BOUNDS = (  # JSON Schema's keyword, pydantic's ctx key, the sign, the interval's bracket
+    ("minimum", "ge", ">=", "["),
+    ("exclusiveMinimum", "gt", ">", "("),
+    ("maximum", "le", "<=", "]"),
+    ("exclusiveMaximum", "lt", "<", ")"),
 )
 
 
@@ -368,32 +343,23 @@ def _num(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _number_words(nodes: list[dict], err: dict) -> str:
-    """'an integer >= 1', 'a number > 0 or null', 'in (0, 1)', 'an integer in [0, 4294967295]'."""
+def _must_be_number(path, loc, err, nodes, schema) -> str:
+    """'<path> must be ' 'an integer >= 1', 'a number > 0 or null', 'in (0, 1)', 'an integer in [0, 4294967295]'."""
     num = next((n for n in nodes if n.get("type") in ("integer", "number")), None)
     if num is None:  # no schema: the error's own bound
         whole = err["type"].startswith("int") or type(err.get("input")) is int
-        num = {"type": "integer" if whole else "number"}
-        num |= {
-            k: err.get("ctx", {})[c]
-            for k, c in zip([b[0] for b in _BOUNDS], ("ge", "gt", "le", "lt"))
-            if c in err.get("ctx", {})
-        }
-    kind = "an integer" if num["type"] == "integer" else "a number"
-    low = [(num[k], sign, br) for k, sign, br in _BOUNDS[:2] if k in num]
-    high = [(num[k], sign, br) for k, sign, br in _BOUNDS[2:] if k in num]
+        ctx = err.get("ctx", {})
+        num = {"type": "integer" if whole else "number"} | {k: ctx[c] for k, c, *_ in _BOUNDS if c in ctx}
+    finite = "finite " if err["type"] == "finite_number" else ""
+    kind = "an integer" if num["type"] == "integer" else f"a {finite}number"
+    low = [(num[k], sign, br) for k, _, sign, br in _BOUNDS[:2] if k in num]
+    high = [(num[k], sign, br) for k, _, sign, br in _BOUNDS[2:] if k in num]
     if low and high:
-        text = f"{kind if kind == 'an integer' else ''} in {low[0][2]}{_num(low[0][0])}, {_num(high[0][0])}{high[0][2]}"
+        what = f"{kind if kind == 'an integer' else ''} in {low[0][2]}{_num(low[0][0])}, {_num(high[0][0])}{high[0][2]}"
     else:
-        text = f"{kind}" + "".join(f" {sign} {_num(value)}" for value, sign, _ in low + high)
-    return text.strip() + (" or null" if any(n.get("type") == "null" for n in nodes) else "")
-
-
-def _must_be_number(path, loc, err, nodes, schema) -> str:
-    what = _number_words(nodes, err)
-    if err["type"] == "finite_number":
-        what = what.replace("a number", "a finite number")
-    return f"{path} must be {what}{_got(err)}"
+        what = kind + "".join(f" {sign} {_num(value)}" for value, sign, _ in low + high)
+    null = " or null" if any(n.get("type") == "null" for n in nodes) else ""
+    return f"{path} must be {what.strip()}{null}{_got(err)}"
 
 
 def _length(path, loc, err, nodes, schema) -> str:
@@ -416,19 +382,14 @@ def _shape(kind: str):
 READS_ON = ("must ", "lists ", "needs ")  # reads on from the field path ("seeds lists a value twice"), no colon
 
 
-def _after(path: str, text: str) -> str:
-    return f"{path}{' ' if text.startswith(READS_ON) else ': '}{text}"
-
-
-def _raised(path, loc, err, nodes, schema) -> str:
-    """A validator's own ValueError: its message, after the path unless it names it first."""
-    text = str(err.get("ctx", {}).get("error", err["msg"]))
-    return text if not loc or text.startswith(path) else _after(path, text)
-
-
-def _other_error(path, loc, err, nodes, schema) -> str:
-    """pydantic's message (or a custom error type's): "<path> must ..." or "<path>: <message>"."""
-    return _after(path, err["msg"]) + _got(err)
+def _message(path, loc, err, nodes, schema) -> str:
+    """The error's own message: "<path> must ..." or "<path>: <message>". A validator's own ValueError is shown
+    without the path where it names the field first, and without the input; pydantic's (or a custom type's) with."""
+    raised = err["type"] in ("value_error", "assertion_error")
+    text = str(err.get("ctx", {}).get("error", err["msg"])) if raised else err["msg"]
+    if raised and (not loc or text.startswith(path)):
+        return text
+    return f"{path}{' ' if text.startswith(READS_ON) else ': '}{text}" + ("" if raised else _got(err))
 
 
 # How each kind of pydantic error is worded (pydantic's error types); any other: its own message.
@@ -444,7 +405,6 @@ _VALIDATION_WORDS = {
     **dict.fromkeys(("list_type", "tuple_type"), _shape("a list")),
     "string_type": _shape("a string"),
     "bool_type": _shape("true or false"),
-    **dict.fromkeys(("value_error", "assertion_error"), _raised),
     **dict.fromkeys(
         "int_type int_from_float int_parsing float_type float_parsing finite_number greater_than greater_than_equal"
         " less_than less_than_equal".split(),
