@@ -19,6 +19,7 @@ import os
 import platform
 import re
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 from experiments.errors import UserError
@@ -103,7 +104,6 @@ def fingerprint(warm_start: str | os.PathLike | None = None) -> dict:
     `warm_start` directory (None: not a warm-started run). In reproducible mode a code path that does not read
     back as pinned raises RuntimeError: the pin did not take effect. docs/run-record.md lists the fields."""
     import torch
-    import transformers
 
     mkl = re.search(r"Math Kernel Library Version ([\w.]+)", torch.__config__.show())
     out = {
@@ -114,7 +114,7 @@ def fingerprint(warm_start: str | os.PathLike | None = None) -> dict:
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
         "threads": torch.get_num_threads(),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "versions": {"torch": str(torch.__version__), "transformers": transformers.__version__, "mkl": mkl and mkl[1]},
+        "versions": {"torch": str(torch.__version__), "transformers": version("transformers"), "mkl": mkl and mkl[1]},
         "warm_start": weights_hash(warm_start) if warm_start else None,
     }
     wrong = {k: out[k] for k, v in EXPECTED.items() if out["mode"] == "reproducible" and out[k] not in (v, None)}
