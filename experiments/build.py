@@ -36,9 +36,7 @@ SMOKE = {  # smoke=true: tiny sizes, 2 iterations; a key given on the command li
     "task.test_size": 8,
     "model.pretrain_steps": 2,
 }
-# ``resume``: false (a new run) | true (continue the run in run_dir, which must hold one) | auto (continue it if
-# run_dir holds one, else start it) | force (as true, accepting config changes). ``experiments.run.resume_mode``.
-RESUME_VALUES = (False, True, "auto", "force")
+RESUME_VALUES = (False, True, "auto", "force")  # what each means: experiments.run.resume_mode
 NAME_MAX_BYTES, PATH_MAX_BYTES = 255, 4095  # longest path component and path file systems take (Linux)
 
 
@@ -200,8 +198,7 @@ def validate(cfg: DictConfig) -> LocalConfig:
 
 
 def check_path(key: str, path) -> None:
-    """Refuse a path no file system takes (a component over NAME_MAX_BYTES, the whole over PATH_MAX_BYTES) before
-    any work, naming the key; None passes."""
+    """Refuse a path no file system takes (a component over NAME_MAX_BYTES, the whole over PATH_MAX_BYTES)."""
     if path is None:
         return
     full = os.path.abspath(os.path.expanduser(str(path)))
@@ -239,8 +236,7 @@ def check_retriever(cfg: DictConfig) -> None:
 
 # ------------------------------------------------------------------------------ tasks
 def task(cfg: DictConfig):
-    """The task the trainer consumes (experiments.tasks.TaskAdapter): the seeded train/test splits and
-    the task's environment (by capability: STOP_STRINGS)."""
+    """The task the trainer consumes: its seeded train/test splits and, for a tool task, its environment."""
     mod = get_task(cfg.task.name)
     knobs = OmegaConf.to_container(cfg.task.knobs, resolve=True)
     train = mod.load("train", n=int(cfg.task.train_size), seed=int(cfg.task.data_seed), **knobs)
@@ -272,12 +268,10 @@ def model(cfg: DictConfig):
             knobs=knobs,
             progress=progress.enabled(),
         )
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.trainer.dtype]
     tok = AutoTokenizer.from_pretrained(path)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    policy = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    return policy, tok
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.trainer.dtype)), tok
 
 
 def check_k(cfg: DictConfig) -> None:

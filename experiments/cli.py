@@ -83,10 +83,8 @@ def absolute_cache_env() -> None:
     """EMAPG_CACHE (the warm-start cache, model.cache_dir) made absolute in this process's environment, which every
     process it starts inherits: a sweep trial's Ray worker runs in the trial's own directory, where a relative path
     would give each trial its own cache. An empty EMAPG_CACHE is unset: the default cache."""
-    cache = os.environ.get("EMAPG_CACHE")
-    if cache == "":
-        del os.environ["EMAPG_CACHE"]
-    elif cache is not None:
+    cache = os.environ.pop("EMAPG_CACHE", "")
+    if cache:
         os.environ["EMAPG_CACHE"] = os.path.abspath(os.path.expanduser(cache))
 
 
@@ -109,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print("\nexperiment presets: " + ", ".join(presets()))
         return 0
-    args, rest = parser.parse_known_args(argv[:1])
+    args = parser.parse_args(argv[:1])
     try:
         progress.quiet_libraries()  # EMAPG_PROGRESS=0: no Hugging Face bars either
         return run_command(args.command, argv[1:])
