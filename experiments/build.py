@@ -7,7 +7,11 @@ import os
 import shlex
 from pathlib import Path
 
+import hydra
 import torch
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from ema_pg_core.config import eval_problems, probe_prompts
@@ -47,10 +51,6 @@ def presets(tasks_dirs: bool = True) -> list[str]:
 
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose experiments/conf/config.yaml with Hydra overrides (``key=value``, ``experiment=...``)."""
-    import hydra
-    from hydra.core.config_store import ConfigStore
-    from hydra.core.global_hydra import GlobalHydra
-
     store = ConfigStore.instance()  # the schema, and task=<name> for each task without a conf/task/<name>.yaml
     store.store(name="run_schema", node=RunConfig)
     for name in sorted(set(tasks.TASKS) - {p.stem for p in (CONF_DIR / "task").glob("*.yaml")}):
@@ -126,8 +126,6 @@ def path_override(key: str, path: str) -> str:
 
 def _parsed(override: str):
     """Hydra's reading of `override` (an Override), or None where its lexer or parser refuses it."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     try:
         return OverridesParser.create().parse_override(override)
     except Exception:  # noqa: BLE001  Hydra's lexer and parser errors
