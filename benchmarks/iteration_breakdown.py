@@ -5,9 +5,8 @@
     python benchmarks/iteration_breakdown.py --presets search_tiny_grpo search_tiny_ema_pg --section NAME --write
 
 Per preset, interleaved iteration by iteration on the same seed (same batches): the new path
-(``trainer.old_logprobs=rollout``: pi_old's statistics from the sampler), the old one (``recompute``: a no-grad
-pi_old pass) and, with ``--before COMMIT`` (default ``BEFORE``), that commit's trainer from ``git archive`` in a
-child process. After every iteration the batch is replayed through the model's raw operations at the same shapes
+(``trainer.old_logprobs=rollout``: pi_old's statistics from the sampler) and the old one (``recompute``: a no-grad
+pi_old pass). After every iteration the batch is replayed through the model's raw operations at the same shapes
 (a KV-cache decode for as many steps, one forward + backward of the policy, one anchor forward) and through
 ``model.generate`` with the rollout's sampling settings; every figure is a ratio to those, from medians over
 iterations 2..N. The spread sets each path's per-iteration times against a fixed-work control: the raw operations
@@ -18,15 +17,11 @@ longest response, not the rollout's work, so only the other ratios carry.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,34 +30,25 @@ from benchmarks import _common as C  # noqa: E402
 C.numerics.pin()  # before torch loads, as the emapg command does: the measured runs need its numerics pins
 
 import torch  # noqa: E402
+from transformers import GenerationConfig  # noqa: E402
 
 from ema_pg_core.local.batch import collate  # noqa: E402
-from experiments import progress  # noqa: E402
+from ema_pg_core.local.trainer import LocalTrainer, seed_everything  # noqa: E402
+from experiments import build, progress  # noqa: E402
 
 PHASES = ("rollout", "reward", "logprob", "update", "anchor")
-MODES = ("rollout", "recompute")  # this checkout's two pi_old paths
-# main just before the first commit of the sampler statistics and the lean rollout loop (c1cb8f3):
-# the trainer whose iteration the issue measured at rollout 1.26x the raw decode plus a pi_old pass
-BEFORE = "803cb71"
+MODES = ("rollout", "recompute")  # the two pi_old paths
 PRESETS = ["math_tiny_grpo", "math_tiny_ema_pg"]  # the acceptance measurement of the issue
 
 
-def build_trainer(overrides: list[str], ckpt_dir: str):
-    """A LocalTrainer from config overrides, as whichever checkout is first on sys.path builds it (--serve's)."""
-    from ema_pg_core.local.trainer import LocalTrainer, seed_everything  # this tree's or --serve's
-    from experiments import build  # loads omegaconf; this tree's or --serve's
-
-    cfg = build.compose(overrides)
+def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str, probe_every: int) -> LocalTrainer:
+    """The trainer for the preset and pi_old mode; it keeps its last training rollout in `seen`."""
+    overrides = [f"experiment={preset}", f"trainer.old_logprobs={mode}", f"trainer.mini_batches={mini_batches}"]
+    cfg = build.compose([*overrides, f"trainer.probe_every={probe_every}"])
     local = build.validate(cfg)
     policy, tok = build.model(cfg)
     seed_everything(int(cfg.seed))
-    return LocalTrainer(policy, tok, build.task(cfg), local, ckpt_dir)
-
-
-def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str, probe_every: int = 0):
-    """This checkout's trainer for the preset and pi_old mode; it keeps its last training rollout in `seen`."""
-    overrides = [f"experiment={preset}", f"trainer.old_logprobs={mode}", f"trainer.mini_batches={mini_batches}"]
-    tr = build_trainer([*overrides, f"trainer.probe_every={probe_every}"], ckpt_dir)
+    tr = LocalTrainer(policy, tok, build.task(cfg), local, ckpt_dir)
     tr.seen, tr.seen_prompts = [], []  # the last training rollout's trajectories and prompts, for the raw replay
 
     def keep(model, prompts, *a, **kw):
@@ -73,62 +59,6 @@ def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str, probe_ever
 
     tr._rollout = keep
     return tr
-
-
-def extract(commit: str, dest: str) -> str:
-    """The repository's tree at `commit` in dest (git archive: no worktree bookkeeping); returns dest."""
-    archive = subprocess.run(["git", "-C", str(C.ROOT), "archive", commit], capture_output=True, check=False)
-    if archive.returncode:  # a bad --before: one line, exit 2, before any measurement
-        print(f"--before {commit}: git archive failed: {archive.stderr.decode().strip()}", file=sys.stderr)
-        sys.exit(2)
-    subprocess.run(["tar", "-x", "-C", dest], input=archive.stdout, check=True)
-    return dest
-
-
-class BeforeTrainer:
-    """The trainer of an earlier commit in a child process (serve mode), stepped one iteration per call."""
-
-    def __init__(self, tree: str, preset: str, threads: int, mini_batches: int, ckpt_dir: str):
-        cmd = [sys.executable, __file__, "--serve", tree, preset, str(threads), str(mini_batches), ckpt_dir]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._read()  # "ready": the child has built its trainer
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            sys.exit(f"the --before trainer exited with status {self.proc.wait()} (its error is above)")
-        return json.loads(line)
-
-    def call(self, what: str) -> dict:
-        """One iteration ("step") or an evaluation ("eval")."""
-        self.proc.stdin.write(what + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait()
-
-
-def serve(tree: str, preset: str, threads: int, mini_batches: int, ckpt_dir: str) -> None:
-    """Child side of BeforeTrainer: that commit's own build and LocalTrainer, one JSON line per step."""
-    for name in [m for m in sys.modules if m.partition(".")[0] in ("experiments", "ema_pg_core")]:
-        del sys.modules[name]  # this checkout's, imported above: the old tree's load in their place
-    sys.path.insert(0, tree)
-    torch.set_num_threads(threads)
-    tr = build_trainer([f"experiment={preset}", f"trainer.mini_batches={mini_batches}"], ckpt_dir)
-    assert Path(sys.modules["experiments.build"].__file__).is_relative_to(tree), "not the old tree's build"
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        if line.strip() == "eval":
-            tr.evaluate()
-            print(json.dumps({}), flush=True)
-            continue
-        t = time.perf_counter()
-        m = tr.step()
-        row = {"iter": time.perf_counter() - t, "response_len": m["train/response_len"]}
-        row.update({p: m[f"perf/{p}_s"] for p in ("rollout", "logprob", "update", "anchor")})  # rollout: + rewards
-        print(json.dumps(row), flush=True)
 
 
 def _timed(fn) -> float:
@@ -157,8 +87,6 @@ def raw_decode(model, tok, trajs, temperature: float, generator) -> None:
 def hf_generate(model, tok, prompts: list[str], rc) -> int:
     """transformers' ``model.generate`` on the same prompts with the rollout's sampling settings (KV cache):
     tokenise (left padding), sample, decode the answers. Returns the decode steps it took (its own draws)."""
-    from transformers import GenerationConfig
-
     gc = GenerationConfig(
         do_sample=True, temperature=rc.temperature, top_p=rc.top_p, top_k=0, max_new_tokens=rc.max_new_tokens,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
@@ -214,8 +142,8 @@ def replay(tr) -> dict:
     return {**raw, "generate": t_gen, "generate_steps": gen_steps[0]}
 
 
-def step_in_process(tr, kept: dict) -> dict:
-    """One iteration of an in-process trainer, then the raw operations replayed on its batch and (the fixed-work
+def step_and_replay(tr, kept: dict) -> dict:
+    """One iteration of the trainer, then the raw operations replayed on its batch and (the fixed-work
     control: the floor under the trainer's own spread) on the batch `kept` from its first (warm-up) iteration."""
     t0 = time.perf_counter()
     m = tr.step()
@@ -227,30 +155,22 @@ def step_in_process(tr, kept: dict) -> dict:
     return {**row, "response_len": m["train/response_len"], "steps": steps, **replay(tr), "fixed": fixed}
 
 
-def measure(preset: str, args, before_tree: str | None) -> dict[str, list[dict]]:
-    """{path: one row per iteration 2..N} for the new and old path (and the commit before), interleaved in an order
-    that rotates every iteration. With ``args.eval_every`` each path evaluates as a training run does (untimed)."""
+def measure(preset: str, args) -> dict[str, list[dict]]:
+    """{path: one row per iteration 2..N} for the new and the old path, interleaved in an order that rotates every
+    iteration. With ``args.eval_every`` each path evaluates as a training run does (untimed)."""
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as d:
         trainers = {m: trainer(preset, m, args.mini_batches, f"{d}/{m}", args.probe_every) for m in MODES}
-        paths = {m: (partial(step_in_process, tr, {}), tr.evaluate) for m, tr in trainers.items()}
-        before = None
-        if before_tree:
-            before = BeforeTrainer(before_tree, preset, args.threads, args.mini_batches, f"{d}/before")
-            paths["before"] = (partial(before.call, "step"), partial(before.call, "eval"))
-        rows: dict[str, list[dict]] = {m: [] for m in paths}
-        order = list(paths)
+        kept: dict[str, dict] = {m: {} for m in MODES}
+        rows: dict[str, list[dict]] = {m: [] for m in MODES}
         for it in range(args.iterations + 1):
-            for mode in order[it % len(order) :] + order[: it % len(order)]:
-                step, evaluate = paths[mode]
+            for mode in MODES[it % len(MODES) :] + MODES[: it % len(MODES)]:
                 if it:
-                    row = step()
+                    row = step_and_replay(trainers[mode], kept[mode])
                     if it > 1:  # the first iteration is warm-up
                         rows[mode].append(row)
                 if args.eval_every and it % args.eval_every == 0:
-                    evaluate()
-        if before is not None:
-            before.close()
+                    trainers[mode].evaluate()
     return rows
 
 
@@ -266,8 +186,8 @@ def _p90_p10(xs: list[float]) -> float:
 
 def spread(rows: list[dict]) -> dict:
     """The spread of one path's iterations 2..N (the probe's time left out) and of its fixed-work control."""
-    out = {"iter_p90_p10": _p90_p10([r["iter"] - r.get("probe", 0.0) for r in rows])}
-    if all("fixed" in r for r in rows) and len(rows) > 1:  # the commit before's path has no control
+    out = {"iter_p90_p10": _p90_p10([r["iter"] - r["probe"] for r in rows])}
+    if len(rows) > 1:
         out["fixed_p90_p10"] = _p90_p10([r["fixed"] for r in rows])
     return out
 
@@ -282,15 +202,10 @@ def ratios(r: dict) -> dict:
         "iter_vs_raw_sum": new["iter"] / base,
         "old_vs_new_iter": old["iter"] / new["iter"],
         "old_rollout_vs_raw_decode": old["rollout"] / old["raw_decode"],
-        **({"before_vs_new_iter": r["before"]["iter"] / new["iter"]} if "before" in r else {}),
     }
 
 
-PATHS = {
-    "recompute": "old (recompute)",
-    "rollout": "new (from the sampler)",
-    "before": "before the change",  # rollout column: rollout + rewards + batch (one timer then)
-}
+PATHS = {"recompute": "old (recompute)", "rollout": "new (from the sampler)"}
 PHASE_COLUMNS = {
     "response_len": "tokens / response",
     "rollout": "rollout",
@@ -312,14 +227,11 @@ RATIO_COLUMNS = {
     "iter_vs_raw_sum": "iteration / (raw decode + raw fwd+bwd + anchor fwd)",
     "old_vs_new_iter": "old iteration / new iteration",
     "old_rollout_vs_raw_decode": "old rollout / raw decode",
-    "before_vs_new_iter": "before-the-change iteration / new iteration",
 }
 
 
 def _cell(k: str, x: dict) -> str:
     """One table cell: counts as integers, spreads as percentages, seconds to 3 places."""
-    if k not in x:
-        return "—"
     if "steps" in k:
         return f"{x[k]:.0f}"
     return f"{x[k]:.1%}" if k.endswith("_p90_p10") else f"{x[k]:.3f}"
@@ -330,16 +242,15 @@ def report(results: dict, args, machine: dict) -> str:
     for preset, per_path in results.items():
         r = {mode: medians(rs) for mode, rs in per_path.items()}
         paths = []
-        for mode in (m for m in PATHS if m in r):
+        for mode, label in PATHS.items():
             x = r[mode]
-            label = PATHS[mode] + (f" ({args.before})" if mode == "before" else "")
             rows.append([preset, label, f"{x['iter']:.3f}", *(_cell(k, x) for k in PHASE_COLUMNS)])
             sp = spread(per_path[mode])
             fixed = f" ({_cell('fixed_p90_p10', sp)})" if "fixed_p90_p10" in sp else ""
             paths.append(f"{label} {_cell('iter_p90_p10', sp)}{fixed}")
         spr.append(f"{preset}: {', '.join(paths)}")
         q = ratios(r)
-        rat.append([preset, *(f"{q[k]:.2f}x" if k in q else "—" for k in RATIO_COLUMNS)])
+        rat.append([preset, *(f"{q[k]:.2f}x" for k in RATIO_COLUMNS)])
     on = "" if args.presets == PRESETS else f" on {', '.join(args.presets)}"
     return "\n".join(
         [
@@ -348,8 +259,8 @@ def report(results: dict, args, machine: dict) -> str:
             f"Command: `{_command(args)}` (warm model cache; W&B off; medians over iterations 2..N).",
             C.machine_line(machine, args.threads),
             "",
-            "Seconds per iteration (wall clock around `step()`) and phase, raw operations on the new path's batch "
-            "(the commit before the change timed rollout, rewards and batch as one phase); then the ratios:",
+            "Seconds per iteration (wall clock around `step()`) and phase, raw operations on the new path's batch; "
+            "then the ratios:",
             "",
             C.md_table(["preset", "path", "iteration (s)", *PHASE_COLUMNS.values()], rows),
             "",
@@ -367,7 +278,7 @@ def _command(args) -> str:
     cadence = f" --eval-every {args.eval_every} --probe-every {args.probe_every}"
     return (
         f"python benchmarks/iteration_breakdown.py --iterations {args.iterations} --threads {args.threads} "
-        f"--mini-batches {args.mini_batches}{cadence}{'' if args.before else ' --before none'}{extra} --write"
+        f"--mini-batches {args.mini_batches}{cadence}{extra} --write"
     )
 
 
@@ -380,21 +291,13 @@ def main() -> None:
     ap.add_argument("--section", default="iteration_breakdown", help="the docs/benchmarks.md section --write replaces")
     ap.add_argument("--eval-every", type=int, default=0, help="evaluate every N iterations, untimed (0: never)")
     ap.add_argument("--probe-every", type=int, default=0, help="this checkout's KL probe every N iterations (0: off)")
-    ap.add_argument("--before", default=BEFORE, help="also time this commit's trainer ('none': skip)")
-    ap.add_argument("--serve", nargs=5, metavar=("TREE", "PRESET", "THREADS", "MINI", "CKPT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.iterations < 2:  # the first iteration is warm-up: nothing would be left to report
         ap.exit(2, f"--iterations must be >= 2 (the first is warm-up); got {args.iterations}\n")
     os.environ.setdefault("EMAPG_PROGRESS", "0")
-    if args.serve:
-        tree, preset, threads, mini, ckpt = args.serve
-        return serve(tree, preset, int(threads), int(mini), ckpt)
     progress.quiet_libraries()  # no progress bars of the model loads
-    args.before = None if args.before == "none" else args.before
     machine = C.machine()
-    with tempfile.TemporaryDirectory() as tree:
-        before = extract(args.before, tree) if args.before else None
-        results = {p: measure(p, args, before) for p in args.presets}
+    results = {p: measure(p, args) for p in args.presets}
     C.publish(args.section, report(results, args, machine), args.write)
 
 

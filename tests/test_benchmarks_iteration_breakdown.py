@@ -10,7 +10,7 @@ from ema_pg_core.local.tiny import build_model, build_tokenizer
 
 
 def _rows(iters, probe=0.0):
-    return [{"iter": t, "probe": probe} for t in iters]
+    return [{"iter": t, "probe": probe, "fixed": 1.0} for t in iters]
 
 
 def test_spread_leaves_the_probe_out_and_stays_within_the_data():
@@ -32,7 +32,6 @@ def test_too_few_iterations_is_one_line_and_exit_2(capsys, monkeypatch):
 def test_cells_are_formatted_by_kind():
     x = {"generate_steps": 35.0, "iter_p90_p10": 0.0312, "rollout": 0.04567}
     assert [ib._cell(k, x) for k in x] == ["35", "3.1%", "0.046"]
-    assert ib._cell("missing", x) == "—"
 
 
 def test_generate_baseline_samples_with_the_rollout_settings_and_decodes():
@@ -50,5 +49,4 @@ def test_the_fixed_work_control_gets_its_own_spread_column():
     rows = [{**r, "fixed": 0.5 + i / 100} for i, r in enumerate(_rows([1.0] * 10))]
     sp = ib.spread(rows)
     assert sp["iter_p90_p10"] == 0 and sp["fixed_p90_p10"] == pytest.approx((0.581 - 0.509) / 0.545)
-    assert "fixed_p90_p10" not in ib.spread(_rows([1.0] * 4))  # the commit-before path has none
     assert ib._cell("fixed_p90_p10", sp) == "13.2%"
