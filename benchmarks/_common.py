@@ -16,7 +16,7 @@ import resource
 import shutil
 import subprocess
 import sys
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import version
 from pathlib import Path
 
 from experiments import numerics
@@ -92,16 +92,12 @@ def _driver() -> str:
 def describe(torch) -> dict[str, str]:
     """The card and the software the figures were measured with."""
     props = torch.cuda.get_device_properties(0)
-    try:
-        tf = version("transformers")
-    except PackageNotFoundError:
-        tf = "not installed"
     return {
         "gpu": f"{props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor})",
         "devices": str(torch.cuda.device_count()),
         "driver": _driver(),
         "torch": f"{torch.__version__} (CUDA {torch.version.cuda})",
-        "transformers": tf,
+        "transformers": version("transformers"),
         "python": platform.python_version(),
     }
 

@@ -4,17 +4,11 @@
     python benchmarks/attention_packed.py --from-json F                        # anywhere: write the doc
 
 With ``use_remove_padding=True`` verl's FSDP engine packs a micro-batch into one row of N tokens (position ids
-restarting at 0 for each sequence); with ``attn_implementation=sdpa`` transformers turns them into a block-diagonal
-causal N x N mask (a masked kernel over the whole N x N product), while flash-attn's varlen kernel attends within
-each sequence only. Measured, forward + backward in bf16:
-
-- one attention layer with Qwen2.5-7B's heads (28 query, 4 key/value heads of 128), N packed tokens of sequences of
-  L tokens: sdpa with the packed mask; the same sequences as an (N/L, L) batch with ``is_causal`` (the flash
-  kernel); PyTorch's FlashAttention-2 varlen kernel where present; flash-attn's where installed.
-- a Qwen2.5-1.5B-shaped model (random weights, gradient checkpointing): packed vs the (N/L, L) batch, and the
-  largest |logit| difference between the two forwards (the packing is exact, up to bf16).
-
-Time = median of 3 after a warm-up, CUDA-synchronised; peak = ``torch.cuda.max_memory_allocated`` above the start.
+restarting at 0 for each sequence), which transformers' sdpa masks to a block-diagonal causal N x N (a masked kernel
+over the whole N x N product), while flash-attn's varlen kernel attends within each sequence only. Measured, forward
++ backward in bf16: one attention layer with Qwen2.5-7B's heads, packed against the same sequences as a batch (the
+flash kernel) and the varlen kernels present; a Qwen2.5-1.5B-shaped model packed against the batch, with the largest
+|logit| difference between the two (the packing is exact, up to bf16).
 """
 
 from __future__ import annotations

@@ -4,10 +4,9 @@
     python benchmarks/cuda_kernels.py --from-json benchmarks/cuda_kernels_h200.json   # anywhere: write the doc
 
 The same problems as ``ema_update.py`` and ``topk_kl_memory.py``, on the device: the EMA update of Qwen2.5-0.5B's
-290 parameter shapes (``ema_update_``, and ``EmaAnchor.update`` with a bf16 module and an fp32 shadow) against
-``_foreach_copy_`` of the same tensors, median of 20 interleaved rounds; the Top-k KL value + backward at k = 32
-(naive, chunked, fused, fused in whole-vocabulary blocks), median of 5 after a warm-up, peak device memory above
-the inputs. CUDA-synchronised; ratios to the first row of each group.
+shapes against ``_foreach_copy_`` of the same tensors (median of 20 interleaved rounds), and the Top-k KL value +
+backward at k = 32 (median of 5, peak device memory above the inputs); CUDA-synchronised, ratios to the first row of
+each group.
 """
 
 from __future__ import annotations
