@@ -271,7 +271,7 @@ def validation_line(exc, schema: dict | None = None, root: str = "the input") ->
     loc = [p for p in err["loc"] if not (isinstance(p, str) and (p == "[key]" or p[:1] + p[-1:] == "()"))]
     schema = schema or {}
     words = _VALIDATION_WORDS.get(err["type"], _message)
-    return " ".join(words(_dotted(loc) or root, loc, err, _schema_node(schema, loc, schema), schema).split())
+    return " ".join(words(_dotted(loc) or root, loc, err, _schema_node(schema, loc), schema).split())
 
 
 def _dotted(loc: list) -> str:
@@ -299,10 +299,11 @@ def _child(node: dict, part) -> dict | None:
     return extra if isinstance(extra, dict) else None
 
 
-def _schema_node(node: dict, loc: list, schema: dict) -> list[dict]:
+def _schema_node(schema: dict, loc: list) -> list[dict]:
     """The branches of the schema node at `loc` ([] where the schema does not say)."""
+    node = schema
     for part in loc:
-        node = next((c for c in map(lambda b: _child(b, part), _branches(node, schema)) if c is not None), None)
+        node = next((c for c in (_child(b, part) for b in _branches(node, schema)) if c is not None), None)
         if node is None:
             return []
     return _branches(node, schema)
@@ -313,7 +314,7 @@ def _got(err: dict) -> str:
 
 
 def _unknown_field(path, loc, err, nodes, schema) -> str:
-    allowed = [k for n in _schema_node(schema, loc[:-1], schema) for k in n.get("properties", {})]
+    allowed = [k for n in _schema_node(schema, loc[:-1]) for k in n.get("properties", {})]
     where = _dotted(loc[:-1]) + "." if len(loc) > 1 else ""
     near = difflib.get_close_matches(str(loc[-1])[:200], allowed, n=1)
     return (
