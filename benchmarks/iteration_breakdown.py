@@ -42,7 +42,7 @@ PRESETS = ["math_tiny_grpo", "math_tiny_ema_pg"]  # the acceptance measurement o
 
 
 def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str, probe_every: int) -> LocalTrainer:
-    """The trainer for the preset and pi_old mode; it keeps its last training rollout in `seen`."""
+    """The trainer for the preset and pi_old mode, its last training rollout in `seen` (its first: `kept`)."""
     overrides = [f"experiment={preset}", f"trainer.old_logprobs={mode}", f"trainer.mini_batches={mini_batches}"]
     cfg = build.compose([*overrides, f"trainer.probe_every={probe_every}"])
     local = build.validate(cfg)
@@ -50,6 +50,7 @@ def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str, probe_ever
     seed_everything(int(cfg.seed))
     tr = LocalTrainer(policy, tok, build.task(cfg), local, ckpt_dir)
     tr.seen, tr.seen_prompts = [], []  # the last training rollout's trajectories and prompts, for the raw replay
+    tr.kept = []
 
     def keep(model, prompts, *a, **kw):
         out = type(tr)._rollout(tr, model, prompts, *a, **kw)
@@ -142,7 +143,7 @@ def replay(tr) -> dict:
     return {**raw, "generate": t_gen, "generate_steps": gen_steps[0]}
 
 
-def step_and_replay(tr, kept: dict) -> dict:
+def step_and_replay(tr) -> dict:
     """One iteration of the trainer, then the raw operations replayed on its batch and (the fixed-work
     control: the floor under the trainer's own spread) on the batch `kept` from its first (warm-up) iteration."""
     t0 = time.perf_counter()
@@ -150,8 +151,8 @@ def step_and_replay(tr, kept: dict) -> dict:
     row = {"iter": time.perf_counter() - t0, "probe": m.get("perf/probe_s", 0.0)}
     row.update({p: m[f"perf/{p}_s"] for p in PHASES})
     steps = max(len(t.response_ids) for t in tr.seen)
-    seen = kept.setdefault("seen", list(tr.seen))
-    fixed = sum(raw_ops(tr, seen).values())
+    tr.kept = tr.kept or list(tr.seen)
+    fixed = sum(raw_ops(tr, tr.kept).values())
     return {**row, "response_len": m["train/response_len"], "steps": steps, **replay(tr), "fixed": fixed}
 
 
@@ -161,12 +162,11 @@ def measure(preset: str, args) -> dict[str, list[dict]]:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as d:
         trainers = {m: trainer(preset, m, args.mini_batches, f"{d}/{m}", args.probe_every) for m in MODES}
-        kept: dict[str, dict] = {m: {} for m in MODES}
         rows: dict[str, list[dict]] = {m: [] for m in MODES}
         for it in range(args.iterations + 1):
             for mode in MODES[it % len(MODES) :] + MODES[: it % len(MODES)]:
                 if it:
-                    row = step_and_replay(trainers[mode], kept[mode])
+                    row = step_and_replay(trainers[mode])
                     if it > 1:  # the first iteration is warm-up
                         rows[mode].append(row)
                 if args.eval_every and it % args.eval_every == 0:
