@@ -12,7 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # BEGIN README
 python3 -m venv .venv && . .venv/bin/activate && pip install -U pip
-# verl 0.9.1 + vLLM 0.24 (torch 2.11, CUDA 13 wheels), verl's `fsdp` extra without flash-attn, then emapg:
+# verl 0.9.1 + vLLM 0.24 (torch 2.11, CUDA 13 wheels), verl's `fsdp` extra without flash-attn, then emapg,
+# every package at the version CI resolved and tested (cluster/gpu-lock.txt):
 pip install -e ".[verl]" "verl[verl-core,vllm]==0.9.1" "cupy-cuda13x==14.0.1" "liger-kernel>=0.8.2" \
-    "trl==0.27.0" "flash-linear-attention==0.5.2"
+    "trl==0.27.0" "flash-linear-attention==0.5.2" -c cluster/gpu-lock.txt
 # END README

@@ -20,7 +20,15 @@ and downloads no CUDA wheel) for the machine the install is written for, not thi
 
 This checkout (``-e ".[verl]"``) is resolved as the requirements pyproject.toml lists for it. A target fails (exit
 1, with pip's last lines) when pip cannot resolve within ``TIMEOUT_S``, when flash-attn is in the set, when
-anything would be built from an sdist, or when a local wheel other than ``SDIST_ONLY``'s is used.
+anything would be built from an sdist, when a local wheel other than ``SDIST_ONLY``'s is used, or when a package
+of the install is not pinned by the lock.
+
+The lock, ``cluster/gpu-lock.txt``, holds every version the install resolves to, per target Python where they
+differ; the script installs with it as constraints, so every node gets the versions CI resolved and tested. The
+verl CI venv takes the lock's versions too (``--ci-constraints``): ``make test-verl`` and the rehearsals run on the
+torch, transformers and Python-side stack that GPU users get (torch's CUDA build, run on the CPU).
+
+    python -m cluster.gpu_install --write-lock     # resolve afresh without the lock and rewrite it
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ import time
 from pathlib import Path
 
 import pip
+from pip._vendor.packaging.requirements import Requirement
+from pip._vendor.packaging.utils import canonicalize_name
 
 try:
     import tomllib
@@ -53,6 +63,10 @@ PLATFORMS = [f"manylinux_2_{m}_x86_64" for m in range(GLIBC, 16, -1)] + ["manyli
 SDIST_ONLY = {"antlr4-python3-runtime": "4.9.3"}  # pure Python, published as sdists only: name -> version
 HEADLINE = ("verl", "torch", "vllm", "transformers", "ray", "hydra-core", "cupy-cuda13x")
 NEVER = ("flash-attn",)  # what the install must not contain (docs/verl-plugin.md, "Installing on GPUs")
+LOCK = ROOT / "cluster" / "gpu-lock.txt"
+CONSTRAINTS = ROOT / "constraints.txt"
+# left out of the CI venv's pins: a test tool pins it to another version than the GPU stack's (name -> why)
+CI_OWN = {"tabulate": "reasoning-gym, the tests' puzzle generator, pins 0.9.0"}
 TIMEOUT_S = 240  # per target Python: a resolve backtracking longer fails (47-71 s here when it resolves)
 MINE = f"{sys.version_info[0]}.{sys.version_info[1]}"  # this interpreter's version
 NOISE = "is ignored: it is neither a file nor a directory"  # a pip.conf's missing local index folders
@@ -99,6 +113,57 @@ def expand_checkout(args: list[str]) -> list[str]:
     return out
 
 
+def without_lock(args: list[str]) -> list[str]:
+    """`args` without the lock's ``-c cluster/gpu-lock.txt`` (a fresh resolve, for ``--write-lock``)."""
+    out = list(args)
+    while "-c" in out:
+        i = out.index("-c")
+        del out[i : i + 2]
+    return out
+
+
+def read_lock(python: str, lock: Path = LOCK) -> dict[str, str]:
+    """{package: version} the lock pins for a target Python."""
+    reqs = [Requirement(line) for line in lock.read_text().splitlines() if line.split("#")[0].strip()]
+    return {
+        canonicalize_name(r.name): next(iter(r.specifier)).version
+        for r in reqs
+        if r.marker is None or r.marker.evaluate({"python_version": python})
+    }
+
+
+def unpinned(versions: dict[str, str], pins: dict[str, str]) -> list[str]:
+    """``name version`` of each resolved package that the lock does not pin at that version."""
+    return sorted(f"{n} {v}" for n, v in versions.items() if pins.get(n) != v)
+
+
+def lock_text(resolved: dict[str, dict[str, str]]) -> str:
+    """The lock of {python: {package: version}}: one ``name==version`` line per package that every target resolves
+    alike, one line per target with a ``python_version`` marker for the others."""
+    lines = []
+    for name in sorted(set().union(*resolved.values())):
+        versions = {py: v[name] for py, v in resolved.items() if name in v}
+        if len(versions) == len(resolved) and len(set(versions.values())) == 1:
+            lines.append(f"{name}=={next(iter(versions.values()))}")
+        else:
+            lines += [f'{name}=={v} ; python_version == "{py}"' for py, v in versions.items()]
+    head = [
+        "# The GPU install's versions (cluster/gpu-install.sh installs with this file as constraints), resolved for",
+        "# Linux x86_64 CUDA 13 with wheels only, per target Python where they differ. Written by",
+        "# `python -m cluster.gpu_install --write-lock`; `make check-gpu-install` fails on a package it does not pin.",
+    ]
+    return "\n".join(head + lines) + "\n"
+
+
+def ci_constraints(python: str = MINE) -> str:
+    """The verl CI venv's constraints: the lock's versions for this Python (the GPU users' stack), then
+    constraints.txt's pins of what the lock does not hold (the test tools); ``CI_OWN`` left unpinned."""
+    pins = {n: v for n, v in read_lock(python).items() if n not in CI_OWN}
+    lines = [line for line in CONSTRAINTS.read_text().splitlines() if line.split("#")[0].strip()]
+    rest = [line for line in lines if canonicalize_name(Requirement(line.split("#")[0]).name) not in pins]
+    return "\n".join([f"{n}=={v}" for n, v in sorted(pins.items())] + rest) + "\n"
+
+
 def _sdist_wheels(folder: Path) -> None:
     """Build the wheels of ``SDIST_ONLY`` into `folder`; each must be pure Python (py3-none-any)."""
     for name, version in SDIST_ONLY.items():
@@ -141,7 +206,7 @@ def _interpreter(version: str, tmp: Path) -> tuple[list[str], dict[str, str], st
     return [sys.executable, "-m", "pip"], env, how
 
 
-def resolve(version: str, installs: list[list[str]], wheels: Path, tmp: Path) -> dict:
+def resolve(version: str, installs: list[list[str]], wheels: Path, tmp: Path, lock: Path | None = LOCK) -> dict:
     """Resolve every command for one target Python: {"python", "how", "seconds", "ok", "versions", "error"}."""
     prefix, env, how = _interpreter(version, tmp)
     flags = ["install", "--dry-run", "--ignore-installed", "--quiet", "--only-binary=:all:", "--find-links"]
@@ -163,6 +228,9 @@ def resolve(version: str, installs: list[list[str]], wheels: Path, tmp: Path) ->
         row["error"] = _check_report(json.loads(report.read_text()), wheels, row["versions"])
         if row["error"]:
             break
+    loose = unpinned(row["versions"], read_lock(version, lock)) if lock and row["error"] is None else []
+    if loose:
+        row["error"] = f"not pinned by {lock.name} (python -m cluster.gpu_install --write-lock): {', '.join(loose)}"
     row["seconds"], row["ok"] = round(time.perf_counter() - t, 1), row["error"] is None
     return row
 
@@ -170,7 +238,7 @@ def resolve(version: str, installs: list[list[str]], wheels: Path, tmp: Path) ->
 def _check_report(report: dict, wheels: Path, versions: dict[str, str]) -> str | None:
     local = wheels.resolve().as_uri()
     for item in report["install"]:
-        name, url = item["metadata"]["name"].lower().replace("_", "-"), item["download_info"]["url"]
+        name, url = canonicalize_name(item["metadata"]["name"]), item["download_info"]["url"]
         versions[name] = item["metadata"]["version"]
         if name in NEVER:
             return f"{name} {versions[name]} is in the install (docs/verl-plugin.md, 'Installing on GPUs')"
@@ -184,6 +252,25 @@ def _check_report(report: dict, wheels: Path, versions: dict[str, str]) -> str |
 def available_pythons() -> list[str]:
     """This interpreter's version and those of ``PYTHONS`` with a working ``python3.X`` on PATH."""
     return [v for v in PYTHONS if v == MINE or _python(v)] or [MINE]
+
+
+def write_lock(script: Path = SCRIPT, lock: Path = LOCK) -> int:
+    """Resolve the install afresh (without the lock) for every target Python and write the lock."""
+    installs = [without_lock(args) for args in pip_installs(readme_lines(script))]
+    with tempfile.TemporaryDirectory(prefix="emapg-gpu-lock-") as d:
+        tmp = Path(d)
+        (tmp / "wheels").mkdir()
+        _sdist_wheels(tmp / "wheels")
+        rows = [resolve(v, installs, tmp / "wheels", tmp, lock=None) for v in PYTHONS]
+    for r in rows:
+        print(f"  {r['how']}: {len(r['versions'])} packages ({r['seconds']} s)")
+        if r["error"]:
+            print("    " + r["error"].replace("\n", "\n    "))
+    if any(r["error"] for r in rows):
+        return 1
+    lock.write_text(lock_text({r["python"]: r["versions"] for r in rows}))
+    print(f"wrote {lock}")
+    return 0
 
 
 def check(pythons: list[str] | None = None, script: Path = SCRIPT) -> int:
@@ -234,8 +321,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=PYTHONS,
         help="a target Python (repeatable); default: the available ones (this one and python3.X on PATH)",
     )
+    p.add_argument("--write-lock", action="store_true", help=f"resolve afresh and rewrite {LOCK.name}")
+    p.add_argument("--ci-constraints", action="store_true", help="print the verl CI venv's constraints")
     args = p.parse_args(argv)
-    return check(args.python, args.script)
+    if args.ci_constraints:
+        print(ci_constraints(), end="")
+        return 0
+    return write_lock(args.script) if args.write_lock else check(args.python, args.script)
 
 
 if __name__ == "__main__":

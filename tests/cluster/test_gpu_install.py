@@ -140,3 +140,31 @@ def test_every_container_route_installs_the_scripts_pip_line(path):
     (script_line,) = G.pip_installs(G.readme_lines())
     found = _pip_lines_of(ROOT / path)
     assert found and all(argv == script_line for argv in found), (path, found)
+
+
+def test_the_lock_round_trips_per_python(tmp_path):
+    resolved = {"3.10": {"a": "1", "b": "2", "t": "1"}, "3.11": {"a": "1", "b": "3"}}
+    lock = tmp_path / "lock.txt"
+    lock.write_text(G.lock_text(resolved))
+    assert 'b==2 ; python_version == "3.10"' in lock.read_text().splitlines()
+    assert G.read_lock("3.10", lock) == resolved["3.10"] and G.read_lock("3.11", lock) == resolved["3.11"]
+    assert G.unpinned({"a": "1", "b": "3", "c": "0.1"}, G.read_lock("3.10", lock)) == ["b 3", "c 0.1"]
+
+
+def test_the_install_and_the_verl_ci_venv_take_the_lock():
+    """The script, every container route (above) and the verl CI venv install the lock's versions: CI's
+    `make test-verl` and rehearsals run on the torch and transformers GPU users get."""
+    (script_line,) = G.pip_installs(G.readme_lines())
+    assert script_line[-2:] == ["-c", "cluster/gpu-lock.txt"] and G.without_lock(script_line) == script_line[:-2]
+    for python in G.PYTHONS:
+        pins = G.read_lock(python)
+        assert pins["torch"] == "2.11.0" and pins["verl"] == "0.9.1" and "flash-attn" not in pins
+    ci = {G.canonicalize_name(G.Requirement(x).name): x for x in G.ci_constraints("3.11").splitlines()}
+    lock = G.read_lock("3.11")
+    assert ci["torch"] == "torch==2.11.0" and ci["transformers"] == f"transformers=={lock['transformers']}"
+    assert "tabulate" in lock and "tabulate" not in ci  # CI_OWN: reasoning-gym's own pin decides
+    assert "pytest-timeout" in ci and len(ci) == len(G.ci_constraints("3.11").splitlines())  # each name once
+    make = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^\$\(VERL_STAMP\):.*\n((?:\t.*\n)+)", make, re.M).group(1)
+    assert "-m cluster.gpu_install --ci-constraints > $(VERL_VENV)/constraints.txt" in recipe
+    assert '-c $(VERL_VENV)/constraints.txt -e ".[dev,verl]"' in recipe
