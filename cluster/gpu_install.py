@@ -240,34 +240,17 @@ def available_pythons() -> list[str]:
     return [v for v in PYTHONS if v == MINE or _python(v)] or [MINE]
 
 
-def write_lock(script: Path = SCRIPT, lock: Path = LOCK) -> int:
-    """Resolve the install afresh (without the lock) for every target Python and write the lock."""
-    installs = [without_lock(args) for args in pip_installs(readme_lines(script))]
-    with tempfile.TemporaryDirectory(prefix="emapg-gpu-lock-") as d:
-        tmp = Path(d)
-        (tmp / "wheels").mkdir()
-        _sdist_wheels(tmp / "wheels")
-        rows = [resolve(v, installs, tmp / "wheels", tmp, lock=None) for v in PYTHONS]
-    for r in rows:
-        print(f"  {r['how']}: {len(r['versions'])} packages ({r['seconds']} s)")
-        if r["error"]:
-            print("    " + r["error"].replace("\n", "\n    "))
-    if any(r["error"] for r in rows):
-        return 1
-    lock.write_text(lock_text({r["python"]: r["versions"] for r in rows}))
-    print(f"wrote {lock}")
-    return 0
-
-
-def check(pythons: list[str] | None = None, script: Path = SCRIPT) -> int:
+def check(pythons: list[str] | None = None, script: Path = SCRIPT, write_lock: bool = False) -> int:
+    """Resolve the script's install for each target Python; with `write_lock`, for every one of ``PYTHONS``
+    without the lock, and write the lock from what resolved."""
     if sys.platform != "linux" or platform.machine() != "x86_64":  # pip evaluates markers for this host
         print(
             f"check-gpu-install runs on Linux x86_64 (pip reads environment markers from the host); not on "
             f"{sys.platform} {platform.machine()}"
         )
         return 2
-    pythons = pythons or available_pythons()
-    installs = pip_installs(readme_lines(script))
+    pythons = list(PYTHONS) if write_lock else pythons or available_pythons()
+    installs = [without_lock(a) if write_lock else a for a in pip_installs(readme_lines(script))]
     if not installs:
         print(f"no `pip install` line between the markers of {script}")
         return 1
@@ -285,7 +268,8 @@ def check(pythons: list[str] | None = None, script: Path = SCRIPT) -> int:
             print(f"building {', '.join(SDIST_ONLY)} failed (exit {e.returncode}):\n{(e.stderr or '')[-2000:]}")
             return 1
         print(f"  pure-Python wheels built from sdists: {', '.join(sorted(p.name for p in wheels.glob('*.whl')))}")
-        rows = [resolve(v, installs, wheels, tmp) for v in pythons]  # one at a time: pip's cache helps the next
+        lock = None if write_lock else LOCK
+        rows = [resolve(v, installs, wheels, tmp, lock) for v in pythons]  # one at a time: pip's cache helps the next
     for r in rows:
         head = ", ".join(f"{n} {r['versions'][n]}" for n in HEADLINE if n in r["versions"])
         status = f"{len(r['versions'])} packages: {head}" if r["ok"] else "FAILED"
@@ -295,6 +279,9 @@ def check(pythons: list[str] | None = None, script: Path = SCRIPT) -> int:
     bad = [r["python"] for r in rows if not r["ok"]]
     took = time.perf_counter() - t0
     print(f"check-gpu-install: {'FAILED for Python ' + ', '.join(bad) if bad else 'resolves'} ({took:.0f} s)")
+    if write_lock and not bad:
+        LOCK.write_text(lock_text({r["python"]: r["versions"] for r in rows}))
+        print(f"wrote {LOCK}")
     return 1 if bad else 0
 
 
@@ -309,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--write-lock", action="store_true", help=f"resolve afresh and rewrite {LOCK.name}")
     args = p.parse_args(argv)
-    return write_lock(args.script) if args.write_lock else check(args.python, args.script)
+    return check(args.python, args.script, args.write_lock)
 
 
 if __name__ == "__main__":
