@@ -41,7 +41,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from experiments import build
-from experiments.backends.verl import VERL_VERSION
+from experiments.backends.verl import VERL_VERSION, attention
 from experiments.backends.verl.launch import checkpoint_root, to_verl
 from experiments.errors import UserError, classify, is_ray_auth_error, ray_auth_line
 from experiments.run import agent_loops_path, resolve_run_dir
@@ -103,6 +103,7 @@ class Demand:
     rollout: str | None = None  # verl's rollout engine (vllm | sglang | hf); None on the local backend
     gpu_memory_utilization: float | None = None
     attn: str | None = None  # verl's attn_implementation
+    attn_why: str = ""  # what chose it
     model: str | None = None  # model.path: a directory, or (verl) an HF id; None = the tiny model, built here
     files: tuple[tuple[str, str], ...] = ()  # (setting, path) of the data and config files the workers read
     checkpoints: str = ""  # the checkpoint directory, absolute
@@ -137,6 +138,8 @@ def _verl_demand(cfg) -> Demand:
     nodes, per_node = int(verl["trainer.nnodes"]), int(verl["trainer.n_gpus_per_node"])
     vs = run["backend"]["verl"]
     keys = ("train_files", "val_files", "tool_config_path", "agent_loop_config_path")
+    attn = str(verl.get("actor_rollout_ref.model.override_config.attn_implementation", VERL_ATTN_DEFAULT))
+    chosen, why = attention.choose(vs["attn_implementation"], str(cfg.trainer.device))
     return Demand(
         "verl",
         str(cfg.trainer.device),
@@ -145,7 +148,8 @@ def _verl_demand(cfg) -> Demand:
         sizes=f"trainer.nnodes={nodes} x trainer.n_gpus_per_node={per_node}",
         rollout=str(verl.get("actor_rollout_ref.rollout.name")),
         gpu_memory_utilization=verl.get("actor_rollout_ref.rollout.gpu_memory_utilization"),
-        attn=str(verl.get("actor_rollout_ref.model.override_config.attn_implementation", VERL_ATTN_DEFAULT)),
+        attn=attn,
+        attn_why=why if attn == chosen else "set by backend.verl.overrides",
         model=run["model"]["path"],
         files=tuple((f"backend.verl.{k}", str(vs[k])) for k in keys if vs.get(k)),
         checkpoints=checkpoint_root(run),  # absolute: launch resolves ~ and a relative path as emapg train will
@@ -505,21 +509,27 @@ def check_rollout(ctx: Context) -> Result:
     return Result("PASS", f"{why}: vllm {version} (verl {VERL_VERSION}'s) imports, and its compiled extension vllm._C")
 
 
-def check_flash_attn(ctx: Context) -> Result:
-    """flash-attn imports where verl uses attn_implementation=flash_attention_2 (verl's default; the presets: sdpa).
-
-    use_remove_padding=true (always, ``to_verl``) does not need it by itself: verl 0.9.1 falls back to torch
-    versions of flash-attn's padding helpers (verl/utils/attention_utils.py)."""
+def check_attention(ctx: Context) -> Result:
+    """Which attention verl's actor and reference get, and why; flash-attn or PyTorch's varlen kernel where it needs
+    them (verl's default, flash_attention_2, needs flash-attn, which the GPU install leaves out)."""
     d = ctx.demand
     if d.backend != "verl":
         return Result("N/A", "backend=local loads the model with transformers' default attention")
-    if d.attn != VERL_ATTN_DEFAULT:
-        return Result("N/A", f"attn_implementation={d.attn} needs no flash-attn")
-    fix = (
-        "a flash-attn built for this torch and CUDA (verl's container image: docs/verl-plugin.md, 'Installing on "
-        "GPUs'), or backend.verl.attn_implementation=sdpa (the GPU presets' default)"
-    )
-    return _importable(ctx, "flash_attn", f"attn_implementation={d.attn}", fix)
+    found = f"attn_implementation={d.attn} ({d.attn_why})"
+    if d.attn == "flash_attention_2":
+        fix = (
+            "a flash-attn built for this torch and CUDA (verl's container image: docs/verl-plugin.md, 'Installing on "
+            f"GPUs'), or backend.verl.attn_implementation=null ({attention.NAME} without flash-attn)"
+        )
+        return _importable(ctx, "flash_attn", found, fix)
+    if d.attn == attention.NAME and d.device == "cuda":
+        try:
+            ctx.probes.import_module("torch.nn.attention.varlen")
+        except ImportError:
+            slow = f"{found}: torch {torch.__version__} has no varlen kernel; each sequence runs sdpa on its own (slow)"
+            return Result("WARN", slow, f"the GPU install's torch=={TORCH_VERSION} (cluster/gpu-install.sh)")
+        return Result("PASS", f"{found}: torch {torch.__version__}'s varlen kernel on packed batches")
+    return Result("N/A", f"{found}: needs no kernel of its own")
 
 
 def _importable(ctx: Context, module: str, why: str, fix: str) -> Result:
@@ -828,7 +838,7 @@ CHECKS: dict[str, Callable[[Context], Result | list[Result]]] = {
     "gpus": check_gpus,
     "verl": check_verl,
     "rollout": check_rollout,
-    "flash-attn": check_flash_attn,
+    "attention": check_attention,
     "nccl": check_nccl,
     "paths": check_paths,
     "task": check_task,

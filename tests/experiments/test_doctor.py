@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from experiments import build, errors
+from experiments.backends.verl import attention
 from experiments.cli import main as cli_main
 from experiments.ops import doctor
 from experiments.ops.doctor import Context, Demand, Gpu, Node, Probes, Result
@@ -36,8 +37,14 @@ def cfgs():
     return {
         "local": build.compose([]),
         "verl": build.compose(["experiment=math_deepscaler_ema_pg"]),
-        "verl_flash": build.compose(flash),  # the presets compose sdpa; flash-attn only when asked for
+        "verl_flash": build.compose(flash),  # the presets compose emapg_varlen here; flash-attn when asked for
     }
+
+
+@pytest.fixture(autouse=True)
+def _no_flash_attn(monkeypatch):
+    """Demands as the GPU install (no flash-attn) computes them, on any machine."""
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: False)
 
 
 def gpus(n: int, free: float = 79.0, total: float = 80.0) -> list[Gpu]:
@@ -122,7 +129,7 @@ def test_demand_of_the_local_and_verl_configs(cfgs):
     assert local.checkpoints.endswith("/checkpoints") and os.path.isabs(local.checkpoints)
     assert doctor.demand(build.compose(["trainer.device=cuda:1"])).gpus_per_node == 2  # cuda:1 needs two devices
     v = doctor.demand(cfgs["verl"])
-    assert (v.gpus_per_node, v.nodes, v.rollout, v.attn) == (8, 1, "vllm", "sdpa")
+    assert (v.gpus_per_node, v.nodes, v.rollout, v.attn) == (8, 1, "vllm", "emapg_varlen")
     assert doctor.demand(cfgs["verl_flash"]).attn == "flash_attention_2"
     assert v.sizes == "trainer.nnodes=1 x trainer.n_gpus_per_node=8"  # verl's actor/rollout/ref worker pool
     assert v.gpu_memory_utilization == 0.85 and v.model == "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
@@ -154,7 +161,11 @@ def test_raw_verl_overrides_win(cfgs):
         ]
     )
     assert doctor.demand(cfg).attn == "sdpa"
-    assert doctor.check_flash_attn(ctx(cfg)).status == "N/A"
+    line = doctor.check_attention(ctx(cfg))
+    assert (line.status, line.found) == (
+        "N/A",
+        "attn_implementation=sdpa (set by backend.verl.overrides): needs no kernel of its own",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -295,22 +306,35 @@ def test_gpus_of_the_local_backend():
 
 
 # ---------------------------------------------------------------------------------------------- imports
-def test_verl_rollout_engine_and_flash_attn_imports(cfgs):
+def test_verl_rollout_engine_and_attention_imports(cfgs):
     good = {"verl": "0.9.1", "vllm": "0.24.0", "flash_attn": "2.8.3"}
     c = ctx(cfgs["verl_flash"], modules=good)
-    assert [f(c).status for f in (doctor.check_verl, doctor.check_rollout, doctor.check_flash_attn)] == ["PASS"] * 3
-    sdpa = doctor.check_flash_attn(ctx(cfgs["verl"]))  # the presets' attention: no flash-attn needed
-    assert sdpa.status == "N/A" and "attn_implementation=sdpa" in sdpa.found
+    assert [f(c).status for f in (doctor.check_verl, doctor.check_rollout, doctor.check_attention)] == ["PASS"] * 3
     c = ctx(cfgs["verl_flash"], modules={"verl": "0.8.0", "vllm": ImportError("undefined symbol: _ZN3c10")})
-    verl, vllm, flash = doctor.check_verl(c), doctor.check_rollout(c), doctor.check_flash_attn(c)
+    verl, vllm, flash = doctor.check_verl(c), doctor.check_rollout(c), doctor.check_attention(c)
     assert verl.status == "FAIL" and "verl 0.8.0" in verl.found and "verl==0.9.1" in verl.fix
     assert vllm.status == "FAIL" and "undefined symbol" in vllm.found and "vllm" in vllm.fix
-    assert flash.status == "FAIL" and "flash_attention_2" in flash.found and "flash-attn" in flash.fix
+    assert flash.status == "FAIL" and "flash_attention_2 (set by" in flash.found and "flash-attn" in flash.fix
     assert doctor.check_verl(ctx(cfgs["verl"])).status == "FAIL"  # not installed
     local = ctx(cfgs["local"])
-    assert {f(local).status for f in (doctor.check_verl, doctor.check_rollout, doctor.check_flash_attn)} == {"N/A"}
+    assert {f(local).status for f in (doctor.check_verl, doctor.check_rollout, doctor.check_attention)} == {"N/A"}
     cpu = build.compose(["experiment=math_deepscaler_ema_pg", "trainer.device=cpu", "backend.verl.rollout_engine=hf"])
-    assert doctor.check_rollout(ctx(cpu)).status == "N/A" and doctor.check_flash_attn(ctx(cpu)).status == "N/A"
+    eager = doctor.check_attention(ctx(cpu))
+    assert doctor.check_rollout(ctx(cpu)).status == "N/A" and eager.status == "N/A"
+    assert (
+        eager.found
+        == "attn_implementation=eager (backend.verl.attn_implementation=null on CPU): needs no kernel of its own"
+    )
+
+
+def test_the_attention_a_gpu_preset_gets_without_flash_attn(cfgs):
+    """The presets (attn_implementation null) on the GPU install: PyTorch's varlen kernel, or a WARN (correct but
+    slow) on a torch without it."""
+    why = "attn_implementation=emapg_varlen (backend.verl.attn_implementation=null on CUDA without flash-attn)"
+    ok = doctor.check_attention(ctx(cfgs["verl"], modules={"torch.nn.attention.varlen": "x"}))
+    assert ok.status == "PASS" and ok.found.startswith(why) and "varlen kernel on packed batches" in ok.found
+    old = doctor.check_attention(ctx(cfgs["verl"]))
+    assert old.status == "WARN" and "has no varlen kernel" in old.found and "torch==2.11.0" in old.fix
 
 
 def test_vllm_at_verl_s_version_with_its_compiled_extension(cfgs):

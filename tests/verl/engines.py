@@ -77,15 +77,18 @@ def training_worker(
     return w
 
 
-def batch(seed: int = 0, vocab: int = 100, temperature: float = 1.0, drop: tuple[int, ...] = ()):
-    """(TensorDict in verl's no-padding layout, dict of the padded tensors) for 4 sequences; the
-    rows in `drop` get an all-zero response_mask (a response left out of the update)."""
+LENGTHS = ((6, 7), (3, 4), (4, 1), (2, 5))  # (prompt, response) tokens of the test batch's sequences
+
+
+def batch(seed: int = 0, vocab: int = 100, temperature: float = 1.0, drop: tuple[int, ...] = (), lengths=LENGTHS):
+    """(TensorDict in verl's no-padding layout, dict of the padded tensors) for `lengths` sequences (at most (P, R)
+    tokens each); the rows in `drop` get an all-zero response_mask (a response left out of the update)."""
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
 
     g = torch.Generator().manual_seed(seed)
-    plens, rlens = [6, 3, 4, 2], [7, 4, 1, 5]
+    plens, rlens = zip(*lengths)
     B = len(plens)
     prompts, responses = torch.zeros(B, P, dtype=torch.long), torch.zeros(B, R, dtype=torch.long)
     am = torch.zeros(B, P + R, dtype=torch.long)

@@ -7,28 +7,53 @@ block-diagonal causal mask from those position ids instead, so that each sequenc
 engine's log-probs then equal a plain forward of each sequence alone, for both of verl's layouts; with
 transformers' detection of the packed sequences switched off (the control), they do not: the test sees a
 leak across sequences. What it costs on a GPU: docs/benchmarks.md, "sdpa for packed batches on a GPU".
+
+The plugin's own attention for GPUs without flash-attn (``emapg_varlen``: PyTorch's varlen kernel on CUDA, causal
+sdpa per sequence on the CPU) reads the sequences from the position ids alone; its log-probs and gradients through
+verl's engine equal each sequence's plain forward, for several mixes of lengths.
 """
 
 import engines
 import pytest
 import torch
 
+from experiments.backends.verl import attention
+
 pytestmark = pytest.mark.verl
 
 
-def _log_probs(tiny_path, attn: str, remove_padding: bool = True):
+MIXES = {  # (prompt, response) tokens of each sequence of a micro-batch
+    "four": engines.LENGTHS,
+    "one sequence": ((6, 7),),
+    "shortest": ((1, 1), (6, 7), (1, 2)),  # a two-token sequence first, at the packed row's start
+}
+
+
+def _plain(w, tiny_path):
+    """The tiny model with eager attention and the weights of verl's engine `w`."""
+    plain = engines.plain_model(tiny_path)
+    full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p) for n, p in w.engine.module.state_dict().items()}
+    plain.load_state_dict({n: p.detach() for n, p in full.items()}, strict=False)
+    return plain
+
+
+def _naive_log_probs(plain, padded) -> torch.Tensor:
+    """(B, R) log-probs of the responses, one plain forward per sequence."""
+    z = engines.naive_logits(plain, padded)
+    return torch.log_softmax(z, -1).gather(-1, padded["responses"][..., None])[..., 0]
+
+
+def _log_probs(tiny_path, attn: str, remove_padding: bool = True, lengths=engines.LENGTHS):
     """(B, R) log-probs of the test batch from verl's engine, the (B, R) plain per-sequence ones, the mask."""
     from verl.workers.utils.padding import no_padding_2_padding
 
-    w = engines.training_worker(tiny_path, forward_only=True, remove_padding=remove_padding, attn=attn)
-    td, padded = engines.batch()
+    w = engines.training_worker(
+        tiny_path, forward_only=True, remove_padding=remove_padding, micro=len(lengths), attn=attn
+    )
+    td, padded = engines.batch(lengths=lengths)
     verl_lp = no_padding_2_padding(w.infer_batch(td)["log_probs"], td)
-    plain = engines.plain_model(tiny_path).eval()
-    full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p) for n, p in w.engine.module.state_dict().items()}
-    plain.load_state_dict({n: p.detach() for n, p in full.items()}, strict=False)
     with torch.no_grad():
-        z = engines.naive_logits(plain, padded)
-    naive = torch.log_softmax(z, -1).gather(-1, padded["responses"][..., None])[..., 0]
+        naive = _naive_log_probs(_plain(w, tiny_path).eval(), padded)
     return verl_lp, naive, padded["response_mask"].bool()
 
 
@@ -43,4 +68,50 @@ def test_control_without_the_packed_sequence_mask_sequences_leak(tiny_path, monk
 
     monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
     verl_lp, naive, mask = _log_probs(tiny_path, "sdpa")
+    assert (verl_lp - naive).abs()[mask].max() > 1e-2
+
+
+@pytest.mark.parametrize("lengths", MIXES.values(), ids=MIXES)
+@pytest.mark.parametrize("remove_padding", [True, False])
+def test_varlen_log_probs_equal_each_sequence_alone(tiny_path, lengths, remove_padding):
+    attention.register()
+    verl_lp, naive, mask = _log_probs(tiny_path, attention.NAME, remove_padding, lengths)
+    torch.testing.assert_close(verl_lp[mask], naive[mask], atol=2e-5, rtol=1e-5)
+
+
+def _sum_log_probs(model_output, data, dp_group=None):
+    """A verl loss function: minus the sum of the responses' log-probs."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    return -(no_padding_2_padding(model_output["log_probs"], data) * data["response_mask"]).sum(), {}
+
+
+@pytest.mark.parametrize("lengths", MIXES.values(), ids=MIXES)
+def test_varlen_gradients_equal_each_sequence_alone(tiny_path, lengths):
+    """One backward pass through verl's engine (a packed micro-batch) against the plain model's, sequence by
+    sequence, for every parameter."""
+    attention.register()
+    from verl.utils import tensordict_utils as tu
+
+    w = engines.training_worker(tiny_path, forward_only=False, micro=len(lengths), attn=attention.NAME)
+    plain = _plain(w, tiny_path)
+    td, padded = engines.batch(lengths=lengths)
+    engines.train_flags(td)
+    tu.assign_non_tensor(td, micro_batch_size_per_gpu=len(lengths))  # one packed micro-batch
+    w.engine.optimizer_zero_grad()
+    with w.engine.train_mode():
+        w.engine.forward_backward_batch(td, loss_function=_sum_log_probs, forward_only=False)
+        grads = {n: p.grad.full_tensor() for n, p in w.engine.module.named_parameters() if p.grad is not None}
+    (-(_naive_log_probs(plain, padded) * padded["response_mask"]).sum()).backward()
+    expected = {n: p.grad for n, p in plain.named_parameters() if p.grad is not None}
+    assert grads.keys() == expected.keys() and len(grads) > 10
+    for n, g in grads.items():
+        torch.testing.assert_close(g, expected[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_control_varlen_over_the_whole_row_leaks(tiny_path, monkeypatch):
+    """The control: with the packed row taken as one sequence, the varlen log-probs differ from each sequence's."""
+    attention.register()
+    monkeypatch.setattr(attention, "sequence_offsets", lambda pos: torch.tensor([0, pos.numel()], dtype=torch.int32))
+    verl_lp, naive, mask = _log_probs(tiny_path, attention.NAME)
     assert (verl_lp - naive).abs()[mask].max() > 1e-2

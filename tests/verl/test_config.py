@@ -20,6 +20,7 @@ import yaml
 from pydantic import ValidationError
 
 from ema_pg_core.overrides import hydra_value
+from experiments.backends.verl import attention
 from experiments.backends.verl.config import EmaPGSection, split_argv, topk_passes
 from experiments.backends.verl.launch import to_verl
 
@@ -195,7 +196,7 @@ def test_passes_follow_capabilities():
         ({"backend": {"verl": {"multi_turn": True, "agent_loop": "search_r1"}}}, r"needs backend\.verl\.retriever_url"),
         (
             {"backend": {"verl": {"attn_implementation": "flash_attention_3"}}},
-            r"attn_implementation='flash_attention_3'; allowed: sdpa, flash_attention_2, eager, null",
+            r"attn_implementation='flash_attention_3'; allowed: sdpa, flash_attention_2, eager, emapg_varlen, null",
         ),
         (
             {
@@ -307,19 +308,30 @@ def test_cpu_device_compiles_to_verls_cpu_mode_and_every_run_gets_the_failure_ho
 ATTN = "+actor_rollout_ref.model.override_config.attn_implementation"
 
 
+@pytest.fixture(autouse=True)
+def _no_flash_attn(monkeypatch):
+    """Compile launches as for the GPU install, which has no flash-attn, on any machine."""
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: False)
+
+
 @pytest.mark.parametrize(
-    "device,setting,composed",
+    "device,setting,flash_attn,composed",
     [
-        ("cuda", None, "sdpa"),  # verl's default, flash_attention_2, needs flash-attn: the GPU install has none
-        ("cuda", "flash_attention_2", "flash_attention_2"),  # where flash-attn is installed (verl's image)
-        ("cuda", "eager", "eager"),
-        ("cpu", None, "eager"),
-        ("cpu", "sdpa", "sdpa"),
+        ("cuda", None, False, "emapg_varlen"),  # the GPU install: PyTorch's varlen kernel on packed batches
+        ("cuda", None, True, "flash_attention_2"),  # flash-attn installed (verl's image): verl's default
+        ("cuda", "flash_attention_2", False, "flash_attention_2"),
+        ("cuda", "sdpa", True, "sdpa"),
+        ("cuda", "eager", False, "eager"),
+        ("cpu", None, True, "eager"),
+        ("cpu", "sdpa", False, "sdpa"),
+        ("cpu", "emapg_varlen", False, "emapg_varlen"),
     ],
 )
-def test_attention_is_sdpa_on_gpus_unless_set(device, setting, composed):
-    """The actor's and the reference's attention (one verl key, actor_rollout_ref.model, read by both) is sdpa on
-    GPUs unless backend.verl.attn_implementation says otherwise: docs/verl-plugin.md, "Installing on GPUs"."""
+def test_attention_on_gpus_is_flash_attn_or_varlen_unless_set(monkeypatch, device, setting, flash_attn, composed):
+    """The actor's and the reference's attention (one verl key, actor_rollout_ref.model, read by both):
+    backend.verl.attn_implementation when set, else flash-attn's kernel where it is installed, PyTorch's varlen
+    kernel (``attention.NAME``) on GPUs without it, eager on CPU: docs/verl-plugin.md, "Installing on GPUs"."""
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: flash_attn)
     run = yaml.safe_load((GOLDEN / "math_deepscaler_8k.run.yaml").read_text())
     run["trainer"]["device"] = device
     run["backend"]["verl"].update(
@@ -334,9 +346,9 @@ def test_attention_is_sdpa_on_gpus_unless_set(device, setting, composed):
 
 
 @pytest.mark.parametrize("preset", sorted(PRESET_GOLDEN))
-def test_shipped_gpu_presets_run_sdpa(preset):
+def test_shipped_gpu_presets_run_varlen_without_flash_attn(preset):
     golden, extra = PRESET_GOLDEN[preset]
-    assert _overrides(_composed_job([f"experiment={preset}", *extra]))[ATTN] == "sdpa"
+    assert _overrides(_composed_job([f"experiment={preset}", *extra]))[ATTN] == "emapg_varlen"
 
 
 @pytest.mark.verl
@@ -351,5 +363,5 @@ def test_verl_builds_the_models_with_the_composed_attention(drop_ours, tiny_path
     argv = [a for a in _job("math_deepscaler_8k").argv() if not (drop_ours and a.startswith(ATTN))]
     cfg = compose(argv + [f"actor_rollout_ref.model.path={tiny_path}"])
     model = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
-    assert model.hf_config._attn_implementation == ("flash_attention_2" if drop_ours else "sdpa")
+    assert model.hf_config._attn_implementation == ("flash_attention_2" if drop_ours else "emapg_varlen")
     assert model.use_remove_padding and not model.use_fused_kernels

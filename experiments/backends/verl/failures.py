@@ -14,6 +14,8 @@ import os
 import subprocess
 import traceback
 
+from experiments.backends.verl import attention
+
 ACTOR = "emapg_failure_log"  # the FailureLog actor, in the run's Ray namespace
 PATTERNS = ("Error in _run_prompt",)  # starts of the log messages that mean a rollout failed
 SETUP_HOOK = "experiments.backends.verl.failures.setup_worker"  # Ray's worker_process_setup_hook on GPUs
@@ -93,14 +95,15 @@ class _Forward(logging.Handler):
 
 
 def setup_worker() -> None:
-    """Ray ``worker_process_setup_hook`` of a run on GPUs: failure forwarding (idempotent), and a TransferQueue of
-    the run's own."""
+    """Ray ``worker_process_setup_hook`` of a run on GPUs: failure forwarding (idempotent), a TransferQueue of the
+    run's own, and our attention registered with transformers."""
     from experiments.backends.verl.placement import isolate_transfer_queue  # loads ray
 
     root = logging.getLogger()
     if not any(isinstance(h, _Forward) for h in root.handlers):
         root.addHandler(_Forward())
     isolate_transfer_queue()
+    attention.register()
 
 
 def first_failure(tolerated: int = 0) -> str | None:

@@ -26,6 +26,8 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 from verl.workers.rollout.utils import ensure_async_iterator
 
+from experiments.backends.verl import attention
+
 logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "hf"  # actor_rollout_ref.rollout.name
@@ -107,7 +109,7 @@ class HFGenerationServer:
         path = getattr(model_config, "local_path", None) or model_config.path
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=bool(model_config.trust_remote_code))
         attn = (dict(model_config.override_config or {})).get("attn_implementation", "sdpa")
-        attn = "sdpa" if attn == "flash_attention_2" else attn
+        attn = "sdpa" if attn in ("flash_attention_2", attention.NAME) else attn  # generation: a cache and masks
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).eval()
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model.to(self.device)

@@ -28,11 +28,11 @@ from ema_pg_core.config import (
     check_number,
 )
 from ema_pg_core.overrides import hydra_value
-from experiments.backends.verl import cpu, failures
+from experiments.backends.verl import attention, cpu, failures
 from experiments.backends.verl.config import DEVICES, TRAINER_MODE, VERL_AGG, EmaPGSection
 
 ROLLOUT_ENGINES = ("vllm", "sglang", "hf")  # verl's GPU engines, or hf_rollout.py (any device)
-ATTN_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "eager")
+ATTN_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "eager", attention.NAME)
 RUNNER_SETUP = "experiments.backends.verl.launch:apply_wandb_env"  # every launch's (a no-op without W&B settings)
 
 WANDB_ENV = {
@@ -112,9 +112,9 @@ class VerlSettings:
     optimizer_offload: bool = False
     gradient_checkpointing: bool = True
     attn_implementation: str | None = None
-    """Attention of the actor and the reference: sdpa | flash_attention_2 | eager; null = sdpa on GPUs, eager on
-    CPU (verl's default, flash_attention_2, needs flash-attn, which the GPU install leaves out: docs/verl-plugin.md,
-    "Installing on GPUs")."""
+    """Attention of the actor and the reference: sdpa | flash_attention_2 | eager | emapg_varlen; null = on GPUs
+    flash_attention_2 where flash-attn is installed, else emapg_varlen (PyTorch's varlen kernel on verl's packed
+    batches; the GPU install has no flash-attn: docs/verl-plugin.md, "Installing on GPUs"), eager on CPU."""
     multi_turn: bool = False
     """A multi-turn agent loop (search): rollout.max_turns tool calls, then one answer turn."""
     tool_config_path: str | None = None
@@ -149,7 +149,7 @@ class VerlSettings:
         if self.attn_implementation is not None and self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise ValueError(
                 f"backend.verl.attn_implementation={self.attn_implementation!r}; allowed: "
-                f"{', '.join(ATTN_IMPLEMENTATIONS)}, null (sdpa on GPUs, eager on CPU)"
+                f"{', '.join(ATTN_IMPLEMENTATIONS)}, null (flash_attention_2 or {attention.NAME} on GPUs, eager on CPU)"
             )
         if self.multi_turn and self.agent_loop == "tool_agent" and not self.tool_config_path:
             raise ValueError(
@@ -338,14 +338,15 @@ def _training_keys(opt, tr, vs: VerlSettings, ro, *, model_path: str, seed: int)
 
 def _device_keys(device: str, vs: VerlSettings) -> dict[str, Any]:
     """Every Ray worker process runs our setup hook (``failures``; on CPU ``cpu`` too). trainer.device=cpu: verl's
-    loop on the CPU platform with the hf rollout engine, one virtual GPU per rank, Ray bound to 127.0.0.1, eager
-    attention unless set and no torch.compile."""
+    loop on the CPU platform with the hf rollout engine, one virtual GPU per rank, Ray bound to 127.0.0.1 and no
+    torch.compile. The attention: ``attention.choose``."""
     hook = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
-    attn = "+actor_rollout_ref.model.override_config.attn_implementation"
+    attn = attention.choose(vs.attn_implementation, device)[0]
+    attn = {"+actor_rollout_ref.model.override_config.attn_implementation": attn}
     if device == "cuda":
         if vs.rollout_engine == "hf":
             raise ValueError("backend.verl.rollout_engine=hf runs with trainer.device=cpu (on GPUs use vllm or sglang)")
-        return {hook: failures.SETUP_HOOK, attn: vs.attn_implementation or "sdpa"}
+        return {hook: failures.SETUP_HOOK, **attn}
     if vs.attn_implementation == "flash_attention_2":
         raise ValueError(
             "backend.verl.attn_implementation=flash_attention_2 needs CUDA (flash-attn); with trainer.device=cpu "
@@ -362,7 +363,7 @@ def _device_keys(device: str, vs: VerlSettings) -> dict[str, Any]:
         hook: cpu.SETUP_HOOK,
         "+ray_kwargs.ray_init._node_ip_address": "127.0.0.1",
         "+ray_kwargs.ray_init.include_dashboard": False,
-        attn: vs.attn_implementation or "eager",
+        **attn,
         f"{A}use_torch_compile": False,
     }
 
