@@ -31,11 +31,14 @@ except ImportError:
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
+from experiments.backends.verl import attention  # noqa: E402
 
 SECTION = "sdpa for packed batches on a GPU"
 HQ, HKV, D = 28, 4, 128  # Qwen2.5-7B's attention
 CASES = [(16384, 1024), (16384, 4096), (8192, 512)]  # (N packed tokens, L tokens per sequence)
 MODEL_CASES = [(16384, 1024)]
+OURS = f"{attention.NAME} (the plugin's attention: torch varlen_attn behind transformers)"
+OURS_MODEL = f"{attention.NAME}, packed (use_remove_padding)"
 
 
 def timed_peak(fn, reps: int = 3) -> tuple[float, float]:
@@ -87,6 +90,7 @@ def _torch_varlen():
 def attention_rows() -> list[dict]:
     module = SimpleNamespace(num_key_value_groups=HQ // HKV, is_causal=True, training=True)
     varlen = _torch_varlen()
+    attention.register()
     rows = []
     for n, seq in CASES:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -95,6 +99,7 @@ def attention_rows() -> list[dict]:
         v0 = torch.randn(1, HKV, n, D, device="cuda", dtype=torch.bfloat16, generator=g)
         mask = _packed_mask(n, seq)
         cu = torch.arange(0, n + 1, seq, device="cuda", dtype=torch.int32)
+        pos = (torch.arange(n, device="cuda") % seq)[None]  # (1, N): verl's packed row
 
         def run(f, q0=q0, k0=k0, v0=v0):
             q, k, v = (t.detach().requires_grad_() for t in (q0, k0, v0))
@@ -105,6 +110,7 @@ def attention_rows() -> list[dict]:
                 module, q, k, v, m, dropout=0.0
             )[0],
             "sdpa, per sequence (is_causal, flash kernel)": lambda q, k, v, s=seq: _per_sequence(q, k, v, s),
+            OURS: lambda q, k, v, p=pos: attention.varlen_attention(module, q, k, v, None, position_ids=p)[0],
         }
         if varlen is not None:
             variants["torch varlen_attn (FlashAttention-2 in PyTorch)"] = lambda q, k, v, s=seq, c=cu, f=varlen: f(
@@ -137,6 +143,7 @@ def model_rows() -> list[dict]:
         tie_word_embeddings=True,
     )
     cfg._attn_implementation = "sdpa"
+    attention.register()
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
@@ -153,7 +160,9 @@ def model_rows() -> list[dict]:
         def batch(ids=ids, seq=seq):
             return model(input_ids=ids.view(-1, seq), use_cache=False).logits
 
-        for name, f in (("sdpa, packed (use_remove_padding)", packed), ("sdpa, (N/L, L) batch", batch)):
+        variants = [("sdpa, packed (use_remove_padding)", "sdpa", packed), ("sdpa, (N/L, L) batch", "sdpa", batch)]
+        for name, attn, f in variants + [(OURS_MODEL, attention.NAME, packed)]:
+            model.set_attn_implementation(attn)
 
             def step(f=f):
                 model.zero_grad(set_to_none=True)
@@ -162,12 +171,17 @@ def model_rows() -> list[dict]:
             ms, peak = timed_peak(step)
             rows.append({"N": n, "L": seq, "variant": name, "ms": ms, "peak_GiB": peak})
             torch.cuda.empty_cache()
-        with torch.no_grad():
-            model.eval()
-            diff = (packed().view(-1, seq, cfg.vocab_size).float() - batch().float()).abs().max().item()
-            model.train()
-        rows.append({"N": n, "L": seq, "variant": "max abs logit difference, packed vs batch", "value": diff})
-        torch.cuda.empty_cache()
+        for name, attn in (("sdpa", "sdpa"), (attention.NAME, attention.NAME)):
+            with torch.no_grad():
+                model.eval()
+                model.set_attn_implementation(attn)
+                z = packed().view(-1, seq, cfg.vocab_size).float()
+                model.set_attn_implementation("sdpa")
+                diff = (z - batch().float()).abs().max().item()
+                model.train()
+            label = f"max abs logit difference, packed ({name}) vs batch"
+            rows.append({"N": n, "L": seq, "variant": label, "value": diff})
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -182,7 +196,7 @@ def render(data: dict) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     ref = {(r["N"], r["L"]): r["ms"] for r in data["attention"] if r["variant"].startswith("sdpa, per sequence")}
-    for r in data["attention"]:
+    for r in _with_unmeasured(data["attention"], OURS, CASES):
         if "error" in r:
             lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['error']} | | |")
             continue
@@ -190,16 +204,28 @@ def render(data: dict) -> str:
         lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['ms']:.2f} | {r['peak_GiB']:.2f} | {x:.2f} |")
     lines += [
         "",
-        "| Qwen2.5-1.5B shape, bf16, gradient checkpointing, fwd + bwd | N | L | ms | peak GiB |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| Qwen2.5-1.5B shape, bf16, gradient checkpointing, fwd + bwd | N | L | ms | peak GiB | × batch |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for r in data["model"]:
+    batch = {(r["N"], r["L"]): r["ms"] for r in data["model"] if r["variant"] == "sdpa, (N/L, L) batch"}
+    for r in _with_unmeasured(data["model"], OURS_MODEL, MODEL_CASES):
         if "value" in r:
-            lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['value']:.3g} | |")
+            lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['value']:.3g} | | |")
+        elif "error" in r:
+            lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['error']} | | |")
         else:
-            lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['ms']:.0f} | {r['peak_GiB']:.2f} |")
+            x = r["ms"] / batch[(r["N"], r["L"])]
+            lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['ms']:.0f} | {r['peak_GiB']:.2f} | {x:.2f} |")
     lines += [""] + [f"- {n}" for n in data.get("notes", [])]  # added to the JSON by hand
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _with_unmeasured(rows: list[dict], variant: str, cases) -> list[dict]:
+    """`rows`, plus a "not measured on a GPU yet" row for each case where `variant` has none (measurements made
+    before it existed)."""
+    have = {(r["N"], r["L"]) for r in rows if r["variant"] == variant}
+    missing = [{"N": n, "L": seq, "variant": variant, "error": "not measured on a GPU yet"} for n, seq in cases]
+    return rows + [r for r in missing if (r["N"], r["L"]) not in have]
 
 
 def measure(save) -> dict:
