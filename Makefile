@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint check-gpu-install test-all test-verl test-gpu test-cluster rehearse-verl figures clean
+.PHONY: setup demo test lint check-gpu-install test-all test-verl test-gpu gpu-smoke test-cluster rehearse-verl figures clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,12 @@ rehearse-verl: $(VERL_STAMP)
 # holds the CPU build. Needs torch and transformers only. `make test-gpu PYTHON=/path/to/python GPU_ARGS=--allow-skip`
 test-gpu:
 	$(PYTHON) tests/run_gpu.py $(GPU_ARGS)
+
+# The first thing to run on a new GPU cluster, on one GPU of the GPU install (cluster/gpu-install.sh): test-gpu,
+# emapg doctor and emapg rehearse --device cuda (verl's loop with vLLM), then one verdict line per stage, logs in
+# outputs/gpu-smoke/ (cluster/gpu_smoke.py; docs/scaling-out.md). `make gpu-smoke PYTHON=/path/to/python`
+gpu-smoke:
+	$(PYTHON) -m cluster.gpu_smoke
 
 # The rendered SLURM job under stub srun/scontrol that start real local Ray nodes: two jobs at once, a worker
 # lost (about 80 s on 2 cores; docs/scaling-out.md).

@@ -1,20 +1,21 @@
-"""``emapg rehearse``: a GPU preset's real verl loop, run on CPU in minutes, before booking GPUs.
+"""``emapg rehearse``: a GPU preset's real verl loop, run on CPU (or one GPU) in minutes, before booking GPUs.
 
-    emapg rehearse experiment=math_deepscaler_ema_pg [overrides ...] [--steps 3] [--out DIR]
+    emapg rehearse experiment=math_deepscaler_ema_pg [overrides ...] [--steps 3] [--out DIR] [--device cuda]
     emapg rehearse sweeps/search_r1_ema_pg.yaml                      # through Ray Tune: sweeps.rehearse
 
 A rehearsal keeps every algorithm, loss, anchor, estimator, reward and agent-loop setting of the target and
 replaces only what needs a GPU or a download (``rehearsal_settings``): a tiny Qwen2 given seconds of SFT, the
 task's ``rehearsal_data`` (a retrieval task's corpus behind ``emapg retriever serve``), verl's CPU platform with
-the hf rollout engine. It kills the run once the checkpoint of step 2 is on disk, resumes it to ``steps`` and checks
-the run directory (``CHECKS``); a failure ends with ``FAILED: <what>; logs: <dir>`` (``failed_line``). No wait has
-a wall-clock limit that a loaded machine could miss while the run still progresses. What a rehearsal checks,
-proves and cannot prove: docs/scaling-out.md.
+the hf rollout engine (``--device cuda``: one GPU with vLLM, the target's offloading kept). It kills the run once
+the checkpoint of step 2 is on disk, resumes it to ``steps`` and checks the run directory (``CHECKS``); a failure
+ends with ``FAILED: <what>; logs: <dir>`` (``failed_line``). No wait has a wall-clock limit that a loaded machine
+could miss while the run still progresses. What a rehearsal checks, proves and cannot prove: docs/scaling-out.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -57,6 +58,10 @@ KILL_AFTER = 2  # the first attempt is killed once the checkpoint of this step i
 ANCHOR_PERIOD = 2  # of a rehearsal (tau < 1): updates after steps 2, 4, ...
 ROWS = {"train": 16, "test": 2}  # generated rows: training prompts, and per benchmark / test source
 PROBE_PROMPTS = 2  # trainer.probe_size of a rehearsal whose target runs the KL probe (then scored every step)
+VLLM_MEMORY = 0.2
+"""backend.verl.gpu_memory_utilization of a --device cuda rehearsal: vLLM reserves this share of the GPU at start
+(a preset's 0.85 is sized for a real model's KV cache), which leaves the rest to the colocated actor and to a killed
+attempt's processes that have not yet released their memory when the resumed attempt starts."""
 STEP_TIMEOUT_S = 7200
 """backend.verl.step_timeout_s of a rehearsal (the product's default: a step takes a minute on 2 idle cores but over
 20 beside other jobs). The watch on progress and output (``ATTEMPT_STALL_S``) catches a silent hang first; this
@@ -99,16 +104,16 @@ def _encode(tok, prompt: str, response: str) -> tuple[list[int], list[int]]:
 
 # ---------------------------------------- The rehearsal config
 def rehearsal_settings(
-    cfg, model_path: str, data: RehearsalData, steps: int, *, retriever_url: str | None = None
+    cfg, model_path: str, data: RehearsalData, steps: int, *, retriever_url: str | None = None, device: str = "cpu"
 ) -> dict[str, Any]:
-    """{dotted key: value} that make `cfg` a CPU rehearsal (see the module docstring), but for where it writes (the
-    run directory and verl's checkpoints in it: ``rehearsal_overrides``, or the sweep's trial)."""
+    """{dotted key: value} that make `cfg` a rehearsal on `device` (see the module docstring), but for where it
+    writes (the run directory and verl's checkpoints in it: ``rehearsal_overrides``, or the sweep's trial)."""
     sizes = get_task(str(cfg.task.name)).REHEARSAL
     settings = {
         "model.path": model_path,
         "logger.mode": "offline",  # W&B as the target logs it, offline (into the run directory; WANDB_MODE too)
-        "trainer.device": "cpu",
-        "backend.verl.rollout_engine": "hf",
+        "trainer.device": device,
+        "backend.verl.rollout_engine": "hf" if device == "cpu" else "vllm",  # hf_rollout.py runs on CPU only
         "backend.verl.nnodes": 1,
         "backend.verl.n_gpus_per_node": 1,
         "backend.verl.train_files": data.files["train"],
@@ -129,6 +134,9 @@ def rehearsal_settings(
         "rollout.group_size": 2,
         "rollout.max_new_tokens": sizes.turn_tokens,
     }
+    if device == "cuda":  # one GPU: offloading stays as the target has it (a GPU feature), vLLM on one rank
+        del settings["backend.verl.param_offload"], settings["backend.verl.optimizer_offload"]
+        settings.update({"backend.verl.tensor_parallel_size": 1, "backend.verl.gpu_memory_utilization": VLLM_MEMORY})
     if float(cfg.algo.anchor.tau) < 1.0:
         settings["algo.anchor.period"] = ANCHOR_PERIOD
     if cfg.trainer.probe_every != 0:  # the target's probe (null: the default cadence), every step
@@ -151,11 +159,18 @@ def rehearsal_settings(
 
 
 def rehearsal_overrides(
-    cfg, model_path: str, data: RehearsalData, run_dir: Path, steps: int, *, retriever_url: str | None = None
+    cfg,
+    model_path: str,
+    data: RehearsalData,
+    run_dir: Path,
+    steps: int,
+    *,
+    retriever_url: str | None = None,
+    device: str = "cpu",
 ) -> list[str]:
-    """Hydra overrides (appended to the target's) that make `cfg` a CPU rehearsal writing to `run_dir`."""
+    """Hydra overrides (appended to the target's) that make `cfg` a rehearsal on `device` writing to `run_dir`."""
     settings = {"run_dir": str(run_dir), "backend.verl.checkpoint_dir": str(run_dir / "checkpoints")}
-    settings.update(rehearsal_settings(cfg, model_path, data, steps, retriever_url=retriever_url))
+    settings.update(rehearsal_settings(cfg, model_path, data, steps, retriever_url=retriever_url, device=device))
     return [f"{key}={hydra_value(value)}" for key, value in settings.items()]
 
 
@@ -512,23 +527,32 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float 
     raise RuntimeError(f"the rehearsal's retriever did not answer at {url} within {timeout_s:.0f} s (log: {log})")
 
 
-def rehearse_config(name: str, target: list[str], out: Path, shared: Shared, steps: int) -> Result:
-    """Rehearse one configuration (`target`: Hydra overrides naming a verl preset); see the module docstring."""
-    t0 = time.time()
+def rehearsal_target(target: list[str], run_dir: Path, shared: Shared, steps: int, *, device: str = "cpu") -> list[str]:
+    """`target` (Hydra overrides naming a verl preset) and its rehearsal's overrides on `device` writing to `run_dir`:
+    what `emapg train` is given (``rehearse_config``; ``cluster.gpu_smoke`` gives it to `emapg doctor`). The task's
+    data, the tiny model and (a retrieval task) the retriever are made in `shared` first."""
     cfg = build.compose(target)
     if cfg.backend.name != "verl":
         raise ValueError(
-            f"emapg rehearse takes a verl preset or sweep (backend=verl); {name} has "
+            f"emapg rehearse takes a verl preset or sweep (backend=verl); {run_name(target)} has "
             f"backend={cfg.backend.name} (run it directly: `emapg train {' '.join(target)} smoke=true`)"
         )
     task = str(cfg.task.name)
     data = shared.data(task)
     url = shared.retriever(data.corpus) if cfg.backend.verl.multi_turn and data.corpus else None
+    return target + rehearsal_overrides(cfg, shared.model(task), data, run_dir, steps, retriever_url=url, device=device)
+
+
+def rehearse_config(
+    name: str, target: list[str], out: Path, shared: Shared, steps: int, *, device: str = "cpu"
+) -> Result:
+    """Rehearse one configuration (`target`: Hydra overrides naming a verl preset); see the module docstring."""
+    t0 = time.time()
     run_dir = out / name
+    overrides = rehearsal_target(target, run_dir, shared, steps, device=device)
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    overrides = target + rehearsal_overrides(cfg, shared.model(task), data, run_dir, steps, retriever_url=url)
     (run_dir.parent / f"{name}.command.txt").write_text(shlex.join(["emapg", "train", *overrides]) + "\n")
     kill_after = min(KILL_AFTER, steps - 1)
     print(f"{name}: attempt 1, killed after the checkpoint of step {kill_after} ...")
@@ -575,8 +599,8 @@ def run_name(argv: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="emapg rehearse",
-        description="Run a GPU preset's (or a verl sweep's) real "
-        "verl loop on CPU in minutes: kill after step 2, resume, check. See docs/scaling-out.md.",
+        description="Run a GPU preset's (or a verl sweep's) real verl loop on CPU (--device cuda: one GPU, vLLM) "
+        "in minutes: kill after step 2, resume, check. See docs/scaling-out.md.",
         epilog="Example: emapg rehearse experiment=math_deepscaler_ema_pg algo.kl.type=topk_reverse",
     )
     p.add_argument(
@@ -586,15 +610,19 @@ def main(argv: list[str] | None = None) -> int:
         "--steps", type=int, default=3, help="training steps (>= 3; the first attempt is killed after step 2)"
     )
     p.add_argument("--out", default="outputs/rehearsals", help="where the run directories and logs go")
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cpu: verl's CPU mode, hf engine; cuda: one GPU, vLLM"
+    )
     args = p.parse_args(argv)
     if args.steps < 3:
         raise ValueError(f"--steps={args.steps}: a rehearsal needs at least 3 steps (kill after 2, resume to the end)")
-
+    if args.device == "cuda":
+        require_cuda(args.target)
     require_verl()
     name, out = run_name(args.target), Path(args.out)
     shared = Shared(out / "_shared")
     try:
-        result = rehearse_config(name, args.target, out, shared, args.steps)
+        result = rehearse_config(name, args.target, out, shared, args.steps, device=args.device)
     finally:
         shared.close()
     print(f"{name} ({result.seconds:.0f} s): {'passed' if result.ok else 'FAILED'}")
@@ -606,6 +634,32 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{name}.failure.txt").write_text("\n".join(c.line() for c in bad) + "\n")  # beside its attempts' logs
     print(failed_line(f"{name}: {bad[0].name}: {bad[0].detail}", out))
     return 1
+
+
+def no_cuda() -> str | None:
+    """Why torch sees no CUDA device here, in words; None when it sees one."""
+    if torch.cuda.is_available():
+        return None
+    kind = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    return f"torch {torch.__version__} ({kind}) sees none"
+
+
+def require_cuda(target: list[str]) -> None:
+    """ValueError, before any work, unless a --device cuda rehearsal of `target` can start here: a CUDA device, and
+    vLLM (the CPU rehearsal's hf engine runs on CPU only)."""
+    if why := no_cuda():
+        raise ValueError(
+            f"--device cuda needs a CUDA device: {why}; on CPU: `emapg rehearse {shlex.join(target)}` "
+            "(--device cpu, the default)"
+        )
+    try:
+        importlib.import_module("vllm")
+    except Exception as e:  # noqa: BLE001  not installed, or broken (a CUDA library it cannot load, ...)
+        raise ValueError(
+            "--device cuda rolls out with vLLM (backend.verl.rollout_engine=vllm), which does not import here: "
+            f"{(str(e) or type(e).__name__).splitlines()[0]}; install verl's vLLM stack: cluster/gpu-install.sh "
+            "(docs/scaling-out.md)"
+        ) from None
 
 
 def failed_line(what: str, logs: Path) -> str:

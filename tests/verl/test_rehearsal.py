@@ -82,3 +82,31 @@ def test_a_target_is_one_configuration_with_a_run_dir_safe_name():
         run_name(["sweeps/search_r1_ema_pg.yaml"])  # the CLI sends a spec to sweeps.rehearse
     name = run_name(["experiment=math_deepscaler_ema_pg", "algo.kl.type=topk_reverse"])
     assert name == "math_deepscaler_ema_pg__type-topk_reverse"
+
+
+def test_the_cuda_rehearsal_config_is_one_gpu_with_vllm_to_verl(tmp_path, monkeypatch):
+    """`emapg rehearse --device cuda`'s config, compiled as `emapg train` compiles it, composes against verl 0.9.1's
+    ppo_trainer and passes its checks; verl's rollout config is vLLM on one GPU with the rehearsal's memory share."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    from experiments import build
+    from experiments.backends.verl.launch import to_verl
+    from experiments.backends.verl.main import compose
+    from experiments.ops import rehearse
+
+    tiny = rehearse.build_model  # verl reads the tiny model's HF config only: no SFT needed
+    monkeypatch.setattr(rehearse, "build_model", lambda out, sft: tiny(out, sft, steps=0))
+    shared = rehearse.Shared(tmp_path / "_shared")
+    overrides = rehearse.rehearsal_target(
+        ["experiment=math_deepscaler_ema_pg"], tmp_path / "run", shared, 3, device="cuda"
+    )
+    job = to_verl(OmegaConf.to_container(build.compose(overrides), resolve=True))
+    cfg = compose(job.argv())
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    memory = rehearse.VLLM_MEMORY
+    assert (rollout.name, rollout.tensor_model_parallel_size, rollout.gpu_memory_utilization) == ("vllm", 1, memory)
+    assert (cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes, job.emapg["device"]) == (1, 1, "cuda")
+    assert cfg.trainer.device == "cuda" and cfg.actor_rollout_ref.actor.fsdp_config.param_offload  # the preset's
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
