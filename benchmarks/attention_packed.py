@@ -13,7 +13,6 @@ flash kernel) and the varlen kernels present; a Qwen2.5-1.5B-shaped model packed
 
 from __future__ import annotations
 
-import inspect
 import statistics
 import sys
 import time
@@ -69,27 +68,8 @@ def _per_sequence(q, k, v, seq: int) -> torch.Tensor:
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
-def _torch_varlen():
-    """PyTorch's varlen attention as f(q, k, v, cu_seqlens, max_len) (causal, GQA), or None where absent."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    params = inspect.signature(varlen_attn).parameters
-    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
-    gqa = {"enable_gqa": True} if "enable_gqa" in params else None
-
-    def f(q, k, v, cu, max_len):
-        if gqa is None:
-            k, v = (t.repeat_interleave(HQ // HKV, 1) for t in (k, v))
-        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **causal, **(gqa or {}))
-
-    return f
-
-
 def attention_rows() -> list[dict]:
     module = SimpleNamespace(num_key_value_groups=HQ // HKV, is_causal=True, training=True)
-    varlen = _torch_varlen()
     attention.register()
     rows = []
     for n, seq in CASES:
@@ -112,9 +92,9 @@ def attention_rows() -> list[dict]:
             "sdpa, per sequence (is_causal, flash kernel)": lambda q, k, v, s=seq: _per_sequence(q, k, v, s),
             OURS: lambda q, k, v, p=pos: attention.varlen_attention(module, q, k, v, None, position_ids=p)[0],
         }
-        if varlen is not None:
-            variants["torch varlen_attn (FlashAttention-2 in PyTorch)"] = lambda q, k, v, s=seq, c=cu, f=varlen: f(
-                *(t[0].transpose(0, 1) for t in (q, k, v)), c, s
+        if attention.varlen_attn is not None:
+            variants["torch varlen_attn (FlashAttention-2 in PyTorch)"] = lambda q, k, v, c=cu: attention.varlen_kernel(
+                *(t[0].transpose(0, 1) for t in (q, k, v)), c
             )
         if flash_attn is not None:
             variants["flash-attn flash_attn_varlen_func"] = lambda q, k, v, s=seq, c=cu: (

@@ -62,7 +62,7 @@ def sequence_offsets(position_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([idx, idx.new_tensor([position_ids.numel()])]).to(torch.int32)
 
 
-def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+def varlen_attention(module, query, key, value, attention_mask, *, dropout=0.0, scaling=None, **kwargs):
     """transformers' attention signature: query (B, Hq, T, D), key and value (B, Hkv, T, D) -> ((B, T, Hq, D), None).
     ``attention_mask`` is None for a custom attention; the sequences come from ``kwargs["position_ids"]``."""
     b, hq, t, d = query.shape
@@ -77,13 +77,13 @@ def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     offsets = sequence_offsets(pos)
     q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (query, key, value))  # (B*T, H, D)
     if varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        out = _varlen(q, k, v, offsets, scaling)
+        out = varlen_kernel(q, k, v, offsets, scaling)
     else:
         out = _per_sequence(q, k, v, offsets, scaling)
     return out.view(b, t, hq, d), None
 
 
-def _varlen(q, k, v, offsets, scale) -> torch.Tensor:
+def varlen_kernel(q, k, v, offsets, scale=None) -> torch.Tensor:
     """(N, Hq, D), (N, Hkv, D) x 2 -> (N, Hq, D): PyTorch's FlashAttention-2, causal within each sequence."""
     longest = int((offsets[1:] - offsets[:-1]).max())
     if not GQA and k.shape[1] != q.shape[1]:
