@@ -31,7 +31,7 @@ def stages(out: Path) -> list[tuple[str, str, list[str]]]:
     """(log name, what runs, its command) of each stage. The doctor checks what the rehearsal will run: the same
     overrides, and the tiny model and data in the `_shared` folder the rehearsal then reuses."""
     rehearsals = out / "rehearsals"
-    shared = Shared(rehearsals / "_shared")
+    shared = Shared(rehearsals / "_shared", "cuda")
     try:
         config = rehearsal_target(TARGET, rehearsals / run_name(TARGET), shared, STEPS, device="cuda")
     finally:

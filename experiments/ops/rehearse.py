@@ -69,15 +69,17 @@ stops a run that prints but never steps."""
 
 
 # ---------------------------------------- The tiny model
-def build_model(out_dir: Path, sft_texts: list[tuple[str, str]], steps: int = 300, seed: int = 0) -> str:
-    """A tiny Qwen2 + char-level tokenizer with ``CHAT_TEMPLATE``, given `steps` of SFT on (prompt, response)
-    pairs (loss on the response and EOS only); saved with ``save_pretrained``. Returns the directory."""
+def build_model(
+    out_dir: Path, sft_texts: list[tuple[str, str]], steps: int = 300, seed: int = 0, heads: int = 4
+) -> str:
+    """A tiny Qwen2 (hidden size 64) + char-level tokenizer with ``CHAT_TEMPLATE``, given `steps` of SFT on (prompt,
+    response) pairs (loss on the response and EOS only); saved with ``save_pretrained``. Returns the directory."""
     if (out_dir / "config.json").is_file():
         return str(out_dir)
     torch.manual_seed(seed)
     tok = build_tokenizer()
     tok.chat_template = CHAT_TEMPLATE
-    model = tiny_model(tok, hidden=64, layers=2, heads=4, seed=seed)
+    model = tiny_model(tok, hidden=64, layers=2, heads=heads, seed=seed)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     pairs = [_encode(tok, p, r) for p, r in sft_texts]
     g = torch.Generator().manual_seed(seed)
@@ -456,8 +458,8 @@ class Result:
 class Shared:
     """Per task, what every configuration of a rehearsal reuses: the data, the tiny model, the retriever."""
 
-    def __init__(self, root: Path):
-        self.root = root
+    def __init__(self, root: Path, device: str = "cpu"):
+        self.root, self.device = root, device
         self._data: dict[str, RehearsalData] = {}
         self._retriever: subprocess.Popen | None = None
         self.retriever_url: str | None = None
@@ -474,7 +476,10 @@ class Shared:
         return self._data[task]
 
     def model(self, task: str) -> str:
-        return build_model(self.root / task / "model", self.data(task).sft)
+        if self.device == "cpu":
+            return build_model(self.root / task / "model", self.data(task).sft)
+        # one head of 64: head sizes below 32 are not among every vLLM attention backend's
+        return build_model(self.root / task / f"model-{self.device}", self.data(task).sft, heads=1)
 
     def retriever(self, corpus: str) -> str:
         """`emapg retriever serve --corpus` on 127.0.0.1 (started once); its URL."""
@@ -620,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         require_cuda(args.target)
     require_verl()
     name, out = run_name(args.target), Path(args.out)
-    shared = Shared(out / "_shared")
+    shared = Shared(out / "_shared", args.device)
     try:
         result = rehearse_config(name, args.target, out, shared, args.steps, device=args.device)
     finally:

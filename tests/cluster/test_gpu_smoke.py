@@ -1,6 +1,7 @@
 """`make gpu-smoke` (cluster/gpu_smoke.py) here, without a GPU: the one-line refusal, and that its doctor stage
 checks the config its rehearsal stage runs (doctor run on it here: what needs no GPU passes)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def untrained(monkeypatch):
     """The rehearsal's tiny model without its SFT (seconds here, a minute on a busy machine): the doctor reads its
     config only."""
     tiny = rehearse.build_model
-    monkeypatch.setattr(rehearse, "build_model", lambda out, sft: tiny(out, sft, steps=0))
+    monkeypatch.setattr(rehearse, "build_model", lambda out, sft, **kw: tiny(out, sft, steps=0, **kw))
 
 
 def test_the_doctor_checks_the_config_the_rehearsal_runs(untrained, tmp_path, capsys):
@@ -49,10 +50,13 @@ def test_the_doctor_checks_the_config_the_rehearsal_runs(untrained, tmp_path, ca
     assert argv == rehearse.rehearsal_target(
         gpu_smoke.TARGET,
         rehearsals / "math_deepscaler_ema_pg",
-        rehearse.Shared(rehearsals / "_shared"),
+        rehearse.Shared(rehearsals / "_shared", "cuda"),
         3,
         device="cuda",
     )  # the run directory, tiny model and data of `emapg rehearse --out <rehearsals>`
+    path = next(a for a in argv if a.startswith("model.path=")).split("=", 1)[1].strip("'")
+    model = json.loads((Path(path) / "config.json").read_text())
+    assert model["hidden_size"] // model["num_attention_heads"] == 64  # a head size every vLLM attention backend has
     doctor.main(argv)
     lines = capsys.readouterr().out.splitlines()
     assert "backend=verl needs 1 GPU(s) per node [trainer.nnodes=1 x trainer.n_gpus_per_node=1]" in lines[0]

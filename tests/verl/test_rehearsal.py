@@ -97,7 +97,7 @@ def test_the_cuda_rehearsal_config_is_one_gpu_with_vllm_to_verl(tmp_path, monkey
     from experiments.ops import rehearse
 
     tiny = rehearse.build_model  # verl reads the tiny model's HF config only: no SFT needed
-    monkeypatch.setattr(rehearse, "build_model", lambda out, sft: tiny(out, sft, steps=0))
+    monkeypatch.setattr(rehearse, "build_model", lambda out, sft, **kw: tiny(out, sft, steps=0, **kw))
     shared = rehearse.Shared(tmp_path / "_shared")
     overrides = rehearse.rehearsal_target(
         ["experiment=math_deepscaler_ema_pg"], tmp_path / "run", shared, 3, device="cuda"
