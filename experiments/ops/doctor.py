@@ -523,12 +523,15 @@ def check_attention(ctx: Context) -> Result:
         )
         return _importable(ctx, "flash_attn", found, fix)
     if d.attn == attention.NAME and d.device == "cuda":
+        version, cuda = ctx.probes.torch_build()
+        if not cuda:
+            return Result("N/A", f"{found}: torch {version} is a CPU build (the driver check)")
         try:
             ctx.probes.import_module("torch.nn.attention.varlen")
         except ImportError:
-            slow = f"{found}: torch {torch.__version__} has no varlen kernel; each sequence runs sdpa on its own (slow)"
+            slow = f"{found}: torch {version} has no varlen kernel; each sequence runs sdpa on its own (slow)"
             return Result("WARN", slow, f"the GPU install's torch=={TORCH_VERSION} (cluster/gpu-install.sh)")
-        return Result("PASS", f"{found}: torch {torch.__version__}'s varlen kernel on packed batches")
+        return Result("PASS", f"{found}: torch {version}'s varlen kernel on packed batches")
     return Result("N/A", f"{found}: needs no kernel of its own")
 
 

@@ -335,6 +335,8 @@ def test_the_attention_a_gpu_preset_gets_without_flash_attn(cfgs):
     assert ok.status == "PASS" and ok.found.startswith(why) and "varlen kernel on packed batches" in ok.found
     old = doctor.check_attention(ctx(cfgs["verl"]))
     assert old.status == "WARN" and "has no varlen kernel" in old.found and "torch==2.11.0" in old.fix
+    cpu_build = doctor.check_attention(ctx(cfgs["verl"], cuda=None))  # the driver check FAILs it
+    assert cpu_build.status == "N/A" and cpu_build.found.endswith("torch 2.11.0+cpu is a CPU build (the driver check)")
 
 
 def test_vllm_at_verl_s_version_with_its_compiled_extension(cfgs):
