@@ -26,6 +26,7 @@ MIXES = {  # (prompt, response) tokens of each sequence of a micro-batch
     "four": engines.LENGTHS,
     "one sequence": ((6, 7),),
     "shortest": ((1, 1), (6, 7), (1, 2)),  # a two-token sequence first, at the packed row's start
+    "one token": ((6, 7), (1, 0), (3, 2)),  # a one-token sequence (a prompt, no response) in the row's middle
 }
 
 
