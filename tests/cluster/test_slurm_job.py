@@ -1,7 +1,8 @@
 """The rendered sbatch script (cluster/slurm.sbatch) run under stub `srun`, `scontrol` and `hostname` that start
-real Ray nodes on this machine: two fake hosts per job (each node its own temp dir), a tiny `emapg sweep` through
-the cluster beside a second job, the same job signalled near its time limit (it stops, requeues itself and
-resumes), a worker node that dies, and (fast) what the renderer writes for a requeued sweep.
+real Ray nodes on this machine: two fake hosts per job (each node its own ports and <ray_tmp>), a tiny `emapg sweep`
+through the cluster beside a second job, two jobs whose heads differ sharing a worker node, the same job signalled
+near its time limit (it stops, requeues itself and resumes), a worker node that dies, and (fast) what the renderer
+writes for a requeued sweep and how a job picks and holds its port block.
 
 Every job script runs in its own process group (`start_new_session`); the teardown SIGKILLs that group and
 any process whose command line names the test's directory (the Ray temp dirs live there), never `ray stop`.
@@ -14,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +28,7 @@ from cluster.slurm import render_sbatch, sweep_dir
 from experiments import pretrain
 
 VENV_BIN = os.path.dirname(sys.executable)
+HOSTS = "fakenode1 fakenode2"  # a job's hosts (the head first) unless a test names others
 STUBS = {
     # `scontrol requeue <job>` is recorded in $FAKE_PIDS/requeued: Slurm's would also end the job (SIGTERM, then
     # SIGKILL, to every step), which the script does itself just before and then exits.
@@ -33,11 +36,13 @@ STUBS = {
         'case "$1 $2" in "show hostnames") printf "%s\\n" $FAKE_NODES;; "requeue $SLURM_JOB_ID")\n'
         '  echo "$2" >> "$FAKE_PIDS/requeued";; *) exit 1;; esac\n'
     ),
-    # srun [options] -w NODE cmd...: runs cmd here; a `ray` step runs in a session of its own (a step of its own, as
-    # Slurm's: a signal to the batch step's process group does not reach it) and records its pid, its group's,
-    # under $FAKE_PIDS/<node> (and on node $FAKE_HANG sleeps instead; on node $FAKE_FAIL_ONCE the first fails). The
-    # hosts share this machine, so the second one's node-local ports (--*-port=N) move up by 5000: what a
-    # second real host gets for free.
+    # srun [options] -w NODE cmd...: runs cmd here, as on NODE. The hosts share this machine, so fakenode<k> gets
+    # what a host of its own has: its node-local ports (--*-port=N) move up by (k - 1) * 5000 (not the head's GCS
+    # port, --port: the jobs reach it as RAY_ADDRESS), Python's port checks there bind those (FAKE_OFFSET, see
+    # SITECUSTOMIZE), and its <ray_tmp> is $FAKE_ROOT/<k> (paths under the batch host's, $FAKE_TMP, move there). A
+    # Ray node's step (`--block`) runs in a session of its own (a step of its own, as Slurm's: a signal to the batch
+    # step's process group does not reach it) and records its pid, its group's, under $FAKE_PIDS/<node> (and on node
+    # $FAKE_HANG sleeps instead; on node $FAKE_FAIL_ONCE the first fails).
     "srun": (
         "node= cpus= all=\n"
         "while [[ $# -gt 0 && $1 == -* ]]; do\n"
@@ -46,7 +51,12 @@ STUBS = {
         # What the stub cannot honour it refuses: a step that would lose the job's environment on a site with
         # --export=NONE, a Ray node that would get one CPU on Slurm 22.05 to 23.02.
         '[[ -n $all ]] || { echo "srun stub: a step without --export=ALL" >&2; exit 1; }\n'
-        "if [[ $1 == ray ]]; then\n"
+        "k=${node#fakenode} && export FAKE_OFFSET=$(((k - 1) * 5000))\n"
+        'args=(); for a in "$@"; do\n'
+        '  a=${a//"$FAKE_TMP"/"$FAKE_ROOT/$k"}\n'
+        '  [[ $a =~ ^(--[a-z-]+-port)=([0-9]+)$ ]] && a="${BASH_REMATCH[1]}=$((BASH_REMATCH[2] + FAKE_OFFSET))"\n'
+        '  args+=("$a"); done; set -- "${args[@]}"\n'
+        'if [[ " $* " == *" --block "* ]]; then\n'
         '  [[ -n $cpus ]] || { echo "srun stub: a Ray node without --cpus-per-task" >&2; exit 1; }\n'
         '  echo $$ > "$FAKE_PIDS/$node"\n'
         '  [[ $node == "${FAKE_HANG:-}" ]] && exec sleep 600\n'  # a node whose Ray never joins
@@ -54,12 +64,7 @@ STUBS = {
         '  if [[ $node == "${FAKE_FAIL_ONCE:-}" && ! -e $FAKE_PIDS/$node.failed ]]; then\n'
         '    : > "$FAKE_PIDS/$node.failed"; echo "srun stub: ray start: the GCS is not reachable" >&2; exit 1\n'
         "  fi\n"
-        '  if [[ $node != "${FAKE_NODES%% *}" ]]; then\n'
-        '    args=(); for a in "$@"; do\n'
-        '      [[ $a =~ ^(--[a-z-]+-port)=([0-9]+)$ ]] && a="${BASH_REMATCH[1]}=$((BASH_REMATCH[2] + 5000))"\n'
-        '      args+=("$a"); done; set -- "${args[@]}"\n'
-        "  fi\n"
-        '  exec setsid "$@"\n'
+        '  FAKE_OFFSET= exec setsid "$@"\n'  # Ray's own Python binds the ports it is given, moved above
         "fi\n"
         'exec "$@"\n'
     ),
@@ -75,6 +80,15 @@ STUBS = {
         'echo "2: fake0    inet $FAKE_IP/24 brd 10.255.255.255 scope global fake0\\       valid_lft forever"\n'
     ),
 }
+# Python on fakenode<k> (the batch shell's on its head, a step's on its node): a port of the jobs' range binds the
+# node's own, as the srun stub moves Ray's (on PYTHONPATH; FAKE_OFFSET unset or 0: nothing changes).
+SITECUSTOMIZE = """import os, socket
+offset = int(os.environ.get("FAKE_OFFSET") or 0)
+if offset:
+    bind = socket.socket.bind
+    socket.socket.bind = lambda s, a: bind(
+        s, (a[0], a[1] + offset) if isinstance(a, tuple) and 21000 <= a[1] < 31000 else a)
+"""
 # Connects through RAY_ADDRESS (this job's head) and runs one task on every node it finds.
 ON_EVERY_NODE = """
 import sys, ray
@@ -109,28 +123,46 @@ def _host_ip() -> str:
     ).stdout.strip()
 
 
+def _fake_hosts(root: Path, head: str) -> dict:
+    """The stubs (in <root>/bin) and the environment of a batch shell on fake host `head`: fakenode1 to fakenode3,
+    each with its <ray_tmp> in <root>/<k> (the site's `ray_tmp: $FAKE_TMP`)."""
+    bin_dir = root / "bin"
+    (bin_dir / "site").mkdir(parents=True, exist_ok=True)
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    for k in "123":
+        (root / k).mkdir(exist_ok=True)
+    k = int(head.removeprefix("fakenode"))
+    return {
+        "PATH": f"{bin_dir}:{VENV_BIN}:{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(bin_dir / "site"), os.environ.get("PYTHONPATH")])),
+        "FAKE_ROOT": str(root),
+        "FAKE_TMP": f"{root}/{k}",
+        "FAKE_OFFSET": str((k - 1) * 5000),
+    }
+
+
 @pytest.fixture
 def jobs():
     """start(job_id, command) -> (Popen, log path, pids dir); every process of every job killed at the end."""
     root = tempfile.mkdtemp(prefix="emapg_sl_", dir="/tmp")  # short: Ray's Unix sockets live below
-    bin_dir = Path(root, "bin")
-    bin_dir.mkdir()
-    for name, body in STUBS.items():
-        (bin_dir / name).write_text("#!/bin/bash\n" + body)
-        (bin_dir / name).chmod(0o755)
     procs = []
 
-    def start(job_id, command, restart=0, ready_timeout=100, hang="", fail_once="", site_extra="", all_ips=None):
+    def start(
+        job_id, command, restart=0, ready_timeout=100, hang="", fail_once="", site_extra="", all_ips=None, nodes=HOSTS
+    ):
         """Run the job's script; `restart` > 0 runs it again as SLURM does after a requeue (same id, same dir);
         `hang` names a node whose `ray start` never runs, `fail_once` one whose first fails; `site_extra`: more
         site file lines; `all_ips`: what `hostname --all-ip-addresses` answers (default 127.0.1.1, an IPv6 address,
-        then this host's address)."""
+        then this host's address); `nodes`: the job's hosts, its head first."""
         job_dir = Path(root, str(job_id))
         (job_dir / "pids").mkdir(parents=True, exist_ok=True)
         (job_dir / "home").mkdir(exist_ok=True)
         site = job_dir / "site.yaml"
         site.write_text(
-            f"partition: test\ntime: '0:10:00'\ngpus_per_node: 0\ncpus_per_node: 1\nray_tmp: {root}\n"
+            "partition: test\ntime: '0:10:00'\ngpus_per_node: 0\ncpus_per_node: 1\nray_tmp: $FAKE_TMP\n"
             f"token_dir: {root}\nport_base: 21000\nport_stride: 100\nport_slots: 100\n"
             f"ready_timeout: {ready_timeout}\nenv:\n  RAY_USAGE_STATS_ENABLED: '0'\n{site_extra}"
         )
@@ -139,14 +171,14 @@ def jobs():
         script.write_text(render_sbatch(site, nodes=2, command=command))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SLURM_"))}
         env.update(
-            PATH=f"{bin_dir}:{VENV_BIN}:{env.get('PATH', '')}",
+            _fake_hosts(Path(root), nodes.split()[0]),
             HOME=str(job_dir / "home"),  # no token in ~/.ray: every node reads the job's token file
             EMAPG_CACHE=str(pretrain.default_cache_dir()),  # the warm-started tiny model, built once per machine
             SLURM_RESTART_COUNT=str(restart),
             SLURM_JOB_ID=str(job_id),
-            SLURM_JOB_NODELIST="fakenode[1-2]",
+            SLURM_JOB_NODELIST=nodes.replace(" ", ","),
             SLURM_SUBMIT_DIR=str(job_dir),
-            FAKE_NODES="fakenode1 fakenode2",
+            FAKE_NODES=nodes,
             FAKE_PIDS=str(job_dir / "pids"),
             FAKE_IP=ip,
             FAKE_ALL_IPS=f"127.0.1.1 fe80::1 {ip}" if all_ips is None else all_ips,
@@ -226,6 +258,29 @@ def test_two_jobs_at_once_a_sweep_and_a_command_each_on_its_own_two_node_cluster
     assert [(r["status"], r["iterations"]) for r in _rows(sweep)] == [("finished", "4")] * 2
     token = Path(jobs.root, ".ray-auth-4242001")
     assert not token.exists()  # removed when the job ended
+
+
+@pytest.mark.slow
+def test_two_jobs_sharing_a_worker_node_never_take_the_same_port_block(jobs):
+    """Job A (head fakenode1, worker fakenode2) and then job B (head fakenode3, worker fakenode2), whose ids pick the
+    same block: B's head finds it free, but A's worker holds it on fakenode2 (its lock, its ports), so B takes the
+    next block free on both of B's nodes. Each job forms its own 2-node Ray and runs its command. (The script before
+    this checked and locked the head alone: B took A's block.)"""
+    stop = Path(jobs.root, "stop")  # A's command runs a task on each node, then lasts until B has run
+    wait = f'python -c "$0" 0 && until [[ -e {stop} ]]; do sleep 1; done'
+    proc_a, log_a, _ = jobs(4242007, ["bash", "-c", wait, ON_EVERY_NODE])
+    deadline = time.time() + 240
+    while "ran a task on each of 2 nodes" not in log_a.read_text():
+        assert proc_a.poll() is None and time.time() < deadline, log_a.read_text()
+        time.sleep(1)
+    b = jobs(4242107, ["python", "-c", ON_EVERY_NODE, "0"], nodes="fakenode3 fakenode2")
+    rc_b, out_b = _finish(*b[:2])
+    stop.touch()
+    rc_a, out_a = _finish(proc_a, log_a)
+    blocks = [re.search(r"Ray head fakenode[13] \([\d.]+:(\d+)\)", out).group(1) for out in (out_a, out_b)]
+    assert blocks == ["21700", "21800"], (out_a, out_b)  # 4242107 % 100 == 4242007 % 100: block 21700 first
+    for rc, out in ((rc_a, out_a), (rc_b, out_b)):
+        assert "ran a task on each of 2 nodes" in out and "the command exited with status 0" in out and rc == 0, out
 
 
 def _checkpointed(runs: Path, after: dict[str, int], proc, log, timeout=240) -> dict[str, int]:
@@ -336,18 +391,19 @@ def test_requeued_sweep_resumes(tmp_path):
         render_sbatch(site, 2)
 
 
-def _chooser(tmp_path: Path) -> tuple[str, dict]:
-    """The rendered port choice as a bash script (`job id`, then seconds to hold the lock), under the job's
-    `set -euo pipefail`, with its lock files in `tmp_path`; and the environment to run it in."""
+def _chooser(tmp_path: Path, nodes: str = "fakenode1") -> tuple[str, dict]:
+    """The rendered port choice as a bash script (`job id`, then seconds to hold the lock) for a job on `nodes` (the
+    fake hosts of the slow tests, the batch shell on the first), under the job's `set -euo pipefail`; and the
+    environment to run it in. fakenode<k>'s lock files are in tmp_path/<k>."""
     site = tmp_path / "site.yaml"
     site.write_text(
-        f"partition: p\ntime: '1:00:00'\ngpus_per_node: 0\ncpus_per_node: 1\nray_tmp: {tmp_path}\n"
+        "partition: p\ntime: '1:00:00'\ngpus_per_node: 0\ncpus_per_node: 1\nray_tmp: $FAKE_TMP\n"
         "port_base: 23000\nport_stride: 20\nport_slots: 50\n"
     )
     script = render_sbatch(site, 1, ["true"])
-    choose = script[script.index("\nport=\n") : script.index('export RAY_ADDRESS="$head_ip:$port"')]
-    bash = f"set -euo pipefail\njob=$1\n{choose}\necho $port\nsleep ${{2:-0}}\n"
-    return bash, {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    choose = script[script.index("\nhold() {") : script.index('export RAY_ADDRESS="$head_ip:$port"')]
+    bash = f"set -euo pipefail\njob=$1\nnodes=({nodes})\n{choose}\necho $port\nsleep ${{2:-0}}\n"
+    return bash, {**os.environ, **_fake_hosts(tmp_path, nodes.split()[0])}
 
 
 def test_two_jobs_on_one_head_never_take_the_same_port_block(tmp_path):
@@ -365,13 +421,50 @@ def test_two_jobs_on_one_head_never_take_the_same_port_block(tmp_path):
     assert port_3 == "23140"  # released with the job that held it
 
 
+def test_a_block_held_or_in_use_on_a_worker_node_is_skipped(tmp_path):
+    """A job on fakenode1 (head) and fakenode2: its block (23140) is locked on fakenode2 by another job and a port
+    of the next (23160) is in use there; both are free on the head. It takes 23180, free on both nodes."""
+    bash, env = _chooser(tmp_path, "fakenode1 fakenode2")
+    lock = tmp_path / "2" / ".emapg-ports-23140"
+    holder = subprocess.Popen(["flock", "-o", str(lock), "sleep", "30"])  # another job's worker on fakenode2
+    with socket.socket() as busy:
+        busy.bind(("", 23165 + 5000))  # fakenode2's port 23165 (the srun stub's offset)
+        for _ in range(100):
+            if subprocess.run(["flock", "-n", str(lock), "true"]).returncode:
+                break
+            time.sleep(0.1)
+        done = subprocess.run(["bash", "-c", bash, "-", "7"], capture_output=True, text=True, env=env)
+    holder.kill()
+    holder.wait()
+    assert (done.stdout.strip(), done.stderr) == ("23180", ""), done.stderr
+
+
+def test_a_worker_whose_block_another_job_holds_on_its_node_fails_with_one_line(tmp_path):
+    """A worker's `ray start` step holds its node's lock of the block (`held`): while another job holds it (both
+    picked the block at once), the step prints the line it is given and exits 75 (not retried) without running its
+    command; else its command runs holding the lock."""
+    bash, env = _chooser(tmp_path)
+    held = bash[: bash.index("probe='")] + 'bash -c "$held" - "$2" "emapg: job 7: node fakenode2: busy" "${@:3}"\n'
+    lock = tmp_path / ".emapg-ports-23140"
+    step = ["bash", "-c", held, "-", "7", str(lock), "flock", "-n", str(lock), "echo", "lock free"]
+    holder = subprocess.Popen(["flock", "-o", str(lock), "sleep", "30"])  # the other job's step (-o: it alone)
+    while not lock.exists() or not subprocess.run(["flock", "-n", str(lock), "true"]).returncode:
+        time.sleep(0.1)
+    busy = subprocess.run(step, capture_output=True, text=True)
+    holder.kill()
+    holder.wait()
+    assert (busy.returncode, busy.stdout, busy.stderr) == (75, "", "emapg: job 7: node fakenode2: busy\n")
+    ran = subprocess.run(step, capture_output=True, text=True)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (1, "", "")  # the command ran, and found the lock held
+
+
 def test_lock_files_another_user_left_neither_end_the_job_nor_keep_their_block(tmp_path):
     """Lock files stay on the node, and another user's are not writable here (mode 644 to us; 444 as our own file
     stands for it): the job still locks such a block, and skips one whose file it cannot even read. Run without
     the permission overrides root has, so that the modes bind as they do for any user."""
     bash, env = _chooser(tmp_path)
-    (tmp_path / ".emapg-ports-23140").touch(mode=0o444)
-    (tmp_path / ".emapg-ports-23160").touch(mode=0o000)
+    (tmp_path / "1" / ".emapg-ports-23140").touch(mode=0o444)
+    (tmp_path / "1" / ".emapg-ports-23160").touch(mode=0o000)
     as_a_user = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
     run = [*as_a_user, "bash", "-c", bash, "-", "7"]
     first = subprocess.Popen([*run, "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
