@@ -34,15 +34,17 @@ lint: $(STAMP)
 check-gpu-install: $(STAMP)
 	$(BIN)/python -m cluster.gpu_install
 
-# The verl plugin's CPU tests (marked `verl`) in their own venv: the [verl] extra adds ~2.2 GB
-# (verl 0.9.1 and its stack, still on the CPU torch of constraints.txt) that `make test` does not need.
+# The verl plugin's CPU tests (marked `verl`) and the rehearsals in their own venv, on the GPU users' stack:
+# the versions of cluster/gpu-lock.txt (torch 2.11's CUDA build, run on the CPU; transformers; verl 0.9.1),
+# constraints.txt's for the test tools. About 6 GB that `make test` does not need.
 VERL_VENV  := .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed
 
-$(VERL_STAMP): pyproject.toml constraints.txt
+$(VERL_STAMP): pyproject.toml constraints.txt cluster/gpu-lock.txt
 	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/python -m pip install -q -U pip
-	$(VERL_VENV)/bin/python -m pip install -q -c constraints.txt -e ".[dev,verl]"
+	$(VERL_VENV)/bin/python -m cluster.gpu_install --ci-constraints > $(VERL_VENV)/constraints.txt
+	$(VERL_VENV)/bin/python -m pip install -q -c $(VERL_VENV)/constraints.txt -e ".[dev,verl]"
 	touch $(VERL_STAMP)
 
 test-verl: $(VERL_STAMP)

@@ -24,7 +24,9 @@ anything would be built from an sdist, when a local wheel other than ``SDIST_ONL
 of the install is not pinned by the lock.
 
 The lock, ``cluster/gpu-lock.txt``, holds every version the install resolves to, per target Python where they
-differ; the script installs with it as constraints, so every node gets the versions CI resolved.
+differ; the script installs with it as constraints, so every node gets the versions CI resolved and tested. The
+verl CI venv takes the lock's versions too (``--ci-constraints``): ``make test-verl`` and the rehearsals run on the
+torch, transformers and Python-side stack that GPU users get (torch's CUDA build, run on the CPU).
 
     python -m cluster.gpu_install --write-lock     # resolve afresh without the lock and rewrite it
 """
@@ -62,6 +64,9 @@ SDIST_ONLY = {"antlr4-python3-runtime": "4.9.3"}  # pure Python, published as sd
 HEADLINE = ("verl", "torch", "vllm", "transformers", "ray", "hydra-core", "cupy-cuda13x")
 NEVER = ("flash-attn",)  # what the install must not contain (docs/verl-plugin.md, "Installing on GPUs")
 LOCK = ROOT / "cluster" / "gpu-lock.txt"
+CONSTRAINTS = ROOT / "constraints.txt"
+# left out of the CI venv's pins: a test tool pins it to another version than the GPU stack's (name -> why)
+CI_OWN = {"tabulate": "reasoning-gym, the tests' puzzle generator, pins 0.9.0"}
 TIMEOUT_S = 240  # per target Python: a resolve backtracking longer fails (47-71 s here when it resolves)
 MINE = f"{sys.version_info[0]}.{sys.version_info[1]}"  # this interpreter's version
 NOISE = "is ignored: it is neither a file nor a directory"  # a pip.conf's missing local index folders
@@ -148,6 +153,15 @@ def lock_text(resolved: dict[str, dict[str, str]]) -> str:
         "# `python -m cluster.gpu_install --write-lock`; `make check-gpu-install` fails on a package it does not pin.",
     ]
     return "\n".join(head + lines) + "\n"
+
+
+def ci_constraints(python: str = MINE) -> str:
+    """The verl CI venv's constraints: the lock's versions for this Python (the GPU users' stack), then
+    constraints.txt's pins of what the lock does not hold (the test tools); ``CI_OWN`` left unpinned."""
+    pins = {n: v for n, v in read_lock(python).items() if n not in CI_OWN}
+    lines = [line for line in CONSTRAINTS.read_text().splitlines() if line.split("#")[0].strip()]
+    rest = [line for line in lines if canonicalize_name(Requirement(line.split("#")[0]).name) not in pins]
+    return "\n".join([f"{n}=={v}" for n, v in sorted(pins.items())] + rest) + "\n"
 
 
 def _sdist_wheels(folder: Path) -> None:
@@ -295,7 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a target Python (repeatable); default: the available ones (this one and python3.X on PATH)",
     )
     p.add_argument("--write-lock", action="store_true", help=f"resolve afresh and rewrite {LOCK.name}")
+    p.add_argument("--ci-constraints", action="store_true", help="print the verl CI venv's constraints")
     args = p.parse_args(argv)
+    if args.ci_constraints:
+        print(ci_constraints(), end="")
+        return 0
     return check(args.python, args.script, args.write_lock)
 
 

@@ -151,10 +151,20 @@ def test_the_lock_round_trips_per_python(tmp_path):
     assert G.unpinned({"a": "1", "b": "3", "c": "0.1"}, G.read_lock("3.10", lock)) == ["b 3", "c 0.1"]
 
 
-def test_the_install_takes_the_lock():
-    """The script and every container route (above) install the lock's versions."""
+def test_the_install_and_the_verl_ci_venv_take_the_lock():
+    """The script, every container route (above) and the verl CI venv install the lock's versions: CI's
+    `make test-verl` and rehearsals run on the torch and transformers GPU users get."""
     (script_line,) = G.pip_installs(G.readme_lines())
     assert script_line[-2:] == ["-c", "cluster/gpu-lock.txt"] and G.without_lock(script_line) == script_line[:-2]
     for python in G.PYTHONS:
         pins = G.read_lock(python)
         assert pins["torch"] == "2.11.0" and pins["verl"] == "0.9.1" and "flash-attn" not in pins
+    ci = {G.canonicalize_name(G.Requirement(x).name): x for x in G.ci_constraints("3.11").splitlines()}
+    lock = G.read_lock("3.11")
+    assert ci["torch"] == "torch==2.11.0" and ci["transformers"] == f"transformers=={lock['transformers']}"
+    assert "tabulate" in lock and "tabulate" not in ci  # CI_OWN: reasoning-gym's own pin decides
+    assert "pytest-timeout" in ci and len(ci) == len(G.ci_constraints("3.11").splitlines())  # each name once
+    make = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^\$\(VERL_STAMP\):.*\n((?:\t.*\n)+)", make, re.M).group(1)
+    assert "-m cluster.gpu_install --ci-constraints > $(VERL_VENV)/constraints.txt" in recipe
+    assert '-c $(VERL_VENV)/constraints.txt -e ".[dev,verl]"' in recipe
