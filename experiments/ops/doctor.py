@@ -519,7 +519,7 @@ def check_attention(ctx: Context) -> Result:
     if d.attn == "flash_attention_2":
         fix = (
             "a flash-attn built for this torch and CUDA (verl's container image: docs/verl-plugin.md, 'Installing on "
-            f"GPUs'), or backend.verl.attn_implementation=null ({attention.NAME} without flash-attn)"
+            f"GPUs'), or backend.verl.attn_implementation={attention.NAME} (PyTorch's varlen kernel)"
         )
         return _importable(ctx, "flash_attn", found, fix)
     if d.attn == attention.NAME and d.device == "cuda":
