@@ -93,8 +93,8 @@ def attention_rows() -> list[dict]:
             OURS: lambda q, k, v, p=pos: attention.varlen_attention(module, q, k, v, None, position_ids=p)[0],
         }
         if attention.varlen_attn is not None:
-            variants["torch varlen_attn (FlashAttention-2 in PyTorch)"] = lambda q, k, v, c=cu: attention.varlen_kernel(
-                *(t[0].transpose(0, 1) for t in (q, k, v)), c
+            variants["torch varlen_attn (FlashAttention-2 in PyTorch)"] = lambda q, k, v, c=cu, s=seq: (
+                attention.varlen_kernel(*(t[0].transpose(0, 1) for t in (q, k, v)), c, s)
             )
         if flash_attn is not None:
             variants["flash-attn flash_attn_varlen_func"] = lambda q, k, v, s=seq, c=cu: (

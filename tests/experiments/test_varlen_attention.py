@@ -60,6 +60,20 @@ def test_packed_forward_and_backward_equal_each_sequence_alone():
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_the_sequences_are_found_once_per_forward(monkeypatch):
+    """Every layer gets the same position ids: the offsets (a GPU sync each) are computed for the first layer only,
+    and again for new position ids."""
+    _, ours = _models()
+    calls = []
+    find = attention.sequence_offsets
+    monkeypatch.setattr(attention, "sequence_offsets", lambda pos: calls.append(pos) or find(pos))
+    ids = torch.randint(0, 64, (1, sum(LENGTHS)))
+    with torch.no_grad():
+        ours(input_ids=ids, position_ids=_position_ids(LENGTHS))  # 2 layers
+        ours(input_ids=ids, position_ids=_position_ids(LENGTHS))
+    assert len(calls) == 2
+
+
 def test_padded_rows_equal_each_sequence_alone():
     """verl's layout without use_remove_padding: left-padded prompts, right-padded responses, positions from the
     attention mask (pads repeat a position); no mask reaches a custom attention, the positions suffice."""

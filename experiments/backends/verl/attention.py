@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +63,21 @@ def sequence_offsets(position_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([idx, idx.new_tensor([position_ids.numel()])]).to(torch.int32)
 
 
+_LAST: tuple = (None, -1, None, 0)  # (weakref to the position ids, their version, offsets, longest sequence)
+
+
+def _offsets(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``sequence_offsets`` and the longest sequence, once per forward: every layer (and a checkpointed layer's
+    recomputation) gets the same position ids tensor, and each computation syncs the GPU (nonzero, max)."""
+    global _LAST
+    ref, version, offsets, longest = _LAST
+    if ref is None or ref() is not position_ids or version != position_ids._version:
+        offsets = sequence_offsets(position_ids)
+        longest = int((offsets[1:] - offsets[:-1]).max())
+        _LAST = (weakref.ref(position_ids), position_ids._version, offsets, longest)
+    return offsets, longest
+
+
 def varlen_attention(module, query, key, value, attention_mask, *, dropout=0.0, scaling=None, **kwargs):
     """transformers' attention signature: query (B, Hq, T, D), key and value (B, Hkv, T, D) -> ((B, T, Hq, D), None).
     ``attention_mask`` is None for a custom attention; the sequences come from ``kwargs["position_ids"]``."""
@@ -74,18 +90,17 @@ def varlen_attention(module, query, key, value, attention_mask, *, dropout=0.0, 
         )
     if dropout or kwargs.get("sliding_window"):
         raise ValueError(f"attn_implementation={NAME} has no attention dropout or sliding window; use sdpa")
-    offsets = sequence_offsets(pos)
+    offsets, longest = _offsets(pos)
     q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (query, key, value))  # (B*T, H, D)
     if varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        out = varlen_kernel(q, k, v, offsets, scaling)
+        out = varlen_kernel(q, k, v, offsets, longest, scale=scaling)
     else:
         out = _per_sequence(q, k, v, offsets, scaling)
     return out.view(b, t, hq, d), None
 
 
-def varlen_kernel(q, k, v, offsets, scale=None) -> torch.Tensor:
+def varlen_kernel(q, k, v, offsets, longest: int, *, scale=None) -> torch.Tensor:
     """(N, Hq, D), (N, Hkv, D) x 2 -> (N, Hq, D): PyTorch's FlashAttention-2, causal within each sequence."""
-    longest = int((offsets[1:] - offsets[:-1]).max())
     if not GQA and k.shape[1] != q.shape[1]:
         k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     gqa = {"enable_gqa": True} if GQA else {}
