@@ -68,8 +68,9 @@ test-gpu:
 gpu-smoke:
 	$(PYTHON) -m cluster.gpu_smoke
 
-# The rendered SLURM job under stub srun/scontrol that start real local Ray nodes: two jobs at once, a worker
-# lost (about 80 s on 2 cores; docs/scaling-out.md).
+# The rendered SLURM job under stub srun/scontrol that start real local Ray nodes: two jobs at once, two sharing a
+# worker node, a sweep at its time limit and one preempted (each resumed), a job in a container, a worker lost
+# (about 5 minutes on 2 cores; docs/scaling-out.md).
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -m slow tests/cluster/test_slurm_job.py
 

@@ -25,7 +25,7 @@ DEFAULTS = {
 }
 
 
-OPTIONAL = ("account", "qos", "constraint", "mem", "exclude", "setup", "env", "network_interface", "sbatch_options")
+OPTIONAL = tuple("account qos constraint mem exclude setup env network_interface sbatch_options container".split())
 KEYS = REQUIRED + OPTIONAL + tuple(DEFAULTS)
 TIME_FORMATS = (
     "minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, days-hours:minutes:seconds"
@@ -96,9 +96,12 @@ def load_site(path: str | Path) -> dict:
     for key in ("ray_tmp", "token_dir"):
         if not isinstance(site[key], str) or not site[key]:
             raise bad(key, "must be a path", site[key])
-    for key, what in (("exclude", "node names"), ("setup", "shell lines")):
+    for key, what in (("exclude", "node names"), ("setup", "shell lines"), ("container", "command words")):
         if not isinstance(site.get(key, []), list) or not all(isinstance(v, str) for v in site.get(key, [])):
             raise bad(key, f"must be a list of {what}", site[key])
+    if not all(site.get("container", [])):
+        what = "must be a command prefix, one word each, e.g. [apptainer, exec, --nv, emapg.sif]"
+        raise bad("container", what, site["container"])
     if not all(WORD.fullmatch(node) for node in site.get("exclude", [])):
         raise bad("exclude", "must be a list of node names (no spaces or quotes)", site["exclude"])
     options = site.get("sbatch_options", [])
@@ -198,6 +201,7 @@ def render_sbatch(
         address_query=query,
         no_address=no_address,
         setup="\n".join(site.get("setup", [])),
+        container=" ".join(map(shell_word, site.get("container") or ["env"])),
         env=env,
         resume=resume,
         command=cmd,

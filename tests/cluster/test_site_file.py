@@ -68,6 +68,8 @@ def test_an_unknown_key_is_refused_naming_the_allowed_keys(tmp_path, capsys):
         ("partition: gpu a\n", "partition must be one word"),
         ("gpus_per_node: h100:8\n", "gpus_per_node must be an integer >= 0"),
         ("mem: 64 GB\n", "mem must be"),
+        ("container: apptainer exec emapg.sif\n", "container must be a list of command words"),
+        ("container: [apptainer, '', emapg.sif]\n", "container must be a command prefix, one word each"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_key(tmp_path, capsys, line, words):
@@ -77,18 +79,20 @@ def test_a_bad_value_is_refused_naming_its_key(tmp_path, capsys, line, words):
 
 def test_env_values_are_quoted_and_variables_in_them_expand(tmp_path):
     """A value with spaces, `;`, quotes or `$(...)` is one literal value; `$NAME` and `${NAME}` expand (the example
-    site's `HF_HOME: $HOME/.cache/huggingface`). The paths ray_tmp and token_dir are quoted the same way."""
+    site's `HF_HOME: $HOME/.cache/huggingface`). The paths ray_tmp and token_dir, and the container's words, are quoted
+    the same way."""
     site = tmp_path / "site.yaml"
     site.write_text(
         BASE
         + "ray_tmp: /tmp/my dir\ntoken_dir: $HOME/tok en\n"
         + 'env:\n  MSG: "a b; touch pwned `touch pwned2` $(touch pwned3) \'q\' \\"dq\\" \\\\ $ 5$"\n'
         + "  HF_HOME: $HOME/.cache/hf\n  BRACED: ${HOME}x\n  THREADS: 4\n"
+        + "container: [apptainer, exec, --bind, '$HOME/a b;c', $HOME/emapg.sif]\n"
     )
     script = render_sbatch(site, 1, ["true"])
     exports = [line for line in script.splitlines() if line.startswith("export ") and "RAY_" not in line]
-    lines = [line for line in script.splitlines() if line.startswith(("tmp=", "export RAY_AUTH_MODE"))]
-    show = 'printf "%s\\n" "$MSG" "$HF_HOME" "$BRACED" "$THREADS" "$tmp" "$RAY_AUTH_TOKEN_PATH"'
+    lines = [line for line in script.splitlines() if line.startswith(("tmp=", "export RAY_AUTH_MODE", "in_container="))]
+    show = 'printf "%s\\n" "$MSG" "$HF_HOME" "$BRACED" "$THREADS" "$tmp" "$RAY_AUTH_TOKEN_PATH" "${in_container[@]}"'
     run = subprocess.run(
         ["bash", "-c", "\n".join(["set -eu", "job=7", *exports, *lines, show])],
         cwd=tmp_path,
@@ -104,6 +108,7 @@ def test_env_values_are_quoted_and_variables_in_them_expand(tmp_path):
         "4",
         "/tmp/my dir/ray-7",
         "/users/u/tok en/.ray-auth-7",
+        *("apptainer", "exec", "--bind", "/users/u/a b;c", "/users/u/emapg.sif"),
     ]
     assert not list(tmp_path.glob("pwned*"))
 

@@ -41,8 +41,9 @@ STUBS = {
     # port, --port: the jobs reach it as RAY_ADDRESS), Python's port checks there bind those (FAKE_OFFSET, see
     # SITECUSTOMIZE), and its <ray_tmp> is $FAKE_ROOT/<k> (paths under the batch host's, $FAKE_TMP, move there). A
     # Ray node's step (`--block`) runs in a session of its own (a step of its own, as Slurm's: a signal to the batch
-    # step's process group does not reach it) and records its pid, its group's, under $FAKE_PIDS/<node> (and on node
-    # $FAKE_HANG sleeps instead; on node $FAKE_FAIL_ONCE the first fails).
+    # step's process group does not reach it) and records its pid under $FAKE_PIDS/<node> (and on node $FAKE_HANG
+    # sleeps instead; on node $FAKE_FAIL_ONCE the first fails). As Slurm's srun, the stub passes the signals it gets
+    # on to every process of its step (all that carry its FAKE_STEP), not to the first alone.
     "srun": (
         "node= cpus= all=\n"
         "while [[ $# -gt 0 && $1 == -* ]]; do\n"
@@ -58,13 +59,20 @@ STUBS = {
         '  args+=("$a"); done; set -- "${args[@]}"\n'
         'if [[ " $* " == *" --block "* ]]; then\n'
         '  [[ -n $cpus ]] || { echo "srun stub: a Ray node without --cpus-per-task" >&2; exit 1; }\n'
-        '  echo $$ > "$FAKE_PIDS/$node"\n'
-        '  [[ $node == "${FAKE_HANG:-}" ]] && exec sleep 600\n'  # a node whose Ray never joins
+        '  [[ $node == "${FAKE_HANG:-}" ]] && { echo $$ > "$FAKE_PIDS/$node"; exec sleep 600; }\n'  # Ray never joins
         # a node whose first `ray start` fails at once
         '  if [[ $node == "${FAKE_FAIL_ONCE:-}" && ! -e $FAKE_PIDS/$node.failed ]]; then\n'
         '    : > "$FAKE_PIDS/$node.failed"; echo "srun stub: ray start: the GCS is not reachable" >&2; exit 1\n'
         "  fi\n"
-        '  FAKE_OFFSET= exec setsid "$@"\n'  # Ray's own Python binds the ports it is given, moved above
+        "  export FAKE_STEP=$node.$$\n"
+        '  FAKE_OFFSET= setsid "$@" &\n'  # Ray's own Python binds the ports it is given, moved above
+        '  step=$! && echo $step > "$FAKE_PIDS/$node"\n'
+        "  forward() { for p in /proc/[0-9]*; do\n"
+        '    grep -qzx "FAKE_STEP=$FAKE_STEP" $p/environ 2>/dev/null && kill -$1 ${p#/proc/} 2>/dev/null; done; }\n'
+        '  for s in TERM INT USR1 USR2 HUP; do trap "forward $s" $s; done\n'
+        "  while kill -0 $step 2>/dev/null; do wait $step; done\n"
+        "  wait $step\n"
+        "  exit\n"
         "fi\n"
         'exec "$@"\n'
     ),
@@ -74,6 +82,9 @@ STUBS = {
         'case $1 in --all-ip-addresses|-I) exec echo "$FAKE_ALL_IPS";; --ip-address|-i) exec echo 127.0.1.1;; esac\n'
         'exec /bin/hostname "$@"\n'
     ),
+    # `ctr exec <image> <command>`: a container runtime as Apptainer's `exec` is called (same host, network and
+    # processes); records the program it runs in $FAKE_PIDS/container, and what runs inside sees FAKE_IMAGE.
+    "ctr": '[[ $1 == exec ]] || exit 2\necho "$3" >> "$FAKE_PIDS/container"\nFAKE_IMAGE=$2 exec "${@:3}"\n',
     # `ip -4 -o addr show dev fake0`: the one interface the fake hosts have, with that address.
     "ip": (
         '[[ "$*" == "-4 -o addr show dev fake0" ]] || { echo "Device \\"${*: -1}\\" does not exist." >&2; exit 1; }\n'
@@ -100,6 +111,16 @@ where = ray.get([ray.remote(lambda: ray.get_runtime_context().get_node_id()).opt
 assert sorted(where) == sorted(nodes), (where, nodes)
 print(f"ran a task on each of {len(nodes)} nodes", flush=True)
 sys.exit(int(sys.argv[1]))
+"""
+# Where the command and a task on each node run (the fake container runtime's FAKE_IMAGE).
+IN_IMAGE = """
+import os, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
+ray.init(log_to_driver=False)
+nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+images = ray.get([ray.remote(lambda: os.environ.get("FAKE_IMAGE")).options(
+    scheduling_strategy=On(n, soft=False)).remote() for n in nodes])
+print(f"the command in {os.environ.get('FAKE_IMAGE')}; a task on each of {len(nodes)} nodes in {sorted(images)}")
 """
 # Two trials of one CPU each on nodes of one CPU each: they run at once only if the sweep uses both nodes.
 TINY_SWEEP = """name: slurm_tiny
@@ -257,7 +278,8 @@ def test_two_jobs_at_once_a_sweep_and_a_command_each_on_its_own_two_node_cluster
     sweep = Path(jobs.root, "4242001", "sw")
     assert [(r["status"], r["iterations"]) for r in _rows(sweep)] == [("finished", "4")] * 2
     token = Path(jobs.root, ".ray-auth-4242001")
-    assert not token.exists()  # removed when the job ended
+    assert not token.exists()  # removed when the job ended, as every node's Ray temp dir
+    assert not list(Path(jobs.root).glob("[123]/ray-42420*")), list(Path(jobs.root).glob("[123]/*"))
 
 
 @pytest.mark.slow
@@ -332,6 +354,67 @@ def test_a_sweep_job_at_its_time_limit_stops_requeues_itself_and_resumes_its_tri
     assert [(r["status"], r["iterations"]) for r in _rows(sweep)] == [("finished", "40")] * 2
     for run in runs.iterdir():
         assert _iterations(run) == list(range(41)), run  # 0 is the first evaluation; no row twice, none lost
+
+
+def _job_processes(job_id: int) -> list[int]:
+    """Every process of the job as Slurm's process tracking sees it: all that carry its SLURM_JOB_ID (the batch
+    shell and its command, every step and what runs below it: Ray's head, raylets, GCS and workers, the trials)."""
+    mark = f"SLURM_JOB_ID={job_id}".encode()
+    found = []
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        with contextlib.suppress(OSError):
+            if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(int(pid))
+    return found
+
+
+@pytest.mark.slow
+def test_a_preempted_sweep_job_stops_its_sweep_before_its_ray_nodes_and_resumes_when_requeued(jobs):
+    """Preemption or scancel: Slurm signals SIGTERM to every process of every step at once (not to the batch shell
+    alone), then SIGKILLs what is left after its grace time, and requeues a preempted job itself. Ray's nodes must
+    outlive the sweep's stop: the sweep stops its trials (their records say interrupted) and saves its state, then
+    the job stops the nodes; the requeued job resumes each trial from its checkpoint."""
+    job_dir = Path(jobs.root, "4242008")
+    command = _sweep(job_dir, iterations=40, eval_every=20)
+    proc, log, pids = jobs(4242008, command)
+    runs, sweep = job_dir / "sw" / "runs", job_dir / "sw"
+    saved = _checkpointed(runs, {}, proc, log)
+    everything = _job_processes(4242008)
+    assert len(everything) > 10, everything  # the batch shell, the driver, two Ray nodes and their workers
+    for pid in everything:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    rc, first = _finish(proc, log, timeout=120)
+    for pid in _job_processes(4242008):  # the grace time is over
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert rc == 143 and "emapg: job 4242008: signalled, stopping" in first, first
+    assert "2 trial(s) not finished" in first, first
+    assert _statuses(sweep) == ["interrupted"] * 2 and not (pids / "requeued").exists(), first
+
+    proc, log, _ = jobs(4242008, command, restart=1)
+    rc, out = _finish(proc, log)
+    out = out[len(first) :]  # the requeued run's output (appended)
+    assert rc == 0 and "the command exited with status 0" in out, out
+    resumed = re.findall(
+        r"resume  tau=\S+ seed=0  \[\w+\] from its (?:checkpoint at iteration |run's checkpoint iter_)0*(\d+)", out
+    )
+    assert len(resumed) == 2 and all(int(it) >= min(saved.values()) for it in resumed), out
+    assert [(r["status"], r["iterations"]) for r in _rows(sweep)] == [("finished", "40")] * 2
+    for run in runs.iterdir():
+        assert _iterations(run) == list(range(41)), run
+
+
+@pytest.mark.slow
+def test_the_site_s_container_runs_every_python_ray_and_the_command_of_the_job(jobs):
+    """`container: [ctr, exec, emapg.sif]`: the job's own Python (its token, port choice and probes, readiness
+    check), each node's Ray (and so every worker Ray starts) and the command run through it; host tools (srun,
+    flock, hostname) do not. Without the key, nothing does (the other tests)."""
+    proc, log, pids = jobs(4242009, ["python", "-c", IN_IMAGE], site_extra="container: [ctr, exec, emapg.sif]\n")
+    rc, out = _finish(proc, log)
+    assert rc == 0 and "the command in emapg.sif; a task on each of 2 nodes in ['emapg.sif', 'emapg.sif']" in out, out
+    # the token, the port blocks, a port probe and a Ray node on each node, the readiness check, the command
+    assert (pids / "container").read_text().split() == ["python"] * 8, out
 
 
 @pytest.mark.slow
@@ -442,11 +525,12 @@ def test_a_block_held_or_in_use_on_a_worker_node_is_skipped(tmp_path):
 def test_a_worker_whose_block_another_job_holds_on_its_node_fails_with_one_line(tmp_path):
     """A worker's `ray start` step holds its node's lock of the block (`held`): while another job holds it (both
     picked the block at once), the step prints the line it is given and exits 75 (not retried) without running its
-    command; else its command runs holding the lock."""
+    command; else its command runs holding the lock, and the node's Ray temp dir is removed after it."""
     bash, env = _chooser(tmp_path)
     held = bash[: bash.index("probe='")] + 'bash -c "$held" - "$2" "emapg: job 7: node fakenode2: busy" "${@:3}"\n'
-    lock = tmp_path / ".emapg-ports-23140"
-    step = ["bash", "-c", held, "-", "7", str(lock), "flock", "-n", str(lock), "echo", "lock free"]
+    lock, temp = tmp_path / ".emapg-ports-23140", tmp_path / "ray-7-1"
+    temp.mkdir()
+    step = ["bash", "-c", held, "-", "7", str(lock), str(temp), "flock", "-n", str(lock), "echo", "lock free"]
     holder = subprocess.Popen(["flock", "-o", str(lock), "sleep", "30"])  # the other job's step (-o: it alone)
     while not lock.exists() or not subprocess.run(["flock", "-n", str(lock), "true"]).returncode:
         time.sleep(0.1)
@@ -456,6 +540,7 @@ def test_a_worker_whose_block_another_job_holds_on_its_node_fails_with_one_line(
     assert (busy.returncode, busy.stdout, busy.stderr) == (75, "", "emapg: job 7: node fakenode2: busy\n")
     ran = subprocess.run(step, capture_output=True, text=True)
     assert (ran.returncode, ran.stdout, ran.stderr) == (1, "", "")  # the command ran, and found the lock held
+    assert not temp.exists()
 
 
 def test_lock_files_another_user_left_neither_end_the_job_nor_keep_their_block(tmp_path):
