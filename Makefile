@@ -69,10 +69,10 @@ gpu-smoke:
 	$(PYTHON) -m cluster.gpu_smoke
 
 # The rendered SLURM job under stub srun/scontrol that start real local Ray nodes: two jobs at once, two sharing a
-# worker node, a sweep at its time limit and one preempted (each resumed), a job in a container, a worker lost
-# (about 5 minutes on 2 cores; docs/scaling-out.md).
+# worker node, a sweep at its time limit and one preempted (each resumed), a job in a container, a worker lost;
+# and (fast) the port choice: another user's lock files, blocks held on a worker (about 6 minutes on 2 cores).
 test-cluster: $(STAMP)
-	$(BIN)/python -m pytest -m slow tests/cluster/test_slurm_job.py
+	$(BIN)/python -m pytest -m "slow or not slow" tests/cluster/test_slurm_job.py
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -m "not gpu and not verl"
