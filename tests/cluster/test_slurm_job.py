@@ -101,26 +101,19 @@ if offset:
         s, (a[0], a[1] + offset) if isinstance(a, tuple) and 21000 <= a[1] < 31000 else a)
 """
 # Connects through RAY_ADDRESS (this job's head) and runs one task on every node it finds.
+# Connects through RAY_ADDRESS (this job's head) and runs one task on every node it finds; prints the image each task
+# and the command ran in (the fake container runtime's FAKE_IMAGE; None: none).
 ON_EVERY_NODE = """
-import sys, ray
+import os, sys, ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
 ray.init(log_to_driver=False)
 nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-where = ray.get([ray.remote(lambda: ray.get_runtime_context().get_node_id()).options(
+where = ray.get([ray.remote(lambda: (ray.get_runtime_context().get_node_id(), os.environ.get("FAKE_IMAGE"))).options(
     scheduling_strategy=On(n, soft=False)).remote() for n in nodes])
-assert sorted(where) == sorted(nodes), (where, nodes)
-print(f"ran a task on each of {len(nodes)} nodes", flush=True)
+assert sorted(node for node, _ in where) == sorted(nodes), (where, nodes)
+images = sorted(str(image) for _, image in where)
+print(f"ran a task on each of {len(nodes)} nodes; images: {os.environ.get('FAKE_IMAGE')}, {images}")
 sys.exit(int(sys.argv[1]))
-"""
-# Where the command and a task on each node run (the fake container runtime's FAKE_IMAGE).
-IN_IMAGE = """
-import os, ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
-ray.init(log_to_driver=False)
-nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-images = ray.get([ray.remote(lambda: os.environ.get("FAKE_IMAGE")).options(
-    scheduling_strategy=On(n, soft=False)).remote() for n in nodes])
-print(f"the command in {os.environ.get('FAKE_IMAGE')}; a task on each of {len(nodes)} nodes in {sorted(images)}")
 """
 # Two trials of one CPU each on nodes of one CPU each: they run at once only if the sweep uses both nodes.
 TINY_SWEEP = """name: slurm_tiny
@@ -260,14 +253,19 @@ def test_two_jobs_at_once_a_sweep_and_a_command_each_on_its_own_two_node_cluster
     """Two jobs on the same two hosts: each forms its own 2-node Ray (its ports, temp dirs, token). One runs a tiny
     `emapg sweep` whose two one-CPU trials run at once, one per node; the other a task on each of its nodes. Each job
     ends with its command's exit status. The second job's worker fails its first `ray start` (as when the head's GCS
-    is not reachable yet): it is tried again."""
+    is not reachable yet): it is tried again. The second job runs in the site's `container` (a stub runtime, `ctr exec
+    <image>`): its own Python (token, port choice and probes, readiness check), each node's Ray, so every task, and
+    the command run through it; host tools (srun, flock, hostname) do not."""
     a = jobs(4242001, _sweep(Path(jobs.root, "4242001"), iterations=4, eval_every=2))
-    b = jobs(4242002, ["python", "-c", ON_EVERY_NODE, "3"], fail_once="fakenode2")
+    container = "container: [ctr, exec, emapg.sif]\n"
+    b = jobs(4242002, ["python", "-c", ON_EVERY_NODE, "3"], fail_once="fakenode2", site_extra=container)
     (rc_a, out_a), (rc_b, out_b) = _finish(*a[:2]), _finish(*b[:2])
     for rc, out, want in ((rc_a, out_a, 0), (rc_b, out_b, 3)):
         assert "emapg: Ray is up: 2 node(s)" in out, out
         assert f"the command exited with status {want}" in out and rc == want, out
-    assert "ran a task on each of 2 nodes" in out_b, out_b  # 4 would mean the jobs joined each other
+    assert "ran a task on each of 2 nodes; images: emapg.sif, ['emapg.sif', 'emapg.sif']" in out_b, out_b  # 4: joined
+    # the token, the port blocks, a port probe and a Ray node on each node, the readiness check, the command
+    assert Path(jobs.root, "4242002", "pids", "container").read_text().split() == ["python"] * 8, out_b
     again = "emapg: job 4242002: 'ray start' on fakenode2 failed (status 1); trying again in 5 s (1 of 3)"
     assert again in out_b and "trying again" not in out_a, out_b
     heads = [re.search(r"Ray head fakenode1 \(([\d.]+:\d+)\)", out).group(1) for out in (out_a, out_b)]
@@ -406,18 +404,6 @@ def test_a_preempted_sweep_job_stops_its_sweep_before_its_ray_nodes_and_resumes_
 
 
 @pytest.mark.slow
-def test_the_site_s_container_runs_every_python_ray_and_the_command_of_the_job(jobs):
-    """`container: [ctr, exec, emapg.sif]`: the job's own Python (its token, port choice and probes, readiness
-    check), each node's Ray (and so every worker Ray starts) and the command run through it; host tools (srun,
-    flock, hostname) do not. Without the key, nothing does (the other tests)."""
-    proc, log, pids = jobs(4242009, ["python", "-c", IN_IMAGE], site_extra="container: [ctr, exec, emapg.sif]\n")
-    rc, out = _finish(proc, log)
-    assert rc == 0 and "the command in emapg.sif; a task on each of 2 nodes in ['emapg.sif', 'emapg.sif']" in out, out
-    # the token, the port blocks, a port probe and a Ray node on each node, the readiness check, the command
-    assert (pids / "container").read_text().split() == ["python"] * 8, out
-
-
-@pytest.mark.slow
 def test_a_dead_worker_node_ends_the_job(jobs):
     """(Each node's address taken from the site's network_interface: `ip -4 -o addr show dev fake0`.)"""
     proc, log, pids = jobs(4242003, ["sleep", "600"], site_extra="network_interface: fake0\n")
@@ -438,6 +424,7 @@ def test_a_node_that_never_joins_fails_the_job_after_the_readiness_timeout_namin
     rc, out = _finish(proc, log, timeout=90)
     assert rc == 1 and "emapg: Ray did not come up (after 12 s); not joined: fakenode2" in out, out
     assert "Ray is up" not in out and "the command exited" not in out
+    assert "trying again" not in out, out  # the job's stop ends the hung node's step; it is not tried again
 
 
 @pytest.mark.parametrize(
