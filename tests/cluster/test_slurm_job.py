@@ -68,7 +68,7 @@ STUBS = {
         '  FAKE_OFFSET= setsid "$@" &\n'  # Ray's own Python binds the ports it is given, moved above
         '  step=$! && echo $step > "$FAKE_PIDS/$node"\n'
         "  forward() { for p in /proc/[0-9]*; do\n"
-        '    grep -qzx "FAKE_STEP=$FAKE_STEP" $p/environ 2>/dev/null && kill -$1 ${p#/proc/} 2>/dev/null; done; }\n'
+        '    grep -qzxF "FAKE_STEP=$FAKE_STEP" $p/environ 2>/dev/null && kill -$1 ${p#/proc/} 2>/dev/null; done; }\n'
         '  for s in TERM INT USR1 USR2 HUP; do trap "forward $s" $s; done\n'
         "  while kill -0 $step 2>/dev/null; do wait $step; done\n"
         "  wait $step\n"
@@ -100,7 +100,6 @@ if offset:
     socket.socket.bind = lambda s, a: bind(
         s, (a[0], a[1] + offset) if isinstance(a, tuple) and 21000 <= a[1] < 31000 else a)
 """
-# Connects through RAY_ADDRESS (this job's head) and runs one task on every node it finds.
 # Connects through RAY_ADDRESS (this job's head) and runs one task on every node it finds; prints the image each task
 # and the command ran in (the fake container runtime's FAKE_IMAGE; None: none).
 ON_EVERY_NODE = """
