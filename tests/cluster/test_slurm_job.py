@@ -513,7 +513,9 @@ def test_a_worker_whose_block_another_job_holds_on_its_node_fails_with_one_line(
     picked the block at once), the step prints the line it is given and exits 75 (not retried) without running its
     command; else its command runs holding the lock, and the node's Ray temp dir is removed after it."""
     bash, env = _chooser(tmp_path)
-    held = bash[: bash.index("probe='")] + 'bash -c "$held" - "$2" "emapg: job 7: node fakenode2: busy" "${@:3}"\n'
+    held = bash[: bash.index("probe='")] + (  # as a worker's step: the lock, then its temp dir removed after it
+        'bash -c "$held" - "$2" "emapg: job 7: node fakenode2: busy" bash -c "$cleaned" - "${@:3}"\n'
+    )
     lock, temp = tmp_path / ".emapg-ports-23140", tmp_path / "ray-7-1"
     temp.mkdir()
     step = ["bash", "-c", held, "-", "7", str(lock), str(temp), "flock", "-n", str(lock), "echo", "lock free"]
