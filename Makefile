@@ -26,6 +26,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/vermin -q --no-tips --violations --eval-annotations -t=3.10- \
+		ema_pg_core experiments sweeps analysis cluster benchmarks tests  # stdlib APIs exist on Python 3.10
 
 # The GPU install (cluster/gpu-install.sh, its one source; docs/scaling-out.md) resolved for a Linux x86_64
 # CUDA 13 machine with wheels only: pip --dry-run reads the wheels' metadata and downloads no CUDA wheel. For

@@ -50,7 +50,7 @@ from pip._vendor.packaging.requirements import Requirement
 from pip._vendor.packaging.utils import canonicalize_name
 
 try:
-    import tomllib
+    import tomllib  # novermin: Python 3.10 takes the fallback below
 except ImportError:  # Python 3.10
     from pip._vendor import tomli as tomllib
 
