@@ -6,8 +6,8 @@ each trial, `Trial`): sweep.csv (``write_csv``, columns and statuses in docs/run
 from __future__ import annotations
 
 import csv
+import io
 import json
-import os
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -58,7 +58,7 @@ def row(sweep_dir: str | Path, metric: str, mode: str, trial: Trial) -> dict[str
     rows, summary, run_state, error = _read(run_dir)
     rows.sort(key=lambda r: r["iteration"])
     final, best = records.final_values(rows), records.best_values(rows, metric, mode)
-    key = metric[len("best_") :] if metric.startswith("best_") else metric
+    key = metric.removeprefix("best_")
     out = {
         "trial_id": trial.trial_id,
         "run_id": run_dir.name if run_dir else "",
@@ -99,12 +99,11 @@ def write_csv(sweep_dir: str | Path, metric: str, mode: str, trials: list[Trial]
     sweep_dir = Path(sweep_dir)
     rows = [row(sweep_dir, metric, mode, t) for t in trials]
     cols = list(dict.fromkeys(k for r in rows for k in r if k != "error")) + ["error"]
-    tmp = sweep_dir / ".sweep.csv.tmp"
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=cols, restval="")
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, sweep_dir / "sweep.csv")
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=cols, restval="")
+    w.writeheader()
+    w.writerows(rows)
+    records.atomic_write(sweep_dir / "sweep.csv", text.getvalue())
     return rows
 
 

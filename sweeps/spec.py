@@ -321,7 +321,7 @@ def _compose(build, spec: Spec, point: dict, seed, where: str):
 def _check_metric(metric: str, tasks: set[str]) -> None:
     from experiments.tasks import TASKS  # loads numpy
 
-    key = metric[len("best_") :] if metric.startswith("best_") else metric
+    key = metric.removeprefix("best_")
     # a task logs eval/<task>/<m> (on the verl backend: the mean over its benchmarks) and, when it has
     # several evaluation sets, eval/<benchmark>/<m> for each (experiments.verl_metrics)
     per_task = {

@@ -84,17 +84,13 @@ def param_space(spec: Spec) -> dict:
     trials run in spec.trials() order (seed slowest: every point of seed 0 first, then seed 1, ...)."""
     space = {}
     for p in reversed(spec.space):
-        vals = list(range(len(p.values))) if _indexed(p) else list(p.values)
-        if p.kind == "grid":
-            space[p.name] = tune.grid_search(vals)
-        elif p.kind == "choice":
-            space[p.name] = tune.choice(vals)
-        elif p.kind == "uniform":
-            space[p.name] = tune.uniform(*p.values)
-        elif p.kind == "loguniform":
-            space[p.name] = tune.loguniform(*p.values)
-        else:  # int: both ends inclusive; Tune's randint excludes the upper end
+        if p.kind in ("grid", "choice"):
+            vals = list(range(len(p.values))) if _indexed(p) else list(p.values)
+            space[p.name] = tune.grid_search(vals) if p.kind == "grid" else tune.choice(vals)
+        elif p.kind == "int":  # both ends inclusive; Tune's randint excludes the upper end
             space[p.name] = tune.randint(p.values[0], p.values[1] + 1)
+        else:  # uniform, loguniform: Tune's samplers of the same names
+            space[p.name] = getattr(tune, p.kind)(*p.values)
     if spec.seed_axis != (None,) and spec.search != "optuna":
         space["seed"] = tune.grid_search(list(spec.seeds))
     return space
@@ -165,7 +161,7 @@ class _Reporter:
 
     def __init__(self, metric: str, mode: str, carry: dict | None = None, last: int | None = None):
         self.metric, self.better = metric, (max if mode == "max" else min)
-        self.key = metric[len("best_") :] if metric.startswith("best_") else metric
+        self.key = metric.removeprefix("best_")
         self.carry: dict[str, float] = dict(carry or {})
         self.last, self.held = last, None
 
@@ -299,31 +295,24 @@ class _Progress(tune.Callback):
             self.best = (float(v), name)
 
     def on_step_end(self, iteration, trials, **info):
+        """The status line; for trials Tune cannot start yet, what one reserves and what each node has free."""
         if time.time() - self.last >= self.every:
             self.last = time.time()
-            self._say(self._status(trials) + self._waiting(trials))
-
-    def _waiting(self, trials) -> str:
-        """For trials Tune cannot start yet: what one reserves, and what each node has free (every status line)."""
-        pending = [t for t in trials if t.status == "PENDING"]
-        if not pending:
-            return ""
-        return "\n          " + waiting_line(self.spec, pending[0].config, verl_resources.free_per_node(), len(pending))
+            pending = [t for t in trials if t.status == "PENDING"]
+            free = verl_resources.free_per_node() if pending else {}
+            wait = waiting_line(self.spec, pending[0].config, free, len(pending)) if pending else ""
+            self._say(self._status(trials) + (f"\n          {wait}" if wait else ""))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self.ended.add(trial.trial_id)
         r = trial.last_result or {}
         v = r.get(self.spec.metric)
-        self._say(
-            f"done    {describe(self.spec, trial.config)}  iteration {r.get('training_iteration', 0)}"
-            + (f"  {self.spec.metric}={v:.4g}" if isinstance(v, (int, float)) else "")
-            + (
-                "  STOPPED UNHEALTHY (a health rule fired; its run record says which)"
-                if r.get("health/stopped")
-                else ""
-            )
-            + f"  | {self._status(trials, trial, 'TERMINATED')}"
-        )
+        line = f"done    {describe(self.spec, trial.config)}  iteration {r.get('training_iteration', 0)}"
+        if isinstance(v, (int, float)):
+            line += f"  {self.spec.metric}={v:.4g}"
+        if r.get("health/stopped"):
+            line += "  STOPPED UNHEALTHY (a health rule fired; its run record says which)"
+        self._say(f"{line}  | {self._status(trials, trial, 'TERMINATED')}")
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         self._say(
@@ -470,14 +459,11 @@ def _search_alg(spec: Spec):
 
 def _scheduler(spec: Spec):
     s = spec.scheduler
-    if s.type == "asha":
-        return AsyncHyperBandScheduler(
-            time_attr=s.time_attr,
-            max_t=s.max_t or 100,
-            grace_period=s.grace_period,
-            reduction_factor=s.reduction_factor,
-        )
-    return FIFOScheduler()
+    if s.type != "asha":
+        return FIFOScheduler()
+    return AsyncHyperBandScheduler(
+        time_attr=s.time_attr, max_t=s.max_t or 100, grace_period=s.grace_period, reduction_factor=s.reduction_factor
+    )
 
 
 def _tune_config(spec: Spec) -> tune.TuneConfig:
@@ -516,7 +502,7 @@ def run_sweep(
     sweep_dir = Path(sweep_dir or Path("outputs") / "sweeps" / spec.name).resolve()
     _check_out(spec, sweep_dir, resume)  # before the owner lock writes into it
     _PHASE[0] = BEFORE_TUNE
-    with _driver_signals():
+    with _handling(_OWN_HANDLERS):
         try:
             with owner.held(sweep_dir, "sweep driver", DRIVER_BUSY) as killed:  # one driver per directory
                 _check_out(spec, sweep_dir, resume)
@@ -679,51 +665,40 @@ def sweep_resume_command(sweep_dir: Path) -> str:
 
 # ---------------------------------------------------------------------------- signals
 # SIGTERM and SIGINT end the driver at any point with the interrupted line and exit 143 / 130, never with Ray's own
-# exit: outside Tune's run they unwind it (``_driver_signals``), while ray.init blocks they end it from a thread
+# exit: outside Tune's run they unwind it (``_OWN_HANDLERS``), while ray.init blocks they end it from a thread
 # (``_ray_signals``), during Tune's run they stop Tune first (``_signals_stop_tune``). Only the main thread can set
 # a handler: elsewhere (a driver run in a thread) the caller's handling stands.
 RAY_GRACE_S = 2.0  # after a signal while ray.init runs: how long it has to return (the driver then unwinds)
+# SIGTERM raises Terminated, SIGINT KeyboardInterrupt: the driver unwinds to RunInterrupted (``run_sweep``)
+_OWN_HANDLERS = {signal.SIGTERM: raise_terminated, signal.SIGINT: signal.default_int_handler}
 
 
 def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _own_handlers() -> None:
-    """SIGTERM raises Terminated, SIGINT KeyboardInterrupt: the driver unwinds to RunInterrupted (``run_sweep``).
-    Put back after ray.init, which sets Ray's (an exit at once)."""
-    signal.signal(signal.SIGTERM, raise_terminated)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 @contextlib.contextmanager
-def _driver_signals():
-    """The driver's own handlers (``_own_handlers``) for the block; the previous ones after it."""
+def _handling(handlers: dict):
+    """Set `handlers` ({signal: handler}) for the block, the previous ones after it (main thread only)."""
     if not _main_thread():
         yield
         return
-    previous = _handlers(signal.SIGTERM, signal.SIGINT)
-    _own_handlers()
+    previous = {s: signal.getsignal(s) for s in handlers}
+    for s, handler in handlers.items():
+        signal.signal(s, handler)
     try:
         yield
     finally:
-        _put_back(previous)
-
-
-def _handlers(*signals: signal.Signals) -> dict:
-    return {s: signal.getsignal(s) for s in signals}
-
-
-def _put_back(handlers: dict) -> None:
-    for s, handler in handlers.items():
-        signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager
 def _ray_signals(what: str, sweep_dir: Path | None):
     """Around ray.init, which can block for minutes in Ray's C++ code (no Python handler runs) and sets Ray's own
     SIGTERM handler (``sys.exit(15)``): a thread that sees SIGTERM/SIGINT through Python's wakeup fd ends the
-    driver unless ray.init returns within RAY_GRACE_S. Ray's ``SystemExit(15)`` becomes Terminated."""
+    driver unless ray.init returns within RAY_GRACE_S. Ray's ``SystemExit(15)`` becomes Terminated, and the
+    driver's own handlers are put back after it."""
     if not _main_thread():
         yield
         return
@@ -761,7 +736,8 @@ def _ray_signals(what: str, sweep_dir: Path | None):
         signal.set_wakeup_fd(previous)
         reader.close()
         writer.close()
-        _own_handlers()
+        for s, handler in _OWN_HANDLERS.items():
+            signal.signal(s, handler)
 
 
 @contextlib.contextmanager
@@ -770,9 +746,6 @@ def _signals_stop_tune():
     yields the signals received. A second signal, or one before Tune set its handler, unwinds at once. Tune's
     handler is reached through SIGUSR1; its SIGINT handler is off, so the driver knows which signal it was."""
     got: list[str] = []
-    if not _main_thread():
-        yield got
-        return
 
     def stop(signum, frame) -> None:
         name = signal.Signals(signum).name
@@ -785,20 +758,16 @@ def _signals_stop_tune():
         print(f"emapg sweep: {name}: stopping the trials and saving the sweep's state", file=sys.stderr, flush=True)
         tunes(signal.SIGUSR1, frame)
 
-    previous = _handlers(signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
     env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
-    signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # until Tune sets its own
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
-        yield got
+    try:  # SIGUSR1: the default until Tune sets its own
+        with _handling({signal.SIGUSR1: signal.SIG_DFL, signal.SIGTERM: stop, signal.SIGINT: stop}):
+            yield got
     finally:
         if env is None:
             os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
         else:
             os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = env
-        _put_back(previous)
 
 
 # ---------------------------------------------------------------------------- adaptive seeds, in rounds
@@ -854,15 +823,13 @@ def _round_path(sweep_dir: Path, spec: Spec, rnd: int) -> Path:
 def _round_to_run(spec: Spec, sweep_dir: Path, events: list[dict]) -> tuple[int, list[dict] | None]:
     """(round, its trials): the planned round not yet decided, or the next one (planned and recorded here);
     (round, None) when the last decision asked for no more trials."""
-    if not events:
-        planned = adaptive.first_round(spec)
-        adaptive.write_event(sweep_dir, {"event": "plan", "round": 0, "trials": planned})
-        return 0, planned
-    last = events[-1]
-    if last["event"] == "plan":
+    last = events[-1] if events else None
+    if last is None:
+        rnd, planned = 0, adaptive.first_round(spec)
+    elif last["event"] == "plan":
         return last["round"], last["trials"]
-    rnd = last["round"] + 1
-    planned = adaptive.next_round(spec, last["comparisons"], adaptive.seeds_planned(events))
+    else:
+        rnd, planned = last["round"] + 1, adaptive.next_round(spec, last["comparisons"], adaptive.seeds_planned(events))
     if not planned:
         return rnd, None
     adaptive.write_event(sweep_dir, {"event": "plan", "round": rnd, "trials": planned})
@@ -970,7 +937,7 @@ def _quiet():
     """Silence Tune's tracebacks of failed trials (_Progress names their error files), its warnings about trials
     without results, and its ``Tuner.restore`` hint (the sweep prints its own --resume line)."""
     loggers = [
-        logging.getLogger(n) for n in ("ray.tune.execution.tune_controller", "ray.tune.analysis.experiment_analysis")
+        logging.getLogger(f"ray.tune.{n}") for n in ("execution.tune_controller", "analysis.experiment_analysis")
     ]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
@@ -985,8 +952,7 @@ def _quiet():
             lg.setLevel(level)
 
 
-def _not_tuners_resume_hint(record: logging.LogRecord) -> bool:
-    """False for Tune's "Experiment has been interrupted ... Resume experiment with: Tuner.restore(...)"."""
+def _not_tuners_resume_hint(record: logging.LogRecord) -> bool:  # "... Resume experiment with: Tuner.restore(...)"
     return "Tuner.restore(" not in record.getMessage()
 
 
@@ -1101,7 +1067,6 @@ def _fit(spec: Spec, sweep_dir: Path, exp_path: Path, progress: bool) -> list[st
 
 
 def _trials(exp_path: Path) -> list:
-    """Tune's trials of the experiment at `exp_path`, as it saved them."""
     with _quiet():
         return tune.ExperimentAnalysis(str(exp_path)).trials
 
