@@ -175,10 +175,9 @@ def validate(cfg: DictConfig) -> LocalConfig:
         check_path(key, cfg[key])
     if cfg.model.name == "hf" and cfg.model.path is None:
         raise ValueError("model=hf needs model.path (a local Hugging Face model directory), e.g. model.path=~/models/x")
-    if cfg.logger.name not in ("wandb", "none"):
-        raise ValueError(f"logger.name={cfg.logger.name!r} is not allowed; allowed values: wandb, none")
-    if cfg.logger.mode not in ("offline", "online", "disabled"):
-        raise ValueError(f"logger.mode={cfg.logger.mode!r} is not allowed; allowed values: offline, online, disabled")
+    for key, allowed in (("name", ("wandb", "none")), ("mode", ("offline", "online", "disabled"))):
+        if cfg.logger[key] not in allowed:
+            raise ValueError(f"logger.{key}={cfg.logger[key]!r} is not allowed; allowed values: {', '.join(allowed)}")
     OmegaConf.to_object(cfg.task), OmegaConf.to_object(cfg.model)  # each section validates itself
     sections = {name: OmegaConf.to_object(cfg[name]) for name in ("algo", "rollout", "optim", "trainer")}
     local = LocalConfig(**sections, seed=int(cfg.seed))  # the core trainer's config: each dataclass validates itself
@@ -255,15 +254,12 @@ def model(cfg: DictConfig):
     if path is None:
         from experiments.pretrain import pretrain  # loads transformers
 
-        model_cfg = {"hidden": int(cfg.model.hidden), "layers": int(cfg.model.layers), "heads": int(cfg.model.heads)}
-        steps = None if cfg.model.pretrain_steps is None else int(cfg.model.pretrain_steps)
-        knobs = OmegaConf.to_container(cfg.task.knobs, resolve=True)
         path = pretrain(
             cfg.task.name,
-            model_cfg=model_cfg,
-            steps=steps,
+            model_cfg={key: int(cfg.model[key]) for key in ("hidden", "layers", "heads")},
+            steps=None if cfg.model.pretrain_steps is None else int(cfg.model.pretrain_steps),
             cache_dir=os.path.expanduser(cfg.model.cache_dir),
-            knobs=knobs,
+            knobs=OmegaConf.to_container(cfg.task.knobs, resolve=True),
             progress=progress.enabled(),
         )
     tok = AutoTokenizer.from_pretrained(path)

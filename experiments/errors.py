@@ -232,15 +232,12 @@ def _unknown_key(full_key: str, keys: list[str]) -> str:
 
 def _plain(what: str) -> str:
     """OmegaConf's "Value 'abc' of type 'str' could not be converted to Integer" -> "'abc' is not an integer"."""
-    m = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", what)
-    if m:
+    if m := re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", what):
         kind = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}.get(m.group(2), m.group(2))
         return f"{m.group(1)!r} is not {kind}"
-    m = re.match(r"Value '(.*)' is not a valid bool", what)
-    if m:
+    if m := re.match(r"Value '(.*)' is not a valid bool", what):
         return f"{m.group(1)!r} is not true or false"
-    m = re.match(r"Invalid type assigned: (\w+) is not a subclass of (\w+)", what)
-    if m:
+    if m := re.match(r"Invalid type assigned: (\w+) is not a subclass of (\w+)", what):
         return (
             f"a {m.group(1)} was given where a section ({m.group(2)}) belongs; "
             "set its keys instead (e.g. key.field=value)"

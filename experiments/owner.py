@@ -27,19 +27,26 @@ from experiments.errors import UserError
 FILE = "owner.lock"
 BEAT_S = 2.0  # the heartbeat's period
 GONE_AFTER_S = 3 * BEAT_S + 1.0  # a writer on another host whose heartbeat stands still this long is gone
+REMEDY = "wait for it to end, or use another directory"
 
 
 class Busy(UserError):
     """The directory has a live writer; the message names it."""
 
 
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None where it cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def pid_start(pid: int) -> str | None:
     """When process `pid` started (clock ticks since boot, from /proc), or None where that cannot be read:
     with the pid, it names a process for good (a pid alone is reused)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    fields = _proc_stat(pid)
+    return fields[19] if fields and len(fields) > 19 else None
 
 
 def alive(pid: int, start: str | None = None) -> bool:
@@ -49,9 +56,8 @@ def alive(pid: int, start: str | None = None) -> bool:
             os.kill(pid, 0)
         except ProcessLookupError:
             return False
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = _proc_stat(pid)
+    if fields is None:
         return True  # no /proc: os.kill's answer is all there is
     return fields[0] != "Z" and (start is None or fields[19] == start)
 
@@ -122,7 +128,7 @@ class Owner:
         self._fds = []
 
 
-def acquire(directory: str | Path, what: str, remedy: str = "wait for it to end, or use another directory") -> Owner:
+def acquire(directory: str | Path, what: str, remedy: str = REMEDY) -> Owner:
     """Take `directory` (created if need be) for this process as the writer of a `what` ("run", "sweep driver",
     "evaluation"); raises Busy naming the live writer, ending with `remedy`."""
     directory = Path(directory)
@@ -159,9 +165,7 @@ def _other_host_alive(fd: int, record: dict) -> bool:
 
 
 @contextlib.contextmanager
-def held(
-    directory: str | Path, what: str, remedy: str = "wait for it to end, or use another directory"
-) -> Iterator[dict | None]:
+def held(directory: str | Path, what: str, remedy: str = REMEDY) -> Iterator[dict | None]:
     """Hold `directory` for the block (see `acquire`); yields what a writer killed mid-way left, or None."""
     owner = acquire(directory, what, remedy)
     try:

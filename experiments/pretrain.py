@@ -84,8 +84,7 @@ class PretrainConfig:
             raise ValueError(f"pretrain target_acc must be in (0, 1] or null; got {self.target_acc!r}")
         if not self.lr > 0:
             raise ValueError(f"pretrain lr must be > 0; got {self.lr!r}")
-        unknown = sorted(set(self.model) - set(MODEL_DEFAULTS))
-        if unknown:
+        if unknown := sorted(set(self.model) - set(MODEL_DEFAULTS)):
             raise ValueError(f"unknown pretrain model key(s) {unknown}; allowed: {', '.join(MODEL_DEFAULTS)}")
 
 
@@ -156,8 +155,7 @@ def damaged(path: Path) -> str | None:
 
 def unusable(path: Path, built: dict) -> str | None:
     """Why the finished warm start at `path` must be rebuilt (`damaged`, else `stale`); None if reusable/unfinished."""
-    broken = damaged(path)
-    if broken:
+    if broken := damaged(path):
         return f"is damaged ({broken})"
     why = stale(path, built)
     return f"was built otherwise ({why})" if why else None
@@ -251,6 +249,7 @@ def train(cfg: PretrainConfig, out_dir: Path, progress: bool = True) -> dict[str
     model = build_model(tokenizer, seed=cfg.seed, **cfg.model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     losses, val_acc, step = [], 0.0, 0
+    recent_loss = lambda: sum(losses[-20:]) / len(losses[-20:])  # the last 20 steps
     bar = progress_bar(cfg.steps, f"pretrain {cfg.task}", show=progress)
     for step in range(1, cfg.steps + 1):
         model.train()
@@ -266,9 +265,7 @@ def train(cfg: PretrainConfig, out_dir: Path, progress: bool = True) -> dict[str
         bar.update(1)
         if cfg.target_acc is not None and step % cfg.eval_every == 0:
             val_acc = accuracy(model, tokenizer, task, env, val)
-            bar.set_postfix(
-                loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", val_acc=f"{val_acc:.2f}", refresh=False
-            )
+            bar.set_postfix(loss=f"{recent_loss():.3f}", val_acc=f"{val_acc:.2f}", refresh=False)
             if val_acc >= cfg.target_acc:
                 break
     bar.close()
@@ -281,7 +278,7 @@ def train(cfg: PretrainConfig, out_dir: Path, progress: bool = True) -> dict[str
         "steps_done": step,
         "val_acc": val_acc,
         "reached_target": cfg.target_acc is None or val_acc >= cfg.target_acc,
-        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+        "final_loss": recent_loss(),
         "train_s": time.perf_counter() - wall,
         "cpu_s": time.process_time() - cpu,
     }

@@ -105,10 +105,8 @@ def config_hash(cfg: DictConfig | Mapping[str, Any]) -> str:
     that train the same thing (seed included), wherever and however they are logged."""
     pruned = resolved(cfg)
     for dotted in HASH_EXCLUDE:
-        *parents, leaf = dotted.split(".")
-        node: Any = pruned
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
+        parent, _, leaf = dotted.rpartition(".")
+        node = _dig(pruned, parent) if parent else pruned
         if isinstance(node, dict):
             node.pop(leaf, None)
     text = json.dumps(pruned, sort_keys=True, separators=(",", ":"), default=str)
@@ -214,6 +212,15 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return scan_jsonl(path)[0]
 
 
+def _read_json(path: Path, default: Any = None) -> Any:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else default
+
+
+def _status_of(run_dir: Path) -> str | None:
+    """The status file's state, or None when there is no status file yet."""
+    return read_status(run_dir)[0] if (run_dir / STATUS).is_file() else None
+
+
 def read_metrics(run_dir: str | Path) -> list[dict]:
     return read_jsonl(Path(run_dir) / METRICS)
 
@@ -272,7 +279,7 @@ def stage_progress(run_dir: str | Path) -> tuple[list[str], str | None]:
     started = [r["stage"] for r in read_stages(run_dir)]
     if not started:
         return [], None
-    if (Path(run_dir) / STATUS).is_file() and read_status(run_dir)[0] == "finished":
+    if _status_of(Path(run_dir)) == "finished":
         return started, None
     return started[:-1], started[-1]
 
@@ -314,18 +321,15 @@ def append_eval_rows(out_dir: str | Path, rows: list[Mapping[str, Any]]) -> None
     out = [jsonable(dict(r)) for r in rows]
     if bad := [r for r in out if set(r) != set(EVAL_ROW_KEYS) or not isinstance(r["iteration"], int)]:
         raise ValueError(f"eval rows need exactly {EVAL_ROW_KEYS} with an integer iteration; got {bad[0]!r}")
-    path = Path(out_dir) / EVALS
-    _guarded(_append, path, out)
+    _guarded(_append, Path(out_dir) / EVALS, out)
 
 
 def write_eval_summary(out_dir: str | Path, summary: Mapping[str, Any]) -> None:
-    path = Path(out_dir) / EVAL_SUMMARY
-    _guarded(atomic_write, path, json.dumps(jsonable(dict(summary)), indent=1) + "\n")
+    _guarded(atomic_write, Path(out_dir) / EVAL_SUMMARY, json.dumps(jsonable(dict(summary)), indent=1) + "\n")
 
 
 def read_summary(run_dir: str | Path) -> dict | None:
-    path = Path(run_dir) / SUMMARY
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    return _read_json(Path(run_dir) / SUMMARY)
 
 
 def numerics_key(run: Mapping[str, Any] | str | Path) -> tuple[tuple[str, Any], ...] | None:
@@ -345,8 +349,7 @@ def comparable_numerics(fingerprint: Mapping[str, Any]) -> dict:
 
 
 def read_wandb_state(run_dir: str | Path) -> dict:
-    path = Path(run_dir) / WANDB_STATE
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return _read_json(Path(run_dir) / WANDB_STATE, {})
 
 
 def _rewrite_jsonl(path: Path, keep: Callable[[dict], bool]) -> list[dict]:
@@ -449,39 +452,35 @@ class RunRecord:
             raise NotADirectoryError(20, "run_dir is a file, not a directory", str(run_dir))
         held = held or owner.acquire(run_dir, "run", RUN_BUSY)  # one writer per record, before any read or write
         try:
-            how = dict(resume=resume, force=force, checkpoint=checkpoint, skipped=skipped, stage=stage, trained=trained)
-            return cls._open(run_dir, held, resolved(cfg), **how)
+            config = resolved(cfg)
+            changes = config_changes(trained if trained is not None else run_dir / CONFIG, config) if resume else {}
+            may_change = (*RESUME_MAY_CHANGE, "stage", *stage.get("may_change", ())) if stage else RESUME_MAY_CHANGE
+            refused = {k: v for k, v in changes.items() if not _under(k, may_change)}
+            if refused and not force:
+                raise ValueError(_refusal(run_dir, refused))
+            if resume:
+                _check_unhealthy_resume(run_dir, changes, force)
+            else:
+                _check_fresh(run_dir)
+            for name in (SUMMARY,) if resume else (SUMMARY, METRICS, EVALS, WANDB_STATE, RESUMES, STAGES):
+                (run_dir / name).unlink(missing_ok=True)
+            rec = cls(run_dir, config)
+            rec.owner = held
+            rec._write(run_dir / CONFIG, OmegaConf.to_yaml(config))
+            if resume:
+                rec.rewind(None)
+            if stage is not None:
+                head = {"stage": stage["stage"], "index": int(stage["index"])}
+                rec._log_continuation(STAGES, checkpoint, changes, bool(refused), head=head)
+            elif resume:
+                rec._log_continuation(RESUMES, checkpoint, changes, bool(refused), tail={"skipped": list(skipped)})
+            if resume:
+                rec.forced = any(r.get("forced") for r in read_resumes(run_dir) + read_stages(run_dir))
+            rec._write_status("running", f"pid={os.getpid()} host={socket.gethostname()}")
+            return rec
         except BaseException:
             held.release()
             raise
-
-    @classmethod
-    def _open(cls, run_dir, held, config, *, resume, force, checkpoint, skipped, stage, trained) -> RunRecord:
-        changes = config_changes(trained if trained is not None else run_dir / CONFIG, config) if resume else {}
-        may_change = (*RESUME_MAY_CHANGE, "stage", *stage.get("may_change", ())) if stage else RESUME_MAY_CHANGE
-        refused = {k: v for k, v in changes.items() if not _under(k, may_change)}
-        if refused and not force:
-            raise ValueError(_refusal(run_dir, refused))
-        if resume:
-            _check_unhealthy_resume(run_dir, changes, force)
-        if not resume:
-            _check_fresh(run_dir)
-        for name in (SUMMARY,) if resume else (SUMMARY, METRICS, EVALS, WANDB_STATE, RESUMES, STAGES):
-            (run_dir / name).unlink(missing_ok=True)
-        rec = cls(run_dir, config)
-        rec.owner = held
-        rec._write(run_dir / CONFIG, OmegaConf.to_yaml(config))
-        if resume:
-            rec.rewind(None)
-        if stage is not None:
-            head = {"stage": stage["stage"], "index": int(stage["index"])}
-            rec._log_continuation(STAGES, checkpoint, changes, bool(refused), head=head)
-        elif resume:
-            rec._log_continuation(RESUMES, checkpoint, changes, bool(refused), tail={"skipped": list(skipped)})
-        if resume:
-            rec.forced = any(r.get("forced") for r in read_resumes(run_dir) + read_stages(run_dir))
-        rec._write_status("running", f"pid={os.getpid()} host={socket.gethostname()}")
-        return rec
 
     def _log_continuation(self, name: str, checkpoint, changes: dict, forced: bool, *, head=None, tail=None) -> None:
         """One line of stages.jsonl (a stage starts) or resumes.jsonl: after `after_iteration`, from `checkpoint`."""
@@ -562,10 +561,7 @@ class RunRecord:
 
     def fail(self, exc: BaseException | str) -> dict:
         """Write summary.json, then status=failed followed by the error and its traceback."""
-        if isinstance(exc, BaseException):
-            error = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        else:
-            error = str(exc)
+        error = "".join(traceback.format_exception(exc)) if isinstance(exc, BaseException) else str(exc)
         return self._close("failed", error, None)
 
     def __enter__(self) -> RunRecord:
@@ -649,7 +645,7 @@ class RunRecord:
 
 def _check_fresh(run_dir: Path) -> None:
     """Refuse to start a run over one already recorded (nothing is overwritten by accident)."""
-    state = read_status(run_dir)[0] if (run_dir / STATUS).is_file() else None
+    state = _status_of(run_dir)
     has_metrics = (run_dir / METRICS).is_file() and (run_dir / METRICS).stat().st_size > 0
     has_ckpt = (run_dir / "checkpoints" / "latest").exists()
     if state == "finished" or has_metrics or has_ckpt:
@@ -662,9 +658,7 @@ def _check_fresh(run_dir: Path) -> None:
 def _check_unhealthy_resume(run_dir: Path, changes: dict[str, tuple], force: bool) -> None:
     """A run stopped by a health rule resumes only with a change: of its health.* rules, or forced (e.g. a lower
     optim.lr). With neither, an exact resume would replay the same metrics and stop at the same iteration."""
-    if not (run_dir / STATUS).is_file() or read_status(run_dir)[0] != UNHEALTHY:
-        return
-    if (force and changes) or any(_under(k, ("health",)) for k in changes):
+    if _status_of(run_dir) != UNHEALTHY or (force and changes) or any(_under(k, ("health",)) for k in changes):
         return
     health = (read_summary(run_dir) or {}).get("health") or {}
     raise ValueError(

@@ -102,10 +102,7 @@ def run(
     numerics.pin()  # torch is loaded: raises unless the pins of EMAPG_NUMERICS were set before it loaded
     progress.quiet_libraries()
     if cfg.get("stages") or cfg.get("stage") is not None or cfg.get("resume_from"):
-
-        def one(c: DictConfig, s: dict | None) -> dict[str, float]:
-            return _run_one(c, callback, s, timeline)
-
+        one = lambda c, s: _run_one(c, callback, s, timeline)
         return stages.run_staged(cfg, resolve_run_dir(cfg), build.validate, one)
     return _run_one(cfg, callback, None, timeline)
 
@@ -151,11 +148,8 @@ def _stamp(timeline: dict[str, float], name: str, clock: Callable[[], float] = t
     timeline[name] = round(clock(), 3)
 
 
-def _run_one(
-    cfg: DictConfig, callback: Callback | None, stage: dict | None = None, timeline: dict[str, float] | None = None
-) -> dict[str, float]:
+def _run_one(cfg: DictConfig, callback: Callback | None, stage: dict | None, timeline: dict) -> dict[str, float]:
     """One run, or one stage of a staged run (`stage`: experiments.stages.start_info)."""
-    timeline = {} if timeline is None else timeline
     local_cfg = build.validate(cfg)  # raises before any work
     build.check_k(cfg)
     if cfg.backend.name == "verl":
@@ -327,15 +321,11 @@ VERL_POLL_S = 10.0  # how often (seconds) a verl run's metrics files are read in
 
 
 def _run_verl(cfg: DictConfig, callback: Callback | None = None, stage: dict | None = None) -> dict[str, float]:
-    """The distributed backend: stock verl 0.9.x + our plugin (needs the [verl] extra and GPUs).
-
-    verl runs in a worker thread and logs to ``<run_dir>/verl_metrics.jsonl`` (one file per attempt,
-    ``experiments.verl_metrics``); this thread follows those files every VERL_POLL_S seconds (``_VerlFollower``),
-    so a verl run reads like a local one while it runs and `callback` gets each iteration once verl logged it,
-    without checkpoints (verl keeps its own). The last poll starts after verl returned or failed, so every step
-    verl logged is recorded (``_in_thread``). time_s is when the follower saw a step (up to VERL_POLL_S late);
-    per-step wall time is perf/iter_s. A stage starts from the previous stage's checkpoint: ``stage_job_config``.
-    """
+    """The distributed backend: stock verl 0.9.x + our plugin (needs the [verl] extra and GPUs). verl runs in a
+    worker thread (``_in_thread``) and logs to ``<run_dir>/verl_metrics.jsonl``, which this thread follows every
+    VERL_POLL_S seconds (``_VerlFollower``): a verl run reads like a local one while it runs, and `callback` gets
+    each iteration without a checkpoint (verl keeps its own). time_s is when the follower saw a step (up to
+    VERL_POLL_S late); per-step wall time is perf/iter_s. A stage starts as ``stage_job_config`` says."""
     verl_plugin.require_verl()  # an install hint, not a traceback, on a machine without the [verl] extra
 
     run_dir = resolve_run_dir(cfg)

@@ -46,7 +46,8 @@ _LEGACY = {"dryrun": "offline", "run": "online"}
 def resolve_mode(configured: str | None) -> str:
     """WANDB_MODE (if set and non-empty) > the configured mode > "offline"."""
     env = os.environ.get("WANDB_MODE") or None
-    mode = _LEGACY.get(env or configured or "offline", env or configured or "offline")
+    mode = env or configured or "offline"
+    mode = _LEGACY.get(mode, mode)
     if mode not in MODES:
         source = "the WANDB_MODE environment variable" if env else "logger.mode"
         raise ValueError(f"W&B mode {mode!r} from {source} is not allowed; allowed values: {', '.join(MODES)}")
@@ -74,10 +75,7 @@ def _key_refused(err: BaseException) -> bool:
     """Is W&B's AuthenticationError about the key itself (its format, or the server answering 401/403), not about
     reaching the server to check it? W&B raises it for both; only a check that ran has a cause."""
     cause = err.__cause__
-    if cause is None:
-        return True
-    status = getattr(getattr(cause, "response", None), "http_status", None)
-    return status in (401, 403)
+    return cause is None or getattr(getattr(cause, "response", None), "http_status", None) in (401, 403)
 
 
 # How long `reaching` waits for W&B's service process to stop after an error. One still busy with a server that did
@@ -200,7 +198,7 @@ class WandbLogger:
             self.finish(exit_code=1)
             return False
         self.last_step = iteration
-        self._save()
+        _save_state(self.run_dir, {"id": self.wandb_run_id, "last_step": iteration, "project": self.project}, self.mode)
         return True
 
     def __enter__(self) -> WandbLogger:
@@ -218,10 +216,6 @@ class WandbLogger:
                 run.finish(exit_code=exit_code)
             except Exception as err:
                 warnings.warn(f"W&B finish failed ({err!r})", stacklevel=2)
-
-    def _save(self) -> None:
-        state = {"id": self.wandb_run_id, "last_step": self.last_step, "project": self.project}
-        _save_state(self.run_dir, state, self.mode)
 
 
 def _start_state(run_dir: Path, project: str, mode: str) -> dict:

@@ -557,6 +557,7 @@ def check_nccl(ctx: Context) -> Result:
         return Result("FAIL", found, "see the driver check")
     found = f"NCCL {version or '(not in this torch)'}; {settings}"
     problems = nccl_problems(env, ctx.probes.interfaces(), d.nodes)
+    fixes = [f for _, f in problems]
     try:
         ranks = min(len(ctx.probes.gpus()), d.gpus_per_node) if version else 0
     except Exception:  # noqa: BLE001  torch.cuda does not initialise: the cuda check says why
@@ -566,13 +567,11 @@ def check_nccl(ctx: Context) -> Result:
         try:
             ctx.probes.all_reduce(ranks)
         except Exception as e:  # noqa: BLE001  a rank's error, or a hang that ran into the timeout
-            fix = "; ".join(
-                ["NCCL_DEBUG=INFO shows why; check the GPU links (`nvidia-smi topo -m`)", *(f for _, f in problems)]
-            )
+            fix = "; ".join(["NCCL_DEBUG=INFO shows why; check the GPU links (`nvidia-smi topo -m`)", *fixes])
             return Result("FAIL", f"{found}; {across} failed: {_first_line(e)}", fix)
         found += f"; {across} summed right"
     if problems:
-        return Result("WARN", f"{found}; {'; '.join(p for p, _ in problems)}", "; ".join(f for _, f in problems))
+        return Result("WARN", f"{found}; {'; '.join(p for p, _ in problems)}", "; ".join(fixes))
     return Result("PASS", found)
 
 
@@ -608,9 +607,7 @@ def check_paths(ctx: Context) -> list[Result]:
     items = ([("model.path", d.model)] if d.model else []) + list(d.files)
     if not items:
         return [Result("N/A", "no model or data files: the tiny model and the task's problems are built here")]
-    if ctx.cluster is None:
-        return [readable(items)]
-    return [readable(items)] + _on_each_node(ctx.cluster, readable, items)
+    return [readable(items)] + (_on_each_node(ctx.cluster, readable, items) if ctx.cluster is not None else [])
 
 
 def _on_each_node(cluster: RayCluster, fn: Callable[..., Result], *args) -> list[Result]:

@@ -101,8 +101,7 @@ class RehearsalData:
 def make_knobs(cls: type, task: str, knobs: dict[str, Any]):
     """`cls(**knobs)` with a ValueError naming unknown knobs and the allowed ones."""
     allowed = [f.name for f in fields(cls)]
-    unknown = sorted(set(knobs) - set(allowed))
-    if unknown:
+    if unknown := sorted(set(knobs) - set(allowed)):
         raise ValueError(f"unknown {task} knob(s) {unknown}; allowed: {', '.join(allowed)}")
     return cls(**knobs)
 
