@@ -20,6 +20,7 @@ import pandas as pd
 from analysis.tables import to_markdown
 
 MAX_LISTED = 10  # ids listed inline per output; the full lists are in provenance.json
+ID_LISTS = {"run_ids": "runs", "config_hashes": "config hashes", "wandb_run_ids": "W&B runs"}  # run_provenance's
 
 
 @dataclass
@@ -60,15 +61,13 @@ def write_index(out_dir: Path, title: str, header: list[str], outputs: list[Outp
 def provenance_text(prov: dict[str, Any]) -> str:
     """One line: "runs (3): a, b, c; config hashes: ...; W&B: ..." or the audit metadata."""
     parts = []
-    for key, name in (("run_ids", "runs"), ("config_hashes", "config hashes"), ("wandb_run_ids", "W&B runs")):
+    for key, name in ID_LISTS.items():
         vals = prov.get(key) or []
         if vals:
             shown = ", ".join(vals[:MAX_LISTED])
             more = f", … {len(vals) - MAX_LISTED} more (provenance.json)" if len(vals) > MAX_LISTED else ""
             parts.append(f"{name} ({len(vals)}): {shown}{more}")
-    for key, value in prov.items():
-        if key not in ("run_ids", "config_hashes", "wandb_run_ids"):
-            parts.append(f"{key}: {value}")
+    parts += [f"{key}: {value}" for key, value in prov.items() if key not in ID_LISTS]
     return "; ".join(parts) or "—"
 
 

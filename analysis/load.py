@@ -108,9 +108,8 @@ def read_run(run_dir: str | Path) -> RawRun:
     config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
     if not isinstance(config, dict):
         raise ValueError(f"{run_dir / 'config.yaml'}: expected a mapping, got {type(config)}")
-    summary = None
-    if (run_dir / "summary.json").is_file():
-        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    summary_file = run_dir / "summary.json"
+    summary = json.loads(summary_file.read_text(encoding="utf-8")) if summary_file.is_file() else None
     status, detail = records.read_status(run_dir)
     state = records.read_state(run_dir)  # `crashed`: left running by a process that is gone
     rows, truncated = records.scan_jsonl(run_dir / "metrics.jsonl")
@@ -365,12 +364,7 @@ def load_wandb(
 def wandb_raw_run(run: Any, path: str) -> RawRun:
     """One `wandb.apis.public.Run` -> RawRun (history through scan_history)."""
     config = {k: v for k, v in flatten(dict(run.config or {})).items() if not k.startswith("_")}
-    rows = []
-    for rec in run.scan_history():
-        rec = dict(rec)
-        rec.setdefault("iteration", rec.get("_step"))
-        rec.setdefault("time_s", rec.get("_runtime"))
-        rows.append(rec)
+    rows = [{"iteration": r.get("_step"), "time_s": r.get("_runtime"), **r} for r in map(dict, run.scan_history())]
     state = str(getattr(run, "state", "unknown"))
     return RawRun(
         run_id=str(config.get("run_id") or getattr(run, "name", None) or run.id),
@@ -391,10 +385,7 @@ def wandb_raw_run(run: Any, path: str) -> RawRun:
 
 
 def _lookup(flat: dict[str, Any], paths: tuple[str, ...]) -> Any:
-    for p in paths:
-        if p in flat and _is_scalar(flat[p]):
-            return flat[p]
-    return None
+    return next((flat[p] for p in paths if p in flat and _is_scalar(flat[p])), None)
 
 
 def _is_num(v: Any) -> bool:

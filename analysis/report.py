@@ -96,12 +96,11 @@ def report_frames(
     """The report from already loaded frames (analysis.load.load_runs or load_wandb)."""
     with outdir.replacing(out_dir, REPORT, {"source": source or "frames"}) as out:
         outputs: list[Output] = []
-        skipped: list[str] = []
         prov = run_provenance(runs)
         all_runs = _table(tables.runs_table(runs), out, "All runs with status", prov, section="All runs")
         unhealthy = runs["unhealthy"].astype(bool)  # stopped by a health rule: listed apart, never in a number
         keep = runs[(runs["complete"].astype(bool) | include_incomplete) & ~unhealthy]
-        skipped += _left_out_notes(runs[~unhealthy], keep)
+        skipped = _left_out_notes(runs[~unhealthy], keep)
         keep, repeats = one_per_config(keep)
         skipped += repeats
         for note in repeats:  # also on the front page and in its notes
@@ -465,8 +464,6 @@ def _problem_counts(evals: pd.DataFrame, benchmarks: Sequence[str], names: Mappi
 def _sweep_metric(root: Path) -> str | None:
     """The `metric` of a sweep directory's sweep.yaml, if any."""
     spec = root / "sweep.yaml"
-    if not spec.is_file():
-        return None
-    data = yaml.safe_load(spec.read_text(encoding="utf-8")) or {}
+    data = yaml.safe_load(spec.read_text(encoding="utf-8")) if spec.is_file() else None
     metric = data.get("metric") if isinstance(data, dict) else None
     return metric if isinstance(metric, str) else None

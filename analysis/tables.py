@@ -171,7 +171,6 @@ def ours_rows(
         for col_label, col in columns.items():
             vals = sub[col].dropna().to_numpy(float) if col in sub else np.array([])
             if len(vals) == 0:
-                cells[col_label] = NA
                 continue
             m, lo, hi = stats.bootstrap_ci(vals, reps=reps, seed=seed)
             cells[col_label] = fmt_ci(m, lo, hi) + (f" (n={len(vals)})" if len(vals) < len(sub) else "")
@@ -212,7 +211,6 @@ def gain_rows(
         for col_label, col in columns.items():
             got = compare(runs[runs[GROUP] == ema], runs[runs[GROUP] == base], col)
             if got is None:
-                g_cells[col_label] = p_cells[col_label] = d_cells[col_label] = NA
                 continue
             c, pairing, why = got
             (lo, hi), tag = c.ci, f" ({pairing})"
@@ -300,13 +298,10 @@ def paper_rows(setting: str, columns: Sequence[str]) -> tuple[list[tuple[str, di
     """GRPO / EMA-PG rows with the paper's verified numbers, and the paper's relative gain row."""
     rows, numbers = [], []
     for method in ("GRPO", "EMA-PG"):
-        cells = {}
-        for c in columns:
-            p = paper.number(setting, c, method)
-            cells[c] = f"{p.value:.1f} {p.source}" if p else NA
-            if p:
-                numbers.append(_number(f"{method} — paper", c, p.value, np.nan, np.nan, np.nan, "%", p.source))
-        rows.append((f"{method} — paper", cells))
+        label = f"{method} — paper"
+        found = {c: p for c in columns if (p := paper.number(setting, c, method))}
+        rows.append((label, {c: f"{p.value:.1f} {p.source}" for c, p in found.items()}))
+        numbers += [_number(label, c, p.value, np.nan, np.nan, np.nan, "%", p.source) for c, p in found.items()]
     cells = {}
     for c in columns:
         reported = paper.number(setting, c, paper.GAIN)
@@ -317,7 +312,6 @@ def paper_rows(setting: str, columns: Sequence[str]) -> tuple[list[tuple[str, di
             value, src = (a.value / b.value - 1) * 100, f"{a.source} (ratio computed here)"
             cells[c] = f"{value:+.1f}%"
         else:
-            cells[c] = NA
             continue
         numbers.append(_number("gain: EMA-PG vs GRPO — paper", c, value, np.nan, np.nan, np.nan, "% relative", src))
     rows.append(("gain: EMA-PG vs GRPO — paper", cells))
@@ -379,10 +373,7 @@ TINY_COLUMNS = ("policy acc", "eval", "acc"), ("policy pass@1", "eval", "pass@1"
 def tiny_table(runs: pd.DataFrame, task: str, *, reps: int = 2000, seed: int = 0) -> Table:
     """The main table of a task without benchmarks (a tiny task): TINY_COLUMNS per benchmark, no paper rows."""
     names = reporting(task).names
-    benches = sorted(
-        set(find_benchmarks(runs.columns, "final/eval/", "acc", names))
-        | set(find_benchmarks(runs.columns, "final/eval/", "pass@1", names))
-    )
+    benches = sorted({b for m in ("acc", "pass@1") for b in find_benchmarks(runs.columns, "final/eval/", m, names)})
     columns: dict[str, str] = {}
     for b in benches:
         pre = f"{b} " if len(benches) > 1 else ""
