@@ -14,8 +14,10 @@ import platform
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
+import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -27,9 +29,10 @@ GB, GiB = 1e9, 2**30
 
 
 # ------------------------------------------------------------------ memory (Linux /proc)
-def _kib(field: str, path: str = "/proc/self/status") -> int:
+def proc_bytes(field: str, path: str = "/proc/self/status") -> int:
+    """The ``field: N kB`` line of /proc/self/status (or of `path`) in bytes; 0 without one."""
     m = re.search(rf"^{field}:\s+(\d+) kB", Path(path).read_text(), re.M)
-    return int(m.group(1)) if m else 0
+    return 1024 * int(m.group(1)) if m else 0
 
 
 def reset_peak_rss() -> bool:
@@ -41,17 +44,9 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def rss_bytes() -> int:
-    return _kib("VmRSS") * 1024
-
-
 def peak_rss_bytes() -> int:
     """VmHWM (peak RSS since the last reset) in bytes; ru_maxrss if /proc lacks it."""
-    return (_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def mem_available_bytes() -> int:
-    return _kib("MemAvailable", "/proc/meminfo") * 1024
+    return proc_bytes("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 # ------------------------------------------------------------------ workers
@@ -73,7 +68,7 @@ def machine() -> dict:
     return {
         "cpu": numerics.cpu_model(),
         "cores": os.cpu_count(),
-        "ram_gib": round(_kib("MemTotal", "/proc/meminfo") / 2**20, 1) or None,
+        "ram_gib": round(proc_bytes("MemTotal", "/proc/meminfo") / GiB, 1) or None,
         "torch": version("torch"),
         "python": platform.python_version(),
         "loadavg": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
@@ -135,8 +130,7 @@ def command(script: str, argv: list[str]) -> str:
 
 
 def cli(doc: str) -> argparse.ArgumentParser:
-    """A benchmark's parser: the docstring's first paragraph, and ``--write`` (the section is only printed
-    without it)."""
+    """A benchmark's parser: the docstring's first paragraph, and ``--write`` (without it: printed only)."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     return p
@@ -166,6 +160,23 @@ def saved_main(doc: str, name: str, argv: list[str] | None, *, options, worker, 
     return 0
 
 
+def timed_peak(fn, reps: int = 3) -> tuple[float, float]:
+    """(median ms, peak GiB above the start) of fn() on the GPU, after a warm-up call, CUDA-synchronised."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
 def md_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -173,9 +184,9 @@ def md_table(header: list[str], rows: list[list]) -> str:
 
 
 def gpu_main(section: str, description: str, render, measure) -> int:
-    """The command line of the GPU benchmarks: ``--json F`` measures on this machine's GPU (``measure(save)``
-    returns the data; ``save(data)`` keeps what is measured so far) and prints the section, ``--from-json F``
-    writes the docs/benchmarks.md section from earlier measurements (``--print``: prints it instead)."""
+    """The command line of the GPU benchmarks: ``--json F`` measures on this machine's GPU (``measure(data, save)``
+    adds to the card's description; ``save(data)`` keeps what is measured so far) and prints the section,
+    ``--from-json F`` writes the docs/benchmarks.md section from earlier measurements (``--print``: prints it)."""
     import torch
 
     p = argparse.ArgumentParser(description=description)
@@ -195,7 +206,8 @@ def gpu_main(section: str, description: str, render, measure) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
 
-    data = measure(save)
+    data = {"machine": describe(torch), "date": time.strftime("%Y-%m-%d")}
+    measure(data, save)
     print(render(data))
     save(data)
     return 0

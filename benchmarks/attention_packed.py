@@ -3,19 +3,15 @@
     python benchmarks/attention_packed.py --json /tmp/attention_packed.json   # on a GPU machine: measure
     python benchmarks/attention_packed.py --from-json F                        # anywhere: write the doc
 
-With ``use_remove_padding=True`` verl's FSDP engine packs a micro-batch into one row of N tokens (position ids
-restarting at 0 for each sequence), which transformers' sdpa masks to a block-diagonal causal N x N (a masked kernel
-over the whole N x N product), while flash-attn's varlen kernel attends within each sequence only. Measured, forward
-+ backward in bf16: one attention layer with Qwen2.5-7B's heads, packed against the same sequences as a batch (the
-flash kernel) and the varlen kernels present; a Qwen2.5-1.5B-shaped model packed against the batch, with the largest
-|logit| difference between the two (the packing is exact, up to bf16).
+With ``use_remove_padding=True`` verl packs a micro-batch into one row of N tokens (position ids restarting at 0
+for each sequence), which transformers' sdpa masks to a block-diagonal causal N x N, while a varlen kernel attends
+within each sequence only. Measured, forward + backward in bf16: one attention layer with Qwen2.5-7B's heads, and a
+Qwen2.5-1.5B-shaped model, packed against the same sequences as a batch.
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,21 +34,6 @@ CASES = [(16384, 1024), (16384, 4096), (8192, 512)]  # (N packed tokens, L token
 MODEL_CASES = [(16384, 1024)]
 OURS = f"{attention.NAME} (the plugin's attention: torch varlen_attn behind transformers)"
 OURS_MODEL = f"{attention.NAME}, packed (use_remove_padding)"
-
-
-def timed_peak(fn, reps: int = 3) -> tuple[float, float]:
-    """(median ms, peak GiB above the start) of fn(), after a warm-up call, CUDA-synchronised."""
-    fn()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
 def _packed_mask(n: int, seq: int) -> torch.Tensor:
@@ -102,7 +83,7 @@ def attention_rows() -> list[dict]:
             )
         for name, f in variants.items():
             try:
-                ms, peak = timed_peak(lambda f=f: run(f))
+                ms, peak = C.timed_peak(lambda f=f: run(f))
                 rows.append({"N": n, "L": seq, "variant": name, "ms": ms, "peak_GiB": peak})
             except Exception as e:  # noqa: BLE001 - a kernel this torch lacks is a row saying so
                 rows.append({"N": n, "L": seq, "variant": name, "error": f"{type(e).__name__}: {e}"[:200]})
@@ -148,7 +129,7 @@ def model_rows() -> list[dict]:
                 model.zero_grad(set_to_none=True)
                 f().float().mean().backward()
 
-            ms, peak = timed_peak(step)
+            ms, peak = C.timed_peak(step)
             rows.append({"N": n, "L": seq, "variant": name, "ms": ms, "peak_GiB": peak})
             torch.cuda.empty_cache()
         for name, attn in (("sdpa", "sdpa"), (attention.NAME, attention.NAME)):
@@ -208,16 +189,10 @@ def _with_unmeasured(rows: list[dict], variant: str, cases) -> list[dict]:
     return rows + [r for r in missing if (r["N"], r["L"]) not in have]
 
 
-def measure(save) -> dict:
-    data = {
-        "machine": C.describe(torch),
-        "date": time.strftime("%Y-%m-%d"),
-        "flash_attn": flash_attn.__version__ if flash_attn else None,
-        "attention": attention_rows(),
-    }
+def measure(data: dict, save) -> None:
+    data.update(flash_attn=flash_attn.__version__ if flash_attn else None, attention=attention_rows())
     save(data)  # the attention rows survive a model run that does not finish
     data["model"] = model_rows()
-    return data
 
 
 def main() -> int:

@@ -3,24 +3,21 @@
     python benchmarks/cuda_kernels.py --json /tmp/cuda_kernels.json   # on a GPU machine: measure
     python benchmarks/cuda_kernels.py --from-json benchmarks/cuda_kernels_h200.json   # anywhere: write the doc
 
-The same problems as ``ema_update.py`` and ``topk_kl_memory.py``, on the device: the EMA update of Qwen2.5-0.5B's
-shapes against ``_foreach_copy_`` of the same tensors (median of 20 interleaved rounds), and the Top-k KL value +
-backward at k = 32 (median of 5, peak device memory above the inputs); CUDA-synchronised, ratios to the first row of
-each group.
+The problems of ``ema_update.py`` and ``topk_kl_memory.py`` on the device: the EMA update against
+``_foreach_copy_`` of the same tensors (median of 20 interleaved rounds), and the Top-k KL value + backward at k = 32
+(median of 5, peak device memory above the inputs).
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
-from benchmarks.attention_packed import timed_peak  # noqa: E402
 from benchmarks.ema_update import TAU, Params, qwen25_05b_shapes  # noqa: E402
 from benchmarks.topk_kl_memory import make_inputs, value_and_backward  # noqa: E402
 from ema_pg_core.anchor import EmaAnchor, ema_update_  # noqa: E402
@@ -30,18 +27,6 @@ from ema_pg_core.topk import TokenStats  # noqa: E402
 SECTION = "EMA update and Top-k KL on a GPU"
 TOPK_VARIANTS = ["naive_topk", "chunked_topk", "fused_topk", "fused_topk_wholeV"]
 NS = [4096, 16384]
-
-
-def _timed(fn, reps: int) -> list[float]:
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append(time.perf_counter() - t)
-    return out
 
 
 def _ema_group(dtype: torch.dtype, shadow: bool, reps: int) -> list[dict]:
@@ -58,13 +43,13 @@ def _ema_group(dtype: torch.dtype, shadow: bool, reps: int) -> list[dict]:
     times = {k: [] for k in fns}
     for _ in range(reps):  # interleaved rounds
         for k, (fn, _) in fns.items():
-            times[k] += _timed(fn, 1)
-    base = statistics.median(next(iter(times.values())))
-    rows = []
-    for k, (_, nbytes) in fns.items():
-        med = statistics.median(times[k])
-        rows.append({"op": k, "params": n, "ms": 1e3 * med, "GBps": nbytes / med / 1e9, "x_copy": med / base})
-    return rows
+            times[k].append(C.timed_peak(fn, 1)[0] / 1e3)
+    med = {k: statistics.median(ts) for k, ts in times.items()}
+    base = next(iter(med.values()))
+    return [
+        {"op": k, "params": n, "ms": 1e3 * med[k], "GBps": nbytes / med[k] / 1e9, "x_copy": med[k] / base}
+        for k, (_, nbytes) in fns.items()
+    ]
 
 
 def ema_rows(reps: int = 20) -> list[dict]:
@@ -91,7 +76,7 @@ def _topk_row(variant: str, N: int, reps: int) -> dict:
         value_and_backward(variant, x)
         x["h"].grad, x["W"].grad = None, None
 
-    ms, peak = timed_peak(fn, reps)
+    ms, peak = C.timed_peak(fn, reps)
     return {"variant": variant, "N": N, "ms": ms, "peak_GiB": peak}
 
 
@@ -129,8 +114,8 @@ def render(data: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def measure(save) -> dict:
-    return {"machine": C.describe(torch), "date": time.strftime("%Y-%m-%d"), "ema": ema_rows(), "topk": topk_rows()}
+def measure(data: dict, save) -> None:
+    data.update(ema=ema_rows(), topk=topk_rows())
 
 
 def main() -> int:

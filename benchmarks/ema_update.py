@@ -2,10 +2,8 @@
 
     python benchmarks/ema_update.py [--quick] [--print]   # 20 rounds (--quick: 5) on Qwen2.5-0.5B's shapes
 
-The 290 parameter shapes of Qwen2.5-0.5B (494M parameters), uniform noise, each dtype configuration in a fresh
-interpreter: fp32 (policy and anchor fp32) and bf16_shadow (bf16 policy and anchor module, fp32 shadow). Accounted
-bytes (stored operands read and written, temporaries excluded): copy 2 tensors, lerp 3, the shadow update 16 B/param.
-Throughput = bytes / fastest of the interleaved rounds (1 GB = 1e9 B); ratios are to the copy of the same tensors.
+Each dtype configuration in a fresh interpreter: fp32 (policy and anchor fp32) and bf16_shadow (bf16 policy and
+anchor module, fp32 shadow); the section says how bytes and throughput are accounted.
 """
 
 from __future__ import annotations

@@ -4,15 +4,12 @@
     python benchmarks/iteration_breakdown.py --iterations 60 --eval-every 10 --probe-every 5 --write  # + spread
     python benchmarks/iteration_breakdown.py --presets search_tiny_grpo search_tiny_ema_pg --section NAME --write
 
-Per preset, interleaved iteration by iteration on the same seed (same batches): the new path
-(``trainer.old_logprobs=rollout``: pi_old's statistics from the sampler) and the old one (``recompute``: a no-grad
-pi_old pass). After every iteration the batch is replayed through the model's raw operations at the same shapes
-(a KV-cache decode for as many steps, one forward + backward of the policy, one anchor forward) and through
-``model.generate`` with the rollout's sampling settings; every figure is a ratio to those, from medians over
-iterations 2..N. The spread sets each path's per-iteration times against a fixed-work control: the raw operations
-on one batch kept from the warm-up. ``--eval-every`` evaluates as a run does (untimed), ``--probe-every`` scores
-the KL probe (its time left out). On a multi-turn preset (search_tiny) the raw decode is one turn as long as the
-longest response, not the rollout's work, so only the other ratios carry.
+Per preset, interleaved iteration by iteration on the same seed: the new path (``trainer.old_logprobs=rollout``,
+pi_old's statistics from the sampler) and the old one (``recompute``, a no-grad pi_old pass). After every iteration
+the batch is replayed through the model's raw operations at the same shapes and through ``model.generate``; every
+figure is a ratio to those (the section explains each). ``--eval-every`` evaluates as a run does (untimed),
+``--probe-every`` scores the KL probe (its time left out). On a multi-turn preset (search_tiny) the raw decode is
+one turn as long as the longest response, not the rollout's work, so only the other ratios carry.
 """
 
 from __future__ import annotations
@@ -45,12 +42,10 @@ def trainer(preset: str, mode: str, mini_batches: int, ckpt_dir: str, probe_ever
     """The trainer for the preset and pi_old mode, its last training rollout in `seen` (its first: `kept`)."""
     overrides = [f"experiment={preset}", f"trainer.old_logprobs={mode}", f"trainer.mini_batches={mini_batches}"]
     cfg = build.compose([*overrides, f"trainer.probe_every={probe_every}"])
-    local = build.validate(cfg)
-    policy, tok = build.model(cfg)
+    local, (policy, tok) = build.validate(cfg), build.model(cfg)
     seed_everything(int(cfg.seed))
     tr = LocalTrainer(policy, tok, build.task(cfg), local, ckpt_dir)
-    tr.seen, tr.seen_prompts = [], []  # the last training rollout's trajectories and prompts, for the raw replay
-    tr.kept = []
+    tr.seen, tr.seen_prompts, tr.kept = [], [], []  # the last training rollout's trajectories and prompts
 
     def keep(model, prompts, *a, **kw):
         out = type(tr)._rollout(tr, model, prompts, *a, **kw)

@@ -4,8 +4,7 @@
     python benchmarks/probe_cost.py --runs outputs/sweeps/kl_telemetry --write   # from finished run records
 
 Runs each preset (W&B off, warm-started tiny model) at the default ``trainer.probe_every`` and ``probe_size``, or
-reads the records under ``--runs``. Share = sum(perf/probe_s) / (sum(perf/iter_s) + sum(perf/probe_s)) over the
-training iterations but the first (target <= 5%); one probe's time is also given over one iteration.
+reads the records under ``--runs``; the section defines the share (target <= 5%).
 """
 
 from __future__ import annotations
@@ -77,14 +76,12 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, default=None, help="read run records under this directory instead")
     args = ap.parse_args()
     os.environ.setdefault("EMAPG_PROGRESS", "0")
-    m = C.machine()
+    text = C.machine_line(C.machine(), args.threads)
     if args.runs:
         results, name = from_runs(args.runs), "probe_cost_runs"
+        text += " The runs were measured earlier, during their sweep, under the load of that time."
     else:
         results, name = {p: measure(p, args.iterations, args.threads) for p in args.presets}, "probe_cost"
-    text = C.machine_line(m, args.threads)
-    if args.runs:
-        text += " The runs were measured earlier, during their sweep, under the load of that time."
     C.publish(name, section(results, C.command("probe_cost.py", sys.argv[1:]), text), args.write)
 
 

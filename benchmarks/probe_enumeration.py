@@ -39,8 +39,7 @@ def _load(run: Path):
     torch.set_num_threads(int(cfg.trainer.threads))  # as the run: its warm start's cache key holds the threads
     policy, _ = build.model(cfg)
     anchor = copy.deepcopy(policy)
-    step = checkpoints.candidates(run / "checkpoints")[0]
-    state = torch.load(step / "state.pt", weights_only=False, map_location="cpu")
+    _, state, _ = checkpoints.load_newest(run / "checkpoints")
     policy.load_state_dict(state["policy"])
     anchor.load_state_dict(state["anchor"]["module"])
     return cfg, policy.double().eval(), anchor.double().eval(), state["probe"]

@@ -2,13 +2,11 @@
 
     python benchmarks/topk_kl_memory.py [--quick] [--print]   # --quick: N in {1024, 4096}, not 8192 as well
 
-V = 151,936, H = 1536 (Qwen2.5-1.5B's LM head), N response tokens, fp32; h (N, H) and W (V, H) require grad.
-Variants: exact_reverse / exact_forward (full logits, the anchor's full logits an input), naive_topk (logits and
-log_softmax materialised), chunked_topk (token_stats_from_logits), fused_topk (token_stats_from_hidden, 1024 x 8192
-blocks) and fused_topk_wholeV (whole-vocabulary blocks); Top-k inputs are synthetic (the numbers are tested in
-tests/core/test_topk.py and test_fused.py). Each variant runs once in a fresh interpreter; memory = peak RSS above
-the inputs (benchmarks/_common.py), the returned gradients included. Variants predicted not to fit in RAM (linear
-in N, + 3 GiB margin) are extrapolated instead, marked `~`.
+Variants: exact_reverse / exact_forward (full logits, the anchor's an input), naive_topk (logits and log_softmax
+materialised), chunked_topk (token_stats_from_logits), fused_topk (token_stats_from_hidden) and fused_topk_wholeV
+(whole-vocabulary blocks); Top-k inputs are synthetic (the numbers are tested in tests/core/test_topk.py and
+test_fused.py). Each runs once in a fresh interpreter; those predicted not to fit in RAM (linear in N, + 3 GiB
+margin) are extrapolated instead. The section says how memory and time are measured.
 """
 
 from __future__ import annotations
@@ -88,7 +86,7 @@ def worker(variant: str, N: str, k: str) -> dict:
     inputs = sum(t.numel() * t.element_size() for t in _tensors(x))
     gc.collect()
     exact_peak = C.reset_peak_rss()
-    rss0 = C.rss_bytes()
+    rss0 = C.proc_bytes("VmRSS")
     t0, c0 = time.perf_counter(), time.process_time()
     value_and_backward(variant, x)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -125,18 +123,15 @@ def plan(ns: list[int]) -> list[tuple[str, int, int]]:
 
 def predict(done: list[dict], variant: str, N: int, k: int) -> int | None:
     """Peak + inputs, proportional to N from the largest measured N of this variant."""
-    prev = [r for r in done if _measured(r, variant, k)]
-    if not prev:
-        return None
-    r = max(prev, key=lambda r: r["N"])
-    return int((r["peak_above_inputs"] + r["inputs"]) * N / r["N"])
+    r = max((r for r in done if _measured(r, variant, k)), key=lambda r: r["N"], default=None)
+    return None if r is None else int((r["peak_above_inputs"] + r["inputs"]) * N / r["N"])
 
 
 def run_all(ns: list[int]) -> list[dict]:
     done: list[dict] = []
     for variant, N, k in plan(ns):
         need = predict(done, variant, N, k)
-        avail = C.mem_available_bytes()
+        avail = C.proc_bytes("MemAvailable", "/proc/meminfo")
         if need is not None and need > avail - MARGIN:
             done.append({"variant": variant, "N": N, "k": k, "measured": False, "predicted_total": need})
             print(f"skip {variant} N={N} k={k}: predicted {need / C.GiB:.1f} GiB > {avail / C.GiB:.1f} GiB available")
@@ -184,10 +179,8 @@ def _measured(r: dict, variant: str, k: int) -> bool:
 
 def _cell(done, variant, N, k, key):
     """(value, extrapolated?) of `key`."""
-    for r in done:
-        if r["N"] == N and _measured(r, variant, k):
-            return r[key], False
-    return extrapolate(done, variant, N, key), True
+    r = next((r for r in done if r["N"] == N and _measured(r, variant, k)), None)
+    return (r[key], False) if r else (extrapolate(done, variant, N, key), True)
 
 
 LABELS = {

@@ -3,22 +3,17 @@
     python benchmarks/verl_overhead.py [--rounds 4] [--steps 12] [--variants a b c d e] [--write]
     python benchmarks/verl_overhead.py --from-jobs OUT/jobs.json [--write]   # render an earlier run again
 
-The run is `emapg rehearse`'s math run (verl's real V1 loop on the CPU platform, hf rollout, a tiny Qwen2, fixed
-seeds) in the ``VARIANTS``, each ``--steps`` steps per fresh verl job, in rounds (a b c d e, a ...) so that the
-shared machine's load falls on all alike; the first ``--warmup`` steps of every job are dropped. Measured per
-step: verl's ``timing_s/step``, and from the TransferQueue client's gets and puts, logged by every Ray process
-(``setup_worker``), the bytes per packed token and the CPU seconds of the worker and of the trainer. No assertion
-on wall-clock time anywhere (tests/test_benchmarks_verl_overhead.py checks the launches and the parsing).
+`emapg rehearse`'s math run in each of the ``VARIANTS``, a fresh verl job of ``--steps`` steps each, in rounds
+(a b c d e, a ...) so that the shared machine's load falls on all alike; the section says what is measured. The
+TransferQueue figures come from the client's gets and puts, logged by every Ray process (``setup_worker``).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -116,13 +111,12 @@ def launch(run_dir: Path) -> int:
 
 def run_job(variant: Variant, argv: list[str], run_dir: Path) -> dict:
     """One verl job in its own session (killed as a group afterwards: Ray's processes of this job only)."""
+    from experiments.ops.rehearse import child_env, kill_group  # loads httpx, yaml: the parent only (HOOK)
+
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "launch.json").write_text(json.dumps({"argv": argv, "stock": variant.stock}, indent=1))
-    inherited = ("RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE")
-    env = {k: v for k, v in os.environ.items() if k not in inherited}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env.update(PYTHONUNBUFFERED="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
-    env.update(WANDB_MODE="disabled", HF_HUB_OFFLINE="1", **THREADS)
+    env = child_env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1", **THREADS)
+    env.update(WANDB_MODE="disabled", PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])]))
     env[TQ_LOG_ENV] = str(run_dir / "tq.jsonl")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--launch", str(run_dir)]
     load, loads, code = os.getloadavg(), [], None
@@ -136,12 +130,9 @@ def run_job(variant: Variant, argv: list[str], run_dir: Path) -> dict:
                 except subprocess.TimeoutExpired:
                     loads.append(os.getloadavg()[0])
         finally:
-            with contextlib.suppress(ProcessLookupError):  # the job's process group has already exited
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    seconds = time.time() - t0
-    return {"variant": variant.name, "run_dir": str(run_dir), "code": code, "seconds": seconds, "load": load,
-            "load_mean": _mean(loads)}  # fmt: skip
+            kill_group(proc)
+    return {"variant": variant.name, "run_dir": str(run_dir), "code": code, "seconds": time.time() - t0,
+            "load": load, "load_mean": _mean(loads)}  # fmt: skip
 
 
 # ---------------------------------- TransferQueue records (in every Ray process of a run: the worker setup hook)
@@ -176,13 +167,12 @@ def field_sizes(td) -> dict[str, dict]:
     out = {}
     for name in td.keys():
         v = td.get(name)
-        if isinstance(v, torch.Tensor) and v.is_nested:
-            values = v.values()
-            out[name] = {"bytes": values.nbytes, "tokens": int(values.shape[0])}
-        elif isinstance(v, torch.Tensor):
-            out[name] = {"bytes": v.nbytes, "tokens": None}
-        else:
+        if not isinstance(v, torch.Tensor):
             out[name] = {"bytes": None, "tokens": None}
+        elif v.is_nested:
+            out[name] = {"bytes": v.values().nbytes, "tokens": int(v.values().shape[0])}
+        else:
+            out[name] = {"bytes": v.nbytes, "tokens": None}
     return out
 
 
@@ -265,9 +255,7 @@ def job_steps(run_dir: Path, warmup: int) -> list[dict]:
     metrics = {s: d for s, d in read_attempts(attempt_files(run_dir)).items() if trained_step(d)}
     tq = tq_steps(read_jsonl(run_dir / "tq.jsonl"))
     rows = []
-    for step in sorted(metrics):
-        if step <= warmup:
-            continue
+    for step in sorted(s for s in metrics if s > warmup):
         d = metrics[step]
         row = {"step": step, "step_s": d["timing_s/step"], "num_tokens": d.get("perf/total_num_tokens")}
         row.update({t: d.get(f"timing_s/{t}", 0.0) for t in TIMERS})
@@ -336,11 +324,8 @@ def render(jobs: list[dict], args, m: dict, wall_s: float, loads: list[tuple]) -
     summary = summarise(jobs)
     rat = ratios(summary) if "a" in summary else {}
     names = [v.name for v in VARIANTS if v.name in summary]
-    lines = _preamble(args, m, wall_s, loads, names)
-    lines += _step_table(summary, rat, names)
-    lines += [_payload_line(summary, names), ""]
-    lines += _verdicts(summary, rat)
-    return "\n".join(lines)
+    lines = _preamble(args, m, wall_s, loads, names) + _step_table(summary, rat, names)
+    return "\n".join([*lines, _payload_line(summary, names), "", *_verdicts(summary, rat)])
 
 
 def _preamble(args, m: dict, wall_s: float, loads: list[tuple], names: list[str]) -> list[str]:
@@ -349,8 +334,7 @@ def _preamble(args, m: dict, wall_s: float, loads: list[tuple], names: list[str]
     )
     if args.variants != list(BY_NAME):
         cmd += " --variants " + " ".join(args.variants)
-    lo = min(x[0] for x in loads) if loads else float("nan")
-    hi = max(x[0] for x in loads) if loads else float("nan")
+    lo, hi = (min(x[0] for x in loads), max(x[0] for x in loads)) if loads else (float("nan"), float("nan"))
     lines = [
         "## verl plugin overhead per step, rehearsal-sized run on CPU (`benchmarks/verl_overhead.py`)",
         "",
@@ -470,14 +454,11 @@ def _measure(args, out: Path) -> int:
     m, t0 = machine(), time.time()
     shared = Shared(out / "_shared")
     data, model = shared.data("math"), shared.model("math")
-    variants = [BY_NAME[n] for n in args.variants]
-    jobs = []
-    saved = {"args": {k: getattr(args, k) for k in ("rounds", "steps", "warmup", "variants")}, "machine": m}
+    saved = {"args": {k: getattr(args, k) for k in ("rounds", "steps", "warmup", "variants")}, "machine": m, "jobs": []}
     for rnd in range(args.rounds):
-        for v in variants:
+        for v in (BY_NAME[n] for n in args.variants):
             run_dir = out / f"r{rnd}_{v.name}"
-            argv = variant_argv(v, model, data, run_dir, args.steps)
-            job = run_job(v, argv, run_dir)
+            job = run_job(v, variant_argv(v, model, data, run_dir, args.steps), run_dir)
             job.update(round=rnd, steps=job_steps(run_dir, args.warmup) if job["code"] == 0 else [])
             print(
                 f"round {rnd} ({v.name}): exit {job['code']}, {job['seconds']:.0f} s, {len(job['steps'])} kept steps, "
@@ -486,8 +467,8 @@ def _measure(args, out: Path) -> int:
             )
             if job["code"] != 0 or not job["steps"]:
                 print(f"  failed: see {run_dir / 'job.log'}", flush=True)
-            jobs.append(job)
-            saved.update(jobs=jobs, wall_s=time.time() - t0)
+            saved["jobs"].append(job)
+            saved["wall_s"] = time.time() - t0
             (out / "jobs.json").write_text(json.dumps(saved, indent=1))
     print(f"measurements: {out / 'jobs.json'} (render again with --from-jobs)", flush=True)
     return _render_saved(out / "jobs.json", args.write)

@@ -58,9 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     print("gpu-smoke: the rehearsal's tiny model and data (seconds of SFT on the CPU) ...", flush=True)
-    plan = stages(args.out)
     results = []  # (passed, seconds, what, log)
-    for name, what, cmd in plan:
+    for name, what, cmd in stages(args.out):
         log = args.out / f"{name}.log"
         print(f"gpu-smoke: {what} ... (log: {log})", flush=True)
         t0 = time.time()

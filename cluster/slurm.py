@@ -170,7 +170,6 @@ def render_sbatch(
     if site.get("exclude"):
         extra.append(f"#SBATCH --exclude={','.join(site['exclude'])}")
     extra += [f"#SBATCH {option}" for option in site.get("sbatch_options", [])]
-    env = "\n".join(f"export {k}={shell_word(v)}" for k, v in site.get("env", {}).items())
     # Each node's address for Ray: its first IPv4 address that is not loopback, on the site's interface if it names one.
     if site.get("network_interface"):
         query = f"ip -4 -o addr show dev {site['network_interface']}"
@@ -188,22 +187,15 @@ def render_sbatch(
             "  resume=--resume\nfi\n"
         )
         cmd += " $resume"
-    return TEMPLATE.read_text().format(
-        job_name=job_name,
-        nodes=nodes,
-        gpus_per_node=site["gpus_per_node"],
-        cpus_per_node=site["cpus_per_node"],
+    site.update(
         mem=site.get("mem", 0),
         ray_tmp=shell_word(site["ray_tmp"]),
         token_dir=shell_word(site["token_dir"]),
-        time=site["time"],
+        setup="\n".join(site.get("setup", [])),
+        container=" ".join(map(shell_word, site.get("container") or ["env"])),
+        env="\n".join(f"export {k}={shell_word(v)}" for k, v in site.get("env", {}).items()),
         sbatch_extra="\n".join(extra),
         address_query=query,
         no_address=no_address,
-        setup="\n".join(site.get("setup", [])),
-        container=" ".join(map(shell_word, site.get("container") or ["env"])),
-        env=env,
-        resume=resume,
-        command=cmd,
-        **{k: site[k] for k in DEFAULTS if k not in ("ray_tmp", "token_dir")},
     )
+    return TEMPLATE.read_text().format(**site, job_name=job_name, nodes=nodes, resume=resume, command=cmd)

@@ -53,8 +53,7 @@ def runtime_env(working_dir: str | None, env: list[str], pip: list[str]) -> dict
             raise ValueError(f"--env takes KEY=VALUE; got {kv!r}")
         renv["env_vars"][key] = value
     if working_dir:
-        renv["working_dir"] = working_dir
-        renv["excludes"] = EXCLUDES
+        renv.update(working_dir=working_dir, excludes=EXCLUDES)
     if pip:
         renv["pip"] = pip
     return renv
@@ -94,8 +93,7 @@ def _follow(client, job_id: str) -> int:
         st = client.get_job_status(job_id)
         status = getattr(st, "value", st)
         logs = client.get_job_logs(job_id)
-        sys.stdout.write(logs[shown:])
-        sys.stdout.flush()
+        print(logs[shown:], end="", flush=True)
         shown = len(logs)
         if status in TERMINAL:
             print(f"job {job_id}: {status}", file=sys.stderr)
@@ -155,16 +153,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", action="store_true", help="stream the logs until the job ends; exit 0 iff it SUCCEEDED")
     s.add_argument("--dry-run", action="store_true", help="print the entrypoint and runtime env; submit nothing")
     s.set_defaults(fn=submit)
-    for name, fn, hlp in (("status", status, "job status"), ("logs", logs, "job logs"), ("stop", stop, "stop a job")):
+    jobs = (("status", status, "job status"), ("logs", logs, "job logs"), ("stop", stop, "stop a job"))
+    for name, fn, hlp in (*jobs, ("list", list_jobs, "jobs on the cluster")):
         q = sub.add_parser(name, help=hlp)
-        q.add_argument("job_id")
+        if name != "list":
+            q.add_argument("job_id")
         q.add_argument("--address", default=None)
         if name == "logs":
             q.add_argument("--follow", action="store_true", help="stream until the job ends")
         q.set_defaults(fn=fn)
-    q = sub.add_parser("list", help="jobs on the cluster")
-    q.add_argument("--address", default=None)
-    q.set_defaults(fn=list_jobs)
     q = sub.add_parser(
         "slurm",
         help="print an sbatch script that starts Ray on the allocation and runs a command",
