@@ -41,7 +41,7 @@ COMMANDS = {
     "rehearse": Command("experiments.ops.rehearse", "main"),
     "doctor": Command("experiments.ops.doctor", "main"),
 }
-REHEARSE_SWEEP = Command("sweeps.rehearse", "main")  # `emapg rehearse <sweep>.yaml`: through Ray Tune, two nodes
+REHEARSE_SWEEP = Command("experiments.ops.rehearse.sweep", "main")  # `emapg rehearse <sweep>.yaml`: Ray Tune, two nodes
 
 
 def run_command(name: str, argv: list[str]) -> int:
@@ -60,6 +60,8 @@ def run_command(name: str, argv: list[str]) -> int:
             return function(argv, audit.records) or 0
         if name == "dashboard":
             return function(argv, load_sweep_info)
+        if command is REHEARSE_SWEEP:
+            return function(argv, load_sweep_grid)
         if name == "report" and any(a.startswith("--wandb-p") for a in argv):  # --wandb-project, abbreviated too
             from experiments.wandb_logger import reaching  # loads omegaconf; W&B's errors in one line
 
@@ -69,6 +71,14 @@ def run_command(name: str, argv: list[str]) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def load_sweep_grid(path: str) -> tuple:
+    """A sweep spec (validated) and its grid points, for the sweep rehearsal (experiments.ops.rehearse.sweep)."""
+    from sweeps.spec import grid_points, load  # loads torch, pydantic: keeps `emapg --help` fast
+
+    spec = load(path)
+    return spec, list(grid_points(spec))
 
 
 def load_sweep_info(path):

@@ -79,7 +79,7 @@ def test_a_target_is_one_configuration_with_a_run_dir_safe_name():
     from experiments.ops.rehearse import run_name
 
     with pytest.raises(ValueError, match="a sweep spec is rehearsed with `emapg rehearse <spec.yaml>`"):
-        run_name(["sweeps/search_r1_ema_pg.yaml"])  # the CLI sends a spec to sweeps.rehearse
+        run_name(["sweeps/search_r1_ema_pg.yaml"])  # the CLI sends a spec to rehearse.sweep
     name = run_name(["experiment=math_deepscaler_ema_pg", "algo.kl.type=topk_reverse"])
     assert name == "math_deepscaler_ema_pg__type-topk_reverse"
 

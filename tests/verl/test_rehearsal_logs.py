@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from experiments.cli import load_sweep_grid
+
 pytestmark = pytest.mark.verl
 FAILED_LINE = re.compile(r"^FAILED: (?P<what>.+); logs: (?P<logs>\S+)$", re.MULTILINE)
 
@@ -29,7 +31,7 @@ def rehearse_env(monkeypatch):
     for key in ("WANDB_MODE", "RAY_ADDRESS", "VERL_PLATFORM", "VERL_ENGINE_DEVICE"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    from sweeps import rehearse
+    from experiments.ops.rehearse import sweep as rehearse
 
     return rehearse
 
@@ -39,7 +41,8 @@ def test_a_driver_that_fails_leaves_its_output_and_the_ray_logs_behind(rehearse_
     rehearse = rehearse_env
     # a spec that the rehearsal writes and `emapg sweep` refuses (it has no space): the driver exits 2 at once
     monkeypatch.setattr(rehearse, "rehearsal_spec", lambda *a, **k: {"name": "broken", "backend": "verl"})
-    code = rehearse.main(["sweeps/math_deepscaler_ema_pg.yaml", "--layout", "across", "--out", str(tmp_path)])
+    argv = ["sweeps/math_deepscaler_ema_pg.yaml", "--layout", "across", "--out", str(tmp_path)]
+    code = rehearse.main(argv, load_sweep_grid)
     text = capsys.readouterr().out
     assert code == 1, text
     what, logs = _failed_line(text)
@@ -88,7 +91,7 @@ def test_a_failing_check_is_named_with_its_output(rehearse_env, monkeypatch, tmp
     monkeypatch.setattr(rehearse, "LocalCluster", Cluster)
     monkeypatch.setattr(rehearse, "run", run)
     monkeypatch.setattr(rehearse, "checks", checks)
-    code = rehearse.main(["sweeps/math_deepscaler_ema_pg.yaml", "--out", str(tmp_path)])
+    code = rehearse.main(["sweeps/math_deepscaler_ema_pg.yaml", "--out", str(tmp_path)], load_sweep_grid)
     text = capsys.readouterr().out
     assert code == 1, text
     what, logs = _failed_line(text)
@@ -101,7 +104,7 @@ def test_a_failing_check_is_named_with_its_output(rehearse_env, monkeypatch, tmp
 
 
 def test_trials_txt_names_each_trials_files(tmp_path):
-    from sweeps.rehearse import _trial_logs
+    from experiments.ops.rehearse.sweep import _trial_logs
 
     sweep, ray = tmp_path / "sweep", tmp_path / "logs" / "ray"
     for run in ("run_a__00000", "run_b__00001"):
@@ -130,7 +133,7 @@ def test_a_retry_counts_only_the_steps_of_its_own_attempt(tmp_path):
     import json
     import os
 
-    from sweeps.rehearse import _progress, _retry_progress
+    from experiments.ops.rehearse.sweep import _progress, _retry_progress
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)

@@ -1,7 +1,7 @@
 """``emapg rehearse``: a GPU preset's real verl loop, run on CPU (or one GPU) in minutes, before booking GPUs.
 
     emapg rehearse experiment=math_deepscaler_ema_pg [overrides ...] [--steps 3] [--out DIR] [--device cuda]
-    emapg rehearse sweeps/search_r1_ema_pg.yaml                      # through Ray Tune: sweeps.rehearse
+    emapg rehearse sweeps/search_r1_ema_pg.yaml                      # through Ray Tune: rehearse.sweep
 
 A rehearsal keeps every algorithm, loss, anchor, estimator, reward and agent-loop setting of the target and
 replaces only what needs a GPU or a download (``rehearsal_settings``): a tiny Qwen2 given seconds of SFT, the
@@ -593,7 +593,7 @@ def last_error(log: Path, prog: str = "emapg ") -> str:
 
 def run_name(argv: list[str]) -> str:
     """The run directory's name for the configuration `experiment=... key=value ...`, without '=' (which Hydra would
-    read in run_dir=...). A sweep spec is rehearsed through Ray Tune by ``sweeps.rehearse``."""
+    read in run_dir=...). A sweep spec is rehearsed through Ray Tune by ``rehearse.sweep``."""
     if any(a.endswith((".yaml", ".yml")) for a in argv):
         raise ValueError(f"a sweep spec is rehearsed with `emapg rehearse <spec.yaml>`; got {argv}")
     exp = next((a.split("=", 1)[1] for a in argv if a.startswith("experiment=")), "custom")

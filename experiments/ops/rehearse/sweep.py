@@ -28,6 +28,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -53,7 +54,6 @@ from experiments.ops.rehearse import (
 )
 from experiments.records import RESUMES
 from experiments.verl_metrics import FILE
-from sweeps import spec as sweep_spec
 
 # Samples per prompt. With 2, a run now and then drew equal rewards in every group at every step: no gradient, and
 # nothing for the anchor check (``check_sharded``) to observe.
@@ -71,20 +71,21 @@ STALL_S = 1800.0
 # register with its raylet (Ray's default: 60 s; verl starts about ten per trial at once, on busy cores).
 NODE_START_S = 600.0
 WORKER_REGISTER_S = 600
+LoadGrid = Callable[[str], tuple[Any, list[dict]]]  # a sweep spec's path -> (its sweeps.spec.Spec, its grid points)
 LOGS = "logs"  # every process's output, kept after a pass too (docs/scaling-out.md, "Rehearse the sweep itself")
 
 
 # ---------------------------------------------------------------------------- the rehearsal spec
-def rehearsal_spec(spec_path: str, shared, layout: str, steps: int = STEPS) -> dict:
+def rehearsal_spec(spec_path: str, shared, layout: str, *, load_grid: LoadGrid, steps: int = STEPS) -> dict:
     """The sweep YAML (a mapping) that rehearses `spec_path`: its grid points at its first seed with their rehearsal
     overrides; those all points share go to ``base.overrides``, the others join the point in one joint grid entry."""
-    s = sweep_spec.load(spec_path)
+    s, grid = load_grid(spec_path)
     if s.backend != "verl" or s.search != "grid":
         raise ValueError(
             f"{spec_path}: emapg rehearse takes verl sweeps with search: grid (got {s.backend}, {s.search})"
         )
     points = []
-    for point in sweep_spec.grid_points(s):
+    for point in grid:
         cfg = build.compose([o for o in s.overrides_for(point, s.seeds[0]) if not o.startswith(("sweep.", "logger."))])
         data = shared.data(str(cfg.task.name))
         url = shared.retriever(data.corpus) if cfg.backend.verl.multi_turn and data.corpus else None
@@ -358,7 +359,9 @@ def _gathered(path: Path, world: int) -> dict:
 
 
 # ---------------------------------------------------------------------------- the command
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None, load_grid: LoadGrid) -> int:
+    """`emapg rehearse <spec>.yaml`; `load_grid` reads the spec and its grid points (``sweeps.spec``, a layer above:
+    the command line hands it over)."""
     p = argparse.ArgumentParser(
         prog="emapg rehearse",
         description="Rehearse a verl sweep through Ray Tune on a local two-node Ray cluster (CPU): world size 2, "
@@ -387,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster, stage, failure = LocalCluster(), "the rehearsal spec", None
     try:
         say(f"{args.spec}: the rehearsal spec (CPU platform, tiny model, world size 2: {args.layout}) ...")
-        raw = rehearsal_spec(args.spec, shared, args.layout)
+        raw = rehearsal_spec(args.spec, shared, args.layout, load_grid=load_grid)
         spec_file = out / "rehearsal.yaml"
         spec_file.write_text(yaml.safe_dump(raw, sort_keys=False))
         stage = "the local Ray cluster"
@@ -475,7 +478,3 @@ def _trial_logs(sweep_dir: Path, ray_logs: Path) -> str:
         driver = sweep_dir / "runs" / r / DRIVER_LOG
         lines.append(f"{r}: " + " ".join([str(driver.resolve())] * driver.is_file() + (mine or ["(no Ray log)"])))
     return "\n".join(lines or ["no trial started"]) + "\n"
-
-
-if __name__ == "__main__":
-    sys.exit(main())
