@@ -36,13 +36,14 @@ from omegaconf import OmegaConf
 
 from experiments import build
 from experiments.backends.verl import require_verl
-from experiments.ops import rehearse
 from experiments.ops.rehearse import (
+    CHECKS,
     NOT_INHERITED,
     Check,
     Shared,
     anchor_updates,
     attempt_steps,
+    check_resume,
     child_env,
     expect,
     failed_line,
@@ -267,12 +268,12 @@ def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], 
 
 # ---------------------------------------------------------------------------- the checks
 def checks(sweep_dir: Path) -> dict[str, list]:
-    """Per trial: the single-config rehearsal's checks (``experiments.ops.rehearse.CHECKS``, the resume check as
+    """Per trial: the single-config rehearsal's checks (``CHECKS`` of ``experiments.ops.rehearse``, the resume check as
     ``check_attempts``) and the world-size-2 checks; plus one line for the sweep (sweep.csv, the report)."""
     out = {}
     for run_dir in _runs(sweep_dir):
         e = expect(run_dir, attempts=1)
-        got = [c(run_dir, e) for c in rehearse.CHECKS if c is not rehearse.check_resume]
+        got = [c(run_dir, e) for c in CHECKS if c is not check_resume]
         got += [check_attempts(run_dir, e), check_sharded(run_dir, e)]
         out[run_dir.name] = got
     rows = []
