@@ -114,22 +114,18 @@ class Demand:
 
 def demand(cfg) -> Demand:
     """What `cfg` (a composed, validated run config) needs: the local or the verl backend's demand."""
-    if cfg.backend.name == "verl":
-        return _verl_demand(cfg)
     device = str(cfg.trainer.device)
-    return Demand(
-        "local",
-        device,
-        0 if device in ("cpu", "auto") else int(device.partition(":")[2] or 0) + 1,
-        sizes=f"trainer.device={device}",
-        model=cfg.model.path,
-        checkpoints=os.path.abspath(resolve_run_dir(cfg) / "checkpoints"),
-        checkpoint_key="run_dir (checkpoints go to <run_dir>/checkpoints)",
-        dtype=str(cfg.trainer.dtype),
-    )
-
-
-def _verl_demand(cfg) -> Demand:
+    if cfg.backend.name != "verl":
+        return Demand(
+            "local",
+            device,
+            0 if device in ("cpu", "auto") else int(device.partition(":")[2] or 0) + 1,
+            sizes=f"trainer.device={device}",
+            model=cfg.model.path,
+            checkpoints=os.path.abspath(resolve_run_dir(cfg) / "checkpoints"),
+            checkpoint_key="run_dir (checkpoints go to <run_dir>/checkpoints)",
+            dtype=str(cfg.trainer.dtype),
+        )
     run = OmegaConf.merge(cfg, {"run_dir": str(resolve_run_dir(cfg))}, agent_loops_path(cfg))
     run = OmegaConf.to_container(run, resolve=True)
     # verl's Hydra overrides -> {dotted key: value}, the last one winning
@@ -139,11 +135,11 @@ def _verl_demand(cfg) -> Demand:
     vs = run["backend"]["verl"]
     keys = ("train_files", "val_files", "tool_config_path", "agent_loop_config_path")
     attn = str(verl.get("actor_rollout_ref.model.override_config.attn_implementation", VERL_ATTN_DEFAULT))
-    chosen, why = attention.choose(vs["attn_implementation"], str(cfg.trainer.device))
+    chosen, why = attention.choose(vs["attn_implementation"], device)
     return Demand(
         "verl",
-        str(cfg.trainer.device),
-        per_node if cfg.trainer.device == "cuda" else 0,
+        device,
+        per_node if device == "cuda" else 0,
         nodes=nodes,
         sizes=f"trainer.nnodes={nodes} x trainer.n_gpus_per_node={per_node}",
         rollout=str(verl.get("actor_rollout_ref.rollout.name")),
@@ -232,11 +228,6 @@ def _all_reduce_rank(rank: int, world: int, port: int, device: str, timeout_s: f
         dist.destroy_process_group()
 
 
-def _nvidia_smi(args: Sequence[str]) -> str:
-    """stdout of `nvidia-smi *args`; raises FileNotFoundError / CalledProcessError / TimeoutExpired."""
-    return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, check=True, timeout=20).stdout
-
-
 def _nccl_version() -> str | None:
     try:
         return ".".join(map(str, torch.cuda.nccl.version()))  # (major, minor, patch[, suffix])
@@ -268,11 +259,6 @@ def _param_count(path: str) -> int | None:
     return sum(p.numel() for p in model.parameters())
 
 
-def _tcp_connect(host: str, port: int, timeout: float) -> None:
-    """Open and close a TCP connection to host:port; OSError when nothing accepts it within `timeout` s."""
-    socket.create_connection((host, port), timeout=timeout).close()
-
-
 @dataclass(frozen=True)
 class Probes:
     """Everything the checks ask the machine; tests replace fields (``dataclasses.replace``)."""
@@ -281,7 +267,10 @@ class Probes:
     gpus: Callable[[], list[Gpu]] = _gpus
     matmul: Callable[[str], None] = matmul
     all_reduce: Callable[[int], None] = all_reduce  # across this many of this node's GPUs
-    nvidia_smi: Callable[[Sequence[str]], str] = _nvidia_smi
+    # nvidia-smi's stdout; raises FileNotFoundError / CalledProcessError / TimeoutExpired
+    nvidia_smi: Callable[[Sequence[str]], str] = lambda args: (
+        subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, check=True, timeout=20).stdout
+    )
     nccl_version: Callable[[], str | None] = _nccl_version
     import_module: Callable[[str], Any] = importlib.import_module
     dist_version: Callable[[str], str] = importlib.metadata.version  # an installed distribution's version
@@ -290,7 +279,10 @@ class Probes:
     # bf16 in hardware: torch's emulation on older GPUs is not counted
     bf16_supported: Callable[[], bool] = lambda: torch.cuda.is_bf16_supported(including_emulation=False)
     netrc_has: Callable[[str], bool] = _netrc_has
-    connect: Callable[[str, int, float], None] = _tcp_connect
+    # a TCP connection to host:port opened and closed; OSError when nothing accepts it within the timeout (s)
+    connect: Callable[[str, int, float], None] = lambda host, port, timeout: socket.create_connection(
+        (host, port), timeout=timeout
+    ).close()
     disk_free: Callable[[str], int] = lambda path: shutil.disk_usage(path).free  # bytes free where path lies
     param_count: Callable[[str], int | None] = _param_count
 
@@ -631,7 +623,13 @@ def readable(items: Sequence[tuple[str, str]]) -> Result:
     for key, path in items:
         local = os.path.expanduser(path)
         if key == "model.path" and not os.path.exists(local) and HF_ID.match(path):
-            if _hf_cached(path):
+            try:
+                from huggingface_hub import try_to_load_from_cache
+
+                cached = isinstance(try_to_load_from_cache(path, "config.json"), str)
+            except Exception:  # noqa: BLE001  no huggingface_hub, or a bad id
+                cached = False
+            if cached:
                 ok += 1
             elif os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", ""):
                 bad.append(f"{key}={path} an HF id, not in this node's HF cache, and HF_HUB_OFFLINE is set")
@@ -660,15 +658,6 @@ def readable(items: Sequence[tuple[str, str]]) -> Result:
     return Result("PASS", f"{found}: " + ", ".join(f"{k}={p}" for k, p in items))
 
 
-def _hf_cached(repo: str) -> bool:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        return isinstance(try_to_load_from_cache(repo, "config.json"), str)
-    except Exception:  # noqa: BLE001  no huggingface_hub, or a bad id
-        return False
-
-
 def check_task(ctx: Context) -> Result:
     """The task's problems load here as emapg train loads them: its optional dependencies, its data."""
     name = ctx.cfg.task.name
@@ -693,37 +682,31 @@ def check_task(ctx: Context) -> Result:
 ACTOR_BYTES, ANCHOR_BYTES = 12, 4
 
 
-def checkpoint_need(ctx: Context) -> tuple[int, str] | None:
-    """Bytes a verl run's checkpoints hold at their peak (a new one is written before the oldest goes), and how
-    that was counted; None on the local backend or where the model's config is not on this node."""
-    d, cfg = ctx.demand, ctx.cfg
-    params = ctx.probes.param_count(d.model) if d.backend == "verl" and d.model else None
-    if not params:
-        return None
-    per = ACTOR_BYTES + (ANCHOR_BYTES if cfg.algo.anchor.tau < 1.0 else 0)
-    n = int(cfg.trainer.keep_checkpoints) + 1
-    return n * per * params, f"{n} checkpoints x {params / 1e9:.2f}B parameters x {per} bytes"
-
-
 def check_checkpoint(ctx: Context) -> list[Result]:
     """The checkpoint directory is writable here, with room there for the run's checkpoints (with --address: on
     every node, shared). Writable: a probe file written, read back, deleted; shared: each node sees a file
-    written here; room: `checkpoint_need`, a WARN below it."""
-    d = ctx.demand
+    written here; room: what a verl run's checkpoints hold at their peak (a new one is written before the oldest
+    goes), counted where the model's config is on this node, a WARN below it."""
+    d, cfg = ctx.demand, ctx.cfg
     where = existing_parent(d.checkpoints)
     try:
         found = f"{d.checkpoints}: {writable(d.checkpoints, ctx.token)}"
     except OSError as e:
         return [Result("FAIL", f"{d.checkpoints}: {_os_reason(e)}", f"make it writable, or set {d.checkpoint_key}")]
-    free, need = ctx.probes.disk_free(where), checkpoint_need(ctx)
+    free = ctx.probes.disk_free(where)
     found += f"; {_gib(free)} GiB free there"
-    if need is None:
+    # 0: not counted (the local backend, or the model's config is not on this node)
+    params = (ctx.probes.param_count(d.model) if d.backend == "verl" and d.model else None) or 0
+    per = ACTOR_BYTES + (ANCHOR_BYTES if cfg.algo.anchor.tau < 1.0 else 0)
+    n = int(cfg.trainer.keep_checkpoints) + 1
+    need, counted = n * per * params, f"{n} checkpoints x {params / 1e9:.2f}B parameters x {per} bytes"
+    if not params:
         here = [Result("PASS", found)]
-    elif free < need[0]:
+    elif free < need:
         fix = f"free space there, lower trainer.keep_checkpoints, or set {d.checkpoint_key} to a larger disk"
-        here = [Result("WARN", f"{found}, under the {_gib(need[0])} GiB its checkpoints take ({need[1]})", fix)]
+        here = [Result("WARN", f"{found}, under the {_gib(need)} GiB its checkpoints take ({counted})", fix)]
     else:
-        here = [Result("PASS", f"{found}, for {_gib(need[0])} GiB of checkpoints ({need[1]})")]
+        here = [Result("PASS", f"{found}, for {_gib(need)} GiB of checkpoints ({counted})")]
     if ctx.cluster is None:
         return here
     probe = os.path.join(where, f"{PROBE_PREFIX}{ctx.token}")
@@ -915,7 +898,7 @@ def answers(host: str, port: int, flag: str) -> None:
     """UserError naming `flag` unless something accepts a TCP connection at host:port within 5 s (a Ray head that
     is not there would otherwise be waited for, for minutes)."""
     try:
-        _tcp_connect(host, port, 5.0)
+        socket.create_connection((host, port), timeout=5.0).close()
     except OSError as e:
         raise UserError(
             f"{flag}: nothing answers there ({e.strerror or e}); expected the Ray head's GCS address "
@@ -957,26 +940,14 @@ def parse_argv(argv: Sequence[str]) -> tuple[list[str], str | None]:
     return overrides, address
 
 
-def header(cfg, d: Demand, address: str | None) -> str:
-    """The first line: what was checked against what."""
-    need = f"{d.gpus_per_node} GPU(s) per node [{d.sizes}]" if d.gpus_per_node else "no GPU"
-    nodes = f" x {d.nodes} nodes" if d.nodes > 1 else ""
-    where = f"the Ray cluster at {address}" if address else f"this machine ({socket.gethostname()})"
-    return f"emapg doctor: experiment={cfg.experiment} backend={d.backend} needs {need}{nodes}; checking {where}"
-
-
-def print_help() -> None:
-    print(__doc__.split("\n\n")[0])
-    print(f"\n{USAGE}\n\nchecks (one line each; --address adds a line per node to paths and checkpoint):")
-    for name, fn in CHECKS.items():
-        print(f"  {name:<11} {fn.__doc__.splitlines()[0]}")
-    print("\nexit status: 0 when no check FAILs, 1 otherwise, 2 for bad input")
-
-
 def main(argv: Sequence[str], probes: Probes | None = None, cluster: RayCluster | None = None) -> int:
     """`emapg doctor`: compose and validate the config, run every check, print one line each; the exit status."""
     if any(a in ("-h", "--help") for a in argv):
-        print_help()
+        print(__doc__.split("\n\n")[0])
+        print(f"\n{USAGE}\n\nchecks (one line each; --address adds a line per node to paths and checkpoint):")
+        for name, fn in CHECKS.items():
+            print(f"  {name:<11} {fn.__doc__.splitlines()[0]}")
+        print("\nexit status: 0 when no check FAILs, 1 otherwise, 2 for bad input")
         return 0
     overrides, address = parse_argv(argv)
     cfg = build.compose(overrides)
@@ -984,7 +955,10 @@ def main(argv: Sequence[str], probes: Probes | None = None, cluster: RayCluster 
     d = demand(cfg)
     if address and cluster is None:
         cluster = connect(address)
-    print(header(cfg, d, address), flush=True)
+    need = f"{d.gpus_per_node} GPU(s) per node [{d.sizes}]" if d.gpus_per_node else "no GPU"
+    need += f" x {d.nodes} nodes" if d.nodes > 1 else ""
+    where = f"the Ray cluster at {address}" if address else f"this machine ({socket.gethostname()})"
+    print(f"emapg doctor: experiment={cfg.experiment} backend={d.backend} needs {need}; checking {where}", flush=True)
     results = run_checks(Context(cfg, d, probes or Probes(), cluster))
     for name, r in results:
         print(r.line(name), flush=True)
