@@ -10,14 +10,9 @@
     # with the traceback; either is re-raised. read_state(run_dir) also tells `crashed`: a record left
     # `running` by a process that is gone (its pid, or a heartbeat older than STALE_S).
 
-A resume may change only RESUME_MAY_CHANGE (length, evaluation and checkpoint cadence, threads, health rules);
-any other change of the config is refused unless forced, and every resume is a line of resumes.jsonl.
-Every write error is a RecordWriteError naming the file.
-
 Whole files are replaced atomically and JSONL lines appended with fsync: a crash loses at most the line being
-written, which readers drop (docs/run-record.md). Values go through `.item()`/`float()` (numpy and torch scalars;
-torch is never imported here); non-finite floats are written as null (strict JSON), which `analysis.load` reads
-back as NaN.
+written, which readers drop (docs/run-record.md). torch is never imported here (`jsonable` reads scalars through
+`.item()`).
 """
 
 from __future__ import annotations
@@ -238,10 +233,9 @@ def read_status(run_dir: str | Path) -> tuple[str, str | None]:
 
 
 def read_state(run_dir: str | Path, now: float | None = None) -> str:
-    """The run's state as a reader should show it: the status file's, except that a `running` record whose
-    writer is gone reads as `crashed` (SIGKILL, OOM, a lost node): its owner (experiments.owner: pid and process
-    start, so a reused pid does not count) is not alive on this host, or it let go, or its heartbeat is more
-    than STALE_S from now, in the past or in the future (two hosts' clocks that far apart cannot vouch for it)."""
+    """The run's state as a reader should show it: the status file's, except that a `running` record whose writer
+    is gone reads as `crashed` (docs/run-record.md, `status`): its owner (pid and process start) is not alive on
+    this host, or it let go, or its heartbeat is more than STALE_S from now, in the past or in the future."""
     run_dir = Path(run_dir)
     state, rest = read_status(run_dir)
     if state != "running":
@@ -277,9 +271,7 @@ def stage_progress(run_dir: str | Path) -> tuple[list[str], str | None]:
     """(stages finished, the stage started but not finished or None) of a staged run's record: every
     started stage before the last is finished, and the last one is when the record's status is."""
     started = [r["stage"] for r in read_stages(run_dir)]
-    if not started:
-        return [], None
-    if _status_of(Path(run_dir)) == "finished":
+    if not started or _status_of(Path(run_dir)) == "finished":
         return started, None
     return started[:-1], started[-1]
 
@@ -448,8 +440,6 @@ class RunRecord:
         the `checkpoint` and the `skipped` ones: {"checkpoint", "error"}); `stage` ({"stage", "index",
         "may_change": dotted keys}) starts a stage instead, which may also change its own keys (stages.jsonl)."""
         run_dir = Path(run_dir)
-        if run_dir.exists() and not run_dir.is_dir():
-            raise NotADirectoryError(20, "run_dir is a file, not a directory", str(run_dir))
         held = held or owner.acquire(run_dir, "run", RUN_BUSY)  # one writer per record, before any read or write
         try:
             config = resolved(cfg)
@@ -466,7 +456,7 @@ class RunRecord:
                 (run_dir / name).unlink(missing_ok=True)
             rec = cls(run_dir, config)
             rec.owner = held
-            rec._write(run_dir / CONFIG, OmegaConf.to_yaml(config))
+            _guarded(atomic_write, run_dir / CONFIG, OmegaConf.to_yaml(config))
             if resume:
                 rec.rewind(None)
             if stage is not None:
@@ -493,7 +483,7 @@ class RunRecord:
             "forced": forced,
             "changes": {k: list(v) for k, v in changes.items()},
         }
-        self._append(name, [jsonable(entry)])
+        _guarded(_append, self.run_dir / name, [jsonable(entry)])
 
     # ------------------------------------------------------------ writing
     def elapsed(self) -> float:
@@ -513,7 +503,7 @@ class RunRecord:
             raise ValueError(f"metric keys {reserved} are set by the run record; do not pass them")
         row = {"iteration": iteration, "time_s": round(self.elapsed(), 3)}
         row.update({str(k): jsonable(v, str(k)) for k, v in metrics.items()})
-        self._append(METRICS, [row])
+        _guarded(_append, self.run_dir / METRICS, [row])
         self.last_iteration = iteration
         return row
 
@@ -523,7 +513,7 @@ class RunRecord:
         out = [jsonable(dict(r)) for r in rows]
         if bad := [r for r in out if not isinstance(r.get("iteration"), int)]:
             raise ValueError(f"eval rows need an integer 'iteration'; got {bad[0]!r}")
-        self._append(EVALS, out)
+        _guarded(_append, self.run_dir / EVALS, out)
 
     def rewind(self, iteration: int | None) -> None:
         """Keep only lines with iteration <= `iteration` (None: all complete lines), so a resumed run never
@@ -623,20 +613,14 @@ class RunRecord:
         summary["status"] = state
         if self.forced:
             summary["forced_resume"] = True
-        self._write(self.run_dir / SUMMARY, json.dumps(summary, indent=1, allow_nan=False) + "\n")
+        _guarded(atomic_write, self.run_dir / SUMMARY, json.dumps(summary, indent=1, allow_nan=False) + "\n")
         self._write_status(state, detail)
         self.release()
         return summary
 
     def _write_status(self, state: str, detail: str | None = None) -> None:
-        self._write(self.run_dir / STATUS, state + "\n" + (detail.rstrip() + "\n" if detail else ""))
+        _guarded(atomic_write, self.run_dir / STATUS, state + "\n" + (detail.rstrip() + "\n" if detail else ""))
         self.status = state
-
-    def _write(self, path: Path, text: str) -> None:
-        _guarded(atomic_write, path, text)
-
-    def _append(self, name: str, rows: list[dict]) -> None:
-        _guarded(_append, self.run_dir / name, rows)
 
     def _check_running(self) -> None:
         if self.status != "running":

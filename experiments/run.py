@@ -1,10 +1,8 @@
-"""``run(cfg) -> summary metrics``: the one entry used by the CLI, sweep trials and tests.
+"""``run(cfg) -> summary metrics``: the one entry used by the CLI, sweep trials and tests, for every backend.
 
     emapg train experiment=math_tiny_ema_pg seed=1 algo.anchor.tau=0.95
 
-Composes nothing itself (callers pass a composed DictConfig, see ``experiments.build.compose``),
-validates every section before any work, writes the run record (docs/run-record.md), mirrors
-metrics to W&B (offline by default), trains with the local backend, and returns the summary.
+Callers pass a composed DictConfig (``experiments.build.compose``); every section is validated before any work.
 """
 
 from __future__ import annotations
@@ -444,8 +442,7 @@ class _VerlFollower:
     waits for the next poll) unless no file changed size or mtime since the last one. Steps past the
     last one recorded are appended; a step whose metrics changed (a resumed attempt replaying steps
     after its checkpoint) rewinds the record to just before it and appends again.
-    `callback` gets each iteration once, in increasing order. The run's health rules see each recorded
-    step (``_check``); one that fires closes the record as stopped_unhealthy and ends the run.
+    `callback` gets each iteration once, in increasing order; the health rules see each recorded step (``_check``).
     """
 
     def __init__(self, record: RunRecord, cfg: DictConfig, callback: Callback | None):

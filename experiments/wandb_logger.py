@@ -5,10 +5,9 @@
     logger.log(iteration, record.log(iteration, metrics))   # step=iteration; time_s mirrored too
     logger.finish(exit_code)
 
-- Mode: a non-empty WANDB_MODE environment variable wins, else `logger.mode`, else "offline".
-  offline needs no account or network: `wandb sync <run_dir>/wandb/offline-run-*` uploads later
-  (a resumed run has one offline-run directory per attempt, all with the same run id).
-  disabled writes nothing at all: wandb is not even imported.
+- Mode (`resolve_mode`): offline needs no account or network: `wandb sync <run_dir>/wandb/offline-run-*` uploads
+  later (a resumed run has one offline-run directory per attempt, all with the same run id). disabled writes
+  nothing at all: wandb is not even imported.
 - Resuming: the W&B run id lives in <run_dir>/wandb_run.json together with the last logged step,
   so a restarted run continues the same W&B run (`resume="allow"`) and skips every step <= the
   last one logged. The steps between the checkpoint and the crash therefore keep the values of
