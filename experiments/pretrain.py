@@ -76,7 +76,6 @@ class PretrainConfig:
     seed: int = 0  # the data, the initialisation and the batch order
 
     def __post_init__(self):
-        get_task(self.task)  # raises with the valid names
         for name in ("steps", "batch_size", "pool", "eval_every", "val_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"pretrain {name} must be an integer >= 1; got {getattr(self, name)!r}")
@@ -116,9 +115,7 @@ def cache_name(cfg: PretrainConfig, built: dict) -> str:
 
 def stale(path: Path, built: dict) -> str | None:
     """Why the finished warm start at `path` may not be reused: what its marker records that differs from
-    provenance `built` ("numerics.versions.torch: '2.12.0' -> '2.13.0'"); None when it matches or is unfinished."""
-    if not (path / MARKER).exists():
-        return None
+    provenance `built` ("numerics.versions.torch: '2.12.0' -> '2.13.0'"); None when it matches."""
     old, new = records.flat(json.loads((path / MARKER).read_text()).get("provenance") or {}), records.flat(built)
     keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     return "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys) or None
@@ -135,9 +132,7 @@ def files(path: Path) -> dict[str, dict]:
 
 def damaged(path: Path) -> str | None:
     """What of the finished warm start at `path` is not as its marker records ("model.safetensors is 1,024 bytes,
-    recorded 2,048"); None when every file is as recorded, or the warm start is unfinished (no marker)."""
-    if not (path / MARKER).exists():
-        return None
+    recorded 2,048"); None when every file is as recorded."""
     try:
         recorded = json.loads((path / MARKER).read_text(encoding="utf-8"))["files"]
         sizes = {name: int(f["bytes"]) for name, f in recorded.items()}
@@ -155,6 +150,8 @@ def damaged(path: Path) -> str | None:
 
 def unusable(path: Path, built: dict) -> str | None:
     """Why the finished warm start at `path` must be rebuilt (`damaged`, else `stale`); None if reusable/unfinished."""
+    if not (path / MARKER).exists():
+        return None
     if broken := damaged(path):
         return f"is damaged ({broken})"
     why = stale(path, built)
@@ -167,8 +164,6 @@ def default_cache_dir() -> Path:
 
 
 # ---------------------------------------------------------------- data
-
-
 def segments(task, example: Example, response: str, env) -> list[tuple[str, bool]]:
     """Split a full `response` into (text, generated_by_model) pieces by replaying the task's tool protocol: after
     each stop string the environment's `tool_response` text must follow (ValueError when it does not)."""
@@ -211,8 +206,6 @@ def collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, 
 
 
 # ---------------------------------------------------------------- training
-
-
 WARMUP_STEPS = 50  # linear warmup, then constant (early stopping makes a decay schedule's end arbitrary)
 
 
@@ -331,8 +324,6 @@ def pretrain(
 
 
 # ---------------------------------------------------------------- held-out accuracy
-
-
 @torch.no_grad()
 def rollout(model, tokenizer, task, env, prompts: list[str], *, greedy: bool) -> list[str]:
     """Responses for `prompts` with HF `generate` and the task's tool loop (reference version): each turn generates
@@ -379,8 +370,6 @@ def heldout_accuracy(path: str | os.PathLike, task: str, knobs: dict, n: int = 1
 
 
 # ---------------------------------------------------------------- CLI
-
-
 def _parse_overrides(argv: Sequence[str]) -> dict[str, Any]:
     """['task=math_tiny', 'model.layers=4', 'knobs.steps=3'] -> nested dict (YAML-typed values)."""
     out: dict[str, Any] = {}

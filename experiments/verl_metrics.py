@@ -34,6 +34,7 @@ from typing import Any
 from ema_pg_core.telemetry import PROBE_KEYS
 from experiments.backends.verl.config import rotate  # noqa: F401  (re-exported: the TaskRunner calls it)
 from experiments.backends.verl.evals import FILE as EVALS_FILE
+from experiments.records import read_jsonl
 
 FILE = "verl_metrics.jsonl"
 TRAIN_KEYS = {
@@ -124,8 +125,6 @@ def eval_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     """The per-problem rows our verl trainer wrote (``experiments.backends.verl.evals``), one per (iteration, model,
     benchmark, problem): a step validated again by a resumed attempt keeps its latest rows. A trailing
     partial line is dropped."""
-    from experiments.records import read_jsonl  # loads omegaconf
-
     rows: dict[tuple, dict[str, Any]] = {}
     for r in read_jsonl(Path(run_dir) / EVALS_FILE):
         rows[(r["iteration"], r["model"], r["benchmark"], r["problem_id"])] = r

@@ -28,6 +28,7 @@ import importlib.util
 import re
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -336,26 +337,23 @@ def run_model(
 ) -> None:
     """Evaluate one model on every benchmark, chunk by chunk, skipping the chunks already written."""
     env, rollout_kw = _generation_context(module, task_cfg, run_cfg)
-    model = tok = None
+    generate = None  # (prompts, st, seed) -> (greedy, sampled), once the model is loaded
     for bench, exs in problem_sets.items():
         for c in range(0, len(exs), st["batch"]):
             todo = [e for e in exs[c : c + st["batch"]] if (name, bench, str(e.id)) not in done]
             if not todo:
                 continue
-            seed = chunk_seed(st["seed"], name, bench, c // st["batch"])
-            prompts = [module.prompt(e) for e in todo]
-            if model is None:
+            if generate is None:
                 model, tok = load()
                 if st["engine"] == "vllm":  # vLLM reads a model directory
                     model.save_pretrained(out / ".hf" / name)
                     tok.save_pretrained(out / ".hf" / name)
-                    model = str(out / ".hf" / name)
+                    generate = partial(vllm_samples, str(out / ".hf" / name))
                 else:
                     model = model.to(resolve_device(device)).eval()
-            if st["engine"] == "vllm":
-                greedy, sampled = vllm_samples(model, prompts, st, seed)
-            else:
-                greedy, sampled = hf_samples(model, tok, prompts, st, seed, env=env, rollout_kw=rollout_kw)
+                    generate = partial(hf_samples, model, tok, env=env, rollout_kw=rollout_kw)
+            seed = chunk_seed(st["seed"], name, bench, c // st["batch"])
+            greedy, sampled = generate([module.prompt(e) for e in todo], st, seed)
             records.append_eval_rows(out, score_rows(module, todo, greedy, sampled, st, model=name, bench=bench))
             bar.update(len(todo))
 

@@ -119,25 +119,8 @@ def check_load(split: str, n) -> None:
         raise ValueError(f"n must be an integer >= 1; got {n!r}")
 
 
-def read_prepared(task: str, data_dir: str, split: str, n: int, seed: int) -> list[dict[str, Any]]:
-    """Up to `n` rows of `<data_dir>/<split>.parquet` (verl's schema, written by the task's
-    `prepare`) in a `seed`-shuffled order; ValueError naming the missing file otherwise."""
-    import pandas as pd
-
-    path = os.path.join(os.path.expanduser(data_dir), f"{split}.parquet")
-    if not os.path.isfile(path):
-        raise ValueError(
-            f"{path} not found: run experiments.tasks.{task}.prepare({data_dir!r}) first "
-            f"(or `emapg data prepare {task} --out {data_dir}`)"
-        )
-    df = pd.read_parquet(path)
-    order = list(range(len(df)))
-    random.Random(seed).shuffle(order)
-    return [df.iloc[i].to_dict() for i in order[:n]]
-
-
 def write_prepared(out_dir: str, tables: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
-    """Each table of verl rows as `<out_dir>/<name>.parquet` (what `read_prepared` reads); {name: path}."""
+    """Each table of verl rows as `<out_dir>/<name>.parquet` (what `prepared_examples` reads); {name: path}."""
     import pandas as pd
 
     out_dir = os.path.expanduser(out_dir)
@@ -151,8 +134,21 @@ def write_prepared(out_dir: str, tables: dict[str, list[dict[str, Any]]]) -> dic
 def prepared_examples(
     task: str, data_dir: str, split: str, *, n: int, seed: int, example_id: Callable[[dict[str, Any]], str]
 ) -> list[Example]:
-    """`read_prepared`'s rows as Examples: the user message as prompt, the ground truth list as answer,
-    the data source in meta; `example_id(row)` gives each id (unique within the task)."""
+    """Up to `n` rows of `<data_dir>/<split>.parquet` (verl's schema, written by the task's `prepare`) in a
+    `seed`-shuffled order, as Examples: the user message as prompt, the ground truth list as answer, the data
+    source in meta; `example_id(row)` gives each id (unique within the task). ValueError naming a missing file."""
+    import pandas as pd
+
+    path = os.path.join(os.path.expanduser(data_dir), f"{split}.parquet")
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"{path} not found: run experiments.tasks.{task}.prepare({data_dir!r}) first "
+            f"(or `emapg data prepare {task} --out {data_dir}`)"
+        )
+    df = pd.read_parquet(path)
+    order = list(range(len(df)))
+    random.Random(seed).shuffle(order)
+    rows = [df.iloc[i].to_dict() for i in order[:n]]
     return [
         Example(
             id=example_id(r),
@@ -160,7 +156,7 @@ def prepared_examples(
             answer=list(r["reward_model"]["ground_truth"]),
             meta={"source": r["data_source"]},
         )
-        for r in read_prepared(task, data_dir, split, n, seed)
+        for r in rows
     ]
 
 

@@ -218,10 +218,6 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     return float(pred is not None and is_equiv(pred, gold))
 
 
-def demonstration(example: Example, rng=None) -> str:
-    raise NotImplementedError("math has no synthetic demonstrations; start from a pretrained model (model.path)")
-
-
 # ---------------------------------------------------------------- evaluation protocol
 @dataclass(frozen=True)
 class Protocol:

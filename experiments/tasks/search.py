@@ -209,7 +209,3 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     """verl's custom reward function (reward.custom_reward_function.path=experiments.tasks.search)."""
     gold = [ground_truth] if isinstance(ground_truth, str) else [str(g) for g in ground_truth]
     return float(em(extract_answer(solution_str), gold))
-
-
-def demonstration(example: Example, rng=None) -> str:
-    raise NotImplementedError("search has no synthetic demonstrations; start from a pretrained model (model.path)")
