@@ -148,7 +148,6 @@ def _html(out_dir: Path, title: str, header: list[str], outputs: list[Output], s
 
 
 def _details(text: str) -> str:
-    """Provenance, collapsed."""
     return f'<details class="prov"><summary>provenance</summary>{html.escape(text)}</details>'
 
 

@@ -357,7 +357,6 @@ def _task_beta_tau_map(
 def figures(records: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
     """Render the no-training outputs from audit records (analysis.audit_schema) into `out_dir` (analysis.outdir: a
     new or empty directory, or a previous output of `figures`, which is replaced whole)."""
-    outdir.check(out_dir, FIGURES)
     frames = audit_schema.check_records(records)
     meta = dict(records.get("meta") or {})
     prov = {"computed by": "ema_pg_core.audit", **meta}
@@ -381,7 +380,6 @@ def figures(records: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
 
 
 def _positive(text: str) -> int:
-    """argparse type: an integer >= 1."""
     if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return int(text)

@@ -33,8 +33,6 @@ METRIC_NAMES = {"acc": "greedy accuracy", "pass@1": "pass@1 (mean accuracy over 
 
 @dataclass
 class Table:
-    """A rendered table: display cells, the numbers behind them, caption and provenance."""
-
     name: str  # file stem
     caption: str
     cells: pd.DataFrame  # display strings; the index holds the row labels
@@ -83,27 +81,16 @@ def write_table(table: Table, out_dir: str | Path) -> list[Path]:
     return paths
 
 
+# characters LaTeX reserves, and the Unicode symbols the tables use (set in math mode: their command)
+_MATH = {"±": r"\pm", "≤": r"\le", "≥": r"\ge", "✓": r"\checkmark", "✗": r"\times", "×": r"\times", "‖": r"\|"}
+_GREEK = {"τ": r"\tau", "η": r"\eta", "α": r"\alpha", "β": r"\beta", "θ": r"\theta"}
 _LATEX = {
     "\\": r"\textbackslash{}",
-    **{ch: "\\" + ch for ch in "&%$#_{}"},
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
-    "±": r"$\pm$",
     "—": "---",
-    "τ": r"$\tau$",
-    "η": r"$\eta$",
-    "α": r"$\alpha$",
-    "β": r"$\beta$",
-    "≤": r"$\le$",
-    "≥": r"$\ge$",
-    "✓": r"$\checkmark$",
-    "✗": r"$\times$",
-    "×": r"$\times$",
-    "|": r"$|$",
-    "<": r"$<$",
-    ">": r"$>$",
-    "‖": r"$\|$",
-    "θ": r"$\theta$",
+    **{ch: "\\" + ch for ch in "&%$#_{}"},
+    **{ch: f"${cmd}$" for ch, cmd in {**_MATH, **_GREEK, "|": "|", "<": "<", ">": ">"}.items()},
 }
 
 
@@ -155,7 +142,6 @@ def find_benchmarks(
 
 
 def _number(*values: Any) -> dict[str, Any]:
-    """One row of Table.numbers from its NUMBER_COLUMNS values, in that order."""
     return dict(zip(NUMBER_COLUMNS, values, strict=True))
 
 
