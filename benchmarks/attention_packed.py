@@ -34,6 +34,7 @@ CASES = [(16384, 1024), (16384, 4096), (8192, 512)]  # (N packed tokens, L token
 MODEL_CASES = [(16384, 1024)]
 OURS = f"{attention.NAME} (the plugin's attention: torch varlen_attn behind transformers)"
 OURS_MODEL = f"{attention.NAME}, packed (use_remove_padding)"
+PER_SEQUENCE, BATCH = "sdpa, per sequence (is_causal, flash kernel)", "sdpa, (N/L, L) batch"  # the ratios' bases
 
 
 def _packed_mask(n: int, seq: int) -> torch.Tensor:
@@ -70,7 +71,7 @@ def attention_rows() -> list[dict]:
             "sdpa, packed (block-diagonal mask)": lambda q, k, v, m=mask: sdpa_attention_forward(
                 module, q, k, v, m, dropout=0.0
             )[0],
-            "sdpa, per sequence (is_causal, flash kernel)": lambda q, k, v, s=seq: _per_sequence(q, k, v, s),
+            PER_SEQUENCE: lambda q, k, v, s=seq: _per_sequence(q, k, v, s),
             OURS: lambda q, k, v, p=pos: attention.varlen_attention(module, q, k, v, None, position_ids=p)[0],
         }
         if attention.varlen_attn is not None:
@@ -121,7 +122,7 @@ def model_rows() -> list[dict]:
         def batch(ids=ids, seq=seq):
             return model(input_ids=ids.view(-1, seq), use_cache=False).logits
 
-        variants = [("sdpa, packed (use_remove_padding)", "sdpa", packed), ("sdpa, (N/L, L) batch", "sdpa", batch)]
+        variants = [("sdpa, packed (use_remove_padding)", "sdpa", packed), (BATCH, "sdpa", batch)]
         for name, attn, f in variants + [(OURS_MODEL, attention.NAME, packed)]:
             model.set_attn_implementation(attn)
 
@@ -155,30 +156,30 @@ def render(data: dict) -> str:
         "",
         "| attention, one layer, 28/4 heads of 128, bf16, fwd + bwd | N | L | ms | peak GiB | × per sequence |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    ref = {(r["N"], r["L"]): r["ms"] for r in data["attention"] if r["variant"].startswith("sdpa, per sequence")}
-    for r in _with_unmeasured(data["attention"], OURS, CASES):
-        if "error" in r:
-            lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['error']} | | |")
-            continue
-        x = r["ms"] / ref[(r["N"], r["L"])] if (r["N"], r["L"]) in ref else float("nan")
-        lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['ms']:.2f} | {r['peak_GiB']:.2f} | {x:.2f} |")
-    lines += [
+        *_table(data["attention"], OURS, CASES, PER_SEQUENCE, ".2f"),
         "",
         "| Qwen2.5-1.5B shape, bf16, gradient checkpointing, fwd + bwd | N | L | ms | peak GiB | × batch |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
+        *_table(data["model"], OURS_MODEL, MODEL_CASES, BATCH, ".0f"),
     ]
-    batch = {(r["N"], r["L"]): r["ms"] for r in data["model"] if r["variant"] == "sdpa, (N/L, L) batch"}
-    for r in _with_unmeasured(data["model"], OURS_MODEL, MODEL_CASES):
-        if "value" in r:
-            lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['value']:.3g} | | |")
-        elif "error" in r:
-            lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['error']} | | |")
-        else:
-            x = r["ms"] / batch[(r["N"], r["L"])]
-            lines.append(f"| {r['variant']} | {r['N']} | {r['L']} | {r['ms']:.0f} | {r['peak_GiB']:.2f} | {x:.2f} |")
     lines += [""] + [f"- {n}" for n in data.get("notes", [])]  # added to the JSON by hand
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _table(rows: list[dict], ours: str, cases, base: str, ms: str) -> list[str]:
+    """Rows of ms, peak GiB and ms over the `base` variant's at the same (N, L); or a row's error or value."""
+    base_ms = {(r["N"], r["L"]): r["ms"] for r in rows if r["variant"] == base}
+    out = []
+    for r in _with_unmeasured(rows, ours, cases):
+        head = f"| {r['variant']} | {r['N']} | {r['L']} |"
+        if "value" in r:
+            out.append(f"{head} {r['value']:.3g} | | |")
+        elif "error" in r:
+            out.append(f"{head} {r['error']} | | |")
+        else:
+            x = r["ms"] / base_ms.get((r["N"], r["L"]), float("nan"))
+            out.append(f"{head} {r['ms']:{ms}} | {r['peak_GiB']:.2f} | {x:.2f} |")
+    return out
 
 
 def _with_unmeasured(rows: list[dict], variant: str, cases) -> list[dict]:

@@ -18,10 +18,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _common as C  # noqa: E402
-from benchmarks.ema_update import TAU, Params, qwen25_05b_shapes  # noqa: E402
+from benchmarks.ema_update import TAU, policy_and_anchor  # noqa: E402
 from benchmarks.topk_kl_memory import make_inputs, value_and_backward  # noqa: E402
-from ema_pg_core.anchor import EmaAnchor, ema_update_  # noqa: E402
-from ema_pg_core.config import AnchorConfig  # noqa: E402
+from ema_pg_core.anchor import ema_update_  # noqa: E402
 from ema_pg_core.topk import TokenStats  # noqa: E402
 
 SECTION = "EMA update and Top-k KL on a GPU"
@@ -29,12 +28,10 @@ TOPK_VARIANTS = ["naive_topk", "chunked_topk", "fused_topk", "fused_topk_wholeV"
 NS = [4096, 16384]
 
 
-def _ema_group(dtype: torch.dtype, shadow: bool, reps: int) -> list[dict]:
+def _ema_group(shadow: bool, reps: int) -> list[dict]:
     """Copy, then the update, of the same tensors: median ms, GB/s, ratio to the copy."""
-    policy = Params(qwen25_05b_shapes(), dtype).cuda()
-    anchor = EmaAnchor(policy, AnchorConfig(TAU, period=1, fp32_shadow=shadow))
-    pol, anc = [p.detach() for p in policy.parameters()], [p.detach() for p in anchor.module.parameters()]
-    n, size, name = sum(p.numel() for p in pol), pol[0].element_size(), str(dtype)[6:]
+    policy, anchor, pol, anc = policy_and_anchor(shadow, "cuda")
+    n, size, name = sum(p.numel() for p in pol), pol[0].element_size(), str(pol[0].dtype)[6:]
     fns = {f"copy ({name}, _foreach_copy_)": (lambda: torch._foreach_copy_(anc, pol), 2 * size * n)}
     if shadow:
         fns["EmaAnchor.update (bf16 module + fp32 shadow)"] = (lambda: anchor.update(1, policy), 16 * n)
@@ -53,9 +50,9 @@ def _ema_group(dtype: torch.dtype, shadow: bool, reps: int) -> list[dict]:
 
 
 def ema_rows(reps: int = 20) -> list[dict]:
-    rows = _ema_group(torch.float32, False, reps)
+    rows = _ema_group(False, reps)
     torch.cuda.empty_cache()
-    return rows + _ema_group(torch.bfloat16, True, reps)
+    return rows + _ema_group(True, reps)
 
 
 def _to_cuda(x: dict) -> dict:

@@ -40,6 +40,13 @@ class Params(nn.Module):
         self.ps = nn.ParameterList(nn.Parameter(torch.empty(s, dtype=dtype).uniform_(-0.05, 0.05)) for s in shapes)
 
 
+def policy_and_anchor(shadow: bool, device: str = "cpu"):
+    """A policy of Qwen2.5-0.5B's shapes (bf16 with `shadow`, else fp32), its EMA anchor, and their tensors."""
+    policy = Params(qwen25_05b_shapes(), torch.bfloat16 if shadow else torch.float32).to(device)
+    anchor = EmaAnchor(policy, AnchorConfig(TAU, period=1, fp32_shadow=shadow))
+    return policy, anchor, [p.detach() for p in policy.parameters()], [p.detach() for p in anchor.module.parameters()]
+
+
 def timed_round_robin(fns: dict, reps: int) -> dict[str, list[float]]:
     """Seconds of ``reps`` calls of every fn, interleaved in a shuffled order each round (so that load from
     other jobs hits all variants alike), after one warm-up call each."""
@@ -61,22 +68,17 @@ def worker(config: str, reps: str) -> dict:
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     shadow = config == "bf16_shadow"
-    dtype = torch.bfloat16 if shadow else torch.float32
-    policy = Params(qwen25_05b_shapes(), dtype)
-    anchor = EmaAnchor(policy, AnchorConfig(TAU, period=1, fp32_shadow=shadow))
-    pol = [p.detach() for p in policy.parameters()]
-    anc = [p.detach() for p in anchor.module.parameters()]
-    n = sum(p.numel() for p in pol)
-    size = pol[0].element_size()
+    policy, anchor, pol, anc = policy_and_anchor(shadow)
+    n, size, dtype = sum(p.numel() for p in pol), pol[0].element_size(), str(pol[0].dtype)[6:]
 
     def loop():
         for a, p in zip(anc, pol):
             a.lerp_(p, 1.0 - TAU)
 
     variants = {  # name: (callable, accounted bytes)
-        f"copy ({str(dtype)[6:]}, torch._foreach_copy_)": (lambda: torch._foreach_copy_(anc, pol), 2 * size * n),
-        f"lerp ({str(dtype)[6:]}, ema_update_, one foreach op)": (lambda: ema_update_(anc, pol, TAU), 3 * size * n),
-        f"lerp ({str(dtype)[6:]}, Python loop over parameters)": (loop, 3 * size * n),
+        f"copy ({dtype}, torch._foreach_copy_)": (lambda: torch._foreach_copy_(anc, pol), 2 * size * n),
+        f"lerp ({dtype}, ema_update_, one foreach op)": (lambda: ema_update_(anc, pol, TAU), 3 * size * n),
+        f"lerp ({dtype}, Python loop over parameters)": (loop, 3 * size * n),
     }
     label = "bf16 module + fp32 shadow, sliced cast" if shadow else "fp32"
     variants[f"EmaAnchor.update ({label})"] = (lambda: anchor.update(1, policy), (16 if shadow else 12) * n)

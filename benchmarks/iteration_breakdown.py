@@ -187,19 +187,6 @@ def spread(rows: list[dict]) -> dict:
     return out
 
 
-def ratios(r: dict) -> dict:
-    new, old = r["rollout"], r["recompute"]
-    base = new["raw_decode"] + new["raw_fwd_bwd"] + new["anchor_fwd"]
-    return {
-        "rollout_vs_generate": new["rollout"] / new["generate"],
-        "raw_decode_vs_generate": new["raw_decode"] / new["generate"],
-        "rollout_vs_raw_decode": new["rollout"] / new["raw_decode"],
-        "iter_vs_raw_sum": new["iter"] / base,
-        "old_vs_new_iter": old["iter"] / new["iter"],
-        "old_rollout_vs_raw_decode": old["rollout"] / old["raw_decode"],
-    }
-
-
 PATHS = {"recompute": "old (recompute)", "rollout": "new (from the sampler)"}
 PHASE_COLUMNS = {
     "response_len": "tokens / response",
@@ -215,13 +202,15 @@ PHASE_COLUMNS = {
     "anchor_fwd": "anchor fwd",
     "fixed": "fixed-work control",
 }
-RATIO_COLUMNS = {
-    "rollout_vs_generate": "rollout / model.generate",
-    "raw_decode_vs_generate": "raw decode / model.generate",
-    "rollout_vs_raw_decode": "rollout / raw decode",
-    "iter_vs_raw_sum": "iteration / (raw decode + raw fwd+bwd + anchor fwd)",
-    "old_vs_new_iter": "old iteration / new iteration",
-    "old_rollout_vs_raw_decode": "old rollout / raw decode",
+RATIO_COLUMNS = {  # column: its ratio of the medians of the new path (`n`) and the old (`o`)
+    "rollout / model.generate": lambda n, o: n["rollout"] / n["generate"],
+    "raw decode / model.generate": lambda n, o: n["raw_decode"] / n["generate"],
+    "rollout / raw decode": lambda n, o: n["rollout"] / n["raw_decode"],
+    "iteration / (raw decode + raw fwd+bwd + anchor fwd)": lambda n, o: (
+        n["iter"] / (n["raw_decode"] + n["raw_fwd_bwd"] + n["anchor_fwd"])
+    ),
+    "old iteration / new iteration": lambda n, o: o["iter"] / n["iter"],
+    "old rollout / raw decode": lambda n, o: o["rollout"] / o["raw_decode"],
 }
 
 
@@ -244,8 +233,7 @@ def report(results: dict, args, machine: dict) -> str:
             fixed = f" ({_cell('fixed_p90_p10', sp)})" if "fixed_p90_p10" in sp else ""
             paths.append(f"{label} {_cell('iter_p90_p10', sp)}{fixed}")
         spr.append(f"{preset}: {', '.join(paths)}")
-        q = ratios(r)
-        rat.append([preset, *(f"{q[k]:.2f}x" for k in RATIO_COLUMNS)])
+        rat.append([preset, *(f"{ratio(r['rollout'], r['recompute']):.2f}x" for ratio in RATIO_COLUMNS.values())])
     on = "" if args.presets == PRESETS else f" on {', '.join(args.presets)}"
     return "\n".join(
         [
@@ -259,7 +247,7 @@ def report(results: dict, args, machine: dict) -> str:
             "",
             C.md_table(["preset", "path", "iteration (s)", *PHASE_COLUMNS.values()], rows),
             "",
-            C.md_table(["preset", *RATIO_COLUMNS.values()], rat),
+            C.md_table(["preset", *RATIO_COLUMNS], rat),
             "",
             "Spread, (p90 - p10) / median of the iteration less the KL probe over iterations 2..N, and in brackets "
             "that of the fixed-work control (the raw operations on one batch kept from the warm-up, after every "

@@ -23,10 +23,8 @@ This checkout (``-e ".[verl]"``) is resolved as the requirements pyproject.toml 
 anything would be built from an sdist, when a local wheel other than ``SDIST_ONLY``'s is used, or when a package
 of the install is not pinned by the lock.
 
-The lock, ``cluster/gpu-lock.txt``, holds every version the install resolves to, per target Python where they
-differ; the script installs with it as constraints, so every node gets the versions CI resolved and tested. The
-verl CI venv takes the lock's versions too (``--ci-constraints``): ``make test-verl`` and the rehearsals run on the
-torch, transformers and Python-side stack that GPU users get (torch's CUDA build, run on the CPU).
+The lock, ``cluster/gpu-lock.txt``: every version the install resolves to, per target Python where they differ;
+the script and the verl CI venv (``--ci-constraints``) install with it (docs/scaling-out.md).
 
     python -m cluster.gpu_install --write-lock     # resolve afresh without the lock and rewrite it
 """

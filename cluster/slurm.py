@@ -46,6 +46,38 @@ MINIMUM["stop_before"] = 1  # and from twice stop_grace to 65535 (Slurm's --sign
 MINIMUM["port_stride"] = 20  # 10 service ports + the workers'
 
 
+def _matches(pattern: re.Pattern):
+    return lambda value: isinstance(value, str) and pattern.fullmatch(value) is not None
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+# (key, is the value valid, what it must be): checked in this order for each key the site file has (or defaults)
+CHECKS = (
+    ("time", _matches(TIME), f'must be a quoted string in a Slurm time format ({TIME_FORMATS}), e.g. time: '
+     '"48:00:00" (YAML reads an unquoted 48:00:00 as the number 172800)'),
+    *((key, _matches(WORD), "must be one word (no spaces or quotes)")
+      for key in ("partition", "account", "qos", "constraint")),
+    ("network_interface", _matches(INTERFACE),
+     "must be a network interface name (up to 15 letters, digits, _ . : -), e.g. ib0"),
+    *((key, lambda v, low=low: type(v) is int and v >= low, f"must be an integer >= {low}")
+      for key, low in MINIMUM.items()),
+    ("mem", lambda v: type(v) in (int, str) and MEM.fullmatch(str(v)) is not None,
+     "must be megabytes (an integer >= 0, 0 = all of the node's) or a size like 64G"),
+    *((key, lambda v: isinstance(v, str) and v != "", "must be a path") for key in ("ray_tmp", "token_dir")),
+    ("exclude", lambda v: _strings(v) and all(map(WORD.fullmatch, v)),
+     "must be a list of node names (no spaces or quotes)"),
+    ("setup", _strings, "must be a list of shell lines"),
+    ("container", _strings, "must be a list of command words"),
+    ("container", all, "must be a command prefix, one word each, e.g. [apptainer, exec, --nv, emapg.sif]"),
+    ("sbatch_options", lambda v: isinstance(v, list) and all(map(_matches(SBATCH_OPTION), v)),
+     "must be a list of sbatch options, each --name or --name=value (one word), e.g. [--exclusive]"),
+    ("env", lambda v: isinstance(v, dict), "must be a mapping of variable names to values"),
+)  # fmt: skip
+
+
 def load_site(path: str | Path) -> dict:
     """The site file's settings, every key's default filled in; UserError (one line naming the file and the key)
     when it is unreadable, holds a YAML alias (experiments.user_yaml), an unknown key, lacks a required key, or a
@@ -53,10 +85,6 @@ def load_site(path: str | Path) -> dict:
     site = read(path, "site file") or {}
     if not isinstance(site, dict):
         raise UserError(f"site file {path}: must be a mapping of settings; got {type(site).__name__}")
-
-    def bad(key: str, what: str, value) -> UserError:
-        return UserError(f"site file {path}: {key} {what}; got {shown(value)}")
-
     for key in site:
         if key not in KEYS:
             near = difflib.get_close_matches(str(key), KEYS, n=1)
@@ -66,62 +94,27 @@ def load_site(path: str | Path) -> dict:
     if missing:
         raise UserError(f"site file {path} lacks {', '.join(missing)}")
     site = {**DEFAULTS, **{k: v for k, v in site.items() if v is not None}}
-    if not isinstance(site["time"], str) or not TIME.fullmatch(site["time"]):
-        raise bad(
-            "time",
-            f'must be a quoted string in a Slurm time format ({TIME_FORMATS}), e.g. time: "48:00:00" (YAML reads an '
-            "unquoted 48:00:00 as the number 172800)",
-            site["time"],
-        )
-    for key in ("partition", "account", "qos", "constraint"):
-        if key in site and not (isinstance(site[key], str) and WORD.fullmatch(site[key])):
-            raise bad(key, "must be one word (no spaces or quotes)", site[key])
-    if "network_interface" in site and not (
-        isinstance(site["network_interface"], str) and INTERFACE.fullmatch(site["network_interface"])
-    ):
-        what = "must be a network interface name (up to 15 letters, digits, _ . : -), e.g. ib0"
-        raise bad("network_interface", what, site["network_interface"])
-    for key, low in MINIMUM.items():
-        if type(site[key]) is not int or site[key] < low:
-            raise bad(key, f"must be an integer >= {low}", site[key])
+    for key, valid, what in CHECKS:
+        if key in site and not valid(site[key]):
+            raise UserError(f"site file {path}: {key} {what}; got {shown(site[key])}")
     if not 2 * site["stop_grace"] <= site["stop_before"] <= 65535:  # the command's grace, then the Ray nodes'
-        raise bad(
-            "stop_before", f"must be from 2 * stop_grace ({2 * site['stop_grace']}) to 65535", site["stop_before"]
-        )
+        what = f"must be from 2 * stop_grace ({2 * site['stop_grace']}) to 65535"
+        raise UserError(f"site file {path}: stop_before {what}; got {shown(site['stop_before'])}")
     top = site["port_base"] + site["port_slots"] * site["port_stride"]
     if top > 65536:
         raise UserError(f"site file {path}: port_base + port_slots * port_stride = {top} exceeds 65536")
-    if "mem" in site and not (type(site["mem"]) in (int, str) and MEM.fullmatch(str(site["mem"]))):
-        raise bad("mem", "must be megabytes (an integer >= 0, 0 = all of the node's) or a size like 64G", site["mem"])
-    for key in ("ray_tmp", "token_dir"):
-        if not isinstance(site[key], str) or not site[key]:
-            raise bad(key, "must be a path", site[key])
-    for key, what in (("exclude", "node names"), ("setup", "shell lines"), ("container", "command words")):
-        if not isinstance(site.get(key, []), list) or not all(isinstance(v, str) for v in site.get(key, [])):
-            raise bad(key, f"must be a list of {what}", site[key])
-    if not all(site.get("container", [])):
-        what = "must be a command prefix, one word each, e.g. [apptainer, exec, --nv, emapg.sif]"
-        raise bad("container", what, site["container"])
-    if not all(WORD.fullmatch(node) for node in site.get("exclude", [])):
-        raise bad("exclude", "must be a list of node names (no spaces or quotes)", site["exclude"])
-    options = site.get("sbatch_options", [])
-    if not isinstance(options, list) or not all(isinstance(o, str) and SBATCH_OPTION.fullmatch(o) for o in options):
-        what = "must be a list of sbatch options, each --name or --name=value (one word), e.g. [--exclusive]"
-        raise bad("sbatch_options", what, options)
-    for option in options:
+    for option in site.get("sbatch_options", []):
         if SBATCH_OPTION.fullmatch(option).group(1) in SCRIPT_OPTIONS:
             raise UserError(
                 f"site file {path}: sbatch_options: {shown(option)} is set by the script (from its own key where it "
                 f"has one); allowed: any option but --{', --'.join(SCRIPT_OPTIONS)}"
             )
-    if not isinstance(site.get("env", {}), dict):
-        raise bad("env", "must be a mapping of variable names to values", site["env"])
     for name, value in site.get("env", {}).items():
         if not (isinstance(name, str) and SHELL_NAME.fullmatch(name)):
             raise UserError(f"site file {path}: env: {shown(name)} is not a shell variable name (letters, digits, _)")
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             quote = "quote it: YAML reads off, no, yes, on as true/false"
-            raise bad(f"env.{name}", f"must be a string or a number ({quote})", value)
+            raise UserError(f"site file {path}: env.{name} must be a string or a number ({quote}); got {shown(value)}")
     return site
 
 
