@@ -38,8 +38,8 @@ def point_key(point: dict) -> str:
 # ---------------------------------------------------------------------------- the plan
 def comparisons(spec: Spec) -> list[tuple[dict, dict]]:
     """(point, baseline point) for every grid point whose compare key is not the baseline, in grid order."""
-    a = spec.adaptive
-    return [(p, {**p, a.key: a.baseline}) for p in grid_points(spec) if p[a.key] != a.baseline]
+    c = spec.adaptive.compare
+    return [(p, {**p, c.key: c.baseline}) for p in grid_points(spec) if p[c.key] != c.baseline]
 
 
 def first_round(spec: Spec) -> list[dict]:
@@ -70,14 +70,14 @@ def levels(spec: Spec) -> dict[int, float]:
 
 def plan_text(spec: Spec) -> str:
     """The dry run's description of the adaptive plan (rounds, rule, levels, worst-case trial count)."""
-    a = spec.adaptive
+    a, c = spec.adaptive, spec.adaptive.compare
     rules = " or ".join(r if x is None else f"{r} {x:g}" for r, x in a.rules)
     n_comp, n_pts = len(comparisons(spec)), len(grid_points(spec))
     at = ", ".join(f"{n}: {lvl:.3g}" for n, lvl in levels(spec).items())
     return "\n".join(
         [
             f"  adaptive seeds: round 0 runs seeds {a.first}..{a.first + a.start - 1} at all {n_pts} points; then per "
-            f"comparison ({n_comp}: each {a.key} != {a.baseline!r} vs {a.key}={a.baseline!r} at the same point)",
+            f"comparison ({n_comp}: each {c.key} != {c.baseline!r} vs {c.key}={c.baseline!r} at the same point)",
             f"  +{a.step} seeds while not ({rules}) on the exact paired test of {_column(spec)}, up to {a.max} seeds;",
             f"  level per look (seeds: alpha; {1 - a.confidence:.3g} in all, 0 = cannot decide): {at}",
             f"  trials: {n_pts * a.start} in round 0, at most {worst_case(spec)} in all (worst case); below: round 0",
@@ -176,7 +176,8 @@ def decision_lines(spec: Spec, rnd: int, decided: list[dict], n_next: int) -> st
     """What the sweep prints after a round: one line per comparison, then what happens next."""
     from analysis.tables import fmt_gain  # loads pandas, numpy
 
-    lines = [f"adaptive seeds, round {rnd}: paired relative gain in {_column(spec)} ({spec.adaptive.key} vs baseline)"]
+    key = spec.adaptive.compare.key
+    lines = [f"adaptive seeds, round {rnd}: paired relative gain in {_column(spec)} ({key} vs baseline)"]
     for d in decided:
         where = " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in d["point"].items())
         ci = f"{fmt_gain(d['gain'], *d['ci'])}, p={d['p']:.3g} at alpha {d['alpha']:.3g}"

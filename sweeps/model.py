@@ -305,14 +305,6 @@ class Adaptive(Section):
         return self
 
     @property
-    def key(self) -> str:
-        return self.compare.key
-
-    @property
-    def baseline(self) -> Any:
-        return self.compare.baseline
-
-    @property
     def seeds(self) -> tuple[int, ...]:
         """Every seed a comparison may use (the worst case)."""
         return tuple(range(self.first, self.first + self.max))

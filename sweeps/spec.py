@@ -130,21 +130,22 @@ def _check_adaptive(spec: Spec) -> None:
     a = spec.adaptive
     if a is None:
         return
+    key, baseline = a.compare.key, a.compare.baseline
     if spec.search != "grid" or spec.scheduler.type != "none":
         raise SpecError(
             "seeds.adaptive needs search: grid and scheduler: none (every trial must finish to be paired); "
             f"got search: {spec.search}, scheduler: {spec.scheduler.type}"
         )
     grid = {p.keys[0]: p for p in spec.space if p.kind == "grid" and len(p.keys) == 1}
-    if a.key not in grid:
+    if key not in grid:
         raise SpecError(
-            f"seeds.adaptive.compare.key={shown(a.key)} is not a single-key grid entry of space; "
+            f"seeds.adaptive.compare.key={shown(key)} is not a single-key grid entry of space; "
             f"allowed: {', '.join(grid)}"
         )
-    values = grid[a.key].values
-    if a.baseline not in values or len(values) < 2:
+    values = grid[key].values
+    if baseline not in values or len(values) < 2:
         raise SpecError(
-            f"seeds.adaptive.compare.baseline={shown(a.baseline)} must be one of space.{a.key}'s values "
+            f"seeds.adaptive.compare.baseline={shown(baseline)} must be one of space.{key}'s values "
             f"{shown(list(values))} (which need at least one other value to compare)"
         )
     if not any(levels(spec).values()):

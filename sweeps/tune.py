@@ -304,7 +304,6 @@ class _Progress(tune.Callback):
             self._say(self._status(trials) + (f"\n          {wait}" if wait else ""))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self.ended.add(trial.trial_id)
         r = trial.last_result or {}
         v = r.get(self.spec.metric)
         line = f"done    {describe(self.spec, trial.config)}  iteration {r.get('training_iteration', 0)}"
@@ -312,7 +311,7 @@ class _Progress(tune.Callback):
             line += f"  {self.spec.metric}={v:.4g}"
         if r.get("health/stopped"):
             line += "  STOPPED UNHEALTHY (a health rule fired; its run record says which)"
-        self._say(f"{line}  | {self._status(trials, trial, 'TERMINATED')}")
+        self._ended(trials, trial, "TERMINATED", line)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         self._say(
@@ -321,12 +320,12 @@ class _Progress(tune.Callback):
         )
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        line = f"FAILED  {describe(self.spec, trial.config)}  {_error_line(trial)}"
+        self._ended(trials, trial, "ERROR", line, f"\n          traceback: {trial.error_file}")
+
+    def _ended(self, trials, trial, state: str, line: str, after: str = "") -> None:
         self.ended.add(trial.trial_id)
-        self._say(
-            f"FAILED  {describe(self.spec, trial.config)}  {_error_line(trial)}  "
-            f"| {self._status(trials, trial, 'ERROR')}"
-            f"\n          traceback: {trial.error_file}"
-        )
+        self._say(f"{line}  | {self._status(trials, trial, state)}{after}")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self._consider(result.get(self.spec.metric), trial.config)
@@ -597,32 +596,6 @@ def _interrupted(
 STATE_PERIOD_S = "2"
 
 
-def _tuner(spec: Spec, sweep_dir: Path, exp_path: Path, resume: bool, progress: bool) -> tune.Tuner:
-    """A new Tuner for the spec, or (resume) the one restored from ``exp_path`` after repairing its state."""
-    resources = {"cpu": spec.cpu, "gpu": spec.gpu}
-    if spec.backend == "verl":  # the whole verl job, one placement group per trial
-        resources = functools.partial(_verl_resources, spec)
-    fn = tune.with_resources(tune.with_parameters(_trial, spec=spec, sweep_dir=str(sweep_dir)), resources)
-    if resume:
-        _repair_state(exp_path)
-        return tune.Tuner.restore(str(exp_path), trainable=fn, resume_errored=True)
-    return tune.Tuner(
-        fn,
-        param_space=param_space(spec),
-        tune_config=_tune_config(spec),
-        run_config=tune.RunConfig(
-            name=spec.name,
-            storage_path=str(exp_path.parent),
-            verbose=0,
-            log_to_file=True,
-            failure_config=tune.FailureConfig(max_failures=spec.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=[_StateBackup(str(exp_path)), _Timeline()]
-            + ([_Progress(spec, sweep_dir=sweep_dir)] if progress else []),
-        ),
-    )
-
-
 def _slots(spec: Spec) -> int:
     """Trials that can run at once: the cluster's CPUs (verl: GPUs) / a trial's, at most max_concurrent, at least 1."""
     have = ray.cluster_resources()
@@ -875,11 +848,6 @@ def _decide_round(spec: Spec, sweep_dir: Path, rnd: int, rows: list[dict]) -> bo
 COMPLETE = ".complete"  # suffix of the last complete copy of a Tune state file (_StateBackup)
 
 
-def _state_files(exp_path: Path) -> list[Path]:
-    """Tune's per-session state files: experiment_state-*.json (JSON), the searcher's and callbacks' (pickles)."""
-    return sorted(p for p in exp_path.glob("*state*") if p.is_file() and not p.name.endswith((COMPLETE, ".tmp")))
-
-
 def _is_complete(data: bytes) -> bool:
     """A whole JSON document or a whole pickle (checked without building its objects)."""
     try:
@@ -902,7 +870,10 @@ class _StateBackup(tune.Callback):
         self._seen: dict[str, int] = {}
 
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
-        for path in _state_files(Path(self.exp_path)):
+        # Tune's per-session state files: experiment_state-*.json (JSON), the searcher's and callbacks' (pickles)
+        for path in sorted(Path(self.exp_path).glob("*state*")):
+            if not path.is_file() or path.name.endswith((COMPLETE, ".tmp")):
+                continue
             stamp = path.stat().st_mtime_ns
             if self._seen.get(path.name) == stamp:
                 continue
@@ -977,23 +948,17 @@ SWEEP_ENTRIES = ("sweep.yaml", "sweep.csv", "timing.json", "tune", "runs", adapt
 _OWN_FILES = (owner.FILE, "driver.lock")  # the owner lock (and the one the sweeps wrote before experiments.owner)
 
 
-def _entries(sweep_dir: Path) -> list[str]:
-    """The names in `sweep_dir` besides its owner lock and the temporary files of an interrupted atomic write."""
-    if not sweep_dir.is_dir():
-        return []
-    return sorted(
-        p.name
-        for p in sweep_dir.iterdir()
-        if p.name not in _OWN_FILES and not (p.name.startswith(".sweep.") and p.name.endswith(".tmp"))
-    )
-
-
 def _check_out(spec: Spec, sweep_dir: Path, resume: bool) -> None:
     """Refuse a --out that is not this sweep's (ValueError naming what is there and what to do): a new sweep needs a
     new or empty directory (its owner lock aside), --resume this sweep's sweep.yaml, readable and the same spec."""
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise ValueError(f"--out {sweep_dir} is a file, not a directory; pass a new or empty directory")
-    there = _entries(sweep_dir)
+    # what is there besides its owner lock and the temporary files of an interrupted atomic write
+    there = sorted(
+        p.name
+        for p in (sweep_dir.iterdir() if sweep_dir.is_dir() else ())
+        if p.name not in _OWN_FILES and not (p.name.startswith(".sweep.") and p.name.endswith(".tmp"))
+    )
     stored, unreadable = None, None
     if "sweep.yaml" in there:
         try:
@@ -1055,12 +1020,32 @@ def _listed(names: list[str], most: int = 5) -> str:
 
 
 def _fit(spec: Spec, sweep_dir: Path, exp_path: Path, progress: bool) -> list[str]:
-    """Run (or, if its Tune state exists, resume) one Tune experiment; returns the signals that stopped it ([]: none,
-    ``_signals_stop_tune``)."""
-    restore = _restorable(exp_path)
-    if not restore:  # what a driver stopped before Tune saved its state left: nothing to restore
-        shutil.rmtree(exp_path, ignore_errors=True)
-    tuner = _tuner(spec, sweep_dir, exp_path, restore, progress)
+    """Run one Tune experiment, or restore it from ``exp_path`` (its state repaired first) if Tune saved it there;
+    returns the signals that stopped it ([]: none, ``_signals_stop_tune``)."""
+    resources = {"cpu": spec.cpu, "gpu": spec.gpu}
+    if spec.backend == "verl":  # the whole verl job, one placement group per trial
+        resources = functools.partial(_verl_resources, spec)
+    fn = tune.with_resources(tune.with_parameters(_trial, spec=spec, sweep_dir=str(sweep_dir)), resources)
+    if _restorable(exp_path):
+        _repair_state(exp_path)
+        tuner = tune.Tuner.restore(str(exp_path), trainable=fn, resume_errored=True)
+    else:
+        shutil.rmtree(exp_path, ignore_errors=True)  # what a driver stopped before Tune saved its state left
+        tuner = tune.Tuner(
+            fn,
+            param_space=param_space(spec),
+            tune_config=_tune_config(spec),
+            run_config=tune.RunConfig(
+                name=spec.name,
+                storage_path=str(exp_path.parent),
+                verbose=0,
+                log_to_file=True,
+                failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+                callbacks=[_StateBackup(str(exp_path)), _Timeline()]
+                + ([_Progress(spec, sweep_dir=sweep_dir)] if progress else []),
+            ),
+        )
     with _quiet(), _signals_stop_tune() as stopped_by:
         tuner.fit()
     return stopped_by
