@@ -143,7 +143,7 @@ def write_timing(
     }
     if timeline is not None:
         t["timeline"] = timeline
-    (sweep_dir / "timing.json").write_text(json.dumps(t, indent=1) + "\n")
+    records.atomic_write(sweep_dir / "timing.json", json.dumps(t, indent=1) + "\n")
     if progress:
         n = Counter(r["status"] for r in rows)
         others = "".join(f", {n[s]} {s}" for s in ("interrupted", "crashed", records.UNHEALTHY) if n[s])

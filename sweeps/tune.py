@@ -953,11 +953,11 @@ def _check_out(spec: Spec, sweep_dir: Path, resume: bool) -> None:
     new or empty directory (its owner lock aside), --resume this sweep's sweep.yaml, readable and the same spec."""
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise ValueError(f"--out {sweep_dir} is a file, not a directory; pass a new or empty directory")
-    # what is there besides its owner lock and the temporary files of an interrupted atomic write
+    # what is there besides its owner lock and the temporary files of an interrupted atomic write (.<name>.*.tmp)
     there = sorted(
         p.name
         for p in (sweep_dir.iterdir() if sweep_dir.is_dir() else ())
-        if p.name not in _OWN_FILES and not (p.name.startswith(".sweep.") and p.name.endswith(".tmp"))
+        if p.name not in _OWN_FILES and not (p.name.startswith(".") and p.name.endswith(".tmp"))
     )
     stored, unreadable = None, None
     if "sweep.yaml" in there:

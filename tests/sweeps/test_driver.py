@@ -143,6 +143,16 @@ def test_an_empty_or_torn_sweep_yaml_on_resume_is_one_line(tmp_path, capsys, no_
     assert "cannot be compared with the spec given: put the original spec there, or pass another --out" in err[0]
 
 
+def test_a_new_sweep_may_start_where_a_killed_atomic_write_left_its_temporary_file(tmp_path, no_ray):
+    """A kill during an atomic write (sweep.yaml, sweep.csv, timing.json) leaves `.<name>.<random>.tmp` behind; it
+    does not make the directory another sweep's."""
+    spec, out = load(write_spec(tmp_path / "a.yaml")), tmp_path / "x"
+    out.mkdir()
+    for name in (".sweep.csv.k2j4.tmp", ".timing.json.q8w1.tmp"):
+        (out / name).write_text("{")
+    T._check_out(spec, out, resume=False)
+
+
 class _DiskFullHalfway:
     """A text file being written: half the first write lands, then the disk is full."""
 
