@@ -682,31 +682,37 @@ def check_task(ctx: Context) -> Result:
 ACTOR_BYTES, ANCHOR_BYTES = 12, 4
 
 
+def checkpoint_need(ctx: Context) -> tuple[int, str] | None:
+    """Bytes a verl run's checkpoints hold at their peak (a new one is written before the oldest goes), and how
+    that was counted; None on the local backend or where the model's config is not on this node."""
+    d, cfg = ctx.demand, ctx.cfg
+    params = ctx.probes.param_count(d.model) if d.backend == "verl" and d.model else None
+    if not params:
+        return None
+    per = ACTOR_BYTES + (ANCHOR_BYTES if cfg.algo.anchor.tau < 1.0 else 0)
+    n = int(cfg.trainer.keep_checkpoints) + 1
+    return n * per * params, f"{n} checkpoints x {params / 1e9:.2f}B parameters x {per} bytes"
+
+
 def check_checkpoint(ctx: Context) -> list[Result]:
     """The checkpoint directory is writable here, with room there for the run's checkpoints (with --address: on
     every node, shared). Writable: a probe file written, read back, deleted; shared: each node sees a file
-    written here; room: what a verl run's checkpoints hold at their peak (a new one is written before the oldest
-    goes), counted where the model's config is on this node, a WARN below it."""
-    d, cfg = ctx.demand, ctx.cfg
+    written here; room: `checkpoint_need`, a WARN below it."""
+    d = ctx.demand
     where = existing_parent(d.checkpoints)
     try:
         found = f"{d.checkpoints}: {writable(d.checkpoints, ctx.token)}"
     except OSError as e:
         return [Result("FAIL", f"{d.checkpoints}: {_os_reason(e)}", f"make it writable, or set {d.checkpoint_key}")]
-    free = ctx.probes.disk_free(where)
+    free, need = ctx.probes.disk_free(where), checkpoint_need(ctx)
     found += f"; {_gib(free)} GiB free there"
-    # 0: not counted (the local backend, or the model's config is not on this node)
-    params = (ctx.probes.param_count(d.model) if d.backend == "verl" and d.model else None) or 0
-    per = ACTOR_BYTES + (ANCHOR_BYTES if cfg.algo.anchor.tau < 1.0 else 0)
-    n = int(cfg.trainer.keep_checkpoints) + 1
-    need, counted = n * per * params, f"{n} checkpoints x {params / 1e9:.2f}B parameters x {per} bytes"
-    if not params:
+    if need is None:
         here = [Result("PASS", found)]
-    elif free < need:
+    elif free < need[0]:
         fix = f"free space there, lower trainer.keep_checkpoints, or set {d.checkpoint_key} to a larger disk"
-        here = [Result("WARN", f"{found}, under the {_gib(need)} GiB its checkpoints take ({counted})", fix)]
+        here = [Result("WARN", f"{found}, under the {_gib(need[0])} GiB its checkpoints take ({need[1]})", fix)]
     else:
-        here = [Result("PASS", f"{found}, for {_gib(need)} GiB of checkpoints ({counted})")]
+        here = [Result("PASS", f"{found}, for {_gib(need[0])} GiB of checkpoints ({need[1]})")]
     if ctx.cluster is None:
         return here
     probe = os.path.join(where, f"{PROBE_PREFIX}{ctx.token}")
