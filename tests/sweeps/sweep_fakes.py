@@ -22,7 +22,10 @@ sweep's ranking is known in advance: higher tau is better.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
+import io
 import json
 import os
 import shutil
@@ -195,3 +198,41 @@ def real_run_failing_once(run, cfg, callback=None, timeline=None) -> dict:
     finally:
         with open(log, "a") as f:
             f.write(json.dumps({"resume": bool(cfg.resume), "iterations": seen}) + "\n")
+
+
+class _DiskFullHalfway:
+    """A text file being written: half the first write lands, then the disk is full."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, text):
+        self.f.write(text[: len(text) // 2])
+        self.f.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+@contextlib.contextmanager
+def disk_full_halfway():
+    """Meanwhile, every text file opened for writing in this process is a `_DiskFullHalfway` (a full disk; a kill
+    mid-write leaves the same half file)."""
+    real_open = io.open
+
+    def torn_open(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return _DiskFullHalfway(f) if "w" in mode and "b" not in mode else f
+
+    io.open = torn_open
+    try:
+        yield
+    finally:
+        io.open = real_open

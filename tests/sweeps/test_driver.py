@@ -5,8 +5,6 @@ in a subprocess that never gets past connecting."""
 from __future__ import annotations
 
 import contextlib
-import errno
-import io
 import os
 import signal
 import socket
@@ -18,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sweep_fakes import disk_full_halfway
 
 from experiments.cli import main
 from experiments.errors import UserError
@@ -153,42 +152,13 @@ def test_a_new_sweep_may_start_where_a_killed_atomic_write_left_its_temporary_fi
     T._check_out(spec, out, resume=False)
 
 
-class _DiskFullHalfway:
-    """A text file being written: half the first write lands, then the disk is full."""
-
-    def __init__(self, f):
-        self.f = f
-
-    def write(self, text):
-        self.f.write(text[: len(text) // 2])
-        self.f.flush()
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    def __getattr__(self, name):
-        return getattr(self.f, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.f.close()
-
-
-def test_sweep_yaml_is_written_whole_or_not_at_all(tmp_path, capsys, monkeypatch, no_ray):
+def test_sweep_yaml_is_written_whole_or_not_at_all(tmp_path, capsys, no_ray):
     """A write of sweep.yaml that fails half way (a full disk; a kill mid-write leaves the same) leaves no torn
     sweep.yaml for --resume to trip on. Before: half a sweep.yaml stayed, written in place."""
     spec_path, out = write_spec(tmp_path / "a.yaml"), tmp_path / "x"
     spec = load(spec_path)
-    real_open = io.open
-
-    def torn_open(file, mode="r", *args, **kwargs):
-        f = real_open(file, mode, *args, **kwargs)
-        return _DiskFullHalfway(f) if "w" in mode and "b" not in mode else f
-
-    monkeypatch.setattr(io, "open", torn_open)
-    with pytest.raises(OSError, match="No space left on device"):
+    with disk_full_halfway(), pytest.raises(OSError, match="No space left on device"):
         T.run_sweep(spec, out)
-    monkeypatch.setattr(io, "open", real_open)
     assert not (out / "sweep.yaml").exists() and not list(out.glob(".sweep.yaml*"))
     code, err = sweep(capsys, spec_path, "--resume", "--out", out)
     assert code == 2 and err == [f"emapg sweep: error: --resume: {out} holds no sweep to resume (no sweep.yaml); "

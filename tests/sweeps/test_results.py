@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import csv
-import errno
-import io
 import json
 import socket
 from pathlib import Path
 
 import pytest
+from sweep_fakes import disk_full_halfway
 
 from experiments import records
 from sweeps import results
@@ -144,31 +143,14 @@ def test_timing_resumed_over_a_record_without_invocations(tmp_path):
     assert (t["wall_s"], t["invocations"]) == (5.0, 1)  # unreadable: only what is known
 
 
-def test_timing_json_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+def test_timing_json_is_written_whole_or_not_at_all(tmp_path):
     """A write of timing.json that fails half way (a full disk; a kill mid-write leaves the same) keeps the earlier
     invocation's file whole, so the next resume still counts its wall time. Before: written in place, half a file
     stayed, and the resumed sweep counted only its own invocation."""
     done = [{"status": "finished", "train_time_s": 5.0}]
     results.write_timing(tmp_path, "s", done, wall=30.0, slots=1, progress=False)
-    real_open = io.open
-
-    def half_written(file, mode="r", *args, **kwargs):
-        f = real_open(file, mode, *args, **kwargs)
-        if "w" in mode:
-            write = f.write
-
-            def full_disk(text):
-                write(text[: len(text) // 2])
-                f.flush()
-                raise OSError(errno.ENOSPC, "No space left on device")
-
-            f.write = full_disk
-        return f
-
-    monkeypatch.setattr(io, "open", half_written)
-    with pytest.raises(OSError, match="No space left on device"):
+    with disk_full_halfway(), pytest.raises(OSError, match="No space left on device"):
         results.write_timing(tmp_path, "s", done, wall=5.0, slots=1, progress=False, resumed=True)
-    monkeypatch.setattr(io, "open", real_open)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["timing.json"]
     t = results.write_timing(tmp_path, "s", done, wall=5.0, slots=1, progress=False, resumed=True)
     assert (t["wall_s"], t["invocations"]) == (35.0, 2)
