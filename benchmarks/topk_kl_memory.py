@@ -155,15 +155,20 @@ def _run_one(done, variant, N, k):
     )
 
 
-def extrapolate(done: list[dict], variant: str, N: int, key: str) -> float | None:
-    """Linear fit a + b N of ``key`` through the measured points; with one point of this variant,
+def _measured(r: dict, variant: str, k: int) -> bool:
+    """Whether `r` is a measured run of `variant` at `k` (exact KL has no k)."""
+    return r["variant"] == variant and bool(r.get("measured")) and (r["k"] == k or variant.startswith("exact"))
+
+
+def extrapolate(done: list[dict], variant: str, N: int, k: int, key: str) -> float | None:
+    """Linear fit a + b N of ``key`` through the measured points of this variant at this k; with one point,
     the intercept of exact_reverse's fit is borrowed (same weight-gradient and fixed costs)."""
-    pts = sorted((r["N"], r[key]) for r in done if r["variant"] == variant and r.get("measured"))
+    pts = sorted((r["N"], r[key]) for r in done if _measured(r, variant, k))
     if len(pts) >= 2:
         (n0, y0), (n1, y1) = pts[-2], pts[-1]
         b = (y1 - y0) / (n1 - n0)
         return y1 + b * (N - n1)
-    ref = sorted((r["N"], r[key]) for r in done if r["variant"] == "exact_reverse" and r.get("measured"))
+    ref = sorted((r["N"], r[key]) for r in done if _measured(r, "exact_reverse", k))
     if not pts or len(ref) < 2:
         return None
     (n0, y0), (n1, y1) = ref[-2], ref[-1]
@@ -172,15 +177,10 @@ def extrapolate(done: list[dict], variant: str, N: int, key: str) -> float | Non
     return a + (y - a) * N / n
 
 
-def _measured(r: dict, variant: str, k: int) -> bool:
-    """Whether `r` is a measured run of `variant` at `k` (exact KL has no k)."""
-    return r["variant"] == variant and bool(r.get("measured")) and (r["k"] == k or variant.startswith("exact"))
-
-
 def _cell(done, variant, N, k, key):
     """(value, extrapolated?) of `key`."""
     r = next((r for r in done if r["N"] == N and _measured(r, variant, k)), None)
-    return (r[key], False) if r else (extrapolate(done, variant, N, key), True)
+    return (r[key], False) if r else (extrapolate(done, variant, N, k, key), True)
 
 
 LABELS = {
