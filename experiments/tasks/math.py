@@ -246,12 +246,3 @@ def pass_at_k(n, c, k: int):
     pairs = zip(n_arr.ravel().tolist(), c_arr.ravel().tolist())
     out = np.array([1.0 - _math.comb(ni - ci, k) / _math.comb(ni, k) for ni, ci in pairs]).reshape(n_arr.shape)
     return float(out) if out.ndim == 0 else out
-
-
-def summarize(correct: dict[str, list[int]], ks: Iterable[int] = (1,)) -> dict[str, float]:
-    """{pass@k: mean over problems} from per-problem 0/1 lists (all problems need >= max(ks) samples)."""
-    out = {}
-    for k in ks:
-        vals = [pass_at_k(len(v), sum(v), k) for v in correct.values()]
-        out[f"pass@{k}"] = sum(vals) / len(vals) if vals else float("nan")
-    return out
