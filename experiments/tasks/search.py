@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.ops.retrieval.service import HTTPRetriever
 from experiments.tasks import (
     Example,
     Rehearsal,
@@ -200,8 +201,6 @@ def tool_response(response_so_far: str, env, k: int = TOPK) -> str | None:
 
 def make_env(**knobs):
     """An HTTP client of `emapg retriever serve` (BM25 or dense, over the Wikipedia corpus)."""
-    from experiments.ops.retrieval.service import HTTPRetriever  # loads pydantic
-
     return HTTPRetriever(make_knobs(Knobs, NAME, knobs).retriever_url)
 
 
