@@ -28,30 +28,17 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import signal
 import sys
-import threading
 from pathlib import Path
 
-from experiments.errors import bounded, is_path_error, raise_terminated
+from experiments.errors import bounded, is_path_error
 from sweeps.spec import load, schema, table
 
 SUCCESS = ("finished", "stopped")  # sweep.csv statuses of a sweep that exits 0; any other exits 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`emapg sweep`; SIGTERM unwinds it from here on as Ctrl-C does (experiments.errors.Terminated, exit 143:
-    `emapg sweep` sets the same handler before it imports this module, experiments.cli._sweep)."""
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, raise_terminated) if main_thread else None
-    try:
-        return _main(argv)
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-def _main(argv: list[str] | None) -> int:
+    """`emapg sweep` (SIGTERM unwinds it as Ctrl-C does: experiments.cli sets that before it imports this module)."""
     parser = argparse.ArgumentParser(
         prog="emapg sweep",
         description="Run a sweep spec (sweeps/*.yaml) with Ray Tune.",
@@ -109,7 +96,3 @@ def write_schema(path: str) -> int:
     else:
         Path(path).write_text(text, encoding="utf-8")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
