@@ -113,9 +113,7 @@ def main(argv: list[str]) -> int:
         print("experiment presets:\n  " + "\n  ".join(build.presets()))
         print(
             "\ncommon overrides: seed=1 smoke=true algo.anchor.tau=0.95 algo.anchor.period=10 algo.kl.type=k3 "
-            "algo.kl.k=32 algo.kl.tail=paper trainer.iterations=100 logger.mode=online run_dir=... resume=true"
-        )
-        print(
+            "algo.kl.k=32 algo.kl.tail=paper trainer.iterations=100 logger.mode=online run_dir=... resume=true\n"
             "staged runs (experiments/stages.py): stages=[8k,16k] | stage=16k (a task's stages) | "
             "'stages=[{name: a, set: {trainer.iterations: 40}}, ...]' (any preset)"
         )
@@ -184,7 +182,7 @@ def _open_record(cfg: DictConfig, run_dir: Path, stage: dict | None, held: owner
     found = checkpoints.load_newest(ckpt_dir) if cfg.resume else None  # (dir, state, skipped) or None
     own = found is not None  # a checkpoint of this run_dir, not one trained elsewhere
     if found is None and cfg.get("resume_from"):  # a stage started from a local checkpoint trained elsewhere
-        step = Path(os.path.expanduser(cfg.resume_from))  # one with state.pt: stages.check_resume_from
+        step = Path(os.path.expanduser(cfg.resume_from))  # one with state.pt: stages.run_staged checked
         found = step, torch.load(step / checkpoints.STATE, map_location="cpu", weights_only=False), []
     if cfg.resume and found is None and (run_dir / "metrics.jsonl").exists():
         raise ValueError(f"resume={cfg.resume} but {ckpt_dir} holds no checkpoint to continue from")
@@ -205,15 +203,6 @@ def _open_record(cfg: DictConfig, run_dir: Path, stage: dict | None, held: owner
     force = cfg.resume == "force"
     record = RunRecord.create(run_dir, cfg, resume=found is not None, force=force, stage=stage, held=held, **ckpt)
     return record, found[1] if found else None
-
-
-def _advance(bar, it: int, m: dict) -> None:
-    """The progress bar to iteration `it`, with its reward, KL and anchor drift."""
-    if bar is None or it == 0:
-        return
-    bar.update(it - bar.n)
-    postfix = {"reward": f"{m.get('train/reward', 0):.2f}", "kl": f"{m.get('kl/value', 0):.2e}"}
-    bar.set_postfix({**postfix, "drift": f"{m.get('anchor/drift', 0):.1e}"}, refresh=False)
 
 
 def _train(cfg, local_cfg, record, logger, *, state: dict | None, callback: Callback | None, timeline):
@@ -238,7 +227,10 @@ def _train(cfg, local_cfg, record, logger, *, state: dict | None, callback: Call
             _stamp(timeline, "eval0_end")
         rows[it] = record.log(it, m)
         logger.log(it, rows[it])
-        _advance(bar, it, m)
+        if bar is not None and it != 0:  # the bar to `it`, with its reward, KL and anchor drift
+            bar.update(it - bar.n)
+            postfix = {"reward": f"{m.get('train/reward', 0):.2f}", "kl": f"{m.get('kl/value', 0):.2e}"}
+            bar.set_postfix({**postfix, "drift": f"{m.get('anchor/drift', 0):.1e}"}, refresh=False)
 
     def on_iteration_end(it: int, m: dict, ckpt: Path | None) -> None:
         row = rows.pop(it, m)

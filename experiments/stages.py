@@ -51,26 +51,22 @@ class Stage:
     overrides: dict[str, Any] = field(default_factory=dict)  # dotted config keys set on top of the run's config
 
 
-def _task_stage(module, name: str, where: str) -> dict[str, Any]:
-    """The task's own overrides for stage `name` (its STAGES / stage_overrides)."""
-    known = list(getattr(module, "STAGES", {}) or {})
-    if name not in known:
-        allowed = ", ".join(known) if known else "none: give each stage as {name: ..., set: {key: value}}"
-        raise UserError(f"{where}={name!r} is not a stage of task {module.NAME}; its stages: {allowed}")
-    return dict(module.stage_overrides(name))
-
-
 def entry_stage(entry: Any, module, where: str) -> Stage:
-    """One `stages` entry -> Stage: a name of the task's STAGES, or {name, set} (set: nested or dotted keys)."""
-    if isinstance(entry, str):
-        return Stage(entry, _task_stage(module, entry, where))
-    if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str) or set(entry) - {"name", "set"}:
+    """One `stages` entry -> Stage: a name of the task's STAGES, or {name, set} (set: nested or dotted keys, on top
+    of the task's own stage of that name, if it has one)."""
+    named = isinstance(entry, str)  # a name alone must be one of the task's stages
+    if named:
+        entry = {"name": entry}
+    elif not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str) or set(entry) - {"name", "set"}:
         raise UserError(f"{where}={entry!r}: a stage is a name of the task's stages or {{name: ..., set: {{...}}}}")
     sets = entry.get("set") or {}
     if not isinstance(sets, Mapping):
         raise UserError(f"{where}.set={sets!r}: expected a mapping of config keys to values")
-    known = entry["name"] in (getattr(module, "STAGES", {}) or {})
-    base = _task_stage(module, entry["name"], where) if known else {}
+    known = list(getattr(module, "STAGES", {}) or {})
+    if named and entry["name"] not in known:
+        allowed = ", ".join(known) if known else "none: give each stage as {name: ..., set: {key: value}}"
+        raise UserError(f"{where}={entry['name']!r} is not a stage of task {module.NAME}; its stages: {allowed}")
+    base = dict(module.stage_overrides(entry["name"])) if entry["name"] in known else {}
     return Stage(entry["name"], {**base, **records.flat(dict(sets))})
 
 
@@ -172,15 +168,6 @@ def verl_logged_resume(run: Mapping[str, Any], run_dir: Path) -> list[str]:
     return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={path.resolve()}"]
 
 
-def check_resume_from(cfg: DictConfig) -> None:
-    """resume_from names a checkpoint of the run's backend (refused before any work otherwise)."""
-    path = Path(os.path.expanduser(str(cfg.resume_from)))
-    if cfg.backend.name == "local" and not (path / "state.pt").is_file():
-        raise UserError(f"resume_from={cfg.resume_from!r} is not a local checkpoint (checkpoints/iter_N with state.pt)")
-    if cfg.backend.name == "verl" and not (path / "actor").is_dir():
-        raise UserError(f"resume_from={cfg.resume_from!r} is not a verl checkpoint (global_step_N with actor/)")
-
-
 def run_staged(cfg: DictConfig, run_dir: Path, validate, run_one: Callable[[DictConfig, dict | None], dict]) -> dict:
     """Run the stages of `cfg` in `run_dir` (one record): finished ones skipped, an unfinished one resumed,
     the rest started from the previous stage's last checkpoint. Returns the last stage's summary."""
@@ -188,8 +175,14 @@ def run_staged(cfg: DictConfig, run_dir: Path, validate, run_one: Callable[[Dict
         raise UserError("resume_from needs stage=<name>: the stage that starts from that checkpoint")
     planned = list(enumerate(stage_configs(cfg, validate)))  # (index, (stage, its config))
     done, current = records.stage_progress(run_dir) if cfg.resume else ([], None)
-    if cfg.resume_from:
-        check_resume_from(cfg)
+    if cfg.resume_from:  # a checkpoint of the run's backend, refused before any work otherwise
+        path = Path(os.path.expanduser(str(cfg.resume_from)))
+        if cfg.backend.name == "local" and not (path / "state.pt").is_file():
+            raise UserError(
+                f"resume_from={cfg.resume_from!r} is not a local checkpoint (checkpoints/iter_N with state.pt)"
+            )
+        if cfg.backend.name == "verl" and not (path / "actor").is_dir():
+            raise UserError(f"resume_from={cfg.resume_from!r} is not a verl checkpoint (global_step_N with actor/)")
         planned, done = planned[-1:], []  # the earlier stages ran elsewhere
     summary, previous = {}, None
     for index, (stage, scfg) in planned:

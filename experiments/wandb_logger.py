@@ -266,21 +266,8 @@ def verl_env(
     return {k: v for k, v in env.items() if v}
 
 
-class NullLogger:
-    """logger=none: the WandbLogger interface, doing nothing."""
+class NullLogger(WandbLogger):
+    """logger=none: a WandbLogger that never starts a W&B run (WANDB_MODE is not read): it logs nothing."""
 
-    mode = "none"
-    wandb_run_id: str | None = None
-    last_step: int | None = None
-
-    def log(self, iteration: int, metrics: Mapping[str, Any]) -> bool:
-        return False
-
-    def finish(self, exit_code: int = 0) -> None:
-        pass
-
-    def __enter__(self) -> NullLogger:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        return False
+    def __init__(self):
+        self.mode, self.wandb_run_id, self.last_step, self._run = "none", None, None, None
