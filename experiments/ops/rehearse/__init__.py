@@ -3,13 +3,10 @@
     emapg rehearse experiment=math_deepscaler_ema_pg [overrides ...] [--steps 3] [--out DIR] [--device cuda]
     emapg rehearse sweeps/search_r1_ema_pg.yaml                      # through Ray Tune: rehearse.sweep
 
-A rehearsal keeps every algorithm, loss, anchor, estimator, reward and agent-loop setting of the target and
-replaces only what needs a GPU or a download (``rehearsal_settings``): a tiny Qwen2 given seconds of SFT, the
-task's ``rehearsal_data`` (a retrieval task's corpus behind ``emapg retriever serve``), verl's CPU platform with
-the hf rollout engine (``--device cuda``: one GPU with vLLM, the target's offloading kept). It kills the run once
-the checkpoint of step 2 is on disk, resumes it to ``steps`` and checks the run directory (``CHECKS``); a failure
-ends with ``FAILED: <what>; logs: <dir>`` (``failed_line``). No wait has a wall-clock limit that a loaded machine
-could miss while the run still progresses. What a rehearsal checks, proves and cannot prove: docs/scaling-out.md.
+The target's settings are kept but for what needs a GPU or a download (``rehearsal_settings``); the run is killed
+once the checkpoint of step 2 is on disk, resumed to ``steps`` and its run directory checked (``CHECKS``); a failure
+ends with ``FAILED: <what>; logs: <dir>`` (``failed_line``). What it checks, proves and cannot prove, and why no wait
+has a wall-clock limit: docs/scaling-out.md.
 """
 
 from __future__ import annotations
@@ -58,14 +55,8 @@ KILL_AFTER = 2  # the first attempt is killed once the checkpoint of this step i
 ANCHOR_PERIOD = 2  # of a rehearsal (tau < 1): updates after steps 2, 4, ...
 ROWS = {"train": 16, "test": 2}  # generated rows: training prompts, and per benchmark / test source
 PROBE_PROMPTS = 2  # trainer.probe_size of a rehearsal whose target runs the KL probe (then scored every step)
-VLLM_MEMORY = 0.2
-"""backend.verl.gpu_memory_utilization of a --device cuda rehearsal: vLLM reserves this share of the GPU at start
-(a preset's 0.85 is sized for a real model's KV cache), which leaves the rest to the colocated actor and to a killed
-attempt's processes that have not yet released their memory when the resumed attempt starts."""
-STEP_TIMEOUT_S = 7200
-"""backend.verl.step_timeout_s of a rehearsal (the product's default: a step takes a minute on 2 idle cores but over
-20 beside other jobs). The watch on progress and output (``ATTEMPT_STALL_S``) catches a silent hang first; this
-stops a run that prints but never steps."""
+VLLM_MEMORY = 0.2  # backend.verl.gpu_memory_utilization of --device cuda (why not a preset's 0.85: docs/scaling-out.md)
+STEP_TIMEOUT_S = 7200  # backend.verl.step_timeout_s: stops a run that prints but never steps (ATTEMPT_STALL_S: a hang)
 
 
 # ---------------------------------------- The tiny model
@@ -177,8 +168,7 @@ def rehearsal_overrides(
 
 
 # ---------------------------------------- Running: attempt 1 (killed after step KILL_AFTER's checkpoint), attempt 2
-ATTEMPT_STALL_S = 1800.0
-"""An attempt with no new step, checkpoint or output for this long is stopped and the rehearsal fails."""
+ATTEMPT_STALL_S = 1800.0  # an attempt with no new step, checkpoint or output for this long is stopped: it failed
 
 
 @dataclass
@@ -338,8 +328,9 @@ def check_anchor_schedule(run_dir: Path, e: Expect) -> Check:
 
 
 def check_topk(run_dir: Path, e: Expect) -> Check:
-    keys = {k for rows in _raw_attempts(run_dir) for row in rows for k in row.get("data", {}) if "topk_k" in k}
-    ks = sorted({row["data"][k] for rows in _raw_attempts(run_dir) for row in rows for k in keys if k in row["data"]})
+    data = [row.get("data", {}) for rows in _raw_attempts(run_dir) for row in rows]
+    keys = {k for d in data for k in d if "topk_k" in k}
+    ks = sorted({d[k] for d in data for k in keys if k in d})
     if not e.topk:
         unneeded = f"computed although the estimator does not need them: {sorted(keys)}"
         return Check("Top-k statistics", not keys, unneeded if keys else "estimator needs none; none computed")
@@ -379,20 +370,15 @@ def check_checkpoints(run_dir: Path, e: Expect) -> Check:
 
 
 def check_resume(run_dir: Path, e: Expect) -> Check:
-    if e.killed_at is None:
-        return Check("resume", False, "the first attempt was not killed at a checkpoint")
     attempts = attempt_steps(run_dir)
     resumed = attempts[-1] if attempts else []
-    first_ok = bool(resumed) and resumed[0] == e.killed_at + 1
+    ok = len(attempts) >= 2 and resumed[:1] == [e.killed_at + 1]
     detail = f"killed after the checkpoint of step {e.killed_at}; the resumed attempt trained steps {resumed}"
-    if e.tau >= 1.0:
-        return Check("resume", first_ok and len(attempts) >= 2, detail)
-    updates, want = anchor_updates(run_dir, e.steps), e.steps // e.period
-    return Check(
-        "resume",
-        first_ok and updates == want,
-        detail + f"; anchor updates at step {e.steps}: {updates} (scheduled {want}, counted across the kill)",
-    )
+    if e.tau < 1.0:
+        updates, want = anchor_updates(run_dir, e.steps), e.steps // e.period
+        ok = ok and updates == want
+        detail += f"; anchor updates at step {e.steps}: {updates} (scheduled {want}, counted across the kill)"
+    return Check("resume", ok, detail)
 
 
 def check_evals(run_dir: Path, e: Expect) -> Check:
@@ -476,10 +462,15 @@ class Shared:
         return self._data[task]
 
     def model(self, task: str) -> str:
-        if self.device == "cpu":
-            return build_model(self.root / task / "model", self.data(task).sft)
-        # one head of 64: head sizes below 32 are not among every vLLM attention backend's
-        return build_model(self.root / task / f"model-{self.device}", self.data(task).sft, heads=1)
+        # on cuda one head of 64: head sizes below 32 are not among every vLLM attention backend's
+        name, heads = ("model", 4) if self.device == "cpu" else (f"model-{self.device}", 1)
+        return build_model(self.root / task / name, self.data(task).sft, heads=heads)
+
+    def prepare(self, cfg) -> tuple[str, RehearsalData, str | None]:
+        """The tiny model, the data and (a retrieval task) the retriever's URL that `cfg`'s rehearsal runs with."""
+        data = self.data(str(cfg.task.name))
+        url = self.retriever(data.corpus) if cfg.backend.verl.multi_turn and data.corpus else None
+        return self.model(str(cfg.task.name)), data, url
 
     def retriever(self, corpus: str) -> str:
         """`emapg retriever serve --corpus` on 127.0.0.1 (started once); its URL."""
@@ -505,14 +496,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-RETRIEVER_START_S = 600.0
-"""The rehearsal's retriever has this long to answer GET /health while its process lives (it answers within seconds
-on an idle machine; a process that exits fails the wait at once)."""
+RETRIEVER_START_S = 600.0  # for the retriever to answer GET /health (it takes seconds on an idle machine)
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = RETRIEVER_START_S) -> None:
     """Wait for the retriever's GET /health (asked by the client the runs use: it sends $EMAPG_RETRIEVER_TOKEN,
-    which the server, started with this environment, then requires); its output goes to `log`."""
+    which the server, started with this environment, then requires); a process that exits fails it at once."""
     client = HTTPRetriever(url, timeout=2.0)
     t0 = time.time()
     try:
@@ -542,10 +531,8 @@ def rehearsal_target(target: list[str], run_dir: Path, shared: Shared, steps: in
             f"emapg rehearse takes a verl preset or sweep (backend=verl); {run_name(target)} has "
             f"backend={cfg.backend.name} (run it directly: `emapg train {' '.join(target)} smoke=true`)"
         )
-    task = str(cfg.task.name)
-    data = shared.data(task)
-    url = shared.retriever(data.corpus) if cfg.backend.verl.multi_turn and data.corpus else None
-    return target + rehearsal_overrides(cfg, shared.model(task), data, run_dir, steps, retriever_url=url, device=device)
+    model, data, url = shared.prepare(cfg)
+    return target + rehearsal_overrides(cfg, model, data, run_dir, steps, retriever_url=url, device=device)
 
 
 def rehearse_config(

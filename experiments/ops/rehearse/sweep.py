@@ -4,15 +4,9 @@ two-node Ray cluster, at world size 2, two trials at once, with a node lost and 
     emapg rehearse sweeps/math_deepscaler_ema_pg.yaml --layout across   # nnodes=2, one rank on each node
     emapg rehearse sweeps/search_r1_ema_pg.yaml                         # --layout within: 1 node x 2 ranks
 
-The rehearsal spec (``rehearsal_spec``) runs the sweep's grid points at its first seed with a single-config
-rehearsal's overrides (``experiments.ops.rehearse``) at world size 2 (``LAYOUTS``) on a local Ray cluster of two
-nodes (``LocalCluster``): once a trial has a checkpoint the second node is lost and Tune retries its trials; once a
-retry has stepped, the driver is SIGKILLed and ``emapg sweep --resume`` finishes the sweep; then ``checks``. Every
-process's output is kept under ``<out>/<spec>__<layout>/logs/``; a failure ends the output with one line,
-``FAILED: <what>; logs: <that folder>``. No wait has a wall-clock limit a loaded machine could miss while the sweep
-still moves (``_wait``).
-
-What this proves and what only GPUs can show: docs/scaling-out.md.
+The phases: ``rehearsal_spec``, ``LocalCluster``, ``run`` (the node loss, the driver kill, ``--resume``), ``checks``.
+What this proves, what only GPUs can show, where every process's output is kept and why no wait has a wall-clock
+limit: docs/scaling-out.md ("Rehearse the sweep itself").
 """
 
 from __future__ import annotations
@@ -56,20 +50,15 @@ from experiments.ops.rehearse import (
 from experiments.records import RESUMES
 from experiments.verl_metrics import FILE
 
-# Samples per prompt. With 2, a run now and then drew equal rewards in every group at every step: no gradient, and
-# nothing for the anchor check (``check_sharded``) to observe.
-GROUP_SIZE = 4
+GROUP_SIZE = 4  # samples per prompt: with 2, ``check_sharded`` at times saw no gradient (docs/scaling-out.md)
 LAYOUTS = {  # world size 2: one rank on each of two nodes, or two ranks on one node
     "across": {"backend.verl.nnodes": 2, "backend.verl.n_gpus_per_node": 1},
     "within": {"backend.verl.nnodes": 1, "backend.verl.n_gpus_per_node": 2},
 }
 NODE_CPUS, NODE_GPUS = 16, 2  # per node: Ray CPUs (reservations, not cores) and virtual GPUs (verl's CPU platform)
 STEPS = 4  # per trial: the anchor updates after steps 2 and 4 (period 2), checkpoints 3 and 4 are kept
-# A phase fails once no trial has started, attempted again, logged a step, written a checkpoint or printed for this
-# long (``_wait``); a trial that prints but never steps ends at its own STEP_TIMEOUT_S and Tune retries it.
-STALL_S = 1800.0
-# For a node to register with the GCS and the GCS to write its port (Ray's own waits: 30 s), and for a Ray worker to
-# register with its raylet (Ray's default: 60 s; verl starts about ten per trial at once, on busy cores).
+STALL_S = 1800.0  # a phase fails after this long with no move (``_moves``); a trial that never steps: STEP_TIMEOUT_S
+# For a node to join (Ray's own wait: 30 s) and a Ray worker to register (Ray's 60 s; verl starts ten per trial at once)
 NODE_START_S = 600.0
 WORKER_REGISTER_S = 600
 LoadGrid = Callable[[str], tuple[Any, list[dict]]]  # a sweep spec's path -> (its sweeps.spec.Spec, its grid points)
@@ -88,9 +77,8 @@ def rehearsal_spec(spec_path: str, shared, layout: str, *, load_grid: LoadGrid, 
     points = []
     for point in grid:
         cfg = build.compose([o for o in s.overrides_for(point, s.seeds[0]) if not o.startswith(("sweep.", "logger."))])
-        data = shared.data(str(cfg.task.name))
-        url = shared.retriever(data.corpus) if cfg.backend.verl.multi_turn and data.corpus else None
-        o = rehearsal_settings(cfg, shared.model(str(cfg.task.name)), data, steps, retriever_url=url)
+        model, data, url = shared.prepare(cfg)
+        o = rehearsal_settings(cfg, model, data, steps, retriever_url=url)
         points.append((point, _world_size_2(o, layout), cfg))
     common = {k: v for k, v in points[0][1].items() if all(p[1].get(k) == v for p in points)}
     keys = list(
@@ -114,7 +102,8 @@ def _world_size_2(o: dict, layout: str) -> dict:
 # ---------------------------------------------------------------------------- the cluster
 class LocalCluster:
     """Two raylets on this machine (``ray.cluster_utils.Cluster``); the second can be lost and replaced. After
-    ``start``, ``logs_dir`` is the Ray session's log folder, which every node writes to."""
+    ``start``, ``address`` is the head's (kept when a node is lost) and ``logs_dir`` the Ray session's log folder,
+    which every node writes to."""
 
     def __init__(self):
         self.cluster, self.worker, self.added = None, None, 0
@@ -128,7 +117,7 @@ class LocalCluster:
         os.environ.setdefault("RAY_worker_niceness", "0")  # as sweeps.tune.WORKER_NICENESS: trials not starved by load
         self.cluster = ray.cluster_utils.Cluster(shutdown_at_exit=True)
         head = self._add("head", _system_config={"worker_register_timeout_seconds": WORKER_REGISTER_S})
-        self.logs_dir = Path(head.get_logs_dir_path())
+        self.address, self.logs_dir = self.cluster.address, Path(head.get_logs_dir_path())
         self.worker = self._add("node1")
         self.added = 1
 
@@ -145,10 +134,6 @@ class LocalCluster:
         )
         self.cluster._wait_for_node(node, timeout=NODE_START_S)
         return node
-
-    @property
-    def address(self) -> str:
-        return self.cluster.address
 
     def lose_node(self) -> None:
         """Kill the second node's raylet and every process on it, without warning; then a fresh node joins."""
@@ -174,17 +159,9 @@ def _runs(out: Path) -> list[Path]:
     return sorted(p for p in (out / "runs").glob("*") if p.is_dir())
 
 
-def _wait(
-    what: str,
-    ready: Callable[[], bool],
-    proc: subprocess.Popen | None,
-    sweep_dir: Path,
-    log: Path,
-    *,
-    stall_s: float = STALL_S,
-) -> None:
+def _wait(what: str, ready: Callable[[], bool], proc: subprocess.Popen | None, sweep_dir: Path, log: Path) -> None:
     """Until `ready()`; RuntimeError when the driver `proc` exits first (with its error line from `log`) or when the
-    sweep makes no progress (``_moves``) for `stall_s`: however slow the machine, a sweep that moves is waited for."""
+    sweep makes no progress (``_moves``) for ``STALL_S``: however slow the machine, a sweep that moves is waited for."""
     seen, since = None, time.time()
     while not ready():
         if proc is not None and proc.poll() is not None:
@@ -194,10 +171,10 @@ def _wait(
         now = _moves(sweep_dir)
         if now != seen:
             seen, since = now, time.time()
-        elif time.time() - since > stall_s:
+        elif time.time() - since > STALL_S:
             at = "; ".join(f"{n}: attempt {a}, step {s}, checkpoint {c}" for n, a, s, c, _ in now) or "no trial started"
             raise RuntimeError(
-                f"{what}: no trial started, retried, stepped, checkpointed or printed for {stall_s:.0f} s ({at})"
+                f"{what}: no trial started, retried, stepped, checkpointed or printed for {STALL_S:.0f} s ({at})"
             )
         time.sleep(1.0)
 
@@ -246,8 +223,7 @@ def run(spec_file: Path, out: Path, cluster: LocalCluster, say: Callable[[str], 
         lost_at = {r.name: _progress(r) for r in _runs(sweep_dir)}
         say(f"  node lost (its processes killed) at steps {lost_at}; a fresh node joins")
         cluster.lose_node()
-        retried = lambda: [r for r in _runs(sweep_dir) if _attempts(r) > 1]  # noqa: E731
-        retry_stepped = lambda: any(_retry_progress(r) >= 1 for r in retried())  # noqa: E731
+        retry_stepped = lambda: any(_retry_progress(r) >= 1 for r in _runs(sweep_dir))  # noqa: E731
         _wait("a retry after the node loss", retry_stepped, proc, sweep_dir, log)
         killed_at = {r.name: _progress(r) for r in _runs(sweep_dir)}
         say(f"  driver (`emapg sweep`) SIGKILLed at steps {killed_at}")
@@ -276,10 +252,8 @@ def checks(sweep_dir: Path) -> dict[str, list]:
         got = [c(run_dir, e) for c in CHECKS if c is not check_resume]
         got += [check_attempts(run_dir, e), check_sharded(run_dir, e)]
         out[run_dir.name] = got
-    rows = []
-    if (sweep_dir / "sweep.csv").is_file():
-        with open(sweep_dir / "sweep.csv") as f:
-            rows = list(csv.DictReader(f))
+    table = sweep_dir / "sweep.csv"
+    rows = list(csv.DictReader(table.read_text().splitlines(keepends=True))) if table.is_file() else []
     finished = [r["status"] for r in rows]
     report = (sweep_dir / "report" / "index.md").is_file()
     ok = bool(rows) and all(s == "finished" for s in finished) and report and len(rows) == len(out)
