@@ -83,3 +83,13 @@ def test_the_rehearsal_compiles_for_its_device(device, tmp_path):
         assert o[offload] == "true" and o["actor_rollout_ref.actor.fsdp_config.optimizer_offload"] == "true"
     else:
         assert o[offload] == "false" and o["+ray_kwargs.ray_init.num_gpus"] == "1"
+
+
+def test_device_cuda_of_a_sweep_spec_names_the_field_and_its_one_choice(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the sweep rehearsal runs on CPU only: before, "cuda" was read as the spec
+    with pytest.raises(SystemExit) as exited:  # argparse's usage error
+        main(["rehearse", "--device", "cuda", "sweeps/math_deepscaler_ema_pg.yaml"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "emapg rehearse: error: argument --device: invalid choice: 'cuda' (choose from 'cpu')"
+    assert list(tmp_path.iterdir()) == []

@@ -347,6 +347,7 @@ def main(argv: list[str] | None, load_grid: LoadGrid) -> int:
         "--layout", choices=sorted(LAYOUTS), default="within", help="world size 2 across two nodes or within one"
     )
     p.add_argument("--out", default="outputs/rehearsals", help="where the sweep, its logs and the shared files go")
+    p.add_argument("--device", choices=("cpu",), default="cpu", help="CPU only (--device cuda: one configuration)")
     args = p.parse_args(argv)
 
     require_verl()
