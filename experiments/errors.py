@@ -107,6 +107,12 @@ def is_path_error(exc: BaseException) -> bool:
     return isinstance(exc, missing) or (isinstance(exc, OSError) and exc.errno in unusable)
 
 
+def os_reason(exc: OSError) -> str:
+    """'<file>: <the OS's reason>' of an OSError (its message where it has no reason, no file where none)."""
+    where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+    return f"{where}{exc.strerror or exc}"
+
+
 RAY_TOKEN_AUTH_DOCS = "https://docs.ray.io/en/latest/ray-security/token-auth.html"
 _RAY_AUTH_TEXTS = (
     "InvalidAuthToken",  # ray.init against the GCS
@@ -161,8 +167,7 @@ def classify(exc: BaseException) -> tuple[str, int] | None:
     if isinstance(exc, (ValueError, KeyError)) and not isinstance(exc, UnicodeError):
         return f"error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", 2
     if is_path_error(exc):
-        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-        return f"error: {where}{exc.strerror or exc}", 2
+        return f"error: {os_reason(exc)}", 2
     if isinstance(exc, ImportError) and exc.name is None:  # an optional extra that is not installed: the hint
         return f"error: {exc}", 2
     return None

@@ -37,7 +37,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import owner
-from experiments.errors import RecordWriteError, UserError
+from experiments.errors import RecordWriteError, RunInterrupted, Terminated, UserError
 
 CONFIG, METRICS, EVALS, SUMMARY, STATUS = "config.yaml", "metrics.jsonl", "evals.jsonl", "summary.json", "status"
 RESUMES = "resumes.jsonl"  # one line per resume: config changes, forced or not, the checkpoint used, those skipped
@@ -406,7 +406,7 @@ def best_values(rows: list[dict], metric: str | None = None, mode: str = "max") 
 class RunRecord:
     """One run directory. Build it with `RunRecord.create`; see the module docstring."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any]):
+    def __init__(self, run_dir: Path, config: dict[str, Any], held: owner.Owner):
         self.run_dir, self.config = Path(run_dir), config
         self.run_id = self.run_dir.name
         self.config_hash, self.git_sha = config_hash(config), git_sha()
@@ -415,7 +415,7 @@ class RunRecord:
         self.forced = False  # resumed with resume=force at some point (summary.json: forced_resume)
         self.numerics: dict | None = None  # experiments.numerics.fingerprint of the process training (local backend)
         self._offset_s, self._t0 = 0.0, _clock()
-        self.owner: owner.Owner | None = None  # this process's hold on run_dir (experiments.owner)
+        self.owner = held  # this process's hold on run_dir (experiments.owner)
 
     @classmethod
     def create(
@@ -454,18 +454,15 @@ class RunRecord:
                 _check_fresh(run_dir)
             for name in (SUMMARY,) if resume else (SUMMARY, METRICS, EVALS, WANDB_STATE, RESUMES, STAGES):
                 (run_dir / name).unlink(missing_ok=True)
-            rec = cls(run_dir, config)
-            rec.owner = held
+            rec = cls(run_dir, config, held)
             _guarded(atomic_write, run_dir / CONFIG, OmegaConf.to_yaml(config))
-            if resume:
-                rec.rewind(None)
+            rec.rewind(None)  # a resume's complete lines are kept (a fresh record has none)
             if stage is not None:
                 head = {"stage": stage["stage"], "index": int(stage["index"])}
                 rec._log_continuation(STAGES, checkpoint, changes, bool(refused), head=head)
             elif resume:
                 rec._log_continuation(RESUMES, checkpoint, changes, bool(refused), tail={"skipped": list(skipped)})
-            if resume:
-                rec.forced = any(r.get("forced") for r in read_resumes(run_dir) + read_stages(run_dir))
+            rec.forced = any(r.get("forced") for r in read_resumes(run_dir) + read_stages(run_dir))
             rec._write_status("running", f"pid={os.getpid()} host={socket.gethostname()}")
             return rec
         except BaseException:
@@ -567,9 +564,9 @@ class RunRecord:
                     self.finish()
                 elif isinstance(exc, KeyboardInterrupt):
                     self.interrupt(str(exc) or "interrupted by SIGINT")
-                elif type(exc).__name__ == "Terminated":
+                elif isinstance(exc, Terminated):
                     self.interrupt(f"interrupted by {exc}")
-                elif type(exc).__name__ == "RunInterrupted":
+                elif isinstance(exc, RunInterrupted):
                     self.interrupt(str(exc))
                 elif isinstance(exc, SystemExit) and exc.code in (0, None):
                     self.interrupt(STOPPED_BY_EXIT)
@@ -583,8 +580,7 @@ class RunRecord:
 
     def release(self) -> None:
         """Let go of run_dir (the block's end does it): another process may then write this record."""
-        if self.owner is not None:
-            self.owner.release()
+        self.owner.release()
 
     # ------------------------------------------------------------ internals
     def summary(self, status: str) -> dict:

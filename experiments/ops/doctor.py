@@ -43,7 +43,7 @@ from omegaconf import OmegaConf
 from experiments import build
 from experiments.backends.verl import VERL_VERSION, attention
 from experiments.backends.verl.launch import checkpoint_root, to_verl
-from experiments.errors import UserError, classify, is_ray_auth_error, ray_auth_line
+from experiments.errors import UserError, classify, is_ray_auth_error, os_reason, ray_auth_line
 from experiments.run import agent_loops_path, resolve_run_dir
 from experiments.tasks import get_task
 
@@ -703,7 +703,7 @@ def check_checkpoint(ctx: Context) -> list[Result]:
     try:
         found = f"{d.checkpoints}: {writable(d.checkpoints, ctx.token)}"
     except OSError as e:
-        return [Result("FAIL", f"{d.checkpoints}: {_os_reason(e)}", f"make it writable, or set {d.checkpoint_key}")]
+        return [Result("FAIL", f"{d.checkpoints}: {os_reason(e)}", f"make it writable, or set {d.checkpoint_key}")]
     free, need = ctx.probes.disk_free(where), checkpoint_need(ctx)
     found += f"; {_gib(free)} GiB free there"
     if need is None:
@@ -759,23 +759,18 @@ def node_checkpoint(path: str, probe: str, token: str, key: str) -> Result:
         with open(probe, encoding="utf-8") as f:
             seen = f.read() == token
     except OSError as e:
-        return Result("FAIL", f"does not see {probe}, written on the driver's node ({_os_reason(e)}): not shared", fix)
+        return Result("FAIL", f"does not see {probe}, written on the driver's node ({os_reason(e)}): not shared", fix)
     if not seen:
         return Result("FAIL", f"sees {probe} with other content: not the same directory", fix)
     try:
         return Result("PASS", f"sees the probe file written on the driver's node (shared); {writable(path, token)}")
     except OSError as e:
-        return Result("FAIL", f"sees the probe file, but cannot write there: {_os_reason(e)}", fix)
+        return Result("FAIL", f"sees the probe file, but cannot write there: {os_reason(e)}", fix)
 
 
 def _write(path: str, text: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
-
-
-def _os_reason(e: OSError) -> str:
-    where = f"{e.filename}: " if getattr(e, "filename", None) else ""
-    return f"{where}{e.strerror or e}"
 
 
 def check_wandb(ctx: Context) -> Result:
