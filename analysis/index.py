@@ -38,11 +38,8 @@ class Output:
 
 def run_provenance(runs: pd.DataFrame) -> dict[str, list[str]]:
     """Run ids, distinct config hashes and W&B run ids of the runs behind an output."""
-
-    def ids(col: str) -> list[str]:
-        return sorted({str(v) for v in runs[col].dropna()}) if col in runs else []
-
-    return {"run_ids": ids("run_id"), "config_hashes": ids("config_hash"), "wandb_run_ids": ids("wandb_run_id")}
+    columns = {"run_ids": "run_id", "config_hashes": "config_hash", "wandb_run_ids": "wandb_run_id"}
+    return {key: sorted({str(v) for v in runs[col].dropna()}) if col in runs else [] for key, col in columns.items()}
 
 
 def write_index(out_dir: Path, title: str, header: list[str], outputs: list[Output], skipped: list[str]) -> list[Path]:
@@ -109,8 +106,7 @@ def _markdown_output(out_dir: Path, o: Output, ref: str) -> list[str]:
         lines += [to_markdown(o.cells).rstrip("\n"), ""]
     if o.notes:
         lines += [f"- {n}" for n in o.notes] + [""]
-    png = [p for p in o.paths if p.suffix == ".png"]
-    if png:
+    if png := [p for p in o.paths if p.suffix == ".png"]:
         lines += [f"![{o.title}]({_rel(png[0], out_dir)})", ""]
     return lines
 
@@ -127,8 +123,7 @@ def _html(out_dir: Path, title: str, header: list[str], outputs: list[Output], s
                 body.append(o.cells.to_html(escape=True, border=0, classes="tbl"))
             if o.notes:
                 body.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in o.notes) + "</ul>")
-            png = [p for p in o.paths if p.suffix == ".png"]
-            if png:
+            if png := [p for p in o.paths if p.suffix == ".png"]:
                 body.append(f'<img src="{e(_rel(png[0], out_dir))}" alt="{e(o.title)}">')
             if len(notes) > 1:
                 body.append(_details(provenance_text(o.provenance)))

@@ -184,26 +184,18 @@ def _repeats_line(repeats: list[str]) -> list[str]:
 def _left_out_notes(runs: pd.DataFrame, keep: pd.DataFrame) -> list[str]:
     """Index notes on the runs outside the numbers (unfinished) or outside every task (no task name), and
     on the kept runs resumed with resume=force."""
-    notes = []
     excluded = runs[~runs["run_id"].isin(keep["run_id"])]
-    if len(excluded):
-        notes.append(
-            f"{len(excluded)} run(s) not finished, left out of every number: "
-            + ", ".join(f"{r.run_id} ({r.status}{', truncated' if r.truncated else ''})" for r in excluded.itertuples())
-        )
     forced = keep[keep["forced_resume"].fillna(False).astype(bool)] if "forced_resume" in keep else keep[:0]
-    if len(forced):
-        notes.append(
-            f"{len(forced)} run(s) resumed with resume=force: their settings changed mid-run (each "
-            "change is in the run's resumes.jsonl); their numbers are in the tables: " + ", ".join(forced["run_id"])
-        )
     no_task = keep[keep["task"].isna()]
-    if len(no_task):
-        notes.append(
-            f"{len(no_task)} run(s) without task.name in config.yaml or summary.json, in no "
-            "per-task output: " + ", ".join(no_task["run_id"])
-        )
-    return notes
+    listed = {  # what the runs are -> their ids
+        "not finished, left out of every number": [
+            f"{r.run_id} ({r.status}{', truncated' if r.truncated else ''})" for r in excluded.itertuples()
+        ],
+        "resumed with resume=force: their settings changed mid-run (each change is in the run's resumes.jsonl); "
+        "their numbers are in the tables": forced["run_id"],
+        "without task.name in config.yaml or summary.json, in no per-task output": no_task["run_id"],
+    }
+    return [f"{len(ids)} run(s) {what}: " + ", ".join(ids) for what, ids in listed.items() if len(ids)]
 
 
 def _report_header(runs: pd.DataFrame, source: str, reps: int, seed: int, include_incomplete: bool) -> list[str]:
@@ -253,18 +245,18 @@ def _task_tables(
     else:
         t = tables.tiny_table(runs, task, reps=reps, seed=seed)
         title = f"{task}: policy acc, pass@1 and anchor acc per method"
-    outputs = [_table(t, out, title, run_provenance(runs))]
+    prov = run_provenance(runs)
+    outputs = [_table(t, out, title, prov)]
     if evals is not None and "eval" in evals and evals["eval"].notna().any():  # one row per variant and `emapg eval`
         ev = evals[evals["eval"].notna()]
         ev = ev.assign(run_id=ev["run_id"] + "/" + ev["eval"], variant=ev["variant"] + " · eval " + ev["eval"])
         pk = tables.passk_table(ev, task, reps=reps, seed=seed, name=f"{task}_passk_eval", when="by `emapg eval`")
-        title = f"{task}: unbiased pass@k of `emapg eval` (policy and anchor)"
-        outputs.append(_table(pk, out, title, run_provenance(runs)))
+        outputs.append(_table(pk, out, f"{task}: unbiased pass@k of `emapg eval` (policy and anchor)", prov))
     evals = evals[evals["eval"].isna()] if evals is not None and "eval" in evals else evals
     if evals is None or evals.empty:
         return outputs, [f"{task}: no evals.jsonl; no pass@k table"]
     pk = tables.passk_table(evals, task, reps=reps, seed=seed)
-    return [*outputs, _table(pk, out, f"{task}: unbiased pass@k (policy and anchor)", run_provenance(runs))], []
+    return [*outputs, _table(pk, out, f"{task}: unbiased pass@k (policy and anchor)", prov)], []
 
 
 def _task_curves(

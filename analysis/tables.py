@@ -392,8 +392,7 @@ def passk_table(
     last = evals.groupby("run_id")["iteration"].transform("max")
     ev = evals[evals["iteration"] == last]
     ks = [k for k in PASS_KS if k <= int(ev["n"].min())]
-    per = stats.pass_at_k_frame(ev, ks, by=("run_id", GROUP, "model"))
-    per = per.groupby(["run_id", GROUP, "model"], as_index=False)[[f"pass@{k}" for k in ks]].mean()
+    per = stats.pass_at_k_frame(ev, ks, by=("run_id", GROUP, "model"))  # one row per run and model
     wide = per.pivot_table(index=["run_id", GROUP], columns="model", values=[f"pass@{k}" for k in ks])
     wide.columns = [f"{m} {k}" for k, m in wide.columns]
     wide = wide.reset_index()

@@ -46,16 +46,12 @@ def _yerr(s: pd.DataFrame, scale: float) -> np.ndarray:
     return np.vstack([lo, hi]) * scale
 
 
-def _n_range(n: pd.Series) -> str:
-    lo, hi = int(n.min()), int(n.max())
-    return f"n={lo}" if lo == hi else f"n={lo}–{hi}"
-
-
 def _lines(ax: Axes, summary: pd.DataFrame, knob: str, scale: float) -> None:
     colors = style.group_colors(summary["_hue"])
     for name, s in summary.groupby("_hue", sort=True):
         s = s.sort_values(knob)
-        label = f"{name} ({_n_range(s['n'])})"
+        lo, hi = int(s["n"].min()), int(s["n"].max())
+        label = f"{name} (n={lo})" if lo == hi else f"{name} (n={lo}–{hi})"
         yerr = _yerr(s, scale)
         ax.errorbar(s[knob], s["mean"] * scale, yerr=yerr, color=colors[name], marker="o", capsize=3, label=label)
     values = summary[knob].astype(float)
