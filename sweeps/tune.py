@@ -22,7 +22,6 @@ import logging
 import math
 import os
 import pickletools
-import select
 import shlex
 import shutil
 import signal
@@ -254,8 +253,7 @@ class _Progress(tune.Callback):
 
     def _status(self, trials, trial=None, status: str = "") -> str:
         """Counts by state (`trial` counted as `status`: callbacks run before Tune updates it)."""
-        states = [status if t is trial else t.status for t in trials]
-        n = {s: states.count(s) for s in ("RUNNING", "PENDING", "PAUSED", "TERMINATED", "ERROR")}
+        n = Counter(status if t is trial else t.status for t in trials)
         for t in trials:  # trials restored by --resume report nothing new
             self._consider((t.last_result or {}).get(self.spec.metric), t.config)
         best = f" | best {self.spec.metric}={self.best[0]:.4g} ({self.best[1]})" if self.best else ""
@@ -646,14 +644,10 @@ RAY_GRACE_S = 2.0  # after a signal while ray.init runs: how long it has to retu
 _OWN_HANDLERS = {signal.SIGTERM: raise_terminated, signal.SIGINT: signal.default_int_handler}
 
 
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
 @contextlib.contextmanager
 def _handling(handlers: dict):
     """Set `handlers` ({signal: handler}) for the block, the previous ones after it (main thread only)."""
-    if not _main_thread():
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {s: signal.getsignal(s) for s in handlers}
@@ -672,22 +666,20 @@ def _ray_signals(what: str, sweep_dir: Path | None):
     SIGTERM handler (``sys.exit(15)``): a thread that sees SIGTERM/SIGINT through Python's wakeup fd ends the
     driver unless ray.init returns within RAY_GRACE_S. Ray's ``SystemExit(15)`` becomes Terminated, and the
     driver's own handlers are put back after it."""
-    if not _main_thread():
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     reader, writer = socket.socketpair()
-    reader.setblocking(False)
+    reader.settimeout(0.2)
     writer.setblocking(False)
     previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
     returned = threading.Event()
 
     def watch() -> None:
         while not returned.is_set():
-            if not select.select([reader], [], [], 0.2)[0]:
-                continue
             try:
                 got = [b for b in reader.recv(64) if b in (signal.SIGTERM, signal.SIGINT)]
-            except OSError:
+            except OSError:  # TimeoutError: no signal within 0.2 s
                 continue
             if got and not returned.wait(RAY_GRACE_S):
                 name = signal.Signals(got[0]).name
@@ -750,11 +742,10 @@ def run_adaptive(spec: Spec, sweep_dir: Path, *, resume, address, num_cpus, prog
     round the sweep was in (its Tune experiment restored), then plans the rest. sweep.csv holds every round."""
     if resume and not (sweep_dir / adaptive.FILE).is_file():  # stopped before its first round was planned
         _afresh(spec, sweep_dir / "tune")
-    wall, rows, done = 0.0, [], False
+    wall, rows, stopped_by, undecided = 0.0, [], [], None
     with _sweep_ray(spec, address, num_cpus, sweep_dir) as slots:
-        while not done:
-            events = adaptive.read_events(sweep_dir)
-            rnd, planned = _round_to_run(spec, sweep_dir, events)
+        while True:
+            rnd, planned = _round_to_run(spec, sweep_dir, adaptive.read_events(sweep_dir))
             if planned is None:
                 break
             t0 = time.time()
@@ -768,23 +759,24 @@ def run_adaptive(spec: Spec, sweep_dir: Path, *, resume, address, num_cpus, prog
             _settle(sweep_dir, known)
             rows = results.write_csv(sweep_dir, spec.metric, spec.mode, known)
             if stopped_by or any(r["status"] not in _ROUND_ENDED for r in rows):
-                results.write_timing(
-                    sweep_dir, spec.name, rows, wall, slots, progress=progress, resumed=resume, killed_s=killed_s
-                )
-                if stopped_by:
-                    raise _interrupted(sweep_dir, stopped_by[0], sum(r["status"] in _UNFINISHED for r in rows))
-                hint = _not_run_hint(spec, rows)
-                hint = (
-                    f"{hint}\n{spec.name}: round {rnd} cannot be decided without them"
-                    if hint
-                    else f"{spec.name}: round {rnd} did not finish; continue with: {sweep_resume_command(sweep_dir)}"
-                )
-                print(hint, flush=True)
-                return sweep_dir
-            done = _decide_round(spec, sweep_dir, rnd, rows)
-    rows = rows or results.write_csv(sweep_dir, spec.metric, spec.mode, _adaptive_trials(spec, sweep_dir))
+                undecided = rnd
+                break
+            if _decide_round(spec, sweep_dir, rnd, rows):
+                break
+    if undecided is None:  # every round decided: sweep.csv of them all (written above unless none ran here)
+        rows = rows or results.write_csv(sweep_dir, spec.metric, spec.mode, _adaptive_trials(spec, sweep_dir))
     results.write_timing(sweep_dir, spec.name, rows, wall, slots, progress=progress, resumed=resume, killed_s=killed_s)
-    if report:
+    if stopped_by:
+        raise _interrupted(sweep_dir, stopped_by[0], sum(r["status"] in _UNFINISHED for r in rows))
+    if undecided is not None:
+        hint = _not_run_hint(spec, rows)
+        print(
+            f"{hint}\n{spec.name}: round {rnd} cannot be decided without them"
+            if hint
+            else f"{spec.name}: round {rnd} did not finish; continue with: {sweep_resume_command(sweep_dir)}",
+            flush=True,
+        )
+    elif report:
         _report(spec, sweep_dir, progress)
     return sweep_dir
 
