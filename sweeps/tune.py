@@ -532,7 +532,17 @@ def _sweep_ray(spec: Spec, address: str | None, num_cpus: int | None, sweep_dir:
         yield _slots(spec)
     finally:
         if started:
-            ray.shutdown()
+            _shutdown_ray()
+
+
+def _shutdown_ray() -> None:
+    """ray.shutdown(), then SIGTERM's handler set again: the shutdown puts SIGTERM back to the OS default beneath
+    Python, which still reports its handler, so a SIGTERM in the report or the W&B summary run killed the driver
+    without its interrupted line, its lock left for the next --resume to count as a killed driver's."""
+    ray.shutdown()
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 def _run_tune(spec, sweep_dir, *, resume, address, num_cpus, progress, report, killed_s) -> Path:

@@ -86,3 +86,19 @@ def test_a_local_rays_workers_run_at_the_drivers_priority():
     assert got.returncode == 0, got.stderr[-2000:]
     worker, driver = got.stdout.split()[-2:]
     assert worker == driver
+
+
+def test_a_sigterm_after_the_drivers_ray_shut_down_reaches_its_handler():
+    """ray.shutdown() puts SIGTERM back to the OS default beneath Python (which still reports its handler): a SIGTERM
+    in a sweep's report or W&B summary run killed the driver by the signal, silently, its lock left behind
+    (seen 2026-11-29 on an adaptive sweep). The driver sets the handler again after the shutdown."""
+    code = (
+        "import os, signal\n"
+        "from sweeps import tune as T\n"
+        "assert T._init_ray(None, 1)\n"
+        "signal.signal(signal.SIGTERM, lambda *a: print('handled', flush=True))\n"
+        "T._shutdown_ray()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+    )
+    got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert (got.returncode, got.stdout.split()[-1:]) == (0, ["handled"]), got.stderr[-2000:]
