@@ -352,21 +352,19 @@ def main(argv: Sequence[str] | None, load_sweep: Callable[[Path], SweepInfo]) ->
     a = p.parse_args(argv)
     sweep_dir = Path(a.sweep_dir).resolve()
     if a.publish:
-        spec = read_spec(sweep_dir)
-    else:
-        finished = check_sweep(sweep_dir)
-        spec = dashboard_spec(sweep_dir, load_sweep(sweep_dir / "sweep.yaml"), a.project)
-        path = write_spec(sweep_dir, spec)
-        n_panels = sum(len(s["panels"]) for s in spec["sections"])
-        print(f"wrote {path}: {n_panels} panels in {len(spec['sections'])} sections")
-        if resolve_mode(run_logger(finished)["mode"]) != "online":
-            print(publish_hint(sweep_dir, a.entity, a.project))
-            return 0
+        urls = publish(read_spec(sweep_dir), a.entity, a.project)
+        print(f"W&B report: {urls['report']}\nW&B workspace: {urls['workspace']}")
+        return 0
+    finished = check_sweep(sweep_dir)
+    spec = dashboard_spec(sweep_dir, load_sweep(sweep_dir / "sweep.yaml"), a.project)
+    path = write_spec(sweep_dir, spec)
+    print(f"wrote {path}: {sum(len(s['panels']) for s in spec['sections'])} panels in {len(spec['sections'])} sections")
+    if resolve_mode(run_logger(finished)["mode"]) != "online":
+        print(publish_hint(sweep_dir, a.entity, a.project))
+        return 0
     try:
         urls = publish(spec, a.entity, a.project)
     except NotLoggedIn as err:  # online but no credentials here: publish from where there are
-        if a.publish:  # publishing is what was asked: refused (exit 2)
-            raise
         print(f"{err}\n{publish_hint(sweep_dir, a.entity, a.project)}")
         return 0
     print(f"W&B report: {urls['report']}\nW&B workspace: {urls['workspace']}")

@@ -541,7 +541,7 @@ def _shutdown_ray() -> None:
     without its interrupted line, its lock left for the next --resume to count as a killed driver's."""
     ray.shutdown()
     handler = signal.getsignal(signal.SIGTERM)
-    if handler is not None and threading.current_thread() is threading.main_thread():
+    if handler is not None and _main_thread():
         signal.signal(signal.SIGTERM, handler)
 
 
@@ -654,10 +654,14 @@ RAY_GRACE_S = 2.0  # after a signal while ray.init runs: how long it has to retu
 _OWN_HANDLERS = {signal.SIGTERM: raise_terminated, signal.SIGINT: signal.default_int_handler}
 
 
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 @contextlib.contextmanager
 def _handling(handlers: dict):
     """Set `handlers` ({signal: handler}) for the block, the previous ones after it (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
+    if not _main_thread():
         yield
         return
     previous = {s: signal.getsignal(s) for s in handlers}
@@ -676,7 +680,7 @@ def _ray_signals(what: str, sweep_dir: Path | None):
     SIGTERM handler (``sys.exit(15)``): a thread that sees SIGTERM/SIGINT through Python's wakeup fd ends the
     driver unless ray.init returns within RAY_GRACE_S. Ray's ``SystemExit(15)`` becomes Terminated, and the
     driver's own handlers are put back after it."""
-    if threading.current_thread() is not threading.main_thread():
+    if not _main_thread():
         yield
         return
     reader, writer = socket.socketpair()
